@@ -1,0 +1,166 @@
+"""The YAML config loader, key=value overrides, and the run-output helpers of data.py."""
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Literal, Optional
+
+import pytest
+import yaml
+
+from data import ConfigError, MetricsWriter, load_config, parse_cli, redact_secrets, save_resolved_config
+
+
+@dataclass
+class Optim:
+    lr: float = 1e-4
+    betas: tuple[float, ...] = (0.9, 0.99)
+    warmup_steps: int = 0
+
+
+@dataclass
+class Judge:
+    base_url: str = "http://127.0.0.1:8000/v1"
+    api_key_env: Optional[str] = None
+    api_key: Optional[str] = None
+
+
+@dataclass
+class Reward:
+    name: str
+    weight: float = 1.0
+
+
+@dataclass
+class Cfg:
+    model_path: str
+    output_dir: str = "runs/x"
+    seed: int = 42
+    bf16: bool = True
+    agg: Literal["seq-mean-token-mean", "token-mean"] = "seq-mean-token-mean"
+    optim: Optim = field(default_factory=Optim)
+    judge: Judge = field(default_factory=Judge)
+    rewards: list[Reward] = field(default_factory=list)
+    tasks: list[str] = field(default_factory=list)
+
+
+def write(tmp_path, text):
+    path = tmp_path / "cfg.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_loads_nested_values_and_defaults(tmp_path):
+    path = write(tmp_path, "model_path: /m\noptim:\n  lr: 3e-5\n  betas: [0.9, 0.95]\n"
+                           "rewards:\n  - {name: correctness}\n  - {name: iu_g, weight: 2}\n")
+    cfg = load_config(path, [], Cfg)
+    assert cfg.model_path == "/m"
+    assert cfg.optim.lr == pytest.approx(3e-5) and isinstance(cfg.optim.lr, float)  # PyYAML alone reads '3e-5' as str
+    assert cfg.optim.betas == (0.9, 0.95)
+    assert cfg.optim.warmup_steps == 0 and cfg.seed == 42 and cfg.judge.api_key is None
+    assert cfg.rewards == [Reward("correctness", 1.0), Reward("iu_g", 2.0)]
+    assert isinstance(cfg.rewards[1].weight, float)
+
+
+def test_overrides_are_typed_by_yaml_rules(tmp_path):
+    path = write(tmp_path, "model_path: /m\nseed: 1\n")
+    cfg = load_config(path, ["seed=7", "bf16=false", "optim.lr=2e-6", "tasks=[a, b]",
+                             "judge.api_key_env=JUDGE_KEY", "model_path=/other=path"], Cfg)
+    assert cfg.seed == 7 and cfg.bf16 is False and cfg.optim.lr == pytest.approx(2e-6)
+    assert cfg.tasks == ["a", "b"] and cfg.judge.api_key_env == "JUDGE_KEY"
+    assert cfg.model_path == "/other=path"  # only the first '=' splits
+
+
+def test_unknown_key_names_file_line_and_key(tmp_path):
+    path = write(tmp_path, "model_path: /m\noptim:\n  lr: 1e-5\n  lrr: 2\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(path, [], Cfg)
+    msg = str(e.value)
+    assert f"{path}:4" in msg and "'optim.lrr'" in msg and "lr" in msg and "\n" not in msg
+
+
+def test_mistyped_key_names_file_line_and_type(tmp_path):
+    path = write(tmp_path, "model_path: /m\n\nseed: forty-two\n")
+    with pytest.raises(ConfigError, match=rf"{path}:3: 'seed' expects int, got str 'forty-two'"):
+        load_config(path, [], Cfg)
+    path = write(tmp_path, "model_path: /m\nseed: 1.5\n")
+    with pytest.raises(ConfigError, match="'seed' expects int"):
+        load_config(path, [], Cfg)
+    path = write(tmp_path, "model_path: /m\nbf16: 1\n")
+    with pytest.raises(ConfigError, match="'bf16' expects bool"):
+        load_config(path, [], Cfg)
+
+
+def test_bad_override_is_named(tmp_path):
+    path = write(tmp_path, "model_path: /m\n")
+    with pytest.raises(ConfigError, match=r"override 'optim\.lr=fast': 'optim\.lr' expects float"):
+        load_config(path, ["optim.lr=fast"], Cfg)
+    with pytest.raises(ConfigError, match=r"override 'optim\.momentum=1'.*unknown key 'optim\.momentum'"):
+        load_config(path, ["optim.momentum=1"], Cfg)
+    with pytest.raises(ConfigError, match="expected key=value"):
+        load_config(path, ["seed"], Cfg)
+    with pytest.raises(ConfigError, match="must be one of"):
+        load_config(path, ["agg=sum"], Cfg)
+
+
+def test_missing_required_key_and_file_errors(tmp_path):
+    with pytest.raises(ConfigError, match="missing required key 'model_path'"):
+        load_config(write(tmp_path, "seed: 1\n"), [], Cfg)
+    with pytest.raises(ConfigError, match="missing required key 'rewards\\[0\\]\\.name'"):
+        load_config(write(tmp_path, "model_path: /m\nrewards:\n  - {weight: 1}\n"), [], Cfg)
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "absent.yaml", [], Cfg)
+    with pytest.raises(ConfigError, match=r"cfg\.yaml:2: not valid YAML"):
+        load_config(write(tmp_path, "model_path: /m\n  bad: [\n"), [], Cfg)
+    with pytest.raises(ConfigError, match="top level must be a mapping"):
+        load_config(write(tmp_path, "- a\n- b\n"), [], Cfg)
+
+
+def test_parse_cli_prints_one_line_and_exits(tmp_path, capsys):
+    path = write(tmp_path, "model_path: /m\nsedd: 1\n")
+    with pytest.raises(SystemExit) as e:
+        parse_cli(Cfg, [str(path)])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "unknown key 'sedd'" in err and f"{path}:2" in err
+    good = write(tmp_path, "model_path: /m\n")
+    assert parse_cli(Cfg, [str(good), "seed=3"]) == Cfg(model_path="/m", seed=3)
+
+
+def test_metrics_writer_appends_and_flushes(tmp_path):
+    import torch
+
+    path = tmp_path / "out" / "metrics.jsonl"
+    writer = MetricsWriter(path)
+    writer.write({"step": 1, "loss": torch.tensor(0.5), "bad": float("nan"), "up": float("inf")})
+    # Flushed already: a second reader sees the line before close (what survives a crash).
+    lines = path.read_text().splitlines()
+    assert len(lines) == 1
+    assert json.loads(lines[0]) == {"step": 1, "loss": 0.5, "bad": "nan", "up": "inf"}
+    writer.write({"step": 2, "loss": 0.25})
+    writer.close()
+    with MetricsWriter(path) as again:  # a resumed run appends
+        again.write({"step": 3})
+    steps = [json.loads(line)["step"] for line in path.read_text().splitlines()]
+    assert steps == [1, 2, 3]
+
+
+def test_metrics_writer_is_silent_off_rank0(tmp_path, monkeypatch):
+    monkeypatch.setenv("RANK", "3")
+    path = tmp_path / "metrics.jsonl"
+    MetricsWriter(path).write({"step": 1})
+    assert not path.exists()
+
+
+def test_resolved_config_drops_secrets(tmp_path):
+    cfg = Cfg(model_path="/m", judge=Judge(api_key="sk-live-123", api_key_env="JUDGE_KEY"))
+    path = save_resolved_config(cfg, tmp_path)
+    text = path.read_text()
+    assert "sk-live-123" not in text and "api_key:" not in text
+    saved = yaml.safe_load(text)
+    assert saved["judge"] == {"base_url": "http://127.0.0.1:8000/v1", "api_key_env": "JUDGE_KEY"}
+    assert saved["optim"]["lr"] == pytest.approx(1e-4)
+    # The resolved file loads back into the same config.
+    assert load_config(path, [], Cfg) == Cfg(model_path="/m", judge=Judge(api_key_env="JUDGE_KEY"))
+    assert redact_secrets({"OpenAI-Api-Key": "x", "a": [{"password": "p", "b": 1}]}) == {"a": [{"b": 1}]}
+    assert math.isfinite(saved["optim"]["lr"])
