@@ -2,12 +2,13 @@
 answer parsing, the curriculum and the stats command."""
 
 import json
+from collections import Counter
 
 import pytest
 
-from data import (TASKS, DataError, Example, Turn, build_prompt, check_example, load_jsonl, parse_answer,
-                  render_conversation, render_target, save_jsonl, split_blocks, split_completion, task_brief,
-                  time_marker, visible_turns)
+from data import (TASKS, CurriculumConfig, DataError, Example, Turn, build_prompt, check_example, count_tokens,
+                  curriculum, load_jsonl, main, parse_answer, render_conversation, render_target, save_jsonl,
+                  split_blocks, split_completion, stats, task_brief, time_marker, truncate_context, visible_turns)
 
 
 def chat_example(**kw):
@@ -293,3 +294,88 @@ def test_split_completion_and_blocks():
     assert split_completion("reasoning without opener</think>Answer: A") == ("reasoning without opener", "Answer: A")
     assert split_blocks("one\nline\n\n\n\ntwo\r\n\r\nthree") == ["one\nline", "two", "three"]
     assert split_blocks("  \n\n") == []
+
+
+# ----------------------------------------------------------------------------- curriculum
+
+
+def long_example(n_turns=25, target=22, **kw):
+    turns = [Turn("A" if i % 2 else "B", f"turn {i}", reply_to=(i - 3 if i % 5 == 0 and i >= 3 else None))
+             for i in range(n_turns)]
+    fields = dict(id="long", task="meld_emotion", turns=turns, target=target, labels=["joy"],
+                  meta={"causes": [{"turn": 5, "span": "turn 5"}, {"turn": 20, "span": "turn 20"}]})
+    return Example(**(fields | kw))
+
+
+def test_truncate_context_keeps_target_and_preceding_turns():
+    example = long_example()
+    short = truncate_context(example, 10)
+    assert [t.text for t in short.turns] == [f"turn {i}" for i in range(12, 23)]
+    assert short.target == 10 and short.id == "long/ctx10" and short.labels == ["joy"]
+    # turn 15 answered turn 12 (now 0); turn 20 answered 17 (now 5); turn 12's own parent (9) was dropped
+    assert [t.reply_to for t in short.turns] == [None, None, None, 0, None, None, None, None, 5, None, None]
+    assert short.meta["causes"] == [{"turn": 8, "span": "turn 20"}]
+    assert example.turns[12].reply_to is None and example.meta["causes"][0]["turn"] == 5  # the input is untouched
+    check_example(short)
+    assert truncate_context(example, 22) is example and truncate_context(example, 30) is example
+    power = Example("w", "wiki_power", example.turns, None, ["A"])
+    assert truncate_context(power, 5) is power
+    assert render_target(truncate_context(example, 5)) == render_target(example)
+
+
+def test_curriculum_orders_full_segment_by_difficulty_within_task():
+    xs = [Example(f"x{d}", "wiki_power", [Turn("A", "hi"), Turn("B", "yo")], None, ["A"], difficulty=d) for d in (0.9, 0.1)]
+    ys = [long_example(id=f"y{i}", difficulty=d) for i, d in enumerate((0.5, None, 0.2, 0.7))]
+    full, mixed = curriculum(xs + ys, CurriculumConfig(seed=1))
+    assert (full.name, mixed.name) == ("full", "mixed")
+    # Within a task: increasing difficulty, unrated last. Across tasks, by relative position:
+    # x: 1/4, 3/4; y: 1/8, 3/8, 5/8, 7/8 (hand-computed).
+    assert [e.id for e in full.examples] == ["y2", "x0.1", "y0", "y3", "x0.9", "y1"]
+    assert all(e.turns is o.turns for e in full.examples for o in xs + ys if o.id == e.id)  # full contexts
+
+
+def test_curriculum_mixed_segment_is_deterministic_and_covers_every_example():
+    examples = [long_example(id=f"e{i}") for i in range(60)] + [Example("w", "wiki_power", [Turn("A", "x")], None, ["A"])]
+    cfg = CurriculumConfig(context_turns=(5, 10, 20), seed=7)
+    mixed = curriculum(examples, cfg)[1].examples
+    assert sorted(e.id.split("/")[0] for e in mixed) == sorted(e.id for e in examples)
+    lengths = Counter(e.id.partition("/ctx")[2] or "full" for e in mixed)
+    assert set(lengths) == {"full", "5", "10", "20"} and lengths["full"] >= 2  # the power example is never cut
+    for e in mixed:
+        n = e.id.partition("/ctx")[2]
+        if n:
+            assert len(e.turns) == int(n) + 1 and e.target == int(n) and e.turns[-1].text == "turn 22"
+    assert [e.id for e in curriculum(examples, cfg)[1].examples] == [e.id for e in mixed]
+    assert [e.id for e in curriculum(examples, CurriculumConfig(seed=8))[1].examples] != [e.id for e in mixed]
+
+
+# ----------------------------------------------------------------------------- stats
+
+
+@pytest.fixture
+def word_tokenizer(tmp_path):
+    """A whitespace word-level tokenizer: its token count is len(text.split()), an independent oracle."""
+    tokenizers = pytest.importorskip("tokenizers")
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel({"[UNK]": 0, "Answer:": 1}, unk_token="[UNK]"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
+    path = tmp_path / "tokenizer.json"
+    tok.save(str(path))
+    return tok, path
+
+
+def test_count_tokens_and_stats(word_tokenizer, tmp_path, capsys):
+    tok, path = word_tokenizer
+    assert count_tokens("Answer: Joy  and\nmore", tok) == 4
+    assert count_tokens("a b", type("Ids", (), {"encode": lambda self, text: [1, 2, 3]})()) == 3
+    examples = [chat_example(id="a"), chat_example(id="b", target=1, labels=["Joy", "Fear"]),
+                Example("w", "wiki_power", [Turn("A", "x"), Turn("B", "y")], None, ["B"])]
+    save_jsonl(examples, tmp_path / "s.jsonl")
+    main(["stats", str(tmp_path / "s.jsonl"), "--tokenizer", str(tmp_path)])
+    report = capsys.readouterr().out
+    assert report.startswith("3 examples\n")
+    assert "ccu_emotion: 2 examples\n  labels: Surprise 1, Joy 1, Fear 1\n  visible turns: min 2, median 4, mean 3.0, max 4" in report
+    lengths = sorted(len(build_prompt(e).split()) for e in examples[:2])
+    assert f"prompt tokens: min {lengths[0]}, median {lengths[1]}, mean {sum(lengths) / 2:.1f}, max {lengths[1]}" in report
+    assert "wiki_power: 1 examples\n  labels: B 1\n  visible turns: min 2, median 2, mean 2.0, max 2" in report
+    assert "prompt tokens" not in stats(examples)  # without a tokenizer
+    assert stats(examples).splitlines() == [line for line in report.splitlines() if "prompt tokens" not in line]
