@@ -312,12 +312,15 @@ class Example:
 _TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", list: "a list", dict: "an object"}
 
 
-def _typed(raw: dict, key: str, kind, default=..., where: str = ""):
+_REQUIRED = object()
+
+
+def _typed(raw: dict, key: str, kind, default=_REQUIRED, where: str = ""):
     """raw[key] checked against `kind` (a type; a missing key or null gives `default`, or an error
     when the key is required). Integers count as numbers; booleans count as neither."""
     value = raw.get(key)
     if value is None:
-        if default is ...:
+        if default is _REQUIRED:
             raise DataError(f"field '{where}{key}': missing")
         return default
     ok = isinstance(value, kind) and not isinstance(value, bool)
@@ -419,15 +422,16 @@ def example_to_json(example: Example) -> dict:
 
 def load_jsonl(path) -> list[Example]:
     """Read examples, one JSON object per line (UTF-8, an optional BOM, blank lines skipped). Any
-    bad line raises DataError naming the file, the line number and the field."""
+    bad line (or a repeated id) raises DataError naming the file, the line number and the field."""
     path = Path(path)
-    examples = []
+    examples, ids = [], set()
     with open(path, encoding="utf-8-sig") as f:
         for number, line in enumerate(f, 1):
             if not line.strip():
                 continue
             try:
                 examples.append(example_from_json(json.loads(line, parse_constant=_reject_constant)))
+                _check_new_id(examples[-1].id, ids)
             except json.JSONDecodeError as e:
                 raise DataError(f"{path}:{number}: not valid JSON: {e.msg} (column {e.colno})") from None
             except DataError as e:
@@ -439,11 +443,18 @@ def _reject_constant(name: str):
     raise DataError(f"{name} is not valid JSON")
 
 
+def _check_new_id(example_id: str, seen: set) -> None:
+    if example_id in seen:
+        raise DataError(f"field 'id': {example_id!r} appears twice")
+    seen.add(example_id)
+
+
 def save_jsonl(examples, path) -> None:
-    """Check every example, then write them atomically, one JSON object per line."""
-    lines = []
+    """Check every example (and that ids are unique), then write them atomically, one JSON per line."""
+    lines, ids = [], set()
     for example in examples:
         try:
+            _check_new_id(example.id, ids)
             lines.append(json.dumps(example_to_json(check_example(example)), ensure_ascii=False, allow_nan=False))
         except DataError as e:
             raise DataError(f"example {example.id!r}: {e}") from None
@@ -741,11 +752,12 @@ def _layout_note(example: Example) -> str:
                      "lines just before the turn to analyze run on into it, read them together with it; where "
                      "the turn stands alone, read it alone. Let the text decide which.")
     turns = visible_turns(example)
+    if any(len(_post_lines(turns, i)) > 1 for i in range(len(turns))):
+        notes.append("A post that spans several lines opens with `Speaker:` and its lines are indented under it.")
     if any(t.reply_to is not None for t in turns):
-        notes.append("A post that spans several lines opens with `Speaker:` and its lines are indented under "
-                     "it. A reply shows the post it answers behind `|`: `| Speaker:` opens that post, lines "
-                     "with the same number of `|` are its words, one more `|` marks the post it answered in "
-                     "turn, and lines without `|` are the replier's own words.")
+        notes.append("A reply shows the post it answers behind `|`: `| Speaker:` opens that post, lines with the "
+                     "same number of `|` are its words, one more `|` marks the post it answered in turn, and "
+                     "lines without `|` are the replier's own words.")
     if any(_marker_before(turns, i) for i in range(len(turns))):
         notes.append("A line such as [22 minutes later] stands between two messages and tells how much time "
                      "passed; it is not a turn and nobody said it.")
@@ -933,7 +945,7 @@ def _files(path, pattern: str) -> list[Path]:
     return sorted(path.glob(pattern)) if path.is_dir() else [path]
 
 
-# MELD and CPED: one CSV row per utterance, rows of a dialogue consecutive; every utterance is a target.
+# MELD and CPED: one CSV row per utterance, in dialogue order; the columns holding each task's label.
 _DIALOGUE_CSV = {
     "meld": dict(language="en", tasks={"meld_emotion": "Emotion"}),
     "cped": dict(language="zh", tasks={"cped_emotion": "Emotion", "cped_dialog_act": "DA"}),
@@ -1077,6 +1089,9 @@ def _ccu_conversations(text_path) -> dict[str, tuple[dict, list[Turn], dict[str,
                 continue
             try:
                 raw = json.loads(line, parse_constant=_reject_constant)
+                unknown = set(raw) - {"file_id", "language", "culture", "turns"}
+                if unknown:
+                    raise DataError(f"field '{sorted(unknown)[0]}': unknown field")
                 turns = [_turn_from_json(t, i, extra=("segment_id",)) for i, t in enumerate(_typed(raw, "turns", list))]
                 segments = {t["segment_id"]: i for i, t in enumerate(raw["turns"]) if t.get("segment_id")}
                 conversations[_typed(raw, "file_id", str)] = (raw, turns, segments)
@@ -1157,7 +1172,7 @@ def convert_mmlu(path) -> list[Example]:
             if letter not in "ABCD"[: len(choices)] or not letter:
                 raise DataError(f"{where}: field 'answer': {answer!r} is not one of {len(choices)} choices")
             subject = record.get("subject") or file.stem
-            examples.append(Example(f"mmlu-{subject}-{n}", "mmlu", [], None, [letter],
+            examples.append(Example(f"mmlu-{file.stem}-{n}", "mmlu", [], None, [letter],
                                     meta={"question": record["question"], "options": choices, "subject": subject}))
     return examples
 
@@ -1168,7 +1183,7 @@ def stratified_sample(examples: list[Example], per_label: int, seed: int = 0) ->
     for i, example in enumerate(examples):
         groups.setdefault((example.task, tuple(example.labels)), []).append(i)
     rng = random.Random(seed)
-    keep = {i for group in groups.values() for i in (group if len(group) <= per_label else rng.sample(group, per_label))}
+    keep = {i for group in groups.values() for i in rng.sample(group, min(per_label, len(group)))}
     return [e for i, e in enumerate(examples) if i in keep]
 
 
@@ -1216,7 +1231,8 @@ def stats(examples: list[Example], tokenizer=None) -> str:
             for label in example.labels:
                 counts[label] = counts.get(label, 0) + 1
         lines.append(f"\n{name}: {len(group)} examples")
-        lines.append("  labels: " + ", ".join(f"{label} {n}" for label, n in sorted(counts.items(), key=lambda x: -x[1])))
+        by_count = sorted(counts.items(), key=lambda item: -item[1])
+        lines.append("  labels: " + ", ".join(f"{label} {n}" for label, n in by_count))
         lines.append("  visible turns: " + _spread([len(visible_turns(e)) for e in group]))
         if tokenizer is not None:
             lengths = [count_tokens(build_prompt(e), tokenizer) for e in group]

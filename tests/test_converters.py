@@ -10,7 +10,7 @@ import pytest
 
 from data import (DataError, build_prompt, convert, convert_ccu, convert_dialogue_csv, convert_ecf, convert_mmlu,
                   convert_tombench, convert_wiki_power, load_jsonl, main, render_conversation, stratified_sample,
-                  visible_turns)
+                  Turn, visible_turns)
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -29,7 +29,7 @@ def test_meld_dev_matches_published_counts(shared_data):
     assert Counter(e.labels[0] for e in examples) == {"neutral": 470, "joy": 163, "anger": 153, "surprise": 150,
                                                        "sadness": 111, "fear": 40, "disgust": 22}
     first = examples[0]
-    assert first.turns[0].speaker == "Phoebe" and first.turns[0].text == "Oh my God, he’s lost it. He’s totally lost it."
+    assert first.turns[0] == Turn("Phoebe", "Oh my God, he’s lost it. He’s totally lost it.")
     assert (first.target, first.labels, first.task, first.language) == (0, ["sadness"], "meld_emotion", "en")
     second = examples[1]  # the same dialogue, next target; CRLF never leaks into the text
     assert second.turns is first.turns and second.target == 1 and second.labels == ["surprise"]
@@ -83,7 +83,8 @@ def test_ecf_counts_causes_and_detokenized_text(shared_data):
                                    "cafeteria, and I realize I am totally naked.")
     # conversation 1: "3_surprise" is caused by utterances 1 and 3 (the target itself)
     third = examples[2]
-    assert third.labels == ["surprise"] and third.turns[2].text == "Then I look down, and I realize there is a phone... there."
+    assert third.labels == ["surprise"]
+    assert third.turns[2].text == "Then I look down, and I realize there is a phone... there."
     assert third.meta["causes"] == [{"turn": 0, "span": "I realize I am totally naked."},
                                     {"turn": 2, "span": "Then I look down, and I realize there is a phone... there."}]
     n_causes = 0
@@ -184,6 +185,9 @@ def test_ccu_errors_are_located(tmp_path, shared_data):
     text.write_text('{"file_id": "F", "turns": [{"speaker": "A"}]}\n')
     with pytest.raises(DataError, match=rf"{text}:1: field 'turns\[0\]\.text': missing"):
         convert_ccu(shared_data / "ccu-sim", text)
+    text.write_text('\n{"file_id": "F", "turns": [], "cultur": "Chinese"}\n')
+    with pytest.raises(DataError, match=rf"{text}:2: field 'cultur': unknown field"):
+        convert_ccu(shared_data / "ccu-sim", text)
 
 
 # ----------------------------------------------------------------------------- Wikipedia power, MMLU
@@ -199,6 +203,7 @@ def test_wiki_power_selection_and_labels():
     assert render_conversation(examples[1]) == ("A:\n  I have reverted your edit.\n  See the policy page.\n"
                                                 "B: Sorry, I did not know.")
     assert [e.id for e in convert_wiki_power(FIXTURES / "wiki_utterances.jsonl", limit=2)] == ["wiki-100", "wiki-200"]
+    assert "indented under it" in build_prompt(examples[1]) and "indented" not in build_prompt(first)
     assert build_prompt(first).endswith("Conversation:\nA: Could you unprotect the page?\n"
                                         "B: Done. Please discuss first next time.\nA: Thanks, will do.")
 

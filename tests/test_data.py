@@ -76,6 +76,7 @@ def test_labels_are_canonicalized_on_load(tmp_path):
     (good_line(difficulty=True), r"field 'difficulty': expected a number"),
     (good_line().replace('"target": 1', '"target": NaN'), r"NaN is not valid JSON"),
     (json.dumps(["not", "an", "object"]), r"expected a JSON object"),
+    (good_line(id="ok"), r"field 'id': 'ok' appears twice"),
 ])
 def test_bad_lines_name_file_line_and_field(tmp_path, line, message):
     path = write_lines(tmp_path, [good_line(id="ok"), line])
@@ -101,6 +102,8 @@ def test_task_specific_checks():
 def test_save_rejects_a_bad_example_by_id(tmp_path):
     with pytest.raises(DataError, match=r"example 'c1': field 'target'"):
         save_jsonl([chat_example(target=9)], tmp_path / "x.jsonl")
+    with pytest.raises(DataError, match=r"example 'c1': field 'id': 'c1' appears twice"):
+        save_jsonl([chat_example(), chat_example()], tmp_path / "x.jsonl")
     assert not (tmp_path / "x.jsonl").exists()
 
 
@@ -165,8 +168,12 @@ def test_forum_reply_chains_golden():
         "  | It skips my stop.\n"
         "  Mine too")
     assert render_target(example) == "User 4: Mine too"
-    assert "behind `|`" in build_prompt(example)
-    assert "behind `|`" not in build_prompt(chat_example())
+    assert "behind `|`" in build_prompt(example) and "indented under it" in build_prompt(example)
+    assert "behind `|`" not in build_prompt(chat_example()) and "indented" not in build_prompt(chat_example())
+    one_reply = Example("g", "ccu_emotion", turns[:2], 1, ["Joy"])  # a reply spans lines: both notes
+    assert "behind `|`" in build_prompt(one_reply) and "indented under it" in build_prompt(one_reply)
+    multi_line = Example("h", "ccu_emotion", [Turn("A", "one\ntwo")], 0, ["Joy"])
+    assert "indented under it" in build_prompt(multi_line) and "behind `|`" not in build_prompt(multi_line)
 
 
 def test_story_without_speaker_renders_bare():
@@ -324,7 +331,7 @@ def test_truncate_context_keeps_target_and_preceding_turns():
 
 
 def test_curriculum_orders_full_segment_by_difficulty_within_task():
-    xs = [Example(f"x{d}", "wiki_power", [Turn("A", "hi"), Turn("B", "yo")], None, ["A"], difficulty=d) for d in (0.9, 0.1)]
+    xs = [Example(f"x{d}", "wiki_power", [Turn("A", "hi")], None, ["A"], difficulty=d) for d in (0.9, 0.1)]
     ys = [long_example(id=f"y{i}", difficulty=d) for i, d in enumerate((0.5, None, 0.2, 0.7))]
     full, mixed = curriculum(xs + ys, CurriculumConfig(seed=1))
     assert (full.name, mixed.name) == ("full", "mixed")
@@ -335,7 +342,8 @@ def test_curriculum_orders_full_segment_by_difficulty_within_task():
 
 
 def test_curriculum_mixed_segment_is_deterministic_and_covers_every_example():
-    examples = [long_example(id=f"e{i}") for i in range(60)] + [Example("w", "wiki_power", [Turn("A", "x")], None, ["A"])]
+    examples = [long_example(id=f"e{i}") for i in range(60)]
+    examples.append(Example("w", "wiki_power", [Turn("A", "x")], None, ["A"]))
     cfg = CurriculumConfig(context_turns=(5, 10, 20), seed=7)
     mixed = curriculum(examples, cfg)[1].examples
     assert sorted(e.id.split("/")[0] for e in mixed) == sorted(e.id for e in examples)
@@ -373,9 +381,11 @@ def test_count_tokens_and_stats(word_tokenizer, tmp_path, capsys):
     main(["stats", str(tmp_path / "s.jsonl"), "--tokenizer", str(tmp_path)])
     report = capsys.readouterr().out
     assert report.startswith("3 examples\n")
-    assert "ccu_emotion: 2 examples\n  labels: Surprise 1, Joy 1, Fear 1\n  visible turns: min 2, median 4, mean 3.0, max 4" in report
+    assert ("ccu_emotion: 2 examples\n  labels: Surprise 1, Joy 1, Fear 1\n"
+            "  visible turns: min 2, median 4, mean 3.0, max 4") in report
     lengths = sorted(len(build_prompt(e).split()) for e in examples[:2])
-    assert f"prompt tokens: min {lengths[0]}, median {lengths[1]}, mean {sum(lengths) / 2:.1f}, max {lengths[1]}" in report
+    mean = sum(lengths) / 2
+    assert f"prompt tokens: min {lengths[0]}, median {lengths[1]}, mean {mean:.1f}, max {lengths[1]}" in report
     assert "wiki_power: 1 examples\n  labels: B 1\n  visible turns: min 2, median 2, mean 2.0, max 2" in report
     assert "prompt tokens" not in stats(examples)  # without a tokenizer
     assert stats(examples).splitlines() == [line for line in report.splitlines() if "prompt tokens" not in line]
