@@ -525,10 +525,6 @@ _CPED_ACTS = {
     "other": "the utterance fits none of the listed dialogue acts, or its function is unclear.",
 }
 
-_TURN_CONTEXT = ("the relationship and social distance between the speakers, differences in power or status, "
-                 "the setting, earlier conflict, cooperation, support or repair, how the emotional tone has "
-                 "developed, and the obligations, requests, refusals, commitments and expectations in play")
-
 
 @dataclasses.dataclass(frozen=True)
 class Task:
@@ -555,93 +551,107 @@ class Task:
         return next((known for known in self.labels if known.casefold() == wanted), None)
 
     def messages(self, example: Example) -> list[dict]:
-        """The chat messages that ask the model to solve `example`."""
+        """The chat messages that ask the model to solve `example` (an example of this task)."""
+        if example.task != self.name:
+            raise DataError(f"example {example.id!r} is for task {example.task}, not {self.name}")
         return [{"role": "user", "content": build_prompt(example)}]
 
 
-def _emotion_task(name, labels, **kw) -> Task:
-    return Task(name, tuple(labels), labels, noun="emotion", question=(
+def _emotion_task(name: str, definitions: dict[str, str], **kw) -> Task:
+    return Task(name, tuple(definitions), definitions, noun="emotion", **kw, question=(
         "Identify the emotion that the speaker expresses or implies in the turn to analyze, and in that turn "
         "only; use the other turns as context for reading it."), grounded=(
         "the conversation, the relationships, the setting, emotional states and their causes, tensions "
-        "between the speakers or their attitudes"), **kw)
+        "between the speakers or their attitudes"))
 
 
-_WEIGH = "Where the text supports it, weigh " + _TURN_CONTEXT
-_SCRIPT = "a conversation between characters of a TV series"
-_CHINESE_SCRIPT = "a conversation between characters of a Chinese TV series"
+_CCU_EMOTIONS = {k.capitalize(): v for k, v in _EMOTIONS.items()} | {
+    "None": "the turn conveys no emotion, the emotion is unclear, or none of the listed emotions fits."}
+_MELD_EMOTIONS = {k: _EMOTIONS[k] for k in ("anger", "disgust", "fear", "joy")} | {
+    "neutral": "no particular emotion is expressed."} | {k: _EMOTIONS[k] for k in ("sadness", "surprise")}
+_CCU_SOURCES = "a conversation from an instant-messaging platform, a discussion forum or a script"
+_WEIGH = ("Where the text supports it, weigh the relationship and social distance between the speakers, differences "
+          "in power or status, the setting, earlier conflict, cooperation, support or repair, how the emotional "
+          "tone has developed, and the obligations, requests, refusals, commitments and expectations in play")
+_SCRIPT_CUES = ("Where the text supports it, weigh what was said to the speaker just before the turn, exclamations, "
+                "insults, endearments, questions the speaker reacts to, and how the other characters respond.")
+
 TASKS: dict[str, Task] = {t.name: t for t in [
-    _emotion_task("ccu_emotion", {k.capitalize(): v for k, v in _EMOTIONS.items()} | {
-        "None": "the turn conveys no emotion, the emotion is unclear, or none of the listed emotions fits."},
-        multi_label=True, catch_all="None", setting="a conversation from an instant-messaging platform or a "
-        "discussion forum", cues=_WEIGH + ", and what the turn responds to (praise, blame, pressure, rejection, "
-        "an apology, help, criticism or reassurance). Judge the emotion conveyed in context, not only the literal "
-        "words, and do not mistake a dialog act or a norm violation for an emotion."),
-    Task("ccu_dialog_act", tuple(_CCU_ACTS) + ("None",), _CCU_ACTS | {
-        "None": "no dialog act is clear, or none of the listed dialog acts fits the turn."},
-        multi_label=True, catch_all="None", noun="dialog act",
-        setting="a conversation from an instant-messaging platform, a discussion forum or a script",
+    _emotion_task(
+        "ccu_emotion", _CCU_EMOTIONS, multi_label=True, catch_all="None",
+        setting="a conversation from an instant-messaging platform or a discussion forum",
+        cues=_WEIGH + ", and what the turn responds to (praise, blame, pressure, rejection, an apology, help, "
+        "criticism or reassurance). Judge the emotion conveyed in context, not only the literal words, and do "
+        "not mistake a dialog act or a norm violation for an emotion."),
+    Task(
+        "ccu_dialog_act", (*_CCU_ACTS, "None"), _CCU_ACTS | {
+            "None": "no dialog act is clear, or none of the listed dialog acts fits the turn."},
+        multi_label=True, catch_all="None", noun="dialog act", setting=_CCU_SOURCES,
         question="Identify the dialog act (the pragmatic intention) of the turn to analyze, and of that turn "
         "only; use the other turns as context for reading it.",
-        grounded="the conversation, the relationships, the setting, emotional states, social pressure, "
-        "what a speaker intends or what a turn does",
+        grounded="the conversation, the relationships, the setting, emotional states, social pressure, what a "
+        "speaker intends or what a turn does",
         cues=_WEIGH + ", as well as cultural or interactional cues. Judge what the turn does in context, not "
         "only what it literally says, and do not mistake emotion, politeness, disagreement or a norm "
         "violation for a dialog act."),
-    Task("ccu_norm", ("Adhere", "Violate"), {
-        "Adhere": "the turn appropriately follows the social expectations tied to its dialog act in this context.",
-        "Violate": "the turn breaks, or fails to meet, the social expectations tied to its dialog act in "
-                   "this context."}, noun="verdict",
-        setting="a conversation from an instant-messaging platform, a discussion forum or a script",
+    Task(
+        "ccu_norm", ("Adhere", "Violate"), {
+            "Adhere": "the turn appropriately follows the social expectations tied to its dialog act in this "
+                      "context.",
+            "Violate": "the turn breaks, or fails to meet, the social expectations tied to its dialog act in "
+                       "this context."},
+        noun="verdict", setting=_CCU_SOURCES,
         question="Decide whether the turn to analyze adheres to or violates the social expectations that come "
         "with its given dialog act. Only that turn is judged; the other turns are context.",
         grounded="the conversation, the relationships, the setting, the norm in force, role obligations, "
         "boundaries, expectations, politeness pressure, a violation, adherence, repair or escalation, "
         "emotional states or what a turn does",
-        cues=_WEIGH + ", including promises, boundaries, "
-        "role-based expectations and cultural or interactional cues. Tie the judgment to the given dialog act "
-        "rather than to norms in general, and do not mistake negative emotion, disagreement, the dialog act "
-        "itself or politeness markers for a violation or for adherence. Do not invent social rules, harms or "
-        "obligations."),
-    _emotion_task("meld_emotion", {k: _EMOTIONS[k] for k in ("anger", "disgust", "fear", "joy")} | {
-        "neutral": "no particular emotion is expressed."} | {k: _EMOTIONS[k] for k in ("sadness", "surprise")},
-        setting=_SCRIPT, cues="Where the text supports it, weigh what was said to the speaker just before the "
-        "turn, exclamations, insults, endearments, questions the speaker reacts to, and how the other "
-        "characters respond. If the turn expresses no particular emotion, the answer is neutral."),
-    _emotion_task("cped_emotion", _CPED_EMOTIONS, setting=_CHINESE_SCRIPT,
-                  cues="Where the text supports it, weigh what was said to the speaker just before the turn, "
-                  "exclamations, insults, endearments, questions the speaker reacts to, and how the other "
-                  "characters respond."),
-    Task("cped_dialog_act", tuple(_CPED_ACTS), _CPED_ACTS, catch_all="other", noun="dialogue act",
-         setting=_CHINESE_SCRIPT, question="Identify the dialogue act of the turn to "
-         "analyze: the communicative function it performs in the conversation.",
-         grounded="the conversation, what a speaker intends, what the turn does, or how it relates to earlier "
-         "or later turns", cues="Where the text supports it, weigh whether the turn reacts to a question, "
-         "request, offer or statement, whether it opens or closes the interaction, and how the other "
-         "characters respond. Judge what the turn does in context rather than its words alone, and keep "
-         "dialogue act apart from emotion."),
-    Task("wiki_power", ("A", "B"), {"A": "speaker A has the higher standing.", "B": "speaker B has the higher "
-         "standing."}, turn_level=False, noun="speaker", setting="a conversation between two speakers, A and "
-         "B, from a Wikipedia talk page", question="Decide which speaker has more power in the conversation. "
-         "Power means standing in the setting: the authority to decide, act, permit, protect, close, enforce "
-         "or evaluate, as an administrator, moderator, maintainer or senior member has, as opposed to the one "
-         "who asks, proposes, requests, complies or appeals. That standing is rarely stated: infer it from "
-         "what the speakers do and how they treat each other, using only cues present in the text.",
-         grounded="the conversation, the relationship, the setting, power or status differences, control of "
-         "the interaction, directives, deference, concessions or a speaker's attitude",
-         cues="Signs of the higher standing: the other speaker asks them for help, permission, a review or a "
-         "decision; they give directives or set conditions the other follows; they take or announce actions "
-         "only someone with authority can take (protecting, deleting, closing, restoring, granting); they "
-         "explain or invoke policy as a matter of course; the other thanks them, apologizes, defers or "
-         "justifies themselves to them. Do not decide by who speaks more, raises the issue, argues more or "
-         "proposes the plan: raising an issue, requesting an action and proposing a solution usually mark the "
-         "lower standing."),
-    Task("tom_mc", ("A", "B", "C", "D"), {}, turn_level=False, choices=True, noun="option",
-         setting="a short story", question="Answer the multiple-choice question about the story. It tests "
-         "theory of mind: what the characters believe, know, want, feel or intend, or what they mean beyond "
-         "their literal words.", grounded="the story, the characters, what they perceive, know, believe, "
-         "want, feel or intend", cues="Track who saw or was told what, and when; a character's beliefs "
-         "follow what they could perceive, not what the reader knows."),
+        cues=_WEIGH + ", including promises, boundaries, role-based expectations and cultural or interactional "
+        "cues. Tie the judgment to the given dialog act rather than to norms in general, and do not mistake "
+        "negative emotion, disagreement, the dialog act itself or politeness markers for a violation or for "
+        "adherence. Do not invent social rules, harms or obligations."),
+    _emotion_task(
+        "meld_emotion", _MELD_EMOTIONS, setting="a conversation between characters of a TV series",
+        cues=_SCRIPT_CUES + " If the turn expresses no particular emotion, the answer is neutral."),
+    _emotion_task(
+        "cped_emotion", _CPED_EMOTIONS, setting="a conversation between characters of a Chinese TV series",
+        cues=_SCRIPT_CUES),
+    Task(
+        "cped_dialog_act", tuple(_CPED_ACTS), _CPED_ACTS, catch_all="other", noun="dialogue act",
+        setting="a conversation between characters of a Chinese TV series",
+        question="Identify the dialogue act of the turn to analyze: the communicative function it performs in "
+        "the conversation.",
+        grounded="the conversation, what a speaker intends, what the turn does, or how it relates to earlier "
+        "or later turns",
+        cues="Where the text supports it, weigh whether the turn reacts to a question, request, offer or "
+        "statement, whether it opens or closes the interaction, and how the other characters respond. Judge "
+        "what the turn does in context rather than its words alone, and keep dialogue act apart from emotion."),
+    Task(
+        "wiki_power", ("A", "B"), {"A": "speaker A has the higher standing.",
+                                   "B": "speaker B has the higher standing."},
+        turn_level=False, noun="speaker",
+        setting="a conversation between two speakers, A and B, from a Wikipedia talk page",
+        question="Decide which speaker has more power in the conversation. Power means standing in the "
+        "setting: the authority to decide, act, permit, protect, close, enforce or evaluate, as an "
+        "administrator, moderator, maintainer or senior member has, as opposed to the one who asks, proposes, "
+        "requests, complies or appeals. That standing is rarely stated: infer it from what the speakers do "
+        "and how they treat each other, using only cues present in the text.",
+        grounded="the conversation, the relationship, the setting, power or status differences, control of "
+        "the interaction, directives, deference, concessions or a speaker's attitude",
+        cues="Signs of the higher standing: the other speaker asks them for help, permission, a review or a "
+        "decision; they give directives or set conditions the other follows; they take or announce actions "
+        "only someone with authority can take (protecting, deleting, closing, restoring, granting); they "
+        "explain or invoke policy as a matter of course; the other thanks them, apologizes, defers or "
+        "justifies themselves to them. Do not decide by who speaks more, raises the issue, argues more or "
+        "proposes the plan: raising an issue, requesting an action and proposing a solution usually mark the "
+        "lower standing."),
+    Task(
+        "tom_mc", ("A", "B", "C", "D"), {}, turn_level=False, choices=True, noun="option", setting="a short story",
+        question="Answer the multiple-choice question about the story. It tests theory of mind: what the "
+        "characters believe, know, want, feel or intend, or what they mean beyond their literal words.",
+        grounded="the story, the characters, what they perceive, know, believe, want, feel or intend",
+        cues="Track who saw or was told what, and when; a character's beliefs follow what they could perceive, "
+        "not what the reader knows."),
     Task("mmlu", ("A", "B", "C", "D"), {}, turn_level=False, choices=True, noun="option",
          question="Answer the multiple-choice question."),
 ]}

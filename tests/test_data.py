@@ -212,6 +212,9 @@ def test_prompt_carries_every_required_element(name):
     task = TASKS[name]
     messages = task.messages(example)
     assert [m["role"] for m in messages] == ["user"]
+    other = TASKS["mmlu" if name != "mmlu" else "tom_mc"]
+    with pytest.raises(DataError, match=f"is for task {name}, not {other.name}"):
+        other.messages(example)
     prompt = messages[0]["content"]
     brief = task_brief(example)
     assert brief in prompt or all(part in prompt for part in brief.split("\n\n"))
