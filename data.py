@@ -1,275 +1,21 @@
-"""Data: the example schema, tasks and prompts, conversation rendering, dataset converters and
-curriculum contexts, plus the plumbing every script shares: YAML configs with `key=value`
-overrides checked against a dataclass schema, and run outputs (rank-0 printing, metrics.jsonl,
-the resolved config)."""
+"""Data: the example schema, the task registry with its prompts and answer parsing, conversation
+rendering, completion splitting and the curriculum. Dataset converters live in convert.py.
+
+    python data.py stats FILE [--tokenizer PATH]
+"""
 
 from __future__ import annotations
 
 import argparse
-import csv
 import dataclasses
 import datetime
-import functools
-import itertools
 import json
-import math
-import os
 import random
 import re
 import sys
-import types
-import typing
 from pathlib import Path
 
-import yaml
-
-# ----------------------------------------------------------------------------- configs
-
-
-class ConfigError(ValueError):
-    """A bad config: the message is one line naming the file (and line) or override, and the key."""
-
-
-class _YamlLoader(yaml.SafeLoader):
-    """`yaml.SafeLoader` that also reads `1e-5` as a float (YAML 1.2); PyYAML alone reads a string."""
-
-
-_YamlLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d+$"),
-    list("-+0123456789."),
-)
-
-
-def _yaml_value(text: str):
-    return yaml.load(text, Loader=_YamlLoader)
-
-
-def _key_lines(node, prefix: str = "", lines: dict | None = None) -> dict[str, int]:
-    """Map each dotted key of a composed YAML mapping to its 1-based line in the file."""
-    lines = {} if lines is None else lines
-    if isinstance(node, yaml.MappingNode):
-        for key_node, value_node in node.value:
-            key = f"{prefix}{key_node.value}"
-            lines[key] = key_node.start_mark.line + 1
-            _key_lines(value_node, key + ".", lines)
-    return lines
-
-
-def _type_name(tp) -> str:
-    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
-
-
-def _coerce(value, tp, key: str, where):
-    """Check `value` against the annotation `tp`; return it (ints widen to float, lists to tuples)."""
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if tp is typing.Any:
-        return value
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        options = [a for a in args if a is not type(None)]
-        for option in options:
-            try:
-                return _coerce(value, option, key, where)
-            except ConfigError:
-                continue
-        raise ConfigError(f"{where(key)}: '{key}' expects {_type_name(tp)}, got {value!r}")
-    if origin is typing.Literal:
-        if value in args:
-            return value
-        raise ConfigError(f"{where(key)}: '{key}' must be one of {list(args)}, got {value!r}")
-    if dataclasses.is_dataclass(tp):
-        if not isinstance(value, dict):
-            raise ConfigError(f"{where(key)}: '{key}' expects a mapping of {tp.__name__} fields, got {value!r}")
-        return _build(tp, value, key + ".", where)
-    if origin in (list, tuple):
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{where(key)}: '{key}' expects a list, got {value!r}")
-        item_tp = args[0] if args else typing.Any
-        items = [_coerce(v, item_tp, f"{key}[{i}]", where) for i, v in enumerate(value)]
-        return tuple(items) if origin is tuple else items
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise ConfigError(f"{where(key)}: '{key}' expects a mapping, got {value!r}")
-        value_tp = args[1] if args else typing.Any
-        return {k: _coerce(v, value_tp, f"{key}.{k}", where) for k, v in value.items()}
-    if tp is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if tp in (bool, int, float, str):
-        if isinstance(value, tp) and not (tp is int and isinstance(value, bool)):
-            return value
-        raise ConfigError(f"{where(key)}: '{key}' expects {tp.__name__}, got {type(value).__name__} {value!r}")
-    raise TypeError(f"config schema: unsupported annotation {tp!r} for '{key}'")
-
-
-def _build(schema, raw: dict, prefix: str, where):
-    hints = typing.get_type_hints(schema)
-    fields = {f.name: f for f in dataclasses.fields(schema) if f.init}
-    for name in raw:
-        if name not in fields:
-            known = ", ".join(sorted(fields))
-            raise ConfigError(f"{where(prefix + str(name))}: unknown key '{prefix}{name}' (known keys: {known})")
-    kwargs = {}
-    for name, field in fields.items():
-        if name in raw:
-            kwargs[name] = _coerce(raw[name], hints[name], prefix + name, where)
-        elif field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
-            raise ConfigError(f"{where(prefix + name)}: missing required key '{prefix}{name}'")
-    return schema(**kwargs)
-
-
-def _apply_override(raw: dict, override: str) -> None:
-    key, sep, text = override.partition("=")
-    if not sep or not key or any(not part for part in key.split(".")):
-        raise ConfigError(f"override '{override}': expected key=value, e.g. optim.lr=1e-5")
-    *parents, leaf = key.split(".")
-    node = raw
-    for part in parents:
-        child = node.setdefault(part, {})
-        if not isinstance(child, dict):
-            raise ConfigError(f"override '{override}': '{part}' is not a section")
-        node = child
-    node[leaf] = _yaml_value(text)
-
-
-def load_config(path, overrides, schema):
-    """Read the YAML file at `path`, apply `a.b.c=value` overrides (values typed by YAML rules),
-    and build the dataclass `schema` from it. Unknown, missing or mistyped keys raise a
-    `ConfigError` whose one-line message names the file and line, or the override."""
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-        raw = _yaml_value(text)
-        lines = _key_lines(yaml.compose(text, Loader=_YamlLoader))
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: config file not found") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        at = f":{mark.line + 1}" if mark else ""
-        raise ConfigError(f"{path}{at}: not valid YAML: {getattr(e, 'problem', e)}") from None
-    raw = {} if raw is None else raw
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping of keys, got {type(raw).__name__}")
-    from_override = {}
-    for override in overrides:
-        _apply_override(raw, override)
-        from_override[override.partition("=")[0]] = override
-
-    def where(key: str) -> str:
-        for prefix, override in from_override.items():
-            if key == prefix or key.startswith(prefix + ".") or key.startswith(prefix + "["):
-                return f"override '{override}'"
-        line = lines.get(key.split("[")[0])
-        return f"{path}:{line}" if line else str(path)
-
-    return _build(schema, raw, "", where)
-
-
-def parse_cli(schema, argv=None):
-    """`script.py config.yaml [key=value ...]` -> the config; a bad config exits with one error line."""
-    argv = sys.argv[1:] if argv is None else argv
-    if not argv or argv[0] in ("-h", "--help"):
-        print(f"usage: {Path(sys.argv[0]).name} config.yaml [key=value ...]", file=sys.stderr)
-        raise SystemExit(2)
-    try:
-        return load_config(argv[0], argv[1:], schema)
-    except ConfigError as e:
-        print(f"config error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
-
-
-# ----------------------------------------------------------------------------- run outputs
-
-
-def is_main_process() -> bool:
-    """Rank 0 under torchrun, or a plain single-process run."""
-    return int(os.environ.get("RANK", "0")) == 0
-
-
-def print0(*args, **kwargs) -> None:
-    if is_main_process():
-        print(*args, **kwargs, flush=True)
-
-
-def _jsonable(value):
-    """Plain JSON values: tensors and numpy scalars become numbers; NaN and infinities become the
-    strings "nan", "inf", "-inf" so a diverging run stays visible and the file stays strict JSON."""
-    if hasattr(value, "tolist") and not isinstance(value, (str, bytes)):
-        value = value.tolist()
-    if isinstance(value, float) and not math.isfinite(value):
-        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return _jsonable(dataclasses.asdict(value))
-    return value
-
-
-class MetricsWriter:
-    """Appends one JSON object per line to a `.jsonl` file (rank 0 only) and flushes after every
-    record, so a crash never loses a step already logged; appending continues a resumed run."""
-
-    def __init__(self, path):
-        self.path = Path(path)
-        self._file = None
-        if is_main_process():
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = open(self.path, "a", encoding="utf-8")
-
-    def write(self, record: dict) -> None:
-        if self._file is not None:
-            self._file.write(json.dumps(_jsonable(record), ensure_ascii=False, allow_nan=False) + "\n")
-            self._file.flush()
-
-    def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-
-_SECRET_KEY = re.compile(r"api[_-]?key|secret|password|auth[_-]?token", re.IGNORECASE)
-
-
-def redact_secrets(value):
-    """Drop every mapping key that names a secret (api_key, secret, password, auth_token); keys
-    ending in `_env` only name an environment variable and are kept."""
-    if isinstance(value, dict):
-        return {
-            k: redact_secrets(v)
-            for k, v in value.items()
-            if not (_SECRET_KEY.search(str(k)) and not str(k).endswith("_env"))
-        }
-    if isinstance(value, (list, tuple)):
-        return [redact_secrets(v) for v in value]
-    return value
-
-
-def atomic_write_text(path, text: str) -> None:
-    """Write to a temporary name beside `path`, then rename: readers never see a partial file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
-def save_resolved_config(cfg, output_dir) -> Path:
-    """Write the config a run actually used to `output_dir/config.yaml`, secrets removed (rank 0)."""
-    path = Path(output_dir) / "config.yaml"
-    if is_main_process():
-        resolved = redact_secrets(_jsonable(cfg))
-        atomic_write_text(path, yaml.safe_dump(resolved, sort_keys=False, allow_unicode=True))
-    return path
-
+from config import atomic_write_text
 
 # ----------------------------------------------------------------------------- examples
 
@@ -315,7 +61,7 @@ _TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", list: "a l
 _REQUIRED = object()
 
 
-def _typed(raw: dict, key: str, kind, default=_REQUIRED, where: str = ""):
+def typed_field(raw: dict, key: str, kind, default=_REQUIRED, where: str = ""):
     """raw[key] checked against `kind` (a type; a missing key or null gives `default`, or an error
     when the key is required). Integers count as numbers; booleans count as neither."""
     value = raw.get(key)
@@ -338,15 +84,15 @@ def _parse_time(text: str, where: str) -> datetime.datetime:
         raise DataError(f"field '{where}': not an ISO 8601 time: {text!r}") from None
 
 
-def _turn_from_json(raw, i: int, extra: tuple[str, ...] = ()) -> Turn:
+def turn_from_json(raw, i: int, extra: tuple[str, ...] = ()) -> Turn:
     where = f"turns[{i}]."
     if not isinstance(raw, dict):
         raise DataError(f"field 'turns[{i}]': expected an object, got {raw!r}")
     unknown = set(raw) - {"speaker", "text", "time", "reply_to", *extra}
     if unknown:
         raise DataError(f"field '{where}{sorted(unknown)[0]}': unknown field")
-    return Turn(_typed(raw, "speaker", str, where=where), _typed(raw, "text", str, where=where),
-                _typed(raw, "time", str, None, where), _typed(raw, "reply_to", int, None, where))
+    return Turn(typed_field(raw, "speaker", str, where=where), typed_field(raw, "text", str, where=where),
+                typed_field(raw, "time", str, None, where), typed_field(raw, "reply_to", int, None, where))
 
 
 _EXAMPLE_FIELDS = {f.name for f in dataclasses.fields(Example)}
@@ -359,15 +105,15 @@ def example_from_json(raw) -> Example:
     unknown = set(raw) - _EXAMPLE_FIELDS
     if unknown:
         raise DataError(f"field '{sorted(unknown)[0]}': unknown field (known: {', '.join(sorted(_EXAMPLE_FIELDS))})")
-    turns = _typed(raw, "turns", list)
-    labels = _typed(raw, "labels", list)
+    turns = typed_field(raw, "turns", list)
+    labels = typed_field(raw, "labels", list)
     example = Example(
-        id=_typed(raw, "id", str), task=_typed(raw, "task", str),
-        turns=[_turn_from_json(t, i) for i, t in enumerate(turns)],
-        target=_typed(raw, "target", int, None), labels=labels,
-        language=_typed(raw, "language", str, "en"), culture=_typed(raw, "culture", str, None),
-        dialog_act=_typed(raw, "dialog_act", str, None), difficulty=_typed(raw, "difficulty", float, None),
-        meta=_typed(raw, "meta", dict, {}),
+        id=typed_field(raw, "id", str), task=typed_field(raw, "task", str),
+        turns=[turn_from_json(t, i) for i, t in enumerate(turns)],
+        target=typed_field(raw, "target", int, None), labels=labels,
+        language=typed_field(raw, "language", str, "en"), culture=typed_field(raw, "culture", str, None),
+        dialog_act=typed_field(raw, "dialog_act", str, None), difficulty=typed_field(raw, "difficulty", float, None),
+        meta=typed_field(raw, "meta", dict, {}),
     )
     return check_example(example)
 
@@ -430,7 +176,7 @@ def load_jsonl(path) -> list[Example]:
             if not line.strip():
                 continue
             try:
-                examples.append(example_from_json(json.loads(line, parse_constant=_reject_constant)))
+                examples.append(example_from_json(json.loads(line, parse_constant=reject_json_constant)))
                 _check_new_id(examples[-1].id, ids)
             except json.JSONDecodeError as e:
                 raise DataError(f"{path}:{number}: not valid JSON: {e.msg} (column {e.colno})") from None
@@ -439,7 +185,7 @@ def load_jsonl(path) -> list[Example]:
     return examples
 
 
-def _reject_constant(name: str):
+def reject_json_constant(name: str):
     raise DataError(f"{name} is not valid JSON")
 
 
@@ -926,301 +672,6 @@ def curriculum(examples: list[Example], cfg: CurriculumConfig) -> list[Segment]:
     return [Segment("full", full), Segment("mixed", mixed)]
 
 
-# ----------------------------------------------------------------------------- converters
-
-
-def _csv_lines(path, header: bool = False, **fmt) -> list[tuple[int, dict | list]]:
-    """(line number, row) pairs of a CSV/TSV, rows as dicts when it has a header; a BOM, CRLF (also
-    inside quoted cells, made LF) and quoted newlines are handled; empty rows are skipped."""
-    with open(path, encoding="utf-8-sig", newline="") as f:
-        reader = csv.DictReader(f, **fmt) if header else csv.reader(f, **fmt)
-        rows = [(reader.line_num, row) for row in reader if row]
-    return [(line, {k: _lf(v) for k, v in row.items()} if header else list(map(_lf, row))) for line, row in rows]
-
-
-def _lf(cell):
-    return cell.replace("\r\n", "\n") if isinstance(cell, str) else cell
-
-
-def _label(task: str, raw: str, where: str) -> str:
-    label = TASKS[task].canonical(raw)
-    if label is None:
-        raise DataError(f"{where}: {raw!r} is not a label of {task}")
-    return label
-
-
-def _files(path, pattern: str) -> list[Path]:
-    """`path` itself, or the files in the folder `path` that match `pattern`, sorted by name."""
-    path = Path(path)
-    return sorted(path.glob(pattern)) if path.is_dir() else [path]
-
-
-# MELD and CPED: one CSV row per utterance, in dialogue order; the columns holding each task's label.
-_DIALOGUE_CSV = {
-    "meld": dict(language="en", tasks={"meld_emotion": "Emotion"}),
-    "cped": dict(language="zh", tasks={"cped_emotion": "Emotion", "cped_dialog_act": "DA"}),
-}
-
-
-def convert_dialogue_csv(path, name: str) -> list[Example]:
-    """MELD (`name="meld"`) or CPED (`"cped"`) CSV: one example per utterance and task, the dialogue up to
-    it as context; utterances whose gold label is the task's catch-all stay as context only."""
-    spec, path = _DIALOGUE_CSV[name], Path(path)
-    dialogues: dict[str, list[tuple[int, dict]]] = {}
-    for line, row in _csv_lines(path, header=True):
-        dialogues.setdefault(row["Dialogue_ID"], []).append((line, row))
-    examples = []
-    for dialogue, rows in dialogues.items():
-        turns = [Turn(row["Speaker"], row["Utterance"]) for _, row in rows]
-        for i, (line, row) in enumerate(rows):
-            for task, column in spec["tasks"].items():
-                label = _label(task, row[column], f"{path}:{line}: field '{column}'")
-                if label != TASKS[task].catch_all:
-                    examples.append(Example(f"{path.stem}-{dialogue}-{i}-{task}", task, turns, i, [label],
-                                            language=spec["language"]))
-    return examples
-
-
-def _detokenize(text: str) -> str:
-    """Undo ECF's space before punctuation ("Oh , yeah ." -> "Oh, yeah.")."""
-    return re.sub(r" +([,.!?;:])", r"\1", text)
-
-
-def convert_ecf(path) -> list[Example]:
-    """ECF 2.0 (SemEval-2024 Task 3) JSON: one meld_emotion example per utterance, text detokenized;
-    the annotated causes at or before the target are kept as meta["causes"] ([{"turn", "span"}])."""
-    path = Path(path)
-    examples = []
-    for k, conversation in enumerate(json.loads(path.read_text(encoding="utf-8-sig"))):
-        where = f"{path}: conversation {k}"
-        utterances = conversation["conversation"]
-        if [u["utterance_ID"] for u in utterances] != list(range(1, len(utterances) + 1)):
-            raise DataError(f"{where}: field 'utterance_ID': expected 1..{len(utterances)} in order")
-        turns = [Turn(u["speaker"], _detokenize(u["text"])) for u in utterances]
-        causes: dict[int, list[dict]] = {}
-        for emotion, cause in conversation["emotion-cause_pairs"]:
-            target, cause_turn = int(emotion.split("_")[0]) - 1, int(cause.split("_")[0]) - 1
-            record = {"turn": cause_turn, "span": _detokenize(cause.split("_", 1)[1])}
-            if cause_turn <= target and record not in causes.setdefault(target, []):
-                causes[target].append(record)
-        for i, u in enumerate(utterances):
-            label = _label("meld_emotion", u["emotion"], f"{where}, utterance {i + 1}: field 'emotion'")
-            meta = {"causes": causes[i]} if causes.get(i) else {}
-            examples.append(Example(f"ecf-{conversation['conversation_ID']}-{i + 1}", "meld_emotion", turns, i,
-                                    [label], meta=meta))
-    return examples
-
-
-def _present(value) -> bool:
-    return value is not None and not (isinstance(value, float) and math.isnan(value))
-
-
-_TOMBENCH_KEYS = {"en": ("STORY", "QUESTION", "OPTION-{}"), "zh": ("故事", "问题", "选项{}")}
-
-
-def convert_tombench(path) -> list[Example]:
-    """ToMBench JSONL (a file or a folder of them): two tom_mc examples per item, English and Chinese.
-    Handles the release's quirks: keys with a literal newline ("答案\\nANSWER"), the bare NaN (and NaN
-    for absent options: two-option items), options that repeat their letter ("A. ...") and answers
-    with trailing text ("A. ")."""
-    examples = []
-    for file in _files(path, "*.jsonl"):
-        for number, line in enumerate(file.read_text(encoding="utf-8-sig").splitlines(), 1):
-            if not line.strip():
-                continue
-            where = f"{file}:{number}"
-            item = {key.split("\n")[-1]: value for key, value in json.loads(line).items()}  # Python reads NaN
-            answer = str(item.get("ANSWER", "")).strip()[:1].upper()
-            for language, (story, question, option) in _TOMBENCH_KEYS.items():
-                options = []
-                for letter in "ABCD":
-                    if not _present(item.get(option.format(letter))):
-                        break
-                    text = str(item[option.format(letter)]).strip()
-                    options.append(re.sub(rf"^{letter}\s*[.:：．、)]\s*", "", text))
-                if answer not in "ABCD"[: len(options)] or not answer:
-                    raise DataError(f"{where}: field 'ANSWER': {item.get('ANSWER')!r} is not one of the "
-                                    f"{len(options)} options ({language})")
-                examples.append(Example(
-                    f"tombench-{language}-{file.stem}-{number}", "tom_mc", [Turn("", item[story])], None, [answer],
-                    language=language, meta={"question": item[question], "options": options,
-                                             "ability": item.get("ABILITY")}))
-    return examples
-
-
-def _root(utterance: dict):
-    return utterance.get("conversation_id", utterance.get("root"))  # ConvoKit 2 / ConvoKit 1 spelling
-
-
-def _speaker(utterance: dict):
-    return utterance.get("speaker", utterance.get("user"))
-
-
-def convert_wiki_power(path, limit: int = 1000) -> list[Example]:
-    """ConvoKit Wikipedia talk pages (`utterances.jsonl`, or the corpus folder): scan utterances in file
-    order, group consecutive ones sharing a root, keep conversations with exactly two speakers of whom
-    exactly one made an `is-admin` utterance (both admins: no power difference to predict), name the
-    speakers A and B by first appearance, and stop after `limit` conversations."""
-    path = Path(path)
-    path = path / "utterances.jsonl" if path.is_dir() else path
-    utterances = []
-    with open(path, encoding="utf-8-sig") as f:
-        for number, line in enumerate(f, 1):
-            if line.strip():
-                utterances.append(json.loads(line))
-                if _root(utterances[-1]) is None or _speaker(utterances[-1]) is None:
-                    raise DataError(f"{path}:{number}: field 'conversation_id' or 'speaker': missing")
-    examples = []
-    for _, group in itertools.groupby(utterances, key=_root):
-        group = list(group)
-        speakers = list(dict.fromkeys(map(_speaker, group)))
-        admins = {_speaker(u) for u in group if (u.get("meta") or {}).get("is-admin")}
-        if len(speakers) != 2 or len(admins) != 1:
-            continue
-        letters = dict(zip(speakers, "AB"))
-        turns = [Turn(letters[_speaker(u)], u["text"]) for u in group]
-        examples.append(Example(f"wiki-{group[0]['id']}", "wiki_power", turns, None, [letters[admins.pop()]]))
-        if len(examples) == limit:
-            break
-    return examples
-
-
-# LDC's CCU norm ids for the ten social acts of the dialog-act and norm tasks; other ids are left out.
-CCU_NORM_ACTS = dict(zip(map(str, range(101, 111)), _CCU_ACTS))
-
-
-def _ccu_conversations(text_path) -> dict[str, tuple[dict, list[Turn], dict[str, int]]]:
-    """file_id -> (the line's fields, turns, segment_id -> turn index) from the CCU text JSONL: one
-    conversation per line, {"file_id", "language", "culture", "turns": [{..turn.., "segment_id"}]}."""
-    conversations = {}
-    with open(text_path, encoding="utf-8-sig") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                raw = json.loads(line, parse_constant=_reject_constant)
-                unknown = set(raw) - {"file_id", "language", "culture", "turns"}
-                if unknown:
-                    raise DataError(f"field '{sorted(unknown)[0]}': unknown field")
-                turns = [_turn_from_json(t, i, extra=("segment_id",)) for i, t in enumerate(_typed(raw, "turns", list))]
-                segments = {t["segment_id"]: i for i, t in enumerate(raw["turns"]) if t.get("segment_id")}
-                conversations[_typed(raw, "file_id", str)] = (raw, turns, segments)
-            except (json.JSONDecodeError, DataError) as e:
-                raise DataError(f"{text_path}:{number}: {e}") from None
-    return conversations
-
-
-def convert_ccu(annotation_dir, text_path, norm_acts: dict[str, str] = CCU_NORM_ACTS) -> list[Example]:
-    """A CCU annotation package (`data/emotions.tab`, `data/norms.tab`) paired with the conversation text
-    (see `_ccu_conversations`; files without text are skipped). Per annotated segment: ccu_emotion keeps
-    the emotions that at least two annotators chose (a segment with one annotator is unscored, none
-    reaching two is the catch-all None); ccu_dialog_act lists the acts of its norms (`norm_acts` maps
-    norm ids to acts; "none" is the catch-all); ccu_norm asks adhere/violate once per act."""
-    conversations = _ccu_conversations(text_path)
-    annotation_dir = Path(annotation_dir)
-    segments: dict[tuple[str, str], dict] = {}
-
-    def segment(tab: Path, line: int, row: dict) -> dict | None:
-        if row["file_id"] not in conversations:
-            return None
-        if row["segment_id"] not in conversations[row["file_id"]][2]:
-            raise DataError(f"{tab}:{line}: field 'segment_id': {row['segment_id']} has no turn in {text_path}")
-        return segments.setdefault((row["file_id"], row["segment_id"]), {"voters": set(), "votes": {}, "norms": {}})
-
-    tab = annotation_dir / "data" / "emotions.tab"
-    for line, row in _csv_lines(tab, header=True, delimiter="\t", quoting=csv.QUOTE_NONE):
-        if row["emotion"] != "noann" and (seg := segment(tab, line, row)) is not None:
-            seg["voters"].add(row["user_id"])
-            for name in row["emotion"].split(","):
-                if name.strip() != "none":
-                    label = _label("ccu_emotion", name, f"{tab}:{line}: field 'emotion'")
-                    seg["votes"][label] = seg["votes"].get(label, 0) + 1
-    tab = annotation_dir / "data" / "norms.tab"
-    for line, row in _csv_lines(tab, header=True, delimiter="\t", quoting=csv.QUOTE_NONE):
-        if row["norm"] != "noann" and (seg := segment(tab, line, row)) is not None and row["norm"] in norm_acts:
-            seg["norms"][row["norm"]] = (norm_acts[row["norm"]], _label("ccu_norm", row["status"],
-                                                                         f"{tab}:{line}: field 'status'"))
-    examples = []
-    for file_id, (raw, turns, segment_turns) in conversations.items():
-        fields = dict(language=raw.get("language", "en"), culture=raw.get("culture"))
-        for segment_id, i in segment_turns.items():
-            seg = segments.get((file_id, segment_id))
-            if seg is None:
-                continue
-            meta = {"file_id": file_id, "segment_id": segment_id}
-            emotions = [e for e in TASKS["ccu_emotion"].labels if seg["votes"].get(e, 0) >= 2]
-            if len(seg["voters"]) >= 2 and emotions:
-                examples.append(Example(f"ccu-{segment_id}-emotion", "ccu_emotion", turns, i, emotions, **fields,
-                                        meta=meta))
-            acts = [a for a in TASKS["ccu_dialog_act"].labels if a in {act for act, _ in seg["norms"].values()}]
-            if acts:
-                examples.append(Example(f"ccu-{segment_id}-dialog_act", "ccu_dialog_act", turns, i, acts, **fields,
-                                        meta=meta))
-            for norm, (act, status) in seg["norms"].items():
-                examples.append(Example(f"ccu-{segment_id}-norm-{norm}", "ccu_norm", turns, i, [status],
-                                        dialog_act=act, **fields, meta=meta | {"norm": norm}))
-    return examples
-
-
-def convert_mmlu(path) -> list[Example]:
-    """MMLU: the original header-less CSVs (question, A, B, C, D, answer letter; subject from the file
-    name, e.g. `anatomy_test.csv`), a file or a folder of them, or JSON/JSONL records {question,
-    choices, answer (index or letter), subject}."""
-    examples = []
-    for file in _files(path, "*.csv"):
-        if file.suffix == ".csv":
-            subject = re.sub(r"_(test|dev|val)$", "", file.stem)
-            records = [(f"{file}:{line}", {"question": r[0], "choices": r[1:5], "answer": r[5], "subject": subject})
-                       for line, r in _csv_lines(file)]
-        else:
-            text = file.read_text(encoding="utf-8-sig")
-            rows = json.loads(text) if text.lstrip().startswith("[") else [json.loads(x) for x in text.splitlines()]
-            records = [(f"{file}: record {n}", r) for n, r in enumerate(rows)]
-        for n, (where, record) in enumerate(records):
-            answer, choices = record["answer"], list(record["choices"])
-            letter = "ABCD"[answer] if isinstance(answer, int) and 0 <= answer < 4 else str(answer).strip().upper()
-            if letter not in "ABCD"[: len(choices)] or not letter:
-                raise DataError(f"{where}: field 'answer': {answer!r} is not one of {len(choices)} choices")
-            subject = record.get("subject") or file.stem
-            examples.append(Example(f"mmlu-{file.stem}-{n}", "mmlu", [], None, [letter],
-                                    meta={"question": record["question"], "options": choices, "subject": subject}))
-    return examples
-
-
-def stratified_sample(examples: list[Example], per_label: int, seed: int = 0) -> list[Example]:
-    """At most `per_label` examples for each (task, gold label set), drawn with `seed`, in input order."""
-    groups: dict[tuple, list[int]] = {}
-    for i, example in enumerate(examples):
-        groups.setdefault((example.task, tuple(example.labels)), []).append(i)
-    rng = random.Random(seed)
-    keep = {i for group in groups.values() for i in rng.sample(group, min(per_label, len(group)))}
-    return [e for i, e in enumerate(examples) if i in keep]
-
-
-def convert(fmt: str, source, text: str | None = None) -> list[Example]:
-    """Convert `source` from one of CONVERTERS' formats (`ccu` also needs the conversation `text`)."""
-    if fmt not in CONVERTERS:
-        raise DataError(f"unknown format {fmt!r} (known: {', '.join(CONVERTERS)})")
-    if (fmt == "ccu") != (text is not None):
-        raise DataError("--text (the conversation JSONL) is needed for, and only for, the ccu format")
-    try:
-        return convert_ccu(source, text) if fmt == "ccu" else CONVERTERS[fmt](source)
-    except KeyError as e:
-        raise DataError(f"{source}: field {e}: missing") from None
-
-
-CONVERTERS = {
-    "meld": functools.partial(convert_dialogue_csv, name="meld"),
-    "cped": functools.partial(convert_dialogue_csv, name="cped"),
-    "ecf": convert_ecf,
-    "tombench": convert_tombench,
-    "wiki": convert_wiki_power,
-    "ccu": convert_ccu,
-    "mmlu": convert_mmlu,
-    "jsonl": load_jsonl,
-}
-
-
 # ----------------------------------------------------------------------------- stats
 
 
@@ -1254,41 +705,21 @@ def stats(examples: list[Example], tokenizer=None) -> str:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(prog="data.py", description="Convert datasets to our JSONL; inspect a file.")
+    parser = argparse.ArgumentParser(prog="data.py", description="Inspect a JSONL file of examples.")
     commands = parser.add_subparsers(dest="command", required=True)
-    conv = commands.add_parser("convert", help="convert a dataset to our JSONL")
-    conv.add_argument("format", choices=list(CONVERTERS))
-    conv.add_argument("input", help="the dataset file or folder (ccu: the annotation package folder)")
-    conv.add_argument("output", help="the JSONL file to write")
-    conv.add_argument("--text", help="ccu: the conversation text JSONL paired with the annotations")
-    conv.add_argument("--task", action="append", help="keep only this task (repeatable)")
-    conv.add_argument("--per-label", type=int, help="keep at most N examples per task and gold label")
-    conv.add_argument("--seed", type=int, default=0, help="seed for --per-label sampling")
     show = commands.add_parser("stats", help="counts per task and label, turns, prompt lengths")
     show.add_argument("file")
     show.add_argument("--tokenizer", help="tokenizer.json, or the model folder holding it")
     args = parser.parse_args(argv)
     try:
-        if args.command == "convert":
-            examples = convert(args.format, args.input, args.text)
-            if args.task:
-                unknown = set(args.task) - set(TASKS)
-                if unknown:
-                    raise DataError(f"--task: unknown task {sorted(unknown)[0]!r} (known: {', '.join(TASKS)})")
-                examples = [e for e in examples if e.task in args.task]
-            if args.per_label:
-                examples = stratified_sample(examples, args.per_label, args.seed)
-            save_jsonl(examples, args.output)
-            print(f"wrote {len(examples)} examples to {args.output}")
-        else:
-            tokenizer = None
-            if args.tokenizer:
-                from tokenizers import Tokenizer
+        tokenizer = None
+        if args.tokenizer:
+            from tokenizers import Tokenizer
 
-                path = Path(args.tokenizer)
-                tokenizer = Tokenizer.from_file(str(path / "tokenizer.json" if path.is_dir() else path))
-            print(stats(load_jsonl(args.file), tokenizer))
-    except (DataError, OSError, json.JSONDecodeError) as e:
+            path = Path(args.tokenizer)
+            tokenizer = Tokenizer.from_file(str(path / "tokenizer.json" if path.is_dir() else path))
+        print(stats(load_jsonl(args.file), tokenizer))
+    except (DataError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(1) from None
 

@@ -8,7 +8,7 @@ from typing import Literal, Optional
 import pytest
 import yaml
 
-from data import ConfigError, MetricsWriter, load_config, parse_cli, redact_secrets, save_resolved_config
+from config import ConfigError, MetricsWriter, load_config, parse_cli, redact_secrets, save_resolved_config
 
 
 @dataclass

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from data import (DataError, build_prompt, convert, convert_ccu, convert_dialogue_csv, convert_ecf, convert_mmlu,
-                  convert_tombench, convert_wiki_power, load_jsonl, main, render_conversation, stratified_sample,
-                  Turn, visible_turns)
+from convert import (convert, convert_ccu, convert_dialogue_csv, convert_ecf, convert_mmlu, convert_tombench,
+                     convert_wiki_power, main, stratified_sample)
+from data import DataError, Turn, build_prompt, load_jsonl, render_conversation, visible_turns
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -237,7 +237,7 @@ def test_mmlu_bad_answer_is_located(tmp_path):
 
 def test_cli_convert_filters_and_samples(tmp_path, capsys, shared_data):
     out = tmp_path / "cped.jsonl"
-    main(["convert", "cped", str(shared_data / "cped" / "valid_split.csv"), str(out), "--task", "cped_emotion",
+    main(["cped", str(shared_data / "cped" / "valid_split.csv"), str(out), "--task", "cped_emotion",
           "--per-label", "5", "--seed", "1"])
     assert capsys.readouterr().out.strip() == f"wrote 65 examples to {out}"  # 13 emotions x 5
     written = load_jsonl(out)
@@ -246,24 +246,24 @@ def test_cli_convert_filters_and_samples(tmp_path, capsys, shared_data):
 
 def test_cli_convert_ccu_and_jsonl(tmp_path, shared_data):
     out = tmp_path / "ccu.jsonl"
-    main(["convert", "ccu", str(shared_data / "ccu-sim"), str(out), "--text", str(FIXTURES / "ccu_text.jsonl")])
+    main(["ccu", str(shared_data / "ccu-sim"), str(out), "--text", str(FIXTURES / "ccu_text.jsonl")])
     assert len(load_jsonl(out)) == 8
     again = tmp_path / "again.jsonl"
-    main(["convert", "jsonl", str(out), str(again)])
+    main(["jsonl", str(out), str(again)])
     assert again.read_text(encoding="utf-8") == out.read_text(encoding="utf-8")
 
 
 def test_cli_errors_exit_with_one_line(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
-        main(["convert", "ccu", str(FIXTURES), str(tmp_path / "o.jsonl")])
+        main(["ccu", str(FIXTURES), str(tmp_path / "o.jsonl")])
     assert e.value.code == 1 and "--text" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        main(["convert", "mmlu", str(FIXTURES / "mmlu"), str(tmp_path / "o.jsonl"), "--task", "mmlu_x"])
+        main(["mmlu", str(FIXTURES / "mmlu"), str(tmp_path / "o.jsonl"), "--task", "mmlu_x"])
     assert "unknown task 'mmlu_x'" in capsys.readouterr().err
     bad = tmp_path / "bad.csv"
     bad.write_text("Dialogue_ID,Speaker\n1,A\n")
     with pytest.raises(SystemExit):
-        main(["convert", "meld", str(bad), str(tmp_path / "o.jsonl")])
+        main(["meld", str(bad), str(tmp_path / "o.jsonl")])
     assert capsys.readouterr().err.strip() == f"error: {bad}: field 'Utterance': missing"
     with pytest.raises(DataError, match="unknown format 'csv'"):
         convert("csv", bad)

@@ -1,0 +1,264 @@
+"""Configs and run outputs, shared by every script: YAML configs with `key=value` overrides checked
+against a dataclass schema (`python X.py config.yaml [key=value ...]`), rank-0 printing, the
+metrics.jsonl writer, and the resolved config written beside a run's outputs with secrets removed."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import re
+import sys
+import types
+import typing
+from pathlib import Path
+
+import yaml
+
+# ----------------------------------------------------------------------------- configs
+
+
+class ConfigError(ValueError):
+    """A bad config: the message is one line naming the file (and line) or override, and the key."""
+
+
+class _YamlLoader(yaml.SafeLoader):
+    """`yaml.SafeLoader` that also reads `1e-5` as a float (YAML 1.2); PyYAML alone reads a string."""
+
+
+_YamlLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d+$"),
+    list("-+0123456789."),
+)
+
+
+def _yaml_value(text: str):
+    return yaml.load(text, Loader=_YamlLoader)
+
+
+def _key_lines(node, prefix: str = "", lines: dict | None = None) -> dict[str, int]:
+    """Map each dotted key of a composed YAML mapping to its 1-based line in the file."""
+    lines = {} if lines is None else lines
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            key = f"{prefix}{key_node.value}"
+            lines[key] = key_node.start_mark.line + 1
+            _key_lines(value_node, key + ".", lines)
+    return lines
+
+
+def _type_name(tp) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _coerce(value, tp, key: str, where):
+    """Check `value` against the annotation `tp`; return it (ints widen to float, lists to tuples)."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if tp is typing.Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        options = [a for a in args if a is not type(None)]
+        for option in options:
+            try:
+                return _coerce(value, option, key, where)
+            except ConfigError:
+                continue
+        raise ConfigError(f"{where(key)}: '{key}' expects {_type_name(tp)}, got {value!r}")
+    if origin is typing.Literal:
+        if value in args:
+            return value
+        raise ConfigError(f"{where(key)}: '{key}' must be one of {list(args)}, got {value!r}")
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where(key)}: '{key}' expects a mapping of {tp.__name__} fields, got {value!r}")
+        return _build(tp, value, key + ".", where)
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where(key)}: '{key}' expects a list, got {value!r}")
+        item_tp = args[0] if args else typing.Any
+        items = [_coerce(v, item_tp, f"{key}[{i}]", where) for i, v in enumerate(value)]
+        return tuple(items) if origin is tuple else items
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where(key)}: '{key}' expects a mapping, got {value!r}")
+        value_tp = args[1] if args else typing.Any
+        return {k: _coerce(v, value_tp, f"{key}.{k}", where) for k, v in value.items()}
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if tp in (bool, int, float, str):
+        if isinstance(value, tp) and not (tp is int and isinstance(value, bool)):
+            return value
+        raise ConfigError(f"{where(key)}: '{key}' expects {tp.__name__}, got {type(value).__name__} {value!r}")
+    raise TypeError(f"config schema: unsupported annotation {tp!r} for '{key}'")
+
+
+def _build(schema, raw: dict, prefix: str, where):
+    hints = typing.get_type_hints(schema)
+    fields = {f.name: f for f in dataclasses.fields(schema) if f.init}
+    for name in raw:
+        if name not in fields:
+            known = ", ".join(sorted(fields))
+            raise ConfigError(f"{where(prefix + str(name))}: unknown key '{prefix}{name}' (known keys: {known})")
+    kwargs = {}
+    for name, field in fields.items():
+        if name in raw:
+            kwargs[name] = _coerce(raw[name], hints[name], prefix + name, where)
+        elif field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
+            raise ConfigError(f"{where(prefix + name)}: missing required key '{prefix}{name}'")
+    return schema(**kwargs)
+
+
+def _apply_override(raw: dict, override: str) -> None:
+    key, sep, text = override.partition("=")
+    if not sep or not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"override '{override}': expected key=value, e.g. optim.lr=1e-5")
+    *parents, leaf = key.split(".")
+    node = raw
+    for part in parents:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"override '{override}': '{part}' is not a section")
+        node = child
+    node[leaf] = _yaml_value(text)
+
+
+def load_config(path, overrides, schema):
+    """Read the YAML file at `path`, apply `a.b.c=value` overrides (values typed by YAML rules),
+    and build the dataclass `schema` from it. Unknown, missing or mistyped keys raise a
+    `ConfigError` whose one-line message names the file and line, or the override."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+        raw = _yaml_value(text)
+        lines = _key_lines(yaml.compose(text, Loader=_YamlLoader))
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f":{mark.line + 1}" if mark else ""
+        raise ConfigError(f"{path}{at}: not valid YAML: {getattr(e, 'problem', e)}") from None
+    raw = {} if raw is None else raw
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of keys, got {type(raw).__name__}")
+    from_override = {}
+    for override in overrides:
+        _apply_override(raw, override)
+        from_override[override.partition("=")[0]] = override
+
+    def where(key: str) -> str:
+        for prefix, override in from_override.items():
+            if key == prefix or key.startswith(prefix + ".") or key.startswith(prefix + "["):
+                return f"override '{override}'"
+        line = lines.get(key.split("[")[0])
+        return f"{path}:{line}" if line else str(path)
+
+    return _build(schema, raw, "", where)
+
+
+def parse_cli(schema, argv=None):
+    """`script.py config.yaml [key=value ...]` -> the config; a bad config exits with one error line."""
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help"):
+        print(f"usage: {Path(sys.argv[0]).name} config.yaml [key=value ...]", file=sys.stderr)
+        raise SystemExit(2)
+    try:
+        return load_config(argv[0], argv[1:], schema)
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+# ----------------------------------------------------------------------------- run outputs
+
+
+def is_main_process() -> bool:
+    """Rank 0 under torchrun, or a plain single-process run."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def print0(*args, **kwargs) -> None:
+    if is_main_process():
+        print(*args, **kwargs, flush=True)
+
+
+def _jsonable(value):
+    """Plain JSON values: tensors and numpy scalars become numbers; NaN and infinities become the
+    strings "nan", "inf", "-inf" so a diverging run stays visible and the file stays strict JSON."""
+    if hasattr(value, "tolist") and not isinstance(value, (str, bytes)):
+        value = value.tolist()
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return _jsonable(dataclasses.asdict(value))
+    return value
+
+
+class MetricsWriter:
+    """Appends one JSON object per line to a `.jsonl` file (rank 0 only) and flushes after every
+    record, so a crash never loses a step already logged; appending continues a resumed run."""
+
+    def __init__(self, path):
+        self.path = Path(path)
+        self._file = None
+        if is_main_process():
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = open(self.path, "a", encoding="utf-8")
+
+    def write(self, record: dict) -> None:
+        if self._file is not None:
+            self._file.write(json.dumps(_jsonable(record), ensure_ascii=False, allow_nan=False) + "\n")
+            self._file.flush()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+_SECRET_KEY = re.compile(r"api[_-]?key|secret|password|auth[_-]?token", re.IGNORECASE)
+
+
+def redact_secrets(value):
+    """Drop every mapping key that names a secret (api_key, secret, password, auth_token); keys
+    ending in `_env` only name an environment variable and are kept."""
+    if isinstance(value, dict):
+        return {
+            k: redact_secrets(v)
+            for k, v in value.items()
+            if not (_SECRET_KEY.search(str(k)) and not str(k).endswith("_env"))
+        }
+    if isinstance(value, (list, tuple)):
+        return [redact_secrets(v) for v in value]
+    return value
+
+
+def atomic_write_text(path, text: str) -> None:
+    """Write to a temporary name beside `path`, then rename: readers never see a partial file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def save_resolved_config(cfg, output_dir) -> Path:
+    """Write the config a run actually used to `output_dir/config.yaml`, secrets removed (rank 0)."""
+    path = Path(output_dir) / "config.yaml"
+    if is_main_process():
+        resolved = redact_secrets(_jsonable(cfg))
+        atomic_write_text(path, yaml.safe_dump(resolved, sort_keys=False, allow_unicode=True))
+    return path

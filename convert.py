@@ -1,0 +1,357 @@
+"""Dataset converters: public dataset files (MELD, CPED, ECF 2.0, ToMBench, CCU annotation packages,
+ConvoKit Wikipedia talk pages, MMLU) to our example JSONL, each checked by data.py's schema.
+
+    python convert.py FORMAT IN OUT [--text FILE] [--task NAME]... [--per-label N] [--seed S]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import functools
+import itertools
+import json
+import math
+import random
+import re
+import sys
+from pathlib import Path
+
+from data import (
+    TASKS,
+    DataError,
+    Example,
+    Turn,
+    load_jsonl,
+    reject_json_constant,
+    save_jsonl,
+    turn_from_json,
+    typed_field,
+)
+
+# ----------------------------------------------------------------------------- converters
+
+
+def _csv_lines(path, header: bool = False, **fmt) -> list[tuple[int, dict | list]]:
+    """(line number, row) pairs of a CSV/TSV, rows as dicts when it has a header; a BOM, CRLF (also
+    inside quoted cells, made LF) and quoted newlines are handled; empty rows are skipped."""
+    with open(path, encoding="utf-8-sig", newline="") as f:
+        reader = csv.DictReader(f, **fmt) if header else csv.reader(f, **fmt)
+        rows = [(reader.line_num, row) for row in reader if row]
+    return [(line, {k: _lf(v) for k, v in row.items()} if header else list(map(_lf, row))) for line, row in rows]
+
+
+def _lf(cell):
+    return cell.replace("\r\n", "\n") if isinstance(cell, str) else cell
+
+
+def _label(task: str, raw: str, where: str) -> str:
+    label = TASKS[task].canonical(raw)
+    if label is None:
+        raise DataError(f"{where}: {raw!r} is not a label of {task}")
+    return label
+
+
+def _files(path, pattern: str) -> list[Path]:
+    """`path` itself, or the files in the folder `path` that match `pattern`, sorted by name."""
+    path = Path(path)
+    return sorted(path.glob(pattern)) if path.is_dir() else [path]
+
+
+# MELD and CPED: one CSV row per utterance, in dialogue order; the columns holding each task's label.
+_DIALOGUE_CSV = {
+    "meld": dict(language="en", tasks={"meld_emotion": "Emotion"}),
+    "cped": dict(language="zh", tasks={"cped_emotion": "Emotion", "cped_dialog_act": "DA"}),
+}
+
+
+def convert_dialogue_csv(path, name: str) -> list[Example]:
+    """MELD (`name="meld"`) or CPED (`"cped"`) CSV: one example per utterance and task, the dialogue up to
+    it as context; utterances whose gold label is the task's catch-all stay as context only."""
+    spec, path = _DIALOGUE_CSV[name], Path(path)
+    dialogues: dict[str, list[tuple[int, dict]]] = {}
+    for line, row in _csv_lines(path, header=True):
+        dialogues.setdefault(row["Dialogue_ID"], []).append((line, row))
+    examples = []
+    for dialogue, rows in dialogues.items():
+        turns = [Turn(row["Speaker"], row["Utterance"]) for _, row in rows]
+        for i, (line, row) in enumerate(rows):
+            for task, column in spec["tasks"].items():
+                label = _label(task, row[column], f"{path}:{line}: field '{column}'")
+                if label != TASKS[task].catch_all:
+                    examples.append(Example(f"{path.stem}-{dialogue}-{i}-{task}", task, turns, i, [label],
+                                            language=spec["language"]))
+    return examples
+
+
+def _detokenize(text: str) -> str:
+    """Undo ECF's space before punctuation ("Oh , yeah ." -> "Oh, yeah.")."""
+    return re.sub(r" +([,.!?;:])", r"\1", text)
+
+
+def convert_ecf(path) -> list[Example]:
+    """ECF 2.0 (SemEval-2024 Task 3) JSON: one meld_emotion example per utterance, text detokenized;
+    the annotated causes at or before the target are kept as meta["causes"] ([{"turn", "span"}])."""
+    path = Path(path)
+    examples = []
+    for k, conversation in enumerate(json.loads(path.read_text(encoding="utf-8-sig"))):
+        where = f"{path}: conversation {k}"
+        utterances = conversation["conversation"]
+        if [u["utterance_ID"] for u in utterances] != list(range(1, len(utterances) + 1)):
+            raise DataError(f"{where}: field 'utterance_ID': expected 1..{len(utterances)} in order")
+        turns = [Turn(u["speaker"], _detokenize(u["text"])) for u in utterances]
+        causes: dict[int, list[dict]] = {}
+        for emotion, cause in conversation["emotion-cause_pairs"]:
+            target, cause_turn = int(emotion.split("_")[0]) - 1, int(cause.split("_")[0]) - 1
+            record = {"turn": cause_turn, "span": _detokenize(cause.split("_", 1)[1])}
+            if cause_turn <= target and record not in causes.setdefault(target, []):
+                causes[target].append(record)
+        for i, u in enumerate(utterances):
+            label = _label("meld_emotion", u["emotion"], f"{where}, utterance {i + 1}: field 'emotion'")
+            meta = {"causes": causes[i]} if causes.get(i) else {}
+            examples.append(Example(f"ecf-{conversation['conversation_ID']}-{i + 1}", "meld_emotion", turns, i,
+                                    [label], meta=meta))
+    return examples
+
+
+def _present(value) -> bool:
+    return value is not None and not (isinstance(value, float) and math.isnan(value))
+
+
+_TOMBENCH_KEYS = {"en": ("STORY", "QUESTION", "OPTION-{}"), "zh": ("故事", "问题", "选项{}")}
+
+
+def convert_tombench(path) -> list[Example]:
+    """ToMBench JSONL (a file or a folder of them): two tom_mc examples per item, English and Chinese.
+    Handles the release's quirks: keys with a literal newline ("答案\\nANSWER"), the bare NaN (and NaN
+    for absent options: two-option items), options that repeat their letter ("A. ...") and answers
+    with trailing text ("A. ")."""
+    examples = []
+    for file in _files(path, "*.jsonl"):
+        for number, line in enumerate(file.read_text(encoding="utf-8-sig").splitlines(), 1):
+            if not line.strip():
+                continue
+            where = f"{file}:{number}"
+            item = {key.split("\n")[-1]: value for key, value in json.loads(line).items()}  # Python reads NaN
+            answer = str(item.get("ANSWER", "")).strip()[:1].upper()
+            for language, (story, question, option) in _TOMBENCH_KEYS.items():
+                options = []
+                for letter in "ABCD":
+                    if not _present(item.get(option.format(letter))):
+                        break
+                    text = str(item[option.format(letter)]).strip()
+                    options.append(re.sub(rf"^{letter}\s*[.:：．、)]\s*", "", text))
+                if answer not in "ABCD"[: len(options)] or not answer:
+                    raise DataError(f"{where}: field 'ANSWER': {item.get('ANSWER')!r} is not one of the "
+                                    f"{len(options)} options ({language})")
+                examples.append(Example(
+                    f"tombench-{language}-{file.stem}-{number}", "tom_mc", [Turn("", item[story])], None, [answer],
+                    language=language, meta={"question": item[question], "options": options,
+                                             "ability": item.get("ABILITY")}))
+    return examples
+
+
+def _root(utterance: dict):
+    return utterance.get("conversation_id", utterance.get("root"))  # ConvoKit 2 / ConvoKit 1 spelling
+
+
+def _speaker(utterance: dict):
+    return utterance.get("speaker", utterance.get("user"))
+
+
+def convert_wiki_power(path, limit: int = 1000) -> list[Example]:
+    """ConvoKit Wikipedia talk pages (`utterances.jsonl`, or the corpus folder): scan utterances in file
+    order, group consecutive ones sharing a root, keep conversations with exactly two speakers of whom
+    exactly one made an `is-admin` utterance (both admins: no power difference to predict), name the
+    speakers A and B by first appearance, and stop after `limit` conversations."""
+    path = Path(path)
+    path = path / "utterances.jsonl" if path.is_dir() else path
+    utterances = []
+    with open(path, encoding="utf-8-sig") as f:
+        for number, line in enumerate(f, 1):
+            if line.strip():
+                utterances.append(json.loads(line))
+                if _root(utterances[-1]) is None or _speaker(utterances[-1]) is None:
+                    raise DataError(f"{path}:{number}: field 'conversation_id' or 'speaker': missing")
+    examples = []
+    for _, group in itertools.groupby(utterances, key=_root):
+        group = list(group)
+        speakers = list(dict.fromkeys(map(_speaker, group)))
+        admins = {_speaker(u) for u in group if (u.get("meta") or {}).get("is-admin")}
+        if len(speakers) != 2 or len(admins) != 1:
+            continue
+        letters = dict(zip(speakers, "AB"))
+        turns = [Turn(letters[_speaker(u)], u["text"]) for u in group]
+        examples.append(Example(f"wiki-{group[0]['id']}", "wiki_power", turns, None, [letters[admins.pop()]]))
+        if len(examples) == limit:
+            break
+    return examples
+
+
+# LDC's CCU norm ids for the ten social acts of the dialog-act and norm tasks; other ids are left out.
+CCU_NORM_ACTS = dict(zip(map(str, range(101, 111)), TASKS["ccu_dialog_act"].labels[:-1]))  # the last label is None
+
+
+def _ccu_conversations(text_path) -> dict[str, tuple[dict, list[Turn], dict[str, int]]]:
+    """file_id -> (the line's fields, turns, segment_id -> turn index) from the CCU text JSONL: one
+    conversation per line, {"file_id", "language", "culture", "turns": [{..turn.., "segment_id"}]}."""
+    conversations = {}
+    with open(text_path, encoding="utf-8-sig") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                raw = json.loads(line, parse_constant=reject_json_constant)
+                unknown = set(raw) - {"file_id", "language", "culture", "turns"}
+                if unknown:
+                    raise DataError(f"field '{sorted(unknown)[0]}': unknown field")
+                turns = [turn_from_json(t, i, extra=("segment_id",)) for i, t in enumerate(typed_field(raw, "turns", list))]
+                segments = {t["segment_id"]: i for i, t in enumerate(raw["turns"]) if t.get("segment_id")}
+                conversations[typed_field(raw, "file_id", str)] = (raw, turns, segments)
+            except (json.JSONDecodeError, DataError) as e:
+                raise DataError(f"{text_path}:{number}: {e}") from None
+    return conversations
+
+
+def convert_ccu(annotation_dir, text_path, norm_acts: dict[str, str] = CCU_NORM_ACTS) -> list[Example]:
+    """A CCU annotation package (`data/emotions.tab`, `data/norms.tab`) paired with the conversation text
+    (see `_ccu_conversations`; files without text are skipped). Per annotated segment: ccu_emotion keeps
+    the emotions that at least two annotators chose (a segment with one annotator is unscored, none
+    reaching two is the catch-all None); ccu_dialog_act lists the acts of its norms (`norm_acts` maps
+    norm ids to acts; "none" is the catch-all); ccu_norm asks adhere/violate once per act."""
+    conversations = _ccu_conversations(text_path)
+    annotation_dir = Path(annotation_dir)
+    segments: dict[tuple[str, str], dict] = {}
+
+    def segment(tab: Path, line: int, row: dict) -> dict | None:
+        if row["file_id"] not in conversations:
+            return None
+        if row["segment_id"] not in conversations[row["file_id"]][2]:
+            raise DataError(f"{tab}:{line}: field 'segment_id': {row['segment_id']} has no turn in {text_path}")
+        return segments.setdefault((row["file_id"], row["segment_id"]), {"voters": set(), "votes": {}, "norms": {}})
+
+    tab = annotation_dir / "data" / "emotions.tab"
+    for line, row in _csv_lines(tab, header=True, delimiter="\t", quoting=csv.QUOTE_NONE):
+        if row["emotion"] != "noann" and (seg := segment(tab, line, row)) is not None:
+            seg["voters"].add(row["user_id"])
+            for name in row["emotion"].split(","):
+                if name.strip() != "none":
+                    label = _label("ccu_emotion", name, f"{tab}:{line}: field 'emotion'")
+                    seg["votes"][label] = seg["votes"].get(label, 0) + 1
+    tab = annotation_dir / "data" / "norms.tab"
+    for line, row in _csv_lines(tab, header=True, delimiter="\t", quoting=csv.QUOTE_NONE):
+        if row["norm"] != "noann" and (seg := segment(tab, line, row)) is not None and row["norm"] in norm_acts:
+            seg["norms"][row["norm"]] = (norm_acts[row["norm"]], _label("ccu_norm", row["status"],
+                                                                         f"{tab}:{line}: field 'status'"))
+    examples = []
+    for file_id, (raw, turns, segment_turns) in conversations.items():
+        fields = dict(language=raw.get("language", "en"), culture=raw.get("culture"))
+        for segment_id, i in segment_turns.items():
+            seg = segments.get((file_id, segment_id))
+            if seg is None:
+                continue
+            meta = {"file_id": file_id, "segment_id": segment_id}
+            emotions = [e for e in TASKS["ccu_emotion"].labels if seg["votes"].get(e, 0) >= 2]
+            if len(seg["voters"]) >= 2 and emotions:
+                examples.append(Example(f"ccu-{segment_id}-emotion", "ccu_emotion", turns, i, emotions, **fields,
+                                        meta=meta))
+            acts = [a for a in TASKS["ccu_dialog_act"].labels if a in {act for act, _ in seg["norms"].values()}]
+            if acts:
+                examples.append(Example(f"ccu-{segment_id}-dialog_act", "ccu_dialog_act", turns, i, acts, **fields,
+                                        meta=meta))
+            for norm, (act, status) in seg["norms"].items():
+                examples.append(Example(f"ccu-{segment_id}-norm-{norm}", "ccu_norm", turns, i, [status],
+                                        dialog_act=act, **fields, meta=meta | {"norm": norm}))
+    return examples
+
+
+def convert_mmlu(path) -> list[Example]:
+    """MMLU: the original header-less CSVs (question, A, B, C, D, answer letter; subject from the file
+    name, e.g. `anatomy_test.csv`), a file or a folder of them, or JSON/JSONL records {question,
+    choices, answer (index or letter), subject}."""
+    examples = []
+    for file in _files(path, "*.csv"):
+        if file.suffix == ".csv":
+            subject = re.sub(r"_(test|dev|val)$", "", file.stem)
+            records = [(f"{file}:{line}", {"question": r[0], "choices": r[1:5], "answer": r[5], "subject": subject})
+                       for line, r in _csv_lines(file)]
+        else:
+            text = file.read_text(encoding="utf-8-sig")
+            rows = json.loads(text) if text.lstrip().startswith("[") else [json.loads(x) for x in text.splitlines()]
+            records = [(f"{file}: record {n}", r) for n, r in enumerate(rows)]
+        for n, (where, record) in enumerate(records):
+            answer, choices = record["answer"], list(record["choices"])
+            letter = "ABCD"[answer] if isinstance(answer, int) and 0 <= answer < 4 else str(answer).strip().upper()
+            if letter not in "ABCD"[: len(choices)] or not letter:
+                raise DataError(f"{where}: field 'answer': {answer!r} is not one of {len(choices)} choices")
+            subject = record.get("subject") or file.stem
+            examples.append(Example(f"mmlu-{file.stem}-{n}", "mmlu", [], None, [letter],
+                                    meta={"question": record["question"], "options": choices, "subject": subject}))
+    return examples
+
+
+def stratified_sample(examples: list[Example], per_label: int, seed: int = 0) -> list[Example]:
+    """At most `per_label` examples for each (task, gold label set), drawn with `seed`, in input order."""
+    groups: dict[tuple, list[int]] = {}
+    for i, example in enumerate(examples):
+        groups.setdefault((example.task, tuple(example.labels)), []).append(i)
+    rng = random.Random(seed)
+    keep = {i for group in groups.values() for i in rng.sample(group, min(per_label, len(group)))}
+    return [e for i, e in enumerate(examples) if i in keep]
+
+
+def convert(fmt: str, source, text: str | None = None) -> list[Example]:
+    """Convert `source` from one of CONVERTERS' formats (`ccu` also needs the conversation `text`)."""
+    if fmt not in CONVERTERS:
+        raise DataError(f"unknown format {fmt!r} (known: {', '.join(CONVERTERS)})")
+    if (fmt == "ccu") != (text is not None):
+        raise DataError("--text (the conversation JSONL) is needed for, and only for, the ccu format")
+    try:
+        return convert_ccu(source, text) if fmt == "ccu" else CONVERTERS[fmt](source)
+    except KeyError as e:
+        raise DataError(f"{source}: field {e}: missing") from None
+
+
+CONVERTERS = {
+    "meld": functools.partial(convert_dialogue_csv, name="meld"),
+    "cped": functools.partial(convert_dialogue_csv, name="cped"),
+    "ecf": convert_ecf,
+    "tombench": convert_tombench,
+    "wiki": convert_wiki_power,
+    "ccu": convert_ccu,
+    "mmlu": convert_mmlu,
+    "jsonl": load_jsonl,
+}
+
+
+# ----------------------------------------------------------------------------- command line
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(prog="convert.py", description="Convert a public dataset to our JSONL.")
+    parser.add_argument("format", choices=list(CONVERTERS))
+    parser.add_argument("input", help="the dataset file or folder (ccu: the annotation package folder)")
+    parser.add_argument("output", help="the JSONL file to write")
+    parser.add_argument("--text", help="ccu: the conversation text JSONL paired with the annotations")
+    parser.add_argument("--task", action="append", help="keep only this task (repeatable)")
+    parser.add_argument("--per-label", type=int, help="keep at most N examples per task and gold label")
+    parser.add_argument("--seed", type=int, default=0, help="seed for --per-label sampling")
+    args = parser.parse_args(argv)
+    try:
+        examples = convert(args.format, args.input, args.text)
+        if args.task:
+            unknown = set(args.task) - set(TASKS)
+            if unknown:
+                raise DataError(f"--task: unknown task {sorted(unknown)[0]!r} (known: {', '.join(TASKS)})")
+            examples = [e for e in examples if e.task in args.task]
+        if args.per_label:
+            examples = stratified_sample(examples, args.per_label, args.seed)
+        save_jsonl(examples, args.output)
+        print(f"wrote {len(examples)} examples to {args.output}")
+    except (DataError, OSError, json.JSONDecodeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(1) from None
+
+
+if __name__ == "__main__":
+    main()
