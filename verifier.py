@@ -8,12 +8,18 @@ in alphabetic scripts, single characters in Chinese and Japanese, numbers with t
 A quotation verifies when its tokens align with a contiguous run of conversation tokens
 (consecutive utterances included) at a small typographical cost:
 
-- editing a word costs its optimal-string-alignment distance, allowed only for a near-miss of the
-  same word: it keeps its first letter and changes at most 1 character (2 from 8 letters up);
-- a word missing from, or added to, the quotation costs its length;
+- each quotation token stands for one conversation token: the same, or a near-miss typo of a
+  word of MIN_TYPO_LENGTH or more letters (same first letter, 1 edit, 2 from 8 letters up), which
+  costs its optimal-string-alignment distance; shorter words and single Chinese or Japanese
+  characters are never edited (one letter turns "love" into "lose", 好 into 坏);
+- a Chinese or Japanese character left out of the quotation costs 1; words are never dropped or
+  added (an omission is marked with an ellipsis), so no word can be swapped for another;
 - the total cost may not exceed min(MAX_EDIT_FRACTION * (characters in the quote), MAX_EDITS);
 - protected tokens (PROTECTED: negations, pronouns, conjunctions, particles and numerals in
-  English, Chinese and Japanese, and every token with a digit) are never edited, dropped or added.
+  English, Chinese and Japanese, and every token with a digit) are never edited or left out;
+- the quotation's edges may not cut a protected Chinese or Japanese word, begin right after a
+  negation written tight against it ("know" from "I don't know", 想去 from 不想去) or end right
+  before a Japanese negation suffix (行け from 行けません): each would drop a negation by cutting.
 
 A quotation whose exact text is not found is then read as ellipsis-separated fragments: each must
 verify on its own, in source order, without overlapping the previous one, and carry at least
@@ -33,6 +39,7 @@ from dataclasses import dataclass
 MAX_EDIT_FRACTION = 0.1  # one typographical edit per 10 characters of the quotation ...
 MAX_EDITS = 6  # ... and never more than this many, however long the quotation
 MIN_FRAGMENT_TOKENS = 2
+MIN_TYPO_LENGTH = 5  # shorter words and single CJK characters are never edited
 
 OPEN_TAG, CLOSE_TAG = "<evidence>", "</evidence>"
 
@@ -139,8 +146,9 @@ def _marks(text: str, protected) -> tuple[list[bool], list[int]]:
             marked[m.start()] = True
     if cjk_words is not None:
         for m in cjk_words.finditer(text):
+            word = word_id[m.start(1)] if word_id[m.start(1)] >= 0 else m.start(1)  # overlapping words are one
             for i in range(m.start(1), m.end(1)):
-                marked[i], word_id[i] = True, m.start(1)
+                marked[i], word_id[i] = True, word
     return marked, word_id
 
 
@@ -179,6 +187,12 @@ def _tokenize(normalized: str) -> _Tokens:
     return _Tokens(tuple(tokens), tuple(rigid), tuple(no_start), tuple(no_end))
 
 
+def word_tokens(text: str) -> list[str]:
+    """The normalized tokens of a text: words in alphabetic scripts, single Chinese or Japanese
+    characters, numbers (punctuation and whitespace dropped)."""
+    return list(_tokenize(normalize(text)).tokens)
+
+
 @dataclass(frozen=True)
 class _Conversation:
     text: _Tokens
@@ -209,10 +223,12 @@ def _conversation(utterances: tuple[str, ...]) -> _Conversation:
 
 @functools.lru_cache(maxsize=65536)
 def _word_edit_cost(a: str, b: str) -> int | None:
-    """Optimal-string-alignment distance between two different words when it is a near-miss typo
-    (same first letter for words of 2+ letters; at most 1 edit, or 2 from 8 letters up), else None."""
-    cap = 2 if max(len(a), len(b)) >= 8 else 1
-    if abs(len(a) - len(b)) > cap or (min(len(a), len(b)) >= 2 and a[0] != b[0]):
+    """Optimal-string-alignment distance between two different words when it is a near-miss typo,
+    else None: the longer word has at least MIN_TYPO_LENGTH characters, both keep the first letter,
+    and they differ by at most 1 edit (2 from 8 characters up)."""
+    longest = max(len(a), len(b))
+    cap = 2 if longest >= 8 else 1
+    if longest < MIN_TYPO_LENGTH or abs(len(a) - len(b)) > cap or a[0] != b[0]:
         return None
     previous2, previous = None, list(range(len(b) + 1))
     for i in range(1, len(a) + 1):
@@ -225,7 +241,7 @@ def _word_edit_cost(a: str, b: str) -> int | None:
     return previous[-1] if previous[-1] <= cap else None
 
 
-def edit_budget(quote_tokens: tuple[str, ...]) -> int:
+def _edit_budget(quote_tokens: tuple[str, ...]) -> int:
     """The largest total alignment cost a quotation with these tokens may have."""
     return min(int(MAX_EDIT_FRACTION * sum(map(len, quote_tokens))), MAX_EDITS)
 
@@ -260,33 +276,27 @@ def _candidate_windows(q: _Tokens, conv: _Conversation, start: int, budget: int)
 
 def _align(q: _Tokens, conv: _Tokens, lo: int, hi: int, budget: int) -> tuple[int, int] | None:
     """Earliest-ending run conv[a:b] (lo <= a < b <= hi) that the quote aligns to at cost <= budget.
-    Column-wise semi-global DP: cost[i] = cheapest alignment of q[:i] ending at the current column.
-    The first and last quote tokens must be aligned to conversation tokens (a quotation does not
-    begin or end with words of its own), and the run respects no_start and no_end."""
+    Column-wise semi-global DP: cost[i] = cheapest alignment of q[:i] ending at the current column;
+    a quote token aligns to one conversation token (equal, or a near-miss typo), and a conversation
+    character the quote left out may be skipped. The run respects no_start and no_end."""
     m, over = len(q.tokens), budget + 1
-    drop = [over if q.rigid[i] or i in (0, m - 1) else len(q.tokens[i]) for i in range(m)]
     cost, begin = [over if conv.no_start[lo] else 0] + [over] * m, [lo] * (m + 1)
-    for i in range(1, m + 1):
-        cost[i] = min(over, cost[i - 1] + drop[i - 1])
     for j in range(lo, hi):
         s, s_rigid = conv.tokens[j], conv.rigid[j]
-        skip_s = over if s_rigid else len(s)
+        skip = over if s_rigid or not _IS_CJK.fullmatch(s) else 1
         new_cost, new_begin = [over if conv.no_start[j + 1] else 0] + [over] * m, [j + 1] * (m + 1)
         for i in range(1, m + 1):
             t = q.tokens[i - 1]
             if t == s:
-                sub = 0
+                edit = 0
             elif q.rigid[i - 1] or s_rigid:
-                sub = over
+                edit = over
             else:
-                sub = _word_edit_cost(t, s)
-                sub = over if sub is None else sub
-            best, first = cost[i - 1] + sub, begin[i - 1]
-            if cost[i] + skip_s < best:
-                best, first = cost[i] + skip_s, begin[i]
-            drop_t = new_cost[i - 1] + drop[i - 1]
-            if drop_t < best:
-                best, first = drop_t, new_begin[i - 1]
+                edit = _word_edit_cost(t, s)
+                edit = over if edit is None else edit
+            best, first = cost[i - 1] + edit, begin[i - 1]
+            if cost[i] + skip < best:
+                best, first = cost[i] + skip, begin[i]
             new_cost[i], new_begin[i] = min(best, over), first
         cost, begin = new_cost, new_begin
         if cost[m] <= budget and not conv.no_end[j + 1]:
@@ -296,7 +306,7 @@ def _align(q: _Tokens, conv: _Tokens, lo: int, hi: int, budget: int) -> tuple[in
 
 def _find(q: _Tokens, conv: _Conversation, start: int) -> tuple[int, int] | None:
     """The earliest-ending match of the quote tokens in the conversation at or after token `start`."""
-    budget = edit_budget(q.tokens)
+    budget = _edit_budget(q.tokens)
     for lo, hi in _candidate_windows(q, conv, start, budget):
         span = _align(q, conv.text, lo, hi, budget)
         if span is not None:

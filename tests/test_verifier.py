@@ -61,7 +61,8 @@ ENGLISH_CASES = [
     ("I dont think I can make it to the party", True),  # apostrophe dropped
     ("Ｉ ｄｏｎ'ｔ ｔｈｉｎｋ I can make it", True),  # full width
     ("I don't thnik I can make it to the party", True),  # transposition typo
-    ("I don't think I can mkae it to the party tonight", True),
+    ("I don't think I can make it to the party tonihgt", True),
+    ("I don't think I can mkae it to the party tonight", False),  # four-letter words take no typo
     ("She told me the trtuh because she trusts me", True),
     ("She told me the truth becuase she trusts me", False),  # protected words admit no typo
     ("I waited for 3 hours at the staton and nobody came", True),  # dropped letter
@@ -111,6 +112,8 @@ ENGLISH_CASES = [
     ("I don't believe I can make it to the party tonight", False),
     ("I love him but I can't remain here anymore", False),
     ("I hate him but I can't stay here anymore", False),
+    ("I lose him but I can't stay here anymore", False),  # one letter, but a four-letter word
+    ("I waited for 3 huors at the station and nobody came", True),  # a five-letter word may carry a typo
     ("She told me the lies because she trusts me", False),
     ("I don't think I can make it to the wedding tonight", False),
     # speaker names and time markers are not evidence
@@ -139,7 +142,8 @@ CHINESE_CASES = [
     ("我今天不想去上班了 太累了", True),  # space for the comma
     ("我今天不想去上班了。。。太累了", True),
     ("我刚才梦见你们堵门，管彭凯旋要红包", True),
-    ("我刚才梦见你们堵门管彭凯旋要红抱", True),  # one-character typo in a 16-character quote
+    ("我刚才梦见你们堵门管凯旋要红包", True),  # one character dropped from a 16-character quote
+    ("我刚才梦见你们堵门管彭凯旋要红抱", False),  # a changed character is another word
     ("我们都等了半天了。我今天不想去上班了", True),  # across utterances
     ("你怎么还没来 … 都等了半天了", True),
     ("他说他３点到", False),  # the source writes 三
@@ -180,7 +184,8 @@ JAPANESE_CASES = [
     ("彼は昨日、三時に駅で待っていましたが", True),
     ("私はコーヒーが好きですが、紅茶も飲みます", True),
     ("私はｺｰﾋｰが好きですが", True),  # half-width katakana
-    ("今日は本当にありがとうごさいました", True),  # one dropped voicing mark in a long quote
+    ("今日は本当にありがとございました", True),  # one character dropped from a long quote
+    ("今日は本当にありがとうごさいました", False),  # a changed character is another word
     ("明日の会議には行けません。彼は昨日", True),  # across utterances
     # negation dropped
     ("明日の会議には行けます", False),
