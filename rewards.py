@@ -50,6 +50,7 @@ class Rollout:
     @classmethod
     def from_completion(cls, example: data.Example, completion: str, *, n_reasoning_tokens: int,
                         n_completion_tokens: int, **rest) -> Rollout:
+        """A rollout with its reasoning, blocks and answer parsed from the completion text (data.py's rules)."""
         reasoning, _ = data.split_completion(completion)
         return cls(example, completion, reasoning, data.split_blocks(reasoning),
                    data.parse_answer(completion, example.task), n_reasoning_tokens, n_completion_tokens, **rest)
@@ -141,7 +142,10 @@ def evidence_format(rollout, cfg):
 
 # B: the paper's Table 6 value was lost in extraction. 150 tokens is about one paragraph per credited
 # inference: reasoning whose blocks average under 150 tokens is not scaled down, padding is.
-@reward(budget=150.0)
+_IU = dict(budget=150.0)
+
+
+@reward(**_IU)
 def iu_g(rollout, cfg):
     """IU_G from the judge's per-block verdicts (`judged["iu"]`), the verifier and the effort budget B
     (`budget`, tokens per credited inference). None when the verdicts are missing or do not cover
@@ -156,10 +160,10 @@ def iu_g(rollout, cfg):
     return iu_g_score(verdicts, verified, rollout.n_reasoning_tokens, cfg["budget"])
 
 
-@reward(lambda_iu=0.5, budget=150.0)
+@reward(lambda_iu=0.5, **_IU)
 def clue(rollout, cfg):
     """R = c + lambda_iu * f * IU_G (None when IU_G is)."""
-    iu = iu_g(rollout, {"budget": cfg["budget"]})
+    iu = iu_g(rollout, {k: cfg[k] for k in _IU})
     if iu is None:
         return None
     return correctness(rollout) + cfg["lambda_iu"] * evidence_format(rollout) * iu

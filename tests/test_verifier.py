@@ -307,15 +307,8 @@ PRONOUN_SWAPS = {"he ": "she ", "she ": "he ", "you ": "we ", "I ": "you ", "my 
 DIGIT_SWAPS = {str(d): str((d + 1) % 10) for d in range(10)} | {"一": "二", "二": "三", "三": "四", "两": "三"}
 
 
-def read_meld(path):
-    dialogues = defaultdict(list)
-    with open(path, encoding="utf-8", newline="") as f:
-        for row in csv.DictReader(f):
-            dialogues[row["Dialogue_ID"]].append(row["Utterance"])
-    return list(dialogues.values())
-
-
-def read_cped(path):
+def read_dialogues(path):
+    """Utterance texts per Dialogue_ID, in file order (MELD: CRLF, quoted fields; CPED: a BOM)."""
     dialogues = defaultdict(list)
     with open(path, encoding="utf-8-sig", newline="") as f:
         for row in csv.DictReader(f):
@@ -383,14 +376,14 @@ def real_data_cases(dialogues, spaced, n=300):
 
 @pytest.mark.parametrize("name", ["meld/dev_sent_emo.csv", "meld/train_sent_emo.csv"])
 def test_meld_quotes_verify_and_perturbed_copies_do_not(shared_data, name):
-    quotes, perturbed = real_data_cases(read_meld(shared_data / name), spaced=True)
+    quotes, perturbed = real_data_cases(read_dialogues(shared_data / name), spaced=True)
     assert [q for q, d in quotes if not verify_quote(q, d)] == []
     assert len(perturbed) >= 50
     assert [q for q, d in perturbed if verify_quote(q, d)] == []
 
 
 def test_meld_apostrophes_match_any_form(shared_data):
-    dialogues = read_meld(shared_data / "meld/dev_sent_emo.csv")
+    dialogues = read_dialogues(shared_data / "meld/dev_sent_emo.csv")
     curly = [(u, d) for d in dialogues for u in d if "\u2019" in u][:50]
     assert len(curly) == 50
     for utterance, dialogue in curly:
@@ -399,14 +392,14 @@ def test_meld_apostrophes_match_any_form(shared_data):
 
 
 def test_cped_quotes_verify_and_perturbed_copies_do_not(shared_data):
-    quotes, perturbed = real_data_cases(read_cped(shared_data / "cped/valid_split.csv"), spaced=False)
+    quotes, perturbed = real_data_cases(read_dialogues(shared_data / "cped/valid_split.csv"), spaced=False)
     assert [q for q, d in quotes if not verify_quote(q, d)] == []
     assert len(perturbed) >= 50
     assert [q for q, d in perturbed if verify_quote(q, d)] == []
 
 
 def test_cped_quote_from_another_dialogue_does_not_verify(shared_data):
-    dialogues = read_cped(shared_data / "cped/valid_split.csv")
+    dialogues = read_dialogues(shared_data / "cped/valid_split.csv")
     rng = random.Random(1)
     checked = 0
     for _ in range(200):
