@@ -1,2 +1,337 @@
 """Every reward as a plain function behind one registry: task correctness, IU_G and the CLUE
-combined reward, and the Social-R1, EmoLLM and CARE reward families."""
+combined reward, and the Social-R1, EmoLLM and CARE reward families.
+
+One calling convention: a reward is `fn(rollout, cfg) -> float | None`, registered in REWARDS under
+its function name by the `@reward(**defaults)` decorator. `cfg` holds the reward's settings; missing
+ones take the defaults given to the decorator and unknown ones are an error, so a typo in a config
+never silently falls back to a default. None means the feedback is incomplete (a judge answer the
+reward needs is missing or malformed): the trainer resamples the group, it never reads None as 0.
+
+Judge-backed rewards read already-parsed judge outputs from `rollout.judged` (judge.py fills it):
+
+| key | shape | used by |
+|---|---|---|
+| `iu` | list[int], 1 = GAIN / 0 = NO_GAIN per reasoning block | iu_g, clue |
+| `sip_structure` | float in [0, 1], SIP stage adherence | social_r1 |
+| `sip_content` | float in [0, 1], SIP content against the reference | social_r1 |
+| `turn_quality` | {"sr_proxy": 0/1, "ea": 1-5, "fa": 0/1} for one assistant turn | emollm_turn, emollm |
+| `emotional_state` | int 1-5, the user's state in the reply to this turn (on an episode: the opening message) | emollm_turn, emollm |
+| `care_rubric` | {"cognitive" / "affective" / "proactive": {"weight": w, "criteria": [str, ...]}} | care |
+| `care_scores` | {"cognitive" / "affective" / "proactive": [int 0-5 per criterion]} | care |
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import data
+import verifier
+
+
+@dataclass
+class Rollout:
+    """One sampled completion and everything a reward may look at. For a multi-turn EmoLLM episode
+    `turns` holds one Rollout per assistant turn, in order."""
+    example: data.Example
+    completion: str
+    reasoning: str  # the text before the final </think>
+    blocks: list[str]  # r_1..r_N
+    answer: list[str] | None  # parsed labels; None = invalid answer
+    n_reasoning_tokens: int  # T
+    n_completion_tokens: int
+    step: int = 0  # t, the current update
+    total_steps: int = 1  # T_total, the number of updates of the run
+    judged: dict[str, Any] = field(default_factory=dict)
+    turns: list[Rollout] = field(default_factory=list)
+
+    @classmethod
+    def from_completion(cls, example: data.Example, completion: str, *, n_reasoning_tokens: int,
+                        n_completion_tokens: int, **rest) -> Rollout:
+        """A rollout with its reasoning, blocks and answer parsed from the completion text (data.py's rules)."""
+        reasoning, _ = data.split_completion(completion)
+        return cls(example, completion, reasoning, data.split_blocks(reasoning),
+                   data.parse_answer(completion, example.task), n_reasoning_tokens, n_completion_tokens, **rest)
+
+
+@dataclass
+class RewardSpec:
+    """The reward a run optimizes, as a config names it: `reward: {name: clue, params: {lambda_iu: 0.5}}`."""
+    name: str = "clue"
+    params: dict[str, float] = field(default_factory=dict)
+
+
+RewardFn = Callable[[Rollout, dict], float | None]
+REWARDS: dict[str, RewardFn] = {}
+
+
+def reward(**defaults: float):
+    """Register the decorated `fn(rollout, cfg)` in REWARDS under its name, with its settings' defaults."""
+    def register(fn):
+        @functools.wraps(fn)
+        def with_settings(rollout: Rollout, cfg: dict | None = None) -> float | None:
+            unknown = sorted(set(cfg or {}) - set(defaults))
+            if unknown:
+                raise ValueError(f"reward '{fn.__name__}': unknown setting(s) {unknown} "
+                                 f"(known: {', '.join(sorted(defaults)) or 'none'})")
+            return fn(rollout, defaults | (cfg or {}))
+        with_settings.defaults = defaults
+        REWARDS[fn.__name__] = with_settings
+        return with_settings
+    return register
+
+
+def score(rollout: Rollout, spec: RewardSpec) -> float | None:
+    """The reward a config names, with the config's settings."""
+    if spec.name not in REWARDS:
+        raise ValueError(f"unknown reward '{spec.name}' (known: {', '.join(sorted(REWARDS))})")
+    return REWARDS[spec.name](rollout, spec.params)
+
+
+def _number_in(value: Any, low: float, high: float) -> bool:
+    """A judge output that is a real number (not a bool) within [low, high]."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and low <= value <= high
+
+
+# ----------------------------------------------------------------------------- CLUE
+
+def task_correctness(predicted: list[str] | None, gold: list[str], multi_label: bool) -> float:
+    """c: single-label 1 if Y_hat = Y* else 0; multi-label the F1 of the two label sets; invalid 0."""
+    if predicted is None:
+        return 0.0
+    p, g = set(predicted), set(gold)
+    if not multi_label:
+        return float(p == g)
+    return 2 * len(p & g) / (len(p) + len(g)) if p or g else 1.0
+
+
+def iu_g_score(verdicts: list[int], quotes_verified: list[list[bool]], n_reasoning_tokens: int,
+               budget: float) -> float:
+    """IU_G = sum_j g_j / max(N, T / B), g_j = J_j * [every quotation in r_j verifies] *
+    [a verified quotation exists in r_1..r_j]; 0 without reasoning blocks."""
+    if not verdicts:
+        return 0.0
+    grounded, gained = False, 0
+    for verdict, verified in zip(verdicts, quotes_verified, strict=True):
+        grounded = grounded or any(verified)
+        gained += bool(verdict) and all(verified) and grounded
+    return gained / max(len(verdicts), n_reasoning_tokens / budget)
+
+
+def conversation_texts(example: data.Example) -> list[str]:
+    """C for the verifier: the texts of the turns the model was shown (no speakers, no time markers)."""
+    return [turn.text for turn in data.visible_turns(example)]
+
+
+@reward()
+def correctness(rollout, cfg):
+    """c, the task correctness of the parsed answer."""
+    return task_correctness(rollout.answer, rollout.example.labels, data.get_task(rollout.example.task).multi_label)
+
+
+REWARDS["accuracy_only"] = correctness  # the paper's Accuracy-Only RL baseline: R = c
+
+
+@reward()
+def evidence_format(rollout, cfg):
+    """f, the evidence-tag format term of the whole completion."""
+    return verifier.format_score(rollout.completion)
+
+
+# B: the paper's Table 6 value was lost in extraction. 150 tokens is about one paragraph per credited
+# inference: reasoning whose blocks average under 150 tokens is not scaled down, padding is.
+_IU = dict(budget=150.0)
+
+
+@reward(**_IU)
+def iu_g(rollout, cfg):
+    """IU_G from the judge's per-block verdicts (`judged["iu"]`), the verifier and the effort budget B
+    (`budget`, tokens per credited inference). None when the verdicts are missing or do not cover
+    exactly the N blocks."""
+    if not rollout.blocks:
+        return 0.0
+    verdicts = rollout.judged.get("iu")
+    if verdicts is None or len(verdicts) != len(rollout.blocks) or any(v not in (0, 1) for v in verdicts):
+        return None
+    quotes = verifier.quotes_by_block(rollout.blocks, conversation_texts(rollout.example))
+    verified = [[ok for _, ok in block] for block in quotes]
+    return iu_g_score(verdicts, verified, rollout.n_reasoning_tokens, cfg["budget"])
+
+
+@reward(lambda_iu=0.5, **_IU)
+def clue(rollout, cfg):
+    """R = c + lambda_iu * f * IU_G (None when IU_G is)."""
+    iu = iu_g(rollout, {k: cfg[k] for k in _IU})
+    if iu is None:
+        return None
+    return correctness(rollout) + cfg["lambda_iu"] * evidence_format(rollout) * iu
+
+
+# ----------------------------------------------------------------------------- Social-R1
+
+def repetition_ratio(text: str, n: int = 4) -> float:
+    """rho: the share of the text's word n-grams that repeat an earlier one, 1 - distinct / total
+    (seq-rep-n of Welleck et al., 2019; Chinese and Japanese count characters as words). 0 for a
+    text shorter than n words. The paper does not give n; 4 is the usual choice for seq-rep-n."""
+    words = verifier.word_tokens(text)
+    grams = [tuple(words[i:i + n]) for i in range(len(words) - n + 1)]
+    return 1 - len(set(grams)) / len(grams) if grams else 0.0
+
+
+def r_rep(rho: float, threshold: float = 0.1, beta: float = 8.0) -> float:
+    """R_rep = 1 if rho <= threshold else exp(-beta (rho - threshold))."""
+    return 1.0 if rho <= threshold else math.exp(-beta * (rho - threshold))
+
+
+def _sigmoid(x: float) -> float:
+    return 1 / (1 + math.exp(-x)) if x >= 0 else math.exp(x) / (1 + math.exp(x))
+
+
+def r_win(length: float, low: float = 400, high: float = 2500, k: float = 50) -> float:
+    """R_win(L) = sigmoid((L - L_min) / k) * sigmoid((L_max - L) / k)."""
+    return _sigmoid((length - low) / k) * _sigmoid((high - length) / k)
+
+
+def process_weight(step: int, total_steps: int, gamma: float) -> float:
+    """w_struct(t) = w_content(t) = 1 + gamma t / T."""
+    return 1 + gamma * step / total_steps
+
+
+_LENGTH = dict(ngram=4, rep_threshold=0.1, rep_beta=8.0, len_min=400.0, len_max=2500.0, len_k=50.0)
+
+
+@reward()
+def r_fmt(rollout, cfg):
+    """R_fmt in our completion format: 1 when the completion has one `</think>` with reasoning before
+    it and, after it, exactly one non-empty line and that line is `Answer: ...`; else 0. (Whether the
+    labels are valid is R_out's business.)"""
+    _, answer_text = data.split_completion(rollout.completion)
+    lines = answer_text.strip().splitlines()
+    well_formed = (rollout.completion.count(data.THINK_END) == 1 and bool(rollout.reasoning)
+                   and len(lines) == 1 and lines[0].lower().startswith("answer:"))
+    return float(well_formed)
+
+
+@reward(**_LENGTH)
+def r_len(rollout, cfg):
+    """R_len = R_rep(rho) * R_win(L), rho the n-gram repetition of the reasoning (n = `ngram`) and
+    L = T, its length in tokens."""
+    rho = repetition_ratio(rollout.reasoning, int(cfg["ngram"]))
+    return r_rep(rho, cfg["rep_threshold"], cfg["rep_beta"]) * r_win(
+        rollout.n_reasoning_tokens, cfg["len_min"], cfg["len_max"], cfg["len_k"])
+
+
+# tau and gamma are not given in the paper. tau = 0.5 keeps the outcome term (w_o = 2) ahead of the
+# two process terms (at most 2 tau = 1) early in training; gamma = 1 doubles the process weights by
+# the last update, where they catch up with it.
+@reward(w_out=2.0, tau_process=0.5, gamma=1.0, **_LENGTH)
+def social_r1(rollout, cfg):
+    """R_total = R_fmt * (w_o R_out + tau (w_struct(t) R_struct + w_content(t) R_content)) * R_len,
+    R_out = c, R_struct = `judged["sip_structure"]`, R_content = `judged["sip_content"]`."""
+    structure, content = rollout.judged.get("sip_structure"), rollout.judged.get("sip_content")
+    if not (_number_in(structure, 0, 1) and _number_in(content, 0, 1)):
+        return None
+    w = process_weight(rollout.step, rollout.total_steps, cfg["gamma"])
+    process = cfg["tau_process"] * (w * structure + w * content)
+    length = r_len(rollout, {k: cfg[k] for k in _LENGTH})
+    return r_fmt(rollout) * (cfg["w_out"] * correctness(rollout) + process) * length
+
+
+# ----------------------------------------------------------------------------- EmoLLM
+
+def overthinking(n_reasoning_tokens: int, budget: float) -> float:
+    """R_overthink: the share of the reasoning beyond `budget` tokens, relative to the budget, capped at 1."""
+    return min(1.0, max(0.0, (n_reasoning_tokens - budget) / budget))
+
+
+def emollm_turn_reward(quality: dict | None, state: int | None, n_reasoning_tokens: int, cfg: dict) -> float | None:
+    """r_t = l_cog R_cog + l_arg R_ARG + l_rp R_RP - l_over R_overthink, from the judges' outputs:
+    R_cog = fa (1 when the reply is factually reliable and grounded), R_ARG = (ea - 1) / 4 (empathic
+    appropriateness, 1-5: the fit of the chosen support strategy to the user's needs, the judge output
+    nearest to the appraisal trace's quality; the agreed judges have no separate ARG-trace score),
+    R_RP = (s - 1) / 4 with s the user's emotional state (1-5) in the reply to this turn, and
+    R_overthink = overthinking(T, `overthink_budget`). None when a judge output is missing or out of range."""
+    if not isinstance(quality, dict) or quality.get("fa") not in (0, 1) or not _number_in(quality.get("ea"), 1, 5):
+        return None
+    if not _number_in(state, 1, 5):
+        return None
+    return (cfg["l_cog"] * quality["fa"] + cfg["l_arg"] * (quality["ea"] - 1) / 4 + cfg["l_rp"] * (state - 1) / 4
+            - cfg["l_over"] * overthinking(n_reasoning_tokens, cfg["overthink_budget"]))
+
+
+# The lambdas are "nonnegative weighting coefficients" in the paper, without values: all 1 here. The
+# overthinking budget is not given either; 256 tokens is about twice the per-turn output the paper
+# reports for its trained model.
+_TURN = dict(l_cog=1.0, l_arg=1.0, l_rp=1.0, l_over=1.0, overthink_budget=256.0)
+
+
+@reward(**_TURN)
+def emollm_turn(rollout, cfg):
+    """r_t of one assistant turn (see emollm_turn_reward): `judged["turn_quality"]`,
+    `judged["emotional_state"]` and the turn's reasoning tokens."""
+    judged = rollout.judged
+    return emollm_turn_reward(judged.get("turn_quality"), judged.get("emotional_state"), rollout.n_reasoning_tokens, cfg)
+
+
+@reward(l_emo=1.0, **_TURN)
+def emollm(rollout, cfg):
+    """R(tau) = sum_t r_t + l_emo R_emo over the episode's turns (`rollout.turns`), with R_emo = (e_T - e_0) / 4:
+    the user's final emotional state (the last turn's `emotional_state`) minus the initial one (the
+    episode's own `judged["emotional_state"]`, the opening message), on the 1-5 scale mapped to [0, 1]."""
+    turn_cfg = {k: cfg[k] for k in _TURN}
+    turn_rewards = [emollm_turn(turn, turn_cfg) for turn in rollout.turns]
+    initial = rollout.judged.get("emotional_state")
+    if not turn_rewards or None in turn_rewards or not _number_in(initial, 1, 5):
+        return None
+    final = rollout.turns[-1].judged["emotional_state"]
+    return sum(turn_rewards) + cfg["l_emo"] * (final - initial) / 4
+
+
+# ----------------------------------------------------------------------------- CARE
+
+CARE_DIMENSIONS = ("cognitive", "affective", "proactive")
+
+
+def valid_rubric(rubric: Any, tolerance: float) -> bool:
+    """Three dimensions, each with a weight >= 0 and 2-4 non-empty criteria; weights sum to 1 (+- tolerance)."""
+    if not isinstance(rubric, dict) or set(rubric) != set(CARE_DIMENSIONS):
+        return False
+    weights = []
+    for dimension in rubric.values():
+        if not isinstance(dimension, dict) or set(dimension) != {"weight", "criteria"}:
+            return False
+        weight, criteria = dimension["weight"], dimension["criteria"]
+        if not _number_in(weight, 0, 1):
+            return False
+        if not isinstance(criteria, list) or not 2 <= len(criteria) <= 4:
+            return False
+        if not all(isinstance(c, str) and c.strip() for c in criteria):
+            return False
+        weights.append(weight)
+    return abs(sum(weights) - 1) <= tolerance
+
+
+def care_score(rubric: Any, scores: Any, tolerance: float) -> float | None:
+    """sum_d w_d * mean(scores of d) / 5 over the three dimensions; None for a malformed rubric or
+    scores that are not one integer 0-5 per criterion."""
+    if not valid_rubric(rubric, tolerance) or not isinstance(scores, dict) or set(scores) != set(CARE_DIMENSIONS):
+        return None
+    total = 0.0
+    for name, dimension in rubric.items():
+        given = scores[name]
+        if not isinstance(given, list) or len(given) != len(dimension["criteria"]):
+            return None
+        if not all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s <= 5 for s in given):
+            return None
+        total += dimension["weight"] * sum(given) / len(given) / 5
+    return total
+
+
+# The weights of a judge-written rubric are rounded (0.33 / 0.33 / 0.34): they must sum to 1 within this.
+@reward(weight_tolerance=0.01)
+def care(rollout, cfg):
+    """The CARE rubric reward from `judged["care_rubric"]` (one rubric shared by the GRPO group) and
+    `judged["care_scores"]`."""
+    return care_score(rollout.judged.get("care_rubric"), rollout.judged.get("care_scores"), cfg["weight_tolerance"])

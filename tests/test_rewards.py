@@ -1,0 +1,349 @@
+"""Every reward against values computed by hand (the arithmetic is written out in each test)."""
+
+import math
+
+import pytest
+
+from data import Example, Turn
+from rewards import (REWARDS, RewardSpec, Rollout, care, clue, correctness, emollm, emollm_turn,
+                     evidence_format, iu_g, r_fmt, r_len, r_rep, r_win, repetition_ratio, score, social_r1)
+
+TURNS = [Turn("Ana", "I lost my job today."), Turn("Ben", "Oh no, what happened?"),
+         Turn("Ana", "They said the company is closing."), Turn("Ben", "This turn is never shown.")]
+
+
+def example(task="meld_emotion", labels=("sadness",), target=2):
+    return Example(id="x", task=task, turns=TURNS, target=target, labels=list(labels))
+
+
+def rollout(completion, task="meld_emotion", labels=("sadness",), t_reason=100, **rest):
+    return Rollout.from_completion(example(task, labels), completion, n_reasoning_tokens=t_reason,
+                                   n_completion_tokens=t_reason + 5, **rest)
+
+
+# four blocks: a verified quote; no quote; a verified quote; a quote that is not in the conversation
+BLOCKS = ["Ana opens with <evidence>I lost my job today</evidence>.",
+          "Ben answers with concern.",
+          "Her last turn adds <evidence>the company is closing</evidence>.",
+          "She also says <evidence>they fired everyone</evidence>."]
+COMPLETION = "<think>\n" + "\n\n".join(BLOCKS) + "\n</think>\n\nAnswer: sadness"
+
+
+def sigmoid(x):
+    return 1 / (1 + math.exp(-x))
+
+
+# ----------------------------------------------------------------------------- rollout and registry
+
+def test_rollout_from_completion_parses_reasoning_blocks_and_answer():
+    r = rollout(COMPLETION)
+    assert r.blocks == BLOCKS
+    assert r.reasoning == "\n\n".join(BLOCKS)
+    assert r.answer == ["sadness"]
+    assert rollout("no think close, Answer: sadness").answer is None
+
+
+def test_registry_holds_every_reward_and_one_convention():
+    assert set(REWARDS) == {"correctness", "accuracy_only", "evidence_format", "iu_g", "clue", "r_fmt", "r_len",
+                            "social_r1", "emollm_turn", "emollm", "care"}
+    r = rollout(COMPLETION, judged={"iu": [1, 1, 0, 1]})
+    assert score(r, RewardSpec("clue", {"lambda_iu": 1.0})) == pytest.approx(1 + 1.0 * 1.0 * 2 / 4)
+    assert REWARDS["accuracy_only"](r, {}) == 1.0
+    assert clue.defaults == {"lambda_iu": 0.5, "budget": 150.0}
+
+
+def test_unknown_reward_or_setting_is_an_error():
+    r = rollout(COMPLETION, judged={"iu": [1, 1, 0, 1]})
+    with pytest.raises(ValueError, match="unknown reward 'clu'.*clue"):
+        score(r, RewardSpec("clu"))
+    with pytest.raises(ValueError, match=r"'clue'.*\['lamda_iu'\].*lambda_iu"):
+        clue(r, {"lamda_iu": 1.0})
+
+
+# ----------------------------------------------------------------------------- CLUE
+
+@pytest.mark.parametrize("task,labels,answer,expected", [
+    ("meld_emotion", ["sadness"], "sadness", 1.0),
+    ("meld_emotion", ["sadness"], "Sadness", 1.0),
+    ("meld_emotion", ["sadness"], "joy", 0.0),
+    ("meld_emotion", ["sadness"], "joy, sadness", 0.0),  # several labels on a single-label task: invalid
+    ("meld_emotion", ["sadness"], "", 0.0),
+    ("meld_emotion", ["sadness"], "happiness", 0.0),  # outside the label set
+    ("ccu_emotion", ["Joy", "Trust"], "Joy, Trust", 1.0),
+    ("ccu_emotion", ["Joy", "Trust"], "Joy, Anger", 0.5),  # F1 = 2*1 / (2 + 2)
+    ("ccu_emotion", ["Joy", "Trust"], "Joy", 2 / 3),  # F1 = 2*1 / (1 + 2)
+    ("ccu_emotion", ["Joy"], "Anger, Fear, Joy", 0.5),  # 2*1 / (3 + 1)
+    ("ccu_emotion", ["Joy"], "Anger", 0.0),
+])
+def test_correctness(task, labels, answer, expected):
+    r = rollout(f"reasoning</think>\nAnswer: {answer}", task, labels)
+    assert correctness(r) == pytest.approx(expected)
+    assert REWARDS["accuracy_only"](r) == pytest.approx(expected)
+
+
+def test_correctness_of_a_missing_answer_line_is_zero():
+    assert correctness(rollout("reasoning only, no think close")) == 0.0
+
+
+def test_iu_g_counts_grounded_gains_over_max_of_blocks_and_effort():
+    # g = [1 (quote verifies), 1 (no quote, grounded by block 1), 0 (verdict 0), 0 (quote fails)]
+    r = rollout(COMPLETION, t_reason=100, judged={"iu": [1, 1, 0, 1]})
+    assert iu_g(r) == pytest.approx(2 / 4)  # T/B = 100/150 < N = 4
+    r = rollout(COMPLETION, t_reason=1200, judged={"iu": [1, 1, 0, 1]})
+    assert iu_g(r) == pytest.approx(2 / 8)  # T/B = 1200/150 = 8 > N = 4
+    assert iu_g(r, {"budget": 600.0}) == pytest.approx(2 / 4)  # T/B = 2 < 4
+
+
+def test_iu_g_needs_a_verified_quote_at_or_before_the_block():
+    blocks = ["A gain claimed before any evidence.", "<evidence>I lost my job today</evidence> grounds it.",
+              "A later gain with no quote of its own."]
+    r = rollout("\n\n".join(blocks) + "</think>\nAnswer: sadness", judged={"iu": [1, 1, 1]})
+    assert iu_g(r) == pytest.approx(2 / 3)
+
+
+def test_iu_g_is_zero_when_no_quote_verifies():
+    blocks = ["<evidence>I lost my whole career today</evidence>", "<evidence>the shop is closing</evidence>",
+              "<evidence>Ben: Oh no</evidence>", "no quote"]  # paraphrase, paraphrase, speaker name
+    r = rollout("\n\n".join(blocks) + "</think>\nAnswer: sadness", judged={"iu": [1, 1, 1, 1]})
+    assert iu_g(r) == 0.0
+
+
+def test_iu_g_does_not_accept_text_after_the_target():
+    r = rollout("<evidence>This turn is never shown</evidence></think>\nAnswer: sadness", judged={"iu": [1]})
+    assert iu_g(r) == 0.0
+
+
+def test_iu_g_incomplete_feedback_is_none_and_no_reasoning_is_zero():
+    assert iu_g(rollout(COMPLETION)) is None
+    assert iu_g(rollout(COMPLETION, judged={"iu": None})) is None
+    assert iu_g(rollout(COMPLETION, judged={"iu": [1, 1, 0]})) is None  # 3 verdicts for 4 blocks
+    assert iu_g(rollout(COMPLETION, judged={"iu": [1, 1, 0, 2]})) is None
+    assert iu_g(rollout("</think>\nAnswer: sadness")) == 0.0
+
+
+def test_clue_combines_correctness_format_and_iu_g():
+    r = rollout(COMPLETION, judged={"iu": [1, 1, 0, 1]})
+    assert clue(r) == pytest.approx(1 + 0.5 * 1.0 * 0.5)  # c = 1, f = 1, IU_G = 2/4
+    # a stray closer in block 2 adds no quotation: f = 3 closed / (3 open + 1 stray)
+    stray = COMPLETION.replace("with concern.", "with concern.</evidence>")
+    r = rollout(stray, judged={"iu": [1, 1, 0, 1]})
+    assert evidence_format(r) == pytest.approx(3 / 4)
+    assert clue(r) == pytest.approx(1 + 0.5 * 0.75 * 0.5)
+    r = rollout(stray.replace("Answer: sadness", "Answer: joy"), judged={"iu": [1, 1, 0, 1]})
+    assert clue(r, {"lambda_iu": 2.0}) == pytest.approx(0 + 2.0 * 0.75 * 0.5)
+    assert clue(rollout(COMPLETION)) is None  # no judge answer: incomplete, never 0
+
+
+def test_evidence_format_with_nested_tags():
+    r = rollout("<evidence>I lost <evidence>my job</evidence></evidence></think>\nAnswer: sadness")
+    assert evidence_format(r) == pytest.approx(1 / 3)  # 1 closed / (2 open + 1 stray)
+    assert evidence_format(rollout("no tags</think>\nAnswer: sadness")) == 1.0
+
+
+# ----------------------------------------------------------------------------- Social-R1
+
+def test_repetition_ratio():
+    assert repetition_ratio("a b c d a b c d") == pytest.approx(1 / 5)  # 5 four-grams, 4 distinct
+    assert repetition_ratio("a b c d a b c d", n=2) == pytest.approx(3 / 7)  # 7 bigrams, 4 distinct
+    assert repetition_ratio("A, b. C d a B c D!") == pytest.approx(1 / 5)  # case and punctuation ignored
+    assert repetition_ratio("好好好好好") == pytest.approx(1 / 2)  # 2 four-grams, 1 distinct
+    assert repetition_ratio("one two three") == 0.0
+    assert repetition_ratio("the cat sat on the mat and the dog sat on the rug") == 0.0
+
+
+def test_r_rep_boundary_at_rho_threshold():
+    assert r_rep(0.0) == 1.0
+    assert r_rep(0.1) == 1.0
+    assert r_rep(0.1 + 1e-9) == pytest.approx(1.0)
+    assert r_rep(0.2) == pytest.approx(math.exp(-0.8))
+    assert r_rep(0.6) == pytest.approx(math.exp(-4.0))
+    assert r_rep(0.3, threshold=0.2, beta=2.0) == pytest.approx(math.exp(-0.2))
+
+
+def test_r_win_boundaries_at_400_and_2500():
+    assert r_win(400) == pytest.approx(0.5 * sigmoid(42))  # sigmoid(0) * sigmoid(2100 / 50)
+    assert r_win(2500) == pytest.approx(sigmoid(42) * 0.5)
+    assert r_win(400) == pytest.approx(0.5, abs=1e-12)
+    assert r_win(1450) == pytest.approx(sigmoid(21) ** 2)
+    assert r_win(350) == pytest.approx(1 / (1 + math.e) * sigmoid(43))
+    assert r_win(2550) == pytest.approx(sigmoid(43) / (1 + math.e))
+    assert r_win(0) == pytest.approx(sigmoid(-8) * sigmoid(50))
+    assert r_win(100000) == pytest.approx(0.0, abs=1e-100)
+
+
+def test_r_len_multiplies_repetition_and_window():
+    plain = "Ana lost her job and the company is closing so she is sad"
+    r = rollout(f"{plain}</think>\nAnswer: sadness", t_reason=1450)
+    assert r_len(r) == pytest.approx(1.0 * sigmoid(21) ** 2)
+    looped = "she is sad she is sad she is sad"  # 9 words: 6 four-grams, 3 distinct: rho = 1/2
+    r = rollout(f"{looped}</think>\nAnswer: sadness", t_reason=400)
+    assert r_len(r) == pytest.approx(math.exp(-8 * (1 / 2 - 0.1)) * 0.5 * sigmoid(42))
+    assert r_len(r, {"ngram": 2, "len_min": 300}) == pytest.approx(  # 8 bigrams, 3 distinct: rho = 5/8
+        math.exp(-8 * (5 / 8 - 0.1)) * sigmoid(2) * sigmoid(42))
+
+
+@pytest.mark.parametrize("completion,expected", [
+    ("reasoning</think>\nAnswer: sadness", 1.0),
+    ("<think>reasoning</think>\n\nAnswer: sadness\n", 1.0),
+    ("reasoning</think>\nAnswer: not a label", 1.0),  # label validity is R_out's part
+    ("reasoning</think>\nsadness", 0.0),
+    ("reasoning</think>\nAnswer: sadness\nbecause she lost her job", 0.0),
+    ("a</think>b</think>\nAnswer: sadness", 0.0),
+    ("</think>\nAnswer: sadness", 0.0),  # no reasoning
+    ("reasoning\nAnswer: sadness", 0.0),  # never closed
+])
+def test_r_fmt(completion, expected):
+    assert r_fmt(rollout(completion)) == expected
+
+
+def test_social_r1_composite_with_time_dependent_weights():
+    completion = "Ana lost her job and the company is closing so she is sad</think>\nAnswer: sadness"
+    judged = {"sip_structure": 0.8, "sip_content": 0.6}
+    r = rollout(completion, t_reason=1450, step=300, total_steps=600, judged=judged)
+    # w_s = w_c = 1 + 1 * 300/600 = 1.5; R = 1 * (2 * 1 + 0.5 * (1.5 * 0.8 + 1.5 * 0.6)) * R_len
+    assert social_r1(r) == pytest.approx((2 + 0.5 * 2.1) * sigmoid(21) ** 2)
+    r = rollout(completion, t_reason=1450, step=0, total_steps=600, judged=judged)
+    assert social_r1(r) == pytest.approx((2 + 0.5 * 1.4) * sigmoid(21) ** 2)
+    r = rollout(completion, t_reason=1450, step=600, total_steps=600, judged=judged)
+    assert social_r1(r, {"gamma": 3.0, "tau_process": 1.0, "w_out": 1.0}) == pytest.approx(
+        (1 + 1.0 * (4 * 0.8 + 4 * 0.6)) * sigmoid(21) ** 2)
+    wrong = rollout(completion.replace("sadness", "joy"), t_reason=1450, step=0, total_steps=600, judged=judged)
+    assert social_r1(wrong) == pytest.approx((0 + 0.5 * 1.4) * sigmoid(21) ** 2)
+    malformed = rollout(completion + "\nextra line", t_reason=1450, judged=judged)
+    assert social_r1(malformed) == 0.0
+    assert social_r1(rollout(completion, judged={"sip_structure": 0.8})) is None
+    assert social_r1(rollout(completion, judged={"sip_structure": 0.8, "sip_content": 1.5})) is None
+
+
+# ----------------------------------------------------------------------------- EmoLLM
+
+def turn(state, ea=4, fa=1, t_reason=100):
+    return rollout("reply</think>\nAnswer: sadness", t_reason=t_reason,
+                   judged={"turn_quality": {"sr_proxy": 0, "ea": ea, "fa": fa}, "emotional_state": state})
+
+
+def test_emollm_turn_reward_and_overthinking_penalty():
+    assert emollm_turn(turn(4)) == pytest.approx(1 + 3 / 4 + 3 / 4 - 0)  # fa + (ea-1)/4 + (s-1)/4
+    assert emollm_turn(turn(4, t_reason=384)) == pytest.approx(2.5 - (384 - 256) / 256)
+    assert emollm_turn(turn(4, t_reason=5000)) == pytest.approx(2.5 - 1)  # penalty capped at 1
+    assert emollm_turn(turn(1, ea=1, fa=0)) == 0.0
+    cfg = {"l_cog": 2.0, "l_arg": 0.5, "l_rp": 0.0, "l_over": 3.0, "overthink_budget": 100.0}
+    assert emollm_turn(turn(5, ea=5, fa=1, t_reason=150), cfg) == pytest.approx(2 + 0.5 - 3 * 0.5)
+
+
+def test_emollm_turn_missing_or_malformed_judgement_is_none():
+    assert emollm_turn(turn(None)) is None
+    assert emollm_turn(turn(6)) is None
+    assert emollm_turn(turn(3, ea=0)) is None
+    assert emollm_turn(turn(3, fa=0.5)) is None
+    assert emollm_turn(rollout("x</think>\nAnswer: joy", judged={"emotional_state": 3})) is None
+
+
+def test_emollm_trajectory_sums_turns_and_adds_the_emotional_gain():
+    turns = [turn(3, ea=3, fa=1, t_reason=100), turn(5, ea=5, fa=0, t_reason=512)]
+    episode = rollout("last</think>\nAnswer: joy", judged={"emotional_state": 2}, turns=turns)
+    r1 = 1 + 2 / 4 + 2 / 4 - 0
+    r2 = 0 + 4 / 4 + 4 / 4 - 1  # (512 - 256) / 256 = 1
+    assert emollm(episode) == pytest.approx(r1 + r2 + 1.0 * (5 - 2) / 4)
+    assert emollm(episode, {"l_emo": 4.0}) == pytest.approx(r1 + r2 + 3)
+    worse = rollout("x</think>\nAnswer: joy", judged={"emotional_state": 5}, turns=[turn(1, ea=1, fa=0)])
+    assert emollm(worse) == pytest.approx(0 - 1.0)
+    assert emollm(rollout("x</think>\nAnswer: joy", turns=turns)) is None  # no initial state
+    assert emollm(rollout("x</think>\nAnswer: joy", judged={"emotional_state": 2},
+                          turns=[turns[0], turn(None)])) is None
+    assert emollm(rollout("x</think>\nAnswer: joy", judged={"emotional_state": 2})) is None  # no turns
+
+
+# ----------------------------------------------------------------------------- CARE
+
+RUBRIC = {"cognitive": {"weight": 0.5, "criteria": ["names the problem", "checks understanding"]},
+          "affective": {"weight": 0.3, "criteria": ["validates", "warm tone", "no judgement"]},
+          "proactive": {"weight": 0.2, "criteria": ["next step", "resources", "follow-up", "safety"]}}
+SCORES = {"cognitive": [5, 3], "affective": [4, 4, 1], "proactive": [0, 5, 5, 2]}
+
+
+def care_rollout(rubric, scores):
+    return rollout("x</think>\nAnswer: joy", judged={"care_rubric": rubric, "care_scores": scores})
+
+
+def test_care_rubric_weighted_score():
+    # 0.5 * (8/2)/5 + 0.3 * (9/3)/5 + 0.2 * (12/4)/5 = 0.4 + 0.18 + 0.12
+    assert care(care_rollout(RUBRIC, SCORES)) == pytest.approx(0.70)
+    top = {k: [5] * len(v["criteria"]) for k, v in RUBRIC.items()}
+    assert care(care_rollout(RUBRIC, top)) == pytest.approx(1.0)
+    rounded = {k: dict(v, weight=w) for (k, v), w in zip(RUBRIC.items(), (0.33, 0.33, 0.34))}
+    assert care(care_rollout(rounded, SCORES)) == pytest.approx(0.33 * 0.8 + 0.33 * 0.6 + 0.34 * 0.6)
+
+
+def with_dimension(name, **change):
+    return {k: (dict(v, **change) if k == name else v) for k, v in RUBRIC.items()}
+
+
+@pytest.mark.parametrize("rubric", [
+    with_dimension("proactive", weight=0.1),  # weights sum to 0.9
+    with_dimension("proactive", weight=0.3),  # 1.1
+    with_dimension("cognitive", criteria=["only one"]),
+    with_dimension("proactive", criteria=["a", "b", "c", "d", "e"]),
+    with_dimension("affective", criteria=["validates", "", "no judgement"]),
+    with_dimension("affective", weight=True),
+    with_dimension("affective", weight="0.3"),
+    {k: v for k, v in RUBRIC.items() if k != "proactive"},
+    RUBRIC | {"spiritual": {"weight": 0.0, "criteria": ["a", "b"]}},
+    {"cognitive": 0.5, "affective": 0.3, "proactive": 0.2},
+    None,
+])
+def test_care_malformed_rubric_is_none(rubric):
+    assert care(care_rollout(rubric, SCORES)) is None
+
+
+@pytest.mark.parametrize("scores", [
+    SCORES | {"cognitive": [5]},  # one score for two criteria
+    SCORES | {"cognitive": [5, 6]},
+    SCORES | {"cognitive": [5, -1]},
+    SCORES | {"cognitive": [5, 2.5]},
+    {k: v for k, v in SCORES.items() if k != "affective"},
+    None,
+])
+def test_care_malformed_scores_are_none(scores):
+    assert care(care_rollout(RUBRIC, scores)) is None
+
+
+def test_care_weight_tolerance_is_a_setting():
+    thirds = {k: dict(v, weight=0.333) for k, v in RUBRIC.items()}  # sums to 0.999
+    assert care(care_rollout(thirds, SCORES)) == pytest.approx(0.333 * (0.8 + 0.6 + 0.6))
+    assert care(care_rollout(thirds, SCORES), {"weight_tolerance": 1e-4}) is None
+
+
+# ----------------------------------------------------------------------------- your own reward
+
+def test_a_reward_of_your_own_is_one_function_and_one_config_line(tmp_path):
+    """The README's example, verbatim, and its config line read through the config loader."""
+    from dataclasses import dataclass, field
+
+    import verifier
+    from data import load_config
+    from rewards import conversation_texts, reward
+
+    @reward(min_quotes=1)
+    def quoted_blocks(rollout, cfg):
+        """The share of reasoning blocks that carry at least `min_quotes` verified quotations."""
+        if not rollout.blocks:
+            return 0.0
+        quotes = verifier.quotes_by_block(rollout.blocks, conversation_texts(rollout.example))
+        return sum(sum(ok for _, ok in block) >= cfg["min_quotes"] for block in quotes) / len(rollout.blocks)
+
+    @dataclass
+    class RunConfig:
+        reward: RewardSpec = field(default_factory=RewardSpec)
+
+    try:
+        path = tmp_path / "run.yaml"
+        path.write_text("reward: {name: quoted_blocks, params: {min_quotes: 2}}\n")
+        spec = load_config(path, [], RunConfig).reward
+        two_quotes = "<evidence>I lost my job today</evidence> and <evidence>Oh no</evidence>"
+        r = rollout(f"{two_quotes}\n\n{BLOCKS[0]}\n\nno quote</think>\nAnswer: sadness")
+        assert score(r, spec) == pytest.approx(1 / 3)  # only the first block has 2 verified quotes
+        assert score(r, RewardSpec("quoted_blocks")) == pytest.approx(2 / 3)  # default min_quotes = 1
+    finally:
+        del REWARDS["quoted_blocks"]
+    assert RewardSpec() == RewardSpec("clue", {})
