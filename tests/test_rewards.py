@@ -321,7 +321,7 @@ def test_a_reward_of_your_own_is_one_function_and_one_config_line(tmp_path):
     from dataclasses import dataclass, field
 
     import verifier
-    from data import load_config
+    from config import load_config
     from rewards import conversation_texts, reward
 
     @reward(min_quotes=1)
