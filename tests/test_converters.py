@@ -1,0 +1,264 @@
+"""Dataset converters: the real public files under `shared_data` (counts checked against the numbers the
+datasets publish) and small hand-made files in tests/fixtures/ for the formats we do not have."""
+
+import csv
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from data import (DataError, build_prompt, convert, convert_ccu, convert_dialogue_csv, convert_ecf, convert_mmlu,
+                  convert_tombench, convert_wiki_power, load_jsonl, main, render_conversation, stratified_sample,
+                  visible_turns)
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def dialogues(examples):
+    return {tuple((t.speaker, t.text) for t in e.turns) for e in examples}
+
+
+# ----------------------------------------------------------------------------- MELD, CPED, ECF
+
+
+def test_meld_dev_matches_published_counts(shared_data):
+    examples = convert_dialogue_csv(shared_data / "meld" / "dev_sent_emo.csv", "meld")
+    assert len(examples) == 1109 and len(dialogues(examples)) == 114
+    # MELD paper, Table 3 (dev): the label distribution of the 1,109 utterances.
+    assert Counter(e.labels[0] for e in examples) == {"neutral": 470, "joy": 163, "anger": 153, "surprise": 150,
+                                                       "sadness": 111, "fear": 40, "disgust": 22}
+    first = examples[0]
+    assert first.turns[0].speaker == "Phoebe" and first.turns[0].text == "Oh my God, he’s lost it. He’s totally lost it."
+    assert (first.target, first.labels, first.task, first.language) == (0, ["sadness"], "meld_emotion", "en")
+    second = examples[1]  # the same dialogue, next target; CRLF never leaks into the text
+    assert second.turns is first.turns and second.target == 1 and second.labels == ["surprise"]
+    assert not any("\r" in t.text for e in examples for t in e.turns)
+
+
+def test_meld_train_matches_published_counts(shared_data):
+    examples = convert_dialogue_csv(shared_data / "meld" / "train_sent_emo.csv", "meld")
+    assert len(examples) == 9989 and len(dialogues(examples)) == 1038
+    assert Counter(e.labels[0] for e in examples) == {"neutral": 4710, "joy": 1743, "surprise": 1205, "anger": 1109,
+                                                       "sadness": 683, "disgust": 271, "fear": 268}
+
+
+def test_cped_valid_counts_and_catch_all(shared_data):
+    examples = convert_dialogue_csv(shared_data / "cped" / "valid_split.csv", "cped")
+    emotion = [e for e in examples if e.task == "cped_emotion"]
+    acts = [e for e in examples if e.task == "cped_dialog_act"]
+    assert len(emotion) == 11137 and len(dialogues(emotion)) == 934  # README: 11,137 utterances, 934 dialogues
+    # The 150 utterances whose act is the catch-all "other" are context only, never targets.
+    assert len(acts) == 11137 - 150 and not any(e.labels == ["other"] for e in acts)
+    assert {e.language for e in examples} == {"zh"}
+    first = emotion[0]  # the BOM is not part of the first column name: the first row parsed
+    assert (first.turns[0].speaker, first.turns[0].text, first.labels) == ("于春晓", "怎么了", ["astonished"])
+    # The first "other" utterance (read here with the csv module) is context for the next target.
+    with open(shared_data / "cped" / "valid_split.csv", encoding="utf-8-sig", newline="") as f:
+        rows = list(csv.DictReader(f))
+    k = next(k for k, row in enumerate(rows) if row["DA"] == "other")
+    position = sum(row["Dialogue_ID"] == rows[k]["Dialogue_ID"] for row in rows[:k])
+    following = next(e for e in acts if e.id == f"valid_split-{rows[k]['Dialogue_ID']}-{position + 1}-cped_dialog_act")
+    assert visible_turns(following)[position].text == rows[k]["Utterance"]
+    assert not any(e.id == f"valid_split-{rows[k]['Dialogue_ID']}-{position}-cped_dialog_act" for e in acts)
+
+
+def test_cped_stratified_sample_is_fixed_per_seed(shared_data):
+    examples = convert_dialogue_csv(shared_data / "cped" / "valid_split.csv", "cped")
+    sample = stratified_sample(examples, 40, seed=3)
+    counts = Counter((e.task, e.labels[0]) for e in sample)
+    assert counts[("cped_emotion", "grateful")] == 13 and counts[("cped_emotion", "neutral")] == 40
+    assert counts[("cped_dialog_act", "appreciation")] == 5 and max(counts.values()) == 40
+    assert [e.id for e in stratified_sample(examples, 40, seed=3)] == [e.id for e in sample]
+    assert [e.id for e in stratified_sample(examples, 40, seed=4)] != [e.id for e in sample]
+    positions = {e.id: i for i, e in enumerate(examples)}
+    assert [positions[e.id] for e in sample] == sorted(positions[e.id] for e in sample)
+
+
+def test_ecf_counts_causes_and_detokenized_text(shared_data):
+    examples = convert_ecf(shared_data / "ecf" / "Subtask_1_train.json")
+    assert len(examples) == 13619 and len(dialogues(examples)) == 1374  # README: 1,374 conversations
+    first = examples[0]
+    assert first.turns[0].text == ("Alright, so I am back in high school, I am standing in the middle of the "
+                                   "cafeteria, and I realize I am totally naked.")
+    # conversation 1: "3_surprise" is caused by utterances 1 and 3 (the target itself)
+    third = examples[2]
+    assert third.labels == ["surprise"] and third.turns[2].text == "Then I look down, and I realize there is a phone... there."
+    assert third.meta["causes"] == [{"turn": 0, "span": "I realize I am totally naked."},
+                                    {"turn": 2, "span": "Then I look down, and I realize there is a phone... there."}]
+    n_causes = 0
+    for e in examples:
+        for cause in e.meta.get("causes", []):
+            n_causes += 1
+            assert cause["turn"] <= e.target and cause["span"] in e.turns[cause["turn"]].text
+    assert 8000 < n_causes < 9292  # 9,292 distinct pairs in the file, minus those whose cause comes later
+
+
+# ----------------------------------------------------------------------------- ToMBench
+
+
+def test_tombench_both_languages_and_quirks(shared_data):
+    examples = convert_tombench(shared_data / "tombench")
+    assert len(examples) == 2 * 2860
+    english = [e for e in examples if e.language == "en"]
+    chinese = [e for e in examples if e.language == "zh"]
+    assert len(english) == len(chinese) == 2860
+    # README: 483 items have only options A and B (C and D are NaN); one item lacks C/D in Chinese only.
+    assert sum(len(e.meta["options"]) == 2 for e in english) == 483
+    assert sum(len(e.meta["options"]) == 2 for e in chinese) == 484
+    assert all(e.labels[0] in "ABCD"[: len(e.meta["options"])] for e in examples)
+    by_id = {e.id: e for e in examples}
+    desires = by_id["tombench-en-Multiple Desires-1"]  # the file with a bare NaN parsed
+    assert desires.task == "tom_mc" and desires.turns[0].speaker == ""
+    odd_answer = by_id["tombench-en-Knowledge-Attention Links-11"]  # its answer field is "A. "
+    assert odd_answer.labels == ["A"]
+    prefixed = by_id["tombench-zh-Faux-pas Recognition Test-80"]  # options "A. 记得", "B. 不记得"
+    assert prefixed.meta["options"] == ["记得", "不记得"]
+    belief = by_id["tombench-en-False Belief Task-1"]
+    assert belief.meta["question"] == "Where is the cabbage now?" and belief.labels == ["A"]
+    assert belief.meta["options"] == ["Backpack", "Handbag", "Tote bag", "Briefcase"]
+    assert belief.meta["ability"] == "Belief: Location false beliefs"
+    assert "\nA. Backpack\nB. Handbag\nC. Tote bag\nD. Briefcase" in build_prompt(belief)
+
+
+def test_tombench_bad_answer_is_located(tmp_path):
+    line = {"STORY": "s", "QUESTION": "q", "OPTION-A": "x", "OPTION-B": "y", "OPTION-C": float("nan"),
+            "故事": "s", "问题": "q", "选项A": "x", "选项B": "y", "答案\nANSWER": "C"}
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps(line) + "\n")
+    with pytest.raises(DataError, match=rf"{path}:1: field 'ANSWER': 'C' is not one of the 2 options"):
+        convert_tombench(path)
+
+
+# ----------------------------------------------------------------------------- CCU
+
+
+SIM_NORMS = {"001": "Doing apology", "002": "Doing request", "003": "Doing greeting", "004": "Doing thanks",
+             "005": "Doing taking leave"}
+
+
+def test_ccu_simulated_package_with_hand_made_text(shared_data):
+    examples = convert_ccu(shared_data / "ccu-sim", FIXTURES / "ccu_text.jsonl", norm_acts=SIM_NORMS)
+    emotion = {e.meta["segment_id"]: e.labels for e in examples if e.task == "ccu_emotion"}
+    # Hand-collapsed from data/emotions.tab: an emotion counts when two annotators chose it; a segment with
+    # a single annotator is unscored; none reaching two votes is the catch-all (context only).
+    assert emotion == {"M010005NJ_0001": ["Joy", "Surprise"], "M010005NJ_0002": ["Joy"],
+                       "M010005NJ_0006": ["Surprise"], "M010005NJ_0007": ["Joy"],
+                       "M01000H0B_0001": ["Joy", "Surprise"], "M01000H0B_0002": ["Joy"],
+                       "M01000H0B_0004": ["Joy", "Surprise"], "M01000H0B_0006": ["Joy"]}
+    acts = {e.meta["segment_id"]: e.labels for e in examples if e.task == "ccu_dialog_act"}
+    assert sorted(acts) == ["M010005NJ_0001", "M010005NJ_0002", "M010005NJ_0004", "M010005NJ_0006",
+                            "M010005NJ_0007"] + [f"M01000H0B_000{i}" for i in (1, 2, 4, 5, 6, 7, 8)]
+    assert acts["M010005NJ_0001"] == ["Doing apology", "Doing greeting", "Doing thanks", "Doing taking leave"]
+    assert acts["M01000H0B_0005"] == ["Doing request"]
+    norms = [e for e in examples if e.task == "ccu_norm"]
+    assert len(norms) == 27 and Counter(e.labels[0] for e in norms) == {"Adhere": 21, "Violate": 6}
+    violated = sorted((e.meta["segment_id"], e.dialog_act) for e in norms if e.labels == ["Violate"])
+    nj_acts = ["Doing apology", "Doing greeting", "Doing taking leave", "Doing thanks"]  # norms 001, 003, 005, 004
+    assert violated == [("M010005NJ_0002", act) for act in nj_acts] + [
+        ("M01000H0B_0002", "Doing request"), ("M01000H0B_0006", "Doing request")]
+    # Files without text (the video M01000G2T) and text without annotations produce nothing.
+    assert {e.meta["file_id"] for e in examples} == {"M010005NJ", "M01000H0B"}
+    chat = next(e for e in examples if e.id == "ccu-M010005NJ_0006-emotion")
+    assert (chat.language, chat.culture, chat.target) == ("zh", "Chinese", 6)
+    # The catch-all segment 0004 and the unsegmented picture stay as context, with the time marker.
+    assert render_conversation(chat).splitlines()[2:6] == ["A: [图片]", "A: 新开了一家火锅店，一起去吧",
+                                                           "[28 minutes later]", "B: 好呀！几点？"]
+    forum = next(e for e in examples if e.id == "ccu-M01000H0B_0007-norm-002")
+    assert forum.dialog_act == "Doing request" and forum.meta["norm"] == "002"
+    assert render_conversation(forum).endswith("用户3:\n  | 用户2: 周末人少一点\n  好的，下次试试")
+
+
+def test_ccu_default_map_knows_only_ldc_norm_ids(shared_data):
+    examples = convert_ccu(shared_data / "ccu-sim", FIXTURES / "ccu_text.jsonl")
+    assert Counter(e.task for e in examples) == {"ccu_emotion": 8}  # ids 001-005 are not LDC's 101-110
+
+
+def test_ccu_errors_are_located(tmp_path, shared_data):
+    text = tmp_path / "text.jsonl"
+    text.write_text(json.dumps({"file_id": "M01000H0B", "turns": [{"speaker": "A", "text": "hi",
+                                                                  "segment_id": "M01000H0B_0001"}]}) + "\n")
+    tab = shared_data / "ccu-sim" / "data" / "emotions.tab"
+    with pytest.raises(DataError, match=rf"{tab}:\d+: field 'segment_id': M01000H0B_0002 has no turn in"):
+        convert_ccu(shared_data / "ccu-sim", text)
+    text.write_text('{"file_id": "F", "turns": [{"speaker": "A"}]}\n')
+    with pytest.raises(DataError, match=rf"{text}:1: field 'turns\[0\]\.text': missing"):
+        convert_ccu(shared_data / "ccu-sim", text)
+
+
+# ----------------------------------------------------------------------------- Wikipedia power, MMLU
+
+
+def test_wiki_power_selection_and_labels():
+    examples = convert_wiki_power(FIXTURES / "wiki_utterances.jsonl")
+    # Kept: two speakers and exactly one admin. Root 100 comes back after root 200: a new conversation.
+    assert [(e.id, e.labels) for e in examples] == [("wiki-100", ["B"]), ("wiki-200", ["A"]), ("wiki-103", ["B"]),
+                                                    ("wiki-700", ["A"])]
+    first = examples[0]
+    assert [t.speaker for t in first.turns] == ["A", "B", "A"] and first.target is None
+    assert render_conversation(examples[1]) == ("A:\n  I have reverted your edit.\n  See the policy page.\n"
+                                                "B: Sorry, I did not know.")
+    assert [e.id for e in convert_wiki_power(FIXTURES / "wiki_utterances.jsonl", limit=2)] == ["wiki-100", "wiki-200"]
+    assert build_prompt(first).endswith("Conversation:\nA: Could you unprotect the page?\n"
+                                        "B: Done. Please discuss first next time.\nA: Thanks, will do.")
+
+
+def test_wiki_folder_and_missing_root(tmp_path):
+    (tmp_path / "utterances.jsonl").write_text('{"id": "1", "speaker": "A", "text": "x", "meta": {}}\n')
+    with pytest.raises(DataError, match=r"utterances\.jsonl:1: field 'conversation_id' or 'speaker': missing"):
+        convert_wiki_power(tmp_path)
+
+
+def test_mmlu_csv_folder_and_json():
+    examples = convert_mmlu(FIXTURES / "mmlu")
+    assert [(e.meta["subject"], e.labels[0]) for e in examples] == [
+        ("abstract_algebra", "C"), ("abstract_algebra", "A"), ("anatomy", "A"), ("anatomy", "A"), ("anatomy", "C")]
+    assert examples[1].meta["options"] == ["Yes, always", "No", "Only for 2", "Only for odd primes"]
+    assert examples[3].meta["question"] == "Which bone contains the sella turcica?\nChoose one."  # CRLF inside quotes
+    hf = convert_mmlu(FIXTURES / "mmlu_hf.jsonl")
+    assert [(e.meta["subject"], e.labels, e.meta["options"][int("ABCD".index(e.labels[0]))]) for e in hf] == [
+        ("geography", ["C"], "Paris"), ("elementary_mathematics", ["B"], "4")]
+
+
+def test_mmlu_bad_answer_is_located(tmp_path):
+    path = tmp_path / "x_test.csv"
+    path.write_text("q1,a,b,c,d,B\nq2,a,b,c,d,E\n")
+    with pytest.raises(DataError, match=rf"{path}:2: field 'answer': 'E' is not one of 4 choices"):
+        convert_mmlu(path)
+
+
+# ----------------------------------------------------------------------------- the command line
+
+
+def test_cli_convert_filters_and_samples(tmp_path, capsys, shared_data):
+    out = tmp_path / "cped.jsonl"
+    main(["convert", "cped", str(shared_data / "cped" / "valid_split.csv"), str(out), "--task", "cped_emotion",
+          "--per-label", "5", "--seed", "1"])
+    assert capsys.readouterr().out.strip() == f"wrote 65 examples to {out}"  # 13 emotions x 5
+    written = load_jsonl(out)
+    assert {e.task for e in written} == {"cped_emotion"} and set(Counter(e.labels[0] for e in written).values()) == {5}
+
+
+def test_cli_convert_ccu_and_jsonl(tmp_path, shared_data):
+    out = tmp_path / "ccu.jsonl"
+    main(["convert", "ccu", str(shared_data / "ccu-sim"), str(out), "--text", str(FIXTURES / "ccu_text.jsonl")])
+    assert len(load_jsonl(out)) == 8
+    again = tmp_path / "again.jsonl"
+    main(["convert", "jsonl", str(out), str(again)])
+    assert again.read_text(encoding="utf-8") == out.read_text(encoding="utf-8")
+
+
+def test_cli_errors_exit_with_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["convert", "ccu", str(FIXTURES), str(tmp_path / "o.jsonl")])
+    assert e.value.code == 1 and "--text" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["convert", "mmlu", str(FIXTURES / "mmlu"), str(tmp_path / "o.jsonl"), "--task", "mmlu_x"])
+    assert "unknown task 'mmlu_x'" in capsys.readouterr().err
+    bad = tmp_path / "bad.csv"
+    bad.write_text("Dialogue_ID,Speaker\n1,A\n")
+    with pytest.raises(SystemExit):
+        main(["convert", "meld", str(bad), str(tmp_path / "o.jsonl")])
+    assert capsys.readouterr().err.strip() == f"error: {bad}: field 'Utterance': missing"
+    with pytest.raises(DataError, match="unknown format 'csv'"):
+        convert("csv", bad)
