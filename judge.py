@@ -45,7 +45,7 @@ from typing import Any, Callable
 import requests
 from requests.adapters import HTTPAdapter
 
-from data import TASKS, Example, render_conversation, task_brief, visible_turns
+from data import TASKS, Example, render_conversation, render_target, task_brief, visible_turns
 
 log = logging.getLogger("judge")
 
@@ -302,13 +302,6 @@ def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _target_line(example: Example) -> str:
-    if example.target is None:
-        return "The conversation as a whole (the task concerns the whole exchange, not one turn)."
-    turn = example.turns[example.target]
-    return f"{turn.speaker}: {turn.text}"
-
-
 def _dialogue_text(dialogue: list[tuple[str, str]]) -> str:
     """A chat between a user and an assistant, one `Role: text` paragraph per message."""
     return "\n\n".join(f"{role.capitalize()}: {text}" for role, text in dialogue)
@@ -366,7 +359,7 @@ def iu_request(example: Example, blocks: list[str], cfg: JudgeConfig) -> JudgeCa
     numbered = [_section("block", text, f' n="{j}"') for j, text in enumerate(blocks, 1)]
     messages = _messages(_IU_SYSTEM, _section("task", task_brief(example)),
                          _section("conversation", render_conversation(example)),
-                         _section("target", _target_line(example)), *numbered)
+                         _section("target", render_target(example) or "The conversation as a whole (the task concerns the whole exchange)."), *numbered)
     return JudgeCall(messages, cfg.iu_max_tokens_base + cfg.iu_max_tokens_per_block * len(blocks))
 
 
@@ -917,16 +910,29 @@ class ModelBackend:
         self.tok = qwen.load_tokenizer(path)
         self.lock = threading.Lock()
 
+    def prompt_ids(self, messages: list[dict[str, str]], enable_thinking: bool | None) -> list[int]:
+        """The ChatML prompt's token ids, each message content encoded as plain text, so a
+        conversation quoting `<|im_end|>` cannot forge a turn of the judge's prompt."""
+        text = self.tok.chat(messages, add_generation_prompt=True, enable_thinking=enable_thinking)
+        ids, cursor = [], 0
+        for m in messages:
+            header = f"<|im_start|>{m['role']}\n"
+            start = text.index(header + m["content"] + "<|im_end|>", cursor) + len(header)
+            ids += self.tok.encode(text[cursor:start]) + self.tok.encode(m["content"], special_tokens=False)
+            cursor = start + len(m["content"])
+        return ids + self.tok.encode(text[cursor:])
+
     def __call__(self, messages: list[dict[str, str]], params: dict[str, Any]) -> str:
-        thinking = (params.get("chat_template_kwargs") or {}).get("enable_thinking", True)
-        prompt = self.tok.apply_chat_template(messages, add_generation_prompt=True, enable_thinking=thinking)
+        thinking = (params.get("chat_template_kwargs") or {}).get("enable_thinking")
+        if self.tok.family == "qwen2":  # no thinking switch in its template, as vLLM ignores it there
+            thinking = None
         eos = tuple(self.tok.eos_token_ids)
-        top_k = params.get("top_k", 0)
+        top_k = params.get("top_k") or 0
         with self.lock:
             new_tokens = self._generate(
-                self.model, [self.tok.encode(prompt)], max_new_tokens=int(params.get("max_tokens", 1024)),
+                self.model, [self.prompt_ids(messages, thinking)], max_new_tokens=int(params.get("max_tokens", 1024)),
                 temperature=float(params.get("temperature", 1.0)), top_p=float(params.get("top_p", 1.0)),
-                top_k=0 if top_k is None or top_k < 0 else int(top_k), eos_token_ids=eos, seed=params.get("seed"))[0]
+                top_k=max(0, int(top_k)), eos_token_ids=eos, seed=params.get("seed"))[0]
         return self.tok.decode([t for t in new_tokens if t not in eos])
 
 
