@@ -45,7 +45,7 @@ from typing import Any, Callable
 import requests
 from requests.adapters import HTTPAdapter
 
-from data import TASKS, Example, render_conversation, render_target, task_brief, visible_turns
+from data import TASKS, Example, render_conversation, render_target, split_blocks, task_brief, visible_turns
 
 log = logging.getLogger("judge")
 
@@ -81,7 +81,7 @@ class JudgeConfig:
             return None
         key = os.environ.get(self.api_key_env)
         if not key:
-            raise JudgeError(f"judge: the environment variable {self.api_key_env} named by judge.api_key_env is not set")
+            raise JudgeError(f"judge: the environment variable {self.api_key_env} (judge.api_key_env) is not set")
         return key
 
     def sampling_params(self, max_tokens: int) -> dict[str, Any]:
@@ -149,14 +149,12 @@ def _backoff_delay(attempt: int, backoff: float, max_wait: float) -> float:
     return delay / 2 + random.uniform(0, delay / 2)
 
 
-def _completion_text(response: requests.Response, url: str) -> str:
+def _completion_text(response: requests.Response) -> str | None:
     try:
         text = response.json()["choices"][0]["message"]["content"]
     except (ValueError, KeyError, IndexError, TypeError):
-        text = None
-    if not isinstance(text, str):
-        raise JudgeError(f"judge at {url}: HTTP 200 but the body is not a chat completion with text content")
-    return text
+        return None
+    return text if isinstance(text, str) else None
 
 
 def _chat_with_retries(messages, *, base_url, model, api_key, timeout, retries, backoff, max_wait,
@@ -173,7 +171,10 @@ def _chat_with_retries(messages, *, base_url, model, api_key, timeout, retries, 
             reason = f"{type(e).__name__}: {_scrub(str(e), api_key)[:300]}"
         else:
             if response.status_code == 200:
-                return _completion_text(response, url), attempt
+                text = _completion_text(response)
+                if text is None:
+                    raise JudgeError(f"judge at {url}: HTTP 200 but not a chat completion with text content", attempt)
+                return text, attempt
             reason = f"HTTP {response.status_code}"
             if response.status_code != 429 and response.status_code < 500:
                 raise JudgeError(f"judge at {url} refused the request: {reason}: "
@@ -206,8 +207,9 @@ def chat_many(calls: list[JudgeCall], cfg: JudgeConfig) -> tuple[list[str | None
     """Send `calls` concurrently (`cfg.concurrency` at once) and return their answers in order.
 
     A call that still fails after its retries yields None, and its reason is kept in
-    `stats["errors"]` (index -> reason); nothing raises. `stats` also holds the counts for the
-    caller's metrics: calls, retries, failures, latency_mean_s, latency_max_s, wall_s."""
+    `stats["errors"]` (index -> reason): a judge outage never raises here (only a key variable that
+    is not set does, before any request). `stats` also holds the counts for the caller's metrics:
+    calls, retries, failures, latency_mean_s, latency_max_s, wall_s."""
     api_key = cfg.read_api_key()
     start = time.perf_counter()
 
@@ -307,7 +309,7 @@ def _dialogue_text(dialogue: list[tuple[str, str]]) -> str:
     return "\n\n".join(f"{role.capitalize()}: {text}" for role, text in dialogue)
 
 
-# ----------------------------------------------------------------------------- IU_G (CLUE section 3.2, Appendix C.2)
+# ----------------------------------------------------------------------------- IU_G (CLUE 3.2, C.2)
 
 _IU_SYSTEM = f"""You grade the reasoning a candidate wrote for a social-understanding task. Decide, block by block, whether the reasoning makes progress that its quoted evidence supports. Do not solve the task yourself and do not assume that any answer is correct.
 
@@ -353,13 +355,16 @@ Expected output:
 4: Maps the established annoyance onto a label only | NO_GAIN"""
 
 
+_WHOLE_EXCHANGE = "The conversation as a whole (the task concerns the whole exchange, not one turn)."
+
+
 def iu_request(example: Example, blocks: list[str], cfg: JudgeConfig) -> JudgeCall:
     """The IU_G judge call for one completion's reasoning blocks r_1..r_N (`data.split_blocks`).
     The gold labels and the final answer are withheld; the blocks may contain interim answers."""
     numbered = [_section("block", text, f' n="{j}"') for j, text in enumerate(blocks, 1)]
     messages = _messages(_IU_SYSTEM, _section("task", task_brief(example)),
                          _section("conversation", render_conversation(example)),
-                         _section("target", render_target(example) or "The conversation as a whole (the task concerns the whole exchange)."), *numbered)
+                         _section("target", render_target(example) or _WHOLE_EXCHANGE), *numbered)
     return JudgeCall(messages, cfg.iu_max_tokens_base + cfg.iu_max_tokens_per_block * len(blocks))
 
 
@@ -370,7 +375,7 @@ def parse_iu_verdicts(text: str, n_blocks: int) -> list[int] | None:
     return None if verdicts is None else [int(v == "GAIN") for v in verdicts]
 
 
-# ----------------------------------------------------------------------------- cause identification (CLUE section 5.1, Appendix C.4)
+# ----------------------------------------------------------------------------- cause identification (CLUE 5.1, C.4)
 
 _CAUSE_SYSTEM = f"""You check one thing: whether a candidate's reasoning uses ONE given turn of a conversation as a reason for the emotion the reasoning concludes.
 
@@ -488,7 +493,9 @@ def parse_sip_structure(text: str) -> float | None:
 
 
 def sip_content_request(example: Example, reasoning: str, reference: str) -> JudgeCall:
-    """The Social-R1 content judge call (R_content): a 0-1 score against a reference SIP analysis."""
+    """The Social-R1 content judge call (R_content): a 0-1 score against a reference SIP analysis,
+    with the paper's tiered rubric. (The paper distils such scores into a reward model; here the
+    judge scores directly.)"""
     messages = _messages(_SIP_CONTENT_SYSTEM, _section("task", task_brief(example)),
                          _section("conversation", render_conversation(example)), _section("reference", reference),
                          _section("reasoning", reasoning))
@@ -693,7 +700,7 @@ def user_ends_dialogue(message: str) -> bool:
     return _CONVERSATION_END_RE.search(message.replace("\u2019", "'")) is not None
 
 
-# ----------------------------------------------------------------------------- SFT trace refinement (CLUE Appendix A.1, C.3)
+# ----------------------------------------------------------------------------- SFT trace refinement (CLUE A.1, C.3)
 
 _REFINEMENT_SYSTEM = f"""You refine one reasoning trace written for a social-language classification task, so that it becomes a training example that reaches the supplied reference labels honestly, or you report that the labels cannot be supported.
 
@@ -770,9 +777,12 @@ def _exact_quotes(spans: list, example: Example) -> bool:
     return all(isinstance(s, str) and s.strip() and any(s in t for t in texts) for s in spans)
 
 
+def _distinct_strings(value) -> bool:
+    return isinstance(value, list) and all(isinstance(x, str) for x in value) and len(set(value)) == len(value)
+
+
 def _same_label_set(labels, gold: list[str]) -> bool:
-    return (isinstance(labels, list) and all(isinstance(x, str) for x in labels)
-            and len(set(labels)) == len(labels) and set(labels) == set(gold))
+    return _distinct_strings(labels) and set(labels) == set(gold)
 
 
 def _refined_completion_ok(completion: str, example: Example) -> bool:
@@ -812,11 +822,12 @@ def parse_refinement(text: str, example: Example,
     if set(record) != conflict_keys or record["status"] != "reference_conflict":
         return None
     reason, evidence, alternatives = record["reason"], record["source_evidence"], record["supported_alternative_labels"]
-    task_labels = TASKS[example.task].labels
-    if not _same_label_set(record["reference_labels"], example.labels) or not isinstance(reason, str) \
-            or not reason.strip() or not isinstance(evidence, list) or not _exact_quotes(evidence, example) \
-            or not isinstance(alternatives, list) or len(set(map(str, alternatives))) != len(alternatives) \
-            or not all(a in task_labels and a not in example.labels for a in alternatives):
+    valid = (_same_label_set(record["reference_labels"], example.labels)
+             and isinstance(reason, str) and reason.strip()
+             and isinstance(evidence, list) and _exact_quotes(evidence, example)
+             and _distinct_strings(alternatives)
+             and all(a in TASKS[example.task].labels and a not in example.labels for a in alternatives))
+    if not valid:
         return None
     return ReferenceConflict(example.id, example.task, list(record["reference_labels"]), reason.strip(),
                              list(evidence), list(alternatives))
@@ -873,7 +884,7 @@ def _rules_cause(sections: list[tuple[str, str]]) -> str:
     numbered = re.split(r"^\[(\d+)\] (?:\(TARGET\) )?", parts["conversation"], flags=re.MULTILINE)
     turns = {int(n): text.partition(": ")[2] for n, text in zip(numbered[1::2], numbered[2::2])}
     turn, answers = _norm(turns.get(k, "")), [_norm(a) for a in parts["answer"].split(",") if a.strip()]
-    for block in re.split(r"\n\s*\n", parts["reasoning"]):
+    for block in split_blocks(parts["reasoning"]):
         quotes_turn = any(_norm(q) and _norm(q) in turn for q in _EVIDENCE_RE.findall(block))
         if quotes_turn and any(a in _norm(block) for a in answers):
             return f"Quotes turn [{k}] in a passage naming the concluded emotion | YES"
@@ -891,11 +902,13 @@ def rules_backend(messages: list[dict[str, str]], params: dict[str, Any]) -> str
     It understands nothing: it is not a judge, only a deterministic answer in the right format."""
     system = messages[0]["content"] if messages and messages[0]["role"] == "system" else ""
     sections = [(m.group(1), m.group(3)) for m in _SECTION_RE.finditer(messages[-1]["content"])] if messages else []
-    if system == _IU_SYSTEM:
-        return _rules_iu(sections)
-    if system == _CAUSE_SYSTEM:
-        return _rules_cause(sections)
-    raise UnsupportedRequest("the rules backend answers only the IU_G and cause judges of judge.py")
+    answer = {_IU_SYSTEM: _rules_iu, _CAUSE_SYSTEM: _rules_cause}.get(system)
+    if answer is None:
+        raise UnsupportedRequest("the rules backend answers only the IU_G and cause judges of judge.py")
+    try:
+        return answer(sections)
+    except (StopIteration, KeyError, ValueError):
+        raise UnsupportedRequest("a judge.py IU_G or cause prompt with a section missing or malformed") from None
 
 
 class ModelBackend:
@@ -1065,20 +1078,24 @@ class _Handler(BaseHTTPRequestHandler):
             server.stopping.wait(server.faults.hang)
         try:
             request = json.loads(body)
-            messages = request["messages"]
-            if not isinstance(request, dict) or request.get("stream") or not isinstance(messages, list) or not all(
-                    isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-                    for m in messages):
-                raise ValueError
-        except (ValueError, KeyError, TypeError):
-            return self._error(400, "expected a JSON chat request: {model, messages: [{role, content}], ...}, no streaming")
+        except ValueError:
+            request = None
+        messages = request.get("messages") if isinstance(request, dict) else None
+        if not isinstance(messages, list) or request.get("stream") or not all(
+                isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+                for m in messages):
+            return self._error(400, "expected a JSON chat request {model, messages: [{role, content}], ...}, "
+                                    "without streaming")
         try:
             text = "I am not sure; both readings seem possible." if action == "malformed" else \
                 server.backend(messages, request)
         except UnsupportedRequest as e:
             return self._error(400, str(e))
+        except Exception as e:  # the backend failed on this request: answer 500 (clients retry), keep serving
+            log.exception("judge server: backend error")
+            return self._error(500, f"backend error: {type(e).__name__}")
         self._send_json(200, {
-            "id": f"chatcmpl-{server.requests_seen}", "object": "chat.completion", "created": int(time.time()),
+            "id": f"chatcmpl-{time.time_ns()}", "object": "chat.completion", "created": int(time.time()),
             "model": server.model_name,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}]})
 

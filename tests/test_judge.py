@@ -11,13 +11,14 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 import requests
 
 import judge
-from data import Example, Turn
+from data import Example, Turn, load_config, save_resolved_config
 from judge import Faults, JudgeCall, JudgeConfig, JudgeError, JudgeServer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -132,6 +133,17 @@ def test_malformed_answer_comes_back_and_parses_to_none():
     assert judge.parse_iu_verdicts(texts[0], 2) is None and judge.parse_cause_verdict(texts[0]) is None
 
 
+def test_a_failing_backend_answers_500_and_the_server_keeps_serving():
+    def flaky(messages, params):
+        if messages[-1]["content"] == "boom":
+            raise RuntimeError("backend broke")
+        return "fine"
+
+    with serving(flaky) as server:
+        texts, stats = judge.chat_many([call("boom"), call("calm")], config(server, retries=1, concurrency=1))
+    assert texts == [None, "fine"] and stats["retries"] == 1 and "HTTP 500" in stats["errors"][0]
+
+
 def test_other_4xx_is_not_retried():
     with serving(echo_backend, api_key="right-key-0123456789") as server:
         with pytest.raises(JudgeError, match="refused the request: HTTP 401") as e:
@@ -157,8 +169,26 @@ def test_api_key_never_appears_in_errors_or_logs(monkeypatch, caplog):
     for output in outputs:
         assert all(secret[i:i + 6] not in output for i in range(len(secret) - 5)), output
     monkeypatch.delenv("JUDGE_TEST_KEY")
-    with pytest.raises(JudgeError, match="JUDGE_TEST_KEY .* is not set"):
+    with pytest.raises(JudgeError, match=r"JUDGE_TEST_KEY \(judge.api_key_env\) is not set"):
         config(server, api_key_env="JUDGE_TEST_KEY").read_api_key()
+
+
+def test_judge_config_loads_from_yaml_and_holds_only_the_key_variable_name(tmp_path, monkeypatch):
+    @dataclass
+    class Run:
+        judge: JudgeConfig = field(default_factory=JudgeConfig)
+
+    path = tmp_path / "run.yaml"
+    path.write_text("judge:\n  base_url: http://127.0.0.1:9/v1\n  api_key_env: MY_JUDGE_KEY\n"
+                    "  sampling: {top_k: null, seed: 3}\n")
+    cfg = load_config(path, ["judge.temperature=0", "judge.concurrency=8"], Run).judge
+    assert (cfg.temperature, cfg.concurrency, cfg.top_p, cfg.iu_max_tokens_per_block) == (0.0, 8, 0.95, 120)
+    assert cfg.sampling_params(50) == {"temperature": 0.0, "top_p": 0.95, "max_tokens": 50, "seed": 3,
+                                       "chat_template_kwargs": {"enable_thinking": False}}
+    monkeypatch.setenv("MY_JUDGE_KEY", "sk-live-d41d8cd98f00")
+    assert cfg.read_api_key() == "sk-live-d41d8cd98f00"
+    saved = save_resolved_config(Run(cfg), tmp_path).read_text()
+    assert "MY_JUDGE_KEY" in saved and "d41d8cd98f00" not in saved
 
 
 def test_chat_many_keeps_order_under_concurrency_and_isolates_failures():
@@ -502,6 +532,17 @@ def test_parse_refinement_rejects_every_malformed_record():
     }
     for name, answer in bad.items():
         assert judge.parse_refinement(answer, example, PROMPT) is None, name
+
+
+def test_parse_refinement_multi_label_answers_in_any_order():
+    turns = [Turn("A", "We won the bid!"), Turn("B", "I knew you would, you always deliver.")]
+    example = Example(id="ccu-1", task="ccu_emotion", turns=turns, target=1, labels=["Joy", "Trust"])
+    completion = "<think>\nB answers <evidence>I knew you would</evidence> with confidence in A.\n</think>\n\nAnswer: "
+    assert judge.parse_refinement(refined(id="ccu-1", task="ccu_emotion", completion=completion + "Trust, Joy"),
+                                  example, PROMPT) is not None
+    for answer in ["Joy", "Joy,Trust", "Joy, Trust, Joy", "joy, trust"]:
+        record = refined(id="ccu-1", task="ccu_emotion", completion=completion + answer)
+        assert judge.parse_refinement(record, example, PROMPT) is None, answer
 
 
 def test_refinement_request_carries_the_packet_as_data():
