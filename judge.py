@@ -1115,13 +1115,14 @@ def main(argv: list[str] | None = None) -> None:
     serve.add_argument("--backend", choices=("rules", "model"), required=True,
                        help="rules: crude lexical stand-in (IU_G and cause only); model: generate with --model")
     serve.add_argument("--model", metavar="PATH", help="Hugging Face checkpoint folder (backend 'model')")
-    serve.add_argument("--device", help="torch device for backend 'model' (default: model.py's choice)")
+    serve.add_argument("--device", help="torch device for backend 'model' (default: cpu)")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     serve.add_argument("--port", type=int, default=8000, help="port (0 picks a free one)")
     serve.add_argument("--api-key-env", metavar="NAME", help="require the key held in this environment variable")
     serve.add_argument("--latency", type=float, default=0.0, help="seconds added before every chat answer")
     serve.add_argument("--fail-rate", type=float, default=0.0, help="fraction of chat requests answered HTTP 503")
-    serve.add_argument("--script", default="", help=f"actions for the first requests, comma-separated: {', '.join(FAULT_ACTIONS)}")
+    serve.add_argument("--script", default="",
+                       help=f"actions for the first requests, comma-separated: {', '.join(FAULT_ACTIONS)}")
     serve.add_argument("--retry-after", type=float, help="Retry-After seconds sent with injected 429 and 503")
     serve.add_argument("--hang", type=float, default=30.0, help="seconds a 'hang' action waits before answering")
     serve.add_argument("--seed", type=int, default=0, help="seed of the injected failures")
@@ -1132,9 +1133,9 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--script: unknown action(s) {unknown}; known: {', '.join(FAULT_ACTIONS)}")
     if args.backend == "model" and not args.model:
         parser.error("--backend model needs --model PATH")
-    api_key = None
-    if args.api_key_env:
-        api_key = os.environ.get(args.api_key_env) or parser.error(f"--api-key-env: {args.api_key_env} is not set")
+    api_key = os.environ.get(args.api_key_env) if args.api_key_env else None
+    if args.api_key_env and not api_key:
+        parser.error(f"--api-key-env: {args.api_key_env} is not set")
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
     backend = rules_backend if args.backend == "rules" else ModelBackend(args.model, args.device)
     faults = Faults(args.latency, args.fail_rate, script, args.retry_after, args.hang, args.seed)

@@ -77,11 +77,12 @@ def main() -> None:
         process.terminate()
         process.wait()
     print(f"{args.n} IU_G requests, {args.latency * 1000:.0f} ms injected latency, rules backend in a subprocess")
-    print(f"  one at a time (measured)       {seq_wall:7.2f} s   ({args.n} x {args.latency:g} s = {sequential_ideal:.2f} s)")
-    print(f"  concurrency {args.concurrency:<3d} (measured)     {wall:7.2f} s   "
-          f"{seq_wall / wall:5.1f}x faster than one at a time")
-    print(f"  ideal: {rounds} rounds x {args.latency:g} s     {ideal:7.2f} s   measured / ideal = {wall / ideal:.2f} "
-          f"(target <= 1.5: {'met' if wall <= 1.5 * ideal else 'MISSED'})")
+    rows = [("one at a time (measured)", seq_wall, f"{args.n} x {args.latency:g} s = {sequential_ideal:.2f} s"),
+            (f"concurrency {args.concurrency} (measured)", wall, f"{seq_wall / wall:.1f}x faster than one at a time"),
+            (f"ideal: {rounds} rounds x {args.latency:g} s", ideal, f"measured / ideal = {wall / ideal:.2f} "
+             f"(target <= 1.5: {'met' if wall <= 1.5 * ideal else 'MISSED'})")]
+    for label, seconds, note in rows:
+        print(f"  {label:<30s} {seconds:6.2f} s   {note}")
     print(f"  parsed verdict lists: {seq_parsed}/{args.n} and {parsed}/{args.n}; "
           f"latency mean {stats['latency_mean_s'] * 1000:.0f} ms, max {stats['latency_max_s'] * 1000:.0f} ms")
 

@@ -383,14 +383,14 @@ def test_parse_sip_content():
     assert judge.parse_sip_content("Matches the reference closely | 0.9") == 0.9
     assert judge.parse_sip_content("Perfect | 1") == 1.0 and judge.parse_sip_content("Invents cues | 0") == 0.0
     assert judge.parse_sip_content("Misreads belief | .45") == 0.45
-    for answer in ["Too good | 1.5", "Odd | -0.1", "Precise | 0.755", "0.8", "Fine | 0.8\nextra", "Fine | 80%",
+    for answer in ["Too good | 1.5", "Odd | -0.1", "Precise | 0.755", "0.8", "Fine |", "Fine | 0.8\nextra", "Fine | 80%",
                    "Fine | 0.8 | 0.9"]:
         assert judge.parse_sip_content(answer) is None, answer
 
 
 def test_parse_emotional_state_and_turn_quality():
     assert judge.parse_emotional_state("Relieved after the advice | 4") == 4
-    for answer in ["Calm | 0", "Calm | 6", "4", "Calm | 3.5", "Calm | 4\nCalm | 4"]:
+    for answer in ["Calm | 0", "Calm | 6", "4", "Calm |", "Calm | 3.5", "Calm | 4\nCalm | 4"]:
         assert judge.parse_emotional_state(answer) is None, answer
     good = "sr_proxy: User still anxious | 0\nea: Warm and validating | 4\nfa: No invented facts | 1"
     assert judge.parse_turn_quality(good) == {"sr_proxy": 0.0, "ea": 4.0, "fa": 1.0}
