@@ -33,6 +33,7 @@ import math
 import os
 import random
 import re
+import socket
 import sys
 import threading
 import time
@@ -986,6 +987,7 @@ class JudgeServer(ThreadingHTTPServer):
         self.stopping = threading.Event()
         self._lock, self._rng = threading.Lock(), random.Random(self.faults.seed)
         self._thread: threading.Thread | None = None
+        self._connections: set[socket.socket] = set()
         super().__init__((host, port), _Handler)
 
     @property
@@ -1005,12 +1007,30 @@ class JudgeServer(ThreadingHTTPServer):
         self._thread.start()
         return self
 
+    def process_request(self, request, client_address) -> None:
+        with self._lock:
+            self._connections.add(request)
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request) -> None:
+        with self._lock:
+            self._connections.discard(request)
+        super().shutdown_request(request)
+
     def stop(self) -> None:
+        """Stop serving and end every open connection, so no handler thread outlives the server."""
         self.stopping.set()
         if self._thread is not None:
             self.shutdown()
             self._thread.join()
         self.server_close()
+        with self._lock:
+            connections = list(self._connections)
+        for connection in connections:
+            try:
+                connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
     def __enter__(self) -> JudgeServer:
         return self
