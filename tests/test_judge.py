@@ -18,7 +18,8 @@ import pytest
 import requests
 
 import judge
-from data import Example, Turn, load_config, save_resolved_config
+from config import load_config, save_resolved_config
+from data import Example, Turn
 from judge import Faults, JudgeCall, JudgeConfig, JudgeError, JudgeServer
 
 REPO = Path(__file__).resolve().parents[1]
