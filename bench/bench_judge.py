@@ -1,5 +1,5 @@
 """Benchmark: IU_G judge calls through `judge.chat_many` against the local server
-(`python judge.py serve --backend rules`, started here as a subprocess on 127.0.0.1) with injected
+(`python judge_server.py --backend rules`, started here as a subprocess on 127.0.0.1) with injected
 latency. Baselines measured in the same run: the same requests sent one at a time; the ideal is
 ceil(n / concurrency) rounds of the injected latency. A second server also fails a share of the
 requests with HTTP 503: every result must still come back, through retries, which are counted.
@@ -42,7 +42,7 @@ def iu_calls(n: int, cfg: judge.JudgeConfig) -> tuple[list[judge.JudgeCall], lis
 
 
 def start_server(*flags: str) -> tuple[subprocess.Popen, str]:
-    process = subprocess.Popen([sys.executable, str(REPO / "judge.py"), "serve", "--backend", "rules", "--port", "0",
+    process = subprocess.Popen([sys.executable, str(REPO / "judge_server.py"), "--backend", "rules", "--port", "0",
                                 *flags], stdout=subprocess.PIPE, text=True, cwd=REPO)
     url = re.search(r"http://127\.0\.0\.1:\d+/v1", process.stdout.readline()).group(0)
     return process, url

@@ -1,4 +1,4 @@
-"""judge.py against a real local HTTP server (judge.JudgeServer on 127.0.0.1, an ephemeral port,
+"""judge.py against a real local HTTP server (judge_server.JudgeServer on 127.0.0.1, an ephemeral port,
 started by each test and shut down after it): retries, backoff, Retry-After, timeouts, key hygiene,
 order under concurrency; then every parser on well-formed, reordered, truncated and extra-line
 answers, the rules backend on hand-worked cases, and judge-aimed instructions inside the data."""
@@ -20,13 +20,15 @@ import requests
 import judge
 from config import load_config, save_resolved_config
 from data import Example, Turn
-from judge import Faults, JudgeCall, JudgeConfig, JudgeError, JudgeServer
+import judge_server
+from judge import JudgeCall, JudgeConfig, JudgeError
+from judge_server import Faults, JudgeServer
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 @contextmanager
-def serving(backend=judge.rules_backend, **kwargs):
+def serving(backend=judge_server.rules_backend, **kwargs):
     with JudgeServer(backend, host="127.0.0.1", port=0, **kwargs).start() as server:
         yield server
 
@@ -204,7 +206,7 @@ def test_chat_many_keeps_order_under_concurrency_and_isolates_failures():
         with lock:
             in_flight[0] -= 1
         if n % 10 == 3:
-            raise judge.UnsupportedRequest("no answer for this one")
+            raise judge_server.UnsupportedRequest("no answer for this one")
         return f"answer {n}"
 
     with serving(slow_echo) as server:
@@ -216,8 +218,8 @@ def test_chat_many_keeps_order_under_concurrency_and_isolates_failures():
     assert 0 < stats["latency_mean_s"] <= stats["latency_max_s"] <= stats["wall_s"]
 
 
-def test_serve_command_runs_the_rules_backend_in_a_subprocess():
-    process = subprocess.Popen([sys.executable, str(REPO / "judge.py"), "serve", "--backend", "rules", "--port", "0"],
+def test_server_command_runs_the_rules_backend_in_a_subprocess():
+    process = subprocess.Popen([sys.executable, str(REPO / "judge_server.py"), "--backend", "rules", "--port", "0"],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
     try:
         line = process.stdout.readline()
@@ -232,7 +234,7 @@ def test_serve_command_runs_the_rules_backend_in_a_subprocess():
     finally:
         process.terminate()
         process.wait(timeout=10)
-    help_text = subprocess.run([sys.executable, str(REPO / "judge.py"), "serve", "--help"], capture_output=True,
+    help_text = subprocess.run([sys.executable, str(REPO / "judge_server.py"), "--help"], capture_output=True,
                                text=True, cwd=REPO).stdout
     assert "CRUDE LEXICAL STAND-IN" in help_text and "loopback" in help_text
 
@@ -618,7 +620,7 @@ def test_model_backend_answers_with_greedy_generate_like_transformers(tmp_path):
                           pad_token_id=eos)[0, len(expected_prompt):].tolist()
     expected = tokenizer.decode([t for t in out if t != eos], skip_special_tokens=False)
     assert len(expected.split()) >= 2  # a real continuation, not an immediate end
-    backend = judge.ModelBackend(str(tmp_path))
+    backend = judge_server.ModelBackend(str(tmp_path))
     assert backend.prompt_ids(messages, False) == expected_prompt
     with serving(backend, model_name="tiny") as server:
         cfg = config(server, temperature=0.0, timeout=30)
