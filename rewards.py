@@ -7,7 +7,8 @@ ones take the defaults given to the decorator and unknown ones are an error, so 
 never silently falls back to a default. None means the feedback is incomplete (a judge answer the
 reward needs is missing or malformed): the trainer resamples the group, it never reads None as 0.
 
-Judge-backed rewards read already-parsed judge outputs from `rollout.judged` (judge.py fills it):
+Judge-backed rewards read already-parsed judge outputs from `rollout.judged`; `judge_rollouts` fills
+it for a batch of single-turn rollouts through judge.py, in one concurrent batch of HTTP calls:
 
 | key | shape | used by |
 |---|---|---|
@@ -28,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import data
+import judge
 import verifier
 
 
@@ -335,3 +337,53 @@ def care(rollout, cfg):
     """The CARE rubric reward from `judged["care_rubric"]` (one rubric shared by the GRPO group) and
     `judged["care_scores"]`."""
     return care_score(rollout.judged.get("care_rubric"), rollout.judged.get("care_scores"), cfg["weight_tolerance"])
+
+
+# ----------------------------------------------------------------------------- asking the judges
+
+# The judge outputs each reward reads from a single-turn rollout. A judge-backed reward of your own
+# adds its line here. (EmoLLM's and CARE's judges need a multi-turn episode or a group-shared
+# rubric, which the caller gathers with judge.py directly.)
+REWARD_JUDGES = {"iu_g": ("iu",), "clue": ("iu",), "social_r1": ("sip_structure", "sip_content")}
+
+
+def _judge_request(name: str, rollout: Rollout, cfg: judge.JudgeConfig):
+    """(call, parser) for one judge output of one rollout, or None when there is nothing to ask."""
+    example = rollout.example
+    if name == "iu":
+        n_blocks = len(rollout.blocks)
+        if n_blocks == 0:  # IU_G = 0 without reasoning: no judgement needed
+            return None
+        return judge.iu_request(example, rollout.blocks, cfg), lambda text: judge.parse_iu_verdicts(text, n_blocks)
+    if name == "sip_structure":
+        return judge.sip_structure_request(example, rollout.reasoning), judge.parse_sip_structure
+    if name == "sip_content":
+        reference = example.meta.get("reference")  # the reference SIP analysis; without one R_content is missing
+        if not isinstance(reference, str):
+            return None
+        return judge.sip_content_request(example, rollout.reasoning, reference), judge.parse_sip_content
+    raise ValueError(f"no single-turn judge request for '{name}'")
+
+
+def judge_rollouts(rollouts: list[Rollout], spec: RewardSpec, cfg: judge.JudgeConfig) -> dict[str, Any]:
+    """Ask the judges that reward `spec` reads (REWARD_JUDGES) about every rollout, all calls at once
+    through `judge.chat_many`, and store each parsed answer in `rollout.judged[name]`: None where the
+    judge failed after its retries or answered out of format, so the reward reports missing feedback.
+    Returns chat_many's stats (calls, retries, failures, latency, errors) plus `malformed`, the count
+    of answers the strict parsers rejected."""
+    pending = []
+    for rollout in rollouts:
+        for name in REWARD_JUDGES.get(spec.name, ()):
+            rollout.judged.pop(name, None)
+            request = _judge_request(name, rollout, cfg)
+            if request is not None:
+                pending.append((rollout, name, *request))
+    if not pending:
+        return {"calls": 0, "retries": 0, "failures": 0, "malformed": 0}
+    texts, stats = judge.chat_many([call for _, _, call, _ in pending], cfg)
+    malformed = 0
+    for (rollout, name, _, parse), text in zip(pending, texts):
+        value = None if text is None else parse(text)
+        malformed += text is not None and value is None
+        rollout.judged[name] = value
+    return stats | {"malformed": malformed}

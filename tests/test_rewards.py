@@ -347,3 +347,40 @@ def test_a_reward_of_your_own_is_one_function_and_one_config_line(tmp_path):
     finally:
         del REWARDS["quoted_blocks"]
     assert RewardSpec() == RewardSpec("clue", {})
+
+
+# ----------------------------------------------------------------------------- judging a batch over HTTP
+
+JUDGED_BLOCKS = [
+    "Ana states <evidence>I lost my job today</evidence>, which signals sudden hardship and distress.",
+    "Ben answers with concern.",
+    "She repeats <evidence>the company is closing</evidence>, signals sudden hardship.",
+    "She claims <evidence>they fired everyone</evidence> showing anger toward management.",
+]
+
+
+def test_judge_rollouts_fills_verdicts_from_a_real_server_and_feeds_clue():
+    from judge import JudgeConfig
+    from judge_server import Faults, JudgeServer, rules_backend
+    from rewards import judge_rollouts
+
+    completion = "\n\n".join(JUDGED_BLOCKS) + "\n</think>\nAnswer: sadness"
+    batch = [rollout(completion), rollout("</think>\nAnswer: sadness"), rollout(completion), rollout(completion)]
+    with JudgeServer(rules_backend, port=0).start() as server:
+        cfg = JudgeConfig(base_url=server.url, retries=0, timeout=5)
+        stats = judge_rollouts(batch[:2], RewardSpec("clue"), cfg)
+    assert stats["calls"] == 1 and stats["failures"] == 0 and stats["malformed"] == 0  # no reasoning: no call
+    # rules backend by hand: block 1 quotes the conversation and adds 5 new content words -> GAIN;
+    # block 2 has no quote; block 3 adds one new word; block 4's quote is not in the conversation
+    assert batch[0].judged["iu"] == [1, 0, 0, 0]
+    assert "iu" not in batch[1].judged
+    assert clue(batch[0]) == pytest.approx(1 + 0.5 * 1.0 * 1 / 4)  # c = 1, f = 1, IU_G = 1 / max(4, 100/150)
+    assert clue(batch[1]) == pytest.approx(1.0)  # no reasoning: IU_G = 0
+    with JudgeServer(rules_backend, port=0, faults=Faults(script=("503",))).start() as server:
+        stats = judge_rollouts(batch[2:3], RewardSpec("clue"), JudgeConfig(base_url=server.url, retries=0, timeout=5))
+    assert stats["failures"] == 1 and batch[2].judged["iu"] is None and clue(batch[2]) is None
+    with JudgeServer(rules_backend, port=0, faults=Faults(script=("malformed",))).start() as server:
+        stats = judge_rollouts(batch[3:], RewardSpec("clue"), JudgeConfig(base_url=server.url, retries=0, timeout=5))
+    assert stats["failures"] == 0 and stats["malformed"] == 1 and clue(batch[3]) is None
+    assert judge_rollouts(batch, RewardSpec("correctness"), JudgeConfig(base_url="http://127.0.0.1:9")) == {
+        "calls": 0, "retries": 0, "failures": 0, "malformed": 0}  # a reward without judges sends nothing
