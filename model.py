@@ -60,8 +60,11 @@ class QwenConfig:
 
     @classmethod
     def from_json(cls, path: str | os.PathLike) -> "QwenConfig":
-        raw = read_json(Path(path))
-        src = str(path)
+        return cls.from_dict(read_json(Path(path)), str(path))
+
+    @classmethod
+    def from_dict(cls, raw: dict, src: str = "config.json") -> "QwenConfig":
+        """Read a Hugging Face config dict; `src` names it in errors."""
         family = raw.get("model_type")
         if family not in ("qwen2", "qwen3"):
             raise CheckpointError(f"{src}: field 'model_type' = {family!r} is not supported (qwen2, qwen3)")
@@ -140,8 +143,7 @@ class RMSNorm(nn.Module):
         self.weight, self.eps = nn.Parameter(torch.ones(dim)), eps
 
     def forward(self, x):
-        xf = x.float()
-        return self.weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+        return self.weight * F.rms_norm(x.float(), x.shape[-1:], eps=self.eps).to(x.dtype)
 
 
 class Linear(nn.Linear):
@@ -169,29 +171,32 @@ class Linear(nn.Linear):
 
 
 def rope_tables(positions: torch.Tensor, rot_dim: int, theta: float, dtype: torch.dtype):
-    """cos, sin [B, T, 1, rot_dim] for integer positions [B, T], computed in float32 (NeoX layout)."""
+    """cos and signed sin [B, T, 1, rot_dim] for integer positions [B, T], computed in float32 (NeoX
+    layout: frequency i drives dims i and i + rot_dim/2). The sign folds rotate_half's negation in."""
     inv_freq = 1.0 / theta ** (torch.arange(0, rot_dim, 2, device=positions.device).float() / rot_dim)
-    freqs = positions.float()[..., None] * inv_freq
-    emb = torch.cat([freqs, freqs], -1)[:, :, None, :]
-    return emb.cos().to(dtype), emb.sin().to(dtype)
+    freqs = (positions.float()[..., None] * inv_freq)[:, :, None, :]
+    return torch.cat([freqs, freqs], -1).cos().to(dtype), torch.cat([-freqs.sin(), freqs.sin()], -1).to(dtype)
 
 
-def apply_rope(x, cos, sin):
-    """x' = x cos + rotate_half(x) sin on the first cos.shape[-1] dims of each head; x: [B, T, H, D]."""
+def apply_rope(x, cos, sin_signed):
+    """x' = x cos + rotate_half(x) sin, rotate_half(x) = [-x2, x1], on the first cos.shape[-1] dims
+    of each head (all of them for the dense models); x: [B, T, H, D]."""
     rot = cos.shape[-1]
-    xr, x_pass = x[..., :rot], x[..., rot:]
-    x1, x2 = xr.chunk(2, -1)
-    return torch.cat([xr * cos + torch.cat([-x2, x1], -1) * sin, x_pass], -1)
+    xr = x[..., :rot]
+    out = xr * cos + xr.unflatten(-1, (2, -1)).flip(-2).flatten(-2) * sin_signed
+    return out if rot == x.shape[-1] else torch.cat([out, x[..., rot:]], -1)
 
 
 @dataclass
 class Step:
-    """What every layer of one forward call shares: RoPE tables, the cache (or None) and, with a
-    cache, each query's absolute position [B, T]."""
+    """What every layer of one forward call shares: RoPE tables, the cache (or None), each query's
+    absolute position [B, T] and, for a cache that already holds tokens, the mask [B, T, S] of the
+    slots each query sees (its row's slots 0..position)."""
     cos: torch.Tensor
     sin: torch.Tensor
     cache: "Cache | None"
     positions: torch.Tensor
+    mask: torch.Tensor | None
 
 
 class Attention(nn.Module):
@@ -218,11 +223,11 @@ class Attention(nn.Module):
             o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                                is_causal=True, enable_gqa=True).transpose(1, 2)
         else:
-            o = cached_attention(q, k, v, step.cache, self.layer_idx, step.positions)
+            o = cached_attention(q, k, v, step.cache, self.layer_idx, step.positions, step.mask)
         return self.o_proj(o.reshape(B, T, self.H * self.D))
 
 
-def cached_attention(q, k, v, cache: "Cache", layer_idx: int, positions):
+def cached_attention(q, k, v, cache: "Cache", layer_idx: int, positions, mask):
     """Write k, v [B, T, Hkv, D] at each row's slots `positions` and attend over the cache: a query at
     position p sees slots 0..p of its row. Returns [B, T, H, D]."""
     k_cache, v_cache = cache.layers[layer_idx]
@@ -237,12 +242,11 @@ def cached_attention(q, k, v, cache: "Cache", layer_idx: int, positions):
     v_cache[rows, :, positions] = v
     S = cache.width + T
     q = q.transpose(1, 2)
-    if cache.width == 0:  # prefill of an empty cache: plain causal attention, no mask
+    if mask is None:  # prefill of an empty cache: plain causal attention
         return F.scaled_dot_product_attention(q, k_cache[:, :, :S], v_cache[:, :, :S], is_causal=True,
                                               enable_gqa=True).transpose(1, 2)
     # GQA without copying K/V: the G query heads that share a KV head become G*T query rows.
     G = H // Hkv
-    mask = torch.arange(S, device=q.device) <= positions[:, :, None]  # [B, T, S]
     mask = mask[:, None, None].expand(B, 1, G, T, S).reshape(B, 1, G * T, S)
     o = F.scaled_dot_product_attention(q.reshape(B, Hkv, G * T, D), k_cache[:, :, :S], v_cache[:, :, :S],
                                        attn_mask=mask)
@@ -384,7 +388,10 @@ class Qwen(nn.Module):
         cfg = self.config
         x = self.embed(input_ids)
         cos, sin = rope_tables(positions, cfg.head_dim, cfg.rope_theta, x.dtype)
-        step = Step(cos, sin, cache, positions)
+        mask = None
+        if cache is not None and cache.width > 0:
+            mask = torch.arange(cache.width + T, device=x.device) <= positions[:, :, None]
+        step = Step(cos, sin, cache, positions, mask)
         for layer in self.model.layers:
             if self.gradient_checkpointing and self.training and torch.is_grad_enabled() and cache is None:
                 x = checkpoint(layer, x, step, use_reentrant=False)
