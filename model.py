@@ -28,6 +28,7 @@ from torch.utils.checkpoint import checkpoint
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+SKIPPED = ("model.visual.", "mtp.")  # Qwen3.5's vision tower and multi-token-prediction head: not loaded
 ADAPTER_CONFIG, ADAPTER_WEIGHTS, TOKEN_ROWS = "adapter_config.json", "adapter_model.safetensors", "token_rows.safetensors"
 
 
@@ -41,7 +42,7 @@ class CheckpointError(ValueError):
 
 @dataclass
 class QwenConfig:
-    family: str  # "qwen2" | "qwen3"
+    family: str  # "qwen2" | "qwen3" | "qwen3_5" (hybrid Gated DeltaNet + gated attention)
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -51,12 +52,19 @@ class QwenConfig:
     head_dim: int
     rms_norm_eps: float
     rope_theta: float
+    rotary_dim: int  # RoPE turns only the first rotary_dim dims of each head (Qwen3.5: a quarter)
     tie_word_embeddings: bool
     qkv_bias: bool  # Qwen2: bias on q/k/v (hard-wired in the architecture); Qwen3: `attention_bias`
     o_bias: bool
-    qk_norm: bool  # Qwen3: per-head RMSNorm on q and k before RoPE
+    layer_types: tuple  # per layer "full_attention" or "linear_attention"
     dtype: str | None  # the checkpoint's declared dtype
     raw: dict  # config.json as read, written back by save_merged
+    weight_prefix: str = "model."  # checkpoint name of our `model.` (Qwen3.5 image-text: model.language_model.)
+    conv_kernel: int = 0  # Gated DeltaNet sizes (Qwen3.5 only)
+    linear_k_heads: int = 0
+    linear_v_heads: int = 0
+    linear_k_dim: int = 0
+    linear_v_dim: int = 0
 
     @classmethod
     def from_json(cls, path: str | os.PathLike) -> "QwenConfig":
@@ -64,27 +72,50 @@ class QwenConfig:
 
     @classmethod
     def from_dict(cls, raw: dict, src: str = "config.json") -> "QwenConfig":
-        """Read a Hugging Face config dict; `src` names it in errors."""
-        family = raw.get("model_type")
-        if family not in ("qwen2", "qwen3"):
-            raise CheckpointError(f"{src}: field 'model_type' = {family!r} is not supported (qwen2, qwen3)")
-        if raw.get("hidden_act", "silu") != "silu":
-            raise CheckpointError(f"{src}: field 'hidden_act' = {raw['hidden_act']!r} is not supported (silu)")
-        if raw.get("use_sliding_window"):
-            raise CheckpointError(f"{src}: field 'use_sliding_window' = true is not supported")
-        if raw.get("quantization_config") is not None:
-            raise CheckpointError(f"{src}: field 'quantization_config': quantized checkpoints are not supported")
-        hidden, heads = _int(raw, "hidden_size", src), _int(raw, "num_attention_heads", src)
-        bias = raw.get("attention_bias", False) if family == "qwen3" else False
+        """Read a Hugging Face config dict; `src` names it in errors. Qwen3.5 comes as `qwen3_5`
+        (image-text, the text model under `text_config`) or as `qwen3_5_text`."""
+        family, text, prefix = raw.get("model_type"), raw, "model."
+        if family == "qwen3_5":
+            text, prefix = raw.get("text_config"), "model.language_model."
+            if not isinstance(text, dict):
+                raise CheckpointError(f"{src}: missing field 'text_config'")
+            src = f"{src}: text_config"
+        family = {"qwen3_5_text": "qwen3_5"}.get(family, family)
+        if family not in ("qwen2", "qwen3", "qwen3_5"):
+            raise CheckpointError(f"{src}: field 'model_type' = {raw.get('model_type')!r} is not supported "
+                                  f"(qwen2, qwen3, qwen3_5, qwen3_5_text)")
+        if text.get("hidden_act", "silu") != "silu":
+            raise CheckpointError(f"{src}: field 'hidden_act' = {text['hidden_act']!r} is not supported (silu)")
+        for key in ("use_sliding_window", "quantization_config"):
+            if text.get(key) or raw.get(key):
+                raise CheckpointError(f"{src}: field '{key}' = {text.get(key) or raw.get(key)!r} is not supported")
+        hidden, heads, layers = (_int(text, k, src) for k in ("hidden_size", "num_attention_heads", "num_hidden_layers"))
+        head_dim = hidden // heads if family == "qwen2" else _int(text, "head_dim", src)
+        bias = family != "qwen2" and bool(text.get("attention_bias", False))
+        theta, partial = _rope(text, src, 0.25 if family == "qwen3_5" else 1.0)
+        hybrid = {}
+        if family == "qwen3_5":
+            interval = text.get("full_attention_interval", 4)
+            types = text.get("layer_types") or ["full_attention" if (i + 1) % interval == 0 else "linear_attention"
+                                                for i in range(layers)]
+            hybrid = dict(conv_kernel=_int(text, "linear_conv_kernel_dim", src),
+                          linear_k_heads=_int(text, "linear_num_key_heads", src),
+                          linear_v_heads=_int(text, "linear_num_value_heads", src),
+                          linear_k_dim=_int(text, "linear_key_head_dim", src),
+                          linear_v_dim=_int(text, "linear_value_head_dim", src))
+        else:
+            types = ["full_attention"] * layers
+        if len(types) != layers or set(types) - {"full_attention", "linear_attention"}:
+            raise CheckpointError(f"{src}: field 'layer_types' = {types!r} needs {layers} entries of "
+                                  f"full_attention / linear_attention")
         return cls(
-            family=family, vocab_size=_int(raw, "vocab_size", src), hidden_size=hidden,
-            intermediate_size=_int(raw, "intermediate_size", src), num_layers=_int(raw, "num_hidden_layers", src),
-            num_heads=heads, num_kv_heads=_int(raw, "num_key_value_heads", src),
-            head_dim=_int(raw, "head_dim", src) if family == "qwen3" else hidden // heads,
-            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)), rope_theta=_rope_theta(raw, src),
-            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-            qkv_bias=family == "qwen2" or bias, o_bias=bias, qk_norm=family == "qwen3",
-            dtype=raw.get("dtype", raw.get("torch_dtype")), raw=raw)
+            family=family, vocab_size=_int(text, "vocab_size", src), hidden_size=hidden,
+            intermediate_size=_int(text, "intermediate_size", src), num_layers=layers, num_heads=heads,
+            num_kv_heads=_int(text, "num_key_value_heads", src), head_dim=head_dim,
+            rms_norm_eps=float(text.get("rms_norm_eps", 1e-6)), rope_theta=theta, rotary_dim=int(head_dim * partial),
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", text.get("tie_word_embeddings", False))),
+            qkv_bias=family == "qwen2" or bias, o_bias=bias, layer_types=tuple(types),
+            dtype=raw.get("dtype", raw.get("torch_dtype", text.get("dtype"))), raw=raw, weight_prefix=prefix, **hybrid)
 
 
 def read_json(path: Path) -> dict:
@@ -104,8 +135,9 @@ def _int(raw: dict, key: str, src: str) -> int:
     return raw[key]
 
 
-def _rope_theta(raw: dict, src: str) -> float:
-    """Hub configs keep `rope_theta` at the top level; transformers >= 5 writes `rope_parameters`."""
+def _rope(raw: dict, src: str, default_partial: float) -> tuple[float, float]:
+    """(theta, partial_rotary_factor). Hub configs keep `rope_theta` at the top level; transformers
+    >= 5 writes `rope_parameters`. Qwen3.5's mrope fields reduce to plain RoPE for text."""
     params = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
     rope_type = params.get("rope_type", params.get("type", "default"))
     if rope_type != "default":
@@ -113,7 +145,7 @@ def _rope_theta(raw: dict, src: str) -> float:
     theta = params.get("rope_theta", raw.get("rope_theta"))
     if theta is None:
         raise CheckpointError(f"{src}: missing field 'rope_theta'")
-    return float(theta)
+    return float(theta), float(params.get("partial_rotary_factor", raw.get("partial_rotary_factor", default_partial)))
 
 
 def parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
@@ -138,12 +170,19 @@ def optional_kernel(module: str, name: str):
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
+    """x / rms(x) computed in float32, times w. With offset=True (Qwen3.5's zero-centred norms) the
+    weight is stored as an offset: times (1 + w) in float32, then cast; else cast, then times w."""
+
+    def __init__(self, dim: int, eps: float, offset: bool = False):
         super().__init__()
-        self.weight, self.eps = nn.Parameter(torch.ones(dim)), eps
+        self.weight = nn.Parameter(torch.zeros(dim) if offset else torch.ones(dim))
+        self.eps, self.offset = eps, offset
 
     def forward(self, x):
-        return self.weight * F.rms_norm(x.float(), x.shape[-1:], eps=self.eps).to(x.dtype)
+        normed = F.rms_norm(x.float(), x.shape[-1:], eps=self.eps)
+        if self.offset:
+            return (normed * (1 + self.weight.float())).to(x.dtype)
+        return self.weight * normed.to(x.dtype)
 
 
 class Linear(nn.Linear):
@@ -197,23 +236,34 @@ class Step:
     cache: "Cache | None"
     positions: torch.Tensor
     mask: torch.Tensor | None
+    lengths: torch.Tensor | None  # with a cache: real tokens of each row in this call
+    valid: torch.Tensor | None  # [B, T], False at the right padding of a prefill; None when all real
 
 
 class Attention(nn.Module):
+    """GQA self-attention. Qwen3/3.5: per-head RMSNorm on q and k before RoPE. Qwen3.5: q_proj also
+    emits a gate per head ([q_h | gate_h]) and the output is multiplied by sigmoid(gate)."""
+
     def __init__(self, cfg: QwenConfig, layer_idx: int):
         super().__init__()
         self.layer_idx, self.H, self.Hkv, self.D = layer_idx, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        d = cfg.hidden_size
-        self.q_proj = Linear(d, self.H * self.D, bias=cfg.qkv_bias)
+        self.gated, d = cfg.family == "qwen3_5", cfg.hidden_size
+        self.q_proj = Linear(d, self.H * self.D * (2 if self.gated else 1), bias=cfg.qkv_bias)
         self.k_proj = Linear(d, self.Hkv * self.D, bias=cfg.qkv_bias)
         self.v_proj = Linear(d, self.Hkv * self.D, bias=cfg.qkv_bias)
         self.o_proj = Linear(self.H * self.D, d, bias=cfg.o_bias)
-        if cfg.qk_norm:
-            self.q_norm, self.k_norm = RMSNorm(self.D, cfg.rms_norm_eps), RMSNorm(self.D, cfg.rms_norm_eps)
+        if cfg.family != "qwen2":
+            self.q_norm = RMSNorm(self.D, cfg.rms_norm_eps, offset=self.gated)
+            self.k_norm = RMSNorm(self.D, cfg.rms_norm_eps, offset=self.gated)
+
+    def new_state(self, batch: int, max_len: int, dtype, device) -> list:
+        return [torch.zeros(batch, self.Hkv, max_len, self.D, dtype=dtype, device=device) for _ in "kv"]
 
     def forward(self, x, step: Step):
         B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.H, self.D)
+        q = self.q_proj(x).view(B, T, self.H, -1)
+        if self.gated:
+            q, gate = q.chunk(2, -1)
         k = self.k_proj(x).view(B, T, self.Hkv, self.D)
         v = self.v_proj(x).view(B, T, self.Hkv, self.D)
         if hasattr(self, "q_norm"):
@@ -224,7 +274,8 @@ class Attention(nn.Module):
                                                is_causal=True, enable_gqa=True).transpose(1, 2)
         else:
             o = cached_attention(q, k, v, step.cache, self.layer_idx, step.positions, step.mask)
-        return self.o_proj(o.reshape(B, T, self.H * self.D))
+        o = o.reshape(B, T, self.H * self.D)
+        return self.o_proj(o * torch.sigmoid(gate.reshape(B, T, -1)) if self.gated else o)
 
 
 def cached_attention(q, k, v, cache: "Cache", layer_idx: int, positions, mask):
@@ -253,6 +304,115 @@ def cached_attention(q, k, v, cache: "Cache", layer_idx: int, positions, mask):
     return o.view(B, H, T, D).transpose(1, 2)
 
 
+def l2norm(x):
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6)
+
+
+def delta_rule_recurrent(q, k, v, g, beta, state):
+    """The gated delta rule one token at a time, in float32. q, k [B, H, T, dk]; v [B, H, T, dv];
+    log-decay g and write strength beta [B, H, T]; state S [B, H, dk, dv]. Per token:
+    S = exp(g_t) S;  S += k_t (beta_t (v_t - S^T k_t))^T;  o_t = S^T q_t. Returns (o, S)."""
+    out = []
+    for t in range(q.shape[2]):
+        state = state * g[:, :, t, None, None].exp()
+        delta = beta[:, :, t, None] * (v[:, :, t] - (state * k[:, :, t, :, None]).sum(-2))
+        state = state + k[:, :, t, :, None] * delta[:, :, None, :]
+        out.append((state * q[:, :, t, :, None]).sum(-2))
+    return torch.stack(out, 2), state
+
+
+def delta_rule_chunked(q, k, v, g, beta, state, chunk: int = 64):
+    """The same recurrence, `chunk` tokens at a time (the form for prompts and training). Within a
+    chunk, gamma = cumsum(g), D_ij = exp(gamma_i - gamma_j) for j <= i (0 above), and the writes
+    solve (I + A) [u | w] = [beta v | beta k exp(gamma)] with A = tril(beta_i k_i.k_j D_ij, -1); then
+    v' = u - w S;  O = (q exp(gamma)) S + ((q k^T) * D) v';  S = exp(gamma_C) S + (k exp(gamma_C - gamma))^T v'.
+    Zero padding to a multiple of `chunk` is inert: g = 0 does not decay and beta = 0 writes nothing."""
+    T, dv = q.shape[2], v.shape[-1]
+    pad = -T % chunk
+    q, k, v = (F.pad(x, (0, 0, 0, pad)).unflatten(2, (-1, chunk)) for x in (q, k, v))
+    g, beta = (F.pad(x, (0, pad)).unflatten(2, (-1, chunk)) for x in (g, beta))
+    gamma = g.cumsum(-1)
+    causal = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril()
+    D = (gamma[..., :, None] - gamma[..., None, :]).masked_fill(~causal, float("-inf")).exp()
+    A = ((beta[..., None] * k) @ k.transpose(-1, -2) * D).tril(-1)
+    rhs = torch.cat([beta[..., None] * v, beta[..., None] * k * gamma[..., None].exp()], -1)
+    u, w = torch.linalg.solve_triangular(A, rhs, upper=False, unitriangular=True).split([dv, k.shape[-1]], -1)
+    out = []
+    for n in range(q.shape[2]):
+        qn, kn, gn = q[:, :, n], k[:, :, n], gamma[:, :, n]
+        v_new = u[:, :, n] - w[:, :, n] @ state
+        out.append((qn * gn[..., None].exp()) @ state + (qn @ kn.transpose(-1, -2) * D[:, :, n]) @ v_new)
+        last = gn[..., -1:]
+        state = state * last[..., None].exp() + (kn * (last - gn)[..., None].exp()).transpose(-1, -2) @ v_new
+    return torch.cat(out, 2)[:, :, :T], state
+
+
+def delta_rule(q, k, v, g, beta, state):
+    """Dispatch on [B, H, T, *] float32 inputs: flash-linear-attention's kernels on CUDA when
+    installed, else the recurrent form for a single token and the chunked form otherwise."""
+    name = "fused_recurrent_gated_delta_rule" if q.shape[2] == 1 else "chunk_gated_delta_rule"
+    fla = optional_kernel("fla.ops.gated_delta_rule", name) if q.is_cuda else None
+    if fla is not None:
+        o, state = fla(*(x.transpose(1, 2) for x in (q, k, v, g, beta)), scale=1.0, initial_state=state,
+                       output_final_state=True)
+        return o.transpose(1, 2), state
+    return (delta_rule_recurrent if q.shape[2] == 1 else delta_rule_chunked)(q, k, v, g, beta, state)
+
+
+class GatedDeltaNet(nn.Module):
+    """Qwen3.5's linear-attention mixer: project q|k|v, z, b, a; causal depthwise conv (no bias) and
+    SiLU over q|k|v; beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias); l2-normalized q, k
+    (q also scaled by dk^-0.5), key heads shared by value heads as repeat_interleave; the gated
+    delta rule; a plain (not zero-centred) RMSNorm of each head's output times silu(z); out_proj."""
+
+    def __init__(self, cfg: QwenConfig, layer_idx: int):
+        super().__init__()
+        self.layer_idx, d = layer_idx, cfg.hidden_size
+        self.Hk, self.Hv, self.dk, self.dv = cfg.linear_k_heads, cfg.linear_v_heads, cfg.linear_k_dim, cfg.linear_v_dim
+        self.channels = 2 * self.Hk * self.dk + self.Hv * self.dv
+        self.in_proj_qkv = Linear(d, self.channels)
+        self.in_proj_z = Linear(d, self.Hv * self.dv)
+        self.in_proj_b = Linear(d, self.Hv)
+        self.in_proj_a = Linear(d, self.Hv)
+        self.conv1d = nn.Conv1d(self.channels, self.channels, cfg.conv_kernel, groups=self.channels, bias=False)
+        self.A_log = nn.Parameter(torch.zeros(self.Hv))
+        self.dt_bias = nn.Parameter(torch.ones(self.Hv))
+        self.norm = RMSNorm(self.dv, cfg.rms_norm_eps)
+        self.out_proj = Linear(self.Hv * self.dv, d)
+
+    def new_state(self, batch: int, max_len: int, dtype, device) -> list:
+        K = self.conv1d.kernel_size[0]
+        return [torch.zeros(batch, self.channels, K - 1, dtype=dtype, device=device),
+                torch.zeros(batch, self.Hv, self.dk, self.dv, dtype=torch.float32, device=device)]
+
+    def forward(self, x, step: Step):
+        B, T, _ = x.shape
+        K = self.conv1d.kernel_size[0]
+        state = None if step.cache is None else step.cache.layers[self.layer_idx]
+        qkv = self.in_proj_qkv(x).transpose(1, 2)  # [B, C, T]
+        full = torch.cat([qkv.new_zeros(B, self.channels, K - 1) if state is None else state[0], qkv], -1)
+        if state is not None:  # keep the conv inputs of each row's last K-1 real tokens
+            index = step.lengths[:, None, None] + torch.arange(K - 1, device=x.device)
+            state[0] = full.gather(-1, index.expand(B, self.channels, K - 1))
+        qkv = F.silu(F.conv1d(full, self.conv1d.weight, groups=self.channels)).transpose(1, 2)
+        q, k, v = qkv.split([self.Hk * self.dk, self.Hk * self.dk, self.Hv * self.dv], -1)
+        r = self.Hv // self.Hk
+        q = l2norm(q.reshape(B, T, self.Hk, self.dk).float()).repeat_interleave(r, 2) * self.dk ** -0.5
+        k = l2norm(k.reshape(B, T, self.Hk, self.dk).float()).repeat_interleave(r, 2)
+        v = v.reshape(B, T, self.Hv, self.dv).float()
+        beta = self.in_proj_b(x).sigmoid().float()
+        g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias.float())
+        if step.valid is not None:  # right padding: no decay, no write
+            beta, g = beta * step.valid[..., None], g * step.valid[..., None]
+        initial = torch.zeros(B, self.Hv, self.dk, self.dv, device=x.device) if state is None else state[1]
+        o, final = delta_rule(*(t.transpose(1, 2) for t in (q, k, v, g, beta)), initial)
+        if state is not None:
+            state[1] = final
+        z = self.in_proj_z(x).view(B, T, self.Hv, self.dv)
+        o = (self.norm(o.transpose(1, 2).to(x.dtype)) * F.silu(z.float())).to(x.dtype)
+        return self.out_proj(o.reshape(B, T, -1))
+
+
 class MLP(nn.Module):
     def __init__(self, cfg: QwenConfig):
         super().__init__()
@@ -267,21 +427,24 @@ class MLP(nn.Module):
 class Block(nn.Module):
     def __init__(self, cfg: QwenConfig, layer_idx: int):
         super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg, layer_idx)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        offset = cfg.family == "qwen3_5"
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, offset)
+        self.mixer_name = "linear_attn" if cfg.layer_types[layer_idx] == "linear_attention" else "self_attn"
+        setattr(self, self.mixer_name, (GatedDeltaNet if self.mixer_name == "linear_attn" else Attention)(cfg, layer_idx))
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, offset)
         self.mlp = MLP(cfg)
 
     def forward(self, x, step: Step):
-        x = x + self.self_attn(self.input_layernorm(x), step)
+        x = x + getattr(self, self.mixer_name)(self.input_layernorm(x), step)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
 @dataclass
 class Cache:
-    """Generation state of B rows. Per layer K and V [B, Hkv, S_max, D] after RoPE; slot s of a row
-    holds its token at position s. `lens` [B]: tokens of each row already in the cache; `width`: a
-    Python int >= max(lens), the slots any query may need to look at."""
+    """Generation state of B rows. Attention layers: K and V [B, Hkv, S_max, D] after RoPE, slot s
+    of a row holding its token at position s. Gated DeltaNet layers: the last kernel-1 conv inputs
+    [B, C, K-1] and the float32 state [B, Hv, dk, dv]. `lens` [B]: tokens of each row so far;
+    `width`: a Python int >= max(lens), the slots any query may need to look at."""
     layers: list
     lens: torch.Tensor
     width: int
@@ -309,7 +472,7 @@ class Qwen(nn.Module):
         self.model = nn.Module()
         self.model.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.model.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.num_layers))
-        self.model.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.model.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, offset=cfg.family == "qwen3_5")
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.register_buffer("row_ids", None)
         self.register_parameter("embed_rows", None)
@@ -326,13 +489,15 @@ class Qwen(nn.Module):
         cfg = QwenConfig.from_json(path / "config.json")
         dtype = parse_dtype(dtype) or parse_dtype(cfg.dtype) or torch.float32
         device = torch.device(device or "cpu")
-        with torch.device("meta"):
-            model = cls(cfg)
-        expected = {k: v.shape for k, v in model.state_dict().items()}
         files = checkpoint_files(path)
-        found = {name: file for file, names in files.items() for name in names}
+        found = {name: file for file, names in files.items() for name in names if not name.startswith(SKIPPED)}
+        if cfg.family == "qwen3_5" and "lm_head.weight" not in found:
+            cfg.tie_word_embeddings = True  # small Qwen3.5 exports tie without saying so at the top level
         if cfg.tie_word_embeddings:
             found.pop("lm_head.weight", None)  # some exports keep the tied copy; it is not used
+        with torch.device("meta"):
+            model = cls(cfg)
+        expected = {checkpoint_name(cfg, k): (k, v.shape) for k, v in model.state_dict().items()}
         missing, unexpected = sorted(set(expected) - set(found)), sorted(set(found) - set(expected))
         if missing or unexpected:
             raise CheckpointError(f"{path}: checkpoint names disagree with config.json: missing {missing}, "
@@ -343,12 +508,14 @@ class Qwen(nn.Module):
                 for name in f.keys():
                     if found.get(name) != file:
                         continue
-                    shape = tuple(f.get_slice(name).get_shape())
-                    if shape != tuple(expected[name]):
-                        raise CheckpointError(f"{file.name}: tensor '{name}' has shape {list(shape)} but config.json "
-                                              f"implies {list(expected[name])}")
-                    state[name] = f.get_tensor(name).to(dtype)
+                    ours, shape = expected[name]
+                    if tuple(f.get_slice(name).get_shape()) != tuple(shape):
+                        raise CheckpointError(f"{file.name}: tensor '{name}' has shape {f.get_slice(name).get_shape()} "
+                                              f"but config.json implies {list(shape)}")
+                    keep_fp32 = name.endswith(("A_log", "dt_bias"))  # the decay stays in float32
+                    state[ours] = f.get_tensor(name).to(torch.float32 if keep_fp32 else dtype)
             model.load_state_dict(state, strict=False, assign=True)
+        model.source = path
         return model.eval()
 
     @property
@@ -387,18 +554,23 @@ class Qwen(nn.Module):
             positions = positions + cache.lens[:, None]
         cfg = self.config
         x = self.embed(input_ids)
-        cos, sin = rope_tables(positions, cfg.head_dim, cfg.rope_theta, x.dtype)
-        mask = None
-        if cache is not None and cache.width > 0:
-            mask = torch.arange(cache.width + T, device=x.device) <= positions[:, :, None]
-        step = Step(cos, sin, cache, positions, mask)
+        cos, sin = rope_tables(positions, cfg.rotary_dim, cfg.rope_theta, x.dtype)
+        mask = valid = None
+        if cache is not None:
+            if cache.width > 0:
+                mask = torch.arange(cache.width + T, device=x.device) <= positions[:, :, None]
+            if lengths is None:
+                lengths = torch.full((B,), T, device=x.device)
+            else:
+                valid = torch.arange(T, device=x.device) < lengths[:, None]
+        step = Step(cos, sin, cache, positions, mask, lengths, valid)
         for layer in self.model.layers:
             if self.gradient_checkpointing and self.training and torch.is_grad_enabled() and cache is None:
                 x = checkpoint(layer, x, step, use_reentrant=False)
             else:
                 x = layer(x, step)
         if cache is not None:
-            cache.lens = cache.lens + (T if lengths is None else lengths)
+            cache.lens = cache.lens + lengths
             cache.width += T
         return self.model.norm(x)
 
@@ -407,10 +579,15 @@ class Qwen(nn.Module):
         return self.logits(self.hidden_states(input_ids, cache, lengths))
 
     def new_cache(self, batch: int, max_len: int) -> Cache:
-        cfg = self.config
-        kv = lambda: torch.zeros(batch, cfg.num_kv_heads, max_len, cfg.head_dim, dtype=self.dtype, device=self.device)
-        return Cache([[kv(), kv()] for _ in range(cfg.num_layers)],
-                     torch.zeros(batch, dtype=torch.long, device=self.device), 0)
+        layers = [getattr(layer, layer.mixer_name).new_state(batch, max_len, self.dtype, self.device)
+                  for layer in self.model.layers]
+        return Cache(layers, torch.zeros(batch, dtype=torch.long, device=self.device), 0)
+
+
+def checkpoint_name(cfg: QwenConfig, name: str) -> str:
+    """The checkpoint's name for our parameter or module `name` (Qwen3.5 image-text checkpoints keep
+    the text model under model.language_model.)."""
+    return cfg.weight_prefix + name.removeprefix("model.") if name.startswith("model.") else name
 
 
 def checkpoint_files(path: Path) -> dict[Path, list[str]]:
@@ -499,21 +676,24 @@ def merge_lora(model: Qwen) -> Qwen:
     for m in lora_modules(model).values():
         m.weight.data = m.merged_weight()
         m.lora_A = m.lora_B = None
-    if model.row_ids is not None:
-        for weight, rows in merged_row_targets(model):
-            weight.data[model.row_ids] = rows.detach().to(weight.dtype)
-        model.row_ids = model.embed_rows = model.head_rows = None
+    for name, rows in row_targets(model):
+        weight = model.get_parameter(name)
+        weight.data[model.row_ids] = rows.detach().to(weight.dtype)
+    model.row_ids = model.embed_rows = model.head_rows = None
     model.__dict__.pop("lora_settings", None)
     return model
 
 
-def merged_row_targets(model: Qwen):
-    pairs = [(model.model.embed_tokens.weight, model.embed_rows)]
-    return pairs if model.lm_head is None else pairs + [(model.lm_head.weight, model.head_rows)]
+def row_targets(model: Qwen) -> list[tuple[str, nn.Parameter]]:
+    """(base weight name, trainable rows) pairs; empty without trainable rows."""
+    if model.row_ids is None:
+        return []
+    pairs = [("model.embed_tokens.weight", model.embed_rows)]
+    return pairs if model.lm_head is None else pairs + [("lm_head.weight", model.head_rows)]
 
 
-def peft_name(module_name: str) -> str:
-    return f"base_model.model.{module_name}"
+def peft_name(model: Qwen, module_name: str) -> str:
+    return f"base_model.model.{checkpoint_name(model.config, module_name)}"
 
 
 def save_adapter(model: Qwen, out_dir, base_model_name_or_path: str | None = None) -> None:
@@ -527,8 +707,8 @@ def save_adapter(model: Qwen, out_dir, base_model_name_or_path: str | None = Non
         raise ValueError("save_adapter: the model has no LoRA parameters (call add_lora first)")
     tensors = {}
     for name, m in modules.items():
-        tensors[f"{peft_name(name)}.lora_A.weight"] = m.lora_A.detach().contiguous()
-        tensors[f"{peft_name(name)}.lora_B.weight"] = m.lora_B.detach().contiguous()
+        tensors[f"{peft_name(model, name)}.lora_A.weight"] = m.lora_A.detach().contiguous()
+        tensors[f"{peft_name(model, name)}.lora_B.weight"] = m.lora_B.detach().contiguous()
     config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", **model.lora_settings, "bias": "none",
               "base_model_name_or_path": base_model_name_or_path, "fan_in_fan_out": False,
               "inference_mode": True, "modules_to_save": None, "use_rslora": False, "use_dora": False}
@@ -560,8 +740,8 @@ def load_adapter(model: Qwen, path) -> Qwen:
         raise FileNotFoundError(f"{weights_path}: file not found")
     expected = {}
     for name, m in lora_modules(model).items():
-        expected[f"{peft_name(name)}.lora_A.weight"] = m.lora_A
-        expected[f"{peft_name(name)}.lora_B.weight"] = m.lora_B
+        expected[f"{peft_name(model, name)}.lora_A.weight"] = m.lora_A
+        expected[f"{peft_name(model, name)}.lora_B.weight"] = m.lora_B
     with safe_open(weights_path, framework="pt") as f:
         names = set(f.keys())
         missing, unexpected = sorted(set(expected) - names), sorted(names - set(expected))
@@ -597,37 +777,39 @@ def atomic_save(tensors: dict, path: Path) -> None:
 
 def save_merged(model: Qwen, tok: "QwenTokenizer", out_dir, shard_bytes: int = 4 << 30) -> None:
     """A full Hugging Face checkpoint of the model with LoRA and token rows folded in (the model
-    itself is not changed): config.json, model-0000k-of-0000n.safetensors + index, tokenizer files."""
+    itself is not changed): config.json, model-0000k-of-0000n.safetensors + index, tokenizer files.
+    Tensors the loader skipped (Qwen3.5's vision tower, MTP head) are copied from the source."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    lora = lora_modules(model)
-    rows = {id(w): r for w, r in merged_row_targets(model)} if model.row_ids is not None else {}
-    shards, current, size = [], {}, 0
+    lora, rows = lora_modules(model), dict(row_targets(model))
+    tensors = {}
     for name, t in model.state_dict().items():
         if name in ("row_ids", "embed_rows", "head_rows") or ".lora_" in name:
             continue
-        module = name.rsplit(".", 1)[0]
-        if name.endswith(".weight") and module in lora:
-            t = lora[module].merged_weight()
-        param = model.get_parameter(name)
-        if id(param) in rows:
-            t = t.clone()
-            t[model.row_ids] = rows[id(param)].detach().to(t.dtype)
-        if current and size + t.numel() * t.element_size() > shard_bytes:
-            shards.append(current)
-            current, size = {}, 0
-        current[name] = t
-        size += t.numel() * t.element_size()
-    shards.append(current)
+        if name.removesuffix(".weight") in lora:
+            t = lora[name.removesuffix(".weight")].merged_weight()
+        if name in rows:
+            t = t.clone().index_copy_(0, model.row_ids, rows[name].detach().to(t.dtype))
+        tensors[checkpoint_name(model.config, name)] = t
+    if getattr(model, "source", None) is not None:
+        for file, names in checkpoint_files(model.source).items():
+            with safe_open(file, framework="pt") as f:
+                tensors.update({n: f.get_tensor(n) for n in names if n.startswith(SKIPPED)})
+    shards, size = [{}], 0
+    for name, t in tensors.items():
+        if shards[-1] and size + t.nbytes > shard_bytes:
+            shards, size = shards + [{}], 0
+        shards[-1][name], size = t, size + t.nbytes
     weight_map = {}
     for i, shard in enumerate(shards):
         file = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
         atomic_save(shard, out / file)
         weight_map.update(dict.fromkeys(shard, file))
-    total = sum(t.numel() * t.element_size() for s in shards for t in s.values())
-    atomic_write(out / "model.safetensors.index.json",
-                 json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2) + "\n")
-    config = dict(model.config.raw, vocab_size=model.config.vocab_size, dtype=str(model.dtype).removeprefix("torch."))
+    index = {"metadata": {"total_size": sum(t.nbytes for t in tensors.values())}, "weight_map": weight_map}
+    atomic_write(out / "model.safetensors.index.json", json.dumps(index, indent=2) + "\n")
+    config = json.loads(json.dumps(model.config.raw))
+    text = config.get("text_config", config)
+    text["vocab_size"], config["dtype"] = model.config.vocab_size, str(model.dtype).removeprefix("torch.")
     config.pop("torch_dtype", None)
     atomic_write(out / "config.json", json.dumps(config, indent=2) + "\n")
     tok.save(out)
