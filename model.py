@@ -353,7 +353,7 @@ def delta_rule(q, k, v, g, beta, state):
     name = "fused_recurrent_gated_delta_rule" if q.shape[2] == 1 else "chunk_gated_delta_rule"
     fla = optional_kernel("fla.ops.gated_delta_rule", name) if q.is_cuda else None
     if fla is not None:
-        o, state = fla(*(x.transpose(1, 2) for x in (q, k, v, g, beta)), scale=1.0, initial_state=state,
+        o, state = fla(*(x.transpose(1, 2).contiguous() for x in (q, k, v, g, beta)), scale=1.0, initial_state=state,
                        output_final_state=True)
         return o.transpose(1, 2), state
     return (delta_rule_recurrent if q.shape[2] == 1 else delta_rule_chunked)(q, k, v, g, beta, state)
@@ -915,50 +915,32 @@ def generate(model: Qwen, prompts: list[list[int]], max_new_tokens: int, tempera
     unique = {}
     row_of = torch.tensor([unique.setdefault(tuple(p), len(unique)) for p in prompts], device=device)
     lens = torch.tensor([len(p) for p in unique], device=device)
-    ids = torch.zeros(len(unique), int(lens.max()), dtype=torch.long, device=device)
-    for i, p in enumerate(unique):
-        ids[i, :len(p)] = torch.tensor(p)
-    cache = model.new_cache(len(unique), ids.shape[1] + max_new_tokens)
-    h = model.hidden_states(ids, cache, lens)
-    logits = model.logits(h[torch.arange(len(unique), device=device), lens - 1])[row_of].float()
-    cache = cache.select(row_of)
-    B, V = len(prompts), logits.shape[-1]
-    if repetition_penalty != 1.0:
-        real = torch.where(torch.arange(ids.shape[1], device=device) < lens[:, None], ids, ids[:, :1])
-        seen = torch.zeros(len(unique), V, dtype=torch.bool, device=device).scatter_(1, real, True)
-        seen = seen[row_of]
+    width = int(lens.max())  # right padding repeats a prompt's first token: harmless, and already "seen"
+    ids = torch.tensor([list(p) + [p[0]] * (width - len(p)) for p in unique], device=device)
+    cache = model.new_cache(len(unique), width + max_new_tokens)
+    h = model.hidden_states(ids, cache, lens)[torch.arange(len(unique), device=device), lens - 1]
+    logits, cache = model.logits(h)[row_of].float(), cache.select(row_of)
+    seen = torch.zeros_like(logits, dtype=torch.bool).scatter_(1, ids[row_of], True)
     eos = torch.tensor(list(eos_token_ids), dtype=torch.long, device=device)
-    out = torch.full((B, max_new_tokens), -1, dtype=torch.long, device=device)
-    out_logp = torch.zeros(B, max_new_tokens, device=device)
-    alive = torch.arange(B, device=device)
+    out = torch.full((len(prompts), max_new_tokens), -1, dtype=torch.long, device=device)
+    out_logp = torch.zeros(out.shape, device=device)
+    alive = torch.arange(len(prompts), device=device)
     for step in range(max_new_tokens):
-        if return_logprobs:
-            scaled = logits / temperature if temperature > 0 else logits
+        logp = (logits / temperature if temperature > 0 else logits).log_softmax(-1)
         if repetition_penalty != 1.0:
             logits = apply_repetition_penalty(logits, seen, repetition_penalty)
         token = sample_next(logits, temperature, top_k, top_p, generator)
-        out[alive, step] = token
-        if return_logprobs:
-            out_logp[alive, step] = scaled.log_softmax(-1).gather(-1, token[:, None])[:, 0]
-        if step == max_new_tokens - 1:
-            break
+        out[alive, step], out_logp[alive, step] = token, logp.gather(-1, token[:, None])[:, 0]
         keep = ~torch.isin(token, eos)
+        if step == max_new_tokens - 1 or not keep.any():
+            break
         if not keep.all():
             rows = keep.nonzero()[:, 0]
-            if rows.numel() == 0:
-                break
-            cache, alive, token = cache.select(rows), alive[rows], token[rows]
-            if repetition_penalty != 1.0:
-                seen = seen[rows]
-        if repetition_penalty != 1.0:
-            seen[torch.arange(len(token), device=device), token] = True
+            cache, alive, token, seen = cache.select(rows), alive[rows], token[rows], seen[rows]
+        seen[torch.arange(len(token), device=device), token] = True
         logits = model.logits(model.hidden_states(token[:, None], cache)[:, 0]).float()
-    tokens, logps = out.tolist(), out_logp.tolist()
-    result, result_logp = [], []
-    for row, row_logp in zip(tokens, logps):
-        n = row.index(-1) if -1 in row else len(row)
-        result.append(row[:n])
-        result_logp.append(row_logp[:n])
+    result = [[t for t in row if t >= 0] for row in out.tolist()]
+    result_logp = [row[:len(r)] for r, row in zip(result, out_logp.tolist())]
     return (result, result_logp) if return_logprobs else result
 
 
@@ -1082,13 +1064,12 @@ def add_special_tokens(model: Qwen, tok: QwenTokenizer, tokens: list[str]) -> li
         return ids
     rows = max(max(new) + 1, model.config.vocab_size)
     with torch.no_grad():
-        for owner, attr in ((model.model.embed_tokens, "weight"), (model.lm_head, "weight")):
-            if owner is None:
-                continue
-            old = getattr(owner, attr)
-            weight = torch.cat([old.data, old.data.new_zeros(rows - old.shape[0], old.shape[1])])
-            weight[new] = old.data[:n_before].float().mean(0).to(old.dtype)
-            setattr(owner, attr, nn.Parameter(weight, requires_grad=old.requires_grad))
+        for owner in (model.model.embed_tokens, model.lm_head):
+            if owner is not None:
+                old = owner.weight
+                weight = torch.cat([old.data, old.data.new_zeros(rows - old.shape[0], old.shape[1])])
+                weight[new] = old.data[:n_before].float().mean(0).to(old.dtype)
+                owner.weight = nn.Parameter(weight, requires_grad=old.requires_grad)
     model.model.embed_tokens.num_embeddings = rows
     if model.lm_head is not None:
         model.lm_head.out_features = rows

@@ -3,6 +3,7 @@ the same prompts (different lengths) and the same greedy settings, in one run; p
 
     python bench/bench_generate.py                      # Qwen3-shaped, batch 8 x 128 new tokens
     python bench/bench_generate.py --family qwen2 --hidden 512 --layers 8
+    python bench/bench_generate.py --family qwen3_5     # hybrid Gated DeltaNet + gated attention
 
 Both sides run in float32 on the CPU with the same torch thread count. No EOS is set, so every row
 produces exactly --new tokens on both sides. Outputs are also compared token for token (greedy
@@ -29,6 +30,11 @@ def hf_config(args):
                  tie_word_embeddings=True)
     if args.family == "qwen2":
         return transformers.Qwen2Config(**shape)
+    if args.family == "qwen3_5":  # hybrid: three Gated DeltaNet layers per full-attention layer
+        shape["rope_parameters"].update(rope_theta=1e7, partial_rotary_factor=0.25)
+        heads = dict(linear_num_key_heads=args.heads // 2, linear_num_value_heads=args.heads,
+                     linear_key_head_dim=args.head_dim, linear_value_head_dim=args.head_dim)
+        return transformers.Qwen3_5TextConfig(**shape, **heads, head_dim=args.head_dim, full_attention_interval=4)
     return transformers.Qwen3Config(**shape, head_dim=args.head_dim)
 
 
@@ -47,7 +53,7 @@ def best_times(fns, repeats):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--family", choices=["qwen2", "qwen3"], default="qwen3")
+    p.add_argument("--family", choices=["qwen2", "qwen3", "qwen3_5"], default="qwen3")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--new", type=int, default=128)
     p.add_argument("--prompt", type=int, default=64, help="longest prompt; the others are shorter")

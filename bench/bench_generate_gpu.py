@@ -1,11 +1,13 @@
 """Decode throughput of model.generate on a GPU against the memory-bandwidth roofline.
 
     python bench/bench_generate_gpu.py                 # Qwen3-8B shape, bf16, batch 64
+    python bench/bench_generate_gpu.py --shape qwen3.5-9b   # hybrid Gated DeltaNet + gated attention
     python bench/bench_generate_gpu.py --tiny          # a tiny shape on the CPU: checks the script
 
 A random-weight model of the chosen shape is built directly on the device (no checkpoint). Each
-decode step must read every weight once plus the KV cache of every row, so at batch B the
-roofline is B / ((weight bytes + KV bytes read per step) / bandwidth) tokens/s. Bandwidth is
+decode step must read every weight once plus, per row, the KV cache of the attention layers and
+(hybrid) read and write the float32 recurrent state of each Gated DeltaNet layer, so at batch B
+the roofline is B / (bytes moved per step / bandwidth) tokens/s. Bandwidth is
 measured with a device-to-device copy; the report gives the fraction of that roofline reached.
 Decode time is the generate time minus a prefill-only run (max_new_tokens=1) of the same prompts.
 """
@@ -24,8 +26,18 @@ SHAPES = {  # Hugging Face config fields
     "qwen3-8b": dict(model_type="qwen3", vocab_size=151936, hidden_size=4096, intermediate_size=12288,
                      num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
                      rope_theta=1e6, tie_word_embeddings=False),
+    "qwen3.5-9b": dict(model_type="qwen3_5_text", vocab_size=248320, hidden_size=4096, intermediate_size=12288,
+                       num_hidden_layers=32, num_attention_heads=16, num_key_value_heads=4, head_dim=256,
+                       linear_conv_kernel_dim=4, linear_key_head_dim=128, linear_value_head_dim=128,
+                       linear_num_key_heads=16, linear_num_value_heads=32, full_attention_interval=4,
+                       rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25},
+                       tie_word_embeddings=False),
     "tiny": dict(model_type="qwen3", vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2, head_dim=16, rope_theta=1e6, tie_word_embeddings=False),
+    "tiny-hybrid": dict(model_type="qwen3_5_text", vocab_size=512, hidden_size=64, intermediate_size=128,
+                        num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                        linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16,
+                        linear_num_key_heads=2, linear_num_value_heads=4, rope_theta=1e7, tie_word_embeddings=False),
 }
 
 
@@ -63,13 +75,14 @@ def copy_bandwidth(device, nbytes=1 << 30):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shape", choices=list(SHAPES), default="qwen3-8b")
-    p.add_argument("--tiny", action="store_true", help="the tiny shape on the CPU in float32, small batch")
+    p.add_argument("--tiny", action="store_true", help="a tiny shape on the CPU in float32, small batch")
+    p.add_argument("--hybrid", action="store_true", help="with --tiny: the tiny hybrid (Qwen3.5) shape")
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--prompt", type=int, default=512)
     p.add_argument("--new", type=int, default=256)
     args = p.parse_args()
     if args.tiny:
-        args.shape, args.batch, args.prompt, args.new = "tiny", 4, 16, 8
+        args.shape, args.batch, args.prompt, args.new = "tiny-hybrid" if args.hybrid else "tiny", 4, 16, 8
     device = torch.device("cpu" if args.tiny else "cuda")
     dtype = torch.float32 if args.tiny else torch.bfloat16
     torch.manual_seed(0)
@@ -93,9 +106,12 @@ def main():
     t_decode = t_total - t_prefill
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     weight_bytes -= cfg.vocab_size * cfg.hidden_size * model.model.embed_tokens.weight.element_size()  # a lookup
-    kv_per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * torch.finfo(dtype).bits // 8
+    n_full = cfg.layer_types.count("full_attention")
+    kv_per_token = 2 * n_full * cfg.num_kv_heads * cfg.head_dim * torch.finfo(dtype).bits // 8
     mean_context = args.prompt + args.new / 2
-    step_bytes = weight_bytes + args.batch * mean_context * kv_per_token
+    state_bytes = (len(cfg.layer_types) - n_full) * cfg.linear_v_heads * cfg.linear_k_dim * cfg.linear_v_dim * 4
+    row_bytes = mean_context * kv_per_token + 2 * state_bytes  # the recurrent state is read and written
+    step_bytes = weight_bytes + args.batch * row_bytes
     bandwidth = copy_bandwidth(device)
     roofline = args.batch / (step_bytes / bandwidth)
     achieved = decoded / t_decode
@@ -105,7 +121,8 @@ def main():
     print(f"prefill {t_prefill:.2f} s; decode {t_decode:.2f} s = {achieved:,.0f} tokens/s "
           f"({t_decode / steps * 1e3:.1f} ms/step)")
     print(f"bytes/step {step_bytes / 1e9:.2f} GB (weights {weight_bytes / 1e9:.2f}, KV at mean context "
-          f"{args.batch * mean_context * kv_per_token / 1e9:.2f}); measured copy bandwidth {bandwidth / 1e12:.2f} TB/s")
+          f"{args.batch * mean_context * kv_per_token / 1e9:.2f}, recurrent state {args.batch * 2 * state_bytes / 1e9:.2f}); "
+          f"measured copy bandwidth {bandwidth / 1e12:.2f} TB/s")
     print(f"roofline {roofline:,.0f} tokens/s; achieved {achieved / roofline:.1%} of it")
 
 
