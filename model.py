@@ -1,11 +1,14 @@
-"""Qwen2/2.5 and Qwen3 (dense) in plain PyTorch: config, forward, safetensors loading, tokenizer and
-ChatML, LoRA (inject, disable, merge, PEFT-format save/load), trainable special-token rows, a
-preallocated KV cache, batched sampling and chunked token log-probabilities. Imports nothing from
-the project; flash-attn is an optional CUDA-only speed-up, the plain PyTorch path is the reference.
+"""Qwen2/2.5, Qwen3 (dense) and Qwen3.5 (hybrid Gated DeltaNet + gated attention) in plain
+PyTorch: config, forward, safetensors loading, tokenizer and ChatML, LoRA (inject, disable, merge,
+PEFT-format save/load), trainable special-token rows, a preallocated generation cache, batched
+sampling and chunked token log-probabilities. Imports nothing from the project; flash-attn and
+flash-linear-attention are optional CUDA-only speed-ups, the plain PyTorch path is the reference.
 
-Batches of different-length sequences: pad on the RIGHT. Every layer is causal, so a real token
-never sees the padding after it and its logits are exactly those of the unpadded sequence; read
-logits or log-probabilities only at real positions (a mask). Generation uses the same layout.
+Batches of different-length sequences: pad on the RIGHT. Every layer is causal (attention, the
+causal conv and the delta-rule recurrence), so a real token never sees the padding after it and
+its logits are those of the unpadded sequence; read logits or log-probabilities only at real
+positions (a mask). `model(input_ids)` is the training forward; set `model.gradient_checkpointing
+= True` (in train mode) to recompute each layer in backward. Generation uses the same layout.
 """
 
 import contextlib

@@ -94,20 +94,28 @@ def test_load_in_bfloat16_keeps_every_tensor_in_bfloat16(qwen3):
         close(bf16(x).float(), ours(x), tol=5e-2)
 
 
-def test_cached_decode_and_continuation_equal_full_forward(pair):
-    _, ours, _ = pair
-    full_ids = ids(2, 20)
-    lengths = torch.tensor([7, 5])  # row 1 is right-padded in the prefill
+def check_cache_against_full_forward(model, lengths, steps, chunk):
+    """Prefill rows of `lengths` real tokens right-padded with other tokens, decode `steps` single
+    tokens, then one `chunk`-token continuation: every real position's logits must equal those of
+    a full forward of that row alone (so padding never reaches the cache or the state)."""
+    width = max(lengths)
+    seqs = ids(len(lengths), width + steps + chunk, seed=3)
+    padded = torch.where(torch.arange(width) < torch.tensor(lengths)[:, None], seqs[:, :width], ids(1, width, seed=4))
     with torch.no_grad():
-        cache = ours.new_cache(2, 32)
-        prefill = ours(full_ids[:, :7], cache, lengths)
-        steps = [ours(torch.stack([full_ids[0, 7 + i], full_ids[1, 5 + i]])[:, None], cache) for i in range(4)]
-        chunk = ours(torch.stack([full_ids[0, 11:15], full_ids[1, 9:13]]), cache)
-        for row, start in ((0, 7), (1, 5)):
-            ref = ours(full_ids[row:row + 1, :start + 8])[0]
-            close(prefill[row, :start], ref[:start])
-            close(torch.stack([s[row, 0] for s in steps]), ref[start:start + 4])
-            close(chunk[row], ref[start + 4:start + 8])
+        cache = model.new_cache(len(lengths), width + steps + chunk)
+        prefill = model(padded, cache, torch.tensor(lengths))
+        decoded = [model(torch.stack([seqs[r, n + i] for r, n in enumerate(lengths)])[:, None], cache)
+                   for i in range(steps)]
+        continued = model(torch.stack([seqs[r, n + steps:n + steps + chunk] for r, n in enumerate(lengths)]), cache)
+        for r, n in enumerate(lengths):
+            ref = model(seqs[r:r + 1, :n + steps + chunk])[0]
+            close(prefill[r, :n], ref[:n])
+            close(torch.stack([d[r, 0] for d in decoded]), ref[n:n + steps])
+            close(continued[r], ref[n + steps:])
+
+
+def test_cached_decode_and_continuation_equal_full_forward(pair):
+    check_cache_against_full_forward(pair[1], lengths=[7, 5], steps=4, chunk=4)
 
 
 def test_right_padded_batch_equals_one_at_a_time(qwen3):

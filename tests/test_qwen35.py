@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import model as M
-from test_model import close, hf_greedy, ids, randomize
+from test_model import check_cache_against_full_forward, close, hf_greedy, ids, randomize
 
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
@@ -70,19 +70,8 @@ def test_chunked_and_recurrent_forms_agree():
 
 
 def test_cached_prefill_decode_and_continuation_equal_full_forward(pair):
-    _, ours, _ = pair
-    full_ids = ids(2, 100, seed=3)
-    lengths = torch.tensor([70, 66])  # row 1 is right-padded in the prefill: padding must not reach the state
-    with torch.no_grad():
-        cache = ours.new_cache(2, 100)
-        prefill = ours(full_ids[:, :70], cache, lengths)
-        steps = [ours(torch.stack([full_ids[0, 70 + i], full_ids[1, 66 + i]])[:, None], cache) for i in range(20)]
-        chunk = ours(torch.stack([full_ids[0, 90:100], full_ids[1, 86:96]]), cache)
-        for row, start in ((0, 70), (1, 66)):
-            ref = ours(full_ids[row:row + 1, :start + 30])[0]
-            close(prefill[row, :start], ref[:start])
-            close(torch.stack([s[row, 0] for s in steps]), ref[start:start + 20])
-            close(chunk[row], ref[start + 20:start + 30])
+    # 70 tokens: a full 64-token chunk and a partial one; row 1's padding must not reach its state
+    check_cache_against_full_forward(pair[1], lengths=[70, 66], steps=20, chunk=10)
 
 
 def test_greedy_generate_equals_transformers(pair):
