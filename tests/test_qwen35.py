@@ -146,3 +146,15 @@ def test_bad_qwen35_configs_are_clear_errors(pair, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(M.CheckpointError, match="field 'layer_types'"):
         M.QwenConfig.from_json(tmp_path / "config.json")
+
+
+def test_bfloat16_load_keeps_the_decay_parameters_in_float32(pair):
+    _, ours, path = pair
+    bf16 = M.Qwen.from_pretrained(path, dtype="bfloat16")
+    gdn = bf16.model.layers[0].linear_attn
+    assert gdn.A_log.dtype == gdn.dt_bias.dtype == torch.float32 and gdn.in_proj_qkv.weight.dtype == torch.bfloat16
+    x = ids(1, 70)
+    with torch.no_grad():
+        close(bf16(x).float(), ours(x), tol=5e-2)
+        cache = bf16.new_cache(1, 80)
+        assert cache.layers[0][1].dtype == torch.float32 and cache.layers[0][0].dtype == torch.bfloat16
