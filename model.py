@@ -32,7 +32,8 @@ from torch.utils.checkpoint import checkpoint
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 SKIPPED = ("model.visual.", "mtp.")  # Qwen3.5's vision tower and multi-token-prediction head: not loaded
-ADAPTER_CONFIG, ADAPTER_WEIGHTS, TOKEN_ROWS = "adapter_config.json", "adapter_model.safetensors", "token_rows.safetensors"
+ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
+TOKEN_ROWS = "token_rows.safetensors"  # trainable token rows, saved beside a LoRA adapter
 
 
 class CheckpointError(ValueError):
@@ -92,7 +93,8 @@ class QwenConfig:
         for key in ("use_sliding_window", "quantization_config"):
             if text.get(key) or raw.get(key):
                 raise CheckpointError(f"{src}: field '{key}' = {text.get(key) or raw.get(key)!r} is not supported")
-        hidden, heads, layers = (_int(text, k, src) for k in ("hidden_size", "num_attention_heads", "num_hidden_layers"))
+        hidden, heads = _int(text, "hidden_size", src), _int(text, "num_attention_heads", src)
+        layers = _int(text, "num_hidden_layers", src)
         head_dim = hidden // heads if family == "qwen2" else _int(text, "head_dim", src)
         bias = family != "qwen2" and bool(text.get("attention_bias", False))
         theta, partial = _rope(text, src, 0.25 if family == "qwen3_5" else 1.0)
@@ -433,7 +435,8 @@ class Block(nn.Module):
         offset = cfg.family == "qwen3_5"
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, offset)
         self.mixer_name = "linear_attn" if cfg.layer_types[layer_idx] == "linear_attention" else "self_attn"
-        setattr(self, self.mixer_name, (GatedDeltaNet if self.mixer_name == "linear_attn" else Attention)(cfg, layer_idx))
+        mixer = GatedDeltaNet if self.mixer_name == "linear_attn" else Attention
+        setattr(self, self.mixer_name, mixer(cfg, layer_idx))
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, offset)
         self.mlp = MLP(cfg)
 
@@ -665,7 +668,7 @@ def train_token_rows(model: Qwen, token_ids) -> list[nn.Parameter]:
     matrices are untouched until `merge_lora`). Returns the new parameters."""
     ids = torch.as_tensor(list(token_ids), dtype=torch.long, device=model.device)
     if ids.numel() == 0 or ids.min() < 0 or ids.max() >= model.config.vocab_size:
-        raise ValueError(f"train_token_rows: token ids {ids.tolist()} outside the vocabulary [0, {model.config.vocab_size})")
+        raise ValueError(f"train_token_rows: token ids {ids.tolist()} outside [0, {model.config.vocab_size})")
     model.row_ids = ids
     model.embed_rows = nn.Parameter(model.model.embed_tokens.weight.detach()[ids].float())
     tied = model.lm_head is None
@@ -987,7 +990,8 @@ class QwenTokenizer:
             raise KeyError(f"token {token!r} is not in the vocabulary")
         return i
 
-    def chat(self, messages: list[dict], add_generation_prompt: bool = True, enable_thinking: bool | None = None) -> str:
+    def chat(self, messages: list[dict], add_generation_prompt: bool = True,
+             enable_thinking: bool | None = None) -> str:
         """ChatML: `<|im_start|>{role}\\n{content}<|im_end|>\\n` per message (contents verbatim),
         then, with add_generation_prompt, `<|im_start|>assistant\\n` and the family's think prefix."""
         parts = []
@@ -1034,7 +1038,8 @@ def load_tokenizer(path) -> QwenTokenizer:
             return None
         i = tokenizer.token_to_id(value)
         if i is None:
-            raise CheckpointError(f"{path / 'tokenizer_config.json'}: field '{key}' = {value!r} is not in tokenizer.json")
+            raise CheckpointError(f"{path / 'tokenizer_config.json'}: field '{key}' = {value!r} "
+                                  f"is not in tokenizer.json")
         return i
 
     eos = gen_cfg.get("eos_token_id", [])
@@ -1048,10 +1053,10 @@ def load_tokenizer(path) -> QwenTokenizer:
     family = {"qwen3_5_text": "qwen3_5"}.get(model_type, model_type)
     if family not in ("qwen2", "qwen3", "qwen3_5"):
         family = "qwen3" if tokenizer.token_to_id("<think>") is not None else "qwen2"
-    template = tok_cfg.get("chat_template") or ""
+    template = tok_cfg.get("chat_template") if isinstance(tok_cfg.get("chat_template"), str) else ""
     if (path / "chat_template.jinja").is_file():
         template = (path / "chat_template.jinja").read_text(encoding="utf-8")
-    found = re.search(r"'<\|im_start\|>system\\n([^'{}]+?)<\|im_end\|>\\n'", template if isinstance(template, str) else "")
+    found = re.search(r"'<\|im_start\|>system\\n([^'{}]+?)<\|im_end\|>\\n'", template)
     return QwenTokenizer(tokenizer, eos, token_of("pad_token"), family, found.group(1) if found else None, path)
 
 

@@ -121,7 +121,8 @@ def main():
     print(f"prefill {t_prefill:.2f} s; decode {t_decode:.2f} s = {achieved:,.0f} tokens/s "
           f"({t_decode / steps * 1e3:.1f} ms/step)")
     print(f"bytes/step {step_bytes / 1e9:.2f} GB (weights {weight_bytes / 1e9:.2f}, KV at mean context "
-          f"{args.batch * mean_context * kv_per_token / 1e9:.2f}, recurrent state {args.batch * 2 * state_bytes / 1e9:.2f}); "
+          f"{args.batch * mean_context * kv_per_token / 1e9:.2f}, recurrent state "
+          f"{args.batch * 2 * state_bytes / 1e9:.2f}); "
           f"measured copy bandwidth {bandwidth / 1e12:.2f} TB/s")
     print(f"roofline {roofline:,.0f} tokens/s; achieved {achieved / roofline:.1%} of it")
 

@@ -180,7 +180,8 @@ def test_sampling_filters_match_transformers_processors():
     logits = torch.randn(4, 50, generator=g) * 3
     history = torch.randint(0, 50, (4, 7), generator=g)
     seen = torch.zeros(4, 50, dtype=torch.bool).scatter_(1, history, True)
-    close(M.apply_repetition_penalty(logits, seen, 1.3), RepetitionPenaltyLogitsProcessor(1.3)(history, logits.clone()), 1e-6)
+    expected = RepetitionPenaltyLogitsProcessor(1.3)(history, logits.clone())
+    close(M.apply_repetition_penalty(logits, seen, 1.3), expected, 1e-6)
     assert torch.equal(M.filter_top_k(logits, 5), TopKLogitsWarper(5)(history, logits.clone()))
     for p in (0.3, 0.9, 1e-6):
         assert torch.equal(M.filter_top_p(logits, p), TopPLogitsWarper(p)(history, logits.clone()))

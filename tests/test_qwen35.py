@@ -65,8 +65,10 @@ def test_chunked_and_recurrent_forms_agree():
     S = state.clone()
     for t in range(3):
         S = S * decay[:, :, t, None, None].exp()
-        S = S + torch.einsum("bhk,bhv->bhkv", k[:, :, t], beta[:, :, t, None] * (v[:, :, t] - torch.einsum("bhkv,bhk->bhv", S, k[:, :, t])))
-    close(M.delta_rule_recurrent(q[:, :, :3], k[:, :, :3], v[:, :, :3], decay[:, :, :3], beta[:, :, :3], state)[1], S, 1e-6)
+        error = v[:, :, t] - torch.einsum("bhkv,bhk->bhv", S, k[:, :, t])
+        S = S + torch.einsum("bhk,bhv->bhkv", k[:, :, t], beta[:, :, t, None] * error)
+    first3 = (x[:, :, :3] for x in (q, k, v, decay, beta))
+    close(M.delta_rule_recurrent(*first3, state)[1], S, 1e-6)
 
 
 def test_cached_prefill_decode_and_continuation_equal_full_forward(pair):
