@@ -1,3 +1,1085 @@
-"""Qwen2/2.5, Qwen3 and Qwen3.5 in plain PyTorch: config, forward, safetensors loading, tokenizer
-and chat format, LoRA (inject, disable, merge, PEFT-format save/load), trainable special-token rows,
-KV cache and batched sampling. Imports nothing from the project."""
+"""Qwen2/2.5, Qwen3 (dense) and Qwen3.5 (hybrid Gated DeltaNet + gated attention) in plain
+PyTorch: config, forward, safetensors loading, tokenizer and ChatML, LoRA (inject, disable, merge,
+PEFT-format save/load), trainable special-token rows, a preallocated generation cache, batched
+sampling and chunked token log-probabilities. Imports nothing from the project; flash-attn and
+flash-linear-attention are optional CUDA-only speed-ups, the plain PyTorch path is the reference.
+
+Batches of different-length sequences: pad on the RIGHT. Every layer is causal (attention, the
+causal conv and the delta-rule recurrence), so a real token never sees the padding after it and
+its logits are those of the unpadded sequence; read logits or log-probabilities only at real
+positions (a mask). `model(input_ids)` is the training forward; set `model.gradient_checkpointing
+= True` (in train mode) to recompute each layer in backward. Generation uses the same layout.
+"""
+
+import contextlib
+import functools
+import importlib
+import json
+import math
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors import safe_open
+from safetensors.torch import save_file
+from tokenizers import AddedToken, Tokenizer
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+SKIPPED = ("model.visual.", "mtp.")  # Qwen3.5's vision tower and multi-token-prediction head: not loaded
+ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
+TOKEN_ROWS = "token_rows.safetensors"  # trainable token rows, saved beside a LoRA adapter
+
+
+class CheckpointError(ValueError):
+    """A config, checkpoint or adapter we cannot use; the message names the file and the field."""
+
+
+# ----------------------------------------------------------------------------------------------
+# Config
+
+
+@dataclass
+class QwenConfig:
+    family: str  # "qwen2" | "qwen3" | "qwen3_5" (hybrid Gated DeltaNet + gated attention)
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rotary_dim: int  # RoPE turns only the first rotary_dim dims of each head (Qwen3.5: a quarter)
+    tie_word_embeddings: bool
+    qkv_bias: bool  # Qwen2: bias on q/k/v (hard-wired in the architecture); Qwen3: `attention_bias`
+    o_bias: bool
+    layer_types: tuple  # per layer "full_attention" or "linear_attention"
+    dtype: str | None  # the checkpoint's declared dtype
+    raw: dict  # config.json as read, written back by save_merged
+    weight_prefix: str = "model."  # checkpoint name of our `model.` (Qwen3.5 image-text: model.language_model.)
+    conv_kernel: int = 0  # Gated DeltaNet sizes (Qwen3.5 only)
+    linear_k_heads: int = 0
+    linear_v_heads: int = 0
+    linear_k_dim: int = 0
+    linear_v_dim: int = 0
+
+    @classmethod
+    def from_json(cls, path: str | os.PathLike) -> "QwenConfig":
+        return cls.from_dict(read_json(Path(path)), str(path))
+
+    @classmethod
+    def from_dict(cls, raw: dict, src: str = "config.json") -> "QwenConfig":
+        """Read a Hugging Face config dict; `src` names it in errors. Qwen3.5 comes as `qwen3_5`
+        (image-text, the text model under `text_config`) or as `qwen3_5_text`."""
+        family, text, prefix = raw.get("model_type"), raw, "model."
+        if family == "qwen3_5":
+            text, prefix = raw.get("text_config"), "model.language_model."
+            if not isinstance(text, dict):
+                raise CheckpointError(f"{src}: missing field 'text_config'")
+            src = f"{src}: text_config"
+        family = {"qwen3_5_text": "qwen3_5"}.get(family, family)
+        if family not in ("qwen2", "qwen3", "qwen3_5"):
+            raise CheckpointError(f"{src}: field 'model_type' = {raw.get('model_type')!r} is not supported "
+                                  f"(qwen2, qwen3, qwen3_5, qwen3_5_text)")
+        if text.get("hidden_act", "silu") != "silu":
+            raise CheckpointError(f"{src}: field 'hidden_act' = {text['hidden_act']!r} is not supported (silu)")
+        for key in ("use_sliding_window", "quantization_config"):
+            if text.get(key) or raw.get(key):
+                raise CheckpointError(f"{src}: field '{key}' = {text.get(key) or raw.get(key)!r} is not supported")
+        hidden, heads = _int(text, "hidden_size", src), _int(text, "num_attention_heads", src)
+        layers = _int(text, "num_hidden_layers", src)
+        head_dim = hidden // heads if family == "qwen2" else _int(text, "head_dim", src)
+        bias = family != "qwen2" and bool(text.get("attention_bias", False))
+        theta, partial = _rope(text, src, 0.25 if family == "qwen3_5" else 1.0)
+        hybrid = {}
+        if family == "qwen3_5":
+            interval = text.get("full_attention_interval", 4)
+            types = text.get("layer_types") or ["full_attention" if (i + 1) % interval == 0 else "linear_attention"
+                                                for i in range(layers)]
+            hybrid = dict(conv_kernel=_int(text, "linear_conv_kernel_dim", src),
+                          linear_k_heads=_int(text, "linear_num_key_heads", src),
+                          linear_v_heads=_int(text, "linear_num_value_heads", src),
+                          linear_k_dim=_int(text, "linear_key_head_dim", src),
+                          linear_v_dim=_int(text, "linear_value_head_dim", src))
+        else:
+            types = ["full_attention"] * layers
+        if len(types) != layers or set(types) - {"full_attention", "linear_attention"}:
+            raise CheckpointError(f"{src}: field 'layer_types' = {types!r} needs {layers} entries of "
+                                  f"full_attention / linear_attention")
+        return cls(
+            family=family, vocab_size=_int(text, "vocab_size", src), hidden_size=hidden,
+            intermediate_size=_int(text, "intermediate_size", src), num_layers=layers, num_heads=heads,
+            num_kv_heads=_int(text, "num_key_value_heads", src), head_dim=head_dim,
+            rms_norm_eps=float(text.get("rms_norm_eps", 1e-6)), rope_theta=theta, rotary_dim=int(head_dim * partial),
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", text.get("tie_word_embeddings", False))),
+            qkv_bias=family == "qwen2" or bias, o_bias=bias, layer_types=tuple(types),
+            dtype=raw.get("dtype", raw.get("torch_dtype", text.get("dtype"))), raw=raw, weight_prefix=prefix, **hybrid)
+
+
+def read_json(path: Path) -> dict:
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: file not found")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{path}: line {e.lineno}: invalid JSON ({e.msg})") from None
+
+
+def _int(raw: dict, key: str, src: str) -> int:
+    if key not in raw:
+        raise CheckpointError(f"{src}: missing field '{key}'")
+    if not isinstance(raw[key], int) or isinstance(raw[key], bool) or raw[key] <= 0:
+        raise CheckpointError(f"{src}: field '{key}' must be a positive integer, got {raw[key]!r}")
+    return raw[key]
+
+
+def _rope(raw: dict, src: str, default_partial: float) -> tuple[float, float]:
+    """(theta, partial_rotary_factor). Hub configs keep `rope_theta` at the top level; transformers
+    >= 5 writes `rope_parameters`. Qwen3.5's mrope fields reduce to plain RoPE for text."""
+    params = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type != "default":
+        raise CheckpointError(f"{src}: field 'rope_parameters.rope_type' = {rope_type!r} is not supported (default)")
+    theta = params.get("rope_theta", raw.get("rope_theta"))
+    if theta is None:
+        raise CheckpointError(f"{src}: missing field 'rope_theta'")
+    return float(theta), float(params.get("partial_rotary_factor", raw.get("partial_rotary_factor", default_partial)))
+
+
+def parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+@functools.cache
+def optional_kernel(module: str, name: str):
+    """A function from an optional GPU package (flash_attn), or None when it is not installed."""
+    try:
+        return getattr(importlib.import_module(module), name)
+    except ImportError:
+        return None
+
+
+# ----------------------------------------------------------------------------------------------
+# Layers
+
+
+class RMSNorm(nn.Module):
+    """x / rms(x) computed in float32, times w. With offset=True (Qwen3.5's zero-centred norms) the
+    weight is stored as an offset: times (1 + w) in float32, then cast; else cast, then times w."""
+
+    def __init__(self, dim: int, eps: float, offset: bool = False):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(dim) if offset else torch.ones(dim))
+        self.eps, self.offset = eps, offset
+
+    def forward(self, x):
+        normed = F.rms_norm(x.float(), x.shape[-1:], eps=self.eps)
+        if self.offset:
+            return (normed * (1 + self.weight.float())).to(x.dtype)
+        return self.weight * normed.to(x.dtype)
+
+
+class Linear(nn.Linear):
+    """nn.Linear with an optional LoRA delta: y = x W^T + b + (alpha / r) * dropout(x) A^T B^T.
+    A [r, in] and B [out, r] are float32 (like PEFT) and computed in float32."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False):
+        super().__init__(in_features, out_features, bias=bias)
+        self.register_parameter("lora_A", None)
+        self.register_parameter("lora_B", None)
+        self.lora_scale, self.lora_dropout, self.lora_enabled = 0.0, 0.0, True
+
+    def forward(self, x):
+        y = F.linear(x, self.weight, self.bias)
+        if self.lora_A is None or not self.lora_enabled:
+            return y
+        x = F.dropout(x, self.lora_dropout, self.training).to(self.lora_A.dtype)
+        return y + (F.linear(F.linear(x, self.lora_A), self.lora_B) * self.lora_scale).to(y.dtype)
+
+    def merged_weight(self) -> torch.Tensor:
+        if self.lora_A is None:
+            return self.weight.data
+        delta = (self.lora_B.float() @ self.lora_A.float()) * self.lora_scale
+        return (self.weight.float() + delta).to(self.weight.dtype)
+
+
+def rope_tables(positions: torch.Tensor, rot_dim: int, theta: float, dtype: torch.dtype):
+    """cos and signed sin [B, T, 1, rot_dim] for integer positions [B, T], computed in float32 (NeoX
+    layout: frequency i drives dims i and i + rot_dim/2). The sign folds rotate_half's negation in."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, rot_dim, 2, device=positions.device).float() / rot_dim)
+    freqs = (positions.float()[..., None] * inv_freq)[:, :, None, :]
+    return torch.cat([freqs, freqs], -1).cos().to(dtype), torch.cat([-freqs.sin(), freqs.sin()], -1).to(dtype)
+
+
+def apply_rope(x, cos, sin_signed):
+    """x' = x cos + rotate_half(x) sin, rotate_half(x) = [-x2, x1], on the first cos.shape[-1] dims
+    of each head (all of them for the dense models); x: [B, T, H, D]."""
+    rot = cos.shape[-1]
+    xr = x[..., :rot]
+    out = xr * cos + xr.unflatten(-1, (2, -1)).flip(-2).flatten(-2) * sin_signed
+    return out if rot == x.shape[-1] else torch.cat([out, x[..., rot:]], -1)
+
+
+@dataclass
+class Step:
+    """What every layer of one forward call shares: RoPE tables, the cache (or None), each query's
+    absolute position [B, T] and, for a cache that already holds tokens, the mask [B, T, S] of the
+    slots each query sees (its row's slots 0..position)."""
+    cos: torch.Tensor
+    sin: torch.Tensor
+    cache: "Cache | None"
+    positions: torch.Tensor
+    mask: torch.Tensor | None
+    lengths: torch.Tensor | None  # with a cache: real tokens of each row in this call
+    valid: torch.Tensor | None  # [B, T], False at the right padding of a prefill; None when all real
+
+
+class Attention(nn.Module):
+    """GQA self-attention. Qwen3/3.5: per-head RMSNorm on q and k before RoPE. Qwen3.5: q_proj also
+    emits a gate per head ([q_h | gate_h]) and the output is multiplied by sigmoid(gate)."""
+
+    def __init__(self, cfg: QwenConfig, layer_idx: int):
+        super().__init__()
+        self.layer_idx, self.H, self.Hkv, self.D = layer_idx, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.gated, d = cfg.family == "qwen3_5", cfg.hidden_size
+        self.q_proj = Linear(d, self.H * self.D * (2 if self.gated else 1), bias=cfg.qkv_bias)
+        self.k_proj = Linear(d, self.Hkv * self.D, bias=cfg.qkv_bias)
+        self.v_proj = Linear(d, self.Hkv * self.D, bias=cfg.qkv_bias)
+        self.o_proj = Linear(self.H * self.D, d, bias=cfg.o_bias)
+        if cfg.family != "qwen2":
+            self.q_norm = RMSNorm(self.D, cfg.rms_norm_eps, offset=self.gated)
+            self.k_norm = RMSNorm(self.D, cfg.rms_norm_eps, offset=self.gated)
+
+    def new_state(self, batch: int, max_len: int, dtype, device) -> list:
+        return [torch.zeros(batch, self.Hkv, max_len, self.D, dtype=dtype, device=device) for _ in "kv"]
+
+    def forward(self, x, step: Step):
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.H, -1)
+        if self.gated:
+            q, gate = q.chunk(2, -1)
+        k = self.k_proj(x).view(B, T, self.Hkv, self.D)
+        v = self.v_proj(x).view(B, T, self.Hkv, self.D)
+        if hasattr(self, "q_norm"):
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, step.cos, step.sin), apply_rope(k, step.cos, step.sin)
+        if step.cache is None:
+            o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                               is_causal=True, enable_gqa=True).transpose(1, 2)
+        else:
+            o = cached_attention(q, k, v, step.cache, self.layer_idx, step.positions, step.mask)
+        o = o.reshape(B, T, self.H * self.D)
+        return self.o_proj(o * torch.sigmoid(gate.reshape(B, T, -1)) if self.gated else o)
+
+
+def cached_attention(q, k, v, cache: "Cache", layer_idx: int, positions, mask):
+    """Write k, v [B, T, Hkv, D] at each row's slots `positions` and attend over the cache: a query at
+    position p sees slots 0..p of its row. Returns [B, T, H, D]."""
+    k_cache, v_cache = cache.layers[layer_idx]
+    flash = optional_kernel("flash_attn", "flash_attn_with_kvcache")
+    if flash is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
+        return flash(q, k_cache.transpose(1, 2), v_cache.transpose(1, 2), k=k, v=v,
+                     cache_seqlens=cache.lens.int(), causal=True)
+    B, T, H, D = q.shape
+    Hkv = k.shape[2]
+    rows = torch.arange(B, device=q.device)[:, None]
+    k_cache[rows, :, positions] = k
+    v_cache[rows, :, positions] = v
+    S = cache.width + T
+    q = q.transpose(1, 2)
+    if mask is None:  # prefill of an empty cache: plain causal attention
+        return F.scaled_dot_product_attention(q, k_cache[:, :, :S], v_cache[:, :, :S], is_causal=True,
+                                              enable_gqa=True).transpose(1, 2)
+    # GQA without copying K/V: the G query heads that share a KV head become G*T query rows.
+    G = H // Hkv
+    mask = mask[:, None, None].expand(B, 1, G, T, S).reshape(B, 1, G * T, S)
+    o = F.scaled_dot_product_attention(q.reshape(B, Hkv, G * T, D), k_cache[:, :, :S], v_cache[:, :, :S],
+                                       attn_mask=mask)
+    return o.view(B, H, T, D).transpose(1, 2)
+
+
+def l2norm(x):
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6)
+
+
+def delta_rule_recurrent(q, k, v, g, beta, state):
+    """The gated delta rule one token at a time, in float32. q, k [B, H, T, dk]; v [B, H, T, dv];
+    log-decay g and write strength beta [B, H, T]; state S [B, H, dk, dv]. Per token:
+    S = exp(g_t) S;  S += k_t (beta_t (v_t - S^T k_t))^T;  o_t = S^T q_t. Returns (o, S)."""
+    out = []
+    for t in range(q.shape[2]):
+        state = state * g[:, :, t, None, None].exp()
+        delta = beta[:, :, t, None] * (v[:, :, t] - (state * k[:, :, t, :, None]).sum(-2))
+        state = state + k[:, :, t, :, None] * delta[:, :, None, :]
+        out.append((state * q[:, :, t, :, None]).sum(-2))
+    return torch.stack(out, 2), state
+
+
+def delta_rule_chunked(q, k, v, g, beta, state, chunk: int = 64):
+    """The same recurrence, `chunk` tokens at a time (the form for prompts and training). Within a
+    chunk, gamma = cumsum(g), D_ij = exp(gamma_i - gamma_j) for j <= i (0 above), and the writes
+    solve (I + A) [u | w] = [beta v | beta k exp(gamma)] with A = tril(beta_i k_i.k_j D_ij, -1); then
+    v' = u - w S;  O = (q exp(gamma)) S + ((q k^T) * D) v';  S = exp(gamma_C) S + (k exp(gamma_C - gamma))^T v'.
+    Zero padding to a multiple of `chunk` is inert: g = 0 does not decay and beta = 0 writes nothing."""
+    T, dv = q.shape[2], v.shape[-1]
+    pad = -T % chunk
+    q, k, v = (F.pad(x, (0, 0, 0, pad)).unflatten(2, (-1, chunk)) for x in (q, k, v))
+    g, beta = (F.pad(x, (0, pad)).unflatten(2, (-1, chunk)) for x in (g, beta))
+    gamma = g.cumsum(-1)
+    causal = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril()
+    D = (gamma[..., :, None] - gamma[..., None, :]).masked_fill(~causal, float("-inf")).exp()
+    A = ((beta[..., None] * k) @ k.transpose(-1, -2) * D).tril(-1)
+    rhs = torch.cat([beta[..., None] * v, beta[..., None] * k * gamma[..., None].exp()], -1)
+    u, w = torch.linalg.solve_triangular(A, rhs, upper=False, unitriangular=True).split([dv, k.shape[-1]], -1)
+    out = []
+    for n in range(q.shape[2]):
+        qn, kn, gn = q[:, :, n], k[:, :, n], gamma[:, :, n]
+        v_new = u[:, :, n] - w[:, :, n] @ state
+        out.append((qn * gn[..., None].exp()) @ state + (qn @ kn.transpose(-1, -2) * D[:, :, n]) @ v_new)
+        last = gn[..., -1:]
+        state = state * last[..., None].exp() + (kn * (last - gn)[..., None].exp()).transpose(-1, -2) @ v_new
+    return torch.cat(out, 2)[:, :, :T], state
+
+
+def delta_rule(q, k, v, g, beta, state):
+    """Dispatch on [B, H, T, *] float32 inputs: flash-linear-attention's kernels on CUDA when
+    installed, else the recurrent form for a single token and the chunked form otherwise."""
+    name = "fused_recurrent_gated_delta_rule" if q.shape[2] == 1 else "chunk_gated_delta_rule"
+    fla = optional_kernel("fla.ops.gated_delta_rule", name) if q.is_cuda else None
+    if fla is not None:
+        o, state = fla(*(x.transpose(1, 2).contiguous() for x in (q, k, v, g, beta)), scale=1.0, initial_state=state,
+                       output_final_state=True)
+        return o.transpose(1, 2), state
+    return (delta_rule_recurrent if q.shape[2] == 1 else delta_rule_chunked)(q, k, v, g, beta, state)
+
+
+class GatedDeltaNet(nn.Module):
+    """Qwen3.5's linear-attention mixer: project q|k|v, z, b, a; causal depthwise conv (no bias) and
+    SiLU over q|k|v; beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias); l2-normalized q, k
+    (q also scaled by dk^-0.5), key heads shared by value heads as repeat_interleave; the gated
+    delta rule; a plain (not zero-centred) RMSNorm of each head's output times silu(z); out_proj."""
+
+    def __init__(self, cfg: QwenConfig, layer_idx: int):
+        super().__init__()
+        self.layer_idx, d = layer_idx, cfg.hidden_size
+        self.Hk, self.Hv, self.dk, self.dv = cfg.linear_k_heads, cfg.linear_v_heads, cfg.linear_k_dim, cfg.linear_v_dim
+        self.channels = 2 * self.Hk * self.dk + self.Hv * self.dv
+        self.in_proj_qkv = Linear(d, self.channels)
+        self.in_proj_z = Linear(d, self.Hv * self.dv)
+        self.in_proj_b = Linear(d, self.Hv)
+        self.in_proj_a = Linear(d, self.Hv)
+        self.conv1d = nn.Conv1d(self.channels, self.channels, cfg.conv_kernel, groups=self.channels, bias=False)
+        self.A_log = nn.Parameter(torch.zeros(self.Hv))
+        self.dt_bias = nn.Parameter(torch.ones(self.Hv))
+        self.norm = RMSNorm(self.dv, cfg.rms_norm_eps)
+        self.out_proj = Linear(self.Hv * self.dv, d)
+
+    def new_state(self, batch: int, max_len: int, dtype, device) -> list:
+        K = self.conv1d.kernel_size[0]
+        return [torch.zeros(batch, self.channels, K - 1, dtype=dtype, device=device),
+                torch.zeros(batch, self.Hv, self.dk, self.dv, dtype=torch.float32, device=device)]
+
+    def forward(self, x, step: Step):
+        B, T, _ = x.shape
+        K = self.conv1d.kernel_size[0]
+        state = None if step.cache is None else step.cache.layers[self.layer_idx]
+        qkv = self.in_proj_qkv(x).transpose(1, 2)  # [B, C, T]
+        full = torch.cat([qkv.new_zeros(B, self.channels, K - 1) if state is None else state[0], qkv], -1)
+        if state is not None:  # keep the conv inputs of each row's last K-1 real tokens
+            index = step.lengths[:, None, None] + torch.arange(K - 1, device=x.device)
+            state[0] = full.gather(-1, index.expand(B, self.channels, K - 1))
+        qkv = F.silu(F.conv1d(full, self.conv1d.weight, groups=self.channels)).transpose(1, 2)
+        q, k, v = qkv.split([self.Hk * self.dk, self.Hk * self.dk, self.Hv * self.dv], -1)
+        r = self.Hv // self.Hk
+        q = l2norm(q.reshape(B, T, self.Hk, self.dk).float()).repeat_interleave(r, 2) * self.dk ** -0.5
+        k = l2norm(k.reshape(B, T, self.Hk, self.dk).float()).repeat_interleave(r, 2)
+        v = v.reshape(B, T, self.Hv, self.dv).float()
+        beta = self.in_proj_b(x).sigmoid().float()
+        g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias.float())
+        if step.valid is not None:  # right padding: no decay, no write
+            beta, g = beta * step.valid[..., None], g * step.valid[..., None]
+        initial = torch.zeros(B, self.Hv, self.dk, self.dv, device=x.device) if state is None else state[1]
+        o, final = delta_rule(*(t.transpose(1, 2) for t in (q, k, v, g, beta)), initial)
+        if state is not None:
+            state[1] = final
+        z = self.in_proj_z(x).view(B, T, self.Hv, self.dv)
+        o = (self.norm(o.transpose(1, 2).to(x.dtype)) * F.silu(z.float())).to(x.dtype)
+        return self.out_proj(o.reshape(B, T, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: QwenConfig):
+        super().__init__()
+        self.gate_proj = Linear(cfg.hidden_size, cfg.intermediate_size)
+        self.up_proj = Linear(cfg.hidden_size, cfg.intermediate_size)
+        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: QwenConfig, layer_idx: int):
+        super().__init__()
+        offset = cfg.family == "qwen3_5"
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, offset)
+        self.mixer_name = "linear_attn" if cfg.layer_types[layer_idx] == "linear_attention" else "self_attn"
+        mixer = GatedDeltaNet if self.mixer_name == "linear_attn" else Attention
+        setattr(self, self.mixer_name, mixer(cfg, layer_idx))
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, offset)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, step: Step):
+        x = x + getattr(self, self.mixer_name)(self.input_layernorm(x), step)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+@dataclass
+class Cache:
+    """Generation state of B rows. Attention layers: K and V [B, Hkv, S_max, D] after RoPE, slot s
+    of a row holding its token at position s. Gated DeltaNet layers: the last kernel-1 conv inputs
+    [B, C, K-1] and the float32 state [B, Hv, dk, dv]. `lens` [B]: tokens of each row so far;
+    `width`: a Python int >= max(lens), the slots any query may need to look at."""
+    layers: list
+    lens: torch.Tensor
+    width: int
+
+    def select(self, rows: torch.Tensor) -> "Cache":
+        """The cache of rows `rows` (reorder, repeat a shared prompt, drop finished rows)."""
+        return Cache([[t.index_select(0, rows) for t in layer] for layer in self.layers],
+                     self.lens.index_select(0, rows), self.width)
+
+
+# ----------------------------------------------------------------------------------------------
+# The model
+
+
+class Qwen(nn.Module):
+    """Decoder-only Qwen. Parameter names follow the Hugging Face checkpoint (`model.layers.0...`).
+
+    Trainable token rows (see `train_token_rows`): `row_ids` [n] with `embed_rows` [n, d] and
+    `head_rows` [n, d] (the same tensor when the embeddings are tied) replace those rows of the
+    embedding and lm_head in the forward pass without touching the frozen matrices."""
+
+    def __init__(self, cfg: QwenConfig):
+        super().__init__()
+        self.config = cfg
+        self.model = nn.Module()
+        self.model.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.model.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.num_layers))
+        self.model.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, offset=cfg.family == "qwen3_5")
+        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.register_buffer("row_ids", None)
+        self.register_parameter("embed_rows", None)
+        self.register_parameter("head_rows", None)
+        self.rows_enabled = True
+        self.gradient_checkpointing = False  # recompute each layer in backward (training only)
+
+    @classmethod
+    def from_pretrained(cls, path, dtype=None, device=None) -> "Qwen":
+        """Load a Hugging Face checkpoint folder (config.json + model.safetensors, or the shards
+        listed in model.safetensors.index.json) straight into `dtype` (default: the config's) on
+        `device`, one tensor at a time, so host memory never holds more than the current tensor."""
+        path = Path(path)
+        cfg = QwenConfig.from_json(path / "config.json")
+        dtype = parse_dtype(dtype) or parse_dtype(cfg.dtype) or torch.float32
+        device = torch.device(device or "cpu")
+        files = checkpoint_files(path)
+        found = {name: file for file, names in files.items() for name in names if not name.startswith(SKIPPED)}
+        if cfg.family == "qwen3_5" and "lm_head.weight" not in found:
+            cfg.tie_word_embeddings = True  # small Qwen3.5 exports tie without saying so at the top level
+        if cfg.tie_word_embeddings:
+            found.pop("lm_head.weight", None)  # some exports keep the tied copy; it is not used
+        with torch.device("meta"):
+            model = cls(cfg)
+        expected = {checkpoint_name(cfg, k): (k, v.shape) for k, v in model.state_dict().items()}
+        missing, unexpected = sorted(set(expected) - set(found)), sorted(set(found) - set(expected))
+        if missing or unexpected:
+            raise CheckpointError(f"{path}: checkpoint names disagree with config.json: missing {missing}, "
+                                  f"unexpected {unexpected}")
+        for file in files:
+            state = {}
+            with safe_open(file, framework="pt", device=str(device)) as f:
+                for name in f.keys():
+                    if found.get(name) != file:
+                        continue
+                    ours, shape = expected[name]
+                    if tuple(f.get_slice(name).get_shape()) != tuple(shape):
+                        raise CheckpointError(f"{file.name}: tensor '{name}' has shape {f.get_slice(name).get_shape()} "
+                                              f"but config.json implies {list(shape)}")
+                    keep_fp32 = name.endswith(("A_log", "dt_bias"))  # the decay stays in float32
+                    state[ours] = f.get_tensor(name).to(torch.float32 if keep_fp32 else dtype)
+            model.load_state_dict(state, strict=False, assign=True)
+        model.source = path
+        return model.eval()
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.embed_tokens.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.embed_tokens.weight.dtype
+
+    def head_weight(self) -> torch.Tensor:
+        return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+
+    def embed(self, input_ids):
+        x = self.model.embed_tokens(input_ids)
+        if self.embed_rows is None or not self.rows_enabled:
+            return x
+        hit = (input_ids[..., None] == self.row_ids).to(self.embed_rows.dtype)  # [B, T, n]
+        base = self.model.embed_tokens.weight[self.row_ids].to(self.embed_rows.dtype)
+        return x + (hit @ (self.embed_rows - base)).to(x.dtype)
+
+    def logits(self, h):
+        """lm_head on final hidden states h [..., d] (in the model dtype)."""
+        out = F.linear(h, self.head_weight())
+        if self.head_rows is None or not self.rows_enabled:
+            return out
+        return out.index_copy(-1, self.row_ids, F.linear(h, self.head_rows.to(h.dtype)))
+
+    def hidden_states(self, input_ids, cache: Cache | None = None, lengths=None):
+        """Final-norm hidden states [B, T, d]. Without a cache: a causal forward from position 0.
+        With a cache: row b continues at position cache.lens[b]; `lengths` [B] (default T) counts
+        the real tokens of each right-padded row, and cache.lens advances by it."""
+        B, T = input_ids.shape
+        positions = torch.arange(T, device=input_ids.device)[None].expand(B, T)
+        if cache is not None:
+            positions = positions + cache.lens[:, None]
+        cfg = self.config
+        x = self.embed(input_ids)
+        cos, sin = rope_tables(positions, cfg.rotary_dim, cfg.rope_theta, x.dtype)
+        mask = valid = None
+        if cache is not None:
+            if cache.width > 0:
+                mask = torch.arange(cache.width + T, device=x.device) <= positions[:, :, None]
+            if lengths is None:
+                lengths = torch.full((B,), T, device=x.device)
+            else:
+                valid = torch.arange(T, device=x.device) < lengths[:, None]
+        step = Step(cos, sin, cache, positions, mask, lengths, valid)
+        for layer in self.model.layers:
+            if self.gradient_checkpointing and self.training and torch.is_grad_enabled() and cache is None:
+                x = checkpoint(layer, x, step, use_reentrant=False)
+            else:
+                x = layer(x, step)
+        if cache is not None:
+            cache.lens = cache.lens + lengths
+            cache.width += T
+        return self.model.norm(x)
+
+    def forward(self, input_ids, cache: Cache | None = None, lengths=None):
+        """Logits [B, T, vocab] in the model dtype (see `hidden_states` for the arguments)."""
+        return self.logits(self.hidden_states(input_ids, cache, lengths))
+
+    def new_cache(self, batch: int, max_len: int) -> Cache:
+        layers = [getattr(layer, layer.mixer_name).new_state(batch, max_len, self.dtype, self.device)
+                  for layer in self.model.layers]
+        return Cache(layers, torch.zeros(batch, dtype=torch.long, device=self.device), 0)
+
+
+def checkpoint_name(cfg: QwenConfig, name: str) -> str:
+    """The checkpoint's name for our parameter or module `name` (Qwen3.5 image-text checkpoints keep
+    the text model under model.language_model.)."""
+    return cfg.weight_prefix + name.removeprefix("model.") if name.startswith("model.") else name
+
+
+def checkpoint_files(path: Path) -> dict[Path, list[str]]:
+    """{safetensors file: tensor names it holds} from model.safetensors or the sharded index."""
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = read_json(index).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise CheckpointError(f"{index}: missing field 'weight_map'")
+        files: dict[Path, list[str]] = {}
+        for name, file in weight_map.items():
+            files.setdefault(path / file, []).append(name)
+    elif (path / "model.safetensors").is_file():
+        files = {path / "model.safetensors": None}
+    else:
+        raise FileNotFoundError(f"{path}: neither model.safetensors nor model.safetensors.index.json found")
+    for file in files:
+        if not file.is_file():
+            raise FileNotFoundError(f"{file}: file not found (listed in {index.name})")
+        if files[file] is None:
+            with safe_open(file, framework="pt") as f:
+                files[file] = list(f.keys())
+    return files
+
+
+# ----------------------------------------------------------------------------------------------
+# LoRA, trainable token rows, adapters in the PEFT format
+
+
+def lora_modules(model: Qwen) -> dict[str, Linear]:
+    return {name: m for name, m in model.named_modules() if isinstance(m, Linear) and m.lora_A is not None}
+
+
+def add_lora(model: Qwen, rank=16, alpha=32, dropout=0.0, targets=LORA_TARGETS) -> list[nn.Parameter]:
+    """Freeze every base parameter and give each Linear whose name ends in one of `targets` float32
+    factors `lora_A` (Kaiming-uniform, as PEFT) and `lora_B` (zeros, so the model is unchanged).
+    Returns the new trainable parameters."""
+    model.requires_grad_(False)
+    params = []
+    for name, m in model.named_modules():
+        if isinstance(m, Linear) and name.rsplit(".", 1)[-1] in targets:
+            A = torch.empty(rank, m.in_features, device=m.weight.device)
+            nn.init.kaiming_uniform_(A, a=math.sqrt(5))
+            m.lora_A, m.lora_B = nn.Parameter(A), nn.Parameter(torch.zeros(m.out_features, rank, device=A.device))
+            m.lora_scale, m.lora_dropout, m.lora_enabled = alpha / rank, dropout, True
+            params += [m.lora_A, m.lora_B]
+    if not params:
+        raise ValueError(f"add_lora: no module matches targets {list(targets)}")
+    model.lora_settings = {"r": rank, "lora_alpha": alpha, "lora_dropout": dropout,
+                           "target_modules": sorted({n.rsplit(".", 1)[-1] for n in lora_modules(model)})}
+    return params
+
+
+@contextlib.contextmanager
+def lora_disabled(model: Qwen):
+    """The base model (the reference policy): LoRA deltas and trainable token rows switched off."""
+    modules = list(lora_modules(model).values())
+    previous = model.rows_enabled
+    try:
+        model.rows_enabled = False
+        for m in modules:
+            m.lora_enabled = False
+        yield model
+    finally:
+        model.rows_enabled = previous
+        for m in modules:
+            m.lora_enabled = True
+
+
+def train_token_rows(model: Qwen, token_ids) -> list[nn.Parameter]:
+    """Make the embedding and lm_head rows of `token_ids` trainable (float32 copies; the frozen
+    matrices are untouched until `merge_lora`). Returns the new parameters."""
+    ids = torch.as_tensor(list(token_ids), dtype=torch.long, device=model.device)
+    if ids.numel() == 0 or ids.min() < 0 or ids.max() >= model.config.vocab_size:
+        raise ValueError(f"train_token_rows: token ids {ids.tolist()} outside [0, {model.config.vocab_size})")
+    model.row_ids = ids
+    model.embed_rows = nn.Parameter(model.model.embed_tokens.weight.detach()[ids].float())
+    tied = model.lm_head is None
+    model.head_rows = model.embed_rows if tied else nn.Parameter(model.lm_head.weight.detach()[ids].float())
+    return [model.embed_rows] if tied else [model.embed_rows, model.head_rows]
+
+
+def merge_lora(model: Qwen) -> Qwen:
+    """Fold every LoRA delta (W += (alpha / r) B A) and the trainable token rows into the base
+    weights, then remove them: the result is a plain model."""
+    for m in lora_modules(model).values():
+        m.weight.data = m.merged_weight()
+        m.lora_A = m.lora_B = None
+    for name, rows in row_targets(model):
+        weight = model.get_parameter(name)
+        weight.data[model.row_ids] = rows.detach().to(weight.dtype)
+    model.row_ids = model.embed_rows = model.head_rows = None
+    model.__dict__.pop("lora_settings", None)
+    return model
+
+
+def row_targets(model: Qwen) -> list[tuple[str, nn.Parameter]]:
+    """(base weight name, trainable rows) pairs; empty without trainable rows."""
+    if model.row_ids is None:
+        return []
+    pairs = [("model.embed_tokens.weight", model.embed_rows)]
+    return pairs if model.lm_head is None else pairs + [("lm_head.weight", model.head_rows)]
+
+
+def peft_name(model: Qwen, module_name: str) -> str:
+    return f"base_model.model.{checkpoint_name(model.config, module_name)}"
+
+
+def save_adapter(model: Qwen, out_dir, base_model_name_or_path: str | None = None) -> None:
+    """Write the LoRA factors as PEFT does (adapter_config.json + adapter_model.safetensors, names
+    `base_model.model.<module>.lora_A.weight`), so PEFT and vLLM load it unchanged; trainable token
+    rows go beside it in token_rows.safetensors (`token_ids`, `embed_tokens`, `lm_head`)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    modules = lora_modules(model)
+    if not modules:
+        raise ValueError("save_adapter: the model has no LoRA parameters (call add_lora first)")
+    tensors = {}
+    for name, m in modules.items():
+        tensors[f"{peft_name(model, name)}.lora_A.weight"] = m.lora_A.detach().contiguous()
+        tensors[f"{peft_name(model, name)}.lora_B.weight"] = m.lora_B.detach().contiguous()
+    config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", **model.lora_settings, "bias": "none",
+              "base_model_name_or_path": base_model_name_or_path, "fan_in_fan_out": False,
+              "inference_mode": True, "modules_to_save": None, "use_rslora": False, "use_dora": False}
+    atomic_save(tensors, out / ADAPTER_WEIGHTS)
+    atomic_write(out / ADAPTER_CONFIG, json.dumps(config, indent=2) + "\n")
+    if model.row_ids is not None:
+        rows = {"token_ids": model.row_ids, "embed_tokens": model.embed_rows.detach()}
+        if model.lm_head is not None:
+            rows["lm_head"] = model.head_rows.detach()
+        atomic_save(rows, out / TOKEN_ROWS)
+
+
+def load_adapter(model: Qwen, path) -> Qwen:
+    """Load a PEFT LoRA adapter (ours or PEFT's) into `model`, adding LoRA first when absent, and
+    the token rows beside it when present. Any name or shape mismatch is an error naming both."""
+    path = Path(path)
+    cfg_path, weights_path = path / ADAPTER_CONFIG, path / ADAPTER_WEIGHTS
+    cfg = read_json(cfg_path)
+    for key, allowed in (("peft_type", ("LORA",)), ("bias", ("none",)), ("use_dora", (False,)),
+                         ("use_rslora", (False,)), ("modules_to_save", (None,))):
+        if cfg.get(key, allowed[0]) not in allowed:
+            raise CheckpointError(f"{cfg_path}: field '{key}' = {cfg[key]!r} is not supported")
+    targets = cfg.get("target_modules")
+    if not isinstance(targets, list):
+        raise CheckpointError(f"{cfg_path}: field 'target_modules' must be a list of module names, got {targets!r}")
+    if not lora_modules(model):
+        add_lora(model, _int(cfg, "r", str(cfg_path)), cfg.get("lora_alpha", 8), cfg.get("lora_dropout", 0.0), targets)
+    if not weights_path.is_file():
+        raise FileNotFoundError(f"{weights_path}: file not found")
+    expected = {}
+    for name, m in lora_modules(model).items():
+        expected[f"{peft_name(model, name)}.lora_A.weight"] = m.lora_A
+        expected[f"{peft_name(model, name)}.lora_B.weight"] = m.lora_B
+    with safe_open(weights_path, framework="pt") as f:
+        names = set(f.keys())
+        missing, unexpected = sorted(set(expected) - names), sorted(names - set(expected))
+        if missing or unexpected:
+            raise CheckpointError(f"{weights_path}: tensor names disagree with the model: missing {missing}, "
+                                  f"unexpected {unexpected}")
+        for name, param in expected.items():
+            t = f.get_tensor(name)
+            if t.shape != param.shape:
+                raise CheckpointError(f"{weights_path}: tensor '{name}' has shape {list(t.shape)}, "
+                                      f"the model expects {list(param.shape)} (field 'r' = {cfg.get('r')})")
+            param.data.copy_(t)
+    if (path / TOKEN_ROWS).is_file():
+        with safe_open(path / TOKEN_ROWS, framework="pt") as f:
+            train_token_rows(model, f.get_tensor("token_ids").tolist())
+            for key, param in (("embed_tokens", model.embed_rows), ("lm_head", model.head_rows)):
+                if key in f.keys():
+                    param.data.copy_(f.get_tensor(key))
+    return model
+
+
+def atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def atomic_save(tensors: dict, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp), metadata={"format": "pt"})
+    os.replace(tmp, path)
+
+
+def save_merged(model: Qwen, tok: "QwenTokenizer", out_dir, shard_bytes: int = 4 << 30) -> None:
+    """A full Hugging Face checkpoint of the model with LoRA and token rows folded in (the model
+    itself is not changed): config.json, model-0000k-of-0000n.safetensors + index, tokenizer files.
+    Tensors the loader skipped (Qwen3.5's vision tower, MTP head) are copied from the source."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    lora, rows = lora_modules(model), dict(row_targets(model))
+    tensors = {}
+    for name, t in model.state_dict().items():
+        if name in ("row_ids", "embed_rows", "head_rows") or ".lora_" in name:
+            continue
+        if name.removesuffix(".weight") in lora:
+            t = lora[name.removesuffix(".weight")].merged_weight()
+        if name in rows:
+            t = t.clone().index_copy_(0, model.row_ids, rows[name].detach().to(t.dtype))
+        tensors[checkpoint_name(model.config, name)] = t
+    if getattr(model, "source", None) is not None:
+        for file, names in checkpoint_files(model.source).items():
+            with safe_open(file, framework="pt") as f:
+                tensors.update({n: f.get_tensor(n) for n in names if n.startswith(SKIPPED)})
+    shards, size = [{}], 0
+    for name, t in tensors.items():
+        if shards[-1] and size + t.nbytes > shard_bytes:
+            shards, size = shards + [{}], 0
+        shards[-1][name], size = t, size + t.nbytes
+    weight_map = {}
+    for i, shard in enumerate(shards):
+        file = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        atomic_save(shard, out / file)
+        weight_map.update(dict.fromkeys(shard, file))
+    index = {"metadata": {"total_size": sum(t.nbytes for t in tensors.values())}, "weight_map": weight_map}
+    atomic_write(out / "model.safetensors.index.json", json.dumps(index, indent=2) + "\n")
+    config = json.loads(json.dumps(model.config.raw))
+    text = config.get("text_config", config)
+    text["vocab_size"], config["dtype"] = model.config.vocab_size, str(model.dtype).removeprefix("torch.")
+    config.pop("torch_dtype", None)
+    atomic_write(out / "config.json", json.dumps(config, indent=2) + "\n")
+    tok.save(out)
+
+
+# ----------------------------------------------------------------------------------------------
+# Log-probabilities for training and evaluation
+
+
+def token_logprobs(model: Qwen, input_ids, mask=None, temperature: float = 1.0, entropy: bool = False,
+                   chunk_size: int = 1024):
+    """logp[b, t] = log softmax(logits[b, t] / temperature)[input_ids[b, t + 1]], shape [B, T-1],
+    float32: the log-probability of each next token given its prefix.
+
+    `mask` [B, T-1] (bool) selects the positions to compute (completion tokens, say); the others are
+    0 and cost no lm_head work. Pad right-padded batches on the right and mask the padding out.
+    The softmax runs in float32 on `chunk_size` positions at a time and, under autograd, each chunk
+    is recomputed in backward, so no [B, T, vocab] float32 tensor ever exists. With entropy=True
+    also returns the entropy [B, T-1] of each position's temperature-scaled distribution."""
+    if temperature <= 0:
+        raise ValueError(f"token_logprobs: temperature must be > 0, got {temperature}")
+    h = model.hidden_states(input_ids)[:, :-1]
+    targets = input_ids[:, 1:]
+    if mask is None:
+        mask = torch.ones_like(targets, dtype=torch.bool)
+    where = mask.nonzero(as_tuple=True)
+    h_sel, t_sel = h[where], targets[where]
+
+    def chunk(h_part, t_part):
+        logits = model.logits(h_part).float() / temperature
+        lse = torch.logsumexp(logits, -1)
+        logp = logits.gather(-1, t_part[:, None])[:, 0] - lse
+        ent = lse - (logits.softmax(-1) * logits).sum(-1)
+        return logp, ent
+
+    parts = []
+    for i in range(0, h_sel.shape[0], chunk_size):
+        args = (h_sel[i:i + chunk_size], t_sel[i:i + chunk_size])
+        parts.append(checkpoint(chunk, *args, use_reentrant=False) if h_sel.requires_grad else chunk(*args))
+    logp = torch.zeros(targets.shape, dtype=torch.float32, device=h.device)
+    ent = torch.zeros_like(logp)
+    if parts:
+        logp = logp.index_put(where, torch.cat([p[0] for p in parts]))
+        ent = ent.index_put(where, torch.cat([p[1] for p in parts]))
+    return (logp, ent) if entropy else logp
+
+
+# ----------------------------------------------------------------------------------------------
+# Sampling
+
+
+def apply_repetition_penalty(logits, seen, penalty: float):
+    """Hugging Face semantics: a token already in the row (prompt or output) has its logit divided
+    by `penalty` when positive and multiplied by it when negative."""
+    penalized = torch.where(logits < 0, logits * penalty, logits / penalty)
+    return torch.where(seen, penalized, logits)
+
+
+def filter_top_k(logits, k: int):
+    kth = logits.topk(min(k, logits.shape[-1]), -1).values[:, -1:]
+    return logits.masked_fill(logits < kth, float("-inf"))
+
+
+def filter_top_p(logits, p: float):
+    """Keep the smallest set of most likely tokens whose probability reaches p (at least one)."""
+    sorted_logits, order = logits.sort(-1)
+    drop_sorted = sorted_logits.softmax(-1).cumsum(-1) <= 1 - p
+    drop_sorted[:, -1] = False
+    return logits.masked_fill(drop_sorted.scatter(-1, order, drop_sorted), float("-inf"))
+
+
+def sample_next(logits, temperature, top_k, top_p, generator):
+    """Next tokens [B] from float32 logits [B, V]: argmax at temperature 0, else sample from
+    softmax(logits / temperature) restricted by top-k then top-p."""
+    if temperature == 0:
+        return logits.argmax(-1)
+    logits = logits / temperature
+    if top_k > 0:
+        logits = filter_top_k(logits, top_k)
+    if top_p < 1.0:
+        logits = filter_top_p(logits, top_p)
+    return torch.multinomial(logits.softmax(-1), 1, generator=generator)[:, 0]
+
+
+@torch.inference_mode()
+def generate(model: Qwen, prompts: list[list[int]], max_new_tokens: int, temperature: float = 1.0,
+             top_p: float = 1.0, top_k: int = 0, repetition_penalty: float = 1.0, eos_token_ids=(),
+             seed: int | None = None, return_logprobs: bool = False):
+    """Sample continuations of token-id prompts of any lengths; returns the new tokens of each
+    prompt (ending with the EOS token when one was produced), and with return_logprobs=True also
+    each token's log-probability under log_softmax(logits / temperature) (raw logits when greedy):
+    the same quantity `token_logprobs` computes, before penalty and top-k/top-p filtering.
+
+    Identical prompts (a GRPO group) are prefilled once and their cache is copied to every row;
+    rows that finish are dropped from the batch. A seed makes the samples reproducible."""
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError("generate: prompts must be a non-empty list of non-empty token lists")
+    if temperature < 0 or not 0 < top_p <= 1 or top_k < 0 or repetition_penalty <= 0 or max_new_tokens < 1:
+        raise ValueError(f"generate: invalid settings temperature={temperature} top_p={top_p} top_k={top_k} "
+                         f"repetition_penalty={repetition_penalty} max_new_tokens={max_new_tokens}")
+    device = model.device
+    generator = torch.Generator(device).manual_seed(seed) if seed is not None else None
+    unique = {}
+    row_of = torch.tensor([unique.setdefault(tuple(p), len(unique)) for p in prompts], device=device)
+    lens = torch.tensor([len(p) for p in unique], device=device)
+    width = int(lens.max())  # right padding repeats a prompt's first token: harmless, and already "seen"
+    ids = torch.tensor([list(p) + [p[0]] * (width - len(p)) for p in unique], device=device)
+    cache = model.new_cache(len(unique), width + max_new_tokens)
+    h = model.hidden_states(ids, cache, lens)[torch.arange(len(unique), device=device), lens - 1]
+    logits, cache = model.logits(h)[row_of].float(), cache.select(row_of)
+    seen = torch.zeros_like(logits, dtype=torch.bool).scatter_(1, ids[row_of], True)
+    eos = torch.tensor(list(eos_token_ids), dtype=torch.long, device=device)
+    out = torch.full((len(prompts), max_new_tokens), -1, dtype=torch.long, device=device)
+    out_logp = torch.zeros(out.shape, device=device)
+    alive = torch.arange(len(prompts), device=device)
+    for step in range(max_new_tokens):
+        logp = (logits / temperature if temperature > 0 else logits).log_softmax(-1)
+        if repetition_penalty != 1.0:
+            logits = apply_repetition_penalty(logits, seen, repetition_penalty)
+        token = sample_next(logits, temperature, top_k, top_p, generator)
+        out[alive, step], out_logp[alive, step] = token, logp.gather(-1, token[:, None])[:, 0]
+        keep = ~torch.isin(token, eos)
+        if step == max_new_tokens - 1 or not keep.any():
+            break
+        if not keep.all():
+            rows = keep.nonzero()[:, 0]
+            cache, alive, token, seen = cache.select(rows), alive[rows], token[rows], seen[rows]
+        seen[torch.arange(len(token), device=device), token] = True
+        logits = model.logits(model.hidden_states(token[:, None], cache)[:, 0]).float()
+    result = [[t for t in row if t >= 0] for row in out.tolist()]
+    result_logp = [row[:len(r)] for r, row in zip(result, out_logp.tolist())]
+    return (result, result_logp) if return_logprobs else result
+
+
+# ----------------------------------------------------------------------------------------------
+# Tokenizer and ChatML
+
+THINK_OFF = "<think>\n\n</think>\n\n"
+
+
+class QwenTokenizer:
+    """A `tokenizers.Tokenizer` with the checkpoint's EOS ids and a hand-written ChatML format.
+
+    `family` decides the thinking prefix of the generation prompt: qwen2 has none; qwen3 thinks by
+    default and adds an empty think block when enable_thinking=False; qwen3_5 opens `<think>\\n`
+    by default and also adds the empty block when disabled. `default_system` is the system prompt
+    the checkpoint's own template inserts when the messages have none (Qwen2.5 has one)."""
+
+    def __init__(self, tokenizer: Tokenizer, eos_token_ids: list[int], pad_token_id: int | None, family: str,
+                 default_system: str | None, source: Path | None = None):
+        self.tokenizer, self.eos_token_ids, self.pad_token_id = tokenizer, eos_token_ids, pad_token_id
+        self.family, self.default_system, self.source = family, default_system, source
+
+    def __len__(self) -> int:
+        return self.tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str, special_tokens: bool = True) -> list[int]:
+        """Token ids of `text` (no BOS is ever added). special_tokens=False encodes strings such as
+        '<|im_end|>' as plain text: use it for untrusted text that must not inject control tokens."""
+        self.tokenizer.encode_special_tokens = not special_tokens
+        try:
+            return self.tokenizer.encode(text, add_special_tokens=False).ids
+        finally:
+            self.tokenizer.encode_special_tokens = False
+
+    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def token_id(self, token: str) -> int:
+        i = self.tokenizer.token_to_id(token)
+        if i is None:
+            raise KeyError(f"token {token!r} is not in the vocabulary")
+        return i
+
+    def chat(self, messages: list[dict], add_generation_prompt: bool = True,
+             enable_thinking: bool | None = None) -> str:
+        """ChatML: `<|im_start|>{role}\\n{content}<|im_end|>\\n` per message (contents verbatim),
+        then, with add_generation_prompt, `<|im_start|>assistant\\n` and the family's think prefix."""
+        parts = []
+        if self.default_system is not None and (not messages or messages[0]["role"] != "system"):
+            parts.append(f"<|im_start|>system\n{self.default_system}<|im_end|>\n")
+        for i, m in enumerate(messages):
+            if m.get("role") not in ("system", "user", "assistant") or not isinstance(m.get("content"), str):
+                raise ValueError(f"chat: message {i} needs role system/user/assistant and string content, got {m!r}")
+            parts.append(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n")
+        if add_generation_prompt:
+            parts.append("<|im_start|>assistant\n")
+            if self.family == "qwen2" and enable_thinking is not None:
+                raise ValueError("chat: enable_thinking is not available for qwen2 checkpoints")
+            if enable_thinking is False:
+                parts.append(THINK_OFF)
+            elif self.family == "qwen3_5":
+                parts.append("<think>\n")
+        return "".join(parts)
+
+    def save(self, out_dir) -> None:
+        """tokenizer.json (with any added tokens) plus the source's other tokenizer files."""
+        out = Path(out_dir)
+        self.tokenizer.save(str(out / "tokenizer.json"))
+        for name in ("tokenizer_config.json", "generation_config.json", "chat_template.jinja"):
+            if self.source is not None and (self.source / name).is_file():
+                atomic_write(out / name, (self.source / name).read_text(encoding="utf-8"))
+
+
+def load_tokenizer(path) -> QwenTokenizer:
+    """tokenizer.json + tokenizer_config.json (EOS/pad tokens, chat template) + the EOS ids of
+    generation_config.json (Qwen declares several) + config.json's model_type for the family."""
+    path = Path(path)
+    if not (path / "tokenizer.json").is_file():
+        raise FileNotFoundError(f"{path / 'tokenizer.json'}: file not found")
+    tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
+    tok_cfg = read_json(path / "tokenizer_config.json")
+    gen_cfg = read_json(path / "generation_config.json") if (path / "generation_config.json").is_file() else {}
+    model_cfg = read_json(path / "config.json") if (path / "config.json").is_file() else {}
+
+    def token_of(key):
+        value = tok_cfg.get(key)
+        value = value.get("content") if isinstance(value, dict) else value
+        if value is None:
+            return None
+        i = tokenizer.token_to_id(value)
+        if i is None:
+            raise CheckpointError(f"{path / 'tokenizer_config.json'}: field '{key}' = {value!r} "
+                                  f"is not in tokenizer.json")
+        return i
+
+    eos = gen_cfg.get("eos_token_id", [])
+    eos = [eos] if isinstance(eos, int) else list(eos)
+    if token_of("eos_token") is not None and token_of("eos_token") not in eos:
+        eos.append(token_of("eos_token"))
+    if not eos:
+        raise CheckpointError(f"{path}: no EOS token (fields 'eos_token' of tokenizer_config.json, "
+                              f"'eos_token_id' of generation_config.json)")
+    model_type = model_cfg.get("model_type")
+    family = {"qwen3_5_text": "qwen3_5"}.get(model_type, model_type)
+    if family not in ("qwen2", "qwen3", "qwen3_5"):
+        family = "qwen3" if tokenizer.token_to_id("<think>") is not None else "qwen2"
+    template = tok_cfg.get("chat_template") if isinstance(tok_cfg.get("chat_template"), str) else ""
+    if (path / "chat_template.jinja").is_file():
+        template = (path / "chat_template.jinja").read_text(encoding="utf-8")
+    found = re.search(r"'<\|im_start\|>system\\n([^'{}]+?)<\|im_end\|>\\n'", template)
+    return QwenTokenizer(tokenizer, eos, token_of("pad_token"), family, found.group(1) if found else None, path)
+
+
+def add_special_tokens(model: Qwen, tok: QwenTokenizer, tokens: list[str]) -> list[int]:
+    """Add `tokens` as special tokens; returns their ids. A new id uses a spare embedding row when
+    the vocabulary is padded (Qwen's is), else the embedding and lm_head grow. New rows start at the
+    mean of the rows of the existing tokens. Tokens already present keep their rows."""
+    n_before = len(tok)
+    tok.tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in tokens])
+    ids = [tok.token_id(t) for t in tokens]
+    new = [i for i in ids if i >= n_before]
+    if not new:
+        return ids
+    rows = max(max(new) + 1, model.config.vocab_size)
+    with torch.no_grad():
+        for owner in (model.model.embed_tokens, model.lm_head):
+            if owner is not None:
+                old = owner.weight
+                weight = torch.cat([old.data, old.data.new_zeros(rows - old.shape[0], old.shape[1])])
+                weight[new] = old.data[:n_before].float().mean(0).to(old.dtype)
+                owner.weight = nn.Parameter(weight, requires_grad=old.requires_grad)
+    model.model.embed_tokens.num_embeddings = rows
+    if model.lm_head is not None:
+        model.lm_head.out_features = rows
+    model.config.vocab_size = rows
+    return ids

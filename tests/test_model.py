@@ -1,0 +1,449 @@
+"""model.py (Qwen2/2.5, Qwen3 dense) against transformers and peft as oracles, on tiny random-weight
+checkpoints with every parameter moved away from its initial value."""
+
+import json
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+from tokenizers import Tokenizer, models, pre_tokenizers
+
+import model as M
+
+transformers = pytest.importorskip("transformers")
+peft = pytest.importorskip("peft")
+
+TEXT = dict(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-6)
+CONFIGS = {
+    "qwen2": lambda: transformers.Qwen2Config(**TEXT, rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+                                             tie_word_embeddings=False),
+    "qwen3_tied": lambda: transformers.Qwen3Config(**TEXT, head_dim=32, tie_word_embeddings=True,
+                                                   rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
+    # odd sizes, 3 query heads per KV head, head_dim unrelated to hidden/heads, attention bias on
+    "qwen3_odd": lambda: transformers.Qwen3Config(**dict(TEXT, vocab_size=211, hidden_size=48, intermediate_size=71,
+                                                         num_attention_heads=6, num_key_value_heads=2), head_dim=24,
+                                                  attention_bias=True, tie_word_embeddings=False,
+                                                  rope_parameters={"rope_type": "default", "rope_theta": 1e4}),
+}
+
+
+def randomize(module, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * (0.2 if p.dim() == 1 else 0.02))
+
+
+def hf_checkpoint(tmp_path_factory, name):
+    path = tmp_path_factory.mktemp(name)
+    torch.manual_seed(0)
+    hf = transformers.AutoModelForCausalLM.from_config(CONFIGS[name]()).float().eval()
+    randomize(hf)
+    hf.save_pretrained(path)
+    return hf, path
+
+
+@pytest.fixture(scope="module", params=list(CONFIGS))
+def pair(request, tmp_path_factory):
+    hf, path = hf_checkpoint(tmp_path_factory, request.param)
+    return hf, M.Qwen.from_pretrained(path, dtype="float32"), path
+
+
+@pytest.fixture(scope="module")
+def qwen3(tmp_path_factory):
+    hf, path = hf_checkpoint(tmp_path_factory, "qwen3_odd")
+    return hf, M.Qwen.from_pretrained(path, dtype="float32"), path
+
+
+def ids(batch, length, vocab=200, seed=1):
+    return torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def close(a, b, tol=1e-4):
+    assert a.shape == b.shape
+    assert (a - b).abs().max().item() < tol, (a - b).abs().max().item()
+
+
+# --- forward, loading, cache ------------------------------------------------------------------
+
+
+def test_logits_match_transformers(pair):
+    hf, ours, _ = pair
+    x = ids(2, 37)
+    with torch.no_grad():
+        close(ours(x), hf(x).logits)
+
+
+def test_sharded_and_single_file_loading_agree(qwen3, tmp_path):
+    hf, ours, _ = qwen3
+    hf.save_pretrained(tmp_path, max_shard_size="40KB")
+    assert (tmp_path / "model.safetensors.index.json").is_file() and len(list(tmp_path.glob("*.safetensors"))) > 2
+    sharded = M.Qwen.from_pretrained(tmp_path, dtype="float32")
+    for (name, a), (_, b) in zip(ours.state_dict().items(), sharded.state_dict().items()):
+        assert torch.equal(a, b), name
+
+
+def test_load_in_bfloat16_keeps_every_tensor_in_bfloat16(qwen3):
+    _, ours, path = qwen3
+    bf16 = M.Qwen.from_pretrained(path, dtype="bfloat16")
+    assert {p.dtype for p in bf16.parameters()} == {torch.bfloat16}
+    x = ids(1, 9)
+    with torch.no_grad():
+        close(bf16(x).float(), ours(x), tol=5e-2)
+
+
+def check_cache_against_full_forward(model, lengths, steps, chunk):
+    """Prefill rows of `lengths` real tokens right-padded with other tokens, decode `steps` single
+    tokens, then one `chunk`-token continuation: every real position's logits must equal those of
+    a full forward of that row alone (so padding never reaches the cache or the state)."""
+    width = max(lengths)
+    seqs = ids(len(lengths), width + steps + chunk, seed=3)
+    padded = torch.where(torch.arange(width) < torch.tensor(lengths)[:, None], seqs[:, :width], ids(1, width, seed=4))
+    with torch.no_grad():
+        cache = model.new_cache(len(lengths), width + steps + chunk)
+        prefill = model(padded, cache, torch.tensor(lengths))
+        decoded = [model(torch.stack([seqs[r, n + i] for r, n in enumerate(lengths)])[:, None], cache)
+                   for i in range(steps)]
+        continued = model(torch.stack([seqs[r, n + steps:n + steps + chunk] for r, n in enumerate(lengths)]), cache)
+        for r, n in enumerate(lengths):
+            ref = model(seqs[r:r + 1, :n + steps + chunk])[0]
+            close(prefill[r, :n], ref[:n])
+            close(torch.stack([d[r, 0] for d in decoded]), ref[n:n + steps])
+            close(continued[r], ref[n + steps:])
+
+
+def test_cached_decode_and_continuation_equal_full_forward(pair):
+    check_cache_against_full_forward(pair[1], lengths=[7, 5], steps=4, chunk=4)
+
+
+def test_right_padded_batch_equals_one_at_a_time(qwen3):
+    _, ours, _ = qwen3
+    seqs = [ids(1, n, seed=n)[0] for n in (11, 4, 8)]
+    batch = torch.zeros(3, 11, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        batch[i, :len(s)] = s
+    with torch.no_grad():
+        logits = ours(batch)
+        for i, s in enumerate(seqs):
+            close(logits[i, :len(s)], ours(s[None])[0])
+
+
+# --- generation -------------------------------------------------------------------------------
+
+
+def hf_greedy(hf, prompt, n, eos):
+    out = hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                      max_new_tokens=n, do_sample=False, eos_token_id=eos or None, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+def test_greedy_generate_equals_transformers(pair):
+    hf, ours, _ = pair
+    prompts = [ids(1, n, seed=10 + n)[0].tolist() for n in (9, 3, 14)]
+    free = [hf_greedy(hf, p, 12, []) for p in prompts]
+    assert M.generate(ours, prompts, max_new_tokens=12, temperature=0) == free
+    # an EOS that row 0 produces must end row 0 at its first occurrence, and only the rows that produce it
+    eos = [free[0][4], 255]
+    expected = [hf_greedy(hf, p, 12, eos) for p in prompts]
+    got = M.generate(ours, prompts, max_new_tokens=12, temperature=0, eos_token_ids=eos)
+    assert got == expected and got[0] == free[0][:free[0].index(eos[0]) + 1]
+
+
+def test_shared_prompts_and_seed_reproducibility(qwen3):
+    _, ours, _ = qwen3
+    a, b = ids(1, 6, seed=3)[0].tolist(), ids(1, 9, seed=4)[0].tolist()
+    greedy = M.generate(ours, [a, b], max_new_tokens=6, temperature=0)
+    assert M.generate(ours, [a, b, a, a], max_new_tokens=6, temperature=0) == greedy + [greedy[0]] * 2
+    kw = dict(max_new_tokens=8, temperature=1.3, top_k=50, top_p=0.9, seed=7)
+    first = M.generate(ours, [a] * 4 + [b], **kw)
+    assert first == M.generate(ours, [a] * 4 + [b], **kw)
+    assert len({tuple(s) for s in first[:4]}) > 1  # the rows of a group sample independently
+    assert M.generate(ours, [a, b], max_new_tokens=6, temperature=1.0, top_k=1, seed=1) == greedy
+
+
+def test_generate_logprobs_equal_token_logprobs(qwen3):
+    _, ours, _ = qwen3
+    prompts = [ids(1, 5, seed=5)[0].tolist(), ids(1, 8, seed=6)[0].tolist()]
+    tokens, logps = M.generate(ours, prompts, max_new_tokens=6, temperature=0.7, seed=0, return_logprobs=True)
+    for p, t, lp in zip(prompts, tokens, logps):
+        seq = torch.tensor([p + t])
+        with torch.no_grad():
+            ref = F.log_softmax(ours(seq)[0, len(p) - 1:-1] / 0.7, -1).gather(-1, seq[0, len(p):, None])[:, 0]
+        close(torch.tensor(lp), ref, tol=1e-4)
+
+
+def test_sampling_filters_match_transformers_processors():
+    from transformers.generation import RepetitionPenaltyLogitsProcessor, TopKLogitsWarper, TopPLogitsWarper
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(4, 50, generator=g) * 3
+    history = torch.randint(0, 50, (4, 7), generator=g)
+    seen = torch.zeros(4, 50, dtype=torch.bool).scatter_(1, history, True)
+    expected = RepetitionPenaltyLogitsProcessor(1.3)(history, logits.clone())
+    close(M.apply_repetition_penalty(logits, seen, 1.3), expected, 1e-6)
+    assert torch.equal(M.filter_top_k(logits, 5), TopKLogitsWarper(5)(history, logits.clone()))
+    for p in (0.3, 0.9, 1e-6):
+        assert torch.equal(M.filter_top_p(logits, p), TopPLogitsWarper(p)(history, logits.clone()))
+
+
+def test_repetition_penalty_changes_greedy_path_as_in_transformers(qwen3):
+    hf, ours, _ = qwen3
+    prompt = ids(1, 6, seed=12)[0].tolist()
+    ref = hf.generate(torch.tensor([prompt]), max_new_tokens=10, do_sample=False, repetition_penalty=1.5,
+                      pad_token_id=0)[0, 6:].tolist()
+    assert M.generate(ours, [prompt, prompt[:3]], max_new_tokens=10, temperature=0, repetition_penalty=1.5)[0] == ref
+
+
+# --- token log-probabilities ------------------------------------------------------------------
+
+
+def test_token_logprobs_equal_naive_log_softmax_with_gradients(qwen3):
+    _, ours, _ = qwen3
+    x = ids(2, 13)
+    mask = torch.ones(2, 12, dtype=torch.bool)
+    mask[1, 8:] = False
+    mask[0, :3] = False
+    ours.requires_grad_(True)
+    logp, ent = M.token_logprobs(ours, x, mask, temperature=0.8, entropy=True, chunk_size=5)
+    (logp.sum() + ent.sum()).backward()
+    grad = ours.model.layers[0].mlp.up_proj.weight.grad.clone()
+    ours.zero_grad()
+    naive = F.log_softmax(ours(x)[:, :-1].float() / 0.8, -1)
+    ref_logp = naive.gather(-1, x[:, 1:, None])[..., 0] * mask
+    ref_ent = -(naive.exp() * naive).sum(-1) * mask
+    (ref_logp.sum() + ref_ent.sum()).backward()
+    close(logp, ref_logp, 1e-5)
+    close(ent, ref_ent, 1e-5)
+    close(grad, ours.model.layers[0].mlp.up_proj.weight.grad, 1e-5)
+    ours.zero_grad()
+    ours.requires_grad_(False)
+
+
+def test_activation_checkpointing_gives_the_same_gradients(qwen3):
+    _, ours, _ = qwen3
+    x = ids(2, 10)
+    grads = []
+    for flag in (False, True):
+        ours.train().requires_grad_(True)
+        ours.gradient_checkpointing = flag
+        ours(x).float().pow(2).mean().backward()
+        grads.append([p.grad.clone() for p in ours.parameters()])
+        ours.zero_grad()
+    ours.gradient_checkpointing = False
+    ours.eval().requires_grad_(False)
+    for a, b in zip(*grads):
+        close(a, b, 1e-6)
+
+
+# --- LoRA and adapters ------------------------------------------------------------------------
+
+
+def lora_model(path, seed=0, rank=4, **kw):
+    m = M.Qwen.from_pretrained(path, dtype="float32")
+    params = M.add_lora(m, rank=rank, alpha=8, **kw)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in params:
+            p.add_(torch.randn(p.shape, generator=g) * 0.05)
+    return m
+
+
+def test_adapter_we_save_loads_in_peft_with_equal_logits(qwen3, tmp_path):
+    hf, _, path = qwen3
+    ours = lora_model(path)
+    M.save_adapter(ours, tmp_path, base_model_name_or_path=str(path))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
+    base = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    peft_model = peft.PeftModel.from_pretrained(base, tmp_path).eval()
+    x = ids(2, 15)
+    with torch.no_grad():
+        ours_logits = ours(x)
+        close(ours_logits, peft_model(x).logits)
+        assert (ours_logits - hf(x).logits).abs().max() > 1e-3  # the adapter does change the model
+
+
+def test_peft_saved_adapter_loads_in_ours(qwen3, tmp_path):
+    _, _, path = qwen3
+    base = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    cfg = peft.LoraConfig(r=4, lora_alpha=16, target_modules=["q_proj", "v_proj", "down_proj"])
+    peft_model = peft.get_peft_model(base, cfg)
+    randomize(peft_model, seed=3)  # moves the base too: reload it to keep only the adapter's change
+    peft_model.save_pretrained(tmp_path)
+    peft_model = peft.PeftModel.from_pretrained(
+        transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), tmp_path).eval()
+    ours = M.load_adapter(M.Qwen.from_pretrained(path, dtype="float32"), tmp_path)
+    assert set(M.lora_modules(ours)) == {f"model.layers.{i}.{n}" for i in range(2)
+                                         for n in ("self_attn.q_proj", "self_attn.v_proj", "mlp.down_proj")}
+    x = ids(2, 15)
+    with torch.no_grad():
+        close(ours(x), peft_model(x).logits)
+
+
+def test_merge_equals_unmerged_and_disabled_equals_base(qwen3):
+    hf, _, path = qwen3
+    ours = lora_model(path, dropout=0.1)
+    x = ids(2, 12)
+    with torch.no_grad():
+        unmerged = ours(x)
+        with M.lora_disabled(ours):
+            close(ours(x), hf(x).logits)
+        close(ours(x), unmerged, 1e-6)  # enabled again on exit
+        M.merge_lora(ours)
+        assert not M.lora_modules(ours) and not any(".lora_" in n for n in ours.state_dict())
+        close(ours(x), unmerged)
+
+
+def test_lora_trains_only_adapter_parameters(qwen3):
+    _, _, path = qwen3
+    ours = lora_model(path)
+    trainable = {n for n, p in ours.named_parameters() if p.requires_grad}
+    assert trainable and all(n.endswith((".lora_A", ".lora_B")) for n in trainable)
+    assert len(trainable) == 2 * 7 * 2  # seven projections per layer, two layers
+
+
+def test_bad_adapter_files_are_clear_errors(qwen3, tmp_path):
+    _, _, path = qwen3
+    M.save_adapter(lora_model(path, rank=4), tmp_path)
+    with pytest.raises(M.CheckpointError, match="lora_A.weight' has shape"):
+        M.load_adapter(lora_model(path, rank=2), tmp_path)
+    cfg = json.loads((tmp_path / "adapter_config.json").read_text())
+    (tmp_path / "adapter_config.json").write_text(json.dumps(dict(cfg, use_dora=True)))
+    with pytest.raises(M.CheckpointError, match="adapter_config.json: field 'use_dora'"):
+        M.load_adapter(M.Qwen.from_pretrained(path), tmp_path)
+    with pytest.raises(FileNotFoundError, match="adapter_config.json"):
+        M.load_adapter(M.Qwen.from_pretrained(path), tmp_path / "nowhere")
+
+
+# --- tokenizer, special tokens, merged checkpoints --------------------------------------------
+
+
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
+QWEN25_TEMPLATE = ("{%- if messages[0]['role'] == 'system' %}...{%- else %}\n        "
+                   "{{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful "
+                   "assistant.<|im_end|>\\n' }}\n    {%- endif %}")
+
+
+def write_tokenizer(path, model_type, template=""):
+    words = ["hello", "world", "the", "a", "b", "c", "Answer", ":", "x"]
+    vocab = {w: i for i, w in enumerate(["[UNK]"] + words)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.add_special_tokens(SPECIALS)
+    tok.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps(
+        {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "chat_template": template}))
+    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": [12, 10]}))
+    config = json.loads((path / "config.json").read_text()) if (path / "config.json").exists() else {}
+    (path / "config.json").write_text(json.dumps(dict(config, model_type=model_type)))
+    return M.load_tokenizer(path)
+
+
+def test_chatml_strings(tmp_path):
+    msgs = [{"role": "user", "content": "hello world"}]
+    for family in ("qwen2", "qwen3", "qwen3_5"):
+        (tmp_path / family).mkdir()
+    q25 = write_tokenizer(tmp_path / "qwen2", "qwen2", QWEN25_TEMPLATE)
+    assert q25.chat(msgs) == ("<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful "
+                              "assistant.<|im_end|>\n<|im_start|>user\nhello world<|im_end|>\n<|im_start|>assistant\n")
+    sys_msgs = [{"role": "system", "content": "Be brief."}] + msgs
+    assert q25.chat(sys_msgs, add_generation_prompt=False) == \
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhello world<|im_end|>\n"
+    q3 = write_tokenizer(tmp_path / "qwen3", "qwen3")
+    assert q3.chat(msgs) == "<|im_start|>user\nhello world<|im_end|>\n<|im_start|>assistant\n"
+    assert q3.chat(msgs, enable_thinking=False) == \
+        "<|im_start|>user\nhello world<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    q35 = write_tokenizer(tmp_path / "qwen3_5", "qwen3_5")
+    assert q35.chat(msgs) == "<|im_start|>user\nhello world<|im_end|>\n<|im_start|>assistant\n<think>\n"
+    assert q35.chat(msgs, enable_thinking=False).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert q3.eos_token_ids == [12, 10] and q3.pad_token_id == 10  # generation_config's ids, then tokenizer_config's
+    assert q3.encode(q3.chat(msgs)) == [11, 0, 1, 2, 12, 11, 0]  # <|im_start|> [UNK]=user hello world <|im_end|> ...
+    assert q3.encode("a <|im_end|>", special_tokens=False) != q3.encode("a <|im_end|>") == [4, 12]
+
+
+def test_special_token_rows_train_round_trip_and_merge(qwen3, tmp_path):
+    hf, _, path = qwen3  # vocab 211 rows; the tokenizer has 15 tokens, so new tokens use spare rows
+    shutil.copytree(path, tmp_path / "base")
+    tok = write_tokenizer(tmp_path / "base", "qwen3")
+    ours = lora_model(tmp_path / "base")
+    new = M.add_special_tokens(ours, tok, ["<evidence>", "</evidence>"])
+    assert new == [15, 16] and ours.config.vocab_size == 211
+    mean = hf.model.embed_tokens.weight[:15].mean(0)
+    close(ours.model.embed_tokens.weight[15], mean, 1e-6)
+    embed_rows, head_rows = M.train_token_rows(ours, new)
+    opt = torch.optim.SGD([p for p in ours.parameters() if p.requires_grad], lr=0.5)
+    x = torch.tensor([[1, 15, 3, 16, 4, 5]])
+    frozen = ours.model.embed_tokens.weight.clone()
+    for _ in range(2):
+        opt.zero_grad()
+        F.cross_entropy(ours(x)[0, :-1], torch.tensor([15, 3, 16, 16, 15])).backward()
+        opt.step()
+    assert (embed_rows.detach() - ours.model.embed_tokens.weight[new]).abs().min() > 0  # every entry trained
+    assert (head_rows.detach() - ours.lm_head.weight[new]).abs().max() > 1e-3
+    assert torch.equal(frozen, ours.model.embed_tokens.weight)  # the frozen matrix is untouched
+    with torch.no_grad():
+        trained = ours(x)
+    M.save_adapter(ours, tmp_path / "adapter")
+    assert (tmp_path / "adapter" / "token_rows.safetensors").is_file()
+    loaded = M.load_adapter(M.Qwen.from_pretrained(tmp_path / "base", dtype="float32"), tmp_path / "adapter")
+    with torch.no_grad():
+        close(loaded(x), trained, 1e-5)
+        M.save_merged(loaded, tok, tmp_path / "merged")  # does not change `loaded`
+        close(loaded(x), trained, 1e-5)
+        merged_hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "merged", dtype=torch.float32)
+        close(merged_hf(x).logits, trained)
+        close(M.merge_lora(loaded)(x), trained)
+    assert M.load_tokenizer(tmp_path / "merged").encode("a <evidence> b") == [4, 15, 5]
+
+
+def test_add_special_tokens_resizes_when_no_spare_rows(tmp_path_factory, tmp_path):
+    hf, path = hf_checkpoint(tmp_path_factory, "qwen2")
+    shutil.copytree(path, tmp_path / "base")
+    tok = write_tokenizer(tmp_path / "base", "qwen2")
+    ours = M.Qwen.from_pretrained(tmp_path / "base", dtype="float32")
+    for i in range(len(tok), 256):
+        tok.tokenizer.add_tokens([f"w{i}"])
+    new = M.add_special_tokens(ours, tok, ["<evidence>", "</evidence>"])
+    assert new == [256, 257] and ours.config.vocab_size == 258
+    assert ours.model.embed_tokens.weight.shape == ours.lm_head.weight.shape == (258, 64)
+    close(ours.lm_head.weight[257], hf.lm_head.weight.mean(0), 1e-6)
+    x = ids(1, 6)
+    with torch.no_grad():
+        close(ours(x)[..., :256], hf(x).logits)
+    assert M.add_special_tokens(ours, tok, ["<evidence>"]) == [256] and ours.config.vocab_size == 258
+
+
+# --- bad input --------------------------------------------------------------------------------
+
+
+def test_bad_checkpoints_are_clear_errors(qwen3, tmp_path):
+    _, _, path = qwen3
+    with pytest.raises(FileNotFoundError, match="config.json: file not found"):
+        M.Qwen.from_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="dtype 'bf15' is not one of"):
+        M.Qwen.from_pretrained(path, dtype="bf15")
+    config = json.loads((path / "config.json").read_text())
+    cases = {
+        "model_type": ({"model_type": "llama"}, "field 'model_type' = 'llama' is not supported"),
+        "rope": ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e6}},
+                 "field 'rope_parameters.rope_type' = 'yarn'"),
+        "sliding": ({"use_sliding_window": True}, "field 'use_sliding_window'"),
+        "missing": ({"hidden_size": None}, "field 'hidden_size' must be a positive integer"),
+        "shape": ({"intermediate_size": 72}, "model.safetensors: tensor 'model.layers.0.mlp.down_proj.weight' "
+                                             r"has shape \[48, 71\] but config.json implies \[48, 72\]"),
+    }
+    for name, (change, message) in cases.items():
+        bad = tmp_path / name
+        shutil.copytree(path, bad)
+        (bad / "config.json").write_text(json.dumps(dict(config, **change)))
+        with pytest.raises(M.CheckpointError, match=message) as err:
+            M.Qwen.from_pretrained(bad)
+        assert "config.json" in str(err.value)
+    (tmp_path / "shape" / "model.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match="neither model.safetensors nor"):
+        M.Qwen.from_pretrained(tmp_path / "shape")
+    tied = tmp_path / "tied"
+    shutil.copytree(path, tied)
+    (tied / "config.json").write_text(json.dumps(dict(config, num_hidden_layers=1)))
+    with pytest.raises(M.CheckpointError, match=r"unexpected \['model.layers.1."):
+        M.Qwen.from_pretrained(tied)
