@@ -926,24 +926,30 @@ def generate(model: Qwen, prompts: list[list[int]], max_new_tokens: int, tempera
     cache = model.new_cache(len(unique), width + max_new_tokens)
     h = model.hidden_states(ids, cache, lens)[torch.arange(len(unique), device=device), lens - 1]
     logits, cache = model.logits(h)[row_of].float(), cache.select(row_of)
-    seen = torch.zeros_like(logits, dtype=torch.bool).scatter_(1, ids[row_of], True)
+    penalize = repetition_penalty != 1.0
+    seen = torch.zeros_like(logits, dtype=torch.bool).scatter_(1, ids[row_of], True) if penalize else None
     eos = torch.tensor(list(eos_token_ids), dtype=torch.long, device=device)
     out = torch.full((len(prompts), max_new_tokens), -1, dtype=torch.long, device=device)
     out_logp = torch.zeros(out.shape, device=device)
     alive = torch.arange(len(prompts), device=device)
     for step in range(max_new_tokens):
-        logp = (logits / temperature if temperature > 0 else logits).log_softmax(-1)
-        if repetition_penalty != 1.0:
+        if return_logprobs:
+            logp = (logits / temperature if temperature > 0 else logits).log_softmax(-1)
+        if penalize:
             logits = apply_repetition_penalty(logits, seen, repetition_penalty)
         token = sample_next(logits, temperature, top_k, top_p, generator)
-        out[alive, step], out_logp[alive, step] = token, logp.gather(-1, token[:, None])[:, 0]
+        out[alive, step] = token
+        if return_logprobs:
+            out_logp[alive, step] = logp.gather(-1, token[:, None])[:, 0]
         keep = ~torch.isin(token, eos)
         if step == max_new_tokens - 1 or not keep.any():
             break
         if not keep.all():
             rows = keep.nonzero()[:, 0]
-            cache, alive, token, seen = cache.select(rows), alive[rows], token[rows], seen[rows]
-        seen[torch.arange(len(token), device=device), token] = True
+            cache, alive, token = cache.select(rows), alive[rows], token[rows]
+            seen = seen[rows] if penalize else None
+        if penalize:
+            seen[torch.arange(len(token), device=device), token] = True
         logits = model.logits(model.hidden_states(token[:, None], cache)[:, 0]).float()
     result = [[t for t in row if t >= 0] for row in out.tolist()]
     result_logp = [row[:len(r)] for r, row in zip(result, out_logp.tolist())]
