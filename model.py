@@ -214,11 +214,11 @@ class Linear(nn.Linear):
         return (self.weight.float() + delta).to(self.weight.dtype)
 
 
-def rope_tables(positions: torch.Tensor, rot_dim: int, theta: float, dtype: torch.dtype):
-    """cos and signed sin [B, T, 1, rot_dim] for integer positions [B, T], computed in float32 (NeoX
-    layout: frequency i drives dims i and i + rot_dim/2). The sign folds rotate_half's negation in."""
-    inv_freq = 1.0 / theta ** (torch.arange(0, rot_dim, 2, device=positions.device).float() / rot_dim)
-    freqs = (positions.float()[..., None] * inv_freq)[:, :, None, :]
+def rope_tables(n: int, rot_dim: int, theta: float, dtype: torch.dtype, device) -> tuple:
+    """cos and signed sin [n, rot_dim] for positions 0..n-1, computed in float32 (NeoX layout:
+    frequency i drives dims i and i + rot_dim/2). The sign folds rotate_half's negation in."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, rot_dim, 2, device=device).float() / rot_dim)
+    freqs = torch.arange(n, device=device).float()[:, None] * inv_freq
     return torch.cat([freqs, freqs], -1).cos().to(dtype), torch.cat([-freqs.sin(), freqs.sin()], -1).to(dtype)
 
 
@@ -450,15 +450,17 @@ class Cache:
     """Generation state of B rows. Attention layers: K and V [B, Hkv, S_max, D] after RoPE, slot s
     of a row holding its token at position s. Gated DeltaNet layers: the last kernel-1 conv inputs
     [B, C, K-1] and the float32 state [B, Hv, dk, dv]. `lens` [B]: tokens of each row so far;
-    `width`: a Python int >= max(lens), the slots any query may need to look at."""
+    `width`: a Python int >= max(lens), the slots any query may need to look at. `rope`: the RoPE
+    tables of every slot's position, computed once."""
     layers: list
     lens: torch.Tensor
     width: int
+    rope: tuple
 
     def select(self, rows: torch.Tensor) -> "Cache":
         """The cache of rows `rows` (reorder, repeat a shared prompt, drop finished rows)."""
         return Cache([[t.index_select(0, rows) for t in layer] for layer in self.layers],
-                     self.lens.index_select(0, rows), self.width)
+                     self.lens.index_select(0, rows), self.width, self.rope)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -560,7 +562,8 @@ class Qwen(nn.Module):
             positions = positions + cache.lens[:, None]
         cfg = self.config
         x = self.embed(input_ids)
-        cos, sin = rope_tables(positions, cfg.rotary_dim, cfg.rope_theta, x.dtype)
+        rope = rope_tables(T, cfg.rotary_dim, cfg.rope_theta, x.dtype, x.device) if cache is None else cache.rope
+        cos, sin = (table[positions, None] for table in rope)  # [B, T, 1, rot_dim]
         mask = valid = None
         if cache is not None:
             if cache.width > 0:
@@ -587,7 +590,8 @@ class Qwen(nn.Module):
     def new_cache(self, batch: int, max_len: int) -> Cache:
         layers = [getattr(layer, layer.mixer_name).new_state(batch, max_len, self.dtype, self.device)
                   for layer in self.model.layers]
-        return Cache(layers, torch.zeros(batch, dtype=torch.long, device=self.device), 0)
+        rope = rope_tables(max_len, self.config.rotary_dim, self.config.rope_theta, self.dtype, self.device)
+        return Cache(layers, torch.zeros(batch, dtype=torch.long, device=self.device), 0, rope)
 
 
 def checkpoint_name(cfg: QwenConfig, name: str) -> str:
