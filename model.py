@@ -184,10 +184,11 @@ class RMSNorm(nn.Module):
         self.eps, self.offset = eps, offset
 
     def forward(self, x):
-        normed = F.rms_norm(x.float(), x.shape[-1:], eps=self.eps)
         if self.offset:
-            return (normed * (1 + self.weight.float())).to(x.dtype)
-        return self.weight * normed.to(x.dtype)
+            return F.rms_norm(x.float(), x.shape[-1:], 1 + self.weight.float(), self.eps).to(x.dtype)
+        if x.dtype == torch.float32:  # F.rms_norm multiplies by w before its cast: the same only here
+            return F.rms_norm(x, x.shape[-1:], self.weight, self.eps)
+        return self.weight * F.rms_norm(x.float(), x.shape[-1:], eps=self.eps).to(x.dtype)
 
 
 class Linear(nn.Linear):
