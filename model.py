@@ -224,11 +224,11 @@ def rope_tables(n: int, rot_dim: int, theta: float, dtype: torch.dtype, device) 
 
 
 def apply_rope(x, cos, sin_signed):
-    """x' = x cos + rotate_half(x) sin, rotate_half(x) = [-x2, x1], on the first cos.shape[-1] dims
-    of each head (all of them for the dense models); x: [B, T, H, D]."""
+    """x' = x cos + rotate_half(x) sin, rotate_half(x) = [-x2, x1] (the halves swapped, the sign in
+    sin_signed), on the first cos.shape[-1] dims of each head (all of them for the dense models); x: [B, T, H, D]."""
     rot = cos.shape[-1]
     xr = x[..., :rot]
-    out = xr * cos + xr.unflatten(-1, (2, -1)).flip(-2).flatten(-2) * sin_signed
+    out = xr * cos + xr.roll(rot // 2, -1) * sin_signed
     return out if rot == x.shape[-1] else torch.cat([out, x[..., rot:]], -1)
 
 
