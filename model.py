@@ -235,8 +235,8 @@ def apply_rope(x, cos, sin_signed):
 @dataclass
 class Step:
     """What every layer of one forward call shares: RoPE tables, the cache (or None), each query's
-    absolute position [B, T] and, for a cache that already holds tokens, the mask [B, T, S] of the
-    slots each query sees (its row's slots 0..position)."""
+    absolute position [B, T] and, for a cache that already holds tokens, the additive mask [B, T, S]:
+    log 1 = 0 on the slots each query sees (its row's slots 0..position), log 0 = -inf elsewhere."""
     cos: torch.Tensor
     sin: torch.Tensor
     cache: "Cache | None"
@@ -571,7 +571,7 @@ class Qwen(nn.Module):
         mask = valid = None
         if cache is not None:
             if cache.width > 0:
-                mask = torch.arange(cache.width + T, device=x.device) <= positions[:, :, None]
+                mask = (torch.arange(cache.width + T, device=x.device) <= positions[:, :, None]).to(x.dtype).log()
             if lengths is None:
                 lengths = torch.full((B,), T, device=x.device)
             else:
