@@ -548,7 +548,7 @@ class Qwen(nn.Module):
 
     def logits(self, h):
         """lm_head on final hidden states h [..., d] (in the model dtype). A few rows on the CPU (decoding)
-        go as (W h^T)^T, which MKL splits over threads by vocabulary rows: on 2 cores that is ~1.3x faster
+        go as (W h^T)^T, which MKL splits over threads by vocabulary rows: on 2 cores that is 1.2-1.3x faster
         generation than h W^T, which barely uses the second thread."""
         few_rows = h.device.type == "cpu" and h.dim() == 2 and h.shape[0] <= 64
         out = (self.head_weight() @ h.T).T if few_rows else F.linear(h, self.head_weight())
