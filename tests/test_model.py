@@ -85,6 +85,21 @@ def test_sharded_and_single_file_loading_agree(qwen3, tmp_path):
         assert torch.equal(a, b), name
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_rms_norm_rounds_like_transformers(dtype):
+    """Qwen2/3 cast the normalized x to the input dtype, then multiply by w; Qwen3.5 multiplies by
+    1 + w in float32, then casts. In half precision the two orders differ in the last bit."""
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
+    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5RMSNorm
+    g = torch.Generator().manual_seed(0)
+    x, w = (torch.randn(3, 5, 64, generator=g) * 3).to(dtype), torch.randn(64, generator=g)
+    for theirs, offset in ((Qwen3RMSNorm(64, eps=1e-6), False), (Qwen3_5RMSNorm(64, eps=1e-6), True)):
+        ours = M.RMSNorm(64, 1e-6, offset)
+        with torch.no_grad():
+            theirs.weight.copy_(w), ours.weight.copy_(w)
+        assert torch.equal(ours.to(dtype)(x), theirs.to(dtype)(x))
+
+
 def test_load_in_bfloat16_keeps_every_tensor_in_bfloat16(qwen3):
     _, ours, path = qwen3
     bf16 = M.Qwen.from_pretrained(path, dtype="bfloat16")
