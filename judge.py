@@ -41,7 +41,7 @@ from typing import Any
 import requests
 from requests.adapters import HTTPAdapter
 
-from data import TASKS, Example, render_conversation, render_target, task_brief, visible_turns
+from data import TASKS, Example, reject_json_constant, render_conversation, render_target, task_brief, visible_turns
 
 log = logging.getLogger("judge")
 
@@ -275,10 +275,6 @@ def _verdict_lines(text: str, items: list[tuple[str | None, str]]) -> list[str] 
     return verdicts
 
 
-def _reject_constant(name: str):
-    raise ValueError(f"{name} is not a JSON number")
-
-
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
     keys = [k for k, _ in pairs]
     if len(keys) != len(set(keys)):
@@ -290,7 +286,7 @@ def _strict_json_object(text: str) -> dict | None:
     """The answer as one JSON object (surrounding whitespace only), or None; NaN, Infinity and
     duplicate keys are malformed."""
     try:
-        value = json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_unique_keys)
+        value = json.loads(text, parse_constant=reject_json_constant, object_pairs_hook=_unique_keys)
     except ValueError:
         return None
     return value if isinstance(value, dict) else None
