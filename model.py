@@ -184,11 +184,11 @@ class RMSNorm(nn.Module):
         self.eps, self.offset = eps, offset
 
     def forward(self, x):
+        h = x.float()
+        h = h * h.pow(2).mean(-1, keepdim=True).add_(self.eps).rsqrt_()
         if self.offset:
-            return F.rms_norm(x.float(), x.shape[-1:], 1 + self.weight.float(), self.eps).to(x.dtype)
-        if x.dtype == torch.float32:  # F.rms_norm multiplies by w before its cast: the same only here
-            return F.rms_norm(x, x.shape[-1:], self.weight, self.eps)
-        return self.weight * F.rms_norm(x.float(), x.shape[-1:], eps=self.eps).to(x.dtype)
+            return (h * (1 + self.weight.float())).to(x.dtype)
+        return self.weight * h.to(x.dtype)
 
 
 class Linear(nn.Linear):
@@ -235,8 +235,9 @@ def apply_rope(x, cos, sin_signed):
 @dataclass
 class Step:
     """What every layer of one forward call shares: RoPE tables, the cache (or None), each query's
-    absolute position [B, T] and, for a cache that already holds tokens, the additive mask [B, T, S]:
-    log 1 = 0 on the slots each query sees (its row's slots 0..position), log 0 = -inf elsewhere."""
+    absolute position [B, T] and, for a cache that already holds tokens, the additive mask: log 1 = 0
+    on the slots each query sees (its row's slots 0..position), log 0 = -inf elsewhere, shaped
+    [B, 1, G*T, S] for the G query heads that share a KV head (row g*T + t is query t)."""
     cos: torch.Tensor
     sin: torch.Tensor
     cache: "Cache | None"
@@ -303,9 +304,7 @@ def cached_attention(q, k, v, cache: "Cache", layer_idx: int, positions, mask):
         return F.scaled_dot_product_attention(q, k_cache[:, :, :S], v_cache[:, :, :S], is_causal=True,
                                               enable_gqa=True).transpose(1, 2)
     # GQA without copying K/V: the G query heads that share a KV head become G*T query rows.
-    G = H // Hkv
-    mask = mask[:, None, None].expand(B, 1, G, T, S).reshape(B, 1, G * T, S)
-    o = F.scaled_dot_product_attention(q.reshape(B, Hkv, G * T, D), k_cache[:, :, :S], v_cache[:, :, :S],
+    o = F.scaled_dot_product_attention(q.reshape(B, Hkv, H // Hkv * T, D), k_cache[:, :, :S], v_cache[:, :, :S],
                                        attn_mask=mask)
     return o.view(B, H, T, D).transpose(1, 2)
 
@@ -572,6 +571,7 @@ class Qwen(nn.Module):
         if cache is not None:
             if cache.width > 0:
                 mask = (torch.arange(cache.width + T, device=x.device) <= positions[:, :, None]).to(x.dtype).log()
+                mask = mask.repeat(1, cfg.num_heads // cfg.num_kv_heads, 1)[:, None]
             if lengths is None:
                 lengths = torch.full((B,), T, device=x.device)
             else:
