@@ -320,8 +320,10 @@ def atomic_write_text(path, text: str) -> None:
     try:
         tmp.write_text(text, encoding="utf-8")
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError):  # name the file asked for, not the temporary one
+            raise OSError(e.errno, e.strerror, str(path)) from None
         raise
 
 
