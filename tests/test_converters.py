@@ -276,7 +276,8 @@ def test_cli_errors_exit_with_one_line(tmp_path, capsys):
 
 REPO = Path(__file__).resolve().parents[1]
 MELD_HEADER = "Sr No.,Utterance,Speaker,Emotion,Sentiment,Dialogue_ID,Utterance_ID\n"
-GOOD_LINE = '{"id": "x", "task": "wiki_power", "turns": [{"speaker": "A", "text": "hi"}], "target": null, "labels": ["A"]}'
+GOOD_LINE = ('{"id": "x", "task": "wiki_power", "turns": [{"speaker": "A", "text": "hi"}], "target": null, '
+             '"labels": ["A"]}')
 
 
 def run_cli(script, *args, **kwargs):
