@@ -31,7 +31,7 @@ The work per quotation is bounded, so a hostile completion cannot stall or exhau
 quotation of more than MAX_QUOTE_TOKENS tokens (or 16 characters per such token), or of more than
 MAX_FRAGMENTS fragments, does not verify (evidence is a span, not a transcript); and the
 typo-tolerant search for the whole quotation, then the one for its fragments, each spend at most
-MAX_SEARCH_WORK steps (token hits sorted plus alignment cells filled). Only quotations of very
+MAX_SEARCH_WORK steps (token hits sorted, alignment cells filled and columns started). Only quotations of very
 common words in long or repetitive conversations get there; past it only exact copies, found by a
 linear scan, still match.
 """
@@ -340,7 +340,7 @@ def _find(q: _Tokens, conv: _Conversation, start: int, work: _Work) -> tuple[int
     for lo, hi in _candidate_windows(q, conv, start, budget, work):
         for piece in range(lo, hi, 4 * reach):
             end = min(hi, piece + 5 * reach)
-            work.spend((end - piece) * len(q.tokens))
+            work.spend((end - piece) * (len(q.tokens) + 4))  # cells, and each column's own upkeep
             span = _align(q, conv.text, piece, end, budget)
             if span is not None:
                 return span
