@@ -31,9 +31,10 @@ The work per quotation is bounded, so a hostile completion cannot stall or exhau
 quotation of more than MAX_QUOTE_TOKENS tokens (or 16 characters per such token), or of more than
 MAX_FRAGMENTS fragments, does not verify (evidence is a span, not a transcript); and the
 typo-tolerant search for the whole quotation, then the one for its fragments, each spend at most
-MAX_SEARCH_WORK steps (token hits sorted, alignment cells filled and columns started). Only quotations of very
-common words in long or repetitive conversations get there; past it only exact copies, found by a
-linear scan, still match.
+MAX_SEARCH_WORK steps (token hits sorted, alignment cells filled, columns started). Only quotations
+of very common words in long or repetitive conversations get there (genuine ones with a typo in a
+10,000-turn conversation spend under 100,000); past it only exact copies, found by a linear scan,
+still match.
 """
 
 from __future__ import annotations
