@@ -52,10 +52,11 @@ class Rollout:
     @classmethod
     def from_completion(cls, example: data.Example, completion: str, *, n_reasoning_tokens: int,
                         n_completion_tokens: int, **rest) -> Rollout:
-        """A rollout with its reasoning, blocks and answer parsed from the completion text (data.py's rules)."""
+        """A rollout with its reasoning, blocks and answer parsed from the completion text (data.py's rules;
+        a multiple-choice answer is checked against the example's own options)."""
         reasoning, _ = data.split_completion(completion)
         return cls(example, completion, reasoning, data.split_blocks(reasoning),
-                   data.parse_answer(completion, example.task), n_reasoning_tokens, n_completion_tokens, **rest)
+                   data.parse_answer(completion, example), n_reasoning_tokens, n_completion_tokens, **rest)
 
 
 @dataclass
@@ -206,14 +207,10 @@ _LENGTH = dict(ngram=4, rep_threshold=0.1, rep_beta=8.0, len_min=400.0, len_max=
 
 @reward()
 def r_fmt(rollout, cfg):
-    """R_fmt in our completion format: 1 when the completion has one `</think>` with reasoning before
-    it and, after it, exactly one non-empty line and that line is `Answer: ...`; else 0. (Whether the
-    labels are valid is R_out's business.)"""
-    _, answer_text = data.split_completion(rollout.completion)
-    lines = answer_text.strip().splitlines()
-    well_formed = (rollout.completion.count(data.THINK_END) == 1 and bool(rollout.reasoning)
-                   and len(lines) == 1 and lines[0].lower().startswith("answer:"))
-    return float(well_formed)
+    """R_fmt in our completion format: 1 when the completion keeps it exactly (`data.well_formed`:
+    reasoning, one `</think>`, then only the `Answer:` line), else 0. (Whether the labels are valid
+    is R_out's business.)"""
+    return float(data.well_formed(rollout.completion))
 
 
 @reward(**_LENGTH)
