@@ -5,18 +5,19 @@ OpenAI-compatible server for offline runs, tests and benchmarks lives in judge_s
 Judges (builder -> parser -> parsed shape; `rewards.py` reads the parsed value from
 `rollout.judged[name]`):
 
-| name              | builder                   | parser                 | parsed shape |
-|-------------------|---------------------------|------------------------|--------------|
-| `iu`              | `iu_request`              | `parse_iu_verdicts`    | `list[int]`, J_j per block (1 = GAIN, 0 = NO_GAIN) |
-| `cause`           | `cause_request`           | `parse_cause_verdict`  | `bool` (the reasoning uses turn k as a cause) |
-| `sip_structure`   | `sip_structure_request`   | `parse_sip_structure`  | `float` in [0, 1] (share of SIP stages done in order) |
-| `sip_content`     | `sip_content_request`     | `parse_sip_content`    | `float` in [0, 1] (agreement with a reference SIP analysis) |
-| `care_rubric`     | `care_rubric_request`     | `parse_care_rubric`    | `{dim: {"weight": float, "criteria": [str, ...]}}` |
-| `care_scores`     | `care_scores_request`     | `parse_care_scores`    | `{dim: [int 0-5 per criterion]}` |
-| `emotional_state` | `emotional_state_request` | `parse_emotional_state`| `int` in 1..5 |
-| `turn_quality`    | `turn_quality_request`    | `parse_turn_quality`   | `{"sr_proxy": 0/1, "ea": 1-5, "fa": 0/1}` as floats |
-| `user_turn`       | `user_turn_request`       | `parse_user_turn`      | `str`, the simulated user's next message |
-| `refinement`      | `refinement_request`      | `parse_refinement`     | `RefinedTrace` or `ReferenceConflict` |
+| name | builder | parser | parsed shape |
+|---|---|---|---|
+| `iu` | `iu_request` | `parse_iu_verdicts` | `list[int]`, J_j per block (1 = GAIN, 0 = NO_GAIN) |
+| `cause` | `cause_request` | `parse_cause_verdict` | `bool` (the reasoning uses turn k as a cause) |
+| `sip_structure` | `sip_structure_request` | `parse_sip_structure` | `float` in [0, 1] (SIP stages done in order) |
+| `sip_content` | `sip_content_request` | `parse_sip_content` | `float` in [0, 1] (SIP content against a reference) |
+| `sip_content_free` | `sip_content_request` | `parse_sip_content` | the same, against the conversation alone |
+| `care_rubric` | `care_rubric_request` | `parse_care_rubric` | `{dim: {"weight": float, "criteria": [str, ...]}}` |
+| `care_scores` | `care_scores_request` | `parse_care_scores` | `{dim: [int 0-5 per criterion]}` |
+| `emotional_state` | `emotional_state_request` | `parse_emotional_state` | `int` in 1..5 |
+| `turn_quality` | `turn_quality_request` | `parse_turn_quality` | `{"sr_proxy": 0/1, "ea": 1-5, "fa": 0/1}` as floats |
+| `user_turn` | `user_turn_request` | `parse_user_turn` | `str`, the simulated user's next message |
+| `refinement` | `refinement_request` | `parse_refinement` | `RefinedTrace` or `ReferenceConflict` |
 
 Every parser returns None on any answer that is not exactly in its format: a missing judgement
 is reported as missing, never guessed. Conversation text, candidate reasoning and model output are
@@ -41,7 +42,8 @@ from typing import Any
 import requests
 from requests.adapters import HTTPAdapter
 
-from data import TASKS, Example, reject_json_constant, render_conversation, render_target, task_brief, visible_turns
+from data import (EVIDENCE_CLOSE, EVIDENCE_OPEN, TASKS, THINK_END, THINK_START, Example, reject_json_constant,
+                  render_conversation, render_target, task_brief, visible_turns)
 
 log = logging.getLogger("judge")
 
@@ -314,7 +316,7 @@ You receive:
 
 Start with nothing credited and go through the blocks in order, comparing each block with every supported contribution credited before it.
 
-GAIN: the block states at least one specific, task-relevant interpretation, distinction, limitation, refinement or correction that is new relative to what is already credited and that rests on quoted evidence: an <evidence>...</evidence> quotation in this block or an earlier one. Such a contribution can concern what a speaker feels or intends, how the speakers are related, what a turn does in the exchange, an expectation or obligation in play, timing, or what the evidence cannot establish. A plain, direct inference counts when the block says what the quoted words mean for the task.
+GAIN: the block states at least one specific, task-relevant interpretation, distinction, limitation, refinement or correction that is new relative to what is already credited and that rests on quoted evidence: an {EVIDENCE_OPEN}...{EVIDENCE_CLOSE} quotation in this block or an earlier one. Such a contribution can concern what a speaker feels or intends, how the speakers are related, what a turn does in the exchange, an expectation or obligation in play, timing, or what the evidence cannot establish. A plain, direct inference counts when the block says what the quoted words mean for the task.
 NO_GAIN: nothing of that kind remains. The block only quotes, paraphrases, translates or summarizes; repeats something already credited (in other words, with another quotation, another label name or more confidence); offers generic remarks or definitions; asserts what its quotations do not support; rules out labels that nothing in the evidence made plausible; applies an already credited observation to one more label; or only concludes, summarizes or restates the answer, even a corrected one. A quotation alone is never enough.
 
 Rules:
@@ -332,13 +334,13 @@ Output: for each block, in order, exactly one line
 <block number>: <short assessment> | GAIN
 or
 <block number>: <short assessment> | NO_GAIN
-The assessment comes first: for GAIN name the new contribution, for NO_GAIN the main reason. Do not use the character | inside it. Write nothing else: no heading, no blank line, no code fence, no summary.
+The assessment comes first: for GAIN name the new contribution, for NO_GAIN the main reason. Write every assessment in English, whatever the language of the conversation and the reasoning. Do not use the character | inside it. Write nothing else: no heading, no blank line, no code fence, no summary.
 
 An invented example (it illustrates the rules; its topic is not a rule):
 Task: the emotion of B's last turn. Conversation: A: Your flight got cancelled, I'm so sorry. B: Great. Just great.
-Block 1: B feels sorry, as <evidence>I'm so sorry</evidence> shows.
-Block 2: Wait, <evidence>I'm so sorry</evidence> is A's line, so it shows A's sympathy, not B's state. B answers the news <evidence>Your flight got cancelled</evidence> with <evidence>Great. Just great.</evidence>: praise for bad news reads as sarcasm, so B is annoyed, not pleased.
-Block 3: B says <evidence>Great.</evidence>, a positive word.
+Block 1: B feels sorry, as {EVIDENCE_OPEN}I'm so sorry{EVIDENCE_CLOSE} shows.
+Block 2: Wait, {EVIDENCE_OPEN}I'm so sorry{EVIDENCE_CLOSE} is A's line, so it shows A's sympathy, not B's state. B answers the news {EVIDENCE_OPEN}Your flight got cancelled{EVIDENCE_CLOSE} with {EVIDENCE_OPEN}Great. Just great.{EVIDENCE_CLOSE}: praise for bad news reads as sarcasm, so B is annoyed, not pleased.
+Block 3: B says {EVIDENCE_OPEN}Great.{EVIDENCE_CLOSE}, a positive word.
 Block 4: So the emotion is anger.
 Expected output:
 1: Attributes A's apology to B without support | NO_GAIN
@@ -374,7 +376,7 @@ CAUSE_SYSTEM = f"""You check one thing: whether a candidate's reasoning uses ONE
 You receive:
 - <task>: the question the candidate answered.
 - <conversation>: the turns the candidate saw, numbered [1], [2], ... for you (the candidate saw no numbers). The last turn, marked (TARGET), is the utterance whose emotion the candidate judged.
-- <reasoning>: the candidate's reasoning, verbatim; text between <evidence> and </evidence> is what the candidate marked as quoted evidence.
+- <reasoning>: the candidate's reasoning, verbatim; text between {EVIDENCE_OPEN} and {EVIDENCE_CLOSE} is what the candidate marked as quoted evidence.
 - <answer>: the emotion the candidate concluded.
 - <turn_to_assess>: one turn number.
 {_DATA_NOTICE}
@@ -406,7 +408,7 @@ or
 The assessment (at most 20 words) says how the reasoning uses the assessed turn, without the character | in it.
 
 An invented example: [1] Kai: Is the coffee machine fixed? [2] Noor: The landlord says we must move out by Friday. [3] (TARGET) Kai: Friday?! We just unpacked.
-Reasoning: Kai asks about the coffee machine. Noor then reports <evidence>we must move out by Friday</evidence>, and Kai's <evidence>We just unpacked.</evidence> protests being forced out so soon, which reads as anger. Answer: anger.
+Reasoning: Kai asks about the coffee machine. Noor then reports {EVIDENCE_OPEN}we must move out by Friday{EVIDENCE_CLOSE}, and Kai's {EVIDENCE_OPEN}We just unpacked.{EVIDENCE_CLOSE} protests being forced out so soon, which reads as anger. Answer: anger.
 For turn [2]: Treats the eviction news as what Kai is angry about | YES
 For turn [1]: Coffee question only retold, no link to the anger | NO"""
 
@@ -454,20 +456,30 @@ Goal: <short assessment> | YES or NO
 Response: <short assessment> | YES or NO
 Do not use the character | inside an assessment."""
 
-_SIP_CONTENT_SYSTEM = f"""You score how well a candidate's social reasoning agrees with a reference analysis of the same question. The reference follows the four stages of Social Information Processing: the cues to notice (encoding), how to read them, including what each person believes, feels and knows (interpretation), what the people are after (goal), and the response that follows.
+# R_content's instructions, with the paper's yardstick (a reference SIP analysis) or, for data without
+# one, ours: the conversation itself.
+_SIP_CONTENT_SYSTEM = """You score how well a candidate's social reasoning {measure}. {standard} follows the four stages of Social Information Processing: the cues to notice (encoding), how to read them, including what each person believes, feels and knows (interpretation), what the people are after (goal), and the response that follows.
 
-You receive <task> (the question, its options and any inputs), <conversation> (the story or conversation), <reference> (the reference analysis) and <reasoning> (the candidate's reasoning). {_DATA_NOTICE}
+You receive <task> (the question, its options and any inputs), <conversation> (the story or conversation){reference} and <reasoning> (the candidate's reasoning). {data_notice}
 
 Check the stages in order; an early failure caps the score, whatever comes later:
 - Encoding: cues invented that are not in the story, or key cues missed or contradicted: score at most 0.2.
-- Interpretation: mental states misread, or the social dynamic misunderstood, compared with the reference: score at most 0.5.
+- Interpretation: mental states misread, or the social dynamic misunderstood, {against}: score at most 0.5.
 - Goal: correct understanding but weak or flawed logic from the goal to the response: score at most 0.7.
-- Otherwise 0.8 to 1.0: 1.0 when the reasoning matches the reference's logic throughout, 0.8 or 0.9 when it is right with minor redundancy.
+- Otherwise 0.8 to 1.0: 1.0 when the reasoning {best}, 0.8 or 0.9 when it is right with minor redundancy.
 Judge the reasoning, not just its final choice.
 
 Output exactly one line and nothing else:
 <short assessment> | <score>
 where the score is a number from 0 to 1 with at most two decimals, and the assessment does not use the character |."""
+_SIP_CONTENT_AGAINST_REFERENCE = _SIP_CONTENT_SYSTEM.format(
+    measure="agrees with a reference analysis of the same question", standard="The reference",
+    reference=", <reference> (the reference analysis)", against="compared with the reference",
+    best="matches the reference's logic throughout", data_notice=_DATA_NOTICE)
+_SIP_CONTENT_AGAINST_CONVERSATION = _SIP_CONTENT_SYSTEM.format(
+    measure="holds up against the story or conversation itself (no reference analysis is given)",
+    standard="Sound reasoning", reference="", against="against what the story or conversation shows",
+    best="follows from the story or conversation at every step", data_notice=_DATA_NOTICE)
 
 
 def sip_structure_request(example: Example, reasoning: str) -> JudgeCall:
@@ -484,14 +496,15 @@ def parse_sip_structure(text: str) -> float | None:
     return None if verdicts is None else verdicts.count("YES") / len(SIP_STAGES)
 
 
-def sip_content_request(example: Example, reasoning: str, reference: str) -> JudgeCall:
-    """The Social-R1 content judge call (R_content): a 0-1 score against a reference SIP analysis,
-    with the paper's tiered rubric. (The paper distils such scores into a reward model; here the
-    judge scores directly.)"""
-    messages = _messages(_SIP_CONTENT_SYSTEM, _section("task", task_brief(example)),
-                         _section("conversation", render_conversation(example)), _section("reference", reference),
-                         _section("reasoning", reasoning))
-    return JudgeCall(messages, 128)
+def sip_content_request(example: Example, reasoning: str, reference: str | None) -> JudgeCall:
+    """The Social-R1 content judge call (R_content): a 0-1 score with the paper's tiered rubric, against
+    a reference SIP analysis; with reference=None, against the conversation alone (our variant for data
+    without references, judge name `sip_content_free`). (The paper distils such scores into a reward
+    model; here the judge scores directly.)"""
+    system = _SIP_CONTENT_AGAINST_CONVERSATION if reference is None else _SIP_CONTENT_AGAINST_REFERENCE
+    sections = [_section("task", task_brief(example)), _section("conversation", render_conversation(example))]
+    sections += [] if reference is None else [_section("reference", reference)]
+    return JudgeCall(_messages(system, *sections, _section("reasoning", reasoning)), 128)
 
 
 def parse_sip_content(text: str) -> float | None:
@@ -505,6 +518,8 @@ def parse_sip_content(text: str) -> float | None:
 # ----------------------------------------------------------------------------- CARE (sections 3.1, 3.4)
 
 CARE_DIMENSIONS = ("cognitive", "affective", "proactive")
+# A judge-written rubric rounds its weights (0.33 / 0.33 / 0.34, or 0.333 each): they must sum to 1 within this.
+CARE_WEIGHT_TOLERANCE = 0.01
 
 _CARE_RUBRIC_SYSTEM = f"""You write the scoring rubric for the assistant's next reply in an emotional-support conversation. What good support means changes as a conversation unfolds: a person may first need their feelings acknowledged, later help in understanding their situation, and later help in moving forward. Your rubric states what matters most at this point of this conversation.
 
@@ -536,16 +551,16 @@ def care_rubric_request(dialogue: list[tuple[str, str]]) -> JudgeCall:
     return JudgeCall(_messages(_CARE_RUBRIC_SYSTEM, _section("dialogue", _dialogue_text(dialogue))), 768)
 
 
-def parse_care_rubric(text: str) -> dict[str, dict[str, Any]] | None:
-    """`{dimension: {"weight": w_d, "criteria": [...]}}` for the three CARE dimensions, or None.
-    Each dimension needs a weight in [0, 1] and 2-4 distinct non-empty criteria; the weights must
-    sum to 1 within 1e-3 and are then renormalized to sum to exactly 1."""
-    rubric = _strict_json_object(text)
-    if rubric is None or set(rubric) != set(CARE_DIMENSIONS):
+def care_rubric(value: Any) -> dict[str, dict[str, Any]] | None:
+    """A CARE rubric checked and normalized, or None: exactly the three CARE_DIMENSIONS, each
+    `{"weight": w_d, "criteria": [...]}` with w_d in [0, 1] and 2-4 distinct non-empty criteria (kept
+    stripped); the weights must sum to 1 within CARE_WEIGHT_TOLERANCE and are then renormalized to sum
+    to exactly 1. The one check of a rubric: parse_care_rubric and rewards.care both call it."""
+    if not isinstance(value, dict) or set(value) != set(CARE_DIMENSIONS):
         return None
-    parsed = {}
+    rubric = {}
     for dim in CARE_DIMENSIONS:
-        entry = rubric[dim]
+        entry = value[dim]
         if not isinstance(entry, dict) or set(entry) != {"weight", "criteria"}:
             return None
         weight, criteria = entry["weight"], entry["criteria"]
@@ -555,13 +570,18 @@ def parse_care_rubric(text: str) -> dict[str, dict[str, Any]] | None:
         criteria = [c.strip() for c in criteria]
         if not 2 <= len(criteria) <= 4 or len(set(criteria)) != len(criteria):
             return None
-        parsed[dim] = {"weight": float(weight), "criteria": criteria}
-    total = sum(d["weight"] for d in parsed.values())
-    if abs(total - 1) > 1e-3:
+        rubric[dim] = {"weight": float(weight), "criteria": criteria}
+    total = sum(d["weight"] for d in rubric.values())
+    if abs(total - 1) > CARE_WEIGHT_TOLERANCE:
         return None
-    for d in parsed.values():
+    for d in rubric.values():
         d["weight"] /= total
-    return parsed
+    return rubric
+
+
+def parse_care_rubric(text: str) -> dict[str, dict[str, Any]] | None:
+    """The rubric a judge wrote, as one strict JSON object that care_rubric accepts, or None."""
+    return care_rubric(_strict_json_object(text))
 
 
 def care_scores_request(dialogue: list[tuple[str, str]], rubric: dict[str, dict[str, Any]], reply: str) -> JudgeCall:
@@ -677,7 +697,7 @@ def parse_user_turn(text: str) -> str | None:
     """The simulated user's message, or None when it is empty, contains thinking tags, or carries a
     role label on any line (a sign the simulator wrote for another role or several turns)."""
     message = text.strip()
-    if not message or "<think>" in message or "</think>" in message or _ROLE_LABEL_RE.search(message):
+    if not message or THINK_START in message or THINK_END in message or _ROLE_LABEL_RE.search(message):
         return None
     return message
 
