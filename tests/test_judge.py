@@ -589,7 +589,8 @@ def test_iu_request_shows_task_conversation_target_and_numbered_blocks_only():
     assert '<block n="1">\nfirst\n</block>\n\n<block n="2">\nsecond\n</block>' in user
     assert "sadness" not in user.split("</task>")[1]  # the gold label is withheld
     # CLUE C.2: the per-block assessments come in English, whatever the conversation's language
-    assert "Write every assessment in English, whatever the language of the conversation" in request.messages[0]["content"]
+    system = request.messages[0]["content"]
+    assert "Write every assessment in English, whatever the language of the conversation" in system
     conversation_level = Example(id="p", task="meld_emotion", turns=example.turns, target=None, labels=["joy"])
     assert "the whole exchange" in judge.iu_request(conversation_level, ["b"], JudgeConfig()).messages[-1]["content"]
 

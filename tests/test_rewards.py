@@ -226,7 +226,8 @@ def test_social_r1_composite_with_time_dependent_weights():
 
 
 def test_data_that_cannot_feed_the_reward_stops_the_run_with_one_line():
-    with_reference = [dataclasses.replace(example(), id=f"ok{i}", meta={"reference": "Encoding: ..."}) for i in range(3)]
+    with_reference = [dataclasses.replace(example(), id=f"ok{i}", meta={"reference": "Encoding: ..."})
+                      for i in range(3)]
     without = [dataclasses.replace(example(), id=f"bare{i}", meta={"reference": "  "} if i else {}) for i in range(7)]
     check_reward_data(RewardSpec("social_r1"), with_reference)
     check_reward_data(RewardSpec("social_r1_reference_free"), without)  # needs no reference
