@@ -1,5 +1,6 @@
-"""Data: the example schema, the task registry with its prompts and answer parsing, conversation
-rendering, completion splitting and the curriculum. Dataset converters live in convert.py.
+"""Data: the example schema, the task registry with its prompts, conversation rendering, the
+completion format (its `<think>` tags, splitting, `well_formed`, answer parsing: nothing else parses
+a completion) and the curriculum. Dataset converters live in convert.py.
 
     python data.py stats FILE [--tokenizer PATH]
 """

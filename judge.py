@@ -512,7 +512,7 @@ Do not use the character | inside an assessment."""
 
 # R_content's instructions, with the paper's yardstick (a reference SIP analysis) or, for data without
 # one, ours: the conversation itself.
-_SIP_CONTENT_SYSTEM = """You score how well a candidate's social reasoning {measure}. {standard} follows the four \
+_SIP_CONTENT_TEMPLATE = """You score how well a candidate's social reasoning {measure}. {standard} follows the four \
 stages of Social Information Processing: the cues to notice (encoding), how to read them, including what each person \
 believes, feels and knows (interpretation), what the people are after (goal), and the response that follows.
 
@@ -529,11 +529,11 @@ Judge the reasoning, not just its final choice.
 Output exactly one line and nothing else:
 <short assessment> | <score>
 where the score is a number from 0 to 1 with at most two decimals, and the assessment does not use the character |."""
-_SIP_CONTENT_AGAINST_REFERENCE = _SIP_CONTENT_SYSTEM.format(
+_SIP_CONTENT_AGAINST_REFERENCE = _SIP_CONTENT_TEMPLATE.format(
     measure="agrees with a reference analysis of the same question", standard="The reference",
     reference=", <reference> (the reference analysis)", against="compared with the reference",
     best="matches the reference's logic throughout", data_notice=_DATA_NOTICE)
-_SIP_CONTENT_AGAINST_CONVERSATION = _SIP_CONTENT_SYSTEM.format(
+_SIP_CONTENT_AGAINST_CONVERSATION = _SIP_CONTENT_TEMPLATE.format(
     measure="holds up against the story or conversation itself (no reference analysis is given)",
     standard="Sound reasoning", reference="", against="against what the story or conversation shows",
     best="follows from the story or conversation at every step", data_notice=_DATA_NOTICE)
