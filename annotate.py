@@ -83,7 +83,11 @@ def make_pairs(run_dirs: list, n: int, seed: int = 0) -> list[dict]:
 
 
 def load_pairs(path) -> list[dict]:
+    if not Path(path).is_file():
+        raise EvalError(f"{path}: file not found")
     pairs = read_jsonl(Path(path))
+    if not pairs:
+        raise EvalError(f"{path}: no pairs")
     for number, pair in enumerate(pairs, 1):
         if not isinstance(pair, dict) or not {"id", "example", "models"} <= set(pair) or len(pair["models"]) != 2:
             raise EvalError(f"{path}:{number}: expected {{id, example, models: two models}}")

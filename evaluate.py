@@ -373,13 +373,7 @@ def load_set(s: EvalSet) -> list[Example]:
 
 
 def _sha256(path: Path) -> str | None:
-    if not path.is_file():
-        return None
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+    return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
 
 
 def model_identity(cfg: EvalConfig) -> dict:
@@ -426,9 +420,9 @@ def load_model(cfg: EvalConfig):
     import model as qwen
 
     device = cfg.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = cfg.dtype or ("bfloat16" if device.startswith("cuda") else "float32")
     try:
-        net = qwen.Qwen.from_pretrained(cfg.checkpoint, cfg.dtype or ("bfloat16" if device.startswith("cuda")
-                                                                      else "float32"), device)
+        net = qwen.Qwen.from_pretrained(cfg.checkpoint, dtype, device)
         if cfg.adapter:
             qwen.merge_lora(qwen.load_adapter(net, cfg.adapter))
         tok = qwen.load_tokenizer(tokenizer_path(cfg))
@@ -439,9 +433,10 @@ def load_model(cfg: EvalConfig):
     return net, tok
 
 
-def generate_missing(cfg: EvalConfig, sets: dict[str, list[Example]], done: dict, path: Path, tok, loaded) -> None:
+def generate_missing(cfg: EvalConfig, sets: dict[str, list[Example]], done: dict, path: Path) -> None:
     """Sample every completion not yet in `done` (keyed (set, id, sample)), appending each batch to
-    `path` as it finishes. `loaded()` gives (model, tokenizer) on first use (in-process runs)."""
+    `path` as it finishes. The model (or the endpoint's tokenizer) is loaded only if something is missing."""
+    model = tok = None
     with open(path, "a", encoding="utf-8") as f:
         for s in cfg.sets:
             examples = sets[s.name]
@@ -449,12 +444,20 @@ def generate_missing(cfg: EvalConfig, sets: dict[str, list[Example]], done: dict
             pending = [e for e in examples if any((s.name, e.id, r) not in done for r in range(n))]
             if not pending:
                 continue
+            if cfg.endpoint is None and model is None:
+                model, tok = load_model(cfg)
+            elif cfg.endpoint is not None and tok is None and cfg.tokenizer:
+                from model import load_tokenizer
+
+                tok = load_tokenizer(cfg.tokenizer)
             progress = Progress(s.name, len(examples) * n, sum((s.name, e.id, r) in done for e in examples
                                                               for r in range(n)))
 
             def write(units: list[tuple[Example, int]], texts: list[str], s=s, progress=progress) -> None:
                 lines = []
                 for (example, r), text in zip(units, texts):
+                    if (s.name, example.id, r) in done:  # a sample kept from an earlier, torn batch
+                        continue
                     reasoning = split_completion(text)[0]
                     record = {"set": s.name, "id": example.id, "task": example.task, "sample": r, "completion": text,
                               "answer": parse_answer(text, example.task),
@@ -466,8 +469,7 @@ def generate_missing(cfg: EvalConfig, sets: dict[str, list[Example]], done: dict
                 progress.update(len(lines))
 
             if cfg.endpoint is None:
-                model, model_tok = loaded()
-                sample_completions(model, model_tok, pending, sampling, n, cfg.seed, cfg.batch_size,
+                sample_completions(model, tok, pending, sampling, n, cfg.seed, cfg.batch_size,
                                    lambda batch, texts: write([(e, r) for e in batch for r in range(n)],
                                                               [t for ts in texts for t in ts]))
             else:
@@ -539,20 +541,18 @@ def summarize(cfg: EvalConfig, sets: dict[str, list[Example]], done: dict, verdi
         for run, counts in zip(runs, tokens):
             run["reasoning_tokens"] = None if None in counts else sum(counts) / len(counts)
         entry = {"task": examples[0].task, "domain": s.domain, "n_examples": len(examples), "n_scored": runs[0]["n"],
-                 "decoding": dataclasses.asdict(sampling) | {"n_samples": n},
-                 "weighted_f1": mean_sd([run["weighted"] for run in runs]),
-                 "macro_f1": mean_sd([run["macro"] for run in runs]),
-                 "accuracy": mean_sd([run["accuracy"] for run in runs]),
-                 "invalid": mean_sd([run["invalid"] for run in runs]),
-                 "reasoning_tokens": mean_sd([run["reasoning_tokens"] for run in runs]), "runs": runs}
+                 "decoding": dataclasses.asdict(sampling) | {"n_samples": n}}
+        entry |= {name: mean_sd([run[key] for run in runs]) for name, key in (
+            ("weighted_f1", "weighted"), ("macro_f1", "macro"), ("accuracy", "accuracy"), ("invalid", "invalid"),
+            ("reasoning_tokens", "reasoning_tokens"))} | {"runs": runs}
         if s.causes:
             targets = [(e, turns) for e in examples if (turns := cause_turns(e))]
             found = [[cause_identified([verdicts.get((s.name, e.id, r, t)) for t in turns],
                                        done[(s.name, e.id, r)]["answer"]) for e, turns in targets] for r in range(n)]
             entry["causes"] = {"n_targets": len(targets), "n_pairs": sum(len(t) for _, t in targets),
-                               "unknown": [run.count(None) for run in found],
-                               "rate": mean_sd([sum(v is True for v in run) / (len(run) - run.count(None))
-                                                if len(run) > run.count(None) else None for run in found])}
+                               "unknown": [run.count(None) for run in found]}
+            entry["cause_rate"] = mean_sd([sum(v is True for v in run) / (len(run) - run.count(None))
+                                           if len(run) > run.count(None) else None for run in found])
         entries[s.name] = entry
     averages = {}
     for domain in ("in", "out"):
@@ -591,23 +591,11 @@ def evaluate(cfg: EvalConfig) -> dict:
     sets = {s.name: load_set(s) for s in cfg.sets}
     baseline = load_eval(cfg.baseline) if cfg.baseline else None
     save_resolved_config(cfg, out)
-    done = {(r["set"], r["id"], r["sample"]): r for r in read_jsonl(out / COMPLETIONS)}
-    model_and_tok = []
-
-    def loaded():
-        if not model_and_tok:
-            model_and_tok.extend(load_model(cfg))
-        return model_and_tok
-
-    path = tokenizer_path(cfg)
-    if path is None:
-        print0("no tokenizer given for the endpoint: reasoning tokens are not counted (set 'tokenizer')")
-        tok = None
-    else:
-        import model as qwen
-
-        tok = qwen.load_tokenizer(path)
-    generate_missing(cfg, sets, done, out / COMPLETIONS, tok, loaded)
+    done = {(r["set"], r["id"], r["sample"]): r | {"answer": parse_answer(r["completion"], r["task"])}
+            for r in read_jsonl(out / COMPLETIONS)}
+    if cfg.endpoint is not None and not cfg.tokenizer:
+        print0("no 'tokenizer' for the endpoint: reasoning tokens are not counted")
+    generate_missing(cfg, sets, done, out / COMPLETIONS)
     verdicts = judge_causes(cfg, sets, done, out / CAUSES)
     summary = summarize(cfg, sets, done, verdicts, cfg.name or out.resolve().name)
     if baseline is not None:
@@ -618,9 +606,10 @@ def evaluate(cfg: EvalConfig) -> dict:
     atomic_write_text(out / TABLE, markdown_tables(evals))
     print0(markdown_tables(evals))
     try:
-        plot_f1_vs_tokens(evals, out / F1_FIGURE)
+        if not plot_f1_vs_tokens(evals, out / F1_FIGURE):
+            print0(f"no reasoning-token counts: no {F1_FIGURE}")
     except PlotUnavailable as e:
-        print0(f"{e}; skipping {F1_FIGURE}")
+        print0(f"{e}; no {F1_FIGURE}")
     return summary
 
 
@@ -652,7 +641,7 @@ def _stat(e: dict, kind: str, key: str, metric: str) -> dict | None:
 
 
 def _table(evals: list[dict], metric: str, title: str, scale: float = 100, digits: int = 2) -> str:
-    columns = _columns(evals)
+    columns = [c for c in _columns(evals) if any(_stat(e, *c, metric) for e in evals)]
     heads = [key if kind == "set" else f"{'In' if key == 'in' else 'Out-of'}-domain avg" for kind, key in columns]
     lines = [f"### {title}", "", "| Model | " + " | ".join(heads) + " |", "|---" * (len(heads) + 1) + "|"]
     first = evals[0]
@@ -677,13 +666,9 @@ def markdown_tables(evals: list[dict]) -> str:
              _table(evals, "macro_f1", "Macro F1 (%)"),
              _table(evals, "reasoning_tokens", "Mean reasoning tokens per completion", 1, 0),
              _table(evals, "invalid", "Invalid answers (%)")]
-    cause_sets = list(dict.fromkeys(n for e in evals for n, s in e["sets"].items() if "causes" in s))
-    if cause_sets:
-        lines = ["### Cause identification (%): targets with an annotated earlier cause used in the reasoning", "",
-                 "| Model | " + " | ".join(cause_sets) + " |", "|---" * (len(cause_sets) + 1) + "|"]
-        lines += [f"| {e['name']} | " + " | ".join(_cell(e["sets"].get(n, {}).get("causes", {}).get("rate"), 100, 2)
-                                                   for n in cause_sets) + " |" for e in evals]
-        parts.append("\n".join(lines) + "\n")
+    if any("cause_rate" in s for e in evals for s in e["sets"].values()):
+        parts.append(_table(evals, "cause_rate", "Cause identification (%): targets whose annotated earlier "
+                                                 "cause the reasoning uses"))
     return "\n".join(parts)
 
 
@@ -705,58 +690,57 @@ def _pyplot():
     return plt
 
 
-def plot_f1_vs_tokens(evals: list[dict], path) -> None:
-    """Figure 4: average weighted F1 against mean reasoning tokens per completion, a point per model,
-    a panel per domain."""
-    domains = [d for d in ("in", "out") if any(d in e["averages"] for e in evals)]
-    if not domains:
-        return
+def plot_f1_vs_tokens(evals: list[dict], path) -> bool:
+    """Figure 4: average weighted F1 against mean reasoning tokens per completion, a point per model
+    (error bar: SD over runs), a panel per domain. False (nothing drawn) without both numbers."""
+    points = {d: [(i, e["name"], a["reasoning_tokens"]["mean"], a["weighted_f1"]) for i, e in enumerate(evals)
+                  if (a := e["averages"].get(d)) and a["reasoning_tokens"]["mean"] is not None
+                  and a["weighted_f1"]["mean"] is not None] for d in ("in", "out")}
+    points = {d: p for d, p in points.items() if p}
+    if not points:
+        return False
     plt = _pyplot()
-    fig, axes = plt.subplots(1, len(domains), figsize=(6 * len(domains), 4.5), squeeze=False)
-    for ax, domain in zip(axes[0], domains):
-        for i, e in enumerate(evals):
-            avg = e["averages"].get(domain)
-            x, y = (avg["reasoning_tokens"]["mean"], avg["weighted_f1"]) if avg else (None, None)
-            if x is None or y["mean"] is None:
-                continue
-            ax.errorbar(x, 100 * y["mean"], yerr=None if y["sd"] is None else 100 * y["sd"], fmt="o", ms=8,
-                        capsize=4, color=f"C{i}", label=e["name"])
-            ax.annotate(e["name"], (x, 100 * y["mean"]), textcoords="offset points", xytext=(7, 7), fontsize=9)
-        ax.set_title("In-domain" if domain == "in" else "Out-of-domain")
-        ax.set_xlabel("Mean reasoning tokens per completion")
-        ax.set_ylabel("Average weighted F1 (%)")
+    fig, axes = plt.subplots(1, len(points), figsize=(6 * len(points), 4.5), squeeze=False)
+    for ax, (domain, marks) in zip(axes[0], points.items()):
+        for i, name, x, f1 in marks:
+            y, sd = 100 * f1["mean"], None if f1["sd"] is None else 100 * f1["sd"]
+            ax.errorbar(x, y, yerr=sd, fmt="o", ms=8, capsize=4, color=f"C{i}", label=name)
+            ax.annotate(name, (x, y), textcoords="offset points", xytext=(7, 7), fontsize=9)
+        ax.set(title="In-domain" if domain == "in" else "Out-of-domain", xlabel="Mean reasoning tokens per completion",
+               ylabel="Average weighted F1 (%)")
         ax.margins(0.25)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=150)
     plt.close(fig)
+    return True
 
 
-CURVES = (("Mean reward", ("reward",)), ("Reward components", ("rewards/*/mean",)),
-          ("Completion length (tokens)", ("completions/mean_length",)), ("KL to reference", ("kl",)),
-          ("Masked groups", ("groups/masked",)), ("Learning rate", ("lr",)), ("Loss", ("loss",)),
-          ("Eval macro F1", ("eval/*/macro_f1",)))
+CURVES = (("Mean reward", "reward", "reward"), ("Reward components", "reward", "rewards/*/mean"),
+          ("Completion length", "tokens", "completions/mean_length"), ("KL to reference", "KL", "kl"),
+          ("Masked groups", "groups", "groups/masked"), ("Learning rate", "LR", "lr"), ("Loss", "loss", "loss"),
+          ("Eval macro F1", "macro F1", "eval/*/macro_f1"))
 
 
 def read_metrics(path: Path) -> list[dict]:
-    """metrics.jsonl records with numeric values ("nan"/"inf" strings read as floats); torn lines skipped."""
+    """metrics.jsonl records, numbers only ("nan"/"inf" strings read as floats); torn lines skipped."""
     records = []
     for line in path.read_text(encoding="utf-8").splitlines():
         try:
             raw = json.loads(line)
         except json.JSONDecodeError:
             continue
-        values = {k: float(v) if isinstance(v, str) and v in ("nan", "inf", "-inf") else v for k, v in raw.items()}
-        if isinstance(values.get("step"), (int, float)):
-            records.append({k: v for k, v in values.items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
+        raw = {k: float(v) if v in ("nan", "inf", "-inf") else v for k, v in raw.items()}
+        if isinstance(raw.get("step"), (int, float)):
+            records.append({k: v for k, v in raw.items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
     return records
 
 
 def plot_training_curves(run_dirs: list, path) -> list[str]:
-    """Figure 5: training curves of runs (their metrics.jsonl) as one PNG, a panel per quantity that
-    some run logged (mean reward with its spread, each reward component, completion length, KL,
-    masked groups, LR, loss, evaluation macro F1). Returns the panel titles drawn."""
+    """Figure 5: the training curves of runs (their metrics.jsonl) as one PNG, a panel per quantity
+    some run logged (CURVES: mean reward with its SD band, each reward component, completion length,
+    KL, masked groups, LR, loss, evaluation macro F1); a colour per run. Returns the panels drawn."""
     plt = _pyplot()
     runs = []
     for d in map(Path, run_dirs):
@@ -764,32 +748,27 @@ def plot_training_curves(run_dirs: list, path) -> list[str]:
         if not file.is_file():
             raise EvalError(f"{file}: no metrics.jsonl")
         runs.append((d.name if d.is_dir() else d.parent.name, read_metrics(file)))
-    panels = []
-    for title, patterns in CURVES:
-        keys = sorted({k for _, recs in runs for r in recs for k in r if any(fnmatch.fnmatch(k, p) for p in patterns)})
-        if keys:
-            panels.append((title, keys))
+    panels = [(title, ylabel, pattern, keys) for title, ylabel, pattern in CURVES
+              if (keys := sorted({k for _, recs in runs for r in recs for k in r if fnmatch.fnmatch(k, pattern)}))]
     if not panels:
         raise EvalError("none of the runs logged a quantity to plot")
-    cols = min(3, len(panels))
-    rows = math.ceil(len(panels) / cols)
+    cols, rows = min(3, len(panels)), math.ceil(len(panels) / 3)
     fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 3.6 * rows), squeeze=False)
-    for ax, (title, keys) in zip(axes.flat, panels):
-        for run, recs in runs:
-            for key in keys:
-                points = [(r["step"], r[key]) for r in recs if key in r]
+    for ax, (title, ylabel, pattern, keys) in zip(axes.flat, panels):
+        for i, (run, recs) in enumerate(runs):
+            for k, key in enumerate(keys):
+                points = [(r["step"], r[key], r.get("reward_std")) for r in recs if key in r]
                 if not points:
                     continue
-                label = key.split("/")[1] if "*" in "".join(dict(CURVES)[title]) else run
-                label = f"{run}: {label}" if len(runs) > 1 and label != run else label
-                line, = ax.plot(*zip(*points), label=label, lw=1.2)
-                spread = [(r["step"], r[key], r["reward_std"]) for r in recs if key == "reward" and "reward_std" in r]
-                if spread:
-                    s, m, sd = zip(*spread)
-                    ax.fill_between(s, [a - b for a, b in zip(m, sd)], [a + b for a, b in zip(m, sd)],
-                                    color=line.get_color(), alpha=0.15)
-        ax.set_title(title)
-        ax.set_xlabel("Step")
+                part = key.split("/")[1] if "*" in pattern else ""  # the reward component or task
+                label = f"{run}: {part}" if len(runs) > 1 and part else part or run
+                color, style = (f"C{k}", "-") if len(runs) == 1 else (f"C{i}", ("-", "--", ":", "-.")[k % 4])
+                steps, values, sds = zip(*points)
+                ax.plot(steps, values, style, color=color, label=label, lw=1.2)
+                if key == "reward" and None not in sds:
+                    ax.fill_between(steps, [v - d for v, d in zip(values, sds)], [v + d for v, d in zip(values, sds)],
+                                    color=color, alpha=0.15)
+        ax.set(title=title, xlabel="Step", ylabel=ylabel)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     for ax in list(axes.flat)[len(panels):]:
@@ -797,7 +776,7 @@ def plot_training_curves(run_dirs: list, path) -> list[str]:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
-    return [title for title, _ in panels]
+    return [title for title, *_ in panels]
 
 
 # ----------------------------------------------------------------------------- command line

@@ -13,7 +13,7 @@ import pytest
 
 import evaluate as ev
 from config import load_config
-from data import TASKS, Example, Turn, save_jsonl
+from data import Example, Turn, save_jsonl
 from judge import JudgeConfig
 from judge_server import JudgeServer, rules_backend
 
@@ -248,8 +248,8 @@ def test_endpoint_evaluation_numbers_by_hand(tmp_path):
     assert ccu["macro_f1"]["mean"] == pytest.approx(2 / 3) and ccu["invalid"]["mean"] == 0.0
     meld = result["sets"]["meld"]
     assert meld["weighted_f1"]["mean"] == 1.0
-    assert meld["causes"] == {"n_targets": 1, "n_pairs": 1, "unknown": [0, 0, 0],
-                              "rate": {"mean": 1.0, "sd": 0.0, "runs": [1.0, 1.0, 1.0]}}
+    assert meld["causes"] == {"n_targets": 1, "n_pairs": 1, "unknown": [0, 0, 0]}
+    assert meld["cause_rate"] == {"mean": 1.0, "sd": 0.0, "runs": [1.0, 1.0, 1.0]}
     assert result["sets"]["mmlu"]["decoding"]["n_samples"] == 1 and result["sets"]["mmlu"]["weighted_f1"]["sd"] is None
     assert result["averages"]["in"]["weighted_f1"]["mean"] == 0.75 and result["averages"]["out"]["sets"] == ["meld"]
     assert result["sets"]["ccu"]["reasoning_tokens"]["mean"] is None  # no tokenizer for an endpoint
@@ -278,7 +278,7 @@ def tiny_checkpoint(tmp_path_factory):
 
     path = tmp_path_factory.mktemp("tiny")
     prompts = " ".join(build_prompt(e) for examples in tiny_sets().values() for e in examples)
-    words = list(dict.fromkeys(["[UNK]", "</think>", "Answer:", "Joy", "Anger", "Trust", "anger", "B", *prompts.split()]))
+    words = list(dict.fromkeys(["[UNK]", "</think>", "Answer:", "Joy", "Anger", "anger", "B", *prompts.split()]))
     tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tokenizer.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
@@ -323,7 +323,11 @@ def test_endpoint_and_in_process_greedy_agree(tmp_path, tiny_checkpoint):
     a, b = records("local"), records("served")
     assert a == b and len(a) == (4 + 2) * 2 + 1
     assert len({r["completion"] for r in a.values()}) > 3  # the prompts lead to different completions
-    assert all(r["reasoning_tokens"] == 12 for r in a.values())  # no </think>: all 12 new tokens are reasoning
+    from tokenizers import Tokenizer
+
+    words = Tokenizer.from_file(str(tiny_checkpoint / "tokenizer.json"))
+    assert all("</think>" not in r["completion"] for r in a.values())  # all of it is reasoning
+    assert [r["reasoning_tokens"] for r in a.values()] == [len(words.encode(r["completion"]).ids) for r in a.values()]
     assert local["sets"] == served["sets"] and local["averages"] == served["averages"]
 
 
@@ -405,9 +409,10 @@ def test_figures_are_written_with_labelled_axes(tmp_path):
     run.mkdir()
     with open(run / "metrics.jsonl", "w") as f:
         for step in range(40):
-            record = {"step": step, "reward": 0.5 + step / 100, "reward_std": 0.2,
-                      "rewards/correctness/mean": step / 50, "rewards/iu/mean": 0.3, "completions/mean_length": 900 - 10 * step, "kl": 0.001 * step,
-                      "groups/masked": step % 3, "lr": 1e-6 * min(1, step / 5), "loss": "nan" if step == 7 else 0.1}
+            record = {"step": step, "reward": 0.5 + step / 100, "reward_std": 0.2, "rewards/accuracy/mean": step / 50,
+                      "rewards/iu/mean": 0.3, "completions/mean_length": 900 - 10 * step, "kl": 0.001 * step,
+                      "groups/masked": step % 3, "lr": 1e-6 * min(1, step / 5), "loss": "nan" if step == 7 else 0.1,
+                      "eval/ccu_emotion/macro_f1": 0.3 + step / 200, "eval/ccu_norm/macro_f1": 0.5}
             f.write(json.dumps(record) + "\n")
         f.write('{"step": 40, "rew')  # a torn last line
     other = tmp_path / "acc-only"
@@ -415,8 +420,8 @@ def test_figures_are_written_with_labelled_axes(tmp_path):
     (other / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "reward": 0.4, "lr": 1e-6}) + "\n"
                                                  for s in range(30)))
     panels = ev.plot_training_curves([run, other], tmp_path / "curves.png")
-    assert panels == ["Mean reward", "Reward components", "Completion length (tokens)", "KL to reference",
-                      "Masked groups", "Learning rate", "Loss"]
+    assert panels == ["Mean reward", "Reward components", "Completion length", "KL to reference",
+                      "Masked groups", "Learning rate", "Loss", "Eval macro F1"]
     assert (tmp_path / "f1.png").stat().st_size > 10_000 and (tmp_path / "curves.png").stat().st_size > 10_000
 
 
