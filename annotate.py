@@ -330,14 +330,12 @@ def main(argv: list[str]) -> None:
             print(f"wrote {len(items)} pairs to {args.out}")
         elif args.command == "annotate":
             answers = Path(args.out or Path(args.pairs).with_suffix(".answers.jsonl"))
-            server = AnnotationServer(load_pairs(args.pairs), answers, args.host, args.port, args.seed)
-            print(f"annotation page at {server.url} (answers: {answers}); Ctrl-C to stop", flush=True)
-            try:
-                server.serve_forever()
-            except KeyboardInterrupt:
-                pass
-            finally:
-                server.server_close()
+            with AnnotationServer(load_pairs(args.pairs), answers, args.host, args.port, args.seed) as server:
+                print(f"annotation page at {server.url} (answers: {answers}); Ctrl-C to stop", flush=True)
+                try:
+                    server.serve_forever()
+                except KeyboardInterrupt:
+                    pass
         else:
             events = [e for path in args.answers for e in read_jsonl(Path(path))]
             result = annotation_report(load_pairs(args.pairs), events)

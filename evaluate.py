@@ -816,7 +816,10 @@ def main(argv: list[str] | None = None) -> None:
         if argv and argv[0] in ("compare", "plot"):
             return {"compare": _compare, "plot": _plot}[argv[0]](argv[1:])
         evaluate(parse_cli(EvalConfig, argv))
-    except (ConfigError, DataError, EvalError, JudgeError, PlotUnavailable, OSError) as e:
+    except ConfigError as e:
+        print(f"config error: {argv[0]}: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except (DataError, EvalError, JudgeError, PlotUnavailable, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(1) from None
 

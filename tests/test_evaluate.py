@@ -449,3 +449,24 @@ def test_example_config_loads():
     assert (cfg.sampling.temperature, cfg.sampling.top_p, cfg.sampling.top_k) == (0.6, 0.95, 20)
     assert cfg.n_samples == 3 and cfg.greedy_tasks == ["mmlu"]
     assert {s.domain for s in cfg.sets} == {"in", "out", None}
+
+
+def test_cause_targets_on_ecf_match_a_count_from_the_raw_file(shared_data):
+    """ECF 2.0 through convert.py: the eligible targets and earlier cause pairs equal a count made
+    directly from the raw JSON (non-neutral emotion, cause utterance before the target)."""
+    import convert
+
+    path = shared_data / "ecf" / "Subtask_1_train.json"
+    if not path.is_file():
+        pytest.skip(f"{path} not found")
+    targets = {}
+    for conversation in json.loads(path.read_text(encoding="utf-8")):
+        emotions = {u["utterance_ID"]: u["emotion"] for u in conversation["conversation"]}
+        for emotion, cause in conversation["emotion-cause_pairs"]:
+            t, c = int(emotion.split("_")[0]), int(cause.split("_")[0])
+            if c < t and emotions[t] != "neutral":
+                targets.setdefault((conversation["conversation_ID"], t), set()).add(c)
+    examples = convert.convert_ecf(path)
+    ours = {(e.id, tuple(turns)) for e in examples if (turns := ev.cause_turns(e))}
+    expected = {(f"ecf-{conv}-{t}", tuple(sorted(c - 1 for c in causes))) for (conv, t), causes in targets.items()}
+    assert ours == expected and len(ours) > 1000
