@@ -649,11 +649,9 @@ def _table(evals: list[dict], metric: str, title: str, scale: float = 100, digit
         cells = [_cell(_stat(e, *c, metric), scale, digits) for c in columns]
         lines.append(f"| {e['name']} | " + " | ".join(cells) + " |")
         if e is not first:
-            diffs = []
-            for c in columns:
-                a, b = _stat(e, *c, metric), _stat(first, *c, metric)
-                ok = a and b and a["mean"] is not None and b["mean"] is not None
-                diffs.append(f"{(a['mean'] - b['mean']) * scale:+.{digits}f}" if ok else "–")
+            pairs = [(_stat(e, *c, metric), _stat(first, *c, metric)) for c in columns]
+            diffs = [f"{(a['mean'] - b['mean']) * scale:+.{digits}f}" if a and b and None not in (a["mean"], b["mean"])
+                     else "–" for a, b in pairs]
             lines.append(f"| Δ vs {first['name']} | " + " | ".join(diffs) + " |")
     return "\n".join(lines) + "\n"
 

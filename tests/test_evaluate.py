@@ -236,11 +236,22 @@ def test_endpoint_evaluation_numbers_by_hand(tmp_path):
         endpoint = JudgeConfig(base_url=server.url, model="scripted", timeout=10, retries=0, concurrency=2)
         judge = JudgeConfig(base_url=judge_server.url, model="rules", timeout=10, retries=0)
         result = ev.evaluate(eval_config(tmp_path, paths, "run", endpoint=endpoint, judge=judge, name="scripted"))
+        requests_made = list(seen)
+        config = tmp_path / "eval.yaml"  # the same evaluation from the command line, with an override
+        sets = [("ccu", "in", "false"), ("meld", "out", "true"), ("mmlu", "null", "false")]
+        config.write_text(f"output_dir: {tmp_path / 'cli'}\nendpoint: {{base_url: '{server.url}', model: scripted}}\n"
+                          f"judge: {{base_url: '{judge_server.url}'}}\nsets:\n" + "".join(
+                              f"  - {{name: {n}, path: '{paths[n]}', domain: {d}, causes: {c}}}\n" for n, d, c in sets))
+        cli = subprocess.run([sys.executable, str(REPO / "evaluate.py"), str(config), "name=scripted"],
+                             capture_output=True, text=True, cwd=REPO, timeout=300)
+        assert cli.returncode == 0, cli.stderr
+        assert "ETA" in cli.stdout and "| scripted |" in cli.stdout
+        assert json.loads((tmp_path / "cli" / "eval.json").read_text())["sets"] == result["sets"]
     # 4 ccu + 2 meld examples x 3 samples, 1 greedy MMLU completion.
-    assert len(seen) == 19 and sum(p["temperature"] == 0.0 for p in seen) == 1
-    sampled = [p for p in seen if p["temperature"] != 0.0]
+    assert len(requests_made) == 19 and sum(p["temperature"] == 0.0 for p in requests_made) == 1
+    sampled = [p for p in requests_made if p["temperature"] != 0.0]
     assert all((p["temperature"], p["top_p"], p["top_k"]) == (0.6, 0.95, 20) for p in sampled)
-    assert all("seed" not in p and "chat_template_kwargs" not in p for p in seen)
+    assert all("seed" not in p and "chat_template_kwargs" not in p for p in requests_made)
     ccu = result["sets"]["ccu"]
     # ccu scored targets 0, 1, 3 (2 is the catch-all): Joy TP 2, Anger TP 1, Trust FN 1 ->
     # weighted (1*2 + 1*1 + 0*1) / 4 = 0.75, macro (1 + 1 + 0) / 3.
@@ -310,8 +321,8 @@ def test_endpoint_and_in_process_greedy_agree(tmp_path, tiny_checkpoint):
     with JudgeServer(judge_server.ModelBackend(str(tiny_checkpoint)), port=0).start() as server, \
             JudgeServer(rules_backend, port=0).start() as judge:
         common["judge"] = JudgeConfig(base_url=judge.url, timeout=30, retries=0)
-        local = ev.evaluate(eval_config(tmp_path, paths, "local", checkpoint=str(tiny_checkpoint), batch_size=3,
-                                        **common))
+        local = ev.evaluate(eval_config(tmp_path, paths, "local", checkpoint=str(tiny_checkpoint), device="cpu",
+                                        batch_size=3, **common))  # the model backend runs on the CPU too
         served = ev.evaluate(eval_config(
             tmp_path, paths, "served", endpoint=JudgeConfig(base_url=server.url, model="tiny", timeout=60, retries=0),
             tokenizer=str(tiny_checkpoint), **common))
@@ -335,7 +346,7 @@ def test_interrupted_evaluation_resumes_to_the_same_completions(tmp_path, tiny_c
     import model as qwen
 
     paths = write_sets(tmp_path)
-    settings = dict(checkpoint=str(tiny_checkpoint), sampling=small_sampling(), batch_size=3, n_samples=3)
+    settings = dict(checkpoint=str(tiny_checkpoint), device="cpu", sampling=small_sampling(), batch_size=3, n_samples=3)
     ev.evaluate(eval_config(tmp_path, paths, "whole", causes=False, **settings))
     real, calls = qwen.generate, []
 
@@ -420,6 +431,9 @@ def test_figures_are_written_with_labelled_axes(tmp_path):
     (other / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "reward": 0.4, "lr": 1e-6}) + "\n"
                                                  for s in range(30)))
     panels = ev.plot_training_curves([run, other], tmp_path / "curves.png")
+    cli = subprocess.run([sys.executable, str(REPO / "evaluate.py"), "plot", str(run)], capture_output=True, text=True,
+                         cwd=REPO, timeout=120)
+    assert cli.returncode == 0 and (run / "training_curves.png").is_file(), cli.stderr
     assert panels == ["Mean reward", "Reward components", "Completion length", "KL to reference",
                       "Masked groups", "Learning rate", "Loss", "Eval macro F1"]
     assert (tmp_path / "f1.png").stat().st_size > 10_000 and (tmp_path / "curves.png").stat().st_size > 10_000
