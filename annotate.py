@@ -30,10 +30,11 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
 from config import ConfigError, atomic_write_text, load_config
-from data import DataError, example_from_json, example_to_json, split_blocks, split_completion, task_brief, \
-    visible_turns
-from evaluate import COMPLETIONS, EVAL_JSON, EvalConfig, EvalError, alignment_f1, load_set, matched_lines, \
-    mean_sd, read_jsonl, wilcoxon
+from data import (DataError, example_from_json, example_to_json, split_blocks, split_completion, task_brief,
+                  visible_turns)
+from evaluate import (COMPLETIONS, EVAL_JSON, EvalConfig, EvalError, alignment_f1, load_set, matched_lines, mean_sd,
+                      read_jsonl, wilcoxon)
+from verifier import CLOSE_TAG, OPEN_TAG
 
 PAGE = Path(__file__).with_name("annotate.html")
 EXCERPT_CHARS = 600
@@ -43,9 +44,10 @@ EXCERPT_CHARS = 600
 
 def excerpt(completion: str) -> str:
     """The fixed excerpt rule, the same for every model: the last block of the reasoning (where it
-    usually concludes), cut to its last EXCERPT_CHARS characters (from a word start) when longer."""
+    usually concludes), cut to its last EXCERPT_CHARS characters (from a word start) when longer, with
+    evidence tags shown as plain quotation marks, so that no model is known by its quoting style."""
     blocks = split_blocks(split_completion(completion)[0])
-    text = blocks[-1] if blocks else ""
+    text = (blocks[-1] if blocks else "").replace(OPEN_TAG, "“").replace(CLOSE_TAG, "”")
     if len(text) > EXCERPT_CHARS:
         text = text[-EXCERPT_CHARS:]
         space = text.find(" ")

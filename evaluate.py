@@ -528,6 +528,7 @@ def _domain_average(entries: list[dict], key: str) -> dict:
 
 
 AVERAGED = ("weighted_f1", "macro_f1", "invalid", "reasoning_tokens")
+DOMAINS = {"in": "In-domain", "out": "Out-of-domain"}
 
 
 def summarize(cfg: EvalConfig, sets: dict[str, list[Example]], done: dict, verdicts: dict, name: str) -> dict:
@@ -642,7 +643,7 @@ def _stat(e: dict, kind: str, key: str, metric: str) -> dict | None:
 
 def _table(evals: list[dict], metric: str, title: str, scale: float = 100, digits: int = 2) -> str:
     columns = [c for c in _columns(evals) if any(_stat(e, *c, metric) for e in evals)]
-    heads = [key if kind == "set" else f"{'In' if key == 'in' else 'Out-of'}-domain avg" for kind, key in columns]
+    heads = [key if kind == "set" else f"{DOMAINS[key]} avg" for kind, key in columns]
     lines = [f"### {title}", "", "| Model | " + " | ".join(heads) + " |", "|---" * (len(heads) + 1) + "|"]
     first = evals[0]
     for e in evals:
@@ -667,6 +668,11 @@ def markdown_tables(evals: list[dict]) -> str:
     if any("cause_rate" in s for e in evals for s in e["sets"].values()):
         parts.append(_table(evals, "cause_rate", "Cause identification (%): targets whose annotated earlier "
                                                  "cause the reasoning uses"))
+    for e in evals[1:]:
+        gains = relative_gains(e, evals[0])["averages"]
+        shown = ", ".join(f"{DOMAINS[d]} {g:+.1f}%" for d, g in gains.items() if g is not None)
+        if shown:
+            parts.append(f"Relative gain of {e['name']} over {evals[0]['name']} in average weighted F1: {shown}\n")
     return "\n".join(parts)
 
 
@@ -704,7 +710,7 @@ def plot_f1_vs_tokens(evals: list[dict], path) -> bool:
             y, sd = 100 * f1["mean"], None if f1["sd"] is None else 100 * f1["sd"]
             ax.errorbar(x, y, yerr=sd, fmt="o", ms=8, capsize=4, color=f"C{i}", label=name)
             ax.annotate(name, (x, y), textcoords="offset points", xytext=(7, 7), fontsize=9)
-        ax.set(title="In-domain" if domain == "in" else "Out-of-domain", xlabel="Mean reasoning tokens per completion",
+        ax.set(title=DOMAINS[domain], xlabel="Mean reasoning tokens per completion",
                ylabel="Average weighted F1 (%)")
         ax.margins(0.25)
         ax.grid(alpha=0.3)

@@ -64,6 +64,8 @@ def test_excerpt_rule():
     cut = annotate.excerpt(long)
     assert cut.startswith("… w") and cut.endswith("w399") and len(cut) <= annotate.EXCERPT_CHARS + 2
     assert annotate.excerpt("no reasoning closes") == "no reasoning closes"
+    tagged = "<think>\nHe says <evidence>I am fine</evidence> twice.\n</think>\nAnswer: joy"
+    assert annotate.excerpt(tagged) == "He says “I am fine” twice."  # no model is known by its tags
 
 
 def test_pairs_from_two_runs_alternate_sets(tmp_path):

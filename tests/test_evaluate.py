@@ -408,7 +408,7 @@ def test_compare_prints_table_one_layout_with_differences(tmp_path):
     assert "| CLUE | 400 ± 0 | 400 ± 0 | 350 ± 0 | 350 ± 0 |" in lines
     assert (tmp_path / "cmp" / "table.md").read_text() == ev.markdown_tables([base, clue])
     assert (tmp_path / "cmp" / "f1_vs_tokens.png").stat().st_size > 10_000
-    assert ev._gain(0.47, 0.40) == pytest.approx(17.5)
+    assert "Relative gain of CLUE over Base in average weighted F1: In-domain +17.5%, Out-of-domain +10.0%" in lines
 
 
 def test_figures_are_written_with_labelled_axes(tmp_path):
