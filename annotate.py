@@ -30,8 +30,8 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
 from config import ConfigError, atomic_write_text, load_config
-from data import (DataError, example_from_json, example_to_json, split_blocks, split_completion, task_brief,
-                  visible_turns)
+from data import (DataError, example_from_json, example_to_json, parse_answer, split_blocks, split_completion,
+                  task_brief, visible_turns)
 from evaluate import (COMPLETIONS, EVAL_JSON, EvalConfig, EvalError, alignment_f1, load_set, matched_lines, mean_sd,
                       read_jsonl, wilcoxon)
 from verifier import CLOSE_TAG, OPEN_TAG
@@ -56,8 +56,9 @@ def excerpt(completion: str) -> str:
 
 
 def make_pairs(run_dirs: list, n: int, seed: int = 0) -> list[dict]:
-    """`n` items that both evaluation runs answered, spread over their sets in turn (random within a
-    set, seeded), independently of correctness; each with both models' first sampled completion."""
+    """`n` items that both evaluation runs answered, from the sets with a domain (the social tasks), taken
+    from each set in turn (random within a set, seeded) and independently of correctness; each with
+    both models' first sampled completion."""
     runs = []
     for d in map(Path, run_dirs):
         cfg = load_config(d / "config.yaml", [], EvalConfig)
@@ -67,7 +68,7 @@ def make_pairs(run_dirs: list, n: int, seed: int = 0) -> list[dict]:
         raise EvalError(f"pairs: two runs of differently named models expected, got {[name for name, _, _ in runs]}")
     rng = random.Random(seed)
     by_set = []
-    for s in runs[0][1].sets:
+    for s in (s for s in runs[0][1].sets if s.domain is not None):
         shared = [e for e in load_set(s) if all((s.name, e.id) in records for _, _, records in runs)]
         by_set.append([(s, e) for e in rng.sample(shared, len(shared))])
     chosen = [item for item in itertools.chain(*itertools.zip_longest(*by_set)) if item is not None][:n]
@@ -76,7 +77,8 @@ def make_pairs(run_dirs: list, n: int, seed: int = 0) -> list[dict]:
         models = {}
         for name, _, records in runs:
             record = records[(s.name, example.id)]
-            text, answer = record["completion"], record["answer"]
+            text = record["completion"]
+            answer = parse_answer(text, example.task)
             models[name] = {"completion": text, "answer": answer, "excerpt": excerpt(text),
                             "correct": answer is not None and set(answer) == set(example.labels)}
         pairs.append({"id": f"{s.name}/{example.id}", "set": s.name, "domain": s.domain,

@@ -187,14 +187,12 @@ def task_scores(examples: list[Example], completions: list[list[str]]) -> dict[s
     answer rate averaged over the sampled runs; n counts the scored targets. `completions[i]` holds
     the sampled completions of `examples[i]`. SFT checkpoint selection reads the mean macro F1 over
     tasks (paper A.1)."""
-    by_task: dict[str, tuple[list, list]] = {}
-    for example, samples in zip(examples, completions, strict=True):
-        group = by_task.setdefault(example.task, ([], []))
-        group[0].append(example)
-        group[1].append(samples)
+    if len(examples) != len(completions):
+        raise ValueError(f"task_scores: {len(examples)} examples but {len(completions)} lists of completions")
     scores = {}
-    for task, (group, samples) in by_task.items():
-        runs = score_runs(group, samples)
+    for task in dict.fromkeys(e.task for e in examples):
+        rows = [i for i, e in enumerate(examples) if e.task == task]
+        runs = score_runs([examples[i] for i in rows], [completions[i] for i in rows])
         scores[task] = {key: mean_sd([run[key] for run in runs])["mean"] for key in ("weighted", "macro", "invalid")}
         scores[task]["n"] = runs[0]["n"]
     return scores

@@ -71,7 +71,9 @@ def test_excerpt_rule():
 def test_pairs_from_two_runs_alternate_sets(tmp_path):
     sets = {"a": [example(i) for i in range(4)], "b": [Example(f"y{i}", "wiki_power", CONVERSATION[:2], None, ["A"])
                                                        for i in range(4)]}
-    cfg_sets = []
+    mmlu = [Example("m0", "mmlu", [], None, ["A"], meta={"question": "?", "options": ["x", "y"]})]
+    save_jsonl(mmlu, tmp_path / "mmlu.jsonl")
+    cfg_sets = [ev.EvalSet("mmlu", str(tmp_path / "mmlu.jsonl"))]  # no domain: not a social task, never paired
     for name, examples in sets.items():
         save_jsonl(examples, tmp_path / f"{name}.jsonl")
         cfg_sets.append(ev.EvalSet(name, str(tmp_path / f"{name}.jsonl"), "in" if name == "a" else "out"))
@@ -80,8 +82,8 @@ def test_pairs_from_two_runs_alternate_sets(tmp_path):
         save_resolved_config(ev.EvalConfig(str(out), cfg_sets, name=model, endpoint=ev.JudgeConfig()), out)
         (out / "eval.json").write_text(json.dumps({"name": model}))
         with open(out / "completions.jsonl", "w") as f:
-            for name, examples in sets.items():
-                for e in examples[:3]:  # the fourth example of each set is not answered by both
+            for name, examples in (sets | {"mmlu": mmlu}).items():
+                for e in examples[:4 if model == "CLUE" else 3]:  # the fourth is not answered by both
                     for r in range(2):
                         text = f"<think>\nrun {r}\n</think>\nAnswer: {answer}"
                         f.write(json.dumps({"set": name, "id": e.id, "sample": r, "completion": text,
