@@ -34,7 +34,7 @@ from data import (DataError, example_from_json, example_to_json, parse_answer, s
                   task_brief, visible_turns)
 from evaluate import (COMPLETIONS, EVAL_JSON, EvalConfig, EvalError, alignment_f1, load_set, matched_lines, mean_sd,
                       read_jsonl, wilcoxon)
-from verifier import CLOSE_TAG, OPEN_TAG
+from verifier import EVIDENCE_CLOSE, EVIDENCE_OPEN
 
 PAGE = Path(__file__).with_name("annotate.html")
 EXCERPT_CHARS = 600
@@ -47,7 +47,7 @@ def excerpt(completion: str) -> str:
     usually concludes), cut to its last EXCERPT_CHARS characters (from a word start) when longer, with
     evidence tags shown as plain quotation marks, so that no model is known by its quoting style."""
     blocks = split_blocks(split_completion(completion)[0])
-    text = (blocks[-1] if blocks else "").replace(OPEN_TAG, "“").replace(CLOSE_TAG, "”")
+    text = (blocks[-1] if blocks else "").replace(EVIDENCE_OPEN, "“").replace(EVIDENCE_CLOSE, "”")
     if len(text) > EXCERPT_CHARS:
         text = text[-EXCERPT_CHARS:]
         space = text.find(" ")
@@ -78,7 +78,7 @@ def make_pairs(run_dirs: list, n: int, seed: int = 0) -> list[dict]:
         for name, _, records in runs:
             record = records[(s.name, example.id)]
             text = record["completion"]
-            answer = parse_answer(text, example.task)
+            answer = parse_answer(text, example)
             models[name] = {"completion": text, "answer": answer, "excerpt": excerpt(text),
                             "correct": answer is not None and set(answer) == set(example.labels)}
         pairs.append({"id": f"{s.name}/{example.id}", "set": s.name, "domain": s.domain,

@@ -176,7 +176,7 @@ def score_runs(examples: list[Example], completions: list[list[str]]) -> list[di
     spec = get_task(tasks.pop())
     runs = []
     for r in range(min(len(c) for c in completions)):
-        pred = [parse_answer(c[r], e.task) for e, c in zip(examples, completions)]
+        pred = [parse_answer(c[r], e) for e, c in zip(examples, completions)]
         scores = f1_scores([e.labels for e in examples], pred, list(spec.labels), spec.catch_all)
         runs.append(scores | {"invalid": sum(p is None for p in pred) / len(pred)})
     return runs
@@ -277,12 +277,6 @@ def cause_identified(verdicts: list[bool | None], answer: list[str] | None) -> b
 # ----------------------------------------------------------------------------- sampling
 
 
-def prompt_ids(tok, example: Example, enable_thinking: bool | None = None) -> list[int]:
-    """The chat prompt of an example as token ids, tokenized like a serving engine does (the templated
-    text, special tokens such as <evidence> recognized)."""
-    return tok.encode(tok.chat(get_task(example.task).messages(example), enable_thinking=enable_thinking))
-
-
 def _batch_seed(seed: int, first_id: str) -> int:
     """A batch's sampling seed, fixed by its first example: a resumed run redraws exactly the batches
     an uninterrupted one would have drawn."""
@@ -296,7 +290,7 @@ def sample_completions(model, tok, examples: list[Example], sampling: SamplingCo
     `on_batch(examples, completions)` is called after each batch. Reproducible for a seed."""
     from model import generate  # torch only where a model runs
 
-    ids = [prompt_ids(tok, e, sampling.enable_thinking) for e in examples]
+    ids = [tok.chat_ids(get_task(e.task).messages(e), enable_thinking=sampling.enable_thinking) for e in examples]
     order = sorted(range(len(examples)), key=lambda i: (-len(ids[i]), i))
     eos, per_batch = set(tok.eos_token_ids), max(1, batch_size // n)
     out: list[list[str]] = [[] for _ in examples]
@@ -458,7 +452,7 @@ def generate_missing(cfg: EvalConfig, sets: dict[str, list[Example]], done: dict
                         continue
                     reasoning = split_completion(text)[0]
                     record = {"set": s.name, "id": example.id, "task": example.task, "sample": r, "completion": text,
-                              "answer": parse_answer(text, example.task),
+                              "answer": parse_answer(text, example),
                               "reasoning_tokens": None if tok is None else count_tokens(reasoning, tok)}
                     done[(s.name, example.id, r)] = record
                     lines.append(json.dumps(record, ensure_ascii=False) + "\n")
@@ -590,8 +584,9 @@ def evaluate(cfg: EvalConfig) -> dict:
     sets = {s.name: load_set(s) for s in cfg.sets}
     baseline = load_eval(cfg.baseline) if cfg.baseline else None
     save_resolved_config(cfg, out)
-    done = {(r["set"], r["id"], r["sample"]): r | {"answer": parse_answer(r["completion"], r["task"])}
-            for r in read_jsonl(out / COMPLETIONS)}
+    by_id = {(name, e.id): e for name, examples in sets.items() for e in examples}
+    done = {(r["set"], r["id"], r["sample"]): r | {"answer": parse_answer(r["completion"], by_id[r["set"], r["id"]])}
+            for r in read_jsonl(out / COMPLETIONS) if (r["set"], r["id"]) in by_id}
     if cfg.endpoint is not None and not cfg.tokenizer:
         print0("no 'tokenizer' for the endpoint: reasoning tokens are not counted")
     generate_missing(cfg, sets, done, out / COMPLETIONS)

@@ -133,18 +133,6 @@ class ModelBackend:
         self.tok = qwen.load_tokenizer(path)
         self.lock = threading.Lock()
 
-    def prompt_ids(self, messages: list[dict[str, str]], enable_thinking: bool | None) -> list[int]:
-        """The ChatML prompt's token ids, each message content encoded as plain text, so a
-        conversation quoting `<|im_end|>` cannot forge a turn of the judge's prompt."""
-        text = self.tok.chat(messages, add_generation_prompt=True, enable_thinking=enable_thinking)
-        ids, cursor = [], 0
-        for m in messages:
-            header = f"<|im_start|>{m['role']}\n"
-            start = text.index(header + m["content"] + "<|im_end|>", cursor) + len(header)
-            ids += self.tok.encode(text[cursor:start]) + self.tok.encode(m["content"], special_tokens=False)
-            cursor = start + len(m["content"])
-        return ids + self.tok.encode(text[cursor:])
-
     def __call__(self, messages: list[dict[str, str]], params: dict[str, Any]) -> str:
         thinking = (params.get("chat_template_kwargs") or {}).get("enable_thinking")
         if self.tok.family == "qwen2":  # no thinking switch in its template, as vLLM ignores it there
@@ -153,7 +141,7 @@ class ModelBackend:
         top_k = params.get("top_k") or 0
         with self.lock:
             new_tokens = self._generate(
-                self.model, [self.prompt_ids(messages, thinking)], max_new_tokens=int(params.get("max_tokens", 1024)),
+                self.model, [self.tok.chat_ids(messages, enable_thinking=thinking)], max_new_tokens=int(params.get("max_tokens", 1024)),
                 temperature=float(params.get("temperature", 1.0)), top_p=float(params.get("top_p", 1.0)),
                 top_k=max(0, int(top_k)), eos_token_ids=eos, seed=params.get("seed"))[0]
         return self.tok.decode([t for t in new_tokens if t not in eos])

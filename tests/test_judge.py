@@ -642,7 +642,7 @@ def test_model_backend_answers_with_greedy_generate_like_transformers(tmp_path):
     expected = tokenizer.decode([t for t in out if t != eos], skip_special_tokens=False)
     assert len(expected.split()) >= 2  # a real continuation, not an immediate end
     backend = judge_server.ModelBackend(str(tmp_path))
-    assert backend.prompt_ids(messages, False) == expected_prompt
+    assert backend.tok.chat_ids(messages, enable_thinking=False) == expected_prompt
     with serving(backend, model_name="tiny") as server:
         cfg = config(server, temperature=0.0, timeout=30)
         texts, stats = judge.chat_many([JudgeCall(messages, 12)], cfg)
