@@ -1,5 +1,6 @@
-"""Data: the example schema, the task registry with its prompts and answer parsing, conversation
-rendering, completion splitting and the curriculum. Dataset converters live in convert.py.
+"""Data: the example schema, the task registry with its prompts, conversation rendering, the
+completion format (its `<think>` tags, splitting, `well_formed`, answer parsing: nothing else parses
+a completion) and the curriculum. Dataset converters live in convert.py.
 
     python data.py stats FILE [--tokenizer PATH]
 """
@@ -17,6 +18,7 @@ import sys
 from pathlib import Path
 
 from config import atomic_write_text, read_text
+from verifier import EVIDENCE_CLOSE, EVIDENCE_OPEN
 
 # ----------------------------------------------------------------------------- examples
 
@@ -144,7 +146,7 @@ def check_example(example: Example) -> Example:
             raise DataError(f"field 'meta.options': expected 2 to {len(task.labels)} strings, got {options!r}")
         if not isinstance(example.meta.get("question"), str):
             raise DataError(f"field 'meta.question': expected a string, got {example.meta.get('question')!r}")
-        allowed = task.labels[: len(options)]
+    allowed = task.answer_labels(example)
     labels = [task.canonical(label) if isinstance(label, str) else None for label in example.labels]
     for raw, label in zip(example.labels, labels):
         if label not in allowed:
@@ -154,9 +156,9 @@ def check_example(example: Example) -> Example:
         raise DataError(f"field 'labels': task {task.name} needs {need}, got {example.labels!r}")
     if task.catch_all in labels and len(labels) > 1:
         raise DataError(f"field 'labels': the catch-all label {task.catch_all!r} cannot be combined with others")
-    if task.name == "ccu_norm" and example.dialog_act not in TASKS["ccu_dialog_act"].definitions:
-        acts = ", ".join(TASKS["ccu_dialog_act"].labels[:-1])
-        raise DataError(f"field 'dialog_act': task ccu_norm needs one of: {acts}; got {example.dialog_act!r}")
+    if task.dialog_acts and example.dialog_act not in task.dialog_acts:
+        acts = ", ".join(task.dialog_acts)
+        raise DataError(f"field 'dialog_act': task {task.name} needs one of: {acts}; got {example.dialog_act!r}")
     return dataclasses.replace(example, labels=labels)
 
 
@@ -311,7 +313,8 @@ _CPED_ACTS = {
 class Task:
     """A task: its labels (canonical spellings, in prompt order) with definitions, whether several labels
     may be given, the catch-all label ("none of these"), and the prompt pieces. `choices` tasks answer
-    with option letters, the options coming from each example's meta."""
+    with option letters, the options coming from each example's meta. `dialog_acts`: the acts one of
+    which every example must name in its `dialog_act` (a task judged given the act); empty: none."""
 
     name: str
     labels: tuple[str, ...]
@@ -320,6 +323,7 @@ class Task:
     catch_all: str | None = None
     turn_level: bool = True
     choices: bool = False
+    dialog_acts: tuple[str, ...] = ()
     noun: str = "label"
     setting: str = ""    # what the input is: the prompt's opening words
     question: str = ""   # what to decide (shown to judges as the task)
@@ -330,6 +334,11 @@ class Task:
         """The canonical spelling of `label` (matched case-insensitively, outer spaces ignored), or None."""
         wanted = label.strip().casefold()
         return next((known for known in self.labels if known.casefold() == wanted), None)
+
+    def answer_labels(self, example: Example) -> tuple[str, ...]:
+        """The labels an answer to `example` may give: the task's labels, or for a multiple-choice task
+        the letters of the example's own options (C is no answer to a two-option item)."""
+        return self.labels[: len(example.meta["options"])] if self.choices else self.labels
 
     def messages(self, example: Example) -> list[dict]:
         """The chat messages that ask the model to solve `example` (an example of this task)."""
@@ -381,7 +390,7 @@ TASKS: dict[str, Task] = {t.name: t for t in [
                       "context.",
             "Violate": "the turn breaks, or fails to meet, the social expectations tied to its dialog act in "
                        "this context."},
-        noun="verdict", setting=_CCU_SOURCES,
+        dialog_acts=tuple(_CCU_ACTS), noun="verdict", setting=_CCU_SOURCES,
         question="Decide whether the turn to analyze adheres to or violates the social expectations that come "
         "with its given dialog act. Only that turn is judged; the other turns are context.",
         grounded="the conversation, the relationships, the setting, the norm in force, role obligations, "
@@ -556,7 +565,7 @@ def _layout_note(example: Example) -> str:
 
 
 def _answer_format(task: Task, example: Example) -> str:
-    labels = task.labels[: len(example.meta["options"])] if task.choices else task.labels
+    labels = task.answer_labels(example)
     first = labels[0]
     if task.multi_label:
         rule = (f'"Answer: {first}", or "Answer: {first}, {labels[1]}" when several {task.noun}s clearly '
@@ -587,7 +596,7 @@ def build_prompt(example: Example) -> str:
         parts.append(
             f"Before answering, reason from the {source}. Ground every concrete claim about {task.grounded} "
             f"in exact text from the {source}, and put every quoted span between the special tokens "
-            f"<evidence> and </evidence>. The text inside the tags must be copied exactly, character for "
+            f"{EVIDENCE_OPEN} and {EVIDENCE_CLOSE}. The text inside the tags must be copied exactly, character for "
             f"character and in its original language and script; never put a paraphrase or a translation "
             f"inside them. Do not invent facts, relationships, motives, cultural background or events.")
     parts += [task.cues] if task.cues else []
@@ -608,7 +617,7 @@ def build_prompt(example: Example) -> str:
 
 # ----------------------------------------------------------------------------- completions
 
-THINK_END = "</think>"
+THINK_START, THINK_END = "<think>", "</think>"  # the reasoning's tags, defined here only
 _ANSWER_LINE = re.compile(r"^\s*answer\s*:(.*)$", re.IGNORECASE)
 
 
@@ -619,7 +628,7 @@ def split_completion(completion: str) -> tuple[str, str]:
     reasoning, closed, answer = completion.rpartition(THINK_END)
     if not closed:
         reasoning, answer = completion, ""
-    return reasoning.strip().removeprefix("<think>").strip(), answer
+    return reasoning.strip().removeprefix(THINK_START).strip(), answer
 
 
 def split_blocks(reasoning: str) -> list[str]:
@@ -627,18 +636,37 @@ def split_blocks(reasoning: str) -> list[str]:
     return [block.strip() for block in re.split(r"\n\s*\n", reasoning) if block.strip()]
 
 
-def parse_answer(completion: str, task: str) -> list[str] | None:
+def well_formed(completion: str) -> bool:
+    """The completion keeps our format exactly: one `</think>` with reasoning before it (opened by at
+    most one `<think>`, at the very start), and after it a single non-blank line, the `Answer:` line.
+    Whether its labels are valid is parse_answer's question."""
+    reasoning, answer_text = split_completion(completion)
+    lines = answer_text.strip().splitlines()
+    opened = completion.count(THINK_START)
+    return (completion.count(THINK_END) == 1 and bool(reasoning) and len(lines) == 1
+            and _ANSWER_LINE.match(lines[0]) is not None
+            and (opened == 0 or (opened == 1 and completion.lstrip().startswith(THINK_START))))
+
+
+def parse_answer(completion: str, task: str | Example) -> list[str] | None:
     """The predicted labels, in canonical spelling, from the last `Answer: <label>[, <label>...]` line
-    after the final `</think>`; labels match case-insensitively. None (an invalid answer, scored wrong)
-    when there is no such line, it is empty, a label is outside the task's set, a single-label task
-    gets several, or the catch-all comes with other labels."""
-    spec = get_task(task)
+    after the final `</think>`; labels match case-insensitively. `task` is the task's name, or the
+    example: a multiple-choice task needs the example, whose own options decide the valid letters.
+    None (an invalid answer, scored wrong) when there is no such line, it is empty, a label is outside
+    the labels the item allows (Task.answer_labels), a single-label task gets several, or the
+    catch-all comes with other labels."""
+    example = task if isinstance(task, Example) else None
+    spec = get_task(example.task if example else task)
+    if spec.choices and example is None:
+        raise ValueError(f"parse_answer: {spec.name} is multiple-choice: pass the example, whose options "
+                         "decide the valid letters")
+    allowed = spec.answer_labels(example) if example else spec.labels
     _, answer_text = split_completion(completion)
     found = [m.group(1) for line in answer_text.splitlines() if (m := _ANSWER_LINE.match(line))]
     if not found:
         return None
     labels = [spec.canonical(name) for name in found[-1].split(",")]
-    if None in labels:
+    if any(label not in allowed for label in labels):
         return None
     labels = list(dict.fromkeys(labels))
     if (not spec.multi_label and len(labels) > 1) or (spec.catch_all in labels and len(labels) > 1):

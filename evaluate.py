@@ -1,2 +1,825 @@
-"""Evaluation: weighted/macro F1, reasoning tokens, evidence alignment, paired tests, and sampled
-evaluation in-process or through an OpenAI-compatible endpoint."""
+"""Evaluation as the CLUE paper reports it (sections 4-5, Appendix B): weighted and macro F1 over
+sampled completions (mean and sample SD), in-domain and out-of-domain averages, relative gains,
+invalid answers, reasoning tokens, cause identification, evidence alignment F1 with a Wilcoxon
+signed-rank test, the Table-1 Markdown, Figures 4 and 5, and the human-evaluation page.
+
+    python evaluate.py config.yaml [key=value ...]      # a checkpoint in-process, or an endpoint
+    python evaluate.py compare A/eval.json B/eval.json ... [--out DIR]
+    python evaluate.py plot RUN_DIR ... [--out FILE]    # training curves from metrics.jsonl (Figure 5)
+    python evaluate.py pairs RUN_A RUN_B --out PAIRS.jsonl [--n 50] [--seed 0]
+    python evaluate.py annotate PAIRS.jsonl [--port 8765] [--host 127.0.0.1] [--out ANSWERS.jsonl]
+    python evaluate.py annotate-report PAIRS.jsonl ANSWERS.jsonl [ANSWERS.jsonl ...] [--json FILE]
+
+An evaluation writes into `output_dir`: config.yaml (resolved), completions.jsonl (one line per
+completion, appended as they come: rerunning the same command resumes), causes.jsonl (cause-judge
+verdicts), eval.json (every number), table.md and f1_vs_tokens.png. Figures need matplotlib
+(requirements-plot.txt); nothing else here does, and no training code imports this module's plots.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import fnmatch
+import hashlib
+import json
+import math
+import re
+import sys
+import time
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from config import (ConfigError, atomic_write_text, load_config, parse_cli, print0, redact_secrets,
+                    save_resolved_config)
+from data import (DataError, Example, count_tokens, get_task, load_jsonl,
+                  parse_answer, split_completion, visible_turns)
+from judge import JudgeCall, JudgeConfig, JudgeError, cause_request, chat_many, parse_cause_verdict
+from verifier import extract_quotes, locate_quote
+
+COMPLETIONS, CAUSES, EVAL_JSON, TABLE, F1_FIGURE = (
+    "completions.jsonl", "causes.jsonl", "eval.json", "table.md", "f1_vs_tokens.png")
+
+# ----------------------------------------------------------------------------- config
+
+
+@dataclass
+class SamplingConfig:
+    """How completions are decoded. The paper's sampling table (Table 7) was lost in extraction: the
+    defaults are Qwen's published thinking-mode settings (temperature 0.6, top-p 0.95, top-k 20)."""
+
+    temperature: float = 0.6
+    top_p: float = 0.95
+    top_k: int = 20  # 0: no top-k truncation
+    repetition_penalty: float = 1.0
+    max_new_tokens: int = 8192
+    enable_thinking: bool | None = None  # None: the chat template's default (Qwen3 and Qwen3.5 think)
+
+
+@dataclass
+class EvalSet:
+    """One evaluation set: a column of the tables."""
+
+    name: str
+    path: str  # JSONL examples (data.py schema)
+    domain: Literal["in", "out"] | None = None  # the average it enters; None for neither (MMLU, ECF)
+    task: str | None = None  # keep only this task's examples (needed when the file holds several)
+    causes: bool = False  # also judge cause identification (paper 5.1) where examples have meta["causes"]
+
+
+@dataclass
+class EvalConfig:
+    """An evaluation: a checkpoint (+ adapter) run in-process with model.generate, or an endpoint."""
+
+    output_dir: str
+    sets: list[EvalSet]
+    name: str | None = None  # the model's name in tables and figures (default: output_dir's folder name)
+    checkpoint: str | None = None  # Hugging Face checkpoint folder
+    adapter: str | None = None  # LoRA adapter folder, merged into the checkpoint before sampling
+    # An OpenAI-compatible server (vLLM serving the merged model or the adapter, a hosted API): its
+    # temperature, top_p, top_k and enable_thinking are replaced by `sampling`; serve it without a
+    # reasoning parser and keep special tokens (sampling: {skip_special_tokens: false} for vLLM).
+    endpoint: JudgeConfig | None = None
+    tokenizer: str | None = None  # counts reasoning tokens; default: the adapter's if it has one, else checkpoint's
+    device: str | None = None  # default: cuda when available, else cpu
+    dtype: str | None = None  # default: bfloat16 on a GPU, float32 on the CPU
+    batch_size: int = 32  # completions per generate call (in-process)
+    n_samples: int = 3  # sampled completions per instance (paper: three, from one seed)
+    seed: int = 0
+    greedy_tasks: list[str] = field(default_factory=lambda: ["mmlu"])  # one greedy completion (paper 4.6)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    judge: JudgeConfig = field(default_factory=JudgeConfig)  # the cause judge (paper 5.1)
+    baseline: str | None = None  # eval.json of the reference model: relative gains, its point in Figure 4
+
+
+class EvalError(RuntimeError):
+    """A failure the user can fix (a model, a server, a file): reported as one line."""
+
+
+def check_config(cfg: EvalConfig) -> None:
+    if (cfg.checkpoint is None) == (cfg.endpoint is None):
+        raise ConfigError("give exactly one of 'checkpoint' (in-process) and 'endpoint' (a server)")
+    if cfg.adapter and not cfg.checkpoint:
+        raise ConfigError("'adapter' needs 'checkpoint' (a served adapter is named by endpoint.model)")
+    names = [s.name for s in cfg.sets]
+    if not names or len(set(names)) != len(names):
+        raise ConfigError(f"'sets' needs at least one set and distinct names, got {names}")
+    if cfg.n_samples < 1 or cfg.batch_size < 1:
+        raise ConfigError("'n_samples' and 'batch_size' must be at least 1")
+    for task in [*cfg.greedy_tasks, *(s.task for s in cfg.sets if s.task)]:
+        get_task(task)
+
+
+def decoding_for(cfg: EvalConfig, task: str) -> tuple[SamplingConfig, int]:
+    """(sampling settings, completions per instance) for a task: greedy tasks get one greedy completion."""
+    if task in cfg.greedy_tasks:
+        return dataclasses.replace(cfg.sampling, temperature=0.0), 1
+    return cfg.sampling, cfg.n_samples
+
+
+# ----------------------------------------------------------------------------- metrics
+
+
+def f1_scores(gold: list[list[str]], pred: list[list[str] | None], labels: list[str],
+              catch_all: str | None = None) -> dict:
+    """Weighted and macro F1 of predicted label sets against gold ones, as scikit-learn computes them
+    over `labels` (multi-label: per label over the indicator matrix; single-label: one-element sets).
+
+    A None prediction is an invalid answer: it predicts nothing, so it is wrong. Targets whose gold is
+    the catch-all are not scored (paper B: excluded as targets, kept as context) and the catch-all is
+    no class: predicting it only misses the gold label. Per label, F1 = 2 TP / (2 TP + FP + FN);
+    weighted F1 weights it by the label's gold support, macro F1 averages the labels that occur in
+    the scored gold or predictions (an absent label has no defined F1). Returns {"weighted", "macro",
+    "micro", "accuracy" (exact set match), "n" (scored targets), "per_label": {label: {"precision",
+    "recall", "f1", "support"}}}; the averages are None when no target is scored."""
+    rows = [(set(g), set(p or ())) for g, p in zip(gold, pred, strict=True)
+            if catch_all is None or list(g) != [catch_all]]
+    per_label, totals = {}, [0, 0, 0]
+    for label in (label for label in labels if label != catch_all):
+        tp = sum(label in g and label in p for g, p in rows)
+        fp = sum(label not in g and label in p for g, p in rows)
+        fn = sum(label in g and label not in p for g, p in rows)
+        totals = [totals[0] + tp, totals[1] + fp, totals[2] + fn]
+        if tp + fp + fn:
+            per_label[label] = {"precision": tp / (tp + fp) if tp + fp else 0.0,
+                                "recall": tp / (tp + fn) if tp + fn else 0.0,
+                                "f1": 2 * tp / (2 * tp + fp + fn), "support": tp + fn}
+    support = sum(s["support"] for s in per_label.values())
+    if not rows or not support:
+        return {"weighted": None, "macro": None, "micro": None, "accuracy": None, "n": len(rows), "per_label": {}}
+    tp, fp, fn = totals
+    return {"weighted": sum(s["f1"] * s["support"] for s in per_label.values()) / support,
+            "macro": sum(s["f1"] for s in per_label.values()) / len(per_label),
+            "micro": 2 * tp / (2 * tp + fp + fn), "accuracy": sum(g == p for g, p in rows) / len(rows),
+            "n": len(rows), "per_label": per_label}
+
+
+def mean_sd(values: list[float | None]) -> dict:
+    """{"mean", "sd", "runs"} over runs; sd is the sample standard deviation (n - 1 in the
+    denominator), None for a single run. Mean and sd are None when any run has no value."""
+    if not values or any(v is None for v in values):
+        return {"mean": None, "sd": None, "runs": list(values)}
+    mean = sum(values) / len(values)
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else None
+    return {"mean": mean, "sd": sd, "runs": list(values)}
+
+
+def score_runs(examples: list[Example], completions: list[list[str]]) -> list[dict]:
+    """f1_scores for each sampled run (run r = the r-th completion of every example), with the run's
+    invalid-answer rate over all its completions. The examples must share one task."""
+    tasks = {e.task for e in examples}
+    if len(tasks) != 1:
+        raise ValueError(f"score_runs: examples of one task expected, got {sorted(tasks)}")
+    spec = get_task(tasks.pop())
+    runs = []
+    for r in range(min(len(c) for c in completions)):
+        pred = [parse_answer(c[r], e) for e, c in zip(examples, completions)]
+        scores = f1_scores([e.labels for e in examples], pred, list(spec.labels), spec.catch_all)
+        runs.append(scores | {"invalid": sum(p is None for p in pred) / len(pred)})
+    return runs
+
+
+def task_scores(examples: list[Example], completions: list[list[str]]) -> dict[str, dict]:
+    """{task: {"weighted", "macro", "invalid", "n"}}: per task, weighted and macro F1 and the invalid-
+    answer rate averaged over the sampled runs; n counts the scored targets. `completions[i]` holds
+    the sampled completions of `examples[i]`. SFT checkpoint selection reads the mean macro F1 over
+    tasks (paper A.1)."""
+    if len(examples) != len(completions):
+        raise ValueError(f"task_scores: {len(examples)} examples but {len(completions)} lists of completions")
+    scores = {}
+    for task in dict.fromkeys(e.task for e in examples):
+        rows = [i for i, e in enumerate(examples) if e.task == task]
+        runs = score_runs([examples[i] for i in rows], [completions[i] for i in rows])
+        scores[task] = {key: mean_sd([run[key] for run in runs])["mean"] for key in ("weighted", "macro", "invalid")}
+        scores[task]["n"] = runs[0]["n"]
+    return scores
+
+
+EXACT_MAX_N = 50  # the Wilcoxon test is exact up to this many non-zero differences, normal above
+
+
+def wilcoxon(x: list[float], y: list[float]) -> dict:
+    """Two-sided Wilcoxon signed-rank test on paired scores. Zero differences are dropped (Wilcoxon's
+    convention); tied |differences| share their average rank. With n <= EXACT_MAX_N non-zero
+    differences the p-value is exact: the null distribution of T+ (the sum of positive ranks) over all
+    2^n sign patterns of the actual ranks, p = min(1, 2 min(P(T+ <= t), P(T+ >= t))). Above that, the
+    normal approximation with the tie-corrected variance n(n+1)(2n+1)/24 - sum(t^3 - t)/48, without
+    continuity correction. Returns {"statistic": min(T+, T-), "p", "n", "method"}."""
+    d = [round(a - b, 12) for a, b in zip(x, y, strict=True)]
+    d = [v for v in d if v != 0]
+    n = len(d)
+    order = sorted(range(n), key=lambda i: abs(d[i]))
+    ranks2, ties, i = [0] * n, [], 0  # doubled average ranks: integers
+    while i < n:
+        j = i
+        while j + 1 < n and abs(d[order[j + 1]]) == abs(d[order[i]]):
+            j += 1
+        for k in range(i, j + 1):
+            ranks2[order[k]] = i + j + 2
+        ties.append(j - i + 1)
+        i = j + 1
+    t2 = sum(r for r, v in zip(ranks2, d) if v > 0)
+    statistic = min(t2, n * (n + 1) - t2) / 2
+    if n <= EXACT_MAX_N:
+        counts = [1] + [0] * (n * (n + 1))  # counts[s]: sign patterns whose doubled T+ is s
+        for r in ranks2:
+            counts = [c + (counts[s - r] if s >= r else 0) for s, c in enumerate(counts)]
+        below, above = sum(counts[:t2 + 1]), sum(counts[t2:])
+        p = min(1.0, 2 * min(below, above) / 2 ** n)
+        return {"statistic": statistic, "p": p, "n": n, "method": "exact"}
+    var = n * (n + 1) * (2 * n + 1) / 24 - sum(t ** 3 - t for t in ties) / 48
+    z = (t2 / 2 - n * (n + 1) / 4) / math.sqrt(var)
+    return {"statistic": statistic, "p": math.erfc(abs(z) / math.sqrt(2)), "n": n, "method": "normal"}
+
+
+_QUOTED = re.compile(r'"([^"\n]+)"|“([^”\n]+)”|‘([^’\n]+)’|「([^」\n]+)」|『([^』\n]+)』')
+
+
+def quoted_spans(text: str) -> list[str]:
+    """Quotations in any style (paper 5.2 accepts every model's own): <evidence> spans, and text in
+    double quotes, curly quotes or CJK corner brackets. Straight single quotes are mostly apostrophes."""
+    return extract_quotes(text) + [next(g for g in m.groups() if g) for m in _QUOTED.finditer(text)]
+
+
+def matched_lines(completion: str, example: Example) -> set[int]:
+    """The visible turns (0-based) that the quotations of a completion's reasoning match (verifier)."""
+    texts = [t.text for t in visible_turns(example)]
+    return {i for quote in quoted_spans(split_completion(completion)[0]) for i in locate_quote(quote, texts)}
+
+
+def alignment_f1(matched: set[int], selected: set[int]) -> float | None:
+    """Evidence alignment F1 = 2 |M & S| / (|M| + |S|) between the lines a completion's quotations match
+    (M) and the lines an annotator selected (S); None when nothing was selected (not scored)."""
+    return 2 * len(matched & selected) / (len(matched) + len(selected)) if selected else None
+
+
+def cause_turns(example: Example) -> list[int]:
+    """The annotated cause turns before the target (paper 5.1); [] when the target does not count:
+    a neutral gold label, or no earlier cause (ECF also annotates the target as its own cause)."""
+    if example.target is None or any(label.casefold() == "neutral" for label in example.labels):
+        return []
+    causes = example.meta.get("causes") or []
+    return sorted({c["turn"] for c in causes if isinstance(c, dict) and isinstance(c.get("turn"), int)
+                   and 0 <= c["turn"] < example.target})
+
+
+def cause_identified(verdicts: list[bool | None], answer: list[str] | None) -> bool | None:
+    """Whether some earlier cause is used in the reasoning: True on any YES; False when every verdict is
+    NO or the answer is invalid (no predicted emotion to explain); None (unknown) when a verdict is missing."""
+    if answer is None or any(v is True for v in verdicts):
+        return answer is not None
+    return None if None in verdicts else False
+
+
+# ----------------------------------------------------------------------------- sampling
+
+
+def _batch_seed(seed: int, first_id: str) -> int:
+    """A batch's sampling seed, fixed by its first example: a resumed run redraws exactly the batches
+    an uninterrupted one would have drawn."""
+    return zlib.crc32(f"{seed}/{first_id}".encode())
+
+
+def sample_completions(model, tok, examples: list[Example], sampling: SamplingConfig, n: int = 1, seed: int = 0,
+                       batch_size: int = 32, on_batch=None) -> list[list[str]]:
+    """`n` completions of each example from an in-process model (model.generate), longest prompts first,
+    `batch_size` completions per call; returns them per example, special tokens kept, EOS removed.
+    `on_batch(examples, completions)` is called after each batch. Reproducible for a seed."""
+    from model import generate  # torch only where a model runs
+
+    ids = [tok.chat_ids(get_task(e.task).messages(e), enable_thinking=sampling.enable_thinking) for e in examples]
+    order = sorted(range(len(examples)), key=lambda i: (-len(ids[i]), i))
+    eos, per_batch = set(tok.eos_token_ids), max(1, batch_size // n)
+    out: list[list[str]] = [[] for _ in examples]
+    was_training = model.training
+    model.eval()
+    try:
+        for start in range(0, len(order), per_batch):
+            chunk = order[start:start + per_batch]
+            rows = generate(model, [ids[i] for i in chunk for _ in range(n)], sampling.max_new_tokens,
+                            temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
+                            repetition_penalty=sampling.repetition_penalty, eos_token_ids=tuple(eos),
+                            seed=_batch_seed(seed, examples[chunk[0]].id))
+            texts = [tok.decode(row[:-1] if row and row[-1] in eos else row) for row in rows]
+            for j, i in enumerate(chunk):
+                out[i] = texts[j * n:(j + 1) * n]
+            if on_batch is not None:
+                on_batch([examples[i] for i in chunk], [out[i] for i in chunk])
+    finally:
+        model.train(was_training)
+    return out
+
+
+def endpoint_config(endpoint: JudgeConfig, sampling: SamplingConfig) -> JudgeConfig:
+    """The endpoint's connection settings with the evaluation's decoding. No per-request seed: the
+    server's own seed applies (the paper: one engine, seed zero)."""
+    extra = {"chat_template_kwargs": None if sampling.enable_thinking is None else
+             {"enable_thinking": sampling.enable_thinking},
+             "repetition_penalty": None if sampling.repetition_penalty == 1.0 else sampling.repetition_penalty}
+    return dataclasses.replace(endpoint, temperature=sampling.temperature, top_p=sampling.top_p,
+                               top_k=sampling.top_k or None, sampling=extra | endpoint.sampling)
+
+
+class Progress:
+    """A console line per update: completions done, rate and ETA."""
+
+    def __init__(self, label: str, total: int, done: int):
+        self.label, self.total, self.done, self.new, self.start = label, total, done, 0, time.perf_counter()
+
+    def update(self, count: int) -> None:
+        self.done, self.new = self.done + count, self.new + count
+        rate = self.new / max(time.perf_counter() - self.start, 1e-9)
+        eta = datetime.timedelta(seconds=round((self.total - self.done) / rate)) if rate else "?"
+        print0(f"{self.label}: {self.done}/{self.total} completions | {rate:.2f}/s | ETA {eta}")
+
+
+# ----------------------------------------------------------------------------- the evaluation run
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """Records of a JSONL file we append to; a torn last line (a crash mid-write) is cut off."""
+    if not path.exists():
+        return []
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    records = []
+    for number, line in enumerate(lines, 1):
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            if number < len(lines):
+                raise EvalError(f"{path}:{number}: not valid JSON") from None
+            atomic_write_text(path, "".join(lines[:-1]))
+    return records
+
+
+def load_set(s: EvalSet) -> list[Example]:
+    examples = [e for e in load_jsonl(s.path) if s.task is None or e.task == s.task]
+    tasks = sorted({e.task for e in examples})
+    if len(tasks) != 1:
+        raise ConfigError(f"set '{s.name}': {s.path} holds {'tasks ' + ', '.join(tasks) if tasks else 'no examples'}"
+                          f"{'' if s.task is None else ' of task ' + s.task}; give one 'task' per set")
+    return examples
+
+
+def _sha256(path: Path) -> str | None:
+    return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+
+
+def model_identity(cfg: EvalConfig) -> dict:
+    """What was evaluated: the endpoint, or the checkpoint and adapter folders with file hashes."""
+    if cfg.endpoint is not None:
+        return {"endpoint": cfg.endpoint.base_url, "model": cfg.endpoint.model}
+    identity = {"checkpoint": str(Path(cfg.checkpoint).resolve()),
+                "config_sha256": _sha256(Path(cfg.checkpoint) / "config.json")}
+    if cfg.adapter:
+        identity |= {"adapter": str(Path(cfg.adapter).resolve()),
+                     "adapter_sha256": _sha256(Path(cfg.adapter) / "adapter_model.safetensors")}
+    return identity
+
+
+def _generation_identity(cfg: EvalConfig) -> dict:
+    endpoint = None if cfg.endpoint is None else (cfg.endpoint.base_url, cfg.endpoint.model)
+    return {"checkpoint": cfg.checkpoint, "adapter": cfg.adapter, "endpoint": endpoint,
+            "sampling": dataclasses.asdict(cfg.sampling), "seed": cfg.seed, "n_samples": cfg.n_samples,
+            "greedy_tasks": cfg.greedy_tasks}
+
+
+def check_resume(cfg: EvalConfig, out: Path) -> None:
+    """Refuse to mix completions of another model or decoding into an output_dir."""
+    if not (out / COMPLETIONS).exists() or not (out / "config.yaml").exists():
+        return
+    old, new = _generation_identity(load_config(out / "config.yaml", [], EvalConfig)), _generation_identity(cfg)
+    changed = [key for key in new if old[key] != new[key]]
+    if changed:
+        raise ConfigError(f"{out}: holds completions made with other {', '.join(changed)}; use a new output_dir")
+
+
+def tokenizer_path(cfg: EvalConfig) -> str | None:
+    if cfg.tokenizer or cfg.checkpoint is None:
+        return cfg.tokenizer
+    if cfg.adapter and (Path(cfg.adapter) / "tokenizer.json").is_file():
+        return cfg.adapter
+    return cfg.checkpoint
+
+
+def load_model(cfg: EvalConfig):
+    """(model, tokenizer) for in-process sampling: the checkpoint with the adapter merged in."""
+    import torch
+
+    import model as qwen
+
+    device = cfg.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = cfg.dtype or ("bfloat16" if device.startswith("cuda") else "float32")
+    try:
+        net = qwen.Qwen.from_pretrained(cfg.checkpoint, dtype, device)
+        if cfg.adapter:
+            qwen.merge_lora(qwen.load_adapter(net, cfg.adapter))
+        tok = qwen.load_tokenizer(tokenizer_path(cfg))
+    except qwen.CheckpointError as e:
+        raise EvalError(str(e)) from None
+    if len(tok) > net.config.vocab_size:
+        raise EvalError(f"{tokenizer_path(cfg)}: {len(tok)} tokens, more than the model's {net.config.vocab_size} rows")
+    return net, tok
+
+
+def generate_missing(cfg: EvalConfig, sets: dict[str, list[Example]], done: dict, path: Path) -> None:
+    """Sample every completion not yet in `done` (keyed (set, id, sample)), appending each batch to
+    `path` as it finishes. The model (or the endpoint's tokenizer) is loaded only if something is missing."""
+    model = tok = None
+    with open(path, "a", encoding="utf-8") as f:
+        for s in cfg.sets:
+            examples = sets[s.name]
+            sampling, n = decoding_for(cfg, examples[0].task)
+            pending = [e for e in examples if any((s.name, e.id, r) not in done for r in range(n))]
+            if not pending:
+                continue
+            if cfg.endpoint is None and model is None:
+                model, tok = load_model(cfg)
+            elif cfg.endpoint is not None and tok is None and cfg.tokenizer:
+                from model import load_tokenizer
+
+                tok = load_tokenizer(cfg.tokenizer)
+            progress = Progress(s.name, len(examples) * n, sum((s.name, e.id, r) in done for e in examples
+                                                              for r in range(n)))
+
+            def write(units: list[tuple[Example, int]], texts: list[str], s=s, progress=progress) -> None:
+                lines = []
+                for (example, r), text in zip(units, texts):
+                    if (s.name, example.id, r) in done:  # a sample kept from an earlier, torn batch
+                        continue
+                    reasoning = split_completion(text)[0]
+                    record = {"set": s.name, "id": example.id, "task": example.task, "sample": r, "completion": text,
+                              "answer": parse_answer(text, example),
+                              "reasoning_tokens": None if tok is None else count_tokens(reasoning, tok)}
+                    done[(s.name, example.id, r)] = record
+                    lines.append(json.dumps(record, ensure_ascii=False) + "\n")
+                f.write("".join(lines))
+                f.flush()
+                progress.update(len(lines))
+
+            if cfg.endpoint is None:
+                sample_completions(model, tok, pending, sampling, n, cfg.seed, cfg.batch_size,
+                                   lambda batch, texts: write([(e, r) for e in batch for r in range(n)],
+                                                              [t for ts in texts for t in ts]))
+            else:
+                _sample_endpoint(cfg, sampling, [(e, r) for e in pending for r in range(n)
+                                                 if (s.name, e.id, r) not in done], write)
+
+
+def _sample_endpoint(cfg: EvalConfig, sampling: SamplingConfig, units: list[tuple[Example, int]], write) -> None:
+    endpoint = endpoint_config(cfg.endpoint, sampling)
+    failed, reasons = 0, []
+    step = max(1, endpoint.concurrency) * 4
+    for start in range(0, len(units), step):
+        chunk = units[start:start + step]
+        calls = [JudgeCall(get_task(e.task).messages(e), sampling.max_new_tokens) for e, _ in chunk]
+        texts, stats = chat_many(calls, endpoint)
+        kept = [(unit, text) for unit, text in zip(chunk, texts) if text is not None]
+        write([u for u, _ in kept], [t for _, t in kept])
+        failed, reasons = failed + stats["failures"], reasons + list(stats["errors"].values())
+    if failed:
+        raise EvalError(f"{failed} requests to {cfg.endpoint.base_url} failed (first: {reasons[0]}); "
+                        "rerun the same command to resume")
+
+
+def judge_causes(cfg: EvalConfig, sets: dict[str, list[Example]], done: dict, path: Path) -> dict:
+    """Cause-judge verdicts {(set, id, sample, turn): bool | None} for every eligible target of the
+    sets with `causes` and a valid answer, asking only what `path` does not hold yet."""
+    verdicts = {(r["set"], r["id"], r["sample"], r["turn"]): r["verdict"] for r in read_jsonl(path)}
+    asks = []
+    for s in (s for s in cfg.sets if s.causes):
+        for example in sets[s.name]:
+            for r in range(decoding_for(cfg, example.task)[1]):
+                record = done[(s.name, example.id, r)]
+                for turn in cause_turns(example) if record["answer"] is not None else []:
+                    if (s.name, example.id, r, turn) not in verdicts:
+                        reasoning = split_completion(record["completion"])[0]
+                        asks.append(((s.name, example.id, r, turn),
+                                     cause_request(example, reasoning, ", ".join(record["answer"]), turn)))
+    if asks:
+        print0(f"cause judge: {len(asks)} calls to {cfg.judge.base_url}")
+        texts, _ = chat_many([call for _, call in asks], cfg.judge)
+        with open(path, "a", encoding="utf-8") as f:
+            for (key, _), text in zip(asks, texts):
+                verdicts[key] = None if text is None else parse_cause_verdict(text)
+                if verdicts[key] is not None:  # a missing verdict is asked again on the next run
+                    f.write(json.dumps(dict(zip(("set", "id", "sample", "turn"), key), verdict=verdicts[key])) + "\n")
+    return verdicts
+
+
+def _domain_average(entries: list[dict], key: str) -> dict:
+    """Each set weighted equally: per run when every set has the same runs, else over the set means."""
+    runs = [e[key]["runs"] for e in entries]
+    if len({len(r) for r in runs}) == 1:
+        return mean_sd([None if None in col else sum(col) / len(col) for col in zip(*runs)])
+    means = [e[key]["mean"] for e in entries]
+    return {"mean": None if None in means else sum(means) / len(means), "sd": None, "runs": None}
+
+
+AVERAGED = ("weighted_f1", "macro_f1", "invalid", "reasoning_tokens")
+DOMAINS = {"in": "In-domain", "out": "Out-of-domain"}
+
+
+def summarize(cfg: EvalConfig, sets: dict[str, list[Example]], done: dict, verdicts: dict, name: str) -> dict:
+    entries = {}
+    for s in cfg.sets:
+        examples = sets[s.name]
+        sampling, n = decoding_for(cfg, examples[0].task)
+        records = [[done[(s.name, e.id, r)] for r in range(n)] for e in examples]
+        runs = score_runs(examples, [[rec["completion"] for rec in recs] for recs in records])
+        tokens = [[recs[r]["reasoning_tokens"] for recs in records] for r in range(n)]
+        for run, counts in zip(runs, tokens):
+            run["reasoning_tokens"] = None if None in counts else sum(counts) / len(counts)
+        entry = {"task": examples[0].task, "domain": s.domain, "n_examples": len(examples), "n_scored": runs[0]["n"],
+                 "decoding": dataclasses.asdict(sampling) | {"n_samples": n}}
+        entry |= {name: mean_sd([run[key] for run in runs]) for name, key in (
+            ("weighted_f1", "weighted"), ("macro_f1", "macro"), ("accuracy", "accuracy"), ("invalid", "invalid"),
+            ("reasoning_tokens", "reasoning_tokens"))} | {"runs": runs}
+        if s.causes:
+            targets = [(e, turns) for e in examples if (turns := cause_turns(e))]
+            found = [[cause_identified([verdicts.get((s.name, e.id, r, t)) for t in turns],
+                                       done[(s.name, e.id, r)]["answer"]) for e, turns in targets] for r in range(n)]
+            entry["causes"] = {"n_targets": len(targets), "n_pairs": sum(len(t) for _, t in targets),
+                               "unknown": [run.count(None) for run in found]}
+            entry["cause_rate"] = mean_sd([sum(v is True for v in run) / (len(run) - run.count(None))
+                                           if len(run) > run.count(None) else None for run in found])
+        entries[s.name] = entry
+    averages = {}
+    for domain in ("in", "out"):
+        members = [e for e in entries.values() if e["domain"] == domain]
+        if members:
+            averages[domain] = {key: _domain_average(members, key) for key in AVERAGED}
+            averages[domain]["sets"] = [n for n, e in entries.items() if e["domain"] == domain]
+    return {"name": name, "model": model_identity(cfg), "sets": entries, "averages": averages}
+
+
+def _gain(ours: float | None, base: float | None) -> float | None:
+    return None if ours is None or not base else 100 * (ours - base) / base
+
+
+def relative_gains(summary: dict, base: dict) -> dict:
+    """Relative gains in percent, 100 (F1 - F1_base) / F1_base, of mean weighted F1 per set and domain."""
+    return {"name": base["name"],
+            "sets": {n: _gain(e["weighted_f1"]["mean"], base["sets"][n]["weighted_f1"]["mean"])
+                     for n, e in summary["sets"].items() if n in base["sets"]},
+            "averages": {d: _gain(a["weighted_f1"]["mean"], base["averages"][d]["weighted_f1"]["mean"])
+                         for d, a in summary["averages"].items() if d in base["averages"]}}
+
+
+def load_eval(path) -> dict:
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise EvalError(f"{path}: not a readable eval.json ({e})") from None
+
+
+def evaluate(cfg: EvalConfig) -> dict:
+    """Run the evaluation of `cfg` (resuming from its output_dir) and write every output; returns eval.json."""
+    check_config(cfg)
+    out = Path(cfg.output_dir)
+    check_resume(cfg, out)
+    sets = {s.name: load_set(s) for s in cfg.sets}
+    baseline = load_eval(cfg.baseline) if cfg.baseline else None
+    save_resolved_config(cfg, out)
+    by_id = {(name, e.id): e for name, examples in sets.items() for e in examples}
+    done = {(r["set"], r["id"], r["sample"]): r | {"answer": parse_answer(r["completion"], by_id[r["set"], r["id"]])}
+            for r in read_jsonl(out / COMPLETIONS) if (r["set"], r["id"]) in by_id}
+    if cfg.endpoint is not None and not cfg.tokenizer:
+        print0("no 'tokenizer' for the endpoint: reasoning tokens are not counted")
+    generate_missing(cfg, sets, done, out / COMPLETIONS)
+    verdicts = judge_causes(cfg, sets, done, out / CAUSES)
+    summary = summarize(cfg, sets, done, verdicts, cfg.name or out.resolve().name)
+    if baseline is not None:
+        summary["baseline"] = {"path": cfg.baseline} | relative_gains(summary, baseline)
+    summary["config"] = redact_secrets(dataclasses.asdict(cfg))
+    atomic_write_text(out / EVAL_JSON, json.dumps(summary, indent=1, ensure_ascii=False, allow_nan=False) + "\n")
+    evals = [baseline, summary] if baseline else [summary]
+    atomic_write_text(out / TABLE, markdown_tables(evals))
+    print0(markdown_tables(evals))
+    try:
+        if not plot_f1_vs_tokens(evals, out / F1_FIGURE):
+            print0(f"no reasoning-token counts: no {F1_FIGURE}")
+    except PlotUnavailable as e:
+        print0(f"{e}; no {F1_FIGURE}")
+    return summary
+
+
+# ----------------------------------------------------------------------------- tables
+
+
+def _cell(stat: dict | None, scale: float, digits: int) -> str:
+    if not stat or stat["mean"] is None:
+        return "–"
+    sd = "" if stat.get("sd") is None else f" ± {stat['sd'] * scale:.{digits}f}"
+    return f"{stat['mean'] * scale:.{digits}f}{sd}"
+
+
+def _columns(evals: list[dict]) -> list[tuple[str, str | None]]:
+    """(kind, set or domain) columns in Table 1's order: in-domain sets and their average, out-of-domain
+    sets and their average, then the sets of neither domain."""
+    sets = list(dict.fromkeys(n for e in evals for n in e["sets"]))
+    domain = {n: e["sets"][n]["domain"] for e in evals for n in e["sets"]}
+    columns = []
+    for d in ("in", "out"):
+        members = [("set", n) for n in sets if domain[n] == d]
+        columns += members + ([("avg", d)] if members else [])
+    return columns + [("set", n) for n in sets if domain[n] is None]
+
+
+def _stat(e: dict, kind: str, key: str, metric: str) -> dict | None:
+    source = e["sets"] if kind == "set" else e["averages"]
+    return source.get(key, {}).get(metric)
+
+
+def _table(evals: list[dict], metric: str, title: str, scale: float = 100, digits: int = 2) -> str:
+    columns = [c for c in _columns(evals) if any(_stat(e, *c, metric) for e in evals)]
+    heads = [key if kind == "set" else f"{DOMAINS[key]} avg" for kind, key in columns]
+    lines = [f"### {title}", "", "| Model | " + " | ".join(heads) + " |", "|---" * (len(heads) + 1) + "|"]
+    first = evals[0]
+    for e in evals:
+        cells = [_cell(_stat(e, *c, metric), scale, digits) for c in columns]
+        lines.append(f"| {e['name']} | " + " | ".join(cells) + " |")
+        if e is not first:
+            pairs = [(_stat(e, *c, metric), _stat(first, *c, metric)) for c in columns]
+            diffs = [f"{(a['mean'] - b['mean']) * scale:+.{digits}f}" if a and b and None not in (a["mean"], b["mean"])
+                     else "–" for a, b in pairs]
+            lines.append(f"| Δ vs {first['name']} | " + " | ".join(diffs) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def markdown_tables(evals: list[dict]) -> str:
+    """Tables in the layout of the paper's Table 1 (one row per model, mean ± SD over sampled runs,
+    sets grouped by domain with their averages), with each later model's difference to the first."""
+    runs = sorted({e["sets"][n]["decoding"]["n_samples"] for e in evals for n in e["sets"]})
+    parts = [_table(evals, "weighted_f1", f"Weighted F1 (%), mean ± sample SD over {'/'.join(map(str, runs))} runs"),
+             _table(evals, "macro_f1", "Macro F1 (%)"),
+             _table(evals, "reasoning_tokens", "Mean reasoning tokens per completion", 1, 0),
+             _table(evals, "invalid", "Invalid answers (%)")]
+    if any("cause_rate" in s for e in evals for s in e["sets"].values()):
+        parts.append(_table(evals, "cause_rate", "Cause identification (%): targets whose annotated earlier "
+                                                 "cause the reasoning uses"))
+    for e in evals[1:]:
+        gains = relative_gains(e, evals[0])["averages"]
+        shown = ", ".join(f"{DOMAINS[d]} {g:+.1f}%" for d, g in gains.items() if g is not None)
+        if shown:
+            parts.append(f"Relative gain of {e['name']} over {evals[0]['name']} in average weighted F1: {shown}\n")
+    return "\n".join(parts)
+
+
+# ----------------------------------------------------------------------------- figures
+
+
+class PlotUnavailable(RuntimeError):
+    pass
+
+
+def _pyplot():
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise PlotUnavailable("matplotlib is needed for figures: pip install -r requirements-plot.txt") from None
+    return plt
+
+
+def plot_f1_vs_tokens(evals: list[dict], path) -> bool:
+    """Figure 4: average weighted F1 against mean reasoning tokens per completion, a point per model
+    (error bar: SD over runs), a panel per domain. False (nothing drawn) without both numbers."""
+    points = {d: [(i, e["name"], a["reasoning_tokens"]["mean"], a["weighted_f1"]) for i, e in enumerate(evals)
+                  if (a := e["averages"].get(d)) and a["reasoning_tokens"]["mean"] is not None
+                  and a["weighted_f1"]["mean"] is not None] for d in ("in", "out")}
+    points = {d: p for d, p in points.items() if p}
+    if not points:
+        return False
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(points), figsize=(6 * len(points), 4.5), squeeze=False)
+    for ax, (domain, marks) in zip(axes[0], points.items()):
+        for i, name, x, f1 in marks:
+            y, sd = 100 * f1["mean"], None if f1["sd"] is None else 100 * f1["sd"]
+            ax.errorbar(x, y, yerr=sd, fmt="o", ms=8, capsize=4, color=f"C{i}", label=name)
+            ax.annotate(name, (x, y), textcoords="offset points", xytext=(7, 7), fontsize=9)
+        ax.set(title=DOMAINS[domain], xlabel="Mean reasoning tokens per completion",
+               ylabel="Average weighted F1 (%)")
+        ax.margins(0.25)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=150)
+    plt.close(fig)
+    return True
+
+
+CURVES = (("Mean reward", "reward", "reward"), ("Reward components", "reward", "rewards/*/mean"),
+          ("Completion length", "tokens", "completions/mean_length"), ("KL to reference", "KL", "kl"),
+          ("Masked groups", "groups", "groups/masked"), ("Learning rate", "LR", "lr"), ("Loss", "loss", "loss"),
+          ("Eval macro F1", "macro F1", "eval/*/macro_f1"))
+
+
+def read_metrics(path: Path) -> list[dict]:
+    """metrics.jsonl records, numbers only ("nan"/"inf" strings read as floats); torn lines skipped."""
+    records = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            raw = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        raw = {k: float(v) if v in ("nan", "inf", "-inf") else v for k, v in raw.items()}
+        if isinstance(raw.get("step"), (int, float)):
+            records.append({k: v for k, v in raw.items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
+    return records
+
+
+def plot_training_curves(run_dirs: list, path) -> list[str]:
+    """Figure 5: the training curves of runs (their metrics.jsonl) as one PNG, a panel per quantity
+    some run logged (CURVES: mean reward with its SD band, each reward component, completion length,
+    KL, masked groups, LR, loss, evaluation macro F1); a colour per run. Returns the panels drawn."""
+    plt = _pyplot()
+    runs = []
+    for d in map(Path, run_dirs):
+        file = d / "metrics.jsonl" if d.is_dir() else d
+        if not file.is_file():
+            raise EvalError(f"{file}: no metrics.jsonl")
+        runs.append((d.name if d.is_dir() else d.parent.name, read_metrics(file)))
+    panels = [(title, ylabel, pattern, keys) for title, ylabel, pattern in CURVES
+              if (keys := sorted({k for _, recs in runs for r in recs for k in r if fnmatch.fnmatch(k, pattern)}))]
+    if not panels:
+        raise EvalError("none of the runs logged a quantity to plot")
+    cols, rows = min(3, len(panels)), math.ceil(len(panels) / 3)
+    fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 3.6 * rows), squeeze=False)
+    for ax, (title, ylabel, pattern, keys) in zip(axes.flat, panels):
+        for i, (run, recs) in enumerate(runs):
+            for k, key in enumerate(keys):
+                points = [(r["step"], r[key], r.get("reward_std")) for r in recs if key in r]
+                if not points:
+                    continue
+                part = key.split("/")[1] if "*" in pattern else ""  # the reward component or task
+                label = f"{run}: {part}" if len(runs) > 1 and part else part or run
+                color, style = (f"C{k}", "-") if len(runs) == 1 else (f"C{i}", ("-", "--", ":", "-.")[k % 4])
+                steps, values, sds = zip(*points)
+                ax.plot(steps, values, style, color=color, label=label, lw=1.2)
+                if key == "reward" and None not in sds:
+                    ax.fill_between(steps, [v - d for v, d in zip(values, sds)], [v + d for v, d in zip(values, sds)],
+                                    color=color, alpha=0.15)
+        ax.set(title=title, xlabel="Step", ylabel=ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.set_visible(False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return [title for title, *_ in panels]
+
+
+# ----------------------------------------------------------------------------- command line
+
+
+def _compare(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="evaluate.py compare", description="Side-by-side tables of evaluations, "
+                                     "with each model's difference to the first.")
+    parser.add_argument("evals", nargs="+", help="eval.json files (or the folders holding them)")
+    parser.add_argument("--out", help="also write table.md and f1_vs_tokens.png into this folder")
+    args = parser.parse_args(argv)
+    evals = [load_eval(Path(p) / EVAL_JSON if Path(p).is_dir() else p) for p in args.evals]
+    print(markdown_tables(evals))
+    if args.out:
+        atomic_write_text(Path(args.out) / TABLE, markdown_tables(evals))
+        plot_f1_vs_tokens(evals, Path(args.out) / F1_FIGURE)
+
+
+def _plot(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="evaluate.py plot", description="Training curves from metrics.jsonl.")
+    parser.add_argument("runs", nargs="+", help="run folders holding metrics.jsonl (or the files)")
+    parser.add_argument("--out", help="PNG to write (default: training_curves.png in the first run folder)")
+    args = parser.parse_args(argv)
+    first = Path(args.runs[0])
+    out = Path(args.out) if args.out else (first if first.is_dir() else first.parent) / "training_curves.png"
+    panels = plot_training_curves(args.runs, out)
+    print(f"wrote {out} ({', '.join(panels)})")
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        if argv and argv[0] in ("pairs", "annotate", "annotate-report"):
+            import annotate  # the human evaluation: its own module, reached from this command line
+
+            return annotate.main(argv)
+        if argv and argv[0] in ("compare", "plot"):
+            return {"compare": _compare, "plot": _plot}[argv[0]](argv[1:])
+        evaluate(parse_cli(EvalConfig, argv))
+    except ConfigError as e:
+        print(f"config error: {argv[0]}: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except (DataError, EvalError, JudgeError, PlotUnavailable, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(1) from None
+
+
+if __name__ == "__main__":
+    main()

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 
+import verifier
 from data import split_blocks
 from judge import CAUSE_SYSTEM, IU_SYSTEM, SECTION_TAGS
 
@@ -39,7 +40,6 @@ class UnsupportedRequest(ValueError):
 
 
 _SECTION_RE = re.compile(r"<(" + "|".join(SECTION_TAGS) + r")((?: \w+=\"[^\"]*\")*)>\n(.*?)\n</\1>", re.DOTALL)
-_EVIDENCE_RE = re.compile(r"<evidence>(.*?)</evidence>", re.DOTALL)
 _STOPWORDS = frozenset("""about also because been being both could does doing done each from have having here into
 just more most much only other over same should some such than that their them then there these they this those
 very what when where which while will with would your""".split())
@@ -56,19 +56,29 @@ def _content_words(text: str) -> set[str]:
     return {w for w in words if w not in _STOPWORDS}
 
 
+def _utterances(conversation: str) -> list[str]:
+    """The lines of a rendered conversation, each without its `Speaker: ` prefix (crudely: the text
+    after the first ': ', if any)."""
+    texts = []
+    for line in conversation.splitlines():
+        speaker, colon, text = line.strip().partition(": ")
+        texts.append(text if colon else speaker)
+    return texts
+
+
 def _rules_iu(sections: list[tuple[str, str]]) -> str:
-    conversation = _norm(next(text for tag, text in sections if tag == "conversation"))
+    utterances = _utterances(next(text for tag, text in sections if tag == "conversation"))
     seen: set[str] = set()
     lines = []
     for j, block in enumerate((text for tag, text in sections if tag == "block"), 1):
-        quotes = _EVIDENCE_RE.findall(block)
-        words = _content_words(_EVIDENCE_RE.sub(" ", block))
+        quotes = verifier.extract_quotes(block)
+        words = _content_words(verifier.without_quotes(block))
         new_words = words - seen
         seen |= words
         if not quotes:
             reason, gain = "no quotation", False
-        elif not all(_norm(q) and _norm(q) in conversation for q in quotes):
-            reason, gain = "a quotation is not found in the conversation", False
+        elif not all(verifier.verify_quote(q, utterances) for q in quotes):
+            reason, gain = "a quotation does not verify against the conversation", False
         elif len(new_words) < RULES_MIN_NEW_WORDS:
             reason, gain = f"verified quotation but only {len(new_words)} new content words", False
         else:
@@ -82,9 +92,11 @@ def _rules_cause(sections: list[tuple[str, str]]) -> str:
     k = int(parts["turn_to_assess"].strip("[] \n"))
     numbered = re.split(r"^\[(\d+)\] (?:\(TARGET\) )?", parts["conversation"], flags=re.MULTILINE)
     turns = {int(n): text.partition(": ")[2] for n, text in zip(numbered[1::2], numbered[2::2])}
-    turn, answers = _norm(turns.get(k, "")), [_norm(a) for a in parts["answer"].split(",") if a.strip()]
+    order, answers = sorted(turns), [_norm(a) for a in parts["answer"].split(",") if a.strip()]
+    texts = [turns[n] for n in order]
     for block in split_blocks(parts["reasoning"]):
-        quotes_turn = any(_norm(q) and _norm(q) in turn for q in _EVIDENCE_RE.findall(block))
+        quotes_turn = k in turns and any(order.index(k) in verifier.locate_quote(q, texts)
+                                         for q in verifier.extract_quotes(block))
         if quotes_turn and any(a in _norm(block) for a in answers):
             return f"Quotes turn [{k}] in a passage naming the concluded emotion | YES"
     return f"No passage both quotes turn [{k}] and names the concluded emotion | NO"
@@ -93,11 +105,11 @@ def _rules_cause(sections: list[tuple[str, str]]) -> str:
 def rules_backend(messages: list[dict[str, str]], params: dict[str, Any]) -> str:
     """A crude lexical stand-in for a judge model, for offline runs, tests and benchmarks; it reads
     our own IU_G and cause prompts and answers them deterministically in the judges' formats:
-    - IU_G: a block is GAIN when it has a quotation, every quotation occurs in the conversation
-      (case and whitespace aside), and its prose outside quotations brings at least
-      RULES_MIN_NEW_WORDS content words not seen in earlier blocks;
-    - cause: YES when one reasoning paragraph both quotes the assessed turn and names the concluded
-      emotion.
+    - IU_G: a block is GAIN when it has a quotation, every quotation verifies (verifier.py) against
+      the conversation's lines, and its prose outside quotations brings at least RULES_MIN_NEW_WORDS
+      content words not seen in earlier blocks;
+    - cause: YES when one reasoning paragraph both quotes the assessed turn (a quotation the verifier
+      locates there) and names the concluded emotion.
     It understands nothing: it is not a judge, only a deterministic answer in the right format."""
     system = messages[0]["content"] if messages and messages[0]["role"] == "system" else ""
     sections = [(m.group(1), m.group(3)) for m in _SECTION_RE.finditer(messages[-1]["content"])] if messages else []
@@ -146,18 +158,6 @@ class ModelBackend:
         self.tok = qwen.load_tokenizer(path)
         self.lock = threading.Lock()
 
-    def prompt_ids(self, messages: list[dict[str, str]], enable_thinking: bool | None) -> list[int]:
-        """The ChatML prompt's token ids, each message content encoded as plain text, so a
-        conversation quoting `<|im_end|>` cannot forge a turn of the judge's prompt."""
-        text = self.tok.chat(messages, add_generation_prompt=True, enable_thinking=enable_thinking)
-        ids, cursor = [], 0
-        for m in messages:
-            header = f"<|im_start|>{m['role']}\n"
-            start = text.index(header + m["content"] + "<|im_end|>", cursor) + len(header)
-            ids += self.tok.encode(text[cursor:start]) + self.tok.encode(m["content"], special_tokens=False)
-            cursor = start + len(m["content"])
-        return ids + self.tok.encode(text[cursor:])
-
     def __call__(self, messages: list[dict[str, str]], params: dict[str, Any]) -> str:
         settings = sampling_settings(params)
         if roles := [m["role"] for m in messages if m["role"] not in _ROLES]:
@@ -168,9 +168,10 @@ class ModelBackend:
         eos = tuple(self.tok.eos_token_ids)
         with self.lock:
             new_tokens = self._generate(
-                self.model, [self.prompt_ids(messages, thinking)], max_new_tokens=settings["max_tokens"],
-                temperature=float(settings["temperature"]), top_p=float(settings["top_p"]),
-                top_k=max(0, settings["top_k"]), eos_token_ids=eos, seed=settings["seed"])[0]
+                self.model, [self.tok.chat_ids(messages, enable_thinking=thinking)],
+                max_new_tokens=settings["max_tokens"], temperature=float(settings["temperature"]),
+                top_p=float(settings["top_p"]), top_k=max(0, settings["top_k"]), eos_token_ids=eos,
+                seed=settings["seed"])[0]
         return self.tok.decode([t for t in new_tokens if t not in eos])
 
 

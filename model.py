@@ -1008,22 +1008,36 @@ class QwenTokenizer:
              enable_thinking: bool | None = None) -> str:
         """ChatML: `<|im_start|>{role}\\n{content}<|im_end|>\\n` per message (contents verbatim),
         then, with add_generation_prompt, `<|im_start|>assistant\\n` and the family's think prefix."""
-        parts = []
+        return "".join(self._chat_pieces(messages, add_generation_prompt, enable_thinking))
+
+    def chat_ids(self, messages: list[dict], add_generation_prompt: bool = True,
+                 enable_thinking: bool | None = None) -> list[int]:
+        """The token ids of `chat(...)`, each message content encoded as plain text: text that spells
+        `<|im_end|>` or a tag such as `<evidence>` cannot forge a turn or a control token. The
+        prompt every trainer and evaluation feeds the model; a serving engine that tokenizes the
+        whole string may read such spellings in the task instructions as special tokens instead."""
+        pieces = self._chat_pieces(messages, add_generation_prompt, enable_thinking)
+        return [i for n, piece in enumerate(pieces) for i in self.encode(piece, special_tokens=n % 2 == 0)]
+
+    def _chat_pieces(self, messages, add_generation_prompt, enable_thinking) -> list[str]:
+        """Template text and message contents, alternating (contents at the odd indices)."""
+        pieces = [""]
         if self.default_system is not None and (not messages or messages[0]["role"] != "system"):
-            parts.append(f"<|im_start|>system\n{self.default_system}<|im_end|>\n")
+            pieces[-1] += f"<|im_start|>system\n{self.default_system}<|im_end|>\n"
         for i, m in enumerate(messages):
             if m.get("role") not in ("system", "user", "assistant") or not isinstance(m.get("content"), str):
                 raise ValueError(f"chat: message {i} needs role system/user/assistant and string content, got {m!r}")
-            parts.append(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n")
+            pieces[-1] += f"<|im_start|>{m['role']}\n"
+            pieces += [m["content"], "<|im_end|>\n"]
         if add_generation_prompt:
-            parts.append("<|im_start|>assistant\n")
+            pieces[-1] += "<|im_start|>assistant\n"
             if self.family == "qwen2" and enable_thinking is not None:
                 raise ValueError("chat: enable_thinking is not available for qwen2 checkpoints")
             if enable_thinking is False:
-                parts.append(THINK_OFF)
+                pieces[-1] += THINK_OFF
             elif self.family == "qwen3_5":
-                parts.append("<think>\n")
-        return "".join(parts)
+                pieces[-1] += "<think>\n"
+        return pieces
 
     def save(self, out_dir) -> None:
         """tokenizer.json (with any added tokens) plus the source's other tokenizer files."""

@@ -8,15 +8,18 @@ never silently falls back to a default. None means the feedback is incomplete (a
 reward needs is missing or malformed): the trainer resamples the group, it never reads None as 0.
 
 Judge-backed rewards read already-parsed judge outputs from `rollout.judged`; `judge_rollouts` fills
-it for a batch of single-turn rollouts through judge.py, in one concurrent batch of HTTP calls:
+it for a batch of single-turn rollouts through judge.py, in one concurrent batch of HTTP calls. A
+trainer calls `check_reward_data(spec, examples)` at start-up: data a reward cannot use (Social-R1
+without reference analyses) stops the run there, with one line, instead of masking every group.
 
 | key | shape | used by |
 |---|---|---|
 | `iu` | list[int], 1 = GAIN / 0 = NO_GAIN per reasoning block | iu_g, clue |
-| `sip_structure` | float in [0, 1], SIP stage adherence | social_r1 |
-| `sip_content` | float in [0, 1], SIP content against the reference | social_r1 |
+| `sip_structure` | float in [0, 1], SIP stage adherence | social_r1, social_r1_reference_free |
+| `sip_content` | float in [0, 1], SIP content against the example's reference analysis | social_r1 |
+| `sip_content_free` | float in [0, 1], SIP content against the conversation alone | social_r1_reference_free |
 | `turn_quality` | {"sr_proxy": 0/1, "ea": 1-5, "fa": 0/1} for one assistant turn | emollm_turn, emollm |
-| `emotional_state` | int 1-5, the user's state in the reply to this turn (on an episode: the opening message) | emollm_turn, emollm |
+| `emotional_state` | int 1-5, the user's state in reply to the turn (an episode's: its opening) | emollm_turn, emollm |
 | `care_rubric` | {"cognitive" / "affective" / "proactive": {"weight": w, "criteria": [str, ...]}} | care |
 | `care_scores` | {"cognitive" / "affective" / "proactive": [int 0-5 per criterion]} | care |
 """
@@ -52,10 +55,11 @@ class Rollout:
     @classmethod
     def from_completion(cls, example: data.Example, completion: str, *, n_reasoning_tokens: int,
                         n_completion_tokens: int, **rest) -> Rollout:
-        """A rollout with its reasoning, blocks and answer parsed from the completion text (data.py's rules)."""
+        """A rollout with its reasoning, blocks and answer parsed from the completion text (data.py's rules;
+        a multiple-choice answer is checked against the example's own options)."""
         reasoning, _ = data.split_completion(completion)
         return cls(example, completion, reasoning, data.split_blocks(reasoning),
-                   data.parse_answer(completion, example.task), n_reasoning_tokens, n_completion_tokens, **rest)
+                   data.parse_answer(completion, example), n_reasoning_tokens, n_completion_tokens, **rest)
 
 
 @dataclass
@@ -206,14 +210,10 @@ _LENGTH = dict(ngram=4, rep_threshold=0.1, rep_beta=8.0, len_min=400.0, len_max=
 
 @reward()
 def r_fmt(rollout, cfg):
-    """R_fmt in our completion format: 1 when the completion has one `</think>` with reasoning before
-    it and, after it, exactly one non-empty line and that line is `Answer: ...`; else 0. (Whether the
-    labels are valid is R_out's business.)"""
-    _, answer_text = data.split_completion(rollout.completion)
-    lines = answer_text.strip().splitlines()
-    well_formed = (rollout.completion.count(data.THINK_END) == 1 and bool(rollout.reasoning)
-                   and len(lines) == 1 and lines[0].lower().startswith("answer:"))
-    return float(well_formed)
+    """R_fmt in our completion format: 1 when the completion keeps it exactly (`data.well_formed`:
+    reasoning, one `</think>`, then only the `Answer:` line), else 0. (Whether the labels are valid
+    is R_out's business.)"""
+    return float(data.well_formed(rollout.completion))
 
 
 @reward(**_LENGTH)
@@ -228,17 +228,36 @@ def r_len(rollout, cfg):
 # tau and gamma are not given in the paper. tau = 0.5 keeps the outcome term (w_o = 2) ahead of the
 # two process terms (at most 2 tau = 1) early in training; gamma = 1 doubles the process weights by
 # the last update, where they catch up with it.
-@reward(w_out=2.0, tau_process=0.5, gamma=1.0, **_LENGTH)
-def social_r1(rollout, cfg):
-    """R_total = R_fmt * (w_o R_out + tau (w_struct(t) R_struct + w_content(t) R_content)) * R_len,
-    R_out = c, R_struct = `judged["sip_structure"]`, R_content = `judged["sip_content"]`."""
-    structure, content = rollout.judged.get("sip_structure"), rollout.judged.get("sip_content")
+_SOCIAL_R1 = dict(w_out=2.0, tau_process=0.5, gamma=1.0, **_LENGTH)
+
+
+def social_r1_total(rollout: Rollout, cfg: dict, content: Any) -> float | None:
+    """R_total = R_fmt * (w_o R_out + tau (w_struct(t) R_struct + w_content(t) R_content)) * R_len with
+    R_out = c, R_struct = `judged["sip_structure"]` and the given R_content; None when either judge
+    output is missing or outside [0, 1]."""
+    structure = rollout.judged.get("sip_structure")
     if not (_number_in(structure, 0, 1) and _number_in(content, 0, 1)):
         return None
     w = process_weight(rollout.step, rollout.total_steps, cfg["gamma"])
     process = cfg["tau_process"] * (w * structure + w * content)
     length = r_len(rollout, {k: cfg[k] for k in _LENGTH})
     return r_fmt(rollout) * (cfg["w_out"] * correctness(rollout) + process) * length
+
+
+@reward(**_SOCIAL_R1)
+def social_r1(rollout, cfg):
+    """Social-R1's R_total (social_r1_total), with R_content = `judged["sip_content"]`, scored against
+    the example's reference SIP analysis in `meta["reference"]` (check_reward_data requires one)."""
+    return social_r1_total(rollout, cfg, rollout.judged.get("sip_content"))
+
+
+@reward(**_SOCIAL_R1)
+def social_r1_reference_free(rollout, cfg):
+    """Our variant for data without reference analyses, not the paper's: R_total as in social_r1, with
+    R_content = `judged["sip_content_free"]`, the same tiered judge rubric applied against the
+    conversation alone. Without a reference the judge can only check the reasoning against the story,
+    not against the intended reading of it, so expect a weaker signal than social_r1's."""
+    return social_r1_total(rollout, cfg, rollout.judged.get("sip_content_free"))
 
 
 # ----------------------------------------------------------------------------- EmoLLM
@@ -273,8 +292,8 @@ _TURN = dict(l_cog=1.0, l_arg=1.0, l_rp=1.0, l_over=1.0, overthink_budget=256.0)
 def emollm_turn(rollout, cfg):
     """r_t of one assistant turn (see emollm_turn_reward): `judged["turn_quality"]`,
     `judged["emotional_state"]` and the turn's reasoning tokens."""
-    judged = rollout.judged
-    return emollm_turn_reward(judged.get("turn_quality"), judged.get("emotional_state"), rollout.n_reasoning_tokens, cfg)
+    quality, state = rollout.judged.get("turn_quality"), rollout.judged.get("emotional_state")
+    return emollm_turn_reward(quality, state, rollout.n_reasoning_tokens, cfg)
 
 
 @reward(l_emo=1.0, **_TURN)
@@ -293,32 +312,11 @@ def emollm(rollout, cfg):
 
 # ----------------------------------------------------------------------------- CARE
 
-CARE_DIMENSIONS = ("cognitive", "affective", "proactive")
-
-
-def valid_rubric(rubric: Any, tolerance: float) -> bool:
-    """Three dimensions, each with a weight >= 0 and 2-4 non-empty criteria; weights sum to 1 (+- tolerance)."""
-    if not isinstance(rubric, dict) or set(rubric) != set(CARE_DIMENSIONS):
-        return False
-    weights = []
-    for dimension in rubric.values():
-        if not isinstance(dimension, dict) or set(dimension) != {"weight", "criteria"}:
-            return False
-        weight, criteria = dimension["weight"], dimension["criteria"]
-        if not _number_in(weight, 0, 1):
-            return False
-        if not isinstance(criteria, list) or not 2 <= len(criteria) <= 4:
-            return False
-        if not all(isinstance(c, str) and c.strip() for c in criteria):
-            return False
-        weights.append(weight)
-    return abs(sum(weights) - 1) <= tolerance
-
-
-def care_score(rubric: Any, scores: Any, tolerance: float) -> float | None:
-    """sum_d w_d * mean(scores of d) / 5 over the three dimensions; None for a malformed rubric or
-    scores that are not one integer 0-5 per criterion."""
-    if not valid_rubric(rubric, tolerance) or not isinstance(scores, dict) or set(scores) != set(CARE_DIMENSIONS):
+def care_score(rubric: Any, scores: Any) -> float | None:
+    """sum_d w_d * mean(scores of d) / 5 over the three dimensions; None for a rubric that
+    judge.care_rubric rejects or scores that are not one integer 0-5 per criterion."""
+    rubric = judge.care_rubric(rubric)
+    if rubric is None or not isinstance(scores, dict) or set(scores) != set(judge.CARE_DIMENSIONS):
         return None
     total = 0.0
     for name, dimension in rubric.items():
@@ -331,12 +329,11 @@ def care_score(rubric: Any, scores: Any, tolerance: float) -> float | None:
     return total
 
 
-# The weights of a judge-written rubric are rounded (0.33 / 0.33 / 0.34): they must sum to 1 within this.
-@reward(weight_tolerance=0.01)
+@reward()
 def care(rollout, cfg):
     """The CARE rubric reward from `judged["care_rubric"]` (one rubric shared by the GRPO group) and
     `judged["care_scores"]`."""
-    return care_score(rollout.judged.get("care_rubric"), rollout.judged.get("care_scores"), cfg["weight_tolerance"])
+    return care_score(rollout.judged.get("care_rubric"), rollout.judged.get("care_scores"))
 
 
 # ----------------------------------------------------------------------------- asking the judges
@@ -344,7 +341,24 @@ def care(rollout, cfg):
 # The judge outputs each reward reads from a single-turn rollout. A judge-backed reward of your own
 # adds its line here. (EmoLLM's and CARE's judges need a multi-turn episode or a group-shared
 # rubric, which the caller gathers with judge.py directly.)
-REWARD_JUDGES = {"iu_g": ("iu",), "clue": ("iu",), "social_r1": ("sip_structure", "sip_content")}
+REWARD_JUDGES = {"iu_g": ("iu",), "clue": ("iu",), "social_r1": ("sip_structure", "sip_content"),
+                 "social_r1_reference_free": ("sip_structure", "sip_content_free")}
+
+# The example fields a reward needs beyond the conversation and its labels: meta keys that must hold a
+# non-empty string, with what they are. A reward of your own that reads one adds its line here.
+REWARD_DATA = {"social_r1": {"reference": "the reference SIP analysis R_content is scored against; "
+                                          "reward social_r1_reference_free needs none"}}
+
+
+def check_reward_data(spec: RewardSpec, examples: list[data.Example]) -> None:
+    """Stop a run whose data cannot feed its reward, before training: raises data.DataError, one line
+    naming the field and the ids of the examples that lack it (the caller adds the file name)."""
+    for key, what in REWARD_DATA.get(spec.name, {}).items():
+        missing = [e.id for e in examples if not (isinstance(e.meta.get(key), str) and e.meta[key].strip())]
+        if missing:
+            ids = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+            raise data.DataError(f"field 'meta.{key}': reward {spec.name} needs it in every example ({what}); "
+                                 f"{len(missing)} of {len(examples)} lack it: {ids}")
 
 
 def _judge_request(name: str, rollout: Rollout, cfg: judge.JudgeConfig):
@@ -357,10 +371,8 @@ def _judge_request(name: str, rollout: Rollout, cfg: judge.JudgeConfig):
         return judge.iu_request(example, rollout.blocks, cfg), lambda text: judge.parse_iu_verdicts(text, n_blocks)
     if name == "sip_structure":
         return judge.sip_structure_request(example, rollout.reasoning), judge.parse_sip_structure
-    if name == "sip_content":
-        reference = example.meta.get("reference")  # the reference SIP analysis; without one R_content is missing
-        if not isinstance(reference, str):
-            return None
+    if name in ("sip_content", "sip_content_free"):
+        reference = example.meta["reference"] if name == "sip_content" else None
         return judge.sip_content_request(example, rollout.reasoning, reference), judge.parse_sip_content
     raise ValueError(f"no single-turn judge request for '{name}'")
 
@@ -370,7 +382,8 @@ def judge_rollouts(rollouts: list[Rollout], spec: RewardSpec, cfg: judge.JudgeCo
     through `judge.chat_many`, and store each parsed answer in `rollout.judged[name]`: None where the
     judge failed after its retries or answered out of format, so the reward reports missing feedback.
     Returns chat_many's stats (calls, retries, failures, latency, errors) plus `malformed`, the count
-    of answers the strict parsers rejected."""
+    of answers the strict parsers rejected. Data the reward cannot use raises (check_reward_data)."""
+    check_reward_data(spec, [rollout.example for rollout in rollouts])
     pending = []
     for rollout in rollouts:
         for name in REWARD_JUDGES.get(spec.name, ()):

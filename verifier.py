@@ -12,6 +12,10 @@ A quotation verifies when its tokens align with a contiguous run of conversation
   word of MIN_TYPO_LENGTH or more letters (same first letter, 1 edit, 2 from 8 letters up), which
   costs its optimal-string-alignment distance; shorter words and single Chinese or Japanese
   characters are never edited (one letter turns "love" into "lose", 好 into 坏);
+- a typo is a misspelling, never another word: an edit may turn a word into a non-word or back
+  ("tonihgt" for "tonight", "received" for a source's "recieved"), but never one English word
+  of english_words.txt into another ("lonely" for "lovely", "trail" for "trial", "diner" for
+  "dinner", "women" for "woman"), since swapping a word changes the evidence;
 - a Chinese or Japanese character left out of the quotation costs 1; words are never dropped or
   added (an omission is marked with an ellipsis), so no word can be swapped for another;
 - the total cost may not exceed min(MAX_EDIT_FRACTION * (characters in the quote), MAX_EDITS);
@@ -44,6 +48,7 @@ import functools
 import re
 import unicodedata
 from dataclasses import dataclass
+from pathlib import Path
 
 MAX_EDIT_FRACTION = 0.1  # one typographical edit per 10 characters of the quotation ...
 MAX_EDITS = 6  # ... and never more than this many, however long the quotation
@@ -52,8 +57,11 @@ MAX_QUOTE_TOKENS = 100  # the bounds on work of the module docstring
 MAX_FRAGMENTS = 8
 MAX_SEARCH_WORK = 250_000
 MIN_TYPO_LENGTH = 5  # shorter words and single CJK characters are never edited
+# Common English words with their inflections (SCOWL size 35; source, derivation and licence in the
+# file's header): a typo edit never turns one of them into another.
+ENGLISH_WORDS_FILE = Path(__file__).with_name("english_words.txt")
 
-OPEN_TAG, CLOSE_TAG = "<evidence>", "</evidence>"
+EVIDENCE_OPEN, EVIDENCE_CLOSE = "<evidence>", "</evidence>"  # the evidence tags, defined here only
 
 # Words whose change flips the meaning of a quotation. English entries are written after
 # normalization (apostrophes removed: "don't" -> "dont", "I'm" -> "im"); Chinese and Japanese
@@ -103,7 +111,8 @@ PROTECTED: dict[str, dict[str, set[str]]] = {
     },
 }
 
-_CJK = "\u3005\u3007\u3041-\u3096\u309d-\u309f\u30a1-\u30fa\u30fc-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0003134f"
+_CJK = ("\u3005\u3007\u3041-\u3096\u309d-\u309f\u30a1-\u30fa\u30fc-\u30ff"  # kana and marks
+        "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0003134f")  # CJK ideographs
 _TOKEN = re.compile(rf"\d+(?:[.,:]\d+)+|[{_CJK}]|(?:(?![{_CJK}])[^\W_])+")
 _IS_CJK = re.compile(rf"[{_CJK}]")
 _APOSTROPHES = re.compile("[\u2018\u2019\u201a\u201b\u2032\u02bc\u02b9`\u00b4\u0091\u0092]")
@@ -233,14 +242,23 @@ def _conversation(utterances: tuple[str, ...]) -> _Conversation:
     return _Conversation(text, joined, tuple(offsets), positions)
 
 
+@functools.cache
+def english_words() -> frozenset[str]:
+    """The words of ENGLISH_WORDS_FILE (lines starting with # are its header)."""
+    with open(ENGLISH_WORDS_FILE, encoding="utf-8") as f:
+        return frozenset(word for line in f if (word := line.strip()) and not word.startswith("#"))
+
+
 @functools.lru_cache(maxsize=65536)
 def _word_edit_cost(a: str, b: str) -> int | None:
     """Optimal-string-alignment distance between two different words when it is a near-miss typo,
     else None: the longer word has at least MIN_TYPO_LENGTH characters, both keep the first letter,
-    and they differ by at most 1 edit (2 from 8 characters up)."""
+    they differ by at most 1 edit (2 from 8 characters up), and they are not both English words."""
     longest = max(len(a), len(b))
     cap = 2 if longest >= 8 else 1
     if longest < MIN_TYPO_LENGTH or abs(len(a) - len(b)) > cap or a[0] != b[0]:
+        return None
+    if a in english_words() and b in english_words():
         return None
     previous2, previous = None, list(range(len(b) + 1))
     for i in range(1, len(a) + 1):
@@ -413,7 +431,8 @@ def locate_quote(quote: str, conversation: list[str] | str) -> list[int]:
 
 # ----------------------------------------------------------------------------- evidence tags
 
-_TAG = re.compile(f"{re.escape(OPEN_TAG)}|{re.escape(CLOSE_TAG)}")
+_TAG = re.compile(f"{re.escape(EVIDENCE_OPEN)}|{re.escape(EVIDENCE_CLOSE)}")
+_QUOTATION = re.compile(f"{re.escape(EVIDENCE_OPEN)}.*?(?={_TAG.pattern}|\\Z)|{re.escape(EVIDENCE_CLOSE)}", re.DOTALL)
 
 
 def extract_quotes(text: str) -> list[str]:
@@ -422,7 +441,13 @@ def extract_quotes(text: str) -> list[str]:
     cannot hide an invented quote from the verifier."""
     tags = list(_TAG.finditer(text)) + [None]
     return [text[tag.end():(after.start() if after else len(text))].strip()
-            for tag, after in zip(tags, tags[1:]) if tag.group() == OPEN_TAG]
+            for tag, after in zip(tags, tags[1:]) if tag.group() == EVIDENCE_OPEN]
+
+
+def without_quotes(text: str) -> str:
+    """The writer's own words: the text with its evidence tags and every quotation that extract_quotes
+    reads replaced by a space."""
+    return _QUOTATION.sub(" ", text)
 
 
 def format_score(text: str) -> float:
@@ -431,9 +456,9 @@ def format_score(text: str) -> float:
     tags = [m.group() for m in _TAG.finditer(text)]
     if not tags:
         return 1.0
-    n_open = tags.count(OPEN_TAG)
-    n_closed = sum(a == OPEN_TAG and b == CLOSE_TAG for a, b in zip(tags, tags[1:]))
-    n_stray = tags.count(CLOSE_TAG) - n_closed
+    n_open = tags.count(EVIDENCE_OPEN)
+    n_closed = sum(a == EVIDENCE_OPEN and b == EVIDENCE_CLOSE for a, b in zip(tags, tags[1:]))
+    n_stray = tags.count(EVIDENCE_CLOSE) - n_closed
     return n_closed / (n_open + n_stray)
 
 

@@ -1,6 +1,7 @@
 """data.py: the example schema and its errors, the task registry and prompts, conversation rendering,
 answer parsing, the curriculum and the stats command."""
 
+import dataclasses
 import json
 from collections import Counter
 
@@ -8,7 +9,8 @@ import pytest
 
 from data import (TASKS, CurriculumConfig, DataError, Example, Turn, build_prompt, check_example, count_tokens,
                   curriculum, load_jsonl, main, parse_answer, render_conversation, render_target, save_jsonl,
-                  split_blocks, split_completion, stats, task_brief, time_marker, truncate_context, visible_turns)
+                  split_blocks, split_completion, stats, task_brief, time_marker, truncate_context, visible_turns,
+                  well_formed)
 
 
 def chat_example(**kw):
@@ -84,10 +86,16 @@ def test_bad_lines_name_file_line_and_field(tmp_path, line, message):
         load_jsonl(path)
 
 
-def test_task_specific_checks():
+def test_task_specific_checks(monkeypatch):
     norm = Example("n", "ccu_norm", [Turn("A", "Bye")], 0, ["Adhere"])
-    with pytest.raises(DataError, match="field 'dialog_act': task ccu_norm needs one of"):
+    with pytest.raises(DataError, match="field 'dialog_act': task ccu_norm needs one of: Doing apology, "):
         check_example(norm)
+    # The requirement is the task's property, not its name: a task of your own can have it too.
+    mine = dataclasses.replace(TASKS["ccu_norm"], name="my_norm", dialog_acts=("asking", "telling"))
+    monkeypatch.setitem(TASKS, "my_norm", mine)
+    with pytest.raises(DataError, match=r"task my_norm needs one of: asking, telling; got 'Doing request'"):
+        check_example(dataclasses.replace(norm, task="my_norm", dialog_act="Doing request"))
+    assert check_example(dataclasses.replace(norm, task="my_norm", dialog_act="asking")).labels == ["Adhere"]
     with pytest.raises(DataError, match="catch-all label 'None' cannot be combined"):
         check_example(chat_example(labels=["Joy", "none"]))
     with pytest.raises(DataError, match="needs one or more distinct labels"):
@@ -273,13 +281,26 @@ def think(answer_text, reasoning="Step one.\n\nStep two."):
     ("cped_dialog_act", "Answer: statement", None),
     ("wiki_power", "Answer: b", ["B"]),
     ("wiki_power", "Answer: C", None),
-    ("tom_mc", "Answer: C", ["C"]),
+    ("tom_mc", "Answer: C", ["C"]),  # the example here has three options
+    ("tom_mc", "Answer: D", None),  # a letter of the task, but past this item's options
     ("tom_mc", "Answer: A. Drawer", None),
     ("mmlu", "Answer: d", ["D"]),
     ("mmlu", "Answer: E", None),
 ])
 def test_parse_answer_per_task(task, text, expected):
-    assert parse_answer(think(text), task) == expected
+    example = all_task_examples()[task]
+    assert parse_answer(think(text), example) == expected
+    if not TASKS[task].choices:
+        assert parse_answer(think(text), task) == expected  # the name is enough when no item has options
+
+
+def test_a_letter_outside_the_items_own_options_is_invalid():
+    two = Example("t2", "tom_mc", [Turn("", "A story.")], None, ["B"], meta={"question": "Q?", "options": ["x", "y"]})
+    assert parse_answer(think("Answer: B"), two) == ["B"]
+    assert parse_answer(think("Answer: C"), two) is None  # C is no answer to a two-option item
+    assert TASKS["tom_mc"].answer_labels(two) == ("A", "B")
+    with pytest.raises(ValueError, match="tom_mc is multiple-choice: pass the example"):
+        parse_answer(think("Answer: A"), "tom_mc")
 
 
 def test_parse_answer_reads_only_after_the_final_think_end():
@@ -292,6 +313,22 @@ def test_parse_answer_reads_only_after_the_final_think_end():
     assert parse_answer("</think>  answer :  Joy ,Trust  ", "ccu_emotion") == ["Joy", "Trust"]
     with pytest.raises(DataError, match="unknown task 'emotion'"):
         parse_answer("</think>Answer: Joy", "emotion")
+
+
+@pytest.mark.parametrize("completion, expected", [
+    ("reasoning</think>\nAnswer: sadness", True),
+    ("<think>\nreasoning\n</think>\n\nAnswer: sadness\n", True),
+    ("  <think>reasoning</think>\n  answer : not a label", True),  # labels are parse_answer's question
+    ("reasoning</think>\nsadness", False),
+    ("reasoning</think>\nAnswer: sadness\nbecause she lost her job", False),
+    ("a</think>b</think>\nAnswer: sadness", False),
+    ("<think>\n</think>\nAnswer: sadness", False),  # no reasoning
+    ("reasoning\nAnswer: sadness", False),  # never closed
+    ("<think>a <think>b</think>\nAnswer: sadness", False),  # a second opener
+    ("So <think>reasoning</think>\nAnswer: sadness", False),  # an opener that does not open
+])
+def test_well_formed(completion, expected):
+    assert well_formed(completion) is expected
 
 
 def test_split_completion_and_blocks():

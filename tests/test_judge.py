@@ -84,8 +84,9 @@ def test_5xx_is_retried_with_growing_backoff():
         elapsed = time.perf_counter() - start
     assert texts == ["echo: x"] and stats["retries"] == 2 and stats["failures"] == 0
     assert server.requests_seen == 3
-    # Waits are uniform in [d/2, d] with d = 0.05 * 2^attempt: at least 0.025 + 0.05 s in total.
-    assert 0.075 <= elapsed < 1.5
+    # Waits are uniform in [d/2, d] with d = 0.05 * 2^attempt: at least 0.025 + 0.05 s in total. (A lower
+    # bound only: a busy machine makes the run slower, never faster; the retries are counted above.)
+    assert elapsed >= 0.075
 
 
 def test_retries_run_out_into_an_error_or_a_none():
@@ -106,8 +107,8 @@ def test_retry_after_is_honoured_and_an_excessive_one_fails_fast():
     with serving(echo_backend, faults=Faults(script=("503", "ok"), retry_after=120)) as server:
         start = time.perf_counter()
         texts, stats = judge.chat_many([call()], config(server, max_wait=5.0))
-        assert time.perf_counter() - start < 1.5 and server.requests_seen == 1
-    assert texts == [None] and "Retry-After 120s" in stats["errors"][0]
+        assert time.perf_counter() - start < 60 and server.requests_seen == 1  # far from the 120 s asked for
+    assert texts == [None] and stats["retries"] == 0 and "Retry-After 120s" in stats["errors"][0]
 
 
 def test_retry_after_as_an_http_date():
@@ -119,11 +120,12 @@ def test_retry_after_as_an_http_date():
 
 
 def test_timeouts_and_dropped_connections_are_retried():
-    with serving(echo_backend, faults=Faults(script=("hang", "drop", "ok"), hang=10)) as server:
+    with serving(echo_backend, faults=Faults(script=("hang", "drop", "ok"), hang=60)) as server:
         start = time.perf_counter()
         texts, stats = judge.chat_many([call("z")], config(server, timeout=0.3))
         elapsed = time.perf_counter() - start
-    assert texts == ["echo: z"] and stats["retries"] == 2 and 0.3 <= elapsed < 3
+    # The first attempt waited out its 0.3 s timeout, and the client gave up long before the hang ended.
+    assert texts == ["echo: z"] and stats["retries"] == 2 and 0.3 <= elapsed < 60
     with serving(echo_backend, faults=Faults(script=("hang",) * 3, hang=10)) as server:
         texts, stats = judge.chat_many([call()], config(server, timeout=0.2, retries=1))
     assert texts == [None] and "ReadTimeout" in stats["errors"][0]
@@ -271,6 +273,22 @@ def test_rules_backend_iu_verdicts_by_hand():
         texts, _ = judge.chat_many([request], cfg)
     assert request.max_tokens == 128 + 120 * 5
     assert judge.parse_iu_verdicts(texts[0], 5) == [1, 0, 0, 0, 1]
+
+
+def test_rules_backend_asks_the_verifier_whether_a_quote_is_real():
+    # Each block brings new content words; only the quotation decides. A typo in a long word still
+    # verifies; a cut that drops the negation ("even care anymore" from "I don't even care anymore"),
+    # a speaker name and another word swapped in ("failed the exam agian" is a typo, "passed" is not) do not.
+    blocks = ["Bo admits <evidence>I failed the exam agian</evidence>, conceding another academic setback.",
+              "Bo claims <evidence>even care anymore</evidence> signalling detachment toward schooling.",
+              "Bo writes <evidence>Bo: Whatever.</evidence> signalling dismissal toward everything.",
+              "Bo says <evidence>I passed the exam again</evidence> displaying triumphant relief.",
+              "Bo insists <evidence>I don't even care anymore</evidence> masking bruised pride underneath."]
+    with serving() as server:
+        cfg = config(server)
+        texts, _ = judge.chat_many([judge.iu_request(emotion_example(), blocks, cfg)], cfg)
+    assert judge.parse_iu_verdicts(texts[0], 5) == [1, 0, 0, 0, 1]
+    assert "does not verify" in texts[0].splitlines()[1]
 
 
 def test_rules_backend_cause_verdicts_and_unsupported_prompts():
@@ -429,8 +447,11 @@ def test_parse_care_rubric():
     assert [rubric[d]["weight"] for d in rubric] == pytest.approx([0.30, 0.45, 0.25])
     assert rubric["cognitive"]["criteria"][2] == "Checks what the parent wants"
     nearly = json.loads(json.dumps(RUBRIC_JSON))
-    nearly["proactive"]["weight"] = 0.2505  # within 1e-3 of summing to 1: renormalized
-    assert sum(d["weight"] for d in judge.parse_care_rubric(json.dumps(nearly)).values()) == pytest.approx(1.0, abs=1e-12)
+    nearly["proactive"]["weight"] = 0.259  # within CARE_WEIGHT_TOLERANCE = 0.01 of summing to 1: renormalized
+    weights = [d["weight"] for d in judge.parse_care_rubric(json.dumps(nearly)).values()]
+    assert weights == pytest.approx([0.30 / 1.009, 0.45 / 1.009, 0.259 / 1.009], abs=1e-12)
+    nearly["proactive"]["weight"] = 0.261  # 1.011: outside it
+    assert judge.parse_care_rubric(json.dumps(nearly)) is None
 
     def mutated(change):
         rubric = json.loads(json.dumps(RUBRIC_JSON))
@@ -567,6 +588,9 @@ def test_iu_request_shows_task_conversation_target_and_numbered_blocks_only():
     assert "<target>\nBo: Whatever. I don't even care anymore.\n</target>" in user
     assert '<block n="1">\nfirst\n</block>\n\n<block n="2">\nsecond\n</block>' in user
     assert "sadness" not in user.split("</task>")[1]  # the gold label is withheld
+    # CLUE C.2: the per-block assessments come in English, whatever the conversation's language
+    system = request.messages[0]["content"]
+    assert "Write every assessment in English, whatever the language of the conversation" in system
     conversation_level = Example(id="p", task="meld_emotion", turns=example.turns, target=None, labels=["joy"])
     assert "the whole exchange" in judge.iu_request(conversation_level, ["b"], JudgeConfig()).messages[-1]["content"]
 
@@ -588,9 +612,6 @@ def test_every_builder_makes_a_system_and_a_user_message():
 
 
 def test_model_backend_answers_with_greedy_generate_like_transformers(tmp_path):
-    qwen = pytest.importorskip("model")
-    if not hasattr(qwen, "generate"):
-        pytest.skip("model.py (generate, load_tokenizer) has not landed on this branch yet")
     transformers = pytest.importorskip("transformers")
     import torch
     from tokenizers import Tokenizer, models, pre_tokenizers
@@ -621,7 +642,7 @@ def test_model_backend_answers_with_greedy_generate_like_transformers(tmp_path):
     expected = tokenizer.decode([t for t in out if t != eos], skip_special_tokens=False)
     assert len(expected.split()) >= 2  # a real continuation, not an immediate end
     backend = judge_server.ModelBackend(str(tmp_path))
-    assert backend.prompt_ids(messages, False) == expected_prompt
+    assert backend.tok.chat_ids(messages, enable_thinking=False) == expected_prompt
     with serving(backend, model_name="tiny") as server:
         cfg = config(server, temperature=0.0, timeout=30)
         texts, stats = judge.chat_many([JudgeCall(messages, 12)], cfg)

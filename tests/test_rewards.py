@@ -1,12 +1,17 @@
 """Every reward against values computed by hand (the arithmetic is written out in each test)."""
 
+import dataclasses
+import json
 import math
 
 import pytest
 
-from data import Example, Turn
-from rewards import (REWARDS, RewardSpec, Rollout, care, clue, correctness, emollm, emollm_turn,
-                     evidence_format, iu_g, r_fmt, r_len, r_rep, r_win, repetition_ratio, score, social_r1)
+import judge
+from data import DataError, Example, Turn
+from judge import JudgeConfig
+from rewards import (REWARDS, RewardSpec, Rollout, care, check_reward_data, clue, correctness, emollm, emollm_turn,
+                     evidence_format, iu_g, judge_rollouts, r_fmt, r_len, r_rep, r_win, repetition_ratio, score,
+                     social_r1, social_r1_reference_free)
 
 TURNS = [Turn("Ana", "I lost my job today."), Turn("Ben", "Oh no, what happened?"),
          Turn("Ana", "They said the company is closing."), Turn("Ben", "This turn is never shown.")]
@@ -45,7 +50,7 @@ def test_rollout_from_completion_parses_reasoning_blocks_and_answer():
 
 def test_registry_holds_every_reward_and_one_convention():
     assert set(REWARDS) == {"correctness", "accuracy_only", "evidence_format", "iu_g", "clue", "r_fmt", "r_len",
-                            "social_r1", "emollm_turn", "emollm", "care"}
+                            "social_r1", "social_r1_reference_free", "emollm_turn", "emollm", "care"}
     r = rollout(COMPLETION, judged={"iu": [1, 1, 0, 1]})
     assert score(r, RewardSpec("clue", {"lambda_iu": 1.0})) == pytest.approx(1 + 1.0 * 1.0 * 2 / 4)
     assert REWARDS["accuracy_only"](r, {}) == 1.0
@@ -213,6 +218,29 @@ def test_social_r1_composite_with_time_dependent_weights():
     assert social_r1(malformed) == 0.0
     assert social_r1(rollout(completion, judged={"sip_structure": 0.8})) is None
     assert social_r1(rollout(completion, judged={"sip_structure": 0.8, "sip_content": 1.5})) is None
+    # The reference-free variant: the same formula, R_content from the judge that sees no reference.
+    free = rollout(completion, t_reason=1450, step=300, total_steps=600,
+                   judged={"sip_structure": 0.8, "sip_content_free": 0.6})
+    assert social_r1_reference_free(free) == pytest.approx((2 + 0.5 * 2.1) * sigmoid(21) ** 2)
+    assert social_r1(free) is None and social_r1_reference_free(r) is None
+
+
+def test_data_that_cannot_feed_the_reward_stops_the_run_with_one_line():
+    with_reference = [dataclasses.replace(example(), id=f"ok{i}", meta={"reference": "Encoding: ..."})
+                      for i in range(3)]
+    without = [dataclasses.replace(example(), id=f"bare{i}", meta={"reference": "  "} if i else {}) for i in range(7)]
+    check_reward_data(RewardSpec("social_r1"), with_reference)
+    check_reward_data(RewardSpec("social_r1_reference_free"), without)  # needs no reference
+    check_reward_data(RewardSpec("clue"), without)
+    with pytest.raises(DataError) as error:
+        check_reward_data(RewardSpec("social_r1"), with_reference + without)
+    message = str(error.value)
+    assert message == ("field 'meta.reference': reward social_r1 needs it in every example (the reference SIP analysis "
+                       "R_content is scored against; reward social_r1_reference_free needs none); 7 of 10 lack it: "
+                       "bare0, bare1, bare2, bare3, bare4 and 2 more")
+    assert "\n" not in message
+    with pytest.raises(DataError, match="1 of 1 lack it: x$"):  # the trainer's batches are checked too
+        judge_rollouts([rollout(COMPLETION)], RewardSpec("social_r1"), JudgeConfig(base_url="http://127.0.0.1:9"))
 
 
 # ----------------------------------------------------------------------------- EmoLLM
@@ -308,10 +336,19 @@ def test_care_malformed_scores_are_none(scores):
     assert care(care_rollout(RUBRIC, scores)) is None
 
 
-def test_care_weight_tolerance_is_a_setting():
-    thirds = {k: dict(v, weight=0.333) for k, v in RUBRIC.items()}  # sums to 0.999
-    assert care(care_rollout(thirds, SCORES)) == pytest.approx(0.333 * (0.8 + 0.6 + 0.6))
-    assert care(care_rollout(thirds, SCORES), {"weight_tolerance": 1e-4}) is None
+def test_care_reads_the_rubric_as_the_judge_parser_does():
+    # One check, one tolerance (judge.care_rubric): weights summing to 0.999 are renormalized to thirds,
+    # criteria are stripped, and a rubric the parser would reject (duplicate criteria) scores None here too.
+    thirds = {k: dict(v, weight=0.333) for k, v in RUBRIC.items()}
+    assert care(care_rollout(thirds, SCORES)) == pytest.approx((0.8 + 0.6 + 0.6) / 3)
+    assert judge.parse_care_rubric(json.dumps(thirds))["cognitive"]["weight"] == pytest.approx(1 / 3)
+    loose = with_dimension("proactive", weight=0.189)  # sums to 0.989: outside CARE_WEIGHT_TOLERANCE
+    assert care(care_rollout(loose, SCORES)) is None and judge.parse_care_rubric(json.dumps(loose)) is None
+    doubled = with_dimension("cognitive", criteria=["reframes", " reframes "])
+    assert care(care_rollout(doubled, {**SCORES, "cognitive": [5, 5]})) is None
+    assert judge.parse_care_rubric(json.dumps(doubled)) is None
+    with pytest.raises(ValueError, match="unknown setting"):
+        care(care_rollout(RUBRIC, SCORES), {"weight_tolerance": 0.1})
 
 
 # ----------------------------------------------------------------------------- your own reward
@@ -384,3 +421,30 @@ def test_judge_rollouts_fills_verdicts_from_a_real_server_and_feeds_clue():
     assert stats["failures"] == 0 and stats["malformed"] == 1 and clue(batch[3]) is None
     assert judge_rollouts(batch, RewardSpec("correctness"), JudgeConfig(base_url="http://127.0.0.1:9")) == {
         "calls": 0, "retries": 0, "failures": 0, "malformed": 0}  # a reward without judges sends nothing
+
+
+def test_judge_rollouts_asks_the_social_r1_judges_with_and_without_a_reference():
+    from judge_server import JudgeServer
+
+    seen = []
+
+    def sip_backend(messages, params):
+        seen.append(messages[-1]["content"])
+        if "Encoding: <short assessment>" in messages[0]["content"]:
+            return "Encoding: a | YES\nInterpretation: b | YES\nGoal: c | NO\nResponse: d | YES"
+        return "Matches | 0.6"
+
+    completion = "Ana lost her job and the company is closing so she is sad</think>\nAnswer: sadness"
+    referenced = Rollout.from_completion(dataclasses.replace(example(), meta={"reference": "REF-ANALYSIS"}),
+                                         completion, n_reasoning_tokens=1450, n_completion_tokens=1460)
+    bare = rollout(completion, t_reason=1450)
+    with JudgeServer(sip_backend, port=0).start() as server:
+        cfg = JudgeConfig(base_url=server.url, retries=0, timeout=5)
+        assert judge_rollouts([referenced], RewardSpec("social_r1"), cfg)["calls"] == 2
+        assert sum("<reference>\nREF-ANALYSIS\n</reference>" in text for text in seen) == 1  # content, not structure
+        assert judge_rollouts([bare], RewardSpec("social_r1_reference_free"), cfg)["calls"] == 2
+        assert not any("<reference>" in text for text in seen[2:])
+    assert referenced.judged == {"sip_structure": 0.75, "sip_content": 0.6}
+    assert bare.judged == {"sip_structure": 0.75, "sip_content_free": 0.6}
+    # (2 + 0.5 * (0.75 + 0.6)) * R_len at step 0, both variants alike
+    assert social_r1(referenced) == social_r1_reference_free(bare) == pytest.approx((2 + 0.5 * 1.35) * sigmoid(21) ** 2)

@@ -11,7 +11,8 @@ from collections import defaultdict
 
 import pytest
 
-from verifier import extract_quotes, format_score, locate_quote, quotes_by_block, verify_quote
+from verifier import (ENGLISH_WORDS_FILE, english_words, extract_quotes, format_score, locate_quote, quotes_by_block,
+                      verify_quote, without_quotes)
 
 ENGLISH = [
     "Hey, are you coming to Rachel's party on Saturday?",
@@ -136,6 +137,33 @@ ENGLISH_CASES = [
     ("Hey, are you coming", True),
 ]
 
+# Near-miss "typos" that are really other words: an edit never turns one English word into another.
+WORD_SWAP_SOURCE = [
+    "What a lovely surprise, you remembered my birthday!",
+    "We walked along the trail until the diner closed.",
+    "The woman said she was quite sure about it.",
+    "It was a casual remark, later forgotten by everyone.",
+    "The conservation of the old building took years.",
+    "I recieved your letter this morning.",  # the source's own misspelling
+]
+
+WORD_SWAP_CASES = [
+    ("What a lovely surprise, you remembered my birthday", True),
+    ("What a lonely surprise, you remembered my birthday", False),  # one letter, another word
+    ("We walked along the trial until the diner closed", False),  # transposition, another word
+    ("We walked along the trail until the dinner closed", False),  # doubled letter, another word
+    ("The women said she was quite sure about it", False),
+    ("The woman said she was quiet sure about it", False),
+    ("It was a causal remark, later forgotten by everyone", False),
+    ("It was a casual remark, latter forgotten by everyone", False),
+    ("The conversation of the old building took years", False),  # two edits in a long word, another word
+    # genuine misspellings keep their bounded tolerance
+    ("What a lovley surprise, you remembered my birthday", True),
+    ("We walked along the trail until the diner closd", True),
+    ("The conservaiton of the old building took years", True),
+    ("I received your letter this morning", True),  # the quote spells right what the source misspelled
+]
+
 CHINESE_CASES = [
     ("我今天不想去上班了", True),
     ("我今天不想去上班了，太累了", True),
@@ -220,6 +248,21 @@ def test_english_adversarial(quote, expected):
     assert verify_quote(quote, ENGLISH) is expected
 
 
+@pytest.mark.parametrize("quote,expected", WORD_SWAP_CASES)
+def test_a_typo_never_turns_one_word_into_another(quote, expected):
+    assert verify_quote(quote, WORD_SWAP_SOURCE) is expected
+
+
+def test_the_english_word_list_is_sorted_lower_case_words():
+    lines = [line.rstrip("\n") for line in ENGLISH_WORDS_FILE.open(encoding="utf-8")]
+    words = [line for line in lines if not line.startswith("#")]
+    assert "Kevin Atkinson" in "".join(lines[:20]) and "Permission to use" in "".join(lines[:40])  # the licence
+    assert words == sorted(set(words)) and all(re.fullmatch("[a-z]{4,}", w) for w in words)
+    assert len(english_words()) == len(words) > 30000
+    assert {"lovely", "lonely", "trail", "trial", "diner", "dinner", "hour", "hours"} <= english_words()
+    assert not {"tonihgt", "recieved", "staton"} & english_words()
+
+
 @pytest.mark.parametrize("quote,expected", CHINESE_CASES)
 def test_chinese_adversarial(quote, expected):
     assert verify_quote(quote, CHINESE) is expected
@@ -269,6 +312,17 @@ def test_extract_quotes_reads_every_opener_closed_or_not():
     assert extract_quotes("<evidence>a <evidence>b</evidence></evidence>") == ["a", "b"]
     assert extract_quotes("She writes <evidence>I never said that") == ["I never said that"]
     assert extract_quotes("</evidence>stray<evidence></evidence>") == [""]
+
+
+def test_without_quotes_keeps_only_the_writers_words():
+    def words(text):
+        return without_quotes(text).split()
+    assert words("He says <evidence>I am fine</evidence>, then <evidence> go away </evidence>.") == \
+        ["He", "says", ",", "then", "."]
+    assert words("<evidence>a <evidence>b</evidence> c</evidence> d") == ["c", "d"]  # as extract_quotes reads it
+    assert words("She writes <evidence>I never said that\n\nnew block") == ["She", "writes"]
+    assert without_quotes("no tags") == "no tags"
+    assert without_quotes("a<evidence>b</evidence>c") == "a  c"  # words on either side stay apart
 
 
 @pytest.mark.parametrize("text,expected", [

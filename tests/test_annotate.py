@@ -1,0 +1,251 @@
+"""The human evaluation (annotate.py): the excerpt rule, pairs drawn from two runs, the annotation
+server over HTTP (every click saved, reload continues, model identities and their order hidden from
+the page), the report against hand computations, and one item clicked through in a headless Chromium."""
+
+import json
+import shutil
+import threading
+from pathlib import Path
+
+import pytest
+import requests
+
+import annotate
+import evaluate as ev
+from config import save_resolved_config
+from data import Example, Turn, example_to_json, save_jsonl
+
+CONVERSATION = [Turn("Mei", "Did you finish the report?"), Turn("Ken", "Not yet, the data came late."),
+                Turn("Mei", "The client calls at noon."), Turn("Ken", "Fine, I will skip lunch then.")]
+
+
+def example(i: int) -> Example:
+    return Example(f"x{i}", "meld_emotion", CONVERSATION, 3, ["anger" if i % 2 else "sadness"])
+
+
+def pair(i: int, domain="in") -> dict:
+    grounded = ("<think>\nKen was told <evidence>The client calls at noon.</evidence> and answers "
+                "<evidence>I will skip lunch then</evidence>.\n</think>\n\nAnswer: anger")
+    plain = "<think>\nKen sounds tired.\n\nHe gives in.\n</think>\n\nAnswer: sadness"
+    e = example(i)
+    return {"id": f"set/{e.id}", "set": "set", "domain": domain, "example": example_to_json(e),
+            "models": {"CLUE": {"completion": grounded, "answer": ["anger"], "excerpt": annotate.excerpt(grounded),
+                                "correct": i % 2 == 1},
+                       "Base": {"completion": plain, "answer": ["sadness"], "excerpt": annotate.excerpt(plain),
+                                "correct": i % 2 == 0}}}
+
+
+@pytest.fixture
+def pairs_file(tmp_path):
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("".join(json.dumps(pair(i, "in" if i < 3 else "out")) + "\n" for i in range(6)))
+    return path
+
+
+@pytest.fixture
+def serve(pairs_file, tmp_path):
+    servers = []
+
+    def start(seed=0):
+        server = annotate.AnnotationServer(annotate.load_pairs(pairs_file), tmp_path / "answers.jsonl", seed=seed)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+def test_excerpt_rule():
+    assert annotate.excerpt("<think>\nFirst block.\n\nLast block here.\n</think>\nAnswer: joy") == "Last block here."
+    long = "<think>\n" + " ".join(f"w{i}" for i in range(400)) + "\n</think>"
+    cut = annotate.excerpt(long)
+    assert cut.startswith("… w") and cut.endswith("w399") and len(cut) <= annotate.EXCERPT_CHARS + 2
+    assert annotate.excerpt("no reasoning closes") == "no reasoning closes"
+    tagged = "<think>\nHe says <evidence>I am fine</evidence> twice.\n</think>\nAnswer: joy"
+    assert annotate.excerpt(tagged) == "He says “I am fine” twice."  # no model is known by its tags
+
+
+def test_pairs_from_two_runs_alternate_sets(tmp_path):
+    sets = {"a": [example(i) for i in range(4)], "b": [Example(f"y{i}", "wiki_power", CONVERSATION[:2], None, ["A"])
+                                                       for i in range(4)]}
+    mmlu = [Example("m0", "mmlu", [], None, ["A"], meta={"question": "?", "options": ["x", "y"]})]
+    save_jsonl(mmlu, tmp_path / "mmlu.jsonl")
+    cfg_sets = [ev.EvalSet("mmlu", str(tmp_path / "mmlu.jsonl"))]  # no domain: not a social task, never paired
+    for name, examples in sets.items():
+        save_jsonl(examples, tmp_path / f"{name}.jsonl")
+        cfg_sets.append(ev.EvalSet(name, str(tmp_path / f"{name}.jsonl"), "in" if name == "a" else "out"))
+    for model, answer in (("CLUE", "anger"), ("Base", "A")):
+        out = tmp_path / model
+        save_resolved_config(ev.EvalConfig(str(out), cfg_sets, name=model, endpoint=ev.JudgeConfig()), out)
+        (out / "eval.json").write_text(json.dumps({"name": model}))
+        with open(out / "completions.jsonl", "w") as f:
+            for name, examples in (sets | {"mmlu": mmlu}).items():
+                for e in examples[:4 if model == "CLUE" else 3]:  # the fourth is not answered by both
+                    for r in range(2):
+                        text = f"<think>\nrun {r}\n</think>\nAnswer: {answer}"
+                        f.write(json.dumps({"set": name, "id": e.id, "sample": r, "completion": text,
+                                            "answer": [answer]}) + "\n")
+    pairs = annotate.make_pairs([tmp_path / "CLUE", tmp_path / "Base"], n=5, seed=1)
+    assert [p["set"] for p in pairs] == ["a", "b", "a", "b", "a"]
+    assert len({p["id"] for p in pairs}) == 5 and all(not p["id"].endswith(("x3", "y3")) for p in pairs)
+    first = pairs[0]
+    assert set(first["models"]) == {"CLUE", "Base"} and first["models"]["CLUE"]["excerpt"] == "run 0"
+    assert first["models"]["CLUE"]["correct"] == (first["example"]["labels"] == ["anger"])
+    assert annotate.make_pairs([tmp_path / "CLUE", tmp_path / "Base"], n=5, seed=1) == pairs
+
+
+def get_item(server, annotator="ann", index=None):
+    params = {"annotator": annotator} | ({} if index is None else {"index": index})
+    response = requests.get(server.url + "api/item", params=params, timeout=5)
+    return response.status_code, response.text, response.json()
+
+
+def post(server, **event):
+    response = requests.post(server.url + "api/event", json={"annotator": "ann"} | event, timeout=5)
+    return response.status_code, response.text, response.json()
+
+
+def test_annotation_server_saves_every_click_and_continues(serve, tmp_path):
+    server = serve()
+    answers = tmp_path / "answers.jsonl"
+    page = requests.get(server.url, timeout=5)
+    assert page.status_code == 200 and "<script>" in page.text and "CLUE" not in page.text
+    status, text, view = get_item(server)
+    assert status == 200 and view["index"] == 0 and view["excerpts"] is None
+    assert view["lines"][3] == "Ken: Fine, I will skip lunch then." and view["target"] == 3
+    assert "CLUE" not in text and "Base" not in text and "grounded" not in text
+    status, _, err = post(server, item="set/x0", kind="rating", slot=0, grounded=True)
+    assert status == 400 and "confirmed" in err["error"]  # excerpts are rated only after the lines
+    assert post(server, item="set/x0", kind="lines", lines=[2, 5])[0] == 400
+    status, text, view = post(server, item="set/x0", kind="lines", lines=[3, 2])
+    assert status == 200 and view["selected"] == [2, 3] and view["excerpts"] is None
+    assert len(answers.read_text().splitlines()) == 1  # saved at once
+    status, text, view = post(server, item="set/x0", kind="confirm")
+    assert view["confirmed"] and [x["slot"] for x in view["excerpts"]] == [0, 1]
+    assert "CLUE" not in text and "Base" not in text  # identities stay on the server
+    assert post(server, item="set/x0", kind="lines", lines=[1])[0] == 400  # confirmed lines are locked
+    order = server.order("ann", "set/x0")
+    post(server, item="set/x0", kind="rating", slot=0, grounded=True)
+    status, text, view = post(server, item="set/x0", kind="rating", slot=1, grounded=False)
+    assert [x["grounded"] for x in view["excerpts"]] == [True, False] and view["finished"] == 1
+    saved = [json.loads(line) for line in answers.read_text().splitlines()]
+    assert [e["kind"] for e in saved] == ["lines", "confirm", "rating", "rating"]
+    assert [(e["model"], e["grounded"]) for e in saved[2:]] == [(order[0], True), (order[1], False)]
+    # A new server on the same file (a reopened page, a restarted process) continues where it stopped.
+    again = serve()
+    status, _, view = get_item(again)
+    assert view["index"] == 1 and view["finished"] == 1
+    _, _, first = get_item(again, index=0)
+    assert first["selected"] == [2, 3] and [x["grounded"] for x in first["excerpts"]] == [True, False]
+    assert get_item(again, annotator="other")[2]["index"] == 0  # annotators are kept apart
+
+
+def test_excerpt_order_is_random_per_item_and_stable(serve):
+    server = serve()
+    orders = [tuple(server.order(a, f"set/x{i}")) for a in ("ann", "bob") for i in range(6)]
+    assert len(set(orders)) == 2  # both orders occur
+    assert orders == [tuple(serve().order(a, f"set/x{i}")) for a in ("ann", "bob") for i in range(6)]
+    status, _, view = post(server, item="set/x1", kind="confirm")
+    shown = [x["text"] for x in view["excerpts"]]
+    models = pair(1)["models"]
+    assert shown == [models[m]["excerpt"] for m in server.order("ann", "set/x1")]
+
+
+def test_report_by_hand(pairs_file):
+    pairs = annotate.load_pairs(pairs_file)
+    events = []
+    for annotator, lines in (("ann", [2, 3]), ("bob", [3])):
+        for p in pairs[:4]:
+            events += [{"annotator": annotator, "item": p["id"], "kind": "lines", "lines": lines},
+                       {"annotator": annotator, "item": p["id"], "kind": "confirm"},
+                       {"annotator": annotator, "item": p["id"], "kind": "rating", "model": "CLUE", "grounded": True},
+                       {"annotator": annotator, "item": p["id"], "kind": "rating", "model": "Base",
+                        "grounded": annotator == "ann"}]
+    report = annotate.annotation_report(pairs, events)
+    # CLUE's quotations match lines 2 and 3: F1 1 against ann's {2, 3}, 2/3 against bob's {3}; mean 5/6.
+    # Base quotes nothing: F1 0. Items 4-5 have no annotations, so 4 items are paired.
+    everything = report["domains"]["all"]
+    assert everything["items"] == 6 and everything["items_with_lines"] == 4
+    assert everything["alignment_f1"] == {"Base": 0.0, "CLUE": pytest.approx(5 / 6)}
+    assert everything["grounded"] == {"Base": 0.5, "CLUE": 1.0}
+    assert everything["wilcoxon"]["p"] == pytest.approx(2 / 16)  # four positive differences, all tied
+    # Items x1 and x3 (odd) have CLUE correct, Base wrong: no item has both correct.
+    assert everything["grounded_both_correct"] == {"Base": None, "CLUE": None}
+    assert report["domains"]["out"]["items_with_lines"] == 1
+    assert report["agreement"] == 0.5  # CLUE: 4 agreeing pairs; Base: 4 disagreeing
+    assert "| all | 6 (4) | 0.0 | 83.3 |" in annotate.report_markdown(report)
+
+
+def chromium_paths():
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver = shutil.which("chromedriver")
+    return chromium, driver
+
+
+def test_page_in_headless_chromium(serve, tmp_path):
+    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (requirements-dev.txt)")
+    chromium, driver_path = chromium_paths()
+    if not chromium or not driver_path:
+        pytest.skip("no chromium / chromedriver (Debian: apt-get install -y chromium chromium-driver)")
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    server = serve()
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run",
+                 f"--user-data-dir={tmp_path / 'profile'}"):
+        options.add_argument(flag)
+    browser = webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=driver_path))
+    answers = tmp_path / "answers.jsonl"
+
+    def saved():
+        return [json.loads(line) for line in answers.read_text().splitlines()] if answers.exists() else []
+
+    def wait_for(condition):  # the page re-renders after every saved click
+        WebDriverWait(browser, 10, ignored_exceptions=(StaleElementReferenceException,)).until(lambda _: condition())
+
+    def click(element_id, then_class):
+        browser.find_element(By.ID, element_id).click()
+        wait_for(lambda: then_class in browser.find_element(By.ID, element_id).get_attribute("class"))
+
+    try:
+        browser.get(server.url)
+        browser.find_element(By.ID, "annotator").send_keys("carol")
+        browser.find_element(By.ID, "start").click()
+        wait_for(lambda: browser.find_element(By.ID, "title").text.startswith("Item 1 of 6"))
+        assert not browser.find_elements(By.CSS_SELECTOR, ".excerpt")
+        click("line-2", "selected")
+        click("line-3", "selected")
+        assert len(saved()) == 2
+        browser.find_element(By.ID, "confirm").click()
+        wait_for(lambda: len(browser.find_elements(By.CSS_SELECTOR, ".excerpt")) == 2)
+        assert "CLUE" not in browser.page_source and "Base" not in browser.page_source
+        click("rate-0-yes", "chosen")
+        click("rate-1-no", "chosen")
+        events = saved()
+        assert [e["kind"] for e in events] == ["lines", "lines", "confirm", "rating", "rating"]
+        assert events[1]["lines"] == [2, 3] and {e["annotator"] for e in events} == {"carol"}
+        order = server.order("carol", "set/x0")
+        assert [(e["model"], e["grounded"]) for e in events[3:]] == [(order[0], True), (order[1], False)]
+        browser.refresh()  # the name is remembered and the page continues at the first unfinished item
+        wait_for(lambda: browser.find_element(By.ID, "title").text.startswith("Item 2 of 6 (1 finished)"))
+    finally:
+        browser.quit()
+
+
+def test_command_line_report(pairs_file, tmp_path, capsys):
+    answers = tmp_path / "a.jsonl"
+    answers.write_text(json.dumps({"annotator": "ann", "item": "set/x0", "kind": "rating", "model": "CLUE",
+                                   "grounded": True}) + "\n")
+    ev.main(["annotate-report", str(pairs_file), str(answers), "--json", str(tmp_path / "r.json")])
+    assert "| all | 6 (0) |" in capsys.readouterr().out
+    assert json.loads((tmp_path / "r.json").read_text())["domains"]["all"]["grounded"]["CLUE"] == 1.0
+    with pytest.raises(SystemExit):
+        ev.main(["annotate-report", str(tmp_path / "missing.jsonl"), str(answers)])
+    assert Path(annotate.PAGE).is_file()

@@ -1,0 +1,189 @@
+"""train.py: the LR schedules against hand-computed values, the optimizer groups, checkpoints that
+resume bitwise, the gradient all-reduce across two gloo processes, and the stop signal."""
+
+import math
+import os
+import random
+import signal
+import socket
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+import model as M
+import train as T
+
+TINY = dict(model_type="qwen3", vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=8, rope_theta=1e4, tie_word_embeddings=False)
+
+
+def tiny_model(lora_seed=0, rows=(5, 9), dropout=0.1):
+    """The same random base every time; LoRA factors (B too, so they matter) drawn from `lora_seed`."""
+    torch.manual_seed(0)
+    model = M.Qwen(M.QwenConfig.from_dict(dict(TINY)))
+    M.add_lora(model, rank=4, alpha=8, dropout=dropout)
+    M.train_token_rows(model, list(rows))
+    g = torch.Generator().manual_seed(lora_seed)
+    with torch.no_grad():
+        lora, rows = T.trainable_groups(model)
+        for p in lora + rows:
+            p.add_(torch.randn(p.shape, generator=g) * 0.05)
+    return model
+
+
+def batch(seed=0):
+    return torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(seed))
+
+
+def train_steps(model, optimizer, steps, first=0):
+    model.train()
+    for step in range(first, first + steps):
+        T.set_lr(optimizer, T.linear_warmup_decay(step, 10, 1e-2))
+        optimizer.zero_grad()
+        logp = M.token_logprobs(model, batch(step))
+        (-logp.mean()).backward()
+        optimizer.step()
+
+
+# ----------------------------------------------------------------------------- schedules
+
+
+def test_sft_schedule_hand_values():
+    # 200 steps: warm-up over ceil(1% of 200) = 2 steps, then linear to 0 at step 200
+    lr = [T.linear_warmup_decay(s, 200, 1e-4) for s in range(200)]
+    assert lr[0] == pytest.approx(0.5e-4) and lr[1] == pytest.approx(1e-4)
+    assert lr[2] == pytest.approx(1e-4 * 198 / 198)
+    assert lr[100] == pytest.approx(1e-4 * 100 / 198)
+    assert lr[199] == pytest.approx(1e-4 / 198)
+    assert T.linear_warmup_decay(200, 200, 1e-4) == 0.0
+    assert T.linear_warmup_decay(0, 10, 1e-4) == pytest.approx(1e-4)  # at least one warm-up step
+
+
+def test_rl_schedule_at_the_papers_landmarks():
+    def lr(step):
+        return T.warmup_hold_cosine(step, peak=2e-6, floor=5e-7, warmup=19, hold_until=506, total=723)
+    assert lr(0) == pytest.approx(5e-7)
+    assert lr(10) == pytest.approx(5e-7 + 1.5e-6 * 10 / 19)
+    assert lr(19) == pytest.approx(2e-6) and lr(300) == pytest.approx(2e-6) and lr(506) == pytest.approx(2e-6)
+    mid = 506 + (723 - 506) / 2
+    assert T.warmup_hold_cosine(mid, 2e-6, 5e-7, 19, 506, 723) == pytest.approx(5e-7 + 1.5e-6 / 2)
+    assert lr(600) == pytest.approx(5e-7 + 1.5e-6 * 0.5 * (1 + math.cos(math.pi * 94 / 217)))
+    assert lr(723) == pytest.approx(5e-7)
+
+
+# ----------------------------------------------------------------------------- optimizer
+
+
+def test_optimizer_groups_rows_at_scaled_lr_without_decay():
+    model = tiny_model()
+    optimizer = T.build_optimizer(model, lr=1e-3, weight_decay=0.01, betas=(0.9, 0.99), row_lr_scale=10.0)
+    lora, rows = optimizer.param_groups
+    assert len(lora["params"]) == 2 * 7 * 2 and lora["weight_decay"] == 0.01
+    assert rows["params"] == [model.embed_rows, model.head_rows] and rows["weight_decay"] == 0.0
+    T.set_lr(optimizer, 2e-4)
+    assert lora["lr"] == pytest.approx(2e-4) and rows["lr"] == pytest.approx(2e-3)
+    assert optimizer.defaults["betas"] == (0.9, 0.99)
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+
+def fresh_run(tmp_path, seed=0):
+    model = tiny_model(lora_seed=seed)
+    return model, T.build_optimizer(model, 1e-2, 0.01, (0.9, 0.99), row_lr_scale=10.0)
+
+
+def test_resume_is_bitwise_equal_to_an_uninterrupted_run(tmp_path):
+    torch.manual_seed(1)
+    random.seed(1)
+    model, optimizer = fresh_run(tmp_path)
+    train_steps(model, optimizer, 3)
+    T.save_checkpoint(tmp_path, 3, model, optimizer, {"position": 7})
+    train_steps(model, optimizer, 3, first=3)  # dropout draws from the RNG the checkpoint saved
+    after = {k: v.clone() for k, v in model.state_dict().items()}
+    expected_draw = random.random()
+
+    resumed, _ = fresh_run(tmp_path, seed=5)  # different init: everything must come from the checkpoint
+    torch.manual_seed(99)
+    random.seed(99)
+    path = T.latest_checkpoint(tmp_path)
+    meta = T.load_checkpoint(path, resumed)
+    optimizer2 = T.build_optimizer(resumed, 1e-2, 0.01, (0.9, 0.99), row_lr_scale=10.0)
+    T.restore_optimizer(path, optimizer2, meta)
+    assert meta["step"] == 3 and meta["trainer"] == {"position": 7}
+    train_steps(resumed, optimizer2, 3, first=3)
+    for name, value in resumed.state_dict().items():
+        assert torch.equal(value, after[name]), name
+    assert random.random() == expected_draw
+
+
+def test_checkpoints_are_atomic_and_pruned(tmp_path):
+    model, optimizer = fresh_run(tmp_path)
+    (tmp_path / ".ckpt-000009.tmp").mkdir()  # a save that died half-way is never picked
+    for step in (1, 2, 3):
+        T.save_checkpoint(tmp_path, step, model, optimizer, {}, keep=2)
+    assert sorted(p.name for p in tmp_path.glob("ckpt-*")) == ["ckpt-000002", "ckpt-000003"]
+    assert T.latest_checkpoint(tmp_path).name == "ckpt-000003"
+    names = {p.name for p in T.latest_checkpoint(tmp_path).iterdir()}
+    assert {"adapter_config.json", "adapter_model.safetensors", "token_rows.safetensors", "optimizer.safetensors",
+            "rng-rank0.safetensors", "state.json"} <= names
+    assert not any(n.endswith((".pt", ".bin", ".pkl")) for n in names)
+
+
+def test_resume_refuses_a_different_world_size(tmp_path):
+    model, optimizer = fresh_run(tmp_path)
+    path = T.save_checkpoint(tmp_path, 1, model, optimizer, {})
+    state = (path / "state.json").read_text().replace('"world_size": 1', '"world_size": 2')
+    (path / "state.json").write_text(state)
+    with pytest.raises(ValueError, match="2 rank"):
+        T.load_checkpoint(path, model)
+
+
+# ----------------------------------------------------------------------------- two processes
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _sync_worker(rank, port, out):
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    where = T.setup_distributed("cpu")
+    model = tiny_model(lora_seed=rank, dropout=0.0)  # different LoRA inits: the broadcast must equalize them
+    optimizer = T.build_optimizer(model, 1e-2, 0.0, (0.9, 0.99))
+    params = T.optimizer_parameters(optimizer)
+    T.broadcast_parameters(params)
+    logp = M.token_logprobs(model, batch(10 + rank))
+    (-logp.sum()).backward()
+    T.sync_gradients(params)
+    out[rank] = [p.grad.clone() for p in params]
+    stop = T.StopRequest()
+    stop.flag = rank == 1
+    out[f"stop{rank}"] = stop.requested(where.device)
+    torch.distributed.destroy_process_group()
+
+
+def test_gradients_are_summed_over_two_gloo_ranks():
+    out = mp.Manager().dict()
+    mp.spawn(_sync_worker, args=(_free_port(), out), nprocs=2)
+    model = tiny_model(lora_seed=0, dropout=0.0)
+    optimizer = T.build_optimizer(model, 1e-2, 0.0, (0.9, 0.99))
+    for seed in (10, 11):
+        (-M.token_logprobs(model, batch(seed)).sum()).backward()
+    expected = [p.grad for p in T.optimizer_parameters(optimizer)]
+    for rank in (0, 1):
+        for got, want in zip(out[rank], expected):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert out["stop0"] and out["stop1"]  # one rank's signal stops both
+
+
+def test_sigterm_sets_the_stop_flag_instead_of_killing():
+    with T.StopRequest() as stop:
+        assert not stop.requested(torch.device("cpu"))
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stop.requested(torch.device("cpu"))
+    assert signal.getsignal(signal.SIGTERM) is not stop._handle
