@@ -23,8 +23,24 @@ class ConfigError(ValueError):
     """A bad config: the message is one line naming the file (and line) or override, and the key."""
 
 
+MAX_YAML_VALUES = 10_000  # a config's size with aliases expanded: refuses "billion laughs" documents
+
+
 class _YamlLoader(yaml.SafeLoader):
-    """`yaml.SafeLoader` that also reads `1e-5` as a float (YAML 1.2); PyYAML alone reads a string."""
+    """`yaml.SafeLoader` that also reads `1e-5` as a float (YAML 1.2), where PyYAML alone reads a
+    string, and refuses a key repeated in one mapping, which PyYAML alone lets the last one win."""
+
+    def construct_mapping(self, node, deep=False):
+        first_line = {}
+        for key_node, _ in node.value:
+            if isinstance(key_node, yaml.ScalarNode):
+                line = key_node.start_mark.line + 1
+                if key_node.value in first_line:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key '{key_node.value}' (first on line {first_line[key_node.value]})",
+                        key_node.start_mark)
+                first_line[key_node.value] = line
+        return super().construct_mapping(node, deep)
 
 
 _YamlLoader.add_implicit_resolver(
@@ -34,8 +50,30 @@ _YamlLoader.add_implicit_resolver(
 )
 
 
-def _yaml_value(text: str):
-    return yaml.load(text, Loader=_YamlLoader)
+def _expanded_size(node, memo: dict) -> int:
+    """Values in a composed document once its aliases are expanded (capped at MAX_YAML_VALUES + 1;
+    a node that contains itself counts as too many)."""
+    if id(node) not in memo:
+        memo[id(node)] = MAX_YAML_VALUES + 1
+        children = (node.value if isinstance(node, yaml.SequenceNode) else
+                    [n for pair in node.value for n in pair] if isinstance(node, yaml.MappingNode) else [])
+        memo[id(node)] = min(MAX_YAML_VALUES + 1, 1 + sum(_expanded_size(child, memo) for child in children))
+    return memo[id(node)]
+
+
+def _load_yaml(text: str):
+    """(value, composed node) of one YAML document. Raises yaml.YAMLError for bad YAML, a repeated
+    key, or aliases that expand the document past MAX_YAML_VALUES values."""
+    loader = _YamlLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None, None
+        if _expanded_size(node, {}) > MAX_YAML_VALUES:
+            raise yaml.YAMLError(f"aliases expand the document past {MAX_YAML_VALUES} values")
+        return loader.construct_document(node), node
+    finally:
+        loader.dispose()
 
 
 def _key_lines(node, prefix: str = "", lines: dict | None = None) -> dict[str, int]:
@@ -87,8 +125,14 @@ def _coerce(value, tp, key: str, where):
             raise ConfigError(f"{where(key)}: '{key}' expects a mapping, got {value!r}")
         value_tp = args[1] if args else typing.Any
         return {k: _coerce(v, value_tp, f"{key}.{k}", where) for k, v in value.items()}
-    if tp is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
+    if tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            number = float(value)
+        except OverflowError:  # an integer past the float range
+            number = math.inf
+        if not math.isfinite(number):
+            raise ConfigError(f"{where(key)}: '{key}' expects a finite number, got {value!r}")
+        return number
     if tp in (bool, int, float, str):
         if isinstance(value, tp) and not (tp is int and isinstance(value, bool)):
             return value
@@ -123,7 +167,16 @@ def _apply_override(raw: dict, override: str) -> None:
         if not isinstance(child, dict):
             raise ConfigError(f"override '{override}': '{part}' is not a section")
         node = child
-    node[leaf] = _yaml_value(text)
+    try:
+        node[leaf] = _load_yaml(text)[0]
+    except (yaml.YAMLError, RecursionError) as e:
+        raise ConfigError(f"override '{override}': not valid YAML: {_yaml_problem(e)}") from None
+
+
+def _yaml_problem(error: Exception) -> str:
+    if isinstance(error, RecursionError):
+        return "nested too deeply"
+    return " ".join(str(getattr(error, "problem", None) or error).split())
 
 
 def load_config(path, overrides, schema):
@@ -132,15 +185,16 @@ def load_config(path, overrides, schema):
     `ConfigError` whose one-line message names the file and line, or the override."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
-        raw = _yaml_value(text)
-        lines = _key_lines(yaml.compose(text, Loader=_YamlLoader))
+        raw, node = _load_yaml(read_text(path, ConfigError))
     except FileNotFoundError:
         raise ConfigError(f"{path}: config file not found") from None
-    except yaml.YAMLError as e:
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read the config: {e.strerror or e}") from None
+    except (yaml.YAMLError, RecursionError) as e:
         mark = getattr(e, "problem_mark", None)
         at = f":{mark.line + 1}" if mark else ""
-        raise ConfigError(f"{path}{at}: not valid YAML: {getattr(e, 'problem', e)}") from None
+        raise ConfigError(f"{path}{at}: not valid YAML: {_yaml_problem(e)}") from None
+    lines = _key_lines(node)
     raw = {} if raw is None else raw
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of keys, got {type(raw).__name__}")
@@ -246,13 +300,31 @@ def redact_secrets(value):
     return value
 
 
+def read_text(path, error: type[Exception] = ValueError) -> str:
+    """The text of a UTF-8 file, a leading BOM dropped. A file that is not UTF-8 raises `error`
+    naming the file and the line of the first bad byte; OSError passes through."""
+    data = Path(path).read_bytes()
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise error(f"{path}:{line}: not UTF-8 text (byte {e.start})") from None
+
+
 def atomic_write_text(path, text: str) -> None:
-    """Write to a temporary name beside `path`, then rename: readers never see a partial file."""
+    """Write to a temporary name beside `path`, then rename: readers never see a partial file, and
+    a failed write (a full disk, a folder in the way) leaves nothing behind."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except BaseException as e:
+        tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError):  # name the file asked for, not the temporary one
+            raise OSError(e.errno, e.strerror, str(path)) from None
+        raise
 
 
 def save_resolved_config(cfg, output_dir) -> Path:

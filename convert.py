@@ -7,10 +7,11 @@ ConvoKit Wikipedia talk pages, MMLU) to our example JSONL, each checked by data.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import functools
+import io
 import itertools
-import json
 import math
 import random
 import re
@@ -23,7 +24,9 @@ from data import (
     Example,
     Turn,
     load_jsonl,
-    reject_json_constant,
+    parse_json,
+    read_data_text,
+    read_jsonl,
     save_jsonl,
     turn_from_json,
     typed_field,
@@ -32,17 +35,50 @@ from data import (
 # ----------------------------------------------------------------------------- converters
 
 
-def _csv_lines(path, header: bool = False, **fmt) -> list[tuple[int, dict | list]]:
+@contextlib.contextmanager
+def _record(where: str):
+    """Report a record of the wrong shape (a missing key, a list where an object belongs, text where a
+    number belongs) as a DataError naming `where`; a DataError passes as it is."""
+    try:
+        yield
+    except DataError:
+        raise
+    except KeyError as e:
+        raise DataError(f"{where}: field {e}: missing") from None
+    except (TypeError, AttributeError, IndexError, ValueError) as e:
+        raise DataError(f"{where}: not in the expected format ({type(e).__name__}: {e})") from None
+
+
+def _object(value, where: str) -> dict:
+    if not isinstance(value, dict):
+        raise DataError(f"{where}: expected a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _csv_lines(path, header: bool = False, width: int | None = None, **fmt) -> list[tuple[int, dict | list]]:
     """(line number, row) pairs of a CSV/TSV, rows as dicts when it has a header; a BOM, CRLF (also
-    inside quoted cells, made LF) and quoted newlines are handled; empty rows are skipped."""
-    with open(path, encoding="utf-8-sig", newline="") as f:
-        reader = csv.DictReader(f, **fmt) if header else csv.reader(f, **fmt)
-        rows = [(reader.line_num, row) for row in reader if row]
-    return [(line, {k: _lf(v) for k, v in row.items()} if header else list(map(_lf, row))) for line, row in rows]
+    inside quoted cells, made LF) and quoted newlines are handled; empty rows are skipped. Every row
+    must have as many cells as the header (or `width`)."""
+    reader = csv.reader(io.StringIO(read_data_text(path), newline=""), **fmt)
+    names, rows = None, []
+    try:
+        for cells in reader:
+            if not cells:
+                continue
+            if header and names is None:
+                names, width = cells, len(cells)
+                continue
+            if width is not None and len(cells) != width:
+                raise DataError(f"{path}:{reader.line_num}: expected {width} fields, got {len(cells)}")
+            cells = [_lf(cell) for cell in cells]
+            rows.append((reader.line_num, dict(zip(names, cells)) if header else cells))
+    except csv.Error as e:
+        raise DataError(f"{path}:{reader.line_num}: not valid CSV: {e}") from None
+    return rows
 
 
-def _lf(cell):
-    return cell.replace("\r\n", "\n") if isinstance(cell, str) else cell
+def _lf(cell: str) -> str:
+    return cell.replace("\r\n", "\n")
 
 
 def _label(task: str, raw: str, where: str) -> str:
@@ -71,13 +107,16 @@ def convert_dialogue_csv(path, name: str) -> list[Example]:
     spec, path = _DIALOGUE_CSV[name], Path(path)
     dialogues: dict[str, list[tuple[int, dict]]] = {}
     for line, row in _csv_lines(path, header=True):
-        dialogues.setdefault(row["Dialogue_ID"], []).append((line, row))
+        with _record(f"{path}:{line}"):
+            dialogues.setdefault(row["Dialogue_ID"], []).append((line, Turn(row["Speaker"], row["Utterance"]), row))
     examples = []
     for dialogue, rows in dialogues.items():
-        turns = [Turn(row["Speaker"], row["Utterance"]) for _, row in rows]
-        for i, (line, row) in enumerate(rows):
+        turns = [turn for _, turn, _ in rows]
+        for i, (line, _, row) in enumerate(rows):
             for task, column in spec["tasks"].items():
-                label = _label(task, row[column], f"{path}:{line}: field '{column}'")
+                with _record(f"{path}:{line}"):
+                    raw = row[column]
+                label = _label(task, raw, f"{path}:{line}: field '{column}'")
                 if label != TASKS[task].catch_all:
                     examples.append(Example(f"{path.stem}-{dialogue}-{i}-{task}", task, turns, i, [label],
                                             language=spec["language"]))
@@ -93,24 +132,28 @@ def convert_ecf(path) -> list[Example]:
     """ECF 2.0 (SemEval-2024 Task 3) JSON: one meld_emotion example per utterance, text detokenized;
     the annotated causes at or before the target are kept as meta["causes"] ([{"turn", "span"}])."""
     path = Path(path)
+    conversations = parse_json(read_data_text(path), path)
+    if not isinstance(conversations, list):
+        raise DataError(f"{path}: expected a JSON list of conversations, got {type(conversations).__name__}")
     examples = []
-    for k, conversation in enumerate(json.loads(path.read_text(encoding="utf-8-sig"))):
+    for k, conversation in enumerate(conversations):
         where = f"{path}: conversation {k}"
-        utterances = conversation["conversation"]
-        if [u["utterance_ID"] for u in utterances] != list(range(1, len(utterances) + 1)):
-            raise DataError(f"{where}: field 'utterance_ID': expected 1..{len(utterances)} in order")
-        turns = [Turn(u["speaker"], _detokenize(u["text"])) for u in utterances]
-        causes: dict[int, list[dict]] = {}
-        for emotion, cause in conversation["emotion-cause_pairs"]:
-            target, cause_turn = int(emotion.split("_")[0]) - 1, int(cause.split("_")[0]) - 1
-            record = {"turn": cause_turn, "span": _detokenize(cause.split("_", 1)[1])}
-            if cause_turn <= target and record not in causes.setdefault(target, []):
-                causes[target].append(record)
-        for i, u in enumerate(utterances):
-            label = _label("meld_emotion", u["emotion"], f"{where}, utterance {i + 1}: field 'emotion'")
-            meta = {"causes": causes[i]} if causes.get(i) else {}
-            examples.append(Example(f"ecf-{conversation['conversation_ID']}-{i + 1}", "meld_emotion", turns, i,
-                                    [label], meta=meta))
+        with _record(where):
+            utterances = _object(conversation, where)["conversation"]
+            if [u["utterance_ID"] for u in utterances] != list(range(1, len(utterances) + 1)):
+                raise DataError(f"{where}: field 'utterance_ID': expected 1..{len(utterances)} in order")
+            turns = [Turn(u["speaker"], _detokenize(u["text"])) for u in utterances]
+            causes: dict[int, list[dict]] = {}
+            for emotion, cause in conversation["emotion-cause_pairs"]:
+                target, cause_turn = int(emotion.split("_")[0]) - 1, int(cause.split("_")[0]) - 1
+                record = {"turn": cause_turn, "span": _detokenize(cause.split("_", 1)[1])}
+                if cause_turn <= target and record not in causes.setdefault(target, []):
+                    causes[target].append(record)
+            for i, u in enumerate(utterances):
+                label = _label("meld_emotion", u["emotion"], f"{where}, utterance {i + 1}: field 'emotion'")
+                meta = {"causes": causes[i]} if causes.get(i) else {}
+                examples.append(Example(f"ecf-{conversation['conversation_ID']}-{i + 1}", "meld_emotion", turns, i,
+                                        [label], meta=meta))
     return examples
 
 
@@ -128,26 +171,26 @@ def convert_tombench(path) -> list[Example]:
     with trailing text ("A. ")."""
     examples = []
     for file in _files(path, "*.jsonl"):
-        for number, line in enumerate(file.read_text(encoding="utf-8-sig").splitlines(), 1):
-            if not line.strip():
-                continue
+        for number, record in read_jsonl(file, allow_nan=True):
             where = f"{file}:{number}"
-            item = {key.split("\n")[-1]: value for key, value in json.loads(line).items()}  # Python reads NaN
-            answer = str(item.get("ANSWER", "")).strip()[:1].upper()
-            for language, (story, question, option) in _TOMBENCH_KEYS.items():
-                options = []
-                for letter in "ABCD":
-                    if not _present(item.get(option.format(letter))):
-                        break
-                    text = str(item[option.format(letter)]).strip()
-                    options.append(re.sub(rf"^{letter}\s*[.:：．、)]\s*", "", text))
-                if answer not in "ABCD"[: len(options)] or not answer:
-                    raise DataError(f"{where}: field 'ANSWER': {item.get('ANSWER')!r} is not one of the "
-                                    f"{len(options)} options ({language})")
-                examples.append(Example(
-                    f"tombench-{language}-{file.stem}-{number}", "tom_mc", [Turn("", item[story])], None, [answer],
-                    language=language, meta={"question": item[question], "options": options,
-                                             "ability": item.get("ABILITY")}))
+            with _record(where):
+                item = {key.split("\n")[-1]: value for key, value in _object(record, where).items()}
+                answer = str(item.get("ANSWER", "")).strip()[:1].upper()
+                for language, (story, question, option) in _TOMBENCH_KEYS.items():
+                    options = []
+                    for letter in "ABCD":
+                        if not _present(item.get(option.format(letter))):
+                            break
+                        text = str(item[option.format(letter)]).strip()
+                        options.append(re.sub(rf"^{letter}\s*[.:：．、)]\s*", "", text))
+                    if answer not in "ABCD"[: len(options)] or not answer:
+                        raise DataError(f"{where}: field 'ANSWER': {item.get('ANSWER')!r} is not one of the "
+                                        f"{len(options)} options ({language})")
+                    ability = item.get("ABILITY") if _present(item.get("ABILITY")) else None
+                    examples.append(Example(
+                        f"tombench-{language}-{file.stem}-{number}", "tom_mc", [Turn("", item[story])], None,
+                        [answer], language=language,
+                        meta={"question": item[question], "options": options, "ability": ability}))
     return examples
 
 
@@ -167,22 +210,25 @@ def convert_wiki_power(path, limit: int = 1000) -> list[Example]:
     path = Path(path)
     path = path / "utterances.jsonl" if path.is_dir() else path
     utterances = []
-    with open(path, encoding="utf-8-sig") as f:
-        for number, line in enumerate(f, 1):
-            if line.strip():
-                utterances.append(json.loads(line))
-                if _root(utterances[-1]) is None or _speaker(utterances[-1]) is None:
-                    raise DataError(f"{path}:{number}: field 'conversation_id' or 'speaker': missing")
+    for number, record in read_jsonl(path):
+        where = f"{path}:{number}"
+        with _record(where):
+            utterance = _object(record, where)
+            if _root(utterance) is None or _speaker(utterance) is None:
+                raise DataError(f"{where}: field 'conversation_id' or 'speaker': missing")
+            meta = utterance.get("meta") or {}
+            utterances.append((_root(utterance), _speaker(utterance), str(utterance["id"]), utterance["text"],
+                               bool(_object(meta, f"{where}: field 'meta'").get("is-admin"))))
     examples = []
-    for _, group in itertools.groupby(utterances, key=_root):
+    for _, group in itertools.groupby(utterances, key=lambda u: u[0]):
         group = list(group)
-        speakers = list(dict.fromkeys(map(_speaker, group)))
-        admins = {_speaker(u) for u in group if (u.get("meta") or {}).get("is-admin")}
+        speakers = list(dict.fromkeys(speaker for _, speaker, *_ in group))
+        admins = {speaker for _, speaker, _, _, admin in group if admin}
         if len(speakers) != 2 or len(admins) != 1:
             continue
         letters = dict(zip(speakers, "AB"))
-        turns = [Turn(letters[_speaker(u)], u["text"]) for u in group]
-        examples.append(Example(f"wiki-{group[0]['id']}", "wiki_power", turns, None, [letters[admins.pop()]]))
+        turns = [Turn(letters[speaker], text) for _, speaker, _, text, _ in group]
+        examples.append(Example(f"wiki-{group[0][2]}", "wiki_power", turns, None, [letters[admins.pop()]]))
         if len(examples) == limit:
             break
     return examples
@@ -196,20 +242,16 @@ def _ccu_conversations(text_path) -> dict[str, tuple[dict, list[Turn], dict[str,
     """file_id -> (the line's fields, turns, segment_id -> turn index) from the CCU text JSONL: one
     conversation per line, {"file_id", "language", "culture", "turns": [{..turn.., "segment_id"}]}."""
     conversations = {}
-    with open(text_path, encoding="utf-8-sig") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                raw = json.loads(line, parse_constant=reject_json_constant)
-                unknown = set(raw) - {"file_id", "language", "culture", "turns"}
-                if unknown:
-                    raise DataError(f"field '{sorted(unknown)[0]}': unknown field")
-                turns = [turn_from_json(t, i, extra=("segment_id",)) for i, t in enumerate(typed_field(raw, "turns", list))]
-                segments = {t["segment_id"]: i for i, t in enumerate(raw["turns"]) if t.get("segment_id")}
-                conversations[typed_field(raw, "file_id", str)] = (raw, turns, segments)
-            except (json.JSONDecodeError, DataError) as e:
-                raise DataError(f"{text_path}:{number}: {e}") from None
+    for number, raw in read_jsonl(text_path):
+        try:
+            unknown = set(_object(raw, "line")) - {"file_id", "language", "culture", "turns"}
+            if unknown:
+                raise DataError(f"field '{sorted(unknown)[0]}': unknown field")
+            turns = [turn_from_json(t, i, extra=("segment_id",)) for i, t in enumerate(typed_field(raw, "turns", list))]
+            segments = {t["segment_id"]: i for i, t in enumerate(raw["turns"]) if t.get("segment_id")}
+            conversations[typed_field(raw, "file_id", str)] = (raw, turns, segments)
+        except DataError as e:
+            raise DataError(f"{text_path}:{number}: {e}") from None
     return conversations
 
 
@@ -274,19 +316,23 @@ def convert_mmlu(path) -> list[Example]:
         if file.suffix == ".csv":
             subject = re.sub(r"_(test|dev|val)$", "", file.stem)
             records = [(f"{file}:{line}", {"question": r[0], "choices": r[1:5], "answer": r[5], "subject": subject})
-                       for line, r in _csv_lines(file)]
+                       for line, r in _csv_lines(file, width=6)]
         else:
-            text = file.read_text(encoding="utf-8-sig")
-            rows = json.loads(text) if text.lstrip().startswith("[") else [json.loads(x) for x in text.splitlines()]
-            records = [(f"{file}: record {n}", r) for n, r in enumerate(rows)]
+            text = read_data_text(file)
+            if text.lstrip().startswith("["):
+                rows = parse_json(text, file)
+                records = [(f"{file}: record {n}", r) for n, r in enumerate(rows)]
+            else:
+                records = [(f"{file}:{line}", r) for line, r in read_jsonl(file)]
         for n, (where, record) in enumerate(records):
-            answer, choices = record["answer"], list(record["choices"])
-            letter = "ABCD"[answer] if isinstance(answer, int) and 0 <= answer < 4 else str(answer).strip().upper()
-            if letter not in "ABCD"[: len(choices)] or not letter:
-                raise DataError(f"{where}: field 'answer': {answer!r} is not one of {len(choices)} choices")
-            subject = record.get("subject") or file.stem
-            examples.append(Example(f"mmlu-{file.stem}-{n}", "mmlu", [], None, [letter],
-                                    meta={"question": record["question"], "options": choices, "subject": subject}))
+            with _record(where):
+                answer, choices = _object(record, where)["answer"], list(record["choices"])
+                letter = "ABCD"[answer] if isinstance(answer, int) and 0 <= answer < 4 else str(answer).strip().upper()
+                if letter not in "ABCD"[: len(choices)] or not letter:
+                    raise DataError(f"{where}: field 'answer': {answer!r} is not one of {len(choices)} choices")
+                subject = record.get("subject") or file.stem
+                examples.append(Example(f"mmlu-{file.stem}-{n}", "mmlu", [], None, [letter],
+                                        meta={"question": record["question"], "options": choices, "subject": subject}))
     return examples
 
 
@@ -306,10 +352,8 @@ def convert(fmt: str, source, text: str | None = None) -> list[Example]:
         raise DataError(f"unknown format {fmt!r} (known: {', '.join(CONVERTERS)})")
     if (fmt == "ccu") != (text is not None):
         raise DataError("--text (the conversation JSONL) is needed for, and only for, the ccu format")
-    try:
+    with _record(str(source)):
         return convert_ccu(source, text) if fmt == "ccu" else CONVERTERS[fmt](source)
-    except KeyError as e:
-        raise DataError(f"{source}: field {e}: missing") from None
 
 
 CONVERTERS = {
@@ -327,6 +371,16 @@ CONVERTERS = {
 # ----------------------------------------------------------------------------- command line
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="convert.py", description="Convert a public dataset to our JSONL.")
     parser.add_argument("format", choices=list(CONVERTERS))
@@ -334,21 +388,25 @@ def main(argv=None) -> None:
     parser.add_argument("output", help="the JSONL file to write")
     parser.add_argument("--text", help="ccu: the conversation text JSONL paired with the annotations")
     parser.add_argument("--task", action="append", help="keep only this task (repeatable)")
-    parser.add_argument("--per-label", type=int, help="keep at most N examples per task and gold label")
+    parser.add_argument("--per-label", type=_positive_int, help="keep at most N examples per task and gold label")
     parser.add_argument("--seed", type=int, default=0, help="seed for --per-label sampling")
     args = parser.parse_args(argv)
     try:
         examples = convert(args.format, args.input, args.text)
+        if not examples:
+            raise DataError(f"{args.input}: no examples in the input")
         if args.task:
             unknown = set(args.task) - set(TASKS)
             if unknown:
                 raise DataError(f"--task: unknown task {sorted(unknown)[0]!r} (known: {', '.join(TASKS)})")
             examples = [e for e in examples if e.task in args.task]
+            if not examples:
+                raise DataError(f"{args.input}: no examples of task {', '.join(args.task)}")
         if args.per_label:
             examples = stratified_sample(examples, args.per_label, args.seed)
         save_jsonl(examples, args.output)
         print(f"wrote {len(examples)} examples to {args.output}")
-    except (DataError, OSError, json.JSONDecodeError) as e:
+    except (DataError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(1) from None
 

@@ -11,12 +11,13 @@ import argparse
 import dataclasses
 import datetime
 import json
+import math
 import random
 import re
 import sys
 from pathlib import Path
 
-from config import atomic_write_text
+from config import atomic_write_text, read_text
 from verifier import EVIDENCE_CLOSE, EVIDENCE_OPEN
 
 # ----------------------------------------------------------------------------- examples
@@ -171,24 +172,56 @@ def example_to_json(example: Example) -> dict:
 def load_jsonl(path) -> list[Example]:
     """Read examples, one JSON object per line (UTF-8, an optional BOM, blank lines skipped). Any
     bad line (or a repeated id) raises DataError naming the file, the line number and the field."""
-    path = Path(path)
     examples, ids = [], set()
-    with open(path, encoding="utf-8-sig") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                examples.append(example_from_json(json.loads(line, parse_constant=reject_json_constant)))
-                _check_new_id(examples[-1].id, ids)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path}:{number}: not valid JSON: {e.msg} (column {e.colno})") from None
-            except DataError as e:
-                raise DataError(f"{path}:{number}: {e}") from None
+    for number, raw in read_jsonl(path):
+        try:
+            examples.append(example_from_json(raw))
+            _check_new_id(examples[-1].id, ids)
+        except DataError as e:
+            raise DataError(f"{path}:{number}: {e}") from None
     return examples
 
 
 def reject_json_constant(name: str):
     raise DataError(f"{name} is not valid JSON")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise DataError(f"the number {text[:40]} is out of range")
+    return value
+
+
+def parse_json(text: str, path, line: int | None = None, allow_nan: bool = False):
+    """`text` as strict JSON: NaN and Infinity (NaN is let through with `allow_nan`), numbers past
+    the float range (1e400) and nesting too deep to parse are errors. `text` is the whole file
+    `path`, or its line `line`; every error is a DataError naming the file and the line."""
+    where = f"{path}:{line}" if line is not None else str(path)
+
+    def constant(name: str):
+        return math.nan if allow_nan and name == "NaN" else reject_json_constant(name)
+
+    try:
+        return json.loads(text, parse_constant=constant, parse_float=_finite_float)
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path}:{(line or 1) + e.lineno - 1}: not valid JSON: {e.msg} (column {e.colno})") from None
+    except RecursionError:
+        raise DataError(f"{where}: not valid JSON: nested too deeply") from None
+    except ValueError as e:  # DataError, or an integer with too many digits
+        raise DataError(f"{where}: {e}") from None
+
+
+def read_data_text(path) -> str:
+    """The text of a UTF-8 data file (config.read_text); DataError naming the line of a non-UTF-8 byte."""
+    return read_text(path, DataError)
+
+
+def read_jsonl(path, allow_nan: bool = False):
+    """(line number, parsed value) for each non-blank line of a JSONL file, as `parse_json` reads it."""
+    for number, line in enumerate(read_data_text(path).split("\n"), 1):
+        if line.strip():
+            yield number, parse_json(line, path, number, allow_nan)
 
 
 def _check_new_id(example_id: str, seen: set) -> None:
@@ -198,13 +231,15 @@ def _check_new_id(example_id: str, seen: set) -> None:
 
 
 def save_jsonl(examples, path) -> None:
-    """Check every example (and that ids are unique), then write them atomically, one JSON per line."""
+    """Check every example as `load_jsonl` will read it back (and that ids are unique), then write
+    them atomically, one JSON per line."""
     lines, ids = [], set()
     for example in examples:
         try:
             _check_new_id(example.id, ids)
-            lines.append(json.dumps(example_to_json(check_example(example)), ensure_ascii=False, allow_nan=False))
-        except DataError as e:
+            checked = example_from_json(example_to_json(example))
+            lines.append(json.dumps(example_to_json(checked), ensure_ascii=False, allow_nan=False))
+        except ValueError as e:  # a DataError, or a number JSON cannot hold (NaN in meta)
             raise DataError(f"example {example.id!r}: {e}") from None
     atomic_write_text(path, "".join(line + "\n" for line in lines))
 
@@ -745,7 +780,11 @@ def main(argv=None) -> None:
             from tokenizers import Tokenizer
 
             path = Path(args.tokenizer)
-            tokenizer = Tokenizer.from_file(str(path / "tokenizer.json" if path.is_dir() else path))
+            path = path / "tokenizer.json" if path.is_dir() else path
+            try:
+                tokenizer = Tokenizer.from_file(str(path))
+            except Exception as e:  # the tokenizers library raises a bare Exception
+                raise DataError(f"{path}: not a readable tokenizer.json: {' '.join(str(e).split())[:200]}") from None
         print(stats(load_jsonl(args.file), tokenizer))
     except (DataError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)

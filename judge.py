@@ -27,6 +27,7 @@ that text is defanged (`<` becomes `‹`), so the data can never close its secti
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import math
@@ -40,6 +41,7 @@ from email.utils import parsedate_to_datetime
 from typing import Any
 
 import requests
+import urllib3
 from requests.adapters import HTTPAdapter
 
 from data import (EVIDENCE_CLOSE, EVIDENCE_OPEN, TASKS, THINK_END, THINK_START, Example, reject_json_constant,
@@ -59,7 +61,7 @@ class JudgeConfig:
     base_url: str = "http://127.0.0.1:8000/v1"
     model: str = "judge"
     api_key_env: str | None = None  # name of the environment variable holding the key; never the key
-    timeout: float = 120.0  # seconds to connect, and between bytes of the answer
+    timeout: float = 120.0  # seconds to connect, to wait for bytes, and to receive the whole answer
     retries: int = 4  # retries after the first attempt
     backoff: float = 1.0  # the first retry waits about this long, then the wait doubles (with jitter)
     max_wait: float = 60.0  # longest single wait; a Retry-After asking for more fails the request
@@ -77,7 +79,7 @@ class JudgeConfig:
     def read_api_key(self) -> str | None:
         if self.api_key_env is None:
             return None
-        key = os.environ.get(self.api_key_env)
+        key = _checked_key(os.environ.get(self.api_key_env), f"the environment variable {self.api_key_env}")
         if not key:
             raise JudgeError(f"judge: the environment variable {self.api_key_env} (judge.api_key_env) is not set")
         return key
@@ -110,19 +112,30 @@ class JudgeError(RuntimeError):
 
 
 _POOL_SIZE = 256  # pooled connections per host: above any sensible concurrency, so none is discarded
+MAX_ANSWER_BYTES = 8 * 2 ** 20  # a larger answer is refused (judges answer in kilobytes)
 _SESSION = requests.Session()
 for _scheme in ("http://", "https://"):
     _SESSION.mount(_scheme, HTTPAdapter(pool_connections=8, pool_maxsize=_POOL_SIZE, max_retries=0))
-_RETRIED_ERRORS = (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError)
+_RETRIED_ERRORS = (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError,
+                   urllib3.exceptions.HTTPError)
+_USERINFO = re.compile(r"(?<=://)[^/?#@\s]*@")
 
 
-def _scrub(text: str, api_key: str | None) -> str:
-    """`text` with every word that contains the key, or any 6-character piece of it, replaced:
-    some servers echo a rejected key in their error message, whole or masked."""
-    if not api_key:
-        return text
-    pieces = {api_key[i:i + 6] for i in range(max(1, len(api_key) - 5))}
-    words = re.split(r"(\s+)", text)
+def _checked_key(key: str | None, source: str) -> str | None:
+    """The key stripped (of a trailing CR LF, say); one an HTTP header cannot carry is refused, unshown."""
+    key = None if key is None else key.strip()
+    if key and not (key.isascii() and key.isprintable()):
+        raise JudgeError(f"judge: the API key in {source} has control or non-ASCII characters (not shown)")
+    return key
+
+
+def _scrub(text: str, url: str, api_key: str | None) -> str:
+    """`text` without any URL's user:password@, and with every word that holds the key or the user or
+    password of `url`, or a 6-character piece of one, replaced: servers may echo a key, even masked."""
+    userinfo = _USERINFO.search(url).group()[:-1] if _USERINFO.search(url) else ""
+    secrets = [api_key, *userinfo.split(":"), base64.b64encode(userinfo.encode()).decode()]  # and as Basic auth
+    pieces = {s[i:i + 6] for s in secrets if s for i in range(max(1, len(s) - 5))}
+    words = re.split(r"(\s+)", _USERINFO.sub("", text))
     return "".join("[redacted]" if any(p in w for p in pieces) else w for w in words)
 
 
@@ -147,10 +160,22 @@ def _backoff_delay(attempt: int, backoff: float, max_wait: float) -> float:
     return delay / 2 + random.uniform(0, delay / 2)
 
 
-def _completion_text(response: requests.Response) -> str | None:
+def _read_answer(response: requests.Response, deadline: float) -> bytes | None:
+    """The body, or None past MAX_ANSWER_BYTES; one still arriving at `deadline` times out."""
+    body = bytearray()
+    while chunk := response.raw.read1(2 ** 16, decode_content=True):
+        body += chunk
+        if len(body) > MAX_ANSWER_BYTES:
+            return None
+        if time.monotonic() > deadline:
+            raise requests.Timeout("the answer was still arriving at the deadline")
+    return bytes(body)
+
+
+def _completion_text(body: bytes) -> str | None:
     try:
-        text = response.json()["choices"][0]["message"]["content"]
-    except (ValueError, KeyError, IndexError, TypeError):
+        text = json.loads(body)["choices"][0]["message"]["content"]
+    except (ValueError, KeyError, IndexError, TypeError, RecursionError):
         return None
     return text if isinstance(text, str) else None
 
@@ -159,34 +184,43 @@ def _chat_with_retries(messages, *, base_url, model, api_key, timeout, retries, 
                        sampling) -> tuple[str, int]:
     """(answer text, retries used). Retries connection errors, timeouts, 429 and 5xx; raises JudgeError."""
     url = base_url.rstrip("/") + "/chat/completions"
+    api_key = _checked_key(api_key, "api_key")
+    shown = _USERINFO.sub("", url)
     body = {"model": model, "messages": messages, **sampling}
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     for attempt in range(retries + 1):
         wait = None
         try:
-            response = _SESSION.post(url, json=body, headers=headers, timeout=timeout)
+            deadline = time.monotonic() + timeout
+            with _SESSION.post(url, json=body, headers=headers, timeout=timeout, stream=True) as response:
+                answer = _read_answer(response, deadline)
         except _RETRIED_ERRORS as e:
-            reason = f"{type(e).__name__}: {_scrub(str(e), api_key)[:300]}"
+            reason = f"{type(e).__name__}: {_scrub(str(e), url, api_key)[:300]}"
+        except requests.RequestException as e:  # a malformed URL or header: retrying cannot help
+            raise JudgeError(f"judge at {shown}: {type(e).__name__}: {_scrub(str(e), url, api_key)[:300]}",
+                             attempt) from None
         else:
+            if answer is None:
+                raise JudgeError(f"judge at {shown}: an answer over {MAX_ANSWER_BYTES} bytes", attempt)
             if response.status_code == 200:
-                text = _completion_text(response)
+                text = _completion_text(answer)
                 if text is None:
-                    raise JudgeError(f"judge at {url}: HTTP 200 but not a chat completion with text content", attempt)
+                    raise JudgeError(f"judge at {shown}: HTTP 200 but not a chat completion with text content", attempt)
                 return text, attempt
             reason = f"HTTP {response.status_code}"
             if response.status_code != 429 and response.status_code < 500:
-                raise JudgeError(f"judge at {url} refused the request: {reason}: "
-                                 f"{_scrub(response.text[:500], api_key)}", attempt)
+                raise JudgeError(f"judge at {shown} refused the request: {reason}: "
+                                 f"{_scrub(answer[:500].decode('utf-8', 'replace'), url, api_key)}", attempt)
             wait = _retry_after(response)
         if attempt == retries:
             break
         if wait is not None and wait > max_wait:
-            raise JudgeError(f"judge at {url}: {reason} with Retry-After {wait:.0f}s, "
+            raise JudgeError(f"judge at {shown}: {reason} with Retry-After {wait:.0f}s, "
                              f"more than max_wait={max_wait:g}s", attempt)
-        delay = wait if wait is not None else _backoff_delay(attempt, backoff, max_wait)
-        log.warning("judge at %s: %s; retry %d/%d in %.2fs", url, reason, attempt + 1, retries, delay)
+        delay = max(wait or 0.0, _backoff_delay(attempt, backoff, max_wait))  # a Retry-After of 0 is no hurry
+        log.warning("judge at %s: %s; retry %d/%d in %.2fs", shown, reason, attempt + 1, retries, delay)
         time.sleep(delay)
-    raise JudgeError(f"judge at {url}: {reason}, still failing after {retries + 1} attempts", retries)
+    raise JudgeError(f"judge at {shown}: {reason}, still failing after {retries + 1} attempts", retries)
 
 
 def chat(messages, *, base_url, model, api_key=None, timeout=120.0, retries=4, backoff=1.0, max_wait=60.0,
@@ -195,8 +229,8 @@ def chat(messages, *, base_url, model, api_key=None, timeout=120.0, retries=4, b
 
     `sampling` fields go into the request body as given (temperature, top_p, max_tokens, and the
     fields vLLM accepts beyond OpenAI's: top_k, chat_template_kwargs). Connection errors, timeouts,
-    HTTP 429 and 5xx are retried with exponential backoff and jitter, honouring Retry-After; any
-    other answer, or running out of retries, raises JudgeError."""
+    HTTP 429 and 5xx are retried with exponential backoff and jitter, waiting at least as long as a
+    Retry-After asks; any other answer, or running out of retries, raises JudgeError."""
     return _chat_with_retries(messages, base_url=base_url, model=model, api_key=api_key, timeout=timeout,
                               retries=retries, backoff=backoff, max_wait=max_wait, sampling=sampling)[0]
 
@@ -205,9 +239,9 @@ def chat_many(calls: list[JudgeCall], cfg: JudgeConfig) -> tuple[list[str | None
     """Send `calls` concurrently (`cfg.concurrency` at once) and return their answers in order.
 
     A call that still fails after its retries yields None, and its reason is kept in
-    `stats["errors"]` (index -> reason): a judge outage never raises here (only a key variable that
-    is not set does, before any request). `stats` also holds the counts for the caller's metrics:
-    calls, retries, failures, latency_mean_s, latency_max_s, wall_s."""
+    `stats["errors"]` (index -> reason, secrets scrubbed): no failed call raises here (only a key
+    variable that is not set or not usable does, before any request). `stats` also holds the counts
+    for the caller's metrics: calls, retries, failures, latency_mean_s, latency_max_s, wall_s."""
     api_key = cfg.read_api_key()
     start = time.perf_counter()
 
@@ -219,8 +253,9 @@ def chat_many(calls: list[JudgeCall], cfg: JudgeConfig) -> tuple[list[str | None
                 retries=cfg.retries, backoff=cfg.backoff, max_wait=cfg.max_wait,
                 sampling=cfg.sampling_params(call.max_tokens))
             return text, retries, None, time.perf_counter() - begin
-        except JudgeError as e:
-            return None, e.retries, str(e), time.perf_counter() - begin
+        except Exception as e:  # a JudgeError, or anything else: a failed call, never a crashed batch
+            reason = str(e) if isinstance(e, JudgeError) else _scrub(f"{type(e).__name__}: {e}", cfg.base_url, api_key)
+            return None, getattr(e, "retries", 0), reason, time.perf_counter() - begin
 
     with ThreadPoolExecutor(max_workers=max(1, min(cfg.concurrency, len(calls)))) as pool:
         outcomes = list(pool.map(one, calls))

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import random
 import re
@@ -121,6 +122,30 @@ def rules_backend(messages: list[dict[str, str]], params: dict[str, Any]) -> str
         raise UnsupportedRequest("a judge.py IU_G or cause prompt with a section missing or malformed") from None
 
 
+MAX_NEW_TOKENS = 32768  # the most new tokens the model backend generates for one request
+_ROLES = ("system", "user", "assistant")
+# Request fields the model backend reads: (default, test, what the field must be).
+_SAMPLING_FIELDS = {
+    "max_tokens": (1024, lambda v: type(v) is int and 1 <= v <= MAX_NEW_TOKENS, f"an integer in 1..{MAX_NEW_TOKENS}"),
+    "temperature": (1.0, lambda v: type(v) in (int, float) and 0 <= v < math.inf, "a number >= 0"),
+    "top_p": (1.0, lambda v: type(v) in (int, float) and 0 < v <= 1, "a number in (0, 1]"),
+    "top_k": (0, lambda v: type(v) is int, "an integer (0 or less: no top-k)"),
+    "seed": (None, lambda v: v is None or type(v) is int, "an integer"),
+}
+
+
+def sampling_settings(request: dict[str, Any]) -> dict[str, Any]:
+    """The sampling fields of a chat request, defaults filled in (null means the default); a bad one
+    raises UnsupportedRequest naming it, so the client gets HTTP 400 and does not retry."""
+    settings = {}
+    for key, (default, valid, expected) in _SAMPLING_FIELDS.items():
+        value = default if request.get(key) is None else request[key]
+        if not valid(value):
+            raise UnsupportedRequest(f"field '{key}' must be {expected}, got {value!r}")
+        settings[key] = value
+    return settings
+
+
 class ModelBackend:
     """Answers with model.py's `generate` from a Hugging Face checkpoint folder: a self-hosted judge
     without vLLM. Requests are generated one at a time (a lock), with the request's sampling."""
@@ -134,16 +159,19 @@ class ModelBackend:
         self.lock = threading.Lock()
 
     def __call__(self, messages: list[dict[str, str]], params: dict[str, Any]) -> str:
+        settings = sampling_settings(params)
+        if roles := [m["role"] for m in messages if m["role"] not in _ROLES]:
+            raise UnsupportedRequest(f"unknown role {roles[0]!r} (known: {', '.join(_ROLES)})")
         thinking = (params.get("chat_template_kwargs") or {}).get("enable_thinking")
         if self.tok.family == "qwen2":  # no thinking switch in its template, as vLLM ignores it there
             thinking = None
         eos = tuple(self.tok.eos_token_ids)
-        top_k = params.get("top_k") or 0
         with self.lock:
             new_tokens = self._generate(
-                self.model, [self.tok.chat_ids(messages, enable_thinking=thinking)], max_new_tokens=int(params.get("max_tokens", 1024)),
-                temperature=float(params.get("temperature", 1.0)), top_p=float(params.get("top_p", 1.0)),
-                top_k=max(0, int(top_k)), eos_token_ids=eos, seed=params.get("seed"))[0]
+                self.model, [self.tok.chat_ids(messages, enable_thinking=thinking)],
+                max_new_tokens=settings["max_tokens"], temperature=float(settings["temperature"]),
+                top_p=float(settings["top_p"]), top_k=max(0, settings["top_k"]), eos_token_ids=eos,
+                seed=settings["seed"])[0]
         return self.tok.decode([t for t in new_tokens if t not in eos])
 
 
@@ -170,16 +198,17 @@ class Faults:
 
 class JudgeServer(ThreadingHTTPServer):
     """A small OpenAI-compatible server: GET /v1/models, POST /v1/chat/completions, one thread per
-    connection, keep-alive. Loopback by default. `with JudgeServer(...).start() as server:` serves
-    from a background thread until the block ends."""
+    connection, keep-alive; a connection that sends nothing for `idle_timeout` seconds is closed,
+    so half-sent requests cannot hold threads. Loopback by default. `with JudgeServer(...).start()
+    as server:` serves from a background thread until the block ends."""
 
     daemon_threads = True
 
     def __init__(self, backend: Callable[[list[dict[str, str]], dict[str, Any]], str], *, host: str = "127.0.0.1",
                  port: int = 0, faults: Faults | None = None, model_name: str = "rules",
-                 api_key: str | None = None, verbose: bool = False):
+                 api_key: str | None = None, verbose: bool = False, idle_timeout: float = 60.0):
         self.backend, self.faults, self.model_name = backend, faults or Faults(), model_name
-        self.api_key, self.verbose = api_key, verbose
+        self.api_key, self.verbose, self.idle_timeout = api_key, verbose, idle_timeout
         self.requests_seen = 0
         self.stopping = threading.Event()
         self._lock, self._rng = threading.Lock(), random.Random(self.faults.seed)
@@ -236,7 +265,7 @@ class JudgeServer(ThreadingHTTPServer):
         self.stop()
 
     def handle_error(self, request, client_address) -> None:
-        if not isinstance(sys.exc_info()[1], ConnectionError):  # a client that gave up (timeout) is normal
+        if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):  # a client gone quiet or away
             super().handle_error(request, client_address)
 
 
@@ -244,6 +273,10 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     disable_nagle_algorithm = True  # headers and body go out as two writes: no 40 ms delayed-ACK stall
     server: JudgeServer
+
+    def setup(self) -> None:
+        self.timeout = self.server.idle_timeout
+        super().setup()
 
     def log_message(self, format, *args) -> None:
         if self.server.verbose:
@@ -271,11 +304,14 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(404, f"no route for GET {self.path}")
 
     def do_POST(self) -> None:
-        length = int(self.headers.get("Content-Length") or 0)
-        if length > 64 * 2 ** 20:
+        length = self.headers.get("Content-Length", "0")
+        if "Transfer-Encoding" in self.headers or not re.fullmatch(r"[0-9]{1,18}", length):
+            self.close_connection = True
+            return self._error(400, f"expected a body with a Content-Length of 0 or more bytes, got {length[:40]!r}")
+        if int(length) > 64 * 2 ** 20:
             self.close_connection = True
             return self._error(413, "request body over 64 MiB")
-        body = self.rfile.read(length)
+        body = self.rfile.read(int(length))
         if self.path.rstrip("/") != "/v1/chat/completions":
             return self._error(404, f"no route for POST {self.path}")
         server = self.server
@@ -295,7 +331,7 @@ class _Handler(BaseHTTPRequestHandler):
             server.stopping.wait(server.faults.hang)
         try:
             request = json.loads(body)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested too deeply to parse
             request = None
         messages = request.get("messages") if isinstance(request, dict) else None
         if not isinstance(messages, list) or request.get("stream") or not all(
@@ -348,14 +384,20 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--script: unknown action(s) {unknown}; known: {', '.join(FAULT_ACTIONS)}")
     if args.backend == "model" and not args.model:
         parser.error("--backend model needs --model PATH")
-    api_key = os.environ.get(args.api_key_env) if args.api_key_env else None
+    api_key = os.environ.get(args.api_key_env, "").strip() if args.api_key_env else None
     if args.api_key_env and not api_key:
         parser.error(f"--api-key-env: {args.api_key_env} is not set")
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
-    backend = rules_backend if args.backend == "rules" else ModelBackend(args.model, args.device)
+    try:
+        backend = rules_backend if args.backend == "rules" else ModelBackend(args.model, args.device)
+    except (OSError, ValueError, RuntimeError) as e:  # no such folder, not a checkpoint, no such device
+        parser.exit(1, f"judge_server.py: error: --model {args.model}: {' '.join(str(e).split())}\n")
     faults = Faults(args.latency, args.fail_rate, script, args.retry_after, args.hang, args.seed)
     name = "rules" if args.backend == "rules" else os.path.basename(os.path.normpath(args.model))
-    server = JudgeServer(backend, host=args.host, port=args.port, faults=faults, model_name=name, api_key=api_key)
+    try:
+        server = JudgeServer(backend, host=args.host, port=args.port, faults=faults, model_name=name, api_key=api_key)
+    except OSError as e:  # the port is taken, the host unknown or not ours
+        parser.exit(1, f"judge_server.py: error: cannot listen on {args.host}:{args.port}: {e.strerror or e}\n")
     print(f"judge_server.py: backend {args.backend} at {server.url}", flush=True)
     try:
         server.serve_forever()

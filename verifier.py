@@ -30,6 +30,15 @@ verify on its own, in source order, without overlapping the previous one, and ca
 MIN_FRAGMENT_TOKENS tokens, so that a "quotation" cannot be stitched together from isolated words.
 Speaker names, time markers and prompt text are not evidence: callers pass the utterance texts
 only, and a quotation that needs any of them does not verify.
+
+The work per quotation is bounded, so a hostile completion cannot stall or exhaust a trainer: a
+quotation of more than MAX_QUOTE_TOKENS tokens (or 16 characters per such token), or of more than
+MAX_FRAGMENTS fragments, does not verify (evidence is a span, not a transcript); and the
+typo-tolerant search for the whole quotation, then the one for its fragments, each spend at most
+MAX_SEARCH_WORK steps (token hits sorted, alignment cells filled, columns started). Only quotations
+of very common words in long or repetitive conversations get there (genuine ones with a typo in a
+10,000-turn conversation spend under 100,000); past it only exact copies, found by a linear scan,
+still match.
 """
 
 from __future__ import annotations
@@ -44,6 +53,9 @@ from pathlib import Path
 MAX_EDIT_FRACTION = 0.1  # one typographical edit per 10 characters of the quotation ...
 MAX_EDITS = 6  # ... and never more than this many, however long the quotation
 MIN_FRAGMENT_TOKENS = 2
+MAX_QUOTE_TOKENS = 100  # the bounds on work of the module docstring
+MAX_FRAGMENTS = 8
+MAX_SEARCH_WORK = 250_000
 MIN_TYPO_LENGTH = 5  # shorter words and single CJK characters are never edited
 # Common English words with their inflections (SCOWL size 35; source, derivation and licence in the
 # file's header): a typo edit never turns one of them into another.
@@ -264,7 +276,24 @@ def _edit_budget(quote_tokens: tuple[str, ...]) -> int:
     return min(int(MAX_EDIT_FRACTION * sum(map(len, quote_tokens))), MAX_EDITS)
 
 
-def _candidate_windows(q: _Tokens, conv: _Conversation, start: int, budget: int) -> list[tuple[int, int]]:
+class _OutOfWork(Exception):
+    pass
+
+
+class _Work:
+    """The search work one quotation may still spend (MAX_SEARCH_WORK in all)."""
+
+    def __init__(self):
+        self.left = MAX_SEARCH_WORK
+
+    def spend(self, amount: int) -> None:
+        self.left -= amount
+        if self.left < 0:
+            raise _OutOfWork
+
+
+def _candidate_windows(q: _Tokens, conv: _Conversation, start: int, budget: int,
+                       work: _Work) -> list[tuple[int, int]]:
     """Conversation token ranges that can hold an alignment of cost <= budget beginning at or after
     `start`. Every edit costs at least 1, so such an alignment leaves at least len(q) - budget quote
     tokens matched exactly, all on diagonals (conversation index - quote index) within `budget` of
@@ -273,11 +302,10 @@ def _candidate_windows(q: _Tokens, conv: _Conversation, start: int, budget: int)
     need = m - budget
     if need <= 0:
         return [(start, n)] if start < n else []
-    diagonals = []
-    for i, token in enumerate(q.tokens):
-        found = conv.positions.get(token, ())
-        diagonals += [p - i for p in found[bisect.bisect_left(found, start):]]
-    diagonals.sort()
+    found = [conv.positions.get(token, []) for token in q.tokens]
+    first = [bisect.bisect_left(positions, start) for positions in found]
+    work.spend(sum(len(positions) - k for positions, k in zip(found, first)))
+    diagonals = sorted(p - i for i, (positions, k) in enumerate(zip(found, first)) for p in positions[k:])
     windows: list[tuple[int, int]] = []
     right = 0
     for left, d in enumerate(diagonals):
@@ -322,19 +350,28 @@ def _align(q: _Tokens, conv: _Tokens, lo: int, hi: int, budget: int) -> tuple[in
     return None
 
 
-def _find(q: _Tokens, conv: _Conversation, start: int) -> tuple[int, int] | None:
-    """The earliest-ending match of the quote tokens in the conversation at or after token `start`."""
+def _find(q: _Tokens, conv: _Conversation, start: int, work: _Work) -> tuple[int, int] | None:
+    """The earliest-ending match of the quote tokens in the conversation at or after token `start`.
+    Windows are aligned in pieces that overlap by the longest a match can be (every quote token plus
+    `budget` skipped characters), so each match lies whole in a piece and work is spent as it goes."""
     budget = _edit_budget(q.tokens)
-    for lo, hi in _candidate_windows(q, conv, start, budget):
-        span = _align(q, conv.text, lo, hi, budget)
-        if span is not None:
-            return span
+    reach = len(q.tokens) + budget
+    for lo, hi in _candidate_windows(q, conv, start, budget, work):
+        for piece in range(lo, hi, 4 * reach):
+            end = min(hi, piece + 5 * reach)
+            work.spend((end - piece) * (len(q.tokens) + 4))  # cells, and each column's own upkeep
+            span = _align(q, conv.text, piece, end, budget)
+            if span is not None:
+                return span
     return None
 
 
-def _find_exact(q: _Tokens, conv: _Conversation) -> tuple[int, int] | None:
-    """The first exact occurrence of the quote tokens that may begin and end where it does."""
-    needle, at = "\0" + "\0".join(q.tokens) + "\0", 0
+def _find_exact(q: _Tokens, conv: _Conversation, start: int = 0) -> tuple[int, int] | None:
+    """The first exact occurrence of the quote tokens at or after token `start` that may begin and
+    end where it does: a linear scan, however common the tokens are."""
+    if start >= len(conv.offsets):
+        return None
+    needle, at = "\0" + "\0".join(q.tokens) + "\0", conv.offsets[start] - 1
     while (at := conv.joined.find(needle, at)) >= 0:
         first = bisect.bisect_left(conv.offsets, at + 1)
         last = first + len(q.tokens)
@@ -344,23 +381,32 @@ def _find_exact(q: _Tokens, conv: _Conversation) -> tuple[int, int] | None:
     return None
 
 
+def _locate(q: _Tokens, conv: _Conversation, start: int, work: _Work) -> tuple[int, int] | None:
+    """`_find` while `work` lasts; once it is spent, only an exact copy is found."""
+    try:
+        return _find(q, conv, start, work)
+    except _OutOfWork:
+        return _find_exact(q, conv, start)
+
+
 def _match(quote: str, conversation: list[str] | tuple[str, ...] | str) -> list[tuple[int, int]] | None:
     """Token spans in the conversation that the quotation (or each of its fragments) matched, or None."""
-    utterances = (conversation,) if isinstance(conversation, str) else tuple(conversation)
-    conv = _conversation(utterances)
+    if len(quote) > 16 * MAX_QUOTE_TOKENS:
+        return None
     text = normalize(quote)
     whole = _tokenize(text)
-    if not whole.tokens:
+    if not 0 < len(whole.tokens) <= MAX_QUOTE_TOKENS:
         return None
-    span = _find_exact(whole, conv) or _find(whole, conv, 0)
+    conv = _conversation((conversation,) if isinstance(conversation, str) else tuple(conversation))
+    span = _find_exact(whole, conv) or _locate(whole, conv, 0, _Work())
     if span is not None:
         return [span]
     fragments = [f for f in map(_tokenize, text.split("\u2026")) if f.tokens]
-    if len(fragments) < 2 or any(len(f.tokens) < MIN_FRAGMENT_TOKENS for f in fragments):
+    if not 2 <= len(fragments) <= MAX_FRAGMENTS or any(len(f.tokens) < MIN_FRAGMENT_TOKENS for f in fragments):
         return None
-    spans, start = [], 0
+    spans, start, work = [], 0, _Work()
     for fragment in fragments:
-        span = _find(fragment, conv, start)
+        span = _locate(fragment, conv, start, work)
         if span is None:
             return None
         spans.append(span)

@@ -164,3 +164,50 @@ def test_resolved_config_drops_secrets(tmp_path):
     assert load_config(path, [], Cfg) == Cfg(model_path="/m", judge=Judge(api_key_env="JUDGE_KEY"))
     assert redact_secrets({"OpenAI-Api-Key": "x", "a": [{"password": "p", "b": 1}]}) == {"a": [{"b": 1}]}
     assert math.isfinite(saved["optim"]["lr"])
+
+
+def test_unreadable_files_and_bad_override_values_are_one_line_errors(tmp_path):
+    bad_bytes = tmp_path / "latin1.yaml"
+    bad_bytes.write_bytes("model_path: /m\nname: caf\xe9\n".encode("latin-1"))
+    cases = [(bad_bytes, [], rf"^{bad_bytes}:2: not UTF-8 text \(byte 24\)$"),
+             (tmp_path, [], rf"^{tmp_path}: cannot read the config: Is a directory$"),
+             (write(tmp_path, "model_path: /m\n"), ["seed=[1"], r"^override 'seed=\[1': not valid YAML: expected"),
+             (write(tmp_path, "model_path: /m\n"), ["tasks=" + "[" * 5000], r"not valid YAML: nested too deeply$")]
+    for path, overrides, message in cases:
+        with pytest.raises(ConfigError, match=message) as e:
+            load_config(path, overrides, Cfg)
+        assert "\n" not in str(e.value)
+
+
+def test_duplicate_keys_name_both_lines(tmp_path):
+    path = write(tmp_path, "model_path: /m\noptim:\n  lr: 1e-5\nseed: 3\noptim:\n  warmup_steps: 9\n")
+    with pytest.raises(ConfigError, match=rf"^{path}:5: not valid YAML: duplicate key 'optim' \(first on line 2\)$"):
+        load_config(path, [], Cfg)
+    with pytest.raises(ConfigError, match=r"^override 'optim=\{lr: 1, lr: 2\}': .*duplicate key 'lr'"):
+        load_config(write(tmp_path, "model_path: /m\n"), ["optim={lr: 1, lr: 2}"], Cfg)
+    # A key that a merge (<<) brings in and the mapping then sets is an override, not a duplicate.
+    path = write(tmp_path, "model_path: /m\noptim:\n  <<: &base {lr: 1e-5, warmup_steps: 4}\n  lr: 2e-5\n")
+    assert load_config(path, [], Cfg).optim == Optim(lr=2e-5, warmup_steps=4)
+
+
+def test_non_finite_numbers_are_refused_for_floats(tmp_path):
+    for text, line in [("optim:\n  lr: .nan\n", 2), ("optim:\n  lr: -.inf\n", 2), ("optim:\n  lr: 1e400\n", 2),
+                       ("rewards:\n  - {name: a, weight: " + "9" * 400 + "}\n", 1)]:
+        path = write(tmp_path, "model_path: /m\n" + text)
+        with pytest.raises(ConfigError, match=rf"^{path}:{line + 1}: '[\w.\[\]]+' expects a finite number, got "):
+            load_config(path, [], Cfg)
+    with pytest.raises(ConfigError, match=r"^override 'optim\.lr=\.inf': 'optim\.lr' expects a finite number"):
+        load_config(write(tmp_path, "model_path: /m\n"), ["optim.lr=.inf"], Cfg)
+
+
+def test_alias_expansion_is_bounded(tmp_path):
+    # Nine levels of nine aliases: 9**9 (387 million) strings once expanded, from 550 bytes of YAML.
+    levels = ['a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    levels += [f"{b}: &{b} [{','.join(['*' + a] * 9)}]" for a, b in zip("abcdefgh", "bcdefghi")]
+    path = write(tmp_path, "\n".join(levels) + "\nmodel_path: /m\n")
+    with pytest.raises(ConfigError, match=rf"^{path}: not valid YAML: aliases expand the document past 10000 values$"):
+        load_config(path, [], Cfg)
+    with pytest.raises(ConfigError, match="aliases expand the document past"):
+        load_config(write(tmp_path, "model_path: /m\nx: &x [*x]\n"), [], Cfg)  # a list inside itself
+    # Aliases within the bound still work.
+    assert load_config(write(tmp_path, "model_path: &p /m\noutput_dir: *p\n"), [], Cfg).output_dir == "/m"

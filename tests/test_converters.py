@@ -3,6 +3,9 @@ datasets publish) and small hand-made files in tests/fixtures/ for the formats w
 
 import csv
 import json
+import resource
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -264,6 +267,93 @@ def test_cli_errors_exit_with_one_line(tmp_path, capsys):
     bad.write_text("Dialogue_ID,Speaker\n1,A\n")
     with pytest.raises(SystemExit):
         main(["meld", str(bad), str(tmp_path / "o.jsonl")])
-    assert capsys.readouterr().err.strip() == f"error: {bad}: field 'Utterance': missing"
+    assert capsys.readouterr().err.strip() == f"error: {bad}:2: field 'Utterance': missing"
     with pytest.raises(DataError, match="unknown format 'csv'"):
         convert("csv", bad)
+
+
+# ----------------------------------------------------------------------------- hostile inputs through the CLI
+
+REPO = Path(__file__).resolve().parents[1]
+MELD_HEADER = "Sr No.,Utterance,Speaker,Emotion,Sentiment,Dialogue_ID,Utterance_ID\n"
+GOOD_LINE = ('{"id": "x", "task": "wiki_power", "turns": [{"speaker": "A", "text": "hi"}], "target": null, '
+             '"labels": ["A"]}')
+
+
+def run_cli(script, *args, **kwargs):
+    return subprocess.run([sys.executable, str(REPO / script), *map(str, args)], capture_output=True, text=True,
+                          timeout=60, **kwargs)
+
+
+HOSTILE_INPUTS = [
+    # (format, file name, content, the one error line after "error: {path}")
+    ("meld", "short.csv", MELD_HEADER + "1,Hi,A,joy,positive,0,0\n2,Hello\n", ":3: expected 7 fields, got 2"),
+    ("meld", "huge_cell.csv", MELD_HEADER + '1,"' + "x" * 200_000 + '",A,joy,positive,0,0\n',
+     ":2: not valid CSV: field larger than field limit (131072)"),
+    ("meld", "latin1.csv", (MELD_HEADER + "1,caf\xe9,A,joy,positive,0,0\n").encode("latin-1"),
+     f":2: not UTF-8 text (byte {len(MELD_HEADER) + 5})"),
+    ("mmlu", "short_test.csv", "q,a,b,c,d,A\nq,a,b\n", ":2: expected 6 fields, got 3"),
+    ("ecf", "object.json", '{"conversation": []}', ": expected a JSON list of conversations, got dict"),
+    ("ecf", "shape.json", '[{"conversation_ID": 1, "conversation": "text", "emotion-cause_pairs": []}]',
+     ": conversation 0: not in the expected format (TypeError: string indices must be integers, not 'str')"),
+    ("ecf", "syntax.json", '[\n{"conversation_ID": 1,\n "conversation": [}\n]',
+     ":3: not valid JSON: Expecting value (column 19)"),
+    ("ecf", "deep.json", "[" * 100_000 + "]" * 100_000, ": not valid JSON: nested too deeply"),
+    ("tombench", "list.jsonl", '\n["a"]\n', ":2: expected a JSON object, got list"),
+    ("tombench", "story.jsonl", '{"STORY": "s", "QUESTION": "q", "OPTION-A": "x", "OPTION-B": "y"}\n',
+     ":1: field 'ANSWER': None is not one of the 2 options (en)"),
+    ("wiki", "meta.jsonl", '{"id": "1", "conversation_id": "c", "speaker": "a", "text": "x", "meta": ["admin"]}\n',
+     ":1: field 'meta': expected a JSON object, got list"),
+    ("jsonl", "infinite.jsonl", GOOD_LINE.replace('"labels"', '"difficulty": 1e400, "labels"'),
+     ":1: the number 1e400 is out of range"),
+    ("jsonl", "nan.jsonl", "\n" + GOOD_LINE.replace('null', 'NaN'), ":2: NaN is not valid JSON"),
+    ("jsonl", "empty.jsonl", "\n", ": no examples in the input"),
+]
+
+
+@pytest.mark.parametrize("fmt, name, content, message", HOSTILE_INPUTS, ids=[case[1] for case in HOSTILE_INPUTS])
+def test_hostile_inputs_are_one_located_line(tmp_path, fmt, name, content, message):
+    path = tmp_path / name
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    result = run_cli("convert.py", fmt, path, tmp_path / "out.jsonl")
+    assert (result.returncode, result.stdout, result.stderr) == (1, "", f"error: {path}{message}\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [name]  # nothing written, no temporary file
+
+
+def test_per_label_and_task_filters_are_checked(tmp_path):
+    path = tmp_path / "in.jsonl"
+    path.write_text(GOOD_LINE + "\n")
+    for value in ("-1", "0", "x"):
+        result = run_cli("convert.py", "jsonl", path, tmp_path / "out.jsonl", "--per-label", value)
+        assert result.returncode == 2 and result.stderr.splitlines()[-1] == \
+            f"convert.py: error: argument --per-label: expected a positive integer, got '{value}'"
+    result = run_cli("convert.py", "jsonl", path, tmp_path / "out.jsonl", "--task", "mmlu")
+    assert (result.returncode, result.stderr) == (1, f"error: {path}: no examples of task mmlu\n")
+    assert run_cli("convert.py", "jsonl", path, tmp_path / "out.jsonl", "--per-label", "1").returncode == 0
+
+
+def test_a_failed_write_leaves_nothing_behind(tmp_path):
+    path = tmp_path / "in.jsonl"
+    path.write_text("".join(GOOD_LINE.replace('"x"', f'"x{i}"') + "\n" for i in range(200)))
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "inside").touch()  # a non-empty folder where the output should go
+    result = run_cli("convert.py", "jsonl", path, tmp_path / "taken")
+    assert result.returncode == 1 and result.stderr.startswith("error: [Errno") and \
+        result.stderr.endswith(f"'{tmp_path / 'taken'}'\n") and result.stderr.count("\n") == 1
+    # A full disk, as the file-size limit: Python ignores SIGXFSZ, so the write fails with EFBIG.
+    out = tmp_path / "out" / "big.jsonl"
+    result = run_cli("convert.py", "jsonl", path, out,
+                     preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096)))
+    assert (result.returncode, result.stderr) == (1, f"error: [Errno 27] File too large: '{out}'\n")
+    assert list(out.parent.iterdir()) == [] and sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "out",
+                                                                                                  "taken"]
+
+
+def test_stats_names_a_bad_tokenizer_path(tmp_path):
+    path = tmp_path / "in.jsonl"
+    path.write_text(GOOD_LINE + "\n")
+    result = run_cli("data.py", "stats", path, "--tokenizer", tmp_path / "absent")
+    assert (result.returncode, result.stderr) == (
+        1, f"error: {tmp_path / 'absent'}: not a readable tokenizer.json: No such file or directory (os error 2)\n")
+    result = run_cli("data.py", "stats", path, "--tokenizer", path)
+    assert result.returncode == 1 and result.stderr.startswith(f"error: {path}: not a readable tokenizer.json: ")

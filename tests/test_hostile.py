@@ -1,0 +1,293 @@
+"""Hostile inputs and bounded resources at the HTTP edges and in the verifier: the judge client's
+key handling, deadlines and size cap, the local judge server's answers to malformed requests and
+its command line, and the verifier's work per quotation (time and memory)."""
+
+import base64
+import gzip
+import http.client
+import json
+import logging
+import resource
+import socket
+import subprocess
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import requests
+
+import judge
+import verifier
+from judge import JudgeCall, JudgeConfig, JudgeError
+from judge_server import Faults, JudgeServer, ModelBackend, UnsupportedRequest, sampling_settings
+
+REPO = Path(__file__).resolve().parents[1]
+SECRET = "sk-test-Zq8LmR2vXc7Tn4Wp"
+MESSAGES = [{"role": "user", "content": "x"}]
+
+
+def echo_backend(messages, params):
+    return "echo: " + messages[-1]["content"]
+
+
+@contextmanager
+def serving(backend=echo_backend, **kwargs):
+    with JudgeServer(backend, host="127.0.0.1", port=0, **kwargs).start() as server:
+        yield server
+
+
+def config(url, **overrides) -> JudgeConfig:
+    return JudgeConfig(**{**dict(base_url=url, model="m", timeout=2.0, retries=1, backoff=0.01), **overrides})
+
+
+def shows_secret(text: str, secret: str = SECRET) -> bool:
+    return any(secret[i:i + 6] in text for i in range(len(secret) - 5))
+
+
+@contextmanager
+def raw_server(respond):
+    """A TCP server on loopback whose `respond(connection)` writes any bytes it likes, once the
+    request has arrived; yields the base URL."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.05)
+    stop = threading.Event()
+
+    def serve():
+        while not stop.is_set():
+            try:
+                connection, _ = listener.accept()
+            except TimeoutError:
+                continue
+            with connection:
+                try:
+                    connection.recv(1 << 16)
+                    respond(connection, stop)
+                except OSError:
+                    pass
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}/v1"
+    finally:
+        stop.set()
+        thread.join(5)
+        listener.close()
+
+
+def completion_body(text: str) -> bytes:
+    return json.dumps({"choices": [{"message": {"role": "assistant", "content": text}}]}).encode()
+
+
+# ----------------------------------------------------------------------------- the judge client
+
+
+def test_key_whitespace_is_stripped_and_control_characters_are_refused_unshown(monkeypatch):
+    with serving(api_key=SECRET) as server:
+        monkeypatch.setenv("JUDGE_KEY", SECRET + "\r\n")  # as read from a file written on Windows
+        texts, stats = judge.chat_many([JudgeCall(MESSAGES, 8)], config(server.url, api_key_env="JUDGE_KEY"))
+        assert texts == ["echo: x"] and stats["failures"] == 0
+        assert judge.chat(MESSAGES, base_url=server.url, model="m", api_key=f" {SECRET}\n") == "echo: x"
+    for bad in (SECRET[:9] + "\n" + SECRET[9:], SECRET + "\x1b", SECRET[:9] + "\u00e9" + SECRET[9:]):
+        monkeypatch.setenv("JUDGE_KEY", bad)
+        with pytest.raises(JudgeError, match=r"^judge: the API key in the environment variable JUDGE_KEY has control "
+                                             r"or non-ASCII characters \(not shown\)$"):
+            config("http://127.0.0.1:9/v1", api_key_env="JUDGE_KEY").read_api_key()
+        with pytest.raises(JudgeError) as e:
+            judge.chat(MESSAGES, base_url="http://127.0.0.1:9/v1", model="m", api_key=bad)
+        assert not shows_secret(str(e.value)) and "api_key" in str(e.value)
+
+
+def test_chat_many_turns_any_exception_into_a_failed_call_with_a_scrubbed_reason(monkeypatch):
+    def broken_post(*args, **kwargs):
+        raise ValueError(f"Invalid header value b'Bearer {SECRET}\\n'")  # what requests says of a bad key
+
+    monkeypatch.setattr(judge._SESSION, "post", broken_post)
+    monkeypatch.setenv("JUDGE_KEY", SECRET)
+    cfg = config("http://127.0.0.1:9/v1", api_key_env="JUDGE_KEY")
+    texts, stats = judge.chat_many([JudgeCall(MESSAGES, 8)] * 3, cfg)
+    assert texts == [None] * 3 and stats["failures"] == 3
+    assert stats["errors"][0].startswith("ValueError: Invalid header value") and not shows_secret(json.dumps(stats))
+
+
+def test_retry_after_of_zero_or_a_past_date_waits_the_backoff():
+    with serving(faults=Faults(script=("429", "503", "ok"), retry_after=0)) as server:
+        start = time.perf_counter()
+        texts, _ = judge.chat_many([JudgeCall(MESSAGES, 8)], config(server.url, retries=2, backoff=0.2))
+        elapsed = time.perf_counter() - start
+    # Backoff waits are uniform in [d/2, d] for d = 0.2 and 0.4: at least 0.3 s, where Retry-After 0 asked none.
+    assert texts == ["echo: x"] and elapsed >= 0.3
+    response = requests.Response()
+    response.headers["Retry-After"] = "Wed, 21 Oct 2015 07:28:00 GMT"
+    assert judge._retry_after(response) == 0.0  # a past date: then the backoff decides
+
+
+def test_a_server_trickling_bytes_cannot_hold_a_call():
+    def trickle(connection, stop):
+        connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n")
+        while not stop.wait(0.05):  # one byte every 50 ms: the 0.5 s timeout between bytes never fires
+            connection.sendall(b" ")
+
+    with raw_server(trickle) as url:
+        start = time.perf_counter()
+        with pytest.raises(JudgeError, match="Timeout.*still failing after 2 attempts"):
+            judge.chat(MESSAGES, base_url=url, model="m", timeout=0.5, retries=1, backoff=0.01)
+        elapsed = time.perf_counter() - start
+    assert elapsed < 4.0  # two attempts of about 0.5 s each; without a deadline, 100,000 bytes take 5,000 s
+
+
+def test_answers_are_size_capped_and_gzip_is_decoded(monkeypatch):
+    monkeypatch.setattr(judge, "MAX_ANSWER_BYTES", 4096)
+    with serving() as server:
+        assert judge.chat(MESSAGES, base_url=server.url, model="m") == "echo: x"
+        with pytest.raises(JudgeError, match="an answer over 4096 bytes") as e:
+            judge.chat([{"role": "user", "content": "y" * 10_000}], base_url=server.url, model="m")
+        assert e.value.retries == 0
+
+    def gzipped(connection, stop):
+        body = gzip.compress(completion_body("unzipped"))
+        connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Encoding: gzip\r\n"
+                           b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+
+    with raw_server(gzipped) as url:
+        assert judge.chat(MESSAGES, base_url=url, model="m") == "unzipped"
+
+
+def test_a_key_inside_the_url_is_never_shown(caplog):
+    caplog.set_level(logging.DEBUG)
+    closed = socket.create_server(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()  # nothing listens there now: connection refused
+    outputs = []
+    with pytest.raises(JudgeError) as e:
+        judge.chat(MESSAGES, base_url=f"http://alice:{SECRET}@127.0.0.1:{port}/v1", model="m", retries=1,
+                   backoff=0.01)
+    outputs.append(str(e.value))
+    with serving(api_key="the-server-expects-another-key") as server:  # echoes the Basic credentials it got
+        url = server.url.replace("http://", f"http://alice:{SECRET}@")
+        with pytest.raises(JudgeError, match="HTTP 401") as e:
+            judge.chat(MESSAGES, base_url=url, model="m")
+        outputs.append(str(e.value))
+        texts, stats = judge.chat_many([JudgeCall(MESSAGES, 8)], config(url))
+        outputs.append(json.dumps(stats))
+    assert texts == [None] and f"127.0.0.1:{port}" in outputs[0] and "Connection" in outputs[0]
+    basic = base64.b64encode(f"alice:{SECRET}".encode()).decode()
+    for output in outputs + [caplog.text]:
+        assert not shows_secret(output) and "alice" not in output and not shows_secret(output, basic), output
+
+
+# ----------------------------------------------------------------------------- the judge server
+
+
+def post_raw(url: str, headers: dict[str, str], body: bytes = b"") -> tuple[int, str]:
+    host, port = url.removeprefix("http://").split("/")[0].split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=5)
+    connection.putrequest("POST", "/v1/chat/completions", skip_accept_encoding=True)
+    for name, value in headers.items():
+        connection.putheader(name, value)
+    connection.endheaders(body)
+    response = connection.getresponse()
+    status, text = response.status, response.read().decode()
+    connection.close()
+    return status, text
+
+
+def test_server_answers_malformed_requests_with_400_and_keeps_serving():
+    with serving() as server:
+        for length in ("-1", "abc", "1e3", "99999999999999999999"):
+            status, text = post_raw(server.url, {"Content-Length": length})
+            assert status == 400 and "Content-Length" in text
+        assert post_raw(server.url, {"Transfer-Encoding": "chunked"}, b"2\r\n{}\r\n0\r\n\r\n")[0] == 400
+        deep = b"[" * 100_000 + b"]" * 100_000
+        assert requests.post(server.url + "/chat/completions", data=deep, timeout=5).status_code == 400
+        assert judge.chat(MESSAGES, base_url=server.url, model="m") == "echo: x"
+
+
+BAD_SAMPLING = [({"max_tokens": -1}, "field 'max_tokens' must be an integer in 1..32768, got -1"),
+                ({"max_tokens": 10 ** 9}, "field 'max_tokens' must be an integer in 1..32768, got 1000000000"),
+                ({"temperature": -0.5}, "field 'temperature' must be a number >= 0, got -0.5"),
+                ({"top_p": 0}, "field 'top_p' must be a number in (0, 1], got 0"),
+                ({"seed": 1.5}, "field 'seed' must be an integer, got 1.5"),
+                ({"seed": "7"}, "field 'seed' must be an integer, got '7'")]
+
+
+def test_model_backend_answers_client_errors_with_400_and_the_reason():
+    assert sampling_settings({"temperature": 0, "top_k": -1, "seed": None}) == {
+        "max_tokens": 1024, "temperature": 0, "top_p": 1.0, "top_k": -1, "seed": None}
+    backend = ModelBackend.__new__(ModelBackend)  # requests are checked before the model is touched
+    with serving(backend) as server:
+        for fields, reason in BAD_SAMPLING + [({"messages": [{"role": "tool", "content": "x"}]},
+                                               "unknown role 'tool' (known: system, user, assistant)")]:
+            body = {"model": "m", "messages": MESSAGES, **fields}
+            response = requests.post(server.url + "/chat/completions", json=body, timeout=5)
+            assert response.status_code == 400 and response.json()["error"]["message"] == reason
+        assert server.requests_seen == len(BAD_SAMPLING) + 1
+    with pytest.raises(UnsupportedRequest):
+        backend([{"role": "user", "content": "x"}], {"top_p": 1.5})
+
+
+def test_half_sent_requests_are_dropped_after_the_idle_timeout(capfd):
+    with serving(idle_timeout=0.3) as server:
+        host, port = server.server_address[:2]
+        for partial in (b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 100\r\n\r\n{\"mo",
+                        b"POST /v1/chat/comp"):
+            with socket.create_connection((host, port), timeout=5) as connection:
+                connection.sendall(partial)
+                start = time.perf_counter()
+                while connection.recv(1024):  # the server closes the connection, with or without an answer
+                    pass
+                assert time.perf_counter() - start < 3
+        assert judge.chat(MESSAGES, base_url=server.url, model="m") == "echo: x"
+    assert "Traceback" not in capfd.readouterr().err
+
+
+def test_server_command_errors_are_one_line(tmp_path):
+    taken = socket.create_server(("127.0.0.1", 0))
+    port = taken.getsockname()[1]
+    cases = [(["--port", str(port)], f"cannot listen on 127.0.0.1:{port}: Address already in use"),
+             (["--host", "no-such-host.invalid"], "cannot listen on no-such-host.invalid:8000: "),
+             (["--backend", "model", "--model", str(tmp_path / "absent")],
+              f"--model {tmp_path / 'absent'}: {tmp_path / 'absent' / 'config.json'}: file not found")]
+    with taken:
+        for args, message in cases:
+            argv = [sys.executable, str(REPO / "judge_server.py"), "--backend", "rules", *args]
+            result = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+            assert result.returncode == 1 and result.stdout == "" and result.stderr.count("\n") == 1
+            assert result.stderr.startswith(f"judge_server.py: error: {message}"), result.stderr
+
+
+# ----------------------------------------------------------------------------- the verifier
+
+
+def test_over_long_quotes_and_too_many_fragments_do_not_verify():
+    words = [f"{a}{b}ro" for a in "bcdfghjklm" for b in "aeiou"]  # 50 distinct plain words
+    conversation = [" ".join(words[:25]), " ".join(words[25:]), " ".join(words * 3)]
+    longest = " ".join((words * 2)[:verifier.MAX_QUOTE_TOKENS])
+    assert verifier.verify_quote(longest, conversation)
+    assert not verifier.verify_quote(longest + " " + words[0], conversation)  # 101 tokens, copied exactly
+    assert not verifier.verify_quote("x" * (16 * verifier.MAX_QUOTE_TOKENS + 1), ["x" * 2000])
+    pieces = [" ".join(words[i:i + 2]) for i in range(0, 40, 4)]
+    assert verifier.verify_quote(" ... ".join(pieces[:verifier.MAX_FRAGMENTS]), conversation)
+    assert not verifier.verify_quote(" ... ".join(pieces[:verifier.MAX_FRAGMENTS + 1]), conversation)
+
+
+def test_verifier_worst_cases_are_bounded_in_time_and_memory():
+    # bench/bench_verifier_bounds.py: hostile quotations against 10,000-turn conversations, here under
+    # an address-space limit of 512 MiB (before the bounds, the worst ran out of memory or for minutes).
+    limit = 512 * 2 ** 20
+    result = subprocess.run([sys.executable, str(REPO / "bench" / "bench_verifier_bounds.py"), "--json"],
+                            capture_output=True, text=True, timeout=300,
+                            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit)))
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(result.stdout)
+    assert report.pop("exact fragments in repetitive") is True and report.pop("peak_rss_mb") < 512
+    for kind in ("natural", "repetitive"):
+        index = report.pop(kind + " index")
+        cases = {case: seconds for case, seconds in report.items() if case.startswith(kind)}
+        assert len(cases) >= 3
+        for case, seconds in cases.items():
+            # Each costs less than indexing the conversation once: a ratio, so a loaded machine does not matter.
+            assert seconds < max(index, 0.05), (case, seconds, index)
