@@ -517,7 +517,11 @@ def update_metrics(reports: list[dict], step: int, lr: float, beta: float) -> di
     group_stds = [_mean_std(g)[1] for g in group_rewards if sum(v is not None for v in g) > 1]
     zero_std = sum(s == 0 for s in group_stds) + len(group_rewards) - len(group_stds)
     lengths = [n for r in reports for n in r["lengths"]]
-    tokens = max(1.0, total("tokens"))
+    tokens = total("tokens")  # completion tokens trained on; 0 when every group was masked
+
+    def per_token(key):
+        return total(key) / tokens if tokens else None
+
     metrics = {
         "step": step, "loss": reports[0]["loss"], "lr": lr, "grad_norm": reports[0]["grad_norm"],
         "reward": mean, "reward_std": sum(group_stds) / len(group_stds) if group_stds else None,
@@ -531,11 +535,10 @@ def update_metrics(reports: list[dict], step: int, lr: float, beta: float) -> di
         "completions/mean_length": sum(lengths) / max(1, len(lengths)),
         "completions/max_length": max(lengths, default=0),
         "completions/clipped_ratio": total("truncated") / max(1, len(lengths)),
-        "kl": total("kl") / tokens if beta != 0 else None,
-        "entropy": total("entropy") / tokens,
-        "clip_ratio/low_mean": total("clip_low") / tokens, "clip_ratio/high_mean": total("clip_high") / tokens,
-        "logp_mismatch/mean": total("mismatch_sum") / tokens,
-        "logp_mismatch/max": max(r["mismatch_max"] for r in reports),
+        "kl": per_token("kl") if beta != 0 else None, "entropy": per_token("entropy"),
+        "clip_ratio/low_mean": per_token("clip_low"), "clip_ratio/high_mean": per_token("clip_high"),
+        "logp_mismatch/mean": per_token("mismatch_sum"),
+        "logp_mismatch/max": max(r["mismatch_max"] for r in reports) if tokens else None,
         "time/generate_s": max(r["generate_s"] for r in reports), "time/judge_s": max(r["judge_s"] for r in reports),
         "time/train_s": max(r["train_s"] for r in reports),
         "judge/calls": total("calls"), "judge/retries": total("retries"), "judge/failures": total("failures"),

@@ -90,7 +90,8 @@ def run_config(tmp_path, assets, judge_url, **overrides) -> Path:
            "reward": {"name": "clue"},
            "judge": {"base_url": judge_url, "concurrency": 8, "retries": 0, "timeout": 10},
            "lora": {"rank": 4, "alpha": 8},
-           "rollout": {"prompts_per_update": 2, "group_size": 4, "max_new_tokens": 8},
+           "rollout": {"prompts_per_update": 2, "group_size": 4, "max_new_tokens": 6},
+           "filtering": {"resamples": 1, "replacements": 1},
            "loss": {"micro_batch_size": 3},
            "optim": {"lr": 1e-2, "warmup_updates": 1, "hold_until": 100},
            "save_every": 1}
@@ -100,6 +101,7 @@ def run_config(tmp_path, assets, judge_url, **overrides) -> Path:
         for part in parents:
             node = node.setdefault(part, {})
         node[leaf] = value
+    tmp_path.mkdir(parents=True, exist_ok=True)
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
@@ -252,7 +254,8 @@ def test_filtering_off_masks_only_missing_rewards(monkeypatch):
 
 def tiny_policy(tmp_path_or_base):
     cfg = load_config(REPO / "configs" / "clue_qwen3_5_9b.yaml",
-                      [f"model.path={tmp_path_or_base}", "model.dtype=float32", "lora.rank=4", "lora.alpha=8",
+                      [f"model.path={tmp_path_or_base}", "model.sft_adapter=null", "model.dtype=float32", "lora.rank=4",
+                       "lora.alpha=8",
                        "optim.lr=0.0", "optim.grad_clip=1e9", "seed=3"], grpo.GRPOConfig)
     policy, tok = grpo.build_policy(cfg, T.Dist(0, 1, torch.device("cpu")))
     with torch.no_grad():  # B != 0, so the LoRA path carries gradient into A as well
@@ -367,7 +370,8 @@ def test_nonfinite_loss_skips_the_step_and_keeps_the_weights(assets):
 
 
 def test_three_updates_write_every_output(tmp_path, assets, judge):
-    config = run_config(tmp_path, assets, judge.url, save_merged=True, keep_checkpoints=2)
+    config = run_config(tmp_path, assets, judge.url, save_merged=True, keep_checkpoints=2,
+                        filtering={"resamples": 3, "replacements": 2})
     grpo.main([str(config)])
     out = tmp_path / "run"
     metrics = read_jsonl(out / "metrics.jsonl")
@@ -375,7 +379,7 @@ def test_three_updates_write_every_output(tmp_path, assets, judge):
     for m in metrics:
         assert set(METRIC_KEYS) <= set(m), set(METRIC_KEYS) - set(m)
         assert {"rewards/c/mean", "rewards/f/mean", "rewards/IU_G/mean", "rewards/IU_G/std"} <= set(m)
-        assert m["judge/calls"] > 0 and m["completions/max_length"] <= 8
+        assert m["judge/calls"] > 0 and m["completions/max_length"] <= 6
     completions = read_jsonl(out / "completions.jsonl")
     assert len(completions) >= 3 * 2 * 4
     assert {"step", "id", "prompt", "completion", "reward", "c", "f", "IU_G", "advantage"} <= set(completions[0])
@@ -395,9 +399,9 @@ def test_three_updates_write_every_output(tmp_path, assets, judge):
 
 def test_killed_run_resumes_to_the_same_result(tmp_path, assets):
     with JudgeServer(rules_backend, faults=Faults(latency=0.05)).start() as server:
-        straight = run_config(tmp_path / "a", assets, server.url, updates=4)
+        straight = run_config(tmp_path / "a", assets, server.url)
         grpo.main([str(straight)])
-        killed = run_config(tmp_path / "b", assets, server.url, updates=4)
+        killed = run_config(tmp_path / "b", assets, server.url)
         env = dict(os.environ, PYTHONPATH=str(REPO))
         proc = subprocess.Popen([sys.executable, str(REPO / "grpo.py"), str(killed)], cwd=REPO, env=env,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -431,7 +435,7 @@ def test_sigterm_saves_a_checkpoint_and_stops(tmp_path, assets, judge, monkeypat
         return score(groups, cfg)
 
     monkeypatch.setattr(grpo, "score_groups", score_then_signal)
-    grpo.main([str(run_config(tmp_path, assets, judge.url, updates=5, save_every=10))])
+    grpo.main([str(run_config(tmp_path, assets, judge.url, updates=4, save_every=10))])
     run = tmp_path / "run"
     assert [p.name for p in run.glob("ckpt-*")] == ["ckpt-000001"] and not (run / "adapter").exists()
     assert len(read_jsonl(run / "metrics.jsonl")) == 1
@@ -474,17 +478,17 @@ def test_bad_inputs_stop_before_any_model_loads(tmp_path, assets, monkeypatch, c
 
 
 def test_a_learnable_reward_rises(tmp_path):
-    """Accuracy-only on a one-token answer: the gold label is `joy` everywhere, the answer tokens are
-    three of ~25, so a random policy starts near 1/25 and GRPO must find and reinforce the right one."""
+    """Accuracy-only on a one-token answer: the gold label is `joy` everywhere and the answer tokens are
+    three of 27, so a random policy rarely says it; GRPO must find and reinforce the right token."""
     base = write_checkpoint(tmp_path / "base", seed=5, hidden=16)
     examples = write_examples(tmp_path / "train.jsonl", n=8)
-    config = run_config(tmp_path, (base, examples), "http://127.0.0.1:9/v1", updates=30, save_every=100,
+    config = run_config(tmp_path, (base, examples), "http://127.0.0.1:9/v1", updates=12, save_every=100,
                         reward={"name": "accuracy_only"}, filtering={"enabled": False}, log_completions=False,
-                        rollout={"prompts_per_update": 4, "group_size": 8, "max_new_tokens": 1},
+                        rollout={"prompts_per_update": 2, "group_size": 8, "max_new_tokens": 1},
                         optim={"lr": 3e-2, "warmup_updates": 0, "hold_until": 100}, loss={"beta": 0.0})
     grpo.main([str(config)])
     rewards = [m["reward"] for m in read_jsonl(tmp_path / "run" / "metrics.jsonl")]
     print("mean reward per update:", " ".join(f"{r:.2f}" for r in rewards))
-    first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
-    print(f"first 5 updates {first:.3f}, last 5 updates {last:.3f}")
-    assert first < 0.3 and last > first + 0.4
+    first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
+    print(f"first 3 updates {first:.3f}, last 3 updates {last:.3f}")
+    assert first < 0.3 and last > first + 0.3
