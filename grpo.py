@@ -583,15 +583,16 @@ def check_inputs(cfg: GRPOConfig, config_path: str) -> list[data.Example]:
     if unknown:
         known = ", ".join(sorted(rewards.REWARDS[cfg.reward.name].defaults)) or "none"
         raise bad(f"reward.params.{unknown[0]}", f"not a setting of reward {cfg.reward.name!r} (known: {known})")
-    for key, value, low in (("rollout.group_size", cfg.rollout.group_size, 2), ("updates", cfg.updates, 1),
-                            ("rollout.prompts_per_update", cfg.rollout.prompts_per_update, 1),
-                            ("rollout.max_new_tokens", cfg.rollout.max_new_tokens, 1),
-                            ("loss.passes", cfg.loss.passes, 1), ("loss.micro_batch_size", cfg.loss.micro_batch_size, 1),
-                            ("save_every", cfg.save_every, 1), ("keep_checkpoints", cfg.keep_checkpoints, 1)):
+    ro, ls = cfg.rollout, cfg.loss
+    for key, value, low in (("rollout.group_size", ro.group_size, 2), ("updates", cfg.updates, 1),
+                            ("rollout.prompts_per_update", ro.prompts_per_update, 1),
+                            ("rollout.max_new_tokens", ro.max_new_tokens, 1), ("loss.passes", ls.passes, 1),
+                            ("loss.micro_batch_size", ls.micro_batch_size, 1), ("save_every", cfg.save_every, 1),
+                            ("keep_checkpoints", cfg.keep_checkpoints, 1)):
         if value < low:
             raise bad(key, f"must be at least {low}, got {value}")
-    if not cfg.rollout.temperature > 0:
-        raise bad("rollout.temperature", f"must be > 0 (log-probabilities are taken at it), got {cfg.rollout.temperature}")
+    if not ro.temperature > 0:
+        raise bad("rollout.temperature", f"must be > 0 (log-probabilities are taken at it), got {ro.temperature}")
     for key, folder, needed in (("model.path", cfg.model.path, "config.json"),
                                 ("model.sft_adapter", cfg.model.sft_adapter, "adapter_config.json")):
         if folder is not None and not (Path(folder) / needed).is_file():
