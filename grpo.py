@@ -27,7 +27,6 @@ LoRA in PEFT format, on top of the SFT-merged base) and, with `save_merged: true
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import random

@@ -482,7 +482,7 @@ def test_a_learnable_reward_rises(tmp_path):
     three of 27, so a random policy rarely says it; GRPO must find and reinforce the right token."""
     base = write_checkpoint(tmp_path / "base", seed=5, hidden=16)
     examples = write_examples(tmp_path / "train.jsonl", n=8)
-    config = run_config(tmp_path, (base, examples), "http://127.0.0.1:9/v1", updates=12, save_every=100,
+    config = run_config(tmp_path, (base, examples), "http://127.0.0.1:9/v1", updates=10, save_every=100,
                         reward={"name": "accuracy_only"}, filtering={"enabled": False}, log_completions=False,
                         rollout={"prompts_per_update": 2, "group_size": 8, "max_new_tokens": 1},
                         optim={"lr": 3e-2, "warmup_updates": 0, "hold_until": 100}, loss={"beta": 0.0})
