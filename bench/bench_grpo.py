@@ -1,0 +1,187 @@
+"""Time per GRPO update of grpo.py's pieces against TRL's GRPOTrainer, in one run on the CPU.
+
+    pip install -r bench/requirements.txt
+    python bench/bench_grpo.py                  # 8 prompts x 8 completions, up to 64 new tokens, beta 0.04
+    python bench/bench_grpo.py --updates 5 --threads 2
+
+Both sides: the same tiny random-weight Qwen3 (4 layers, hidden 256, vocab ~1k) in float32, a LoRA of
+rank 16 / alpha 32 on every projection, the same prompts, the same reward function (the share of `w7`
+words in the completion), K = 8, up to 64 new tokens at temperature 1, KL weight 0.04 against the
+LoRA-disabled reference, the per-completion mean loss (TRL's loss_type "grpo"), one forward/backward of
+all 64 sequences and one AdamW step per update. Ours is exactly what grpo.py runs for an update:
+`model.generate`, then `training_sequences`, `micro_batches` and `policy_update` (reference pass,
+policy pass, backward, clipping, step). The first update of each side is a warm-up; the median of the
+others is reported, with generation / reward / training split out. The two sides alternate
+update by update, so that load from other processes on a shared machine falls on both alike.
+"""
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import grpo  # noqa: E402
+import model as M  # noqa: E402
+import train as T  # noqa: E402
+from config import load_config  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def reward_fn(completions, **kwargs):
+    """The share of `w7` words: cheap, deterministic, and the same function on both sides."""
+    return [text.split().count("w7") / max(1, len(text.split())) for text in completions]
+
+
+def write_checkpoint(folder: Path, args):
+    import transformers
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    vocab = {"[UNK]": 0, **{f"w{i}": i + 1 for i in range(args.vocab - 3)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens(["<|endoftext|>", "<|im_end|>"])
+    hf_tok = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>",
+                                                  pad_token="<|endoftext|>")
+    hf_tok.save_pretrained(folder)
+    config = transformers.Qwen3Config(vocab_size=len(hf_tok), hidden_size=256, intermediate_size=768,
+                                      num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4,
+                                      head_dim=32, max_position_embeddings=1024, tie_word_embeddings=True,
+                                      eos_token_id=hf_tok.eos_token_id, pad_token_id=hf_tok.pad_token_id)
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    return hf_tok
+
+
+def prompts_text(n: int, vocab: int) -> list[str]:
+    g = torch.Generator().manual_seed(1)
+    return [" ".join(f"w{i}" for i in torch.randint(0, vocab - 3, (16 + 6 * k,), generator=g).tolist())
+            for k in range(n)]
+
+
+class Ours:
+    """grpo.py's update on the benchmark model: generate, reward, then the trainer's own functions."""
+
+    def __init__(self, folder: Path, prompts: list[str], args):
+        self.args = args
+        self.cfg = load_config(ROOT / "configs" / "clue_qwen3_5_9b.yaml",
+                               [f"model.path={folder}", "model.sft_adapter=null", "model.dtype=float32",
+                                f"rollout.group_size={args.k}", f"rollout.max_new_tokens={args.new}",
+                                "loss.beta=0.04", f"loss.micro_batch_size={args.prompts * args.k}"], grpo.GRPOConfig)
+        self.where = T.Dist(0, 1, torch.device("cpu"))
+        self.policy, self.tok = grpo.build_policy(self.cfg, self.where)
+        self.optimizer = T.build_optimizer(self.policy, 1e-5, 0.01, (0.9, 0.99))
+        self.prompt_ids = [self.tok.encode(p) for p in prompts]
+        self.times = []
+
+    def update(self, seed: int) -> None:
+        k, tok, eos = self.args.k, self.tok, set(self.tok.eos_token_ids)
+        t0 = time.perf_counter()
+        self.policy.eval()
+        new, logp = M.generate(self.policy, [p for p in self.prompt_ids for _ in range(k)], self.args.new,
+                               temperature=1.0, eos_token_ids=tok.eos_token_ids, seed=seed, return_logprobs=True)
+        t1 = time.perf_counter()
+        rewards = reward_fn([tok.decode([t for t in c if t not in eos]) for c in new])
+        t2 = time.perf_counter()
+        rows = [slice(i * k, (i + 1) * k) for i in range(len(self.prompt_ids))]
+        groups = [grpo.Group(None, p, new[r], logp[r], [], [], rewards[r]) for p, r in zip(self.prompt_ids, rows)]
+        sequences, _ = grpo.training_sequences(groups, self.cfg)
+        batches = grpo.micro_batches(sequences, self.cfg.loss.micro_batch_size, tok.pad_token_id, self.where.device)
+        grpo.policy_update(self.policy, self.optimizer, batches, self.cfg, self.where)
+        t3 = time.perf_counter()
+        self.times.append({"generate": t1 - t0, "reward": t2 - t1, "train": t3 - t2, "total": t3 - t0,
+                           "length": sum(map(len, new)) / len(new)})
+
+
+def run_both(folder: Path, hf_tok, prompts: list[str], args) -> tuple[list[dict], list[dict]]:
+    """TRL's trainer runs its steps; after each one, ours runs one update: the two alternate, so load
+    from other processes on a shared machine hits both alike."""
+    import transformers
+    from datasets import Dataset
+    from peft import LoraConfig
+    from trl import GRPOConfig, GRPOTrainer
+
+    ours = Ours(folder, prompts, args)
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    config = GRPOConfig(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=args.prompts * args.k,
+                        gradient_accumulation_steps=1, num_generations=args.k, max_completion_length=args.new,
+                        temperature=1.0, top_p=1.0, top_k=0, beta=0.04, loss_type="grpo", learning_rate=1e-5,
+                        weight_decay=0.01, adam_beta2=0.99, max_steps=args.updates + 1, logging_steps=1,
+                        report_to="none", save_strategy="no", use_cpu=True, bf16=False, disable_tqdm=True,
+                        log_level="error", seed=0)
+    dataset = Dataset.from_dict({"prompt": prompts * (args.updates + 1)})
+    trainer = GRPOTrainer(model=model, reward_funcs=reward_fn, args=config, train_dataset=dataset,
+                          processing_class=hf_tok,
+                          peft_config=LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=TARGETS))
+    times, clock = [], {}
+
+    def timed(name, fn):
+        def wrapper(*a, **kw):
+            start = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                clock[name] = clock.get(name, 0.0) + time.perf_counter() - start
+        return wrapper
+
+    trainer._generate = timed("generate", trainer._generate)
+    trainer._calculate_rewards = timed("reward", trainer._calculate_rewards)
+
+    class Alternate(transformers.TrainerCallback):
+        def on_step_begin(self, *a, **kw):
+            clock.clear()
+            clock["start"] = time.perf_counter()
+
+        def on_step_end(self, *a, **kw):
+            total = time.perf_counter() - clock["start"]
+            times.append({"generate": clock.get("generate", 0.0), "reward": clock.get("reward", 0.0),
+                          "train": total - clock.get("generate", 0.0) - clock.get("reward", 0.0), "total": total})
+            ours.update(seed=len(times))
+
+    trainer.add_callback(Alternate())
+    trainer.train()
+    lengths = [h["completions/mean_length"] for h in trainer.state.log_history if "completions/mean_length" in h]
+    for t, n in zip(times, lengths):
+        t["length"] = n
+    return ours.times[1:], times[1:]
+
+
+def median(times: list[dict], key: str) -> float:
+    return statistics.median(t[key] for t in times)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--prompts", type=int, default=8)
+    p.add_argument("--k", type=int, default=8)
+    p.add_argument("--new", type=int, default=64)
+    p.add_argument("--vocab", type=int, default=1024)
+    p.add_argument("--updates", type=int, default=3, help="timed updates per side, after one warm-up")
+    p.add_argument("--threads", type=int, default=torch.get_num_threads())
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    import transformers
+    import trl
+    with tempfile.TemporaryDirectory() as tmp:
+        hf_tok = write_checkpoint(Path(tmp), args)
+        prompts = prompts_text(args.prompts, args.vocab)
+        ours, theirs = run_both(Path(tmp), hf_tok, prompts, args)
+    print(f"one GRPO update: {args.prompts} prompts x {args.k} completions, up to {args.new} new tokens, beta 0.04, "
+          f"{args.threads} threads; torch {torch.__version__}, transformers {transformers.__version__}, "
+          f"trl {trl.__version__}")
+    print(f"{'':>10} {'generate s':>11} {'reward s':>9} {'train s':>8} {'total s':>8} {'mean length':>12}")
+    for name, times in (("ours", ours), ("TRL", theirs)):
+        print(f"{name:>10} {median(times, 'generate'):11.3f} {median(times, 'reward'):9.4f} "
+              f"{median(times, 'train'):8.3f} {median(times, 'total'):8.3f} {median(times, 'length'):12.1f}")
+    print(f"speed-up per update: {median(theirs, 'total') / median(ours, 'total'):.2f}x "
+          f"(generation {median(theirs, 'generate') / median(ours, 'generate'):.2f}x, "
+          f"training {median(theirs, 'train') / median(ours, 'train'):.2f}x)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,494 @@
+"""grpo.py: the loss and advantages against hand computations, group filtering on scripted rewards,
+gradients that do not depend on the micro-batch split or the rank count (two gloo processes), the
+paper's LR landmarks, and whole runs on a tiny random model against the local rules judge over real
+HTTP: every output written, exact resume after SIGKILL, SIGTERM, judge failures, bad inputs, and a
+reward that a tiny model learns to raise."""
+
+import json
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+import yaml
+from safetensors.torch import load_file
+from tokenizers import Tokenizer, models, pre_tokenizers
+
+import data
+import grpo
+import model as M
+import train as T
+from config import load_config
+from judge_server import Faults, JudgeServer, rules_backend
+
+REPO = Path(__file__).resolve().parents[1]
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>", "<evidence>", "</evidence>"]
+WORDS = ["user", "assistant", "\n\n", "I", "won", "the", "prize", "lost", "my", "keys", "today", "so", "happy",
+         "she", "said", "that"]
+ANSWERS = ["</think>\nAnswer: joy", "</think>\nAnswer: sadness", "</think>\nAnswer: anger"]  # one token each
+METRIC_KEYS = ["step", "loss", "lr", "grad_norm", "reward", "reward_std", "frac_reward_zero_std", "groups/masked",
+               "groups/resampled", "groups/replaced", "completions/mean_length", "completions/max_length",
+               "completions/clipped_ratio", "kl", "entropy", "clip_ratio/low_mean", "clip_ratio/high_mean",
+               "logp_mismatch/mean", "logp_mismatch/max", "time/generate_s", "time/judge_s", "time/train_s",
+               "tokens_per_s", "judge/calls", "judge/retries", "judge/failures", "skipped_nonfinite"]
+
+
+# ----------------------------------------------------------------------------- a tiny model, data and runs
+
+
+def write_checkpoint(path: Path, words=WORDS, seed=0, hidden=32) -> Path:
+    """A random Qwen3 checkpoint with a word-level tokenizer: every word of the prompts that is not in
+    `words` is [UNK]; an answer line is a single token."""
+    path.mkdir(parents=True, exist_ok=True)
+    vocab = {w: i for i, w in enumerate(["[UNK]", *words, *ANSWERS])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens(SPECIALS)
+    tok.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}))
+    n = tok.get_vocab_size()
+    raw = dict(model_type="qwen3", vocab_size=n, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
+               num_attention_heads=4, num_key_value_heads=2, head_dim=8, rope_theta=1e4, tie_word_embeddings=False)
+    (path / "config.json").write_text(json.dumps(raw))
+    torch.manual_seed(seed)
+    model = M.Qwen(M.QwenConfig.from_dict(raw))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.3 if p.dim() > 1 else 0.05).add_(1.0 if p.dim() == 1 else 0.0)
+    M.save_merged(model, M.load_tokenizer(path), path)
+    return path
+
+
+def write_examples(path: Path, n=4) -> Path:
+    texts = ["I won the prize today", "I lost my keys today", "she said that I won", "so happy that I won"]
+    lines = []
+    for i in range(n):
+        turns = [{"speaker": "A", "text": texts[i % 4]}, {"speaker": "B", "text": texts[(i + 1) % 4]}]
+        lines.append(json.dumps({"id": f"ex{i}", "task": "meld_emotion", "turns": turns, "target": 1,
+                                 "labels": ["joy"], "difficulty": i / n}))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+    root = tmp_path_factory.mktemp("grpo")
+    return write_checkpoint(root / "base"), write_examples(root / "train.jsonl")
+
+
+def run_config(tmp_path, assets, judge_url, **overrides) -> Path:
+    base, examples = assets
+    cfg = {"output_dir": str(tmp_path / "run"), "train_data": [str(examples)], "updates": 3, "seed": 1,
+           "model": {"path": str(base), "dtype": "float32", "device": "cpu"},
+           "reward": {"name": "clue"},
+           "judge": {"base_url": judge_url, "concurrency": 8, "retries": 0, "timeout": 10},
+           "lora": {"rank": 4, "alpha": 8},
+           "rollout": {"prompts_per_update": 2, "group_size": 4, "max_new_tokens": 6},
+           "filtering": {"resamples": 1, "replacements": 1},
+           "loss": {"micro_batch_size": 3},
+           "optim": {"lr": 1e-2, "warmup_updates": 1, "hold_until": 100},
+           "save_every": 1}
+    for key, value in overrides.items():
+        *parents, leaf = key.split(".")
+        node = cfg
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest.fixture()
+def judge():
+    with JudgeServer(rules_backend).start() as server:
+        yield server
+
+
+# ----------------------------------------------------------------------------- the math by hand
+
+
+def test_group_advantages_by_hand():
+    adv = grpo.group_advantages([1.0, 0.0, 0.0, 0.0, 2.0, 2.0, 2.0, 2.0], group_size=4, eps=0.0 + 1e-6)
+    std = math.sqrt((0.75 ** 2 + 3 * 0.25 ** 2) / 3)  # unbiased std of (1, 0, 0, 0)
+    expected = [0.75 / (std + 1e-6)] + [-0.25 / (std + 1e-6)] * 3 + [0.0] * 4
+    torch.testing.assert_close(adv, torch.tensor(expected))
+
+
+def hand_loss(logp, old, ref, adv, mask, lo, hi, beta, agg):
+    """The per-token formula of DESIGN.md, one token at a time in plain Python."""
+    rows, tokens, n_tok = [], 0.0, 0
+    for b in range(len(logp)):
+        s, n = 0.0, 0
+        for t in range(len(logp[b])):
+            if not mask[b][t]:
+                continue
+            rho = math.exp(logp[b][t] - old[b][t])
+            clipped = min(max(rho, 1 - lo), 1 + hi)
+            d = ref[b][t] - logp[b][t]
+            kl = math.exp(d) - d - 1
+            term = -(min(rho * adv[b], clipped * adv[b]) - beta * kl)
+            s, n = s + term, n + 1
+        rows.append(s / n)
+        tokens, n_tok = tokens + s, n_tok + n
+    return sum(rows) / len(rows) if agg == "seq-mean-token-mean" else tokens / n_tok
+
+
+def test_grpo_loss_by_hand():
+    logp = [[-1.0, -2.0, -0.5, -3.0], [-0.2, -1.5, -1.0, -0.7]]
+    old = [[-1.5, -1.9, -0.5, -3.0], [-0.9, -1.5, -0.3, -0.7]]
+    ref = [[-1.2, -2.5, -0.4, -1.0], [-0.3, -1.0, -1.1, -0.2]]
+    mask = [[True, True, True, False], [True, True, True, True]]
+    adv = [1.5, -0.5]
+    for agg in ("seq-mean-token-mean", "token-mean"):
+        loss, stats = grpo.grpo_loss(torch.tensor(logp), torch.tensor(old), torch.tensor(ref), torch.tensor(adv),
+                                     torch.tensor(mask), clip_low=0.2, clip_high=0.28, beta=0.1, agg=agg)
+        assert loss.item() == pytest.approx(hand_loss(logp, old, ref, adv, mask, 0.2, 0.28, 0.1, agg), rel=1e-6)
+    # rho: row 0 = e^0.5 (> 1.28, A > 0: high-clipped), e^-0.1, 1; row 1 = e^0.7 (A < 0: not counted), 1, e^-0.7
+    # (< 0.8, A < 0: low-clipped), 1
+    assert stats["tokens"] == 7 and stats["clip_high"] == 1 and stats["clip_low"] == 1
+    kl = sum(math.exp(r - p) - (r - p) - 1 for rr, pp, mm in zip(ref, logp, mask) for r, p, m in zip(rr, pp, mm) if m)
+    assert stats["kl"].item() == pytest.approx(kl, rel=1e-6)
+    # a normalizer replaces the batch's own count: 2 completions here, 10 in the whole update
+    loss10, _ = grpo.grpo_loss(torch.tensor(logp), torch.tensor(old), torch.tensor(ref), torch.tensor(adv),
+                               torch.tensor(mask), 0.2, 0.28, 0.1, "seq-mean-token-mean", normalizer=10)
+    assert loss10.item() == pytest.approx(hand_loss(logp, old, ref, adv, mask, 0.2, 0.28, 0.1,
+                                                    "seq-mean-token-mean") * 2 / 10, rel=1e-6)
+
+
+def test_clipped_tokens_pass_no_gradient():
+    logp = torch.tensor([[0.5, -0.5, 0.0]], requires_grad=True)
+    old = torch.zeros(1, 3)
+    loss, _ = grpo.grpo_loss(logp, old, None, torch.tensor([1.0]), torch.ones(1, 3, dtype=torch.bool), beta=0.0)
+    loss.backward()
+    # rho = e^0.5 > 1.2 with A > 0: clipped, no gradient; the others: d(-rho A / 3)/dlogp = -rho / 3
+    torch.testing.assert_close(logp.grad, torch.tensor([[0.0, -math.exp(-0.5) / 3, -1 / 3]]))
+
+
+def test_lr_at_the_papers_landmarks():
+    cfg = load_config(REPO / "configs" / "clue_qwen3_5_9b.yaml", [], grpo.GRPOConfig)
+    peak, updates = cfg.optim.lr, cfg.updates
+    assert updates == 723 and cfg.optim.lr_floor == 5e-7 and cfg.optim.betas == (0.9, 0.99)
+    lr = [grpo.lr_at(u, cfg.optim, updates) for u in (0, 10, 19, 300, 506, 614, 723)]
+    assert lr[0] == pytest.approx(5e-7) and lr[2] == pytest.approx(peak) and lr[4] == pytest.approx(peak)
+    assert lr[1] == pytest.approx(5e-7 + (peak - 5e-7) * 10 / 19) and lr[3] == pytest.approx(peak)
+    assert lr[5] == pytest.approx(5e-7 + (peak - 5e-7) * 0.5 * (1 + math.cos(math.pi * 108 / 217)))
+    assert lr[6] == pytest.approx(5e-7)
+
+
+# ----------------------------------------------------------------------------- group filtering
+
+
+def scripted_filtering(monkeypatch, script, enabled=True):
+    """Run collect_groups on 3 slots whose rewards come from `script[example id]`, one list per
+    sampling of that prompt (the last one repeats). Returns (groups, counts, samplings per id)."""
+    cfg = load_config(REPO / "configs" / "clue_qwen3_5_9b.yaml", ["rollout.group_size=2"], grpo.GRPOConfig)
+    cfg.filtering.enabled = enabled
+    examples = [data.Example(f"p{i}", "meld_emotion", [data.Turn("A", "hi")], 0, ["joy"]) for i in range(6)]
+    source = grpo.PromptSource([data.Segment("full", examples[:3]), data.Segment("mixed", examples[3:])])
+    seen: dict[str, int] = {}
+
+    def fake_sample(policy, tok, batch, cfg, update, seed):
+        groups = []
+        for example in batch:
+            k = seen[example.id] = seen.get(example.id, 0) + 1
+            rewards_ = script[example.id][min(k, len(script[example.id])) - 1]
+            groups.append(grpo.Group(example, [1], [[2], [3]], [[0.0], [0.0]], [False, False], [], list(rewards_)))
+        return groups
+
+    monkeypatch.setattr(grpo, "sample_groups", fake_sample)
+    monkeypatch.setattr(grpo, "score_groups", lambda groups, cfg: {"calls": 0, "retries": 0, "failures": 0})
+    slots = [grpo.Slot(i, ex, seg) for i, (ex, seg) in enumerate(source.take(3))]
+    where = T.Dist(0, 1, torch.device("cpu"))
+    groups, counts = grpo.collect_groups(None, None, source, slots, cfg, 0, where)
+    return groups, counts, seen
+
+
+def test_group_filtering_resamples_replaces_and_masks(monkeypatch):
+    script = {
+        "p0": [(1.0, 1.0), (0.0, 1.0), (1.0, 1.0)],  # identical, recovered by the first resample
+        "p1": [(None, 1.0), (0.0, None), (1.0, 0.5), (1.0, 1.0)],  # None twice, recovered by the second
+        "p2": [(0.5, 0.5)],  # never usable
+    }
+    # p2: 3 resamples, then 2 replacements from its own segment ("full": p0 or p1, whose later samplings
+    # give identical rewards), then masked
+    groups, counts, seen = scripted_filtering(monkeypatch, script)
+    assert [g.rewards for g in groups[:2]] == [[0.0, 1.0], [1.0, 0.5]]
+    assert not groups[0].masked and not groups[1].masked
+    assert seen["p2"] == 4 and seen["p0"] + seen["p1"] == 2 + 3 + 2
+    assert counts["resampled"] == 1 + 2 + 3 and counts["replaced"] == 2 and counts["masked"] == 1
+    assert groups[2].masked and groups[2].example.id in ("p0", "p1") and groups[2].rewards == [1.0, 1.0]
+
+
+def test_group_filtering_replacement_can_rescue(monkeypatch):
+    script = {"p0": [(0.0, 1.0)], "p1": [(0.0, 1.0)], "p2": [(0.0, 0.0)]}
+    # p2's first replacement is p0 or p1 (same segment), whose rewards differ on its next sampling
+    script["p0"] += [(1.0, 0.0)]
+    script["p1"] += [(1.0, 0.0)]
+    groups, counts, _ = scripted_filtering(monkeypatch, script)
+    assert counts == counts | {"resampled": 3, "replaced": 1, "masked": 0}
+    assert groups[2].example.id != "p2" and groups[2].rewards == [1.0, 0.0] and not groups[2].masked
+
+
+def test_filtering_off_masks_only_missing_rewards(monkeypatch):
+    script = {"p0": [(1.0, 1.0)], "p1": [(None, 1.0)], "p2": [(0.0, 1.0)]}
+    groups, counts, seen = scripted_filtering(monkeypatch, script, enabled=False)
+    assert seen == {"p0": 1, "p1": 1, "p2": 1} and counts["resampled"] == counts["replaced"] == 0
+    assert [g.masked for g in groups] == [False, True, False] and counts["masked"] == 1
+
+
+# ----------------------------------------------------------------------------- gradients
+
+
+def tiny_policy(tmp_path_or_base):
+    cfg = load_config(REPO / "configs" / "clue_qwen3_5_9b.yaml",
+                      [f"model.path={tmp_path_or_base}", "model.sft_adapter=null", "model.dtype=float32", "lora.rank=4",
+                       "lora.alpha=8",
+                       "optim.lr=0.0", "optim.grad_clip=1e9", "seed=3"], grpo.GRPOConfig)
+    policy, tok = grpo.build_policy(cfg, T.Dist(0, 1, torch.device("cpu")))
+    with torch.no_grad():  # B != 0, so the LoRA path carries gradient into A as well
+        for m in M.lora_modules(policy).values():
+            m.lora_B.normal_(0, 0.05, generator=torch.Generator().manual_seed(7))
+    return cfg, policy
+
+
+def fixed_groups(n_groups=4, k=3, seed=0):
+    """Groups of random prompts and completions of different lengths, rewards varying within groups."""
+    g = torch.Generator().manual_seed(seed)
+    groups = []
+    for i in range(n_groups):
+        prompt = torch.randint(1, 20, (3 + i,), generator=g).tolist()
+        comps = [torch.randint(1, 20, (2 + (i + j) % 4,), generator=g).tolist() for j in range(k)]
+        sampler = [(-torch.rand(len(c), generator=g)).tolist() for c in comps]
+        ex = data.Example(f"e{i}", "meld_emotion", [data.Turn("A", "hi")], 0, ["joy"])
+        groups.append(grpo.Group(ex, prompt, comps, sampler, [False] * k, [], [float((i + j) % 3) for j in range(k)]))
+    return groups
+
+
+def gradients(cfg, policy, groups, where, micro_batch_size):
+    cfg.loss.micro_batch_size = micro_batch_size
+    sequences, _ = grpo.training_sequences(groups, cfg)
+    batches = grpo.micro_batches(sequences, micro_batch_size, 0, where.device)
+    optimizer = T.build_optimizer(policy, 0.0, 0.0, (0.9, 0.99))
+    out = grpo.policy_update(policy, optimizer, batches, cfg, where)
+    return out, [p.grad.clone() for p in T.optimizer_parameters(optimizer)]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_worker(rank, port, base, agg, out):
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    where = T.setup_distributed("cpu")
+    cfg, policy = tiny_policy(base)
+    cfg.loss.agg = agg
+    mine = [g for i, g in enumerate(fixed_groups()) if i % 2 == rank]  # each rank owns whole groups
+    result, grads = gradients(cfg, policy, mine, where, micro_batch_size=2)
+    out[rank] = (result["loss"], grads)
+    out[f"gathered{rank}"] = grpo.gather_json({"rank": rank, "text": "é" * (rank + 1)}, where)
+    torch.distributed.destroy_process_group()
+
+
+@pytest.mark.parametrize("agg", ["seq-mean-token-mean", "token-mean"])
+def test_gradients_equal_for_micro_batch_splits_and_two_ranks(assets, agg):
+    base, _ = assets
+    where = T.Dist(0, 1, torch.device("cpu"))
+    cfg, policy = tiny_policy(base)
+    cfg.loss.agg = agg
+    cfg.loss.beta = 0.04
+    reference, ref_grads = gradients(cfg, policy, fixed_groups(), where, micro_batch_size=100)
+    assert reference["grad_norm"] > 0
+    for size in (1, 5):
+        result, grads = gradients(cfg, policy, fixed_groups(), where, micro_batch_size=size)
+        assert result["loss"] == pytest.approx(reference["loss"], abs=1e-7)
+        for a, b in zip(grads, ref_grads):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+    if agg != "token-mean":
+        return
+    out = mp.Manager().dict()
+    mp.spawn(_rank_worker, args=(_free_port(), str(base), agg, out), nprocs=2)
+    for rank in (0, 1):
+        loss, grads = out[rank]
+        assert loss == pytest.approx(reference["loss"], abs=1e-7)
+        for a, b in zip(grads, ref_grads):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+        assert out[f"gathered{rank}"] == [{"rank": 0, "text": "é"}, {"rank": 1, "text": "éé"}]
+
+
+def test_on_policy_loss_is_zero_but_the_gradient_is_not(assets):
+    base, _ = assets
+    cfg, policy = tiny_policy(base)
+    cfg.loss.beta = 0.0
+    result, grads = gradients(cfg, policy, fixed_groups(), T.Dist(0, 1, torch.device("cpu")), 4)
+    assert abs(result["loss"]) < 1e-6  # ratio 1 and centered advantages: the loss value is ~0 ...
+    assert result["grad_norm"] > 1e-3 and max(g.abs().max().item() for g in grads) > 0  # ... the gradient not
+    assert result["clip_low"] == result["clip_high"] == 0
+
+
+def test_several_passes_reach_the_clipped_branch(assets):
+    base, _ = assets
+    cfg, policy = tiny_policy(base)
+    cfg.loss.passes, cfg.optim.grad_clip = 4, 1.0
+    sequences, _ = grpo.training_sequences(fixed_groups(), cfg)
+    batches = grpo.micro_batches(sequences, 4, 0, "cpu")
+    optimizer = T.build_optimizer(policy, 0.05, 0.0, (0.9, 0.99))
+    result = grpo.policy_update(policy, optimizer, batches, cfg, T.Dist(0, 1, torch.device("cpu")))
+    assert result["clip_low"] + result["clip_high"] > 0  # later passes move the ratio past 1 +- 0.2
+
+
+def test_nonfinite_loss_skips_the_step_and_keeps_the_weights(assets):
+    base, _ = assets
+    cfg, policy = tiny_policy(base)
+    groups = fixed_groups()
+    groups[1].rewards[0] = float("nan")
+    sequences, _ = grpo.training_sequences(groups, cfg)
+    optimizer = T.build_optimizer(policy, 0.1, 0.0, (0.9, 0.99))
+    before = [p.detach().clone() for p in T.optimizer_parameters(optimizer)]
+    result = grpo.policy_update(policy, optimizer, grpo.micro_batches(sequences, 4, 0, "cpu"), cfg,
+                                T.Dist(0, 1, torch.device("cpu")))
+    assert result["skipped_nonfinite"] == 1
+    assert all(torch.equal(a, b) for a, b in zip(before, T.optimizer_parameters(optimizer)))
+
+
+# ----------------------------------------------------------------------------- whole runs
+
+
+def test_three_updates_write_every_output(tmp_path, assets, judge):
+    config = run_config(tmp_path, assets, judge.url, save_merged=True, keep_checkpoints=2,
+                        filtering={"resamples": 3, "replacements": 2})
+    grpo.main([str(config)])
+    out = tmp_path / "run"
+    metrics = read_jsonl(out / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [1, 2, 3]
+    for m in metrics:
+        assert set(METRIC_KEYS) <= set(m), set(METRIC_KEYS) - set(m)
+        assert {"rewards/c/mean", "rewards/f/mean", "rewards/IU_G/mean", "rewards/IU_G/std"} <= set(m)
+        assert m["judge/calls"] > 0 and m["completions/max_length"] <= 6
+    completions = read_jsonl(out / "completions.jsonl")
+    assert len(completions) >= 3 * 2 * 4
+    assert {"step", "id", "prompt", "completion", "reward", "c", "f", "IU_G", "advantage"} <= set(completions[0])
+    assert sorted(p.name for p in out.glob("ckpt-*")) == ["ckpt-000002", "ckpt-000003"]
+    assert json.loads((out / "ckpt-000003" / "state.json").read_text())["trainer"]["update"] == 3
+    assert yaml.safe_load((out / "config.yaml").read_text())["reward"]["name"] == "clue"
+    # the adapter on the base, and the merged checkpoint, give the same logits
+    base, _ = assets
+    with_adapter = M.load_adapter(M.Qwen.from_pretrained(base, dtype="float32"), out / "adapter")
+    merged = M.Qwen.from_pretrained(out / "merged", dtype="float32")
+    ids = torch.tensor([[1, 5, 7, 9, 2]])
+    with torch.no_grad():
+        torch.testing.assert_close(merged(ids), with_adapter(ids), rtol=1e-5, atol=1e-5)
+    assert any(t.abs().max() > 0 for k, t in load_file(out / "adapter" / "adapter_model.safetensors").items()
+               if "lora_B" in k)  # the LoRA moved
+
+
+def test_killed_run_resumes_to_the_same_result(tmp_path, assets):
+    with JudgeServer(rules_backend, faults=Faults(latency=0.05)).start() as server:
+        straight = run_config(tmp_path / "a", assets, server.url)
+        grpo.main([str(straight)])
+        killed = run_config(tmp_path / "b", assets, server.url)
+        env = dict(os.environ, PYTHONPATH=str(REPO))
+        proc = subprocess.Popen([sys.executable, str(REPO / "grpo.py"), str(killed)], cwd=REPO, env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        run = tmp_path / "b" / "run"
+        deadline = time.time() + 120
+        while not (run / "ckpt-000002").is_dir() and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.01)
+        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        assert not (run / "adapter").exists() and T.latest_checkpoint(run).name in ("ckpt-000002", "ckpt-000003")
+        grpo.main([str(killed)])  # resume: auto
+    a, b = (load_file(p / "run" / "adapter" / "adapter_model.safetensors") for p in (tmp_path / "a", tmp_path / "b"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    timing = ("time/", "tokens_per_s")
+    ma, mb = (read_jsonl(p / "run" / "metrics.jsonl") for p in (tmp_path / "a", tmp_path / "b"))
+    assert [{k: v for k, v in m.items() if not k.startswith(timing)} for m in ma] == \
+           [{k: v for k, v in m.items() if not k.startswith(timing)} for m in mb]
+    ca, cb = (read_jsonl(p / "run" / "completions.jsonl") for p in (tmp_path / "a", tmp_path / "b"))
+    assert ca == cb
+
+
+def test_sigterm_saves_a_checkpoint_and_stops(tmp_path, assets, judge, monkeypatch):
+    calls = []
+    score = grpo.score_groups
+
+    def score_then_signal(groups, cfg):
+        calls.append(1)
+        if len(calls) == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return score(groups, cfg)
+
+    monkeypatch.setattr(grpo, "score_groups", score_then_signal)
+    grpo.main([str(run_config(tmp_path, assets, judge.url, updates=4, save_every=10))])
+    run = tmp_path / "run"
+    assert [p.name for p in run.glob("ckpt-*")] == ["ckpt-000001"] and not (run / "adapter").exists()
+    assert len(read_jsonl(run / "metrics.jsonl")) == 1
+
+
+def test_judge_outage_never_crashes(tmp_path, assets, capsys):
+    with JudgeServer(rules_backend, faults=Faults(fail_rate=0.3, seed=3)).start() as server:
+        grpo.main([str(run_config(tmp_path, assets, server.url, updates=3))])
+    run = tmp_path / "run"
+    metrics = read_jsonl(run / "metrics.jsonl")
+    completions = read_jsonl(run / "completions.jsonl")
+    failures = sum(m["judge/failures"] for m in metrics)
+    masked = sum(m["groups/masked"] for m in metrics)
+    print(f"judge calls {sum(m['judge/calls'] for m in metrics)}, failures {failures}, "
+          f"resampled {sum(m['groups/resampled'] for m in metrics)}, masked {masked}")
+    assert failures > 0 and (run / "adapter" / "adapter_model.safetensors").is_file()
+    assert masked == sum(c["advantage"] is None for c in completions) // 4  # K = 4 rows per masked group
+    assert all(c["reward"] is not None for c in completions if c["advantage"] is not None)
+
+
+def test_bad_inputs_stop_before_any_model_loads(tmp_path, assets, monkeypatch, capsys):
+    def no_load(*args, **kwargs):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(grpo.Qwen, "from_pretrained", no_load)
+    bad_data = tmp_path / "bad.jsonl"
+    bad_data.write_text(assets[1].read_text() + '{"id": "x", "task": "meld_emotion", "turns": [], "target": 0, '
+                                                '"labels": ["happy"]}\n')
+    cases = [({"train_data": [str(bad_data)]}, f"{bad_data}:5: field 'target'"),
+             ({"reward.name": "clu"}, "'reward.name': unknown reward 'clu'"),
+             ({"reward.params": {"lambda": 1.0}}, "'reward.params.lambda': not a setting of reward 'clue'"),
+             ({"rollout.group_size": 1}, "'rollout.group_size': must be at least 2"),
+             ({"loss.agg": "sum"}, "'loss.agg' must be one of")]
+    for overrides, message in cases:
+        with pytest.raises(SystemExit) as stop:
+            grpo.main([str(run_config(tmp_path, assets, "http://127.0.0.1:9/v1", **overrides))])
+        assert stop.value.code == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and message in err and "run.yaml" in err or str(bad_data) in err, err
+
+
+def test_a_learnable_reward_rises(tmp_path):
+    """Accuracy-only on a one-token answer: the gold label is `joy` everywhere and the answer tokens are
+    three of 27, so a random policy rarely says it; GRPO must find and reinforce the right token."""
+    base = write_checkpoint(tmp_path / "base", seed=5, hidden=16)
+    examples = write_examples(tmp_path / "train.jsonl", n=8)
+    config = run_config(tmp_path, (base, examples), "http://127.0.0.1:9/v1", updates=10, save_every=100,
+                        reward={"name": "accuracy_only"}, filtering={"enabled": False}, log_completions=False,
+                        rollout={"prompts_per_update": 2, "group_size": 8, "max_new_tokens": 1},
+                        optim={"lr": 3e-2, "warmup_updates": 0, "hold_until": 100}, loss={"beta": 0.0})
+    grpo.main([str(config)])
+    rewards = [m["reward"] for m in read_jsonl(tmp_path / "run" / "metrics.jsonl")]
+    print("mean reward per update:", " ".join(f"{r:.2f}" for r in rewards))
+    first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
+    print(f"first 3 updates {first:.3f}, last 3 updates {last:.3f}")
+    assert first < 0.3 and last > first + 0.3
