@@ -276,23 +276,11 @@ class PromptSource:
         return pool[choice]
 
 
-def encode_prompt(tok, example: data.Example, enable_thinking: bool | None) -> list[int]:
-    """The chat prompt's token ids, message contents encoded as plain text so that conversation
-    text cannot forge control tokens such as <|im_end|>."""
-    messages = data.get_task(example.task).messages(example)
-    rest, ids = tok.chat(messages, enable_thinking=enable_thinking), []
-    for m in messages:
-        turn = f"<|im_start|>{m['role']}\n"
-        before, _, rest = rest.partition(turn + m["content"] + "<|im_end|>")
-        ids += tok.encode(before + turn) + tok.encode(m["content"], special_tokens=False) + tok.encode("<|im_end|>")
-    return ids + tok.encode(rest)
-
-
 def sample_groups(policy: Qwen, tok, examples: list[data.Example], cfg: GRPOConfig, update: int,
                   seed: int) -> list[Group]:
     """Step 1: K completions of each example in one batched `generate` call, parsed into Rollouts."""
     ro, eos = cfg.rollout, set(tok.eos_token_ids)
-    prompts = [encode_prompt(tok, e, ro.enable_thinking) for e in examples]
+    prompts = [tok.chat_ids(data.get_task(e.task).messages(e), enable_thinking=ro.enable_thinking) for e in examples]
     policy.eval()
     new, logp = generate(policy, [p for p in prompts for _ in range(ro.group_size)], ro.max_new_tokens,
                          temperature=ro.temperature, top_p=ro.top_p, top_k=ro.top_k,
@@ -607,7 +595,12 @@ def check_inputs(cfg: GRPOConfig, config_path: str) -> list[data.Example]:
     for path in cfg.train_data:
         if not Path(path).is_file():
             raise bad("train_data", f"{path}: file not found")
-        examples += data.load_jsonl(path)
+        loaded = data.load_jsonl(path)
+        try:
+            rewards.check_reward_data(cfg.reward, loaded)
+        except data.DataError as e:
+            raise data.DataError(f"{path}: {e}") from None
+        examples += loaded
     if not examples:
         raise bad("train_data", "the data files hold no examples")
     return examples
