@@ -606,10 +606,10 @@ def judge_episodes(episodes: list[Episode], cfg: DialogueEvalConfig) -> list[dic
         for k, turn in enumerate(e.turns):
             reply = turn.candidates[0]
             row = {"user": turn.state.history[-1][1], "reasoning": reply.reasoning, "reply": reply.reply,
-                   "quality": None, "rubric": None, "scores": None}
-            if e.follow_up(k) is not None:
+                   "follow_up": e.follow_up(k), "quality": None, "rubric": None, "scores": None}
+            if row["follow_up"] is not None:
                 asks.append((row, "quality", turn_quality_request(scenario.scenario, list(turn.state.history),
-                                                                  reply.reply, e.follow_up(k)), parse_turn_quality))
+                                                                  reply.reply, row["follow_up"]), parse_turn_quality))
             if cfg.care:
                 rubrics.append((row, "rubric", judge.care_rubric_request(list(turn.state.history)),
                                 judge.parse_care_rubric))
