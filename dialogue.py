@@ -103,7 +103,8 @@ def load_scenarios(path) -> list[Scenario]:
 class State:
     """A point of a dialogue: its scenario and the messages both sides have seen, as (role, text) pairs, usually
     ending with the user's. Assistant messages are replies only, never reasoning. `judged` keeps what a judge
-    said about the state itself (CARE's rubric), so that a resampled group at the state shares it."""
+    said about the state itself (CARE's rubric; an opening's emotional state), so that a resampled group at the
+    state shares it."""
 
     scenario: Scenario
     history: tuple[tuple[str, str], ...]
@@ -387,12 +388,14 @@ def endpoint_policy(endpoint: JudgeConfig, sampling: evaluate.SamplingConfig) ->
 
 @dataclass
 class EpisodeTurn:
+    """One assistant turn of an episode."""
     state: State  # what the policy answered
     candidates: list[PolicyTurn]  # the replies drawn there; the episode went on with the first
 
 
 @dataclass
 class Episode:
+    """One role-played dialogue, from its start state to its end."""
     start: State
     state: State  # the dialogue so far (when the episode is over: as it ended)
     turns: list[EpisodeTurn] = field(default_factory=list)
@@ -405,6 +408,7 @@ class Episode:
 
 
 def add_stats(total: dict, stats: dict) -> dict:
+    """Add the call counts of `stats` (judge.ask's) into `total`."""
     for key in ("calls", "retries", "failures", "malformed"):
         total[key] = total.get(key, 0) + stats.get(key, 0)
     return total

@@ -164,10 +164,9 @@ def grpo_loss(logp, logp_old, logp_ref, advantages, mask, clip_low=0.2, clip_hig
     agg "token-mean": sum of l over all tokens / normalizer. The normalizer defaults to this batch's
     completion (resp. token) count; a trainer that splits one update into micro-batches or ranks passes
     the count of the whole update, so the pieces' gradients add up to the gradient of the whole. A
-    completion spread over several rows (an episode: one row per assistant turn, each under its own
-    prompt) passes `member_tokens` [B], the whole completion's token count on each of its rows: each row
-    then adds its tokens' sum over that count, and it counts as the share mask.sum(1) / member_tokens
-    of a completion.
+    completion over several rows (an episode: a row per assistant turn, each under its own prompt) gives
+    `member_tokens` [B], its whole token count on each of its rows, which then count as mask.sum(1) /
+    member_tokens of a completion each.
 
     stats (detached sums over the masked tokens, to be added over pieces): tokens, kl,
     clip_low (tokens with rho < 1 - clip_low and A < 0), clip_high (rho > 1 + clip_high and A > 0)."""
@@ -335,7 +334,7 @@ def _sample(turn: dialogue.PolicyTurn) -> Sample:
     return Sample(turn.prompt, turn.completion, turn.logp, turn.truncated)
 
 
-def _turn_group(state: dialogue.State, replies: list[dialogue.PolicyTurn]) -> Group:
+def _turn_group(state: dialogue.State, replies: list[dialogue.PolicyTurn]) -> Group:  # K replies at one state
     return Group(state, [[_sample(r)] for r in replies], [dialogue.turn_rollout(state, r) for r in replies])
 
 
@@ -346,13 +345,14 @@ def sample_dialogue_groups(policy: Qwen, tok, items: list, cfg: GRPOConfig, seed
     states, k = [dialogue.as_state(item) for item in items], cfg.rollout.group_size
     respond = dialogue.local_policy(policy, tok, cfg.rollout)
     if dialogue.GROUPING[cfg.reward.name] == "turn":
-        return [_turn_group(s, r) for s, r in zip(states, respond([dialogue.policy_messages(s, cfg.dialogue)
-                                                                   for s in states], k, seed))]
+        replies = respond([dialogue.policy_messages(s, cfg.dialogue) for s in states], k, seed)
+        return [_turn_group(s, r) for s, r in zip(states, replies)]
     episodes, simulated = dialogue.play(respond, [s for s in states for _ in range(k)], cfg.dialogue,
                                         cfg.dialogue.simulator or cfg.judge, 1, seed)
     dialogue.add_stats(counts, simulated)
-    return [Group(s, [[_sample(t.candidates[0]) for t in e.turns] for e in episodes[g * k:(g + 1) * k]],
-                  [dialogue.episode_rollout(e) for e in episodes[g * k:(g + 1) * k]]) for g, s in enumerate(states)]
+    members = [episodes[g * k:(g + 1) * k] for g in range(len(states))]
+    return [Group(s, [[_sample(t.candidates[0]) for t in e.turns] for e in m], [dialogue.episode_rollout(e) for e in m])
+            for s, m in zip(states, members)]
 
 
 def played_slots(policy: Qwen, tok, slots: list[Slot], cfg: GRPOConfig, seed: int, counts: dict) -> list[Slot]:
@@ -489,8 +489,7 @@ def micro_batches(sequences: list[Sequence], size: int, pad_id: int, device) -> 
             ids[row, :len(s.ids)] = torch.tensor(s.ids)
             mask[row, :len(s.mask)] = torch.tensor(s.mask)
             sampler[row, mask[row]] = torch.tensor(s.sampler_logp)
-        adv = torch.tensor([s.advantage for s in part])
-        members = torch.tensor([float(s.member_tokens) for s in part])
+        adv, members = torch.tensor([s.advantage for s in part]), torch.tensor([s.member_tokens for s in part])
         batches.append(MicroBatch(ids.to(device), mask.to(device), adv.to(device), sampler.to(device),
                                   members.to(device)))
     return batches
