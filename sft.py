@@ -66,7 +66,7 @@ THINK_START = "<think>"
 class LoraSettings:
     rank: int = 16  # Table 5 (lost): r = 16, alpha = 2r, the common choice for LoRA SFT of 7-9B models
     alpha: int = 32
-    dropout: float = 0.05
+    dropout: float = 0.05  # Table 5 (lost): PEFT's usual small dropout
     targets: tuple[str, ...] = LORA_TARGETS  # every projection of attention and MLP
 
 
@@ -98,7 +98,7 @@ class PrepareConfig:
     top_p: float = 1.0
     top_k: int = 0
     max_new_tokens: int = 8192
-    batch_size: int = 8
+    batch_size: int = 8  # prompts sampled together (model.py only)
     teacher: JudgeConfig = field(default_factory=JudgeConfig)  # the refiner (its own sampling settings)
 
 
@@ -119,8 +119,8 @@ class SFTConfig:
     max_length: int = 16384  # Table 5 (lost): prompt + completion tokens; longer rows are skipped and counted
     label_share: float = 0.15  # loss weight of each completion's final-label tokens ...
     other_share: float = 0.85  # ... and of its other tokens, end-of-turn included
-    max_grad_norm: float = 1.0
-    gradient_checkpointing: bool = False  # recompute each layer in backward: less memory, ~30% more time
+    max_grad_norm: float = 1.0  # not in the paper: the usual clip of the global gradient norm
+    gradient_checkpointing: bool = False  # recompute each layer in backward: less memory, more time
     dtype: str | None = None  # None: bfloat16 on GPU, float32 on the CPU; LoRA factors and rows stay float32
     device: str | None = None  # None: cuda:LOCAL_RANK when available, else the CPU
     enable_thinking: bool | None = None  # the chat format's thinking switch; None: the checkpoint's default
@@ -169,8 +169,9 @@ def row_from_json(raw) -> Row:
         raise DataError(f"expected a JSON object, got {type(raw).__name__}")
     raw = dict(raw)
     completion = typed_field(raw, "completion", str)
-    prompt = _chat_messages(raw.pop("prompt")) if raw.get("prompt") is not None else None
-    raw.pop("completion")
+    del raw["completion"]
+    prompt = raw.pop("prompt", None)
+    prompt = None if prompt is None else _chat_messages(prompt)
     if "turns" in raw:
         row = row_from_example(example_from_json(raw), completion, prompt)
     else:
@@ -418,10 +419,16 @@ def heldout_macro_f1(model: Qwen, tok: QwenTokenizer, heldout: list[Row], cfg: S
 
 
 def _trim_metrics(path: Path, last_step: int) -> None:
-    """Drop records logged after the checkpoint a run resumes from (they will be logged again)."""
+    """Drop the records logged after the checkpoint a run resumes from (they will be logged again),
+    and a last line cut short by a kill."""
     if path.is_file():
-        kept = [line for line in path.read_text(encoding="utf-8").splitlines(keepends=True)
-                if json.loads(line).get("step", 0) <= last_step]
+        kept = []
+        for line in path.read_text(encoding="utf-8").splitlines(keepends=True):
+            try:
+                if json.loads(line)["step"] <= last_step:
+                    kept.append(line)
+            except (ValueError, KeyError):
+                continue
         atomic_write_text(path, "".join(kept))
 
 

@@ -125,7 +125,8 @@ def test_completion_weights_hand_values():
 def test_encode_row_on_hand_made_tokens(checkpoint, tmp_path):
     cfg = config(checkpoint, tmp_path)
     tok = M.load_tokenizer(checkpoint)
-    tok.tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in ("<evidence>", "</evidence>")])
+    tags = [AddedToken(t, special=True, normalized=False) for t in ("<evidence>", "</evidence>")]
+    tok.tokenizer.add_special_tokens(tags)
     vocab = tok.tokenizer.get_vocab()
     row = sft.Row("ccu-1", "ccu_emotion", [{"role": "user", "content": "hello <|im_end|> <evidence>"}],
                   "<think>\nBo is glad .\n</think>\n\nAnswer: Joy, Trust", ["Joy", "Trust"])
@@ -138,7 +139,8 @@ def test_encode_row_on_hand_made_tokens(checkpoint, tmp_path):
                                                  "<evidence>", "<|im_end|>", "<|im_start|>", "[UNK]"]]
     assert ids[n_prompt:] == [vocab[t] for t in completion]
     assert weights[:n_prompt] == [0.0] * n_prompt
-    assert weights[n_prompt:] == pytest.approx([0.85 / 10] * 8 + [0.075, 0.085, 0.075, 0.085], rel=1e-12)  # end-of-turn: 0.085
+    expected = [0.85 / 10] * 8 + [0.075, 0.085, 0.075, 0.085]  # Joy and Trust share 0.15; end-of-turn gets 0.085
+    assert weights[n_prompt:] == pytest.approx(expected, rel=1e-12)
     assert sum(weights) == pytest.approx(1.0, abs=1e-12)
     tok.family = "qwen3_5"  # its generation prompt already opens the think block: the completion does not repeat it
     ids35, _ = sft.encode_row(tok, row, cfg)
@@ -239,7 +241,8 @@ def test_one_step_changes_only_lora_and_the_two_rows_at_ten_times_the_lr_without
             assert not torch.equal(merged[name], weight), name
         elif name in ("model.embed_tokens.weight", "lm_head.weight"):
             others = [i for i in range(weight.shape[0]) if i not in tags]
-            assert torch.equal(merged[name][others], weight[others]) and not torch.equal(merged[name][tags], weight[tags])
+            assert torch.equal(merged[name][others], weight[others])
+            assert not torch.equal(merged[name][tags], weight[tags])
         else:
             assert torch.equal(merged[name], weight), name  # norms and everything else frozen
     # AdamW's first step is p <- p (1 - lr wd) - lr m_hat / (sqrt(v_hat) + eps), m_hat = g, v_hat = g^2
@@ -262,7 +265,8 @@ def test_one_step_changes_only_lora_and_the_two_rows_at_ten_times_the_lr_without
 
 def test_a_tiny_model_overfits_a_few_examples(checkpoint, tmp_path):
     rows = [sad_row(0), sad_row(1, "meld_emotion", "joy"), sad_row(2, "ccu_emotion", "Trust")]
-    cfg = config(checkpoint, tmp_path, epochs=30, grad_accum=3, lr=3e-2, data=str(write_rows(tmp_path / "three.jsonl", rows)))
+    data = str(write_rows(tmp_path / "three.jsonl", rows))
+    cfg = config(checkpoint, tmp_path, epochs=30, grad_accum=3, lr=3e-2, data=data)
     losses = [m["loss"] for m in metrics(sft.train(cfg))]
     assert len(losses) == 30  # full-batch updates: three completions per step
     assert losses[-1] < losses[0] / 1000, (losses[0], losses[-1])  # stated: a 1000x drop within 30 steps
@@ -375,8 +379,9 @@ def section(text: str, tag: str) -> str:
     return re.search(rf"<{tag}>\n(.*?)\n</{tag}>", text, re.DOTALL).group(1)
 
 
-REFINED = ("<think>\nBo answers <evidence>Whatever .</evidence> right after <evidence>I failed the exam again</evidence>"
-           "; the shrug covers disappointment.\n</think>\n\nAnswer: sadness")
+REFINED = ("<think>\nBo answers <evidence>Whatever .</evidence> right after "
+           "<evidence>I failed the exam again</evidence>; the shrug covers disappointment.\n</think>\n\n"
+           "Answer: sadness")
 TEACHER = {  # example id -> the scripted teacher's answer
     "ex-0": {"completion": REFINED},
     "ex-1": {"status": "reference_conflict", "reference_labels": ["sadness"], "reason": "Nothing shows grief.",
@@ -405,17 +410,24 @@ class Scripted:
         return answer if isinstance(answer, str) else json.dumps({"id": example_id, "task": "meld_emotion", **answer})
 
 
-def test_prepare_keeps_valid_refinements_and_routes_conflicts_and_fabrications_away(checkpoint, tmp_path):
+def run_prepare(checkpoint, tmp_path, n_examples: int, **settings):
+    """`prepare` for n gold examples against a Scripted server (the endpoint of `teacher`, and of
+    `sampler` when settings ask for one); returns the examples, the server's backend and the counts."""
     examples = [Example(id=f"ex-{i}", task="meld_emotion", turns=conversation(i), target=3, labels=["sadness"])
-                for i in range(5)]
+                for i in range(n_examples)]
     write_rows(tmp_path / "gold.jsonl", [example_to_json(e) for e in examples])
     backend = Scripted()
     with JudgeServer(backend).start() as server:
         endpoint = {"base_url": server.url, "retries": 0, "timeout": 10}
+        if settings.pop("sampler", False):
+            settings["sampler"] = endpoint | {"model": "base"}
         cfg = config(checkpoint, tmp_path, data=str(tmp_path / "sft.jsonl"), prepare={
-            "examples": str(tmp_path / "gold.jsonl"), "max_new_tokens": 64,
-            "sampler": endpoint | {"model": "base"}, "teacher": endpoint | {"model": "teacher"}})
-        counts = sft.prepare(cfg)
+            "examples": str(tmp_path / "gold.jsonl"), "teacher": endpoint | {"model": "teacher"}, **settings})
+        return examples, backend, sft.prepare(cfg)
+
+
+def test_prepare_keeps_valid_refinements_and_routes_conflicts_and_fabrications_away(checkpoint, tmp_path):
+    examples, backend, counts = run_prepare(checkpoint, tmp_path, 5, sampler=True, max_new_tokens=64)
     assert counts == {"sampled": 5, "sampler_failures": 0, "kept": 1, "conflicts": 1, "rejected": 3,
                       "teacher_failures": 0}
     prompts = [sft.get_task("meld_emotion").messages(e) for e in examples]  # the task's own prompts
@@ -423,8 +435,8 @@ def test_prepare_keeps_valid_refinements_and_routes_conflicts_and_fabrications_a
     params = backend.sampled[0][1]
     assert (params["temperature"], params["top_p"], params["max_tokens"]) == (1.0, 1.0, 64) and "top_k" not in params
     assert params["chat_template_kwargs"] == {"enable_thinking": True}
-    assert sorted(backend.refined) == sorted(f"<think>\ntrace {k}\n</think>\n\nAnswer: joy"
-                                                      for k in range(1, 6))  # each trace went to the teacher
+    traces = [f"<think>\ntrace {k}\n</think>\n\nAnswer: joy" for k in range(1, 6)]
+    assert sorted(backend.refined) == traces  # each sampled trace went to the teacher
     [row] = sft.load_rows(tmp_path / "sft.jsonl")
     assert (row.id, row.completion, row.labels) == ("ex-0", REFINED, ["sadness"])
     assert row.prompt == prompts[0] and row.turns == tuple((t.speaker, t.text) for t in examples[0].turns)
@@ -433,15 +445,7 @@ def test_prepare_keeps_valid_refinements_and_routes_conflicts_and_fabrications_a
 
 
 def test_prepare_samples_with_model_py_when_no_endpoint_is_given(checkpoint, tmp_path):
-    examples = [Example(id=f"ex-{i}", task="meld_emotion", turns=conversation(i), target=3, labels=["sadness"])
-                for i in range(2)]
-    write_rows(tmp_path / "gold.jsonl", [example_to_json(e) for e in examples])
-    backend = Scripted()
-    with JudgeServer(backend).start() as server:
-        cfg = config(checkpoint, tmp_path, data=str(tmp_path / "sft.jsonl"), prepare={
-            "examples": str(tmp_path / "gold.jsonl"), "max_new_tokens": 6, "samples": 2,
-            "teacher": {"base_url": server.url, "retries": 0}})
-        counts = sft.prepare(cfg)
+    _, backend, counts = run_prepare(checkpoint, tmp_path, 2, max_new_tokens=6, samples=2)
     assert (counts["sampled"], counts["kept"], counts["conflicts"]) == (4, 2, 2) and not backend.sampled
     vocab = set(WORDS) | {"<think>", "</think>", *SPECIAL}
     assert len(backend.refined) == 4
@@ -450,6 +454,12 @@ def test_prepare_samples_with_model_py_when_no_endpoint_is_given(checkpoint, tmp
 
 
 # ----------------------------------------------------------------------------- bad input
+
+
+def test_the_example_config_parses():
+    cfg = sft.parse_cli(sft.SFTConfig, [str(REPO / "configs/sft_example.yaml")])
+    assert (cfg.epochs, cfg.grad_accum, cfg.seed, cfg.selection.per_task) == (2, 4, 42, 8)
+    assert cfg.prepare.teacher.api_key_env == "TEACHER_API_KEY"
 
 
 @pytest.mark.parametrize("case", ["no completion", "label outside the task", "prompt row label", "answer differs",
@@ -468,7 +478,8 @@ def test_bad_input_stops_with_one_line_before_any_model_loads(tmp_path, capsys, 
     elif case == "answer differs":
         rows[0]["completion"] = rows[0]["completion"].replace("Answer: sadness", "Answer: joy")
     data = write_rows(tmp_path / "rows.jsonl", [] if case == "empty file" else rows)
-    path = config_file(tmp_path / "no-such-model", tmp_path, data=str(data), **({"lrr": 1} if case == "config typo" else {}))
+    typo = {"lrr": 1} if case == "config typo" else {}
+    path = config_file(tmp_path / "no-such-model", tmp_path, data=str(data), **typo)
     with pytest.raises(SystemExit) as stop:
         sft.main([str(path)])
     err = capsys.readouterr().err
@@ -535,7 +546,7 @@ def test_parse_refinement_rejects_every_malformed_record():
         "unclosed evidence": refined(completion=completion.replace("again</evidence>", "again")),
         "two think blocks": refined(completion=completion.replace("</think>", "</think>\n<think>x</think>")),
         "no think": refined(completion=completion.replace("<think>", "")),
-        "mentions the reference": refined(completion=completion.replace("the shrug", "the ground truth says the shrug")),
+        "mentions the reference": refined(completion=completion.replace("the shrug", "the ground truth: the shrug")),
         "extra field": refined(prompt=PROMPT),
         "truncated": refined()[:-20],
         "commentary after JSON": refined() + "\nDone.",
