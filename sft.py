@@ -444,10 +444,9 @@ def _dtype(cfg: SFTConfig, device: torch.device) -> str:
     return cfg.dtype or ("bfloat16" if device.type == "cuda" else "float32")
 
 
-def train(cfg: SFTConfig) -> Path:
-    """Run SFT as configured; returns the output folder. Data are checked before the model loads."""
-    where = setup_distributed(cfg.device)
-    out = Path(cfg.output_dir)
+def split_rows(cfg: SFTConfig) -> tuple[list[Row], list[Row]]:
+    """(training rows, held-out targets): the targets are drawn from `selection.data` or the rows,
+    and every row sharing one is left out of training (the count is printed)."""
     rows = load_rows(cfg.data)
     pool = rows if cfg.selection.data is None else [row_from_example(e, "") for e in load_jsonl(cfg.selection.data)]
     heldout = hold_out(pool, cfg.selection.per_task, cfg.seed) if cfg.selection.per_task > 0 else []
@@ -455,6 +454,16 @@ def train(cfg: SFTConfig) -> Path:
     counts = ", ".join(f"{t} {sum(h.task == t for h in heldout)}" for t in dict.fromkeys(h.task for h in heldout))
     print0(f"held out {len(heldout)} targets ({counts or 'selection off'}); {len(rows) - len(kept)} of {len(rows)} "
            f"rows share one and are left out of training")
+    if not kept:
+        raise DataError(f"{cfg.data}: every row shares a held-out target; add rows or lower selection.per_task")
+    return kept, heldout
+
+
+def train(cfg: SFTConfig) -> Path:
+    """Run SFT as configured; returns the output folder. Data are checked before the model loads."""
+    where = setup_distributed(cfg.device)
+    out = Path(cfg.output_dir)
+    kept, heldout = split_rows(cfg)
     tok = load_tokenizer(cfg.model)
     model = Qwen.from_pretrained(cfg.model, dtype=_dtype(cfg, where.device), device=where.device)
     tag_ids = add_special_tokens(model, tok, [OPEN_TAG, CLOSE_TAG])

@@ -214,15 +214,24 @@ def _rank_run(rank, port, cfg):
 
 
 def test_two_gloo_ranks_train_like_one_process_with_two_accumulation_steps(checkpoint, tmp_path):
-    single = config(checkpoint, tmp_path / "one", grad_accum=2, epochs=2, output_dir=str(tmp_path / "one/run"))
+    """One of the four rows is held out: three rows make updates of 2 + 1 completions, so in every
+    second update rank 1 has nothing to do. Selection samples on both ranks (the real sampler, with
+    its own generator: training draws stay the same)."""
+    settings = dict(epochs=2, save_every=1, keep_checkpoints=None,
+                    **{"selection.per_task": 1, "selection.max_new_tokens": 4})
+    single = config(checkpoint, tmp_path / "one", grad_accum=2, output_dir=str(tmp_path / "one/run"), **settings)
     sft.train(single)
-    ranks = config(checkpoint, tmp_path / "two", grad_accum=1, epochs=2, output_dir=str(tmp_path / "two/run"))
+    ranks = config(checkpoint, tmp_path / "two", grad_accum=1, output_dir=str(tmp_path / "two/run"), **settings)
     mp.spawn(_rank_run, args=(_free_port(), ranks), nprocs=2)
-    losses = [[m["loss"] for m in metrics(Path(c.output_dir))] for c in (single, ranks)]
+    runs = [Path(c.output_dir) for c in (single, ranks)]
+    losses = [[m["loss"] for m in metrics(run) if "loss" in m] for run in runs]
     assert len(losses[0]) == 4 and losses[0] == pytest.approx(losses[1], rel=1e-5)
-    a, b = (tensors(Path(c.output_dir) / "best/adapter_model.safetensors") for c in (single, ranks))
-    for name in a:
-        torch.testing.assert_close(a[name], b[name], rtol=1e-4, atol=1e-6)
+    for step in range(1, 5):
+        a, b = (tensors(run / f"ckpt-{step:06d}/adapter_model.safetensors") for run in runs)
+        for name in a:
+            torch.testing.assert_close(a[name], b[name], rtol=1e-4, atol=1e-6)
+    tables = [json.loads((run / "selection.json").read_text())["steps"] for run in runs]
+    assert [s["step"] for s in tables[1]] == [2, 4] and tables[1][0]["macro_f1"].keys() == {"meld_emotion"}
 
 
 def test_one_step_changes_only_lora_and_the_two_rows_at_ten_times_the_lr_without_decay(checkpoint, tmp_path):
@@ -326,7 +335,9 @@ def test_selection_keeps_the_adapter_with_the_best_mean_macro_f1(checkpoint, tmp
     cfg = config(checkpoint, tmp_path, data=str(write_rows(tmp_path / "rows.jsonl", rows)), epochs=2, save_every=1,
                  keep_checkpoints=None, **{"selection.per_task": 2, "selection.every": 1})
     run = sft.train(cfg)
-    assert "held out 4 targets (" in capsys.readouterr().out and rounds == [4] * 8
+    printed = capsys.readouterr().out
+    assert "held out 4 targets (meld_emotion 2, ccu_emotion 2); 4 of 8 rows share one" in printed
+    assert rounds == [4] * 8
     table = json.loads((run / "selection.json").read_text())
     assert [s["mean_macro_f1"] for s in table["steps"]] == [0, 0, 1, 0, 0.5, 1, 0, 0]
     assert table["steps"][4]["macro_f1"] == {"meld_emotion": 1.0, "ccu_emotion": 0.0} and table["best_step"] == 3
