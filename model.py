@@ -840,35 +840,64 @@ def token_logprobs(model: Qwen, input_ids, mask=None, temperature: float = 1.0, 
 
     `mask` [B, T-1] (bool) selects the positions to compute (completion tokens, say); the others are
     0 and cost no lm_head work. Pad right-padded batches on the right and mask the padding out.
-    The softmax runs in float32 on `chunk_size` positions at a time and, under autograd, each chunk
-    is recomputed in backward, so no [B, T, vocab] float32 tensor ever exists. With entropy=True
-    also returns the entropy [B, T-1] of each position's temperature-scaled distribution."""
+    The softmax runs in float32 on `chunk_size` positions at a time, each chunk forming its gradient
+    at once (`HeadLogprobs`; with a trainable lm_head, recomputed in backward instead), so no
+    [B, T, vocab] float32 tensor ever exists. With entropy=True also returns the entropy [B, T-1] of
+    each position's temperature-scaled distribution (its gradient costs one more lm_head product)."""
     if temperature <= 0:
         raise ValueError(f"token_logprobs: temperature must be > 0, got {temperature}")
-    h = model.hidden_states(input_ids)[:, :-1]
-    targets = input_ids[:, 1:]
-    if mask is None:
-        mask = torch.ones_like(targets, dtype=torch.bool)
-    where = mask.nonzero(as_tuple=True)
-    h_sel, t_sel = h[where], targets[where]
+    h, targets = model.hidden_states(input_ids)[:, :-1], input_ids[:, 1:]
+    where = (torch.ones_like(targets, dtype=torch.bool) if mask is None else mask).nonzero(as_tuple=True)
+    h, t, rows, parts = h[where], targets[where], model.head_rows if model.rows_enabled else None, []
+    for i in range(0, max(len(t), 1), chunk_size):  # one empty chunk when nothing is selected
+        args = h[i:i + chunk_size], t[i:i + chunk_size]
+        if model.head_weight().requires_grad:
+            parts.append(checkpoint(lambda h, t: softmax_stats(model.logits(h).float() / temperature, t)[:2],
+                                    *args, use_reentrant=False))
+        else:
+            parts.append(HeadLogprobs.apply(*args, rows, model, temperature, entropy, torch.is_grad_enabled()))
+    logp, ent = (torch.zeros(targets.shape, device=h.device).index_put(where, torch.cat(x)) for x in zip(*parts))
+    return (logp, ent) if entropy else logp
 
-    def chunk(h_part, t_part):
-        logits = model.logits(h_part).float() / temperature
-        lse = torch.logsumexp(logits, -1)
-        logp = logits.gather(-1, t_part[:, None])[:, 0] - lse
-        ent = lse - (logits.softmax(-1) * logits).sum(-1)
+
+def softmax_stats(z, targets):
+    """From float32 logits z [N, V]: log p of each target, the entropy lse - sum_j p_j z_j, p, sum_j p_j z_j."""
+    lse = z.logsumexp(-1)
+    p = (z - lse[:, None]).exp_()
+    mean_z = (p[:, None] @ z[:, :, None])[:, 0, 0]
+    return z.gather(-1, targets[:, None])[:, 0] - lse, lse - mean_z, p, mean_z
+
+
+class HeadLogprobs(torch.autograd.Function):
+    """(log p, entropy) [N] of final hidden states h [N, d] and targets [N] through the frozen lm_head W,
+    its rows model.row_ids replaced by the trainable `rows` (or None), with the gradients formed in
+    forward: for z = logits / T and p = softmax(z), d log p_y / dz = onehot(y) - p and dH / dz_i =
+    -p_i (z_i - sum_j p_j z_j); dL/dh = (dL/dz) W / T, and dL/dz at the rows' columns [N, n] is kept for
+    theirs. Backward scales these by each token's upstream gradient: two lm_head products where
+    recomputing the chunk takes three, and no [N, vocab] tensor outlives the forward."""
+
+    @staticmethod
+    def forward(ctx, h, targets, rows, model, temperature, entropy, grad_enabled):
+        z = model.logits(h).float().div_(temperature)
+        logp, ent, p, mean_z = softmax_stats(z, targets)
+        if grad_enabled and any(ctx.needs_input_grad):
+            W, ids = model.head_weight(), model.row_ids
+            dz = [z.sub_(mean_z[:, None]).mul_(p).neg_()] if entropy else []  # dH/dz, in z's memory
+            dz.insert(0, p.neg_().scatter_add_(1, targets[:, None], torch.ones_like(p[:, :1])))  # onehot - p
+            dz = [d.div_(temperature) for d in dz]  # dL/dlogits
+            grads = torch.stack([d.to(W.dtype) @ W for d in dz])  # [k, N, d]
+            coefs = None if rows is None else torch.stack([d[:, ids] for d in dz])  # [k, N, n]
+            if rows is not None:  # those logits come from rows, not W[ids]
+                grads += coefs @ (rows.float() - W[ids].float())
+            ctx.save_for_backward(h, grads, coefs)
         return logp, ent
 
-    parts = []
-    for i in range(0, h_sel.shape[0], chunk_size):
-        args = (h_sel[i:i + chunk_size], t_sel[i:i + chunk_size])
-        parts.append(checkpoint(chunk, *args, use_reentrant=False) if h_sel.requires_grad else chunk(*args))
-    logp = torch.zeros(targets.shape, dtype=torch.float32, device=h.device)
-    ent = torch.zeros_like(logp)
-    if parts:
-        logp = logp.index_put(where, torch.cat([p[0] for p in parts]))
-        ent = ent.index_put(where, torch.cat([p[1] for p in parts]))
-    return (logp, ent) if entropy else logp
+    @staticmethod
+    def backward(ctx, d_logp, d_ent):
+        h, grads, coefs = ctx.saved_tensors
+        scale = torch.stack([d_logp, d_ent])[:len(grads), :, None]  # [k, N, 1]
+        d_rows = None if coefs is None else (scale * coefs).sum(0).T @ h.float()
+        return (scale * grads.float()).sum(0).to(h.dtype), None, d_rows, None, None, None, None
 
 
 # ----------------------------------------------------------------------------------------------
