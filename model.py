@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from tokenizers import AddedToken, Tokenizer
 from torch import nn
@@ -124,12 +124,24 @@ class QwenConfig:
 
 
 def read_json(path: Path) -> dict:
+    """The JSON object in `path`; a missing file, bad JSON or any other value is an error naming it."""
     if not path.is_file():
         raise FileNotFoundError(f"{path}: file not found")
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{path}: line {e.lineno}: invalid JSON ({e.msg})") from None
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, RecursionError) as e:  # JSON syntax, not UTF-8, nested too deep
+        raise CheckpointError(f"{path}: invalid JSON ({str(e) or type(e).__name__})") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def open_safetensors(file: Path, device="cpu"):
+    """safe_open, with a file it cannot open or read (missing, truncated, not safetensors) an error naming it."""
+    try:
+        return safe_open(file, framework="pt", device=str(device))
+    except (SafetensorError, OSError) as e:
+        raise CheckpointError(f"{file}: unreadable safetensors file ({e})") from None
 
 
 def _int(raw: dict, key: str, src: str) -> int:
@@ -512,7 +524,7 @@ class Qwen(nn.Module):
                                   f"unexpected {unexpected}")
         for file in files:
             state = {}
-            with safe_open(file, framework="pt", device=str(device)) as f:
+            with open_safetensors(file, device) as f:
                 for name in f.keys():
                     if found.get(name) != file:
                         continue
@@ -605,14 +617,19 @@ def checkpoint_name(cfg: QwenConfig, name: str) -> str:
 
 
 def checkpoint_files(path: Path) -> dict[Path, list[str]]:
-    """{safetensors file: tensor names it holds} from model.safetensors or the sharded index."""
+    """{safetensors file: tensor names it holds} from model.safetensors or the sharded index. A shard
+    must lie in the folder, symlinks resolved (a Hugging Face cache snapshot's point into ../../blobs)."""
     index = path / "model.safetensors.index.json"
     if index.is_file():
         weight_map = read_json(index).get("weight_map")
         if not isinstance(weight_map, dict):
             raise CheckpointError(f"{index}: missing field 'weight_map'")
+        root = path.resolve()
+        inside = (root, root.parents[1] / "blobs") if root.parent.name == "snapshots" else (root,)
         files: dict[Path, list[str]] = {}
         for name, file in weight_map.items():
+            if not isinstance(file, str) or not any((path / file).resolve().is_relative_to(d) for d in inside):
+                raise CheckpointError(f"{index}: field 'weight_map.{name}' = {file!r} is not a file in {path}")
             files.setdefault(path / file, []).append(name)
     elif (path / "model.safetensors").is_file():
         files = {path / "model.safetensors": None}
@@ -622,7 +639,7 @@ def checkpoint_files(path: Path) -> dict[Path, list[str]]:
         if not file.is_file():
             raise FileNotFoundError(f"{file}: file not found (listed in {index.name})")
         if files[file] is None:
-            with safe_open(file, framework="pt") as f:
+            with open_safetensors(file) as f:
                 files[file] = list(f.keys())
     return files
 
@@ -657,18 +674,17 @@ def add_lora(model: Qwen, rank=16, alpha=32, dropout=0.0, targets=LORA_TARGETS) 
 
 @contextlib.contextmanager
 def lora_disabled(model: Qwen):
-    """The base model (the reference policy): LoRA deltas and trainable token rows switched off."""
-    modules = list(lora_modules(model).values())
-    previous = model.rows_enabled
+    """The base model (the reference policy): LoRA deltas and trainable token rows switched off; on
+    exit each switch returns to its previous state, so the context nests."""
+    switches = [(model, "rows_enabled")] + [(m, "lora_enabled") for m in lora_modules(model).values()]
+    previous = [getattr(owner, name) for owner, name in switches]
     try:
-        model.rows_enabled = False
-        for m in modules:
-            m.lora_enabled = False
+        for owner, name in switches:
+            setattr(owner, name, False)
         yield model
     finally:
-        model.rows_enabled = previous
-        for m in modules:
-            m.lora_enabled = True
+        for (owner, name), state in zip(switches, previous):
+            setattr(owner, name, state)
 
 
 def train_token_rows(model: Qwen, token_ids) -> list[nn.Parameter]:
@@ -746,35 +762,40 @@ def load_adapter(model: Qwen, path) -> Qwen:
         if cfg.get(key, allowed[0]) not in allowed:
             raise CheckpointError(f"{cfg_path}: field '{key}' = {cfg[key]!r} is not supported")
     targets = cfg.get("target_modules")
-    if not isinstance(targets, list):
+    if not isinstance(targets, list) or not all(isinstance(t, str) for t in targets):
         raise CheckpointError(f"{cfg_path}: field 'target_modules' must be a list of module names, got {targets!r}")
     if not lora_modules(model):
         add_lora(model, _int(cfg, "r", str(cfg_path)), cfg.get("lora_alpha", 8), cfg.get("lora_dropout", 0.0), targets)
-    if not weights_path.is_file():
-        raise FileNotFoundError(f"{weights_path}: file not found")
     expected = {}
     for name, m in lora_modules(model).items():
         expected[f"{peft_name(model, name)}.lora_A.weight"] = m.lora_A
         expected[f"{peft_name(model, name)}.lora_B.weight"] = m.lora_B
-    with safe_open(weights_path, framework="pt") as f:
-        names = set(f.keys())
-        missing, unexpected = sorted(set(expected) - names), sorted(names - set(expected))
+    copy_tensors(weights_path, expected)
+    rows_path = path / TOKEN_ROWS
+    if rows_path.is_file():
+        with open_safetensors(rows_path) as f:
+            ids = f.get_tensor("token_ids").tolist() if "token_ids" in f.keys() else []
+        try:
+            train_token_rows(model, ids)
+        except ValueError as e:
+            raise CheckpointError(f"{rows_path}: tensor 'token_ids': {e}") from None
+        keys = {"model.embed_tokens.weight": "embed_tokens", "lm_head.weight": "lm_head"}
+        copy_tensors(rows_path, {"token_ids": model.row_ids} | {keys[n]: rows for n, rows in row_targets(model)})
+    return model
+
+
+def copy_tensors(file: Path, expected: dict[str, torch.Tensor]) -> None:
+    """Copy each tensor of `file` into expected[name]; names and shapes must agree exactly."""
+    with open_safetensors(file) as f:
+        missing, unexpected = sorted(set(expected) - set(f.keys())), sorted(set(f.keys()) - set(expected))
         if missing or unexpected:
-            raise CheckpointError(f"{weights_path}: tensor names disagree with the model: missing {missing}, "
+            raise CheckpointError(f"{file}: tensor names disagree with the model: missing {missing}, "
                                   f"unexpected {unexpected}")
         for name, param in expected.items():
-            t = f.get_tensor(name)
-            if t.shape != param.shape:
-                raise CheckpointError(f"{weights_path}: tensor '{name}' has shape {list(t.shape)}, "
-                                      f"the model expects {list(param.shape)} (field 'r' = {cfg.get('r')})")
-            param.data.copy_(t)
-    if (path / TOKEN_ROWS).is_file():
-        with safe_open(path / TOKEN_ROWS, framework="pt") as f:
-            train_token_rows(model, f.get_tensor("token_ids").tolist())
-            for key, param in (("embed_tokens", model.embed_rows), ("lm_head", model.head_rows)):
-                if key in f.keys():
-                    param.data.copy_(f.get_tensor(key))
-    return model
+            if f.get_slice(name).get_shape() != list(param.shape):
+                raise CheckpointError(f"{file}: tensor '{name}' has shape {f.get_slice(name).get_shape()}, "
+                                      f"the model expects {list(param.shape)}")
+            param.data.copy_(f.get_tensor(name))
 
 
 def atomic_write(path: Path, text: str) -> None:
