@@ -565,7 +565,7 @@ class Qwen(nn.Module):
         out = (self.head_weight() @ h.T).T if few_rows else F.linear(h, self.head_weight())
         if self.head_rows is None or not self.rows_enabled:
             return out
-        return out.index_copy(-1, self.row_ids, F.linear(h, self.head_rows.to(h.dtype)))
+        return out.index_copy_(-1, self.row_ids, F.linear(h, self.head_rows.to(h.dtype)))
 
     def hidden_states(self, input_ids, cache: Cache | None = None, lengths=None):
         """Final-norm hidden states [B, T, d]. Without a cache: a causal forward from position 0.
@@ -873,45 +873,44 @@ def token_logprobs(model: Qwen, input_ids, mask=None, temperature: float = 1.0, 
     for i in range(0, max(len(t), 1), chunk_size):  # one empty chunk when nothing is selected
         args = h[i:i + chunk_size], t[i:i + chunk_size]
         if model.head_weight().requires_grad:
-            parts.append(checkpoint(lambda h, t: softmax_stats(model.logits(h).float() / temperature, t)[:2],
-                                    *args, use_reentrant=False))
+            parts.append(checkpoint(plain_logprobs, model, *args, temperature, use_reentrant=False))
         else:
             parts.append(HeadLogprobs.apply(*args, rows, model, temperature, entropy, torch.is_grad_enabled()))
     logp, ent = (torch.zeros(targets.shape, device=h.device).index_put(where, torch.cat(x)) for x in zip(*parts))
     return (logp, ent) if entropy else logp
 
 
-def softmax_stats(z, targets):
-    """From float32 logits z [N, V]: log p of each target, the entropy lse - sum_j p_j z_j, p, sum_j p_j z_j."""
-    lse = z.logsumexp(-1)
-    p = (z - lse[:, None]).exp_()
-    mean_z = (p[:, None] @ z[:, :, None])[:, 0, 0]
-    return z.gather(-1, targets[:, None])[:, 0] - lse, lse - mean_z, p, mean_z
+def plain_logprobs(model: Qwen, h, targets, temperature: float):
+    """(log p of each target, entropy) for hidden states h [N, d], by autograd through a float32 log-softmax."""
+    logp = F.log_softmax(model.logits(h).float() / temperature, -1)
+    return logp.gather(-1, targets[:, None])[:, 0], -(logp.exp() * logp).sum(-1)
 
 
 class HeadLogprobs(torch.autograd.Function):
-    """(log p, entropy) [N] of final hidden states h [N, d] and targets [N] through the frozen lm_head W,
-    its rows model.row_ids replaced by the trainable `rows` (or None), with the gradients formed in
-    forward: for z = logits / T and p = softmax(z), d log p_y / dz = onehot(y) - p and dH / dz_i =
-    -p_i (z_i - sum_j p_j z_j); dL/dh = (dL/dz) W / T, and dL/dz at the rows' columns [N, n] is kept for
-    theirs. Backward scales these by each token's upstream gradient: two lm_head products where
-    recomputing the chunk takes three, and no [N, vocab] tensor outlives the forward."""
+    """plain_logprobs through the frozen lm_head W (its rows model.row_ids replaced by the trainable
+    `rows`, or None) with the gradients formed in forward: for z = logits / T and p = softmax(z),
+    d log p_y / dz = onehot(y) - p and dH / dz_i = -p_i (z_i - sum_j p_j z_j); dL/dh = (dL/dz) W / T,
+    and dL/dz at the rows' columns [N, n] is kept for theirs. Backward scales these by each token's
+    upstream gradient: two lm_head products where recomputation takes three, and no [N, vocab] tensor
+    outlives the forward. The entropy is zeros unless asked for."""
 
     @staticmethod
     def forward(ctx, h, targets, rows, model, temperature, entropy, grad_enabled):
         z = model.logits(h).float().div_(temperature)
-        logp, ent, p, mean_z = softmax_stats(z, targets)
+        p, (top, top_id) = z.softmax(-1), z.max(-1)
+        lse = top - p.gather(1, top_id[:, None])[:, 0].log()  # p at the argmax is >= 1 / V, never 0
+        logp, mean_z = z.gather(1, targets[:, None])[:, 0] - lse, torch.linalg.vecdot(p, z) if entropy else lse
         if grad_enabled and any(ctx.needs_input_grad):
             W, ids = model.head_weight(), model.row_ids
-            dz = [z.sub_(mean_z[:, None]).mul_(p).neg_()] if entropy else []  # dH/dz, in z's memory
-            dz.insert(0, p.neg_().scatter_add_(1, targets[:, None], torch.ones_like(p[:, :1])))  # onehot - p
-            dz = [d.div_(temperature) for d in dz]  # dL/dlogits
+            dz = [z.sub_(mean_z[:, None]).mul_(p).mul_(-1 / temperature)] if entropy else []  # dH/dlogits, in z
+            ones = torch.full_like(p[:, :1], 1 / temperature)
+            dz.insert(0, p.mul_(-1 / temperature).scatter_add_(1, targets[:, None], ones))  # (onehot - p) / T
             grads = torch.stack([d.to(W.dtype) @ W for d in dz])  # [k, N, d]
             coefs = None if rows is None else torch.stack([d[:, ids] for d in dz])  # [k, N, n]
             if rows is not None:  # those logits come from rows, not W[ids]
                 grads += coefs @ (rows.float() - W[ids].float())
             ctx.save_for_backward(h, grads, coefs)
-        return logp, ent
+        return logp, lse - mean_z
 
     @staticmethod
     def backward(ctx, d_logp, d_ent):
