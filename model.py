@@ -525,9 +525,7 @@ class Qwen(nn.Module):
         for file in files:
             state = {}
             with open_safetensors(file, device) as f:
-                for name in f.keys():
-                    if found.get(name) != file:
-                        continue
+                for name in [name for name in f.keys() if found.get(name) == file]:
                     ours, shape = expected[name]
                     if tuple(f.get_slice(name).get_shape()) != tuple(shape):
                         raise CheckpointError(f"{file.name}: tensor '{name}' has shape {f.get_slice(name).get_shape()} "
@@ -779,8 +777,8 @@ def load_adapter(model: Qwen, path) -> Qwen:
             train_token_rows(model, ids)
         except ValueError as e:
             raise CheckpointError(f"{rows_path}: tensor 'token_ids': {e}") from None
-        keys = {"model.embed_tokens.weight": "embed_tokens", "lm_head.weight": "lm_head"}
-        copy_tensors(rows_path, {"token_ids": model.row_ids} | {keys[n]: rows for n, rows in row_targets(model)})
+        rows = {name.split(".")[-2]: rows for name, rows in row_targets(model)}  # embed_tokens, lm_head
+        copy_tensors(rows_path, {"token_ids": model.row_ids} | rows)
     return model
 
 
@@ -861,21 +859,19 @@ def token_logprobs(model: Qwen, input_ids, mask=None, temperature: float = 1.0, 
 
     `mask` [B, T-1] (bool) selects the positions to compute (completion tokens, say); the others are
     0 and cost no lm_head work. Pad right-padded batches on the right and mask the padding out.
-    The softmax runs in float32 on `chunk_size` positions at a time, each chunk forming its gradient
-    at once (`HeadLogprobs`; with a trainable lm_head, recomputed in backward instead), so no
-    [B, T, vocab] float32 tensor ever exists. With entropy=True also returns the entropy [B, T-1] of
-    each position's temperature-scaled distribution (its gradient costs one more lm_head product)."""
+    The softmax runs in float32 on `chunk_size` positions at a time, each forming its gradient at once
+    (`HeadLogprobs`), so no [B, T, vocab] float32 tensor ever exists. With entropy=True also returns the
+    entropy [B, T-1] of each position's temperature-scaled distribution."""
     if temperature <= 0:
         raise ValueError(f"token_logprobs: temperature must be > 0, got {temperature}")
     h, targets = model.hidden_states(input_ids)[:, :-1], input_ids[:, 1:]
     where = (torch.ones_like(targets, dtype=torch.bool) if mask is None else mask).nonzero(as_tuple=True)
     h, t, rows, parts = h[where], targets[where], model.head_rows if model.rows_enabled else None, []
     for i in range(0, max(len(t), 1), chunk_size):  # one empty chunk when nothing is selected
-        args = h[i:i + chunk_size], t[i:i + chunk_size]
-        if model.head_weight().requires_grad:
-            parts.append(checkpoint(plain_logprobs, model, *args, temperature, use_reentrant=False))
-        else:
-            parts.append(HeadLogprobs.apply(*args, rows, model, temperature, entropy, torch.is_grad_enabled()))
+        chunk = h[i:i + chunk_size], t[i:i + chunk_size]
+        parts.append(checkpoint(plain_logprobs, model, *chunk, temperature, use_reentrant=False)
+                     if model.head_weight().requires_grad else  # a trainable head: recomputed in backward
+                     HeadLogprobs.apply(*chunk, rows, model, temperature, entropy, torch.is_grad_enabled()))
     logp, ent = (torch.zeros(targets.shape, device=h.device).index_put(where, torch.cat(x)) for x in zip(*parts))
     return (logp, ent) if entropy else logp
 
@@ -887,12 +883,11 @@ def plain_logprobs(model: Qwen, h, targets, temperature: float):
 
 
 class HeadLogprobs(torch.autograd.Function):
-    """plain_logprobs through the frozen lm_head W (its rows model.row_ids replaced by the trainable
-    `rows`, or None) with the gradients formed in forward: for z = logits / T and p = softmax(z),
-    d log p_y / dz = onehot(y) - p and dH / dz_i = -p_i (z_i - sum_j p_j z_j); dL/dh = (dL/dz) W / T,
-    and dL/dz at the rows' columns [N, n] is kept for theirs. Backward scales these by each token's
-    upstream gradient: two lm_head products where recomputation takes three, and no [N, vocab] tensor
-    outlives the forward. The entropy is zeros unless asked for."""
+    """plain_logprobs through the frozen lm_head W (its rows model.row_ids replaced by the trainable `rows`,
+    or None), the gradients formed in forward: for z = logits / T, p = softmax(z), d log p_y / dz = onehot(y)
+    - p and dH / dz_i = -p_i (z_i - sum_j p_j z_j); dL/dh = (dL/dz) W / T, and dL/dz at the rows' columns is
+    kept for theirs. Backward scales these per token: two lm_head products where recomputation takes three,
+    no [N, vocab] tensor outlives the forward (the entropy, zeros unless asked for, costs a third)."""
 
     @staticmethod
     def forward(ctx, h, targets, rows, model, temperature, entropy, grad_enabled):
@@ -907,8 +902,7 @@ class HeadLogprobs(torch.autograd.Function):
             dz.insert(0, p.mul_(-1 / temperature).scatter_add_(1, targets[:, None], ones))  # (onehot - p) / T
             grads = torch.stack([d.to(W.dtype) @ W for d in dz])  # [k, N, d]
             coefs = None if rows is None else torch.stack([d[:, ids] for d in dz])  # [k, N, n]
-            if rows is not None:  # those logits come from rows, not W[ids]
-                grads += coefs @ (rows.float() - W[ids].float())
+            grads += 0 if rows is None else coefs @ (rows.float() - W[ids].float())  # those logits use rows
             ctx.save_for_backward(h, grads, coefs)
         return logp, lse - mean_z
 

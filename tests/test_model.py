@@ -481,9 +481,9 @@ def copy_with(src, dst, **files):
     return dst
 
 
-def one_line_error(fn, message, error=M.CheckpointError):
-    with pytest.raises(error, match=message) as err:
-        fn()
+def one_line_error(message, fn, *args):
+    with pytest.raises(M.CheckpointError, match=message) as err:
+        fn(*args)
     assert "\n" not in str(err.value)
 
 
@@ -494,10 +494,10 @@ def test_bad_shards_and_config_files_are_one_line_errors(qwen3, tmp_path):
     index = json.loads((sharded / "model.safetensors.index.json").read_text())
     shard = sorted(sharded.glob("*.safetensors"))[1].name
     half = (sharded / shard).read_bytes()[:(sharded / shard).stat().st_size // 2]
-    one_line_error(lambda: M.Qwen.from_pretrained(copy_with(sharded, tmp_path / "cut", **{shard: half})),
-                   f"cut/{shard}: unreadable safetensors file")
-    one_line_error(lambda: M.Qwen.from_pretrained(copy_with(path, tmp_path / "cut1", **{"model.safetensors": b"\0" * 9})),
-                   "cut1/model.safetensors: unreadable safetensors file")
+    one_line_error(f"cut/{shard}: unreadable safetensors file", M.Qwen.from_pretrained,
+                   copy_with(sharded, tmp_path / "cut", **{shard: half}))
+    one_line_error("cut1/model.safetensors: unreadable safetensors file", M.Qwen.from_pretrained,
+                   copy_with(path, tmp_path / "cut1", **{"model.safetensors": b"\0" * 9}))
     outside = tmp_path / "outside.safetensors"
     shutil.copy(sharded / shard, outside)
     for i, target in enumerate(["../../../../etc/passwd", "/etc/passwd", str(outside), "a/../../outside.safetensors",
@@ -506,8 +506,8 @@ def test_bad_shards_and_config_files_are_one_line_errors(qwen3, tmp_path):
         bad = copy_with(sharded, tmp_path / f"escape{i}", **{
             "model.safetensors.index.json": json.dumps(dict(index, weight_map=weight_map))})
         (bad / "link.safetensors").symlink_to(outside)  # a link inside the folder to a file outside it
-        one_line_error(lambda: M.Qwen.from_pretrained(bad),
-                       rf"model.safetensors.index.json: field 'weight_map\.[^']+' = {target!r} is not a file in")
+        one_line_error(rf"model.safetensors.index.json: field 'weight_map\.[^']+' = {target!r} is not a file in",
+                       M.Qwen.from_pretrained, bad)
     # the Hugging Face cache keeps each file of a snapshot as a link into ../../blobs: that loads
     snapshot, blobs = tmp_path / "models--q" / "snapshots" / "abc", tmp_path / "models--q" / "blobs"
     shutil.copytree(sharded, blobs)
@@ -517,11 +517,11 @@ def test_bad_shards_and_config_files_are_one_line_errors(qwen3, tmp_path):
     assert torch.equal(M.Qwen.from_pretrained(snapshot, dtype="float32").lm_head.weight, hf.lm_head.weight)
     for i, text in enumerate(["[1, 2]", '"qwen3"', "null", "3"]):
         bad = copy_with(path, tmp_path / f"config{i}", **{"config.json": text})
-        one_line_error(lambda: M.Qwen.from_pretrained(bad), rf"config{i}/config.json: expected a JSON object, got")
+        one_line_error(rf"config{i}/config.json: expected a JSON object, got", M.Qwen.from_pretrained, bad)
     bad = copy_with(path, tmp_path / "latin1", **{"config.json": '{"model_type": "qw\xe9n"}'.encode("latin-1")})
-    one_line_error(lambda: M.Qwen.from_pretrained(bad), "latin1/config.json: invalid JSON")
+    one_line_error("latin1/config.json: invalid JSON", M.Qwen.from_pretrained, bad)
     bad = copy_with(path, tmp_path / "deep", **{"config.json": "[" * 100000})
-    one_line_error(lambda: M.Qwen.from_pretrained(bad), "deep/config.json: invalid JSON")
+    one_line_error("deep/config.json: invalid JSON", M.Qwen.from_pretrained, bad)
 
 
 def test_bad_adapter_json_and_token_rows_are_one_line_errors(qwen3, tmp_path):
@@ -547,11 +547,12 @@ def test_bad_adapter_json_and_token_rows_are_one_line_errors(qwen3, tmp_path):
             (saved(dict(rows, token_ids=torch.tensor([3, 999]))), r"token_rows.safetensors: tensor 'token_ids'.*999"),
             (saved(dict(rows, embed_tokens=rows["embed_tokens"][:1])),
              r"token_rows.safetensors: tensor 'embed_tokens' has shape \[1, 48\], the model expects \[2, 48\]"),
-            (saved({k: v for k, v in rows.items() if k != "lm_head"}), r"token_rows.safetensors: .*missing \['lm_head'\]"),
+            (saved({k: v for k, v in rows.items() if k != "lm_head"}),
+             r"token_rows.safetensors: .*missing \['lm_head'\]"),
         ],
     }
     for i, (name, content, message) in enumerate((n, c, m) for n, pairs in cases.items() for c, m in pairs):
         bad = copy_with(tmp_path / "good", tmp_path / f"bad{i}", **{name: content})
-        one_line_error(lambda: M.load_adapter(M.Qwen.from_pretrained(path, dtype="float32"), bad), message)
+        one_line_error(message, M.load_adapter, M.Qwen.from_pretrained(path, dtype="float32"), bad)
     loaded = M.load_adapter(M.Qwen.from_pretrained(path, dtype="float32"), tmp_path / "good")
     assert torch.equal(loaded.head_rows, ours.head_rows) and torch.equal(loaded.embed_rows, ours.embed_rows)
