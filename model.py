@@ -894,7 +894,8 @@ class HeadLogprobs(torch.autograd.Function):
         z = model.logits(h).float().div_(temperature)
         p, (top, top_id) = z.softmax(-1), z.max(-1)
         lse = top - p.gather(1, top_id[:, None])[:, 0].log()  # p at the argmax is >= 1 / V, never 0
-        logp, mean_z = z.gather(1, targets[:, None])[:, 0] - lse, torch.linalg.vecdot(p, z) if entropy else lse
+        mean_z = (p[:, None] @ z[:, :, None])[:, 0, 0] if entropy else lse  # sum_j p_j z_j, no [N, V] temporary
+        logp = z.gather(1, targets[:, None])[:, 0] - lse
         if grad_enabled and any(ctx.needs_input_grad):
             W, ids = model.head_weight(), model.row_ids
             dz = [z.sub_(mean_z[:, None]).mul_(p).mul_(-1 / temperature)] if entropy else []  # dH/dlogits, in z
