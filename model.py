@@ -764,11 +764,8 @@ def load_adapter(model: Qwen, path) -> Qwen:
         raise CheckpointError(f"{cfg_path}: field 'target_modules' must be a list of module names, got {targets!r}")
     if not lora_modules(model):
         add_lora(model, _int(cfg, "r", str(cfg_path)), cfg.get("lora_alpha", 8), cfg.get("lora_dropout", 0.0), targets)
-    expected = {}
-    for name, m in lora_modules(model).items():
-        expected[f"{peft_name(model, name)}.lora_A.weight"] = m.lora_A
-        expected[f"{peft_name(model, name)}.lora_B.weight"] = m.lora_B
-    copy_tensors(weights_path, expected)
+    copy_tensors(weights_path, {f"{peft_name(model, name)}.lora_{ab}.weight": getattr(m, f"lora_{ab}")
+                                for name, m in lora_modules(model).items() for ab in "AB"})
     rows_path = path / TOKEN_ROWS
     if rows_path.is_file():
         with open_safetensors(rows_path) as f:
@@ -866,7 +863,8 @@ def token_logprobs(model: Qwen, input_ids, mask=None, temperature: float = 1.0, 
         raise ValueError(f"token_logprobs: temperature must be > 0, got {temperature}")
     h, targets = model.hidden_states(input_ids)[:, :-1], input_ids[:, 1:]
     where = (torch.ones_like(targets, dtype=torch.bool) if mask is None else mask).nonzero(as_tuple=True)
-    h, t, rows, parts = h[where], targets[where], model.head_rows if model.rows_enabled else None, []
+    h, t, parts = h[where], targets[where], []
+    rows = model.head_rows if model.rows_enabled else None
     for i in range(0, max(len(t), 1), chunk_size):  # one empty chunk when nothing is selected
         chunk = h[i:i + chunk_size], t[i:i + chunk_size]
         parts.append(checkpoint(plain_logprobs, model, *chunk, temperature, use_reentrant=False)
@@ -883,11 +881,12 @@ def plain_logprobs(model: Qwen, h, targets, temperature: float):
 
 
 class HeadLogprobs(torch.autograd.Function):
-    """plain_logprobs through the frozen lm_head W (its rows model.row_ids replaced by the trainable `rows`,
-    or None), the gradients formed in forward: for z = logits / T, p = softmax(z), d log p_y / dz = onehot(y)
-    - p and dH / dz_i = -p_i (z_i - sum_j p_j z_j); dL/dh = (dL/dz) W / T, and dL/dz at the rows' columns is
-    kept for theirs. Backward scales these per token: two lm_head products where recomputation takes three,
-    no [N, vocab] tensor outlives the forward (the entropy, zeros unless asked for, costs a third)."""
+    """plain_logprobs with the gradients formed in forward, through the frozen lm_head W whose rows
+    model.row_ids the trainable `rows` (or None) replace. With z = logits / T and p = softmax(z):
+    d log p_y / dz = onehot(y) - p,  dH / dz_i = -p_i (z_i - sum_j p_j z_j),  dL/dh = (dL/dz) W / T,
+    and dL/dz at the rows' columns is kept for their gradient. Backward only scales these per token:
+    two lm_head products where recomputation takes three (the entropy, zeros unless asked for, adds
+    one), and no [N, vocab] tensor outlives the forward."""
 
     @staticmethod
     def forward(ctx, h, targets, rows, model, temperature, entropy, grad_enabled):
