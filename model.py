@@ -893,11 +893,11 @@ class HeadLogprobs(torch.autograd.Function):
         z = model.logits(h).float().div_(temperature)
         p, (top, top_id) = z.softmax(-1), z.max(-1)
         lse = top - p.gather(1, top_id[:, None])[:, 0].log()  # p at the argmax is >= 1 / V, never 0
-        mean_z = (p[:, None] @ z[:, :, None])[:, 0, 0] if entropy else lse  # sum_j p_j z_j, no [N, V] temporary
         logp = z.gather(1, targets[:, None])[:, 0] - lse
+        mean_z = z.mul_(p).sum(-1) if entropy else lse  # sum_j p_j z_j; z now holds p_j z_j
         if grad_enabled and any(ctx.needs_input_grad):
             W, ids = model.head_weight(), model.row_ids
-            dz = [z.sub_(mean_z[:, None]).mul_(p).mul_(-1 / temperature)] if entropy else []  # dH/dlogits, in z
+            dz = [z.mul_(-1 / temperature).addcmul_(p, mean_z[:, None] / temperature)] if entropy else []  # dH/dlogits
             ones = torch.full_like(p[:, :1], 1 / temperature)
             dz.insert(0, p.mul_(-1 / temperature).scatter_add_(1, targets[:, None], ones))  # (onehot - p) / T
             grads = torch.stack([d.to(W.dtype) @ W for d in dz])  # [k, N, d]
