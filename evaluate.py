@@ -284,17 +284,19 @@ def _batch_seed(seed: int, first_id: str) -> int:
     return zlib.crc32(f"{seed}/{first_id}".encode())
 
 
-def sample_completions(model, tok, examples: list[Example], sampling: SamplingConfig, n: int = 1, seed: int = 0,
-                       batch_size: int = 32, on_batch=None) -> list[list[str]]:
-    """`n` completions of each example from an in-process model (model.generate), longest prompts first,
-    `batch_size` completions per call; returns them per example, special tokens kept, EOS removed.
-    `on_batch(examples, completions)` is called after each batch. Reproducible for a seed."""
+def sample_completions(model, tok, prompts: list[list[dict]], keys: list[str], sampling: SamplingConfig, n: int = 1,
+                       seed: int = 0, batch_size: int = 32, on_batch=None) -> list[list[str]]:
+    """`n` completions of each chat prompt (`tok.chat_ids`) from an in-process model (model.generate),
+    longest prompts first, `batch_size` completions per call; returns them per prompt, special tokens
+    kept, EOS removed. `keys` name the prompts (example ids): a batch's seed comes from its first key,
+    so the samples do not depend on what else is sampled. `on_batch(indices, completions)` is called
+    after each batch. Reproducible for a seed."""
     from model import generate  # torch only where a model runs
 
-    ids = [tok.chat_ids(get_task(e.task).messages(e), enable_thinking=sampling.enable_thinking) for e in examples]
-    order = sorted(range(len(examples)), key=lambda i: (-len(ids[i]), i))
+    ids = [tok.chat_ids(messages, enable_thinking=sampling.enable_thinking) for messages in prompts]
+    order = sorted(range(len(prompts)), key=lambda i: (-len(ids[i]), i))
     eos, per_batch = set(tok.eos_token_ids), max(1, batch_size // n)
-    out: list[list[str]] = [[] for _ in examples]
+    out: list[list[str]] = [[] for _ in prompts]
     was_training = model.training
     model.eval()
     try:
@@ -303,12 +305,12 @@ def sample_completions(model, tok, examples: list[Example], sampling: SamplingCo
             rows = generate(model, [ids[i] for i in chunk for _ in range(n)], sampling.max_new_tokens,
                             temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
                             repetition_penalty=sampling.repetition_penalty, eos_token_ids=tuple(eos),
-                            seed=_batch_seed(seed, examples[chunk[0]].id))
+                            seed=_batch_seed(seed, keys[chunk[0]]))
             texts = [tok.decode(row[:-1] if row and row[-1] in eos else row) for row in rows]
             for j, i in enumerate(chunk):
                 out[i] = texts[j * n:(j + 1) * n]
             if on_batch is not None:
-                on_batch([examples[i] for i in chunk], [out[i] for i in chunk])
+                on_batch(chunk, [out[i] for i in chunk])
     finally:
         model.train(was_training)
     return out
@@ -462,8 +464,9 @@ def generate_missing(cfg: EvalConfig, sets: dict[str, list[Example]], done: dict
                 progress.update(len(lines))
 
             if cfg.endpoint is None:
-                sample_completions(model, tok, pending, sampling, n, cfg.seed, cfg.batch_size,
-                                   lambda batch, texts: write([(e, r) for e in batch for r in range(n)],
+                sample_completions(model, tok, [get_task(e.task).messages(e) for e in pending], [e.id for e in pending],
+                                   sampling, n, cfg.seed, cfg.batch_size,
+                                   lambda batch, texts: write([(pending[i], r) for i in batch for r in range(n)],
                                                               [t for ts in texts for t in ts]))
             else:
                 _sample_endpoint(cfg, sampling, [(e, r) for e in pending for r in range(n)

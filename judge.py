@@ -16,7 +16,6 @@ Judges (builder -> parser -> parsed shape; `rewards.py` reads the parsed value f
 | `sip_content_free` | `sip_content_request` | `parse_sip_content` | the same, against the conversation alone |
 | `care_rubric` | `care_rubric_request` | `parse_care_rubric` | `{dim: {"weight": float, "criteria": [str, ...]}}` |
 | `care_scores` | `care_scores_request` | `parse_care_scores` | `{dim: [int 0-5 per criterion]}` |
-| `refinement` | `refinement_request` | `parse_refinement` | `RefinedTrace` or `ReferenceConflict` |
 
 Every parser returns None on any answer that is not exactly in its format: a missing judgement
 is reported as missing, never guessed. Conversation text, candidate reasoning and model output are
@@ -43,7 +42,7 @@ import requests
 import urllib3
 from requests.adapters import HTTPAdapter
 
-from data import (EVIDENCE_CLOSE, EVIDENCE_OPEN, TASKS, Example, reject_json_constant, render_conversation,
+from data import (EVIDENCE_CLOSE, EVIDENCE_OPEN, Example, reject_json_constant, render_conversation,
                   render_target, task_brief, visible_turns)
 
 log = logging.getLogger("judge")
@@ -721,136 +720,3 @@ def parse_care_scores(text: str, rubric: dict[str, dict[str, Any]]) -> dict[str,
         scores[dim] = [int(v) for v in verdicts[position:position + n]]
         position += n
     return scores
-
-
-# ----------------------------------------------------------------------------- SFT trace refinement (CLUE A.1, C.3)
-
-_REFINEMENT_SYSTEM = f"""You refine one reasoning trace written for a social-language classification task, so that it becomes a training example that reaches the supplied reference labels honestly, or you report that the labels cannot be supported.
-
-You receive:
-- <id> and <task_name>: identifiers to copy unchanged.
-- <source_messages>: as JSON, the complete messages the trace answered: the task instructions, the label definitions, the conversation and the turn to analyze. They are the only source; use nothing else.
-- <original_completion>: the trace to refine.
-- <labels>: the reference labels the refined trace must end with. They say where the trace must arrive; they are not evidence about the conversation.
-{_DATA_NOTICE}
-
-How to refine:
-- Edit the original; do not write your own explanation from scratch. Keep its sound sentences word for word and in their order, in its language, with its paragraphs, valid quotations and useful comparisons. Add what is missing beside the passage that needs it.
-- Where the original commits to a wrong inference or label, keep that commitment as written, then add right after it a correction that reads like someone rereading the exchange: point to the exact inference, check it against the conversation and the label definitions, and say what changes and why. Do not soften the original commitment after the fact. Everything after the correction, and the answer, follows the corrected understanding.
-- Establish each reference label on its own terms, from evidence that meets its definition; rejecting another label does not establish it.
-- Fill the gaps that matter: who the speakers are to each other, the recent thread leading into the target, time gaps that bear on continuity, the cause of the target speaker's state, and what a cue such as punctuation, an interjection or a repetition does in this sequence.
-- Fix mechanical faults (a misquoted span, a wrong speaker for a quote, broken tags) locally, without staging a self-correction. Remove or rebuild a passage that loops or makes no sense. Rewrite from scratch only when nothing coherent survives.
-- If the original is already sound and reaches the labels, leave its reasoning unchanged.
-- Never mention reference labels, that labels were given, an editor, or the editing itself in the trace.
-
-Evidence:
-- Every <evidence>...</evidence> span is non-empty and copies an exact, contiguous piece of a single turn of the conversation: no paraphrase, translation, added ellipsis, joined fragments, or text from the instructions, definitions, speaker names or time markers. Tags are balanced and never nested.
-- Keep no invented quotation anywhere, not even in a rejected line of thought. New concrete claims about the conversation need exact evidence.
-
-When the labels cannot be supported: if the conversation and the definitions do not support the reference labels, do not force them and do not substitute another label. Return a conflict record instead; it goes to review, not to training.
-
-Output exactly one JSON object and nothing else (no code fence, no commentary), in one of two forms.
-A refined trace:
-{{"id": "<copied>", "task": "<copied>", "completion": "<think>\\n<the full refined reasoning>\\n</think>\\n\\nAnswer: <labels>"}}
-The completion holds exactly one <think> and one </think>; after </think> comes only the line "Answer: " followed by exactly the reference labels as spelled in <labels>, separated by a comma and a space.
-A conflict record:
-{{"id": "<copied>", "task": "<copied>", "status": "reference_conflict", "reference_labels": ["<each label as given>"], "reason": "<the specific defining condition the conversation does not meet, or the conflict in the source>", "source_evidence": ["<exact relevant span of a turn>"], "supported_alternative_labels": ["<a label of the task the conversation does support>"]}}
-Use an empty list when there is no relevant span or no supported alternative; never invent one."""
-
-_EVIDENCE_TAG_RE = re.compile(r"</?evidence>")
-_LABEL_LEAK_RE = re.compile(r"ground[ -]truth|gold label|reference label|supplied label|given label", re.IGNORECASE)
-
-
-@dataclass
-class RefinedTrace:
-    """A refined SFT example: the original prompt messages and the refined assistant completion."""
-
-    id: str
-    task: str
-    prompt: list[dict[str, str]]
-    completion: str
-
-
-@dataclass
-class ReferenceConflict:
-    """An audit record: the reference labels could not be supported. Never a training example."""
-
-    id: str
-    task: str
-    reference_labels: list[str]
-    reason: str
-    source_evidence: list[str]
-    supported_alternative_labels: list[str]
-
-
-def refinement_request(example: Example, prompt_messages: list[dict[str, str]], completion: str) -> JudgeCall:
-    """The trace-refinement call for one sampled `completion` to `prompt_messages` (the task prompt
-    it answered), toward the gold `example.labels`. The paper has the refiner copy the prompt back;
-    we keep it on our side, so a copying slip cannot corrupt a training row."""
-    messages = _messages(_REFINEMENT_SYSTEM, _section("id", example.id), _section("task_name", example.task),
-                         _section("source_messages", json.dumps(prompt_messages, ensure_ascii=False, indent=1)),
-                         _section("original_completion", completion),
-                         _section("labels", json.dumps(example.labels, ensure_ascii=False)))
-    return JudgeCall(messages, 8192)
-
-
-def _exact_quotes(spans: list, example: Example) -> bool:
-    """Every span is a non-empty string copied exactly from one visible turn."""
-    texts = [t.text for t in visible_turns(example)]
-    return all(isinstance(s, str) and s.strip() and any(s in t for t in texts) for s in spans)
-
-
-def _distinct_strings(value) -> bool:
-    return isinstance(value, list) and all(isinstance(x, str) for x in value) and len(set(value)) == len(value)
-
-
-def _same_label_set(labels, gold: list[str]) -> bool:
-    return _distinct_strings(labels) and set(labels) == set(gold)
-
-
-def _refined_completion_ok(completion: str, example: Example) -> bool:
-    """One think block whose evidence spans are balanced, unnested and exact quotations, with no
-    mention of reference labels, then the single line `Answer: <gold labels>`."""
-    completion = completion.strip()
-    if not completion.startswith("<think>") or completion.count("<think>") != 1 or completion.count("</think>") != 1:
-        return False
-    reasoning, _, after = completion[len("<think>"):].partition("</think>")
-    answer_lines = [line.strip() for line in after.splitlines() if line.strip()]
-    if not reasoning.strip() or _LABEL_LEAK_RE.search(reasoning) or len(answer_lines) != 1 \
-            or not answer_lines[0].startswith("Answer: ") \
-            or not _same_label_set(answer_lines[0][len("Answer: "):].split(", "), example.labels):
-        return False
-    tags = _EVIDENCE_TAG_RE.findall(reasoning)
-    if tags != ["<evidence>", "</evidence>"] * (len(tags) // 2):
-        return False
-    return _exact_quotes(re.findall(r"<evidence>(.*?)</evidence>", reasoning, re.DOTALL), example)
-
-
-def parse_refinement(text: str, example: Example,
-                     prompt_messages: list[dict[str, str]]) -> RefinedTrace | ReferenceConflict | None:
-    """A refined trace, a conflict record, or None for any answer that is neither exactly: wrong
-    id or task, an answer line that is not exactly the gold labels, an evidence span that is not an
-    exact quotation of a turn, a conflict whose reference labels are not the gold ones or whose
-    alternatives are not labels of the task."""
-    record = _strict_json_object(text)
-    if record is None or record.get("id") != example.id or record.get("task") != example.task:
-        return None
-    if set(record) == {"id", "task", "completion"}:
-        completion = record["completion"]
-        if not isinstance(completion, str) or not _refined_completion_ok(completion, example):
-            return None
-        return RefinedTrace(example.id, example.task, prompt_messages, completion.strip())
-    conflict_keys = {"id", "task", "status", "reference_labels", "reason", "source_evidence",
-                     "supported_alternative_labels"}
-    if set(record) != conflict_keys or record["status"] != "reference_conflict":
-        return None
-    reason, evidence, alternatives = record["reason"], record["source_evidence"], record["supported_alternative_labels"]
-    valid = (_same_label_set(record["reference_labels"], example.labels)
-             and isinstance(reason, str) and reason.strip()
-             and isinstance(evidence, list) and _exact_quotes(evidence, example)
-             and _distinct_strings(alternatives)
-             and all(a in TASKS[example.task].labels and a not in example.labels for a in alternatives))
-    if not valid:
-        return None
-    return ReferenceConflict(example.id, example.task, list(record["reference_labels"]), reason.strip(),
-                             list(evidence), list(alternatives))

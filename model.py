@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from tokenizers import AddedToken, Tokenizer
 from torch import nn
@@ -124,12 +124,24 @@ class QwenConfig:
 
 
 def read_json(path: Path) -> dict:
+    """The JSON object in `path`; a missing file, bad JSON or any other value is an error naming it."""
     if not path.is_file():
         raise FileNotFoundError(f"{path}: file not found")
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{path}: line {e.lineno}: invalid JSON ({e.msg})") from None
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, RecursionError) as e:  # JSON syntax, not UTF-8, nested too deep
+        raise CheckpointError(f"{path}: invalid JSON ({str(e) or type(e).__name__})") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def open_safetensors(file: Path, device="cpu"):
+    """safe_open, with a file it cannot open or read (missing, truncated, not safetensors) an error naming it."""
+    try:
+        return safe_open(file, framework="pt", device=str(device))
+    except (SafetensorError, OSError) as e:
+        raise CheckpointError(f"{file}: unreadable safetensors file ({e})") from None
 
 
 def _int(raw: dict, key: str, src: str) -> int:
@@ -512,10 +524,8 @@ class Qwen(nn.Module):
                                   f"unexpected {unexpected}")
         for file in files:
             state = {}
-            with safe_open(file, framework="pt", device=str(device)) as f:
-                for name in f.keys():
-                    if found.get(name) != file:
-                        continue
+            with open_safetensors(file, device) as f:
+                for name in [name for name in f.keys() if found.get(name) == file]:
                     ours, shape = expected[name]
                     if tuple(f.get_slice(name).get_shape()) != tuple(shape):
                         raise CheckpointError(f"{file.name}: tensor '{name}' has shape {f.get_slice(name).get_shape()} "
@@ -553,7 +563,7 @@ class Qwen(nn.Module):
         out = (self.head_weight() @ h.T).T if few_rows else F.linear(h, self.head_weight())
         if self.head_rows is None or not self.rows_enabled:
             return out
-        return out.index_copy(-1, self.row_ids, F.linear(h, self.head_rows.to(h.dtype)))
+        return out.index_copy_(-1, self.row_ids, F.linear(h, self.head_rows.to(h.dtype)))
 
     def hidden_states(self, input_ids, cache: Cache | None = None, lengths=None):
         """Final-norm hidden states [B, T, d]. Without a cache: a causal forward from position 0.
@@ -605,14 +615,19 @@ def checkpoint_name(cfg: QwenConfig, name: str) -> str:
 
 
 def checkpoint_files(path: Path) -> dict[Path, list[str]]:
-    """{safetensors file: tensor names it holds} from model.safetensors or the sharded index."""
+    """{safetensors file: tensor names it holds} from model.safetensors or the sharded index. A shard
+    must lie in the folder, symlinks resolved (a Hugging Face cache snapshot's point into ../../blobs)."""
     index = path / "model.safetensors.index.json"
     if index.is_file():
         weight_map = read_json(index).get("weight_map")
         if not isinstance(weight_map, dict):
             raise CheckpointError(f"{index}: missing field 'weight_map'")
+        root = path.resolve()
+        inside = (root, root.parents[1] / "blobs") if root.parent.name == "snapshots" else (root,)
         files: dict[Path, list[str]] = {}
         for name, file in weight_map.items():
+            if not isinstance(file, str) or not any((path / file).resolve().is_relative_to(d) for d in inside):
+                raise CheckpointError(f"{index}: field 'weight_map.{name}' = {file!r} is not a file in {path}")
             files.setdefault(path / file, []).append(name)
     elif (path / "model.safetensors").is_file():
         files = {path / "model.safetensors": None}
@@ -622,7 +637,7 @@ def checkpoint_files(path: Path) -> dict[Path, list[str]]:
         if not file.is_file():
             raise FileNotFoundError(f"{file}: file not found (listed in {index.name})")
         if files[file] is None:
-            with safe_open(file, framework="pt") as f:
+            with open_safetensors(file) as f:
                 files[file] = list(f.keys())
     return files
 
@@ -657,18 +672,17 @@ def add_lora(model: Qwen, rank=16, alpha=32, dropout=0.0, targets=LORA_TARGETS) 
 
 @contextlib.contextmanager
 def lora_disabled(model: Qwen):
-    """The base model (the reference policy): LoRA deltas and trainable token rows switched off."""
-    modules = list(lora_modules(model).values())
-    previous = model.rows_enabled
+    """The base model (the reference policy): LoRA deltas and trainable token rows switched off; on
+    exit each switch returns to its previous state, so the context nests."""
+    switches = [(model, "rows_enabled")] + [(m, "lora_enabled") for m in lora_modules(model).values()]
+    previous = [getattr(owner, name) for owner, name in switches]
     try:
-        model.rows_enabled = False
-        for m in modules:
-            m.lora_enabled = False
+        for owner, name in switches:
+            setattr(owner, name, False)
         yield model
     finally:
-        model.rows_enabled = previous
-        for m in modules:
-            m.lora_enabled = True
+        for (owner, name), state in zip(switches, previous):
+            setattr(owner, name, state)
 
 
 def train_token_rows(model: Qwen, token_ids) -> list[nn.Parameter]:
@@ -746,35 +760,37 @@ def load_adapter(model: Qwen, path) -> Qwen:
         if cfg.get(key, allowed[0]) not in allowed:
             raise CheckpointError(f"{cfg_path}: field '{key}' = {cfg[key]!r} is not supported")
     targets = cfg.get("target_modules")
-    if not isinstance(targets, list):
+    if not isinstance(targets, list) or not all(isinstance(t, str) for t in targets):
         raise CheckpointError(f"{cfg_path}: field 'target_modules' must be a list of module names, got {targets!r}")
     if not lora_modules(model):
         add_lora(model, _int(cfg, "r", str(cfg_path)), cfg.get("lora_alpha", 8), cfg.get("lora_dropout", 0.0), targets)
-    if not weights_path.is_file():
-        raise FileNotFoundError(f"{weights_path}: file not found")
-    expected = {}
-    for name, m in lora_modules(model).items():
-        expected[f"{peft_name(model, name)}.lora_A.weight"] = m.lora_A
-        expected[f"{peft_name(model, name)}.lora_B.weight"] = m.lora_B
-    with safe_open(weights_path, framework="pt") as f:
-        names = set(f.keys())
-        missing, unexpected = sorted(set(expected) - names), sorted(names - set(expected))
+    copy_tensors(weights_path, {f"{peft_name(model, name)}.lora_{ab}.weight": getattr(m, f"lora_{ab}")
+                                for name, m in lora_modules(model).items() for ab in "AB"})
+    rows_path = path / TOKEN_ROWS
+    if rows_path.is_file():
+        with open_safetensors(rows_path) as f:
+            ids = f.get_tensor("token_ids").tolist() if "token_ids" in f.keys() else []
+        try:
+            train_token_rows(model, ids)
+        except ValueError as e:
+            raise CheckpointError(f"{rows_path}: tensor 'token_ids': {e}") from None
+        rows = {name.split(".")[-2]: rows for name, rows in row_targets(model)}  # embed_tokens, lm_head
+        copy_tensors(rows_path, {"token_ids": model.row_ids} | rows)
+    return model
+
+
+def copy_tensors(file: Path, expected: dict[str, torch.Tensor]) -> None:
+    """Copy each tensor of `file` into expected[name]; names and shapes must agree exactly."""
+    with open_safetensors(file) as f:
+        missing, unexpected = sorted(set(expected) - set(f.keys())), sorted(set(f.keys()) - set(expected))
         if missing or unexpected:
-            raise CheckpointError(f"{weights_path}: tensor names disagree with the model: missing {missing}, "
+            raise CheckpointError(f"{file}: tensor names disagree with the model: missing {missing}, "
                                   f"unexpected {unexpected}")
         for name, param in expected.items():
-            t = f.get_tensor(name)
-            if t.shape != param.shape:
-                raise CheckpointError(f"{weights_path}: tensor '{name}' has shape {list(t.shape)}, "
-                                      f"the model expects {list(param.shape)} (field 'r' = {cfg.get('r')})")
-            param.data.copy_(t)
-    if (path / TOKEN_ROWS).is_file():
-        with safe_open(path / TOKEN_ROWS, framework="pt") as f:
-            train_token_rows(model, f.get_tensor("token_ids").tolist())
-            for key, param in (("embed_tokens", model.embed_rows), ("lm_head", model.head_rows)):
-                if key in f.keys():
-                    param.data.copy_(f.get_tensor(key))
-    return model
+            if f.get_slice(name).get_shape() != list(param.shape):
+                raise CheckpointError(f"{file}: tensor '{name}' has shape {f.get_slice(name).get_shape()}, "
+                                      f"the model expects {list(param.shape)}")
+            param.data.copy_(f.get_tensor(name))
 
 
 def atomic_write(path: Path, text: str) -> None:
@@ -840,35 +856,62 @@ def token_logprobs(model: Qwen, input_ids, mask=None, temperature: float = 1.0, 
 
     `mask` [B, T-1] (bool) selects the positions to compute (completion tokens, say); the others are
     0 and cost no lm_head work. Pad right-padded batches on the right and mask the padding out.
-    The softmax runs in float32 on `chunk_size` positions at a time and, under autograd, each chunk
-    is recomputed in backward, so no [B, T, vocab] float32 tensor ever exists. With entropy=True
-    also returns the entropy [B, T-1] of each position's temperature-scaled distribution."""
+    The softmax runs in float32 on `chunk_size` positions at a time, each forming its gradient at once
+    (`HeadLogprobs`), so no [B, T, vocab] float32 tensor ever exists. With entropy=True also returns the
+    entropy [B, T-1] of each position's temperature-scaled distribution."""
     if temperature <= 0:
         raise ValueError(f"token_logprobs: temperature must be > 0, got {temperature}")
-    h = model.hidden_states(input_ids)[:, :-1]
-    targets = input_ids[:, 1:]
-    if mask is None:
-        mask = torch.ones_like(targets, dtype=torch.bool)
-    where = mask.nonzero(as_tuple=True)
-    h_sel, t_sel = h[where], targets[where]
-
-    def chunk(h_part, t_part):
-        logits = model.logits(h_part).float() / temperature
-        lse = torch.logsumexp(logits, -1)
-        logp = logits.gather(-1, t_part[:, None])[:, 0] - lse
-        ent = lse - (logits.softmax(-1) * logits).sum(-1)
-        return logp, ent
-
-    parts = []
-    for i in range(0, h_sel.shape[0], chunk_size):
-        args = (h_sel[i:i + chunk_size], t_sel[i:i + chunk_size])
-        parts.append(checkpoint(chunk, *args, use_reentrant=False) if h_sel.requires_grad else chunk(*args))
-    logp = torch.zeros(targets.shape, dtype=torch.float32, device=h.device)
-    ent = torch.zeros_like(logp)
-    if parts:
-        logp = logp.index_put(where, torch.cat([p[0] for p in parts]))
-        ent = ent.index_put(where, torch.cat([p[1] for p in parts]))
+    h, targets = model.hidden_states(input_ids)[:, :-1], input_ids[:, 1:]
+    where = (torch.ones_like(targets, dtype=torch.bool) if mask is None else mask).nonzero(as_tuple=True)
+    h, t, parts = h[where], targets[where], []
+    rows = model.head_rows if model.rows_enabled else None
+    for i in range(0, max(len(t), 1), chunk_size):  # one empty chunk when nothing is selected
+        chunk = h[i:i + chunk_size], t[i:i + chunk_size]
+        parts.append(checkpoint(plain_logprobs, model, *chunk, temperature, use_reentrant=False)
+                     if model.head_weight().requires_grad else  # a trainable head: recomputed in backward
+                     HeadLogprobs.apply(*chunk, rows, model, temperature, entropy, torch.is_grad_enabled()))
+    logp, ent = (torch.zeros(targets.shape, device=h.device).index_put(where, torch.cat(x)) for x in zip(*parts))
     return (logp, ent) if entropy else logp
+
+
+def plain_logprobs(model: Qwen, h, targets, temperature: float):
+    """(log p of each target, entropy) for hidden states h [N, d], by autograd through a float32 log-softmax."""
+    logp = F.log_softmax(model.logits(h).float() / temperature, -1)
+    return logp.gather(-1, targets[:, None])[:, 0], -(logp.exp() * logp).sum(-1)
+
+
+class HeadLogprobs(torch.autograd.Function):
+    """plain_logprobs with the gradients formed in forward, through the frozen lm_head W whose rows
+    model.row_ids the trainable `rows` (or None) replace. With z = logits / T and p = softmax(z):
+    d log p_y / dz = onehot(y) - p,  dH / dz_i = -p_i (z_i - sum_j p_j z_j),  dL/dh = (dL/dz) W / T,
+    and dL/dz at the rows' columns is kept for their gradient. Backward only scales these per token:
+    two lm_head products where recomputation takes three (the entropy, zeros unless asked for, adds
+    one), and no [N, vocab] tensor outlives the forward."""
+
+    @staticmethod
+    def forward(ctx, h, targets, rows, model, temperature, entropy, grad_enabled):
+        z = model.logits(h).float().div_(temperature)
+        p, (top, top_id) = z.softmax(-1), z.max(-1)
+        lse = top - p.gather(1, top_id[:, None])[:, 0].log()  # p at the argmax is >= 1 / V, never 0
+        logp = z.gather(1, targets[:, None])[:, 0] - lse
+        mean_z = z.mul_(p).sum(-1) if entropy else lse  # sum_j p_j z_j; z now holds p_j z_j
+        if grad_enabled and any(ctx.needs_input_grad):
+            W, ids = model.head_weight(), model.row_ids
+            dz = [z.mul_(-1 / temperature).addcmul_(p, mean_z[:, None] / temperature)] if entropy else []  # dH/dlogits
+            ones = torch.full_like(p[:, :1], 1 / temperature)
+            dz.insert(0, p.mul_(-1 / temperature).scatter_add_(1, targets[:, None], ones))  # (onehot - p) / T
+            grads = torch.stack([d.to(W.dtype) @ W for d in dz])  # [k, N, d]
+            coefs = None if rows is None else torch.stack([d[:, ids] for d in dz])  # [k, N, n]
+            grads += 0 if rows is None else coefs @ (rows.float() - W[ids].float())  # those logits use rows
+            ctx.save_for_backward(h, grads, coefs)
+        return logp, lse - mean_z
+
+    @staticmethod
+    def backward(ctx, d_logp, d_ent):
+        h, grads, coefs = ctx.saved_tensors
+        scale = torch.stack([d_logp, d_ent])[:len(grads), :, None]  # [k, N, 1]
+        d_rows = None if coefs is None else (scale * coefs).sum(0).T @ h.float()
+        return (scale * grads.float()).sum(0).to(h.dtype), None, d_rows, None, None, None, None
 
 
 # ----------------------------------------------------------------------------------------------

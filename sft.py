@@ -1,1 +1,732 @@
-"""Stage 1: reasoning SFT with quoted evidence (token-weighted loss, LoRA, trainable `<evidence>` rows)."""
+"""Stage 1 (CLUE A.1): supervised fine-tuning on reasoning traces that quote their evidence, and the
+preparation of those traces.
+
+    python sft.py prepare config.yaml [key=value ...]   # sample traces, refine them with a teacher
+    python sft.py config.yaml [key=value ...]           # train; the same under torchrun
+
+Data (`data` in the config), one JSON object per line, in either of two shapes:
+    {"id", "task", "prompt": [chat messages], "completion", "labels"}
+    an example of data.py's schema plus "completion" (and optionally the "prompt" it answered;
+    without one the prompt is the task's own, `Task.messages(example)`)
+The completion is reasoning, `</think>`, then `Answer: <labels>`, and must answer the row's labels.
+Several rows may share an id (several traces of one example).
+
+Loss. The prompt goes through the checkpoint's chat format and the completion follows it, ending
+with the end-of-turn token. In completion i, with label tokens L_i (the final labels on the answer
+line) and the other tokens O_i (end-of-turn included), each token t gets the weight
+    w_t = label_share / |L_i| on L_i,   other_share / |O_i| on O_i,   0 on the prompt,
+and one optimizer update over N completions (all ranks and accumulation steps together) minimizes
+    loss = -(1 / N) sum_i sum_t w_t log p(y_t | y_<t),
+so each completion counts equally whatever its length, and the value does not depend on how the
+completions are split across ranks or micro-batches.
+
+Selection. Some targets are held out (`selection.per_task` per task); every row sharing one (the
+same id, or the same conversation up to the same target turn) is left out of training. At each
+epoch end (and every `selection.every` steps) the held-out prompts are sampled and the adapter with
+the best mean macro F1 across tasks is kept.
+
+Outputs in output_dir: config.yaml, metrics.jsonl, ckpt-<step>/ (train.py; exact resume),
+best/ (the selected adapter and `<evidence>` rows in PEFT format; the final ones when selection is
+off), selection.json (step -> per-task macro F1), merged/ with save_merged=true.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import random
+import re
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import torch
+
+from config import ConfigError, MetricsWriter, atomic_write_text, parse_cli, print0, save_resolved_config
+from data import (THINK_END, THINK_START, DataError, Example, example_from_json, example_to_json, get_task,
+                  load_jsonl, parse_answer, read_jsonl, split_completion, typed_field, visible_turns)
+from evaluate import SamplingConfig, f1_scores, sample_completions
+from judge import (_DATA_NOTICE, JudgeCall, JudgeConfig, JudgeError, _messages, _section, _strict_json_object,
+                   chat_many)
+from model import (LORA_TARGETS, CheckpointError, Qwen, QwenTokenizer, add_lora, add_special_tokens,
+                   load_adapter, load_tokenizer, save_adapter, save_merged, token_logprobs, train_token_rows)
+from train import (StopRequest, Progress, all_reduce_sum, broadcast_parameters, build_optimizer, latest_checkpoint,
+                   linear_warmup_decay, load_checkpoint, optimizer_parameters, restore_optimizer, save_checkpoint,
+                   set_lr, setup_distributed, sync_gradients)
+from verifier import EVIDENCE_CLOSE, EVIDENCE_OPEN, extract_quotes, format_score, verify_quote
+
+# ----------------------------------------------------------------------------- config
+
+
+@dataclass
+class LoraSettings:
+    rank: int = 16  # Table 5 (lost): r = 16, alpha = 2r, the common choice for LoRA SFT of 7-9B models
+    alpha: int = 32
+    dropout: float = 0.05  # Table 5 (lost): PEFT's usual small dropout
+    targets: tuple[str, ...] = LORA_TARGETS  # every projection of attention and MLP
+
+
+@dataclass
+class SelectionConfig:
+    """Checkpoint selection on held-out targets, sampled as the paper does (A.2, last paragraph)."""
+
+    per_task: int = 8  # held-out targets per task (the paper: 8 per task, 24 in all); 0 turns selection off
+    data: str | None = None  # examples (data.py's JSONL) to hold targets out from; default: the training rows
+    every: int = 0  # also select every this many optimizer steps (0: at epoch ends only)
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0: no top-k truncation
+    max_new_tokens: int = 8192
+    batch_size: int = 8  # prompts sampled together
+    seed: int = 0
+
+
+@dataclass
+class PrepareConfig:
+    """`python sft.py prepare`: sample traces from the base model, refine them toward the gold labels
+    with a teacher, and write the accepted ones to the config's `data` file."""
+
+    examples: str  # gold examples (data.py's JSONL)
+    conflicts: str | None = None  # reference-conflict records; default: <data>.conflicts.jsonl
+    samples: int = 1  # traces sampled per example
+    sampler: JudgeConfig | None = None  # an OpenAI-compatible endpoint serving the base model; None: model.py
+    temperature: float = 1.0  # sampling of the traces (also sent to the endpoint)
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 8192
+    batch_size: int = 8  # prompts sampled together (model.py only)
+    teacher: JudgeConfig = field(default_factory=JudgeConfig)  # the refiner (its own sampling settings)
+
+
+@dataclass
+class SFTConfig:
+    model: str  # base checkpoint folder (Hugging Face layout)
+    data: str  # SFT rows (JSONL); `prepare` writes it
+    output_dir: str = "runs/sft"
+    lr: float = 1e-4  # Table 5 (lost): the usual peak LR for LoRA SFT at r = 16
+    weight_decay: float = 0.01
+    betas: tuple[float, float] = (0.9, 0.999)  # A.1 names none for SFT: AdamW's defaults
+    row_lr_scale: float = 10.0  # the <evidence> rows: 10x the LR, no weight decay
+    warmup_fraction: float = 0.01
+    epochs: int = 2
+    batch_size: int = 1  # examples per device per micro-batch
+    grad_accum: int = 4
+    seed: int = 42
+    max_length: int = 16384  # Table 5 (lost): prompt + completion tokens; longer rows are skipped and counted
+    label_share: float = 0.15  # loss weight of each completion's final-label tokens ...
+    other_share: float = 0.85  # ... and of its other tokens, end-of-turn included
+    max_grad_norm: float = 1.0  # not in the paper: the usual clip of the global gradient norm
+    gradient_checkpointing: bool = False  # recompute each layer in backward: less memory, more time
+    dtype: str | None = None  # None: bfloat16 on GPU, float32 on the CPU; LoRA factors and rows stay float32
+    device: str | None = None  # None: cuda:LOCAL_RANK when available, else the CPU
+    enable_thinking: bool | None = None  # the chat format's thinking switch; None: the checkpoint's default
+    lora: LoraSettings = field(default_factory=LoraSettings)
+    selection: SelectionConfig = field(default_factory=SelectionConfig)
+    save_every: int = 200  # optimizer steps between checkpoints (also at each epoch end and on a stop request)
+    keep_checkpoints: int | None = 2
+    resume: Literal["auto", "none"] = "auto"  # auto: continue from the newest complete checkpoint
+    save_merged: bool = False  # also write merged/, a full checkpoint with the adapter folded in
+    prepare: PrepareConfig | None = None
+
+
+# ----------------------------------------------------------------------------- rows
+
+
+@dataclass
+class Row:
+    """One SFT row. `example`: the example it answers, when the row carries it (then `turns` holds its
+    visible (speaker, text) pairs)."""
+
+    id: str
+    task: str
+    prompt: list[dict[str, str]]
+    completion: str
+    labels: list[str]
+    turns: tuple[tuple[str, str], ...] | None = None
+    example: Example | None = None
+
+    def answer(self, completion: str) -> list[str] | None:
+        """The labels `completion` answers, read by data.parse_answer (invalid: None)."""
+        return parse_answer(completion, self.example or self.task)
+
+
+def row_from_example(example: Example, completion: str, prompt: list[dict] | None = None) -> Row:
+    turns = tuple((t.speaker, t.text) for t in visible_turns(example))
+    messages = get_task(example.task).messages(example) if prompt is None else prompt
+    return Row(example.id, example.task, messages, completion, example.labels, turns, example)
+
+
+def _chat_messages(value) -> list[dict[str, str]]:
+    ok = isinstance(value, list) and value and all(
+        isinstance(m, dict) and set(m) == {"role", "content"} and m["role"] in ("system", "user", "assistant")
+        and isinstance(m["content"], str) for m in value)
+    if not ok:
+        raise DataError("field 'prompt': expected a non-empty list of {role: system/user/assistant, content}")
+    return value
+
+
+def row_from_json(raw) -> Row:
+    """Check one row (either shape of the module docstring); errors name the field."""
+    if not isinstance(raw, dict):
+        raise DataError(f"expected a JSON object, got {type(raw).__name__}")
+    raw = dict(raw)
+    completion = typed_field(raw, "completion", str)
+    del raw["completion"]
+    prompt = raw.pop("prompt", None)
+    prompt = None if prompt is None else _chat_messages(prompt)
+    if "turns" in raw:
+        row = row_from_example(example_from_json(raw), completion, prompt)
+    else:
+        unknown = set(raw) - {"id", "task", "labels"}
+        if unknown or prompt is None:
+            raise DataError(f"field '{sorted(unknown)[0]}': unknown field" if unknown else "field 'prompt': missing")
+        task = get_task(typed_field(raw, "task", str), field="task")
+        if task.choices:
+            raise DataError(f"field 'turns': a {task.name} row needs its example (turns, meta.options), whose options "
+                            f"decide the valid answer letters")
+        given = typed_field(raw, "labels", list)
+        labels = [task.canonical(x) if isinstance(x, str) else None for x in given]
+        if not labels or None in labels:
+            bad = given[labels.index(None)] if labels else "[]"
+            raise DataError(f"field 'labels': {bad!r} is not a label of {task.name} (labels: {', '.join(task.labels)})")
+        row = Row(typed_field(raw, "id", str), task.name, prompt, completion, labels)
+    answer = row.answer(completion)
+    if answer is None or set(answer) != set(row.labels):
+        raise DataError(f"field 'completion': its final Answer line gives {answer}, the row's labels are {row.labels}")
+    return row
+
+
+def load_rows(path) -> list[Row]:
+    """Every row of a JSONL file; a bad line raises DataError naming the file, line and field."""
+    path, rows = Path(path), []
+    if not path.is_file():
+        raise DataError(f"{path}: file not found")
+    for number, raw in read_jsonl(path):
+        try:
+            rows.append(row_from_json(raw))
+        except DataError as e:
+            raise DataError(f"{path}:{number}: {e}") from None
+    if not rows:
+        raise DataError(f"{path}: no rows (the file is empty)")
+    return rows
+
+
+def shares_target(a: Row, b: Row) -> bool:
+    """Same id, or the same conversation up to the same target turn (one context may be a shortened
+    copy of the other, ending at the same turn)."""
+    if a.id == b.id:
+        return True
+    if a.turns is None or b.turns is None:
+        return False
+    n = min(len(a.turns), len(b.turns))
+    return a.turns[-n:] == b.turns[-n:]
+
+
+def hold_out(pool: list[Row], per_task: int, seed: int) -> list[Row]:
+    """Up to `per_task` rows of each task, with pairwise different targets, drawn with `seed`."""
+    order = list(pool)
+    random.Random(seed).shuffle(order)
+    chosen, count = [], dict.fromkeys((r.task for r in pool), 0)
+    for row in order:
+        if count[row.task] < per_task and not any(shares_target(row, c) for c in chosen):
+            chosen.append(row)
+            count[row.task] += 1
+    return chosen
+
+
+# ----------------------------------------------------------------------------- tokens and the loss
+
+def encode_text(tok: QwenTokenizer, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+    """Ids of a completion's `text` and each id's character span. The completion format's tags
+    (evidence and think) become their tokens where the tokenizer has them, as the model emits them;
+    everything else is plain text, so no control token (`<|im_end|>`) can be forged."""
+    tags = "|".join(re.escape(t) for t in (EVIDENCE_OPEN, EVIDENCE_CLOSE, THINK_START, THINK_END)
+                    if tok.tokenizer.token_to_id(t) is not None)
+    ids, spans, at = [], [], 0
+    for tag in [*(re.finditer(tags, text) if tags else ()), None]:
+        end = len(text) if tag is None else tag.start()
+        if end > at:
+            tok.tokenizer.encode_special_tokens = True
+            try:
+                encoding = tok.tokenizer.encode(text[at:end], add_special_tokens=False)
+            finally:
+                tok.tokenizer.encode_special_tokens = False
+            ids += encoding.ids
+            spans += [(at + a, at + b) for a, b in encoding.offsets]
+        if tag is not None:
+            ids.append(tok.token_id(tag.group()))
+            spans.append(tag.span())
+            at = tag.end()
+    return ids, spans
+
+
+def label_spans(completion: str, task: str | Example) -> list[tuple[int, int]] | None:
+    """Character spans of the final labels on the answer line that `data.parse_answer` reads (`task`:
+    the task's name, or the example for a multiple-choice task); None without a valid answer."""
+    if parse_answer(completion, task) is None:
+        return None
+    _, answer = split_completion(completion)
+    lines, at = [], len(completion) - len(answer)
+    for line in answer.splitlines(keepends=True):
+        lines.append((at, line))
+        at += len(line)
+    for at, line in reversed(lines):
+        if parse_answer(THINK_END + "\n" + line, task) is not None:
+            head = line.index(":") + 1
+            items = re.finditer(r"[^,\s](?:[^,]*[^,\s])?", line[head:])  # each label, outer spaces left out
+            return [(at + head + m.start(), at + head + m.end()) for m in items]
+    return None
+
+
+def completion_weights(n_prompt: int, is_label: list[bool], label_share: float = 0.15,
+                       other_share: float = 0.85) -> list[float]:
+    """Loss weight of each token of prompt + completion: 0 on the prompt; over the completion
+    (`is_label`, end-of-turn included) the label tokens share `label_share` equally and the others
+    `other_share`. Raises ValueError when either group is empty."""
+    n_label = sum(is_label)
+    if n_label == 0 or n_label == len(is_label):
+        raise ValueError(f"a completion needs label tokens and other tokens, got {n_label} of {len(is_label)}")
+    label, other = label_share / n_label, other_share / (len(is_label) - n_label)
+    return [0.0] * n_prompt + [label if x else other for x in is_label]
+
+
+def encode_row(tok: QwenTokenizer, row: Row, cfg: SFTConfig) -> tuple[list[int], list[float]]:
+    """(token ids, loss weights) of prompt + completion + end-of-turn."""
+    prompt = tok.chat_ids(row.prompt, enable_thinking=cfg.enable_thinking)
+    completion = row.completion
+    if tok.chat([], enable_thinking=cfg.enable_thinking).endswith(THINK_START + "\n"):
+        completion = completion.removeprefix(THINK_START).lstrip("\n")  # the prompt already opened it
+    ids, spans = encode_text(tok, completion)
+    wanted = label_spans(completion, row.example or row.task) or []
+    is_label = [any(a < e and s < b for s, e in wanted) for a, b in spans]
+    try:
+        weights = completion_weights(len(prompt), is_label + [False], cfg.label_share, cfg.other_share)
+    except ValueError:
+        raise DataError(f"row {row.id!r}: the label tokens of its answer line cannot be located") from None
+    return prompt + ids + [tok.token_id("<|im_end|>")], weights
+
+
+def collate(samples: list[tuple[list[int], list[float]]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded ids [B, T] and the weights of each next-token target [B, T-1] (0 on padding)."""
+    width = max(len(ids) for ids, _ in samples)
+    ids = torch.full((len(samples), width), pad_id, dtype=torch.long)
+    weights = torch.zeros(len(samples), width)
+    for i, (row_ids, row_weights) in enumerate(samples):
+        ids[i, :len(row_ids)] = torch.tensor(row_ids)
+        weights[i, :len(row_weights)] = torch.tensor(row_weights)
+    return ids.to(device), weights[:, 1:].to(device)
+
+
+def sft_loss(logp: torch.Tensor, weights: torch.Tensor, n_completions: int) -> torch.Tensor:
+    """-(1 / N) sum w_t log p_t: this micro-batch's part of the update's loss (N over the whole update)."""
+    return -(weights * logp).sum() / n_completions
+
+
+def backward_update(model: Qwen, micro_batches, n_completions: int) -> float:
+    """Forward and backward over this rank's micro-batches of one optimizer update (gradients add up
+    in .grad); returns this rank's part of the update's loss."""
+    loss = 0.0
+    for ids, weights in micro_batches:
+        part = sft_loss(token_logprobs(model, ids, mask=weights > 0), weights, n_completions)
+        part.backward()
+        loss += part.item()
+    return loss
+
+
+def update_rows(n_rows: int, step: int, group: int, seed: int) -> list[int]:
+    """Row indices of optimizer update `step`: each epoch a fresh permutation (seed + epoch), cut into
+    consecutive groups of `group` = batch size x accumulation x world size (the last may be short)."""
+    per_epoch = math.ceil(n_rows / group)
+    epoch, position = divmod(step, per_epoch)
+    order = torch.randperm(n_rows, generator=torch.Generator().manual_seed(seed + epoch)).tolist()
+    return order[position * group:(position + 1) * group]
+
+
+# ----------------------------------------------------------------------------- sampling and selection
+
+
+def heldout_macro_f1(model: Qwen, tok: QwenTokenizer, heldout: list[Row], cfg: SFTConfig, rank: int,
+                     world: int) -> dict[str, float]:
+    """Sample every held-out prompt once (each rank its share, evaluate.sample_completions) and score
+    macro F1 per task (evaluate.f1_scores). Predictions travel between ranks as label indicators."""
+    s = cfg.selection
+    mine = list(range(rank, len(heldout), world))
+    sampling = SamplingConfig(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
+                              max_new_tokens=s.max_new_tokens, enable_thinking=cfg.enable_thinking)
+    texts = sample_completions(model, tok, [heldout[i].prompt for i in mine], [heldout[i].id for i in mine],
+                               sampling, seed=s.seed, batch_size=s.batch_size)
+    width = 1 + max(len(get_task(r.task).labels) for r in heldout)
+    found = torch.zeros(len(heldout), width, device=model.device)  # column 0: the answer is valid
+    for i, [text] in zip(mine, texts):
+        answer = heldout[i].answer(text)
+        if answer is not None:
+            found[i, 0] = 1
+            for label in answer:
+                found[i, 1 + get_task(heldout[i].task).labels.index(label)] = 1
+    found = all_reduce_sum(found).tolist()
+    scores = {}
+    for task in dict.fromkeys(r.task for r in heldout):
+        spec, items = get_task(task), [(r, f) for r, f in zip(heldout, found) if r.task == task]
+        pred = [[n for n, x in zip(spec.labels, f[1:]) if x] if f[0] else None for _, f in items]
+        macro = f1_scores([r.labels for r, _ in items], pred, list(spec.labels), spec.catch_all)["macro"]
+        scores[task] = 0.0 if macro is None else macro  # None: every held-out target is the catch-all
+    return scores
+
+
+# ----------------------------------------------------------------------------- training
+
+
+def _trim_metrics(path: Path, last_step: int) -> None:
+    """Drop the records logged after the checkpoint a run resumes from (they will be logged again),
+    and a last line cut short by a kill."""
+    if path.is_file():
+        kept = []
+        for line in path.read_text(encoding="utf-8").splitlines(keepends=True):
+            try:
+                if json.loads(line)["step"] <= last_step:
+                    kept.append(line)
+            except (ValueError, KeyError):
+                continue
+        atomic_write_text(path, "".join(kept))
+
+
+def _save_best(model: Qwen, out: Path) -> None:
+    tmp = out / ".best.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    save_adapter(model, tmp)
+    shutil.rmtree(out / "best", ignore_errors=True)
+    tmp.rename(out / "best")
+
+
+def _dtype(cfg: SFTConfig, device: torch.device) -> str:
+    return cfg.dtype or ("bfloat16" if device.type == "cuda" else "float32")
+
+
+def split_rows(cfg: SFTConfig) -> tuple[list[Row], list[Row]]:
+    """(training rows, held-out targets): the targets are drawn from `selection.data` or the rows,
+    and every row sharing one is left out of training (the count is printed)."""
+    rows = load_rows(cfg.data)
+    pool = rows if cfg.selection.data is None else [row_from_example(e, "") for e in load_jsonl(cfg.selection.data)]
+    heldout = hold_out(pool, cfg.selection.per_task, cfg.seed) if cfg.selection.per_task > 0 else []
+    kept = [r for r in rows if not any(shares_target(r, h) for h in heldout)]
+    counts = ", ".join(f"{t} {sum(h.task == t for h in heldout)}" for t in dict.fromkeys(h.task for h in heldout))
+    print0(f"held out {len(heldout)} targets ({counts or 'selection off'}); {len(rows) - len(kept)} of {len(rows)} "
+           f"rows share one and are left out of training")
+    if not kept:
+        raise DataError(f"{cfg.data}: every row shares a held-out target; add rows or lower selection.per_task")
+    return kept, heldout
+
+
+def train(cfg: SFTConfig) -> Path:
+    """Run SFT as configured; returns the output folder. Data are checked before the model loads."""
+    where = setup_distributed(cfg.device)
+    out = Path(cfg.output_dir)
+    kept, heldout = split_rows(cfg)
+    tok = load_tokenizer(cfg.model)
+    model = Qwen.from_pretrained(cfg.model, dtype=_dtype(cfg, where.device), device=where.device)
+    tag_ids = add_special_tokens(model, tok, [EVIDENCE_OPEN, EVIDENCE_CLOSE])
+    samples = [s for s in (encode_row(tok, r, cfg) for r in kept) if len(s[0]) <= cfg.max_length]
+    print0(f"{len(samples)} training rows ({len(kept) - len(samples)} longer than max_length={cfg.max_length} skipped)")
+    if not samples:
+        raise DataError(f"{cfg.data}: no training rows left")
+    torch.manual_seed(cfg.seed)
+    add_lora(model, cfg.lora.rank, cfg.lora.alpha, cfg.lora.dropout, cfg.lora.targets)
+    train_token_rows(model, tag_ids)
+    model.gradient_checkpointing = cfg.gradient_checkpointing
+    checkpoint = latest_checkpoint(out) if cfg.resume == "auto" and out.is_dir() else None
+    first, state = 0, {"rows": len(samples), "selection": [], "best": None}
+    if checkpoint is not None:
+        meta = load_checkpoint(checkpoint, model)
+        if meta["trainer"]["rows"] != len(samples):
+            raise DataError(f"{checkpoint}: written for {meta['trainer']['rows']} training rows, the data now give "
+                            f"{len(samples)}; resume needs the same data (or resume=none)")
+        first, state = meta["step"], meta["trainer"]
+        print0(f"resuming from {checkpoint} (step {first})")
+    optimizer = build_optimizer(model, cfg.lr, cfg.weight_decay, cfg.betas, cfg.row_lr_scale)
+    params = optimizer_parameters(optimizer)
+    if checkpoint is not None:
+        restore_optimizer(checkpoint, optimizer, meta)
+    else:
+        broadcast_parameters(params)
+        torch.manual_seed(cfg.seed + where.rank)  # dropout masks differ across ranks
+    group = cfg.batch_size * cfg.grad_accum * where.world_size
+    per_epoch = math.ceil(len(samples) / group)
+    total = cfg.epochs * per_epoch
+    save_resolved_config(cfg, out)
+    if where.main:
+        _trim_metrics(out / "metrics.jsonl", first)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_ids[0]
+    progress = Progress(total, first)
+    model.train()
+    with MetricsWriter(out / "metrics.jsonl") as metrics, StopRequest() as stop:
+        for step in range(first, total):
+            lr = linear_warmup_decay(step, total, cfg.lr, cfg.warmup_fraction)
+            set_lr(optimizer, lr)
+            update = update_rows(len(samples), step, group, cfg.seed)
+            mine = update[where.rank::where.world_size]
+            batches = [collate([samples[i] for i in mine[j:j + cfg.batch_size]], pad, where.device)
+                       for j in range(0, len(mine), cfg.batch_size)]
+            optimizer.zero_grad(set_to_none=True)
+            loss = backward_update(model, batches, len(update))
+            sync_gradients(params)
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm).item()
+            optimizer.step()
+            tokens = sum(len(samples[i][0]) for i in update)
+            loss = all_reduce_sum(torch.tensor([loss], dtype=torch.float64, device=where.device)).item()
+            done = step + 1
+            record = {"step": done, "epoch": done / per_epoch, "loss": loss, "lr": lr, "grad_norm": grad_norm}
+            metrics.write(record | progress.log(step, tokens, loss=loss, lr=lr, grad_norm=grad_norm))
+            epoch_end = done % per_epoch == 0
+            if heldout and (epoch_end or (cfg.selection.every and done % cfg.selection.every == 0)):
+                _select(model, tok, heldout, cfg, where, done, state, metrics)
+            stopping = stop.requested(where.device)
+            if stopping or epoch_end or done % cfg.save_every == 0:
+                save_checkpoint(out, done, model, optimizer, state, keep=cfg.keep_checkpoints)
+            if stopping:
+                print0(f"stopped after step {done}; run again with resume=auto to continue")
+                return out
+    if where.main:
+        if not heldout:
+            _save_best(model, out)
+        if cfg.save_merged:
+            save_merged(load_adapter(model, out / "best"), tok, out / "merged")
+        best = f" (step {state['best']['step']}, mean macro F1 {state['best']['mean_macro_f1']:.4f})" \
+            if state["best"] else ""
+        print0(f"done: {out / 'best'}{best}")
+    return out
+
+
+def _select(model, tok, heldout, cfg, where, step: int, state: dict, metrics) -> None:
+    """Score the held-out targets at `step`, log them, and keep the adapter when it is the best so far."""
+    scores = heldout_macro_f1(model, tok, heldout, cfg, where.rank, where.world_size)
+    mean = sum(scores.values()) / len(scores)
+    state["selection"].append({"step": step, "macro_f1": scores, "mean_macro_f1": mean})
+    metrics.write({"step": step, **{f"eval/{t}/macro_f1": f for t, f in scores.items()}, "eval/mean_macro_f1": mean})
+    better = state["best"] is None or mean > state["best"]["mean_macro_f1"]
+    if better:
+        state["best"] = {"step": step, "mean_macro_f1": mean}
+    if where.main:
+        if better:
+            _save_best(model, Path(cfg.output_dir))
+        table = {"best_step": state["best"]["step"], "steps": state["selection"]}
+        atomic_write_text(Path(cfg.output_dir) / "selection.json", json.dumps(table, indent=1) + "\n")
+    shown = ", ".join(f"{t} {f:.4f}" for t, f in scores.items())
+    print0(f"selection at step {step}: mean macro F1 {mean:.4f} ({shown}){' (best so far)' if better else ''}")
+
+
+# ----------------------------------------------------------------------------- trace refinement (CLUE A.1, C.3)
+
+_REFINEMENT_SYSTEM = f"""\
+You refine one reasoning trace written for a social-language classification task, so that it becomes a training example
+that reaches the supplied reference labels honestly, or you report that the labels cannot be supported.
+
+You receive:
+- <id> and <task_name>: identifiers to copy unchanged.
+- <source_messages>: as JSON, the complete messages the trace answered: the task instructions, the label definitions,
+  the conversation and the turn to analyze. They are the only source; use nothing else.
+- <original_completion>: the trace to refine.
+- <labels>: the reference labels the refined trace must end with. They say where the trace must arrive; they are not
+  evidence about the conversation.
+{_DATA_NOTICE}
+
+How to refine:
+- Edit the original; do not write your own explanation from scratch. Keep its sound sentences word for word and in their
+  order, in its language, with its paragraphs, valid quotations and useful comparisons. Add what is missing beside the
+  passage that needs it.
+- Where the original commits to a wrong inference or label, keep that commitment as written, then add right after it a
+  correction that reads like someone rereading the exchange: point to the exact inference, check it against the
+  conversation and the label definitions, and say what changes and why. Do not soften the original commitment after the
+  fact. Everything after the correction, and the answer, follows the corrected understanding.
+- Establish each reference label on its own terms, from evidence that meets its definition; rejecting another label does
+  not establish it.
+- Fill the gaps that matter: who the speakers are to each other, the recent thread leading into the target, time gaps
+  that bear on continuity, the cause of the target speaker's state, and what a cue such as punctuation, an interjection
+  or a repetition does in this sequence.
+- Fix mechanical faults (a misquoted span, a wrong speaker for a quote, broken tags) locally, without staging a
+  self-correction. Remove or rebuild a passage that loops or makes no sense. Rewrite from scratch only when nothing
+  coherent survives.
+- If the original is already sound and reaches the labels, leave its reasoning unchanged.
+- Never mention reference labels, that labels were given, an editor, or the editing itself in the trace.
+
+Evidence:
+- Every <evidence>...</evidence> span is non-empty and copies an exact, contiguous piece of a single turn of the
+  conversation: no paraphrase, translation, added ellipsis, joined fragments, or text from the instructions,
+  definitions, speaker names or time markers. Tags are balanced and never nested.
+- Keep no invented quotation anywhere, not even in a rejected line of thought. New concrete claims about the
+  conversation need exact evidence.
+
+When the labels cannot be supported: if the conversation and the definitions do not support the reference labels, do not
+force them and do not substitute another label. Return a conflict record instead; it goes to review, not to training.
+
+Output exactly one JSON object and nothing else (no code fence, no commentary), in one of two forms.
+A refined trace:
+{{"id": "<copied>", "task": "<copied>",
+ "completion": "<think>\\n<the full refined reasoning>\\n</think>\\n\\nAnswer: <labels>"}}
+The completion holds exactly one <think> and one </think>; after </think> comes only the line "Answer: " followed by
+exactly the reference labels as spelled in <labels>, separated by a comma and a space.
+A conflict record:
+{{"id": "<copied>", "task": "<copied>", "status": "reference_conflict", "reference_labels": ["<each label as given>"],
+ "reason": "<the specific defining condition the conversation does not meet, or the conflict in the source>",
+ "source_evidence": ["<exact relevant span of a turn>"],
+ "supported_alternative_labels": ["<a label of the task the conversation does support>"]}}
+Use an empty list when there is no relevant span or no supported alternative; never invent one."""
+
+_LABEL_LEAK_RE = re.compile(r"ground[ -]truth|gold label|reference label|supplied label|given label", re.IGNORECASE)
+
+
+@dataclass
+class RefinedTrace:
+    """A refined SFT example: the original prompt messages and the refined assistant completion."""
+
+    id: str
+    task: str
+    prompt: list[dict[str, str]]
+    completion: str
+
+
+@dataclass
+class ReferenceConflict:
+    """An audit record: the reference labels could not be supported. Never a training example."""
+
+    id: str
+    task: str
+    reference_labels: list[str]
+    reason: str
+    source_evidence: list[str]
+    supported_alternative_labels: list[str]
+
+
+def refinement_request(example: Example, prompt_messages: list[dict[str, str]], completion: str) -> JudgeCall:
+    """The trace-refinement call for one sampled `completion` to `prompt_messages` (the task prompt
+    it answered), toward the gold `example.labels`. The paper has the refiner copy the prompt back;
+    we keep it on our side, so a copying slip cannot corrupt a training row."""
+    messages = _messages(_REFINEMENT_SYSTEM, _section("id", example.id), _section("task_name", example.task),
+                         _section("source_messages", json.dumps(prompt_messages, ensure_ascii=False, indent=1)),
+                         _section("original_completion", completion),
+                         _section("labels", json.dumps(example.labels, ensure_ascii=False)))
+    return JudgeCall(messages, 8192)
+
+
+def _exact_quotes(spans: list, example: Example) -> bool:
+    """Every span is a string that the verifier finds, without typographical edits, in one visible turn."""
+    texts = [t.text for t in visible_turns(example)]
+    return all(isinstance(s, str) and any(verify_quote(s, text, exact=True) for text in texts) for s in spans)
+
+
+def _distinct_strings(value) -> bool:
+    return isinstance(value, list) and all(isinstance(x, str) for x in value) and len(set(value)) == len(value)
+
+
+def _same_label_set(labels, gold: list[str]) -> bool:
+    return _distinct_strings(labels) and set(labels) == set(gold)
+
+
+def _refined_completion_ok(completion: str, example: Example) -> bool:
+    """One think block whose evidence tags are balanced and unnested around exact quotations, with no
+    mention of reference labels, then only the line `Answer: <gold labels>` in canonical spelling."""
+    completion = completion.strip()
+    reasoning, answer = split_completion(completion)
+    labels = parse_answer(completion, example)
+    return (completion.startswith(THINK_START) and completion.count(THINK_START) == 1
+            and completion.count(THINK_END) == 1 and labels is not None and set(labels) == set(example.labels)
+            and answer.strip() == "Answer: " + ", ".join(labels) and bool(reasoning)
+            and not _LABEL_LEAK_RE.search(reasoning) and format_score(reasoning) == 1.0
+            and _exact_quotes(extract_quotes(reasoning), example))
+
+
+def parse_refinement(text: str, example: Example,
+                     prompt_messages: list[dict[str, str]]) -> RefinedTrace | ReferenceConflict | None:
+    """A refined trace, a conflict record, or None for any answer that is neither exactly: wrong
+    id or task, an answer line that is not exactly the gold labels, an evidence span that is not an
+    exact quotation of a turn, a conflict whose reference labels are not the gold ones or whose
+    alternatives are not labels of the task."""
+    record = _strict_json_object(text)
+    if record is None or record.get("id") != example.id or record.get("task") != example.task:
+        return None
+    if set(record) == {"id", "task", "completion"}:
+        completion = record["completion"]
+        if not isinstance(completion, str) or not _refined_completion_ok(completion, example):
+            return None
+        return RefinedTrace(example.id, example.task, prompt_messages, completion.strip())
+    conflict_keys = {"id", "task", "status", "reference_labels", "reason", "source_evidence",
+                     "supported_alternative_labels"}
+    if set(record) != conflict_keys or record["status"] != "reference_conflict":
+        return None
+    reason, evidence, alternatives = record["reason"], record["source_evidence"], record["supported_alternative_labels"]
+    valid = (_same_label_set(record["reference_labels"], example.labels)
+             and isinstance(reason, str) and reason.strip()
+             and isinstance(evidence, list) and _exact_quotes(evidence, example)
+             and _distinct_strings(alternatives)
+             and all(a in get_task(example.task).labels and a not in example.labels for a in alternatives))
+    if not valid:
+        return None
+    return ReferenceConflict(example.id, example.task, list(record["reference_labels"]), reason.strip(),
+                             list(evidence), list(alternatives))
+
+
+def prepare(cfg: SFTConfig) -> dict[str, int]:
+    """Build SFT rows the paper's way (A.1): sample traces of the base model for the gold examples,
+    have the teacher refine each toward the gold labels (C.3), keep the refinements that answer the
+    gold labels with verified quotes, and write them to `cfg.data` (example + prompt + completion),
+    the conflict records beside them. Returns the counts it prints."""
+    p = cfg.prepare
+    examples = load_jsonl(p.examples)
+    if not examples:
+        raise DataError(f"{p.examples}: no examples (the file is empty)")
+    owners = [e for e in examples for _ in range(p.samples)]
+    prompts = [get_task(e.task).messages(e) for e in owners]
+    if p.sampler is None:
+        device = setup_distributed(cfg.device).device
+        tok, model = load_tokenizer(cfg.model), Qwen.from_pretrained(cfg.model, _dtype(cfg, device), device)
+        sampling = SamplingConfig(temperature=p.temperature, top_p=p.top_p, top_k=p.top_k,
+                                  max_new_tokens=p.max_new_tokens, enable_thinking=cfg.enable_thinking)
+        per_example = sample_completions(model, tok, prompts[::p.samples], [e.id for e in examples], sampling,
+                                         n=p.samples, seed=cfg.seed, batch_size=p.batch_size)
+        traces = [t for texts in per_example for t in texts]
+    else:
+        sampler = dataclasses.replace(p.sampler, temperature=p.temperature, top_p=p.top_p, top_k=p.top_k or None,
+                                      enable_thinking=cfg.enable_thinking is not False)
+        traces, _ = chat_many([JudgeCall(m, p.max_new_tokens) for m in prompts], sampler)
+    todo = [(e, m, t) for e, m, t in zip(owners, prompts, traces) if t is not None]
+    answers, _ = chat_many([refinement_request(e, m, t) for e, m, t in todo], p.teacher)
+    rows, conflicts = [], []
+    for (example, messages, _), answer in zip(todo, answers):
+        parsed = None if answer is None else parse_refinement(answer, example, messages)
+        if isinstance(parsed, RefinedTrace):
+            rows.append(example_to_json(example) | {"prompt": parsed.prompt, "completion": parsed.completion})
+        elif isinstance(parsed, ReferenceConflict):
+            conflicts.append(dataclasses.asdict(parsed))
+    conflicts_path = p.conflicts or str(Path(cfg.data).with_suffix(".conflicts.jsonl"))
+    for path, records in ((cfg.data, rows), (conflicts_path, conflicts)):
+        atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+    counts = {"sampled": len(todo), "sampler_failures": len(prompts) - len(todo), "kept": len(rows),
+              "conflicts": len(conflicts), "teacher_failures": answers.count(None),
+              "rejected": len(todo) - len(rows) - len(conflicts) - answers.count(None)}
+    print0(f"prepare: {counts['sampled']} traces ({counts['sampler_failures']} sampler failures); teacher: "
+           f"{counts['kept']} kept -> {cfg.data}, {counts['conflicts']} conflicts -> {conflicts_path}, "
+           f"{counts['rejected']} rejected (malformed, wrong labels or unverified quotes), "
+           f"{counts['teacher_failures']} teacher failures")
+    return counts
+
+
+# ----------------------------------------------------------------------------- command line
+
+
+def main(argv=None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = argv.pop(0) if argv[:1] == ["prepare"] else "train"
+    cfg = parse_cli(SFTConfig, argv)
+    try:
+        if command == "prepare" and cfg.prepare is None:
+            raise ConfigError(f"{argv[0]}: missing section 'prepare' (what `sft.py prepare` builds data from)")
+        prepare(cfg) if command == "prepare" else train(cfg)
+    except (DataError, ConfigError, CheckpointError, JudgeError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(1) from None
+
+
+if __name__ == "__main__":
+    main()

@@ -389,7 +389,8 @@ def _locate(q: _Tokens, conv: _Conversation, start: int, work: _Work) -> tuple[i
         return _find_exact(q, conv, start)
 
 
-def _match(quote: str, conversation: list[str] | tuple[str, ...] | str) -> list[tuple[int, int]] | None:
+def _match(quote: str, conversation: list[str] | tuple[str, ...] | str,
+           exact: bool = False) -> list[tuple[int, int]] | None:
     """Token spans in the conversation that the quotation (or each of its fragments) matched, or None."""
     if len(quote) > 16 * MAX_QUOTE_TOKENS:
         return None
@@ -398,9 +399,11 @@ def _match(quote: str, conversation: list[str] | tuple[str, ...] | str) -> list[
     if not 0 < len(whole.tokens) <= MAX_QUOTE_TOKENS:
         return None
     conv = _conversation((conversation,) if isinstance(conversation, str) else tuple(conversation))
-    span = _find_exact(whole, conv) or _locate(whole, conv, 0, _Work())
+    span = _find_exact(whole, conv) or (None if exact else _locate(whole, conv, 0, _Work()))
     if span is not None:
         return [span]
+    if exact:
+        return None
     fragments = [f for f in map(_tokenize, text.split("\u2026")) if f.tokens]
     if not 2 <= len(fragments) <= MAX_FRAGMENTS or any(len(f.tokens) < MIN_FRAGMENT_TOKENS for f in fragments):
         return None
@@ -414,10 +417,12 @@ def _match(quote: str, conversation: list[str] | tuple[str, ...] | str) -> list[
     return spans
 
 
-def verify_quote(quote: str, conversation: list[str] | str) -> bool:
+def verify_quote(quote: str, conversation: list[str] | str, exact: bool = False) -> bool:
     """V(e, C): True when the quotation was copied from the conversation's utterance texts (a list,
-    one string per utterance, or one string), up to the bounded variation of the module docstring."""
-    return _match(quote, conversation) is not None
+    one string per utterance, or one string), up to the bounded variation of the module docstring.
+    exact=True allows normalization only: the quotation's tokens must occur as one contiguous run
+    (no typographical edits, no left-out characters, no ellipsis fragments)."""
+    return _match(quote, conversation, exact) is not None
 
 
 def locate_quote(quote: str, conversation: list[str] | str) -> list[int]:

@@ -210,43 +210,28 @@ def test_repetition_penalty_changes_greedy_path_as_in_transformers(qwen3):
     assert M.generate(ours, [prompt, prompt[:3]], max_new_tokens=10, temperature=0, repetition_penalty=1.5)[0] == ref
 
 
-# --- token log-probabilities ------------------------------------------------------------------
+# --- training forward (token_logprobs: tests/test_logprobs.py) ---------------------------------
 
 
-def test_token_logprobs_equal_naive_log_softmax_with_gradients(qwen3):
-    _, ours, _ = qwen3
-    x = ids(2, 13)
-    mask = torch.ones(2, 12, dtype=torch.bool)
-    mask[1, 8:] = False
-    mask[0, :3] = False
-    ours.requires_grad_(True)
-    logp, ent = M.token_logprobs(ours, x, mask, temperature=0.8, entropy=True, chunk_size=5)
-    (logp.sum() + ent.sum()).backward()
-    grad = ours.model.layers[0].mlp.up_proj.weight.grad.clone()
-    ours.zero_grad()
-    naive = F.log_softmax(ours(x)[:, :-1].float() / 0.8, -1)
-    ref_logp = naive.gather(-1, x[:, 1:, None])[..., 0] * mask
-    ref_ent = -(naive.exp() * naive).sum(-1) * mask
-    (ref_logp.sum() + ref_ent.sum()).backward()
-    close(logp, ref_logp, 1e-5)
-    close(ent, ref_ent, 1e-5)
-    close(grad, ours.model.layers[0].mlp.up_proj.weight.grad, 1e-5)
-    ours.zero_grad()
-    ours.requires_grad_(False)
-
-
-def test_activation_checkpointing_gives_the_same_gradients(qwen3):
+def test_activation_checkpointing_recomputes_each_layer_with_the_same_gradients(qwen3):
     _, ours, _ = qwen3
     x = ids(2, 10)
-    grads = []
+    calls = []
+    hooks = [layer.register_forward_pre_hook(lambda *_: calls.append(1)) for layer in ours.model.layers]
+    grads, counts = [], []
     for flag in (False, True):
         ours.train().requires_grad_(True)
         ours.gradient_checkpointing = flag
+        calls.clear()
         ours(x).float().pow(2).mean().backward()
         grads.append([p.grad.clone() for p in ours.parameters()])
+        counts.append(len(calls))
         ours.zero_grad()
+    for hook in hooks:
+        hook.remove()
     ours.gradient_checkpointing = False
     ours.eval().requires_grad_(False)
+    assert counts == [2, 4]  # with checkpointing every layer runs again in backward
     for a, b in zip(*grads):
         close(a, b, 1e-6)
 
@@ -307,6 +292,29 @@ def test_merge_equals_unmerged_and_disabled_equals_base(qwen3):
         M.merge_lora(ours)
         assert not M.lora_modules(ours) and not any(".lora_" in n for n in ours.state_dict())
         close(ours(x), unmerged)
+
+
+def test_lora_disabled_nests_and_restores_each_previous_state(qwen3):
+    hf, _, path = qwen3
+    ours = lora_model(path)
+    M.train_token_rows(ours, [3, 8])
+    q_proj = ours.model.layers[1].self_attn.q_proj
+    x = ids(2, 12)
+    with torch.no_grad():
+        ours.head_rows.add_(0.5)
+        full, base = ours(x), hf(x).logits
+        with M.lora_disabled(ours):
+            with M.lora_disabled(ours):
+                close(ours(x), base)
+            close(ours(x), base)  # the inner exit leaves the outer one's state
+        close(ours(x), full, 1e-6)
+        q_proj.lora_enabled = ours.rows_enabled = False  # switched off by the caller
+        partial = ours(x)
+        assert (partial - full).abs().max() > 1e-3 and (partial - base).abs().max() > 1e-3
+        with M.lora_disabled(ours):
+            close(ours(x), base)
+        assert not q_proj.lora_enabled and not ours.rows_enabled
+        close(ours(x), partial, 1e-6)
 
 
 def test_lora_trains_only_adapter_parameters(qwen3):
@@ -466,3 +474,89 @@ def test_bad_checkpoints_are_clear_errors(qwen3, tmp_path):
     (tied / "config.json").write_text(json.dumps(dict(config, num_hidden_layers=1)))
     with pytest.raises(M.CheckpointError, match=r"unexpected \['model.layers.1."):
         M.Qwen.from_pretrained(tied)
+
+
+def copy_with(src, dst, **files):
+    """A copy of checkpoint folder `src` with some files replaced (name -> bytes or str)."""
+    shutil.copytree(src, dst)
+    for name, content in files.items():
+        (dst / name).unlink(missing_ok=True)
+        (dst / name).write_bytes(content if isinstance(content, bytes) else content.encode())
+    return dst
+
+
+def one_line_error(message, fn, *args):
+    with pytest.raises(M.CheckpointError, match=message) as err:
+        fn(*args)
+    assert "\n" not in str(err.value)
+
+
+def test_bad_shards_and_config_files_are_one_line_errors(qwen3, tmp_path):
+    hf, _, path = qwen3
+    sharded = tmp_path / "sharded"
+    hf.save_pretrained(sharded, max_shard_size="40KB")
+    index = json.loads((sharded / "model.safetensors.index.json").read_text())
+    shard = sorted(sharded.glob("*.safetensors"))[1].name
+    half = (sharded / shard).read_bytes()[:(sharded / shard).stat().st_size // 2]
+    one_line_error(f"cut/{shard}: unreadable safetensors file", M.Qwen.from_pretrained,
+                   copy_with(sharded, tmp_path / "cut", **{shard: half}))
+    one_line_error("cut1/model.safetensors: unreadable safetensors file", M.Qwen.from_pretrained,
+                   copy_with(path, tmp_path / "cut1", **{"model.safetensors": b"\0" * 9}))
+    outside = tmp_path / "outside.safetensors"
+    shutil.copy(sharded / shard, outside)
+    for i, target in enumerate(["../../../../etc/passwd", "/etc/passwd", str(outside), "a/../../outside.safetensors",
+                                "link.safetensors", 7]):
+        weight_map = {n: target if f == shard else f for n, f in index["weight_map"].items()}
+        bad = copy_with(sharded, tmp_path / f"escape{i}", **{
+            "model.safetensors.index.json": json.dumps(dict(index, weight_map=weight_map))})
+        (bad / "link.safetensors").symlink_to(outside)  # a link inside the folder to a file outside it
+        one_line_error(rf"model.safetensors.index.json: field 'weight_map\.[^']+' = {target!r} is not a file in",
+                       M.Qwen.from_pretrained, bad)
+    # the Hugging Face cache keeps each file of a snapshot as a link into ../../blobs: that loads
+    snapshot, blobs = tmp_path / "models--q" / "snapshots" / "abc", tmp_path / "models--q" / "blobs"
+    shutil.copytree(sharded, blobs)
+    snapshot.mkdir(parents=True)
+    for f in blobs.iterdir():
+        (snapshot / f.name).symlink_to(f"../../blobs/{f.name}")
+    assert torch.equal(M.Qwen.from_pretrained(snapshot, dtype="float32").lm_head.weight, hf.lm_head.weight)
+    for i, text in enumerate(["[1, 2]", '"qwen3"', "null", "3"]):
+        bad = copy_with(path, tmp_path / f"config{i}", **{"config.json": text})
+        one_line_error(rf"config{i}/config.json: expected a JSON object, got", M.Qwen.from_pretrained, bad)
+    bad = copy_with(path, tmp_path / "latin1", **{"config.json": '{"model_type": "qw\xe9n"}'.encode("latin-1")})
+    one_line_error("latin1/config.json: invalid JSON", M.Qwen.from_pretrained, bad)
+    bad = copy_with(path, tmp_path / "deep", **{"config.json": "[" * 100000})
+    one_line_error("deep/config.json: invalid JSON", M.Qwen.from_pretrained, bad)
+
+
+def test_bad_adapter_json_and_token_rows_are_one_line_errors(qwen3, tmp_path):
+    from safetensors.torch import load_file, save_file
+    _, _, path = qwen3
+    ours = lora_model(path)
+    M.train_token_rows(ours, [3, 8])
+    M.save_adapter(ours, tmp_path / "good")
+    rows = load_file(tmp_path / "good" / "token_rows.safetensors")
+    weights = (tmp_path / "good" / "adapter_model.safetensors").read_bytes()
+
+    def saved(tensors):
+        save_file(tensors, tmp_path / "rows.tmp")
+        return (tmp_path / "rows.tmp").read_bytes()
+
+    cases = {
+        "adapter_config.json": [("[]", "adapter_config.json: expected a JSON object, got list"),
+                                (b"\xff{}", "adapter_config.json: invalid JSON")],
+        "adapter_model.safetensors": [(weights[:-10], "adapter_model.safetensors: unreadable safetensors file")],
+        "token_rows.safetensors": [
+            (b"junk", "token_rows.safetensors: unreadable safetensors file"),
+            (saved({k: v for k, v in rows.items() if k != "token_ids"}), "token_rows.safetensors: tensor 'token_ids'"),
+            (saved(dict(rows, token_ids=torch.tensor([3, 999]))), r"token_rows.safetensors: tensor 'token_ids'.*999"),
+            (saved(dict(rows, embed_tokens=rows["embed_tokens"][:1])),
+             r"token_rows.safetensors: tensor 'embed_tokens' has shape \[1, 48\], the model expects \[2, 48\]"),
+            (saved({k: v for k, v in rows.items() if k != "lm_head"}),
+             r"token_rows.safetensors: .*missing \['lm_head'\]"),
+        ],
+    }
+    for i, (name, content, message) in enumerate((n, c, m) for n, pairs in cases.items() for c, m in pairs):
+        bad = copy_with(tmp_path / "good", tmp_path / f"bad{i}", **{name: content})
+        one_line_error(message, M.load_adapter, M.Qwen.from_pretrained(path, dtype="float32"), bad)
+    loaded = M.load_adapter(M.Qwen.from_pretrained(path, dtype="float32"), tmp_path / "good")
+    assert torch.equal(loaded.head_rows, ours.head_rows) and torch.equal(loaded.embed_rows, ours.embed_rows)

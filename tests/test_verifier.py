@@ -303,6 +303,18 @@ def test_fragments_may_not_overlap_even_when_each_matches():
     assert verify_quote("we can talk about … talk about it", conversation + ["so talk about it"])
 
 
+def test_exact_mode_allows_normalization_only():
+    assert verify_quote("i DON\u2019T think  I can make it", ENGLISH, exact=True)  # case, apostrophe, spacing
+    assert verify_quote("on Saturday? I don't think", ENGLISH, exact=True)  # a contiguous run across turns
+    assert verify_quote("I dont thnk I can make it", ENGLISH)  # a typo the default mode forgives ...
+    assert not verify_quote("I dont thnk I can make it", ENGLISH, exact=True)  # ... and exact mode does not
+    assert verify_quote("Hey, are you coming … she trusts me", ENGLISH)
+    assert not verify_quote("Hey, are you coming … she trusts me", ENGLISH, exact=True)  # no joined fragments
+    assert verify_quote("我们都等了半天了", CHINESE, exact=True) and verify_quote("你怎么还没来？我们等了半天了", CHINESE)
+    assert not verify_quote("你怎么还没来？我们等了半天了", CHINESE, exact=True)  # a left-out character
+    assert not verify_quote("know I can make it", ENGLISH, exact=True)  # a cut that drops the negation
+
+
 # ----------------------------------------------------------------------------- tags and f
 
 def test_extract_quotes_reads_every_opener_closed_or_not():
