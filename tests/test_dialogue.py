@@ -2,7 +2,8 @@
 located errors, the judges' parsers, episodes that end by the user or at the turn limit, reasoning that never
 reaches the simulator, one generate call and one simulator batch per turn, group shapes and advantages in both
 grouping modes, one CARE rubric per state, the trajectory reward against a hand computation, a loss mask on
-assistant tokens only, a judge failing mid-episode, the evaluation metrics, and whole runs of the configs."""
+assistant tokens only, a judge failing mid-episode, the evaluation metrics (in-process and through a served
+policy), and whole runs of the configs."""
 
 import json
 import math
@@ -145,7 +146,8 @@ def test_parsers_take_exactly_their_format():
     assert dialogue.parse_user_turn("  I guess I could try that tonight.  ") == "I guess I could try that tonight."
     for answer in ["", "   ", "Assistant: Here is a plan.", "Okay.\nUser: and then?", "<think>hmm</think> ok"]:
         assert dialogue.parse_user_turn(answer) is None, answer
-    assert dialogue.user_ends_dialogue("Thanks, that really helps.") and dialogue.user_ends_dialogue("Okay, I\u2019m done.")
+    assert dialogue.user_ends_dialogue("Thanks, that really helps.")
+    assert dialogue.user_ends_dialogue("Okay, I\u2019m done.")
     assert not dialogue.user_ends_dialogue("I'm thankful you listened, but I still feel lost.")
 
 
@@ -276,7 +278,8 @@ def test_trajectory_groups_advantages_and_a_loss_mask_on_assistant_tokens_only(b
                 *context, (_, reply) = turn.example.history  # the dialogue this turn closed
                 state = State(g.example.scenario, tuple(context))
                 assert sample.prompt == tok.chat_ids(dialogue.policy_messages(state, cfg.dialogue))
-                assert turn.completion == tok.decode(sample.completion[:len(sample.completion) - (not sample.truncated)])
+                kept = len(sample.completion) - (not sample.truncated)  # EOS off
+                assert turn.completion == tok.decode(sample.completion[:kept])
                 assert reply == dialogue.split_reply(turn.completion, False)[1]
     assert next(rows, None) is None
 
@@ -405,7 +408,8 @@ def test_dialogue_metrics_by_hand():
     def turn(sr, ea, fa, care):
         return {"sr_proxy": sr, "ea": ea, "fa": fa, "care": care}
 
-    episodes = [{"n_turns": 3, "e_0": 2, "e_T": 5, "turns": [turn(0, 3, 1, 0.5), turn(1, 4, 1, 0.7), turn(0, 5, 0, None)]},
+    episodes = [{"n_turns": 3, "e_0": 2, "e_T": 5,
+                 "turns": [turn(0, 3, 1, 0.5), turn(1, 4, 1, 0.7), turn(0, 5, 0, None)]},
                 {"n_turns": 2, "e_0": 1, "e_T": 2, "turns": [turn(0, 2, 0, 0.1), turn(0, None, None, 0.3)]},
                 {"n_turns": 2, "e_0": None, "e_T": 3, "turns": [turn(None, 1, 1, None), turn(1, 3, 1, 0.9)]}]
     m = dialogue.dialogue_metrics(episodes)
@@ -447,6 +451,39 @@ def test_evaluation_runs_judges_resumes_and_writes_its_table(base, tmp_path, cap
     assert stop.value.code == 2 and "holds episodes of another" in capsys.readouterr().err
 
 
+def test_a_served_policy_is_evaluated_through_its_endpoint(tmp_path, capsys):
+    def policy(messages, params):  # a served policy: private reasoning, then a reply with three comfort words
+        assert params["max_tokens"] == 64 and messages[-1]["role"] == "user"
+        return f"<think>SECRET plan</think>\n{STYLES['kind']}"
+
+    with serving() as judge_cfg, serving(policy) as policy_cfg:
+        config = {"output_dir": str(tmp_path / "out"),
+                  "scenarios": [str(REPO / "configs" / "dialogue_demo_scenarios.jsonl")],
+                  "endpoint": {"base_url": policy_cfg.base_url, "retries": 0}, "runs": 1, "care": False,
+                  "sampling": {"max_new_tokens": 64}, "judge": {"base_url": judge_cfg.base_url, "retries": 0}}
+        summary = dialogue.evaluate_dialogues(load_config_dict(tmp_path, config))
+    episodes = read_jsonl(tmp_path / "out" / "episodes.jsonl")
+    assert all(e["n_turns"] == 1 and e["ended_by"] == "user" for e in episodes)  # thanked after the first reply
+    assert all(e["turns"][0]["reply"] == STYLES["kind"] for e in episodes)
+    assert all(e["turns"][0]["reasoning"] == "SECRET plan" for e in episodes)
+    assert summary["metrics"]["success_rate"]["mean"] == 100 and summary["metrics"]["avg_turns"]["mean"] == 1
+    assert summary["metrics"]["care"]["mean"] is None  # not asked
+    with serving() as judge_cfg, serving(Recorder(lambda m: True)) as policy_cfg:  # the policy fails: one line
+        config |= {"output_dir": str(tmp_path / "out2"), "endpoint": {"base_url": policy_cfg.base_url, "retries": 0},
+                   "judge": {"base_url": judge_cfg.base_url, "retries": 0}}
+        path = tmp_path / "eval2.yaml"
+        path.write_text(yaml.safe_dump(config))
+        with pytest.raises(SystemExit) as stop:
+            evaluate.main(["dialogue", str(path)])
+    assert stop.value.code == 1 and "6 requests to the policy at" in capsys.readouterr().err
+
+
+def load_config_dict(tmp_path, raw: dict):
+    path = tmp_path / "eval.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return load_config(path, [], dialogue.DialogueEvalConfig)
+
+
 # ----------------------------------------------------------------------------- configs and whole runs
 
 
@@ -467,8 +504,9 @@ def test_paper_configs_carry_the_papers_settings():
 @pytest.mark.parametrize("reward", ["emollm", "care"])
 def test_demo_config_trains_against_the_local_server(base, tmp_path, reward):
     with serving() as judge_cfg:
-        grpo.main([str(DEMO), f"model.path={base}", f"output_dir={tmp_path / 'run'}", f"judge.base_url={judge_cfg.base_url}",
-                   "updates=2", "rollout.max_new_tokens=8", f"reward.name={reward}"])
+        grpo.main([str(DEMO), f"model.path={base}", f"output_dir={tmp_path / 'run'}",
+                   f"judge.base_url={judge_cfg.base_url}", "updates=2", "rollout.max_new_tokens=8",
+                   f"reward.name={reward}"])
     metrics = read_jsonl(tmp_path / "run" / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [1, 2] and all(m["judge/calls"] > 0 for m in metrics)
     if reward == "emollm":
