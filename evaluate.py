@@ -9,6 +9,7 @@ signed-rank test, the Table-1 Markdown, Figures 4 and 5, and the human-evaluatio
     python evaluate.py pairs RUN_A RUN_B --out PAIRS.jsonl [--n 50] [--seed 0]
     python evaluate.py annotate PAIRS.jsonl [--port 8765] [--host 127.0.0.1] [--out ANSWERS.jsonl]
     python evaluate.py annotate-report PAIRS.jsonl ANSWERS.jsonl [ANSWERS.jsonl ...] [--json FILE]
+    python evaluate.py dialogue config.yaml [key=value ...]   # multi-turn role-play (EmoLLM, CARE): dialogue.py
 
 An evaluation writes into `output_dir`: config.yaml (resolved), completions.jsonl (one line per
 completion, appended as they come: rerunning the same command resumes), causes.jsonl (cause-judge
@@ -813,6 +814,10 @@ def main(argv: list[str] | None = None) -> None:
             import annotate  # the human evaluation: its own module, reached from this command line
 
             return annotate.main(argv)
+        if argv and argv[0] == "dialogue":
+            import dialogue  # the multi-turn evaluation: its own module, reached from this command line
+
+            return dialogue.main(argv[1:])
         if argv and argv[0] in ("compare", "plot"):
             return {"compare": _compare, "plot": _plot}[argv[0]](argv[1:])
         evaluate(parse_cli(EvalConfig, argv))

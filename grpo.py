@@ -3,18 +3,23 @@
 
 One update (`train`, in this order):
   1. sample   P prompts from the current curriculum segment, K completions each (`model.generate`,
-              identical prompts prefilled once), parsed into `rewards.Rollout`s;
+              identical prompts prefilled once), parsed into `rewards.Rollout`s; with a `dialogue:` section,
+              P scenario seeds role-played against a simulated user (dialogue.py): K whole episodes from
+              each seed (a trajectory reward, emollm), or one episode per seed with K candidate replies
+              drawn at each of its states (a turn reward, emollm_turn or care), each state a group;
   2. score    the judges the reward needs (`rewards.judge_rollouts`, all calls concurrent), then the
               configured reward R_i (`rewards.score`) and, for a composite reward, each component;
   3. filter   (CLUE) a group whose K rewards are all equal or that has a None (missing judge
               feedback) is resampled up to 3 times, then replaced by up to 2 other prompts of the same
               segment; a group still unusable is masked out of the loss and counted;
   4. advantages  A_i = (R_i - mean(R)) / (std(R) + eps) within each group of K (`group_advantages`);
+              an episode's advantage goes to every assistant turn it sampled;
   5. loss     per completion token, rho = exp(logp - logp_old),
               l = -(min(rho A, clip(rho, 1 - eps_lo, 1 + eps_hi) A) - beta KL_k3),
               KL_k3 = exp(ref - logp) - (ref - logp) - 1 against the reference policy (the same network
-              with the RL LoRA disabled); averaged over each completion's tokens then over completions
-              (`seq-mean-token-mean`) or over all tokens (`token-mean`), the counts taken over the whole
+              with the RL LoRA disabled); averaged over each completion's tokens (an episode's: all its
+              assistant turns' tokens) then over completions (`seq-mean-token-mean`) or over all tokens
+              (`token-mean`), the counts taken over the whole
               update on every rank, so gradients do not depend on the rank count or micro-batch split;
   6. step     gradients summed over ranks, clipped, AdamW; `loss.passes` steps reuse one rollout batch
               (log-probs of the sampling policy cached from the first pass).
@@ -39,6 +44,7 @@ from typing import Literal
 import torch
 
 import data
+import dialogue
 import rewards
 from config import ConfigError, MetricsWriter, atomic_write_text, parse_cli, print0, save_resolved_config
 from judge import JudgeConfig, JudgeError
@@ -126,6 +132,7 @@ class GRPOConfig:
     filtering: FilterSettings = field(default_factory=FilterSettings)
     loss: LossSettings = field(default_factory=LossSettings)
     optim: OptimSettings = field(default_factory=OptimSettings)
+    dialogue: dialogue.DialogueSettings | None = None  # set: dialogue RL, train_data holds scenario seeds
     save_every: int = 50  # updates between checkpoints (one is always written at the end)
     keep_checkpoints: int = 2
     resume: Literal["auto", "none"] = "auto"  # auto: continue from the newest checkpoint in output_dir
@@ -145,7 +152,7 @@ def group_advantages(rewards, group_size: int, eps: float = 1e-6) -> torch.Tenso
 
 
 def grpo_loss(logp, logp_old, logp_ref, advantages, mask, clip_low=0.2, clip_high=0.2, beta=0.04,
-              agg="seq-mean-token-mean", *, normalizer=None):
+              agg="seq-mean-token-mean", *, normalizer=None, member_tokens=None):
     """The clipped GRPO objective with a k3 KL penalty, as a loss to minimize.
 
     logp, logp_old, logp_ref: [B, T] log-probabilities of the sampled tokens under the policy being
@@ -156,7 +163,10 @@ def grpo_loss(logp, logp_old, logp_ref, advantages, mask, clip_low=0.2, clip_hig
     agg "seq-mean-token-mean": sum over completions of (mean of l over its tokens) / normalizer;
     agg "token-mean": sum of l over all tokens / normalizer. The normalizer defaults to this batch's
     completion (resp. token) count; a trainer that splits one update into micro-batches or ranks passes
-    the count of the whole update, so the pieces' gradients add up to the gradient of the whole.
+    the count of the whole update, so the pieces' gradients add up to the gradient of the whole. A
+    completion over several rows (an episode: a row per assistant turn, each under its own prompt) gives
+    `member_tokens` [B], its whole token count on each of its rows, which then count as mask.sum(1) /
+    member_tokens of a completion each.
 
     stats (detached sums over the masked tokens, to be added over pieces): tokens, kl,
     clip_low (tokens with rho < 1 - clip_low and A < 0), clip_high (rho > 1 + clip_high and A > 0)."""
@@ -171,8 +181,9 @@ def grpo_loss(logp, logp_old, logp_ref, advantages, mask, clip_low=0.2, clip_hig
         kl = torch.exp(d) - d - 1
         per_token = per_token + beta * kl
     if agg == "seq-mean-token-mean":
-        total = ((per_token * mask).sum(1) / mask.sum(1).clamp(min=1)).sum()
-        count = mask.shape[0]
+        tokens = (mask.sum(1) if member_tokens is None else member_tokens.to(logp.dtype)).clamp(min=1)
+        total = ((per_token * mask).sum(1) / tokens).sum()
+        count = mask.shape[0] if member_tokens is None else (mask.sum(1) / tokens).sum()
     elif agg == "token-mean":
         total, count = (per_token * mask).sum(), mask.sum()
     else:
@@ -203,12 +214,23 @@ def _judged(key: str):
     return lambda rollout, params: rollout.judged.get(key)
 
 
+def _emollm_term(name: str):
+    """One of EmoLLM's turn terms (rewards.emollm_terms) of a reply, or its mean over an episode's turns."""
+    def part(rollout, params):
+        terms = [rewards.emollm_terms(turn.judged.get("turn_scores")) for turn in rollout.turns or [rollout]]
+        return None if None in terms else sum(t[name] for t in terms) / len(terms)
+    return part
+
+
 # The parts of a composite reward logged beside it (metrics rewards/<part>/mean, completions.jsonl).
 REWARD_PARTS = {
     "clue": {"c": _registered("correctness"), "f": _registered("evidence_format"), "IU_G": _registered("iu_g")},
     "social_r1": {"R_fmt": _registered("r_fmt"), "R_out": _registered("correctness"),
                   "R_struct": _judged("sip_structure"), "R_content": _judged("sip_content"),
                   "R_len": _registered("r_len")},
+    "emollm_turn": {name: _emollm_term(name) for name in rewards.EMOLLM_TERMS},
+    "emollm": {**{name: _emollm_term(name) for name in rewards.EMOLLM_TERMS},
+               "R_emo": lambda rollout, params: rewards.emotional_gain(rollout)},
 }
 
 
@@ -216,14 +238,21 @@ REWARD_PARTS = {
 
 
 @dataclass
-class Group:
-    """K sampled completions of one prompt with their rewards. The training side reads only `prompt`,
-    `completions`, `sampler_logp`, `rewards` and `masked`."""
-    example: data.Example
+class Sample:
+    """One sampled completion and the prompt it answered, as token ids."""
     prompt: list[int]
-    completions: list[list[int]]  # new tokens, ending with EOS unless truncated
-    sampler_logp: list[list[float]]  # the sampler's log-probability of each new token
-    truncated: list[bool]
+    completion: list[int]  # new tokens, ending with EOS unless truncated
+    logp: list[float]  # the sampler's log-probability of each new token
+    truncated: bool
+
+
+@dataclass
+class Group:
+    """K samplings from one starting point with their rewards: K completions of a prompt, K candidate replies at a
+    dialogue state, or K episodes from a scenario seed. Member k sampled `samples[k]`: one completion, or one per
+    assistant turn of its episode. The training side reads only `samples`, `rewards` and `masked`."""
+    example: data.Example  # or the dialogue.State the members started from
+    samples: list[list[Sample]]
     rollouts: list[rewards.Rollout]
     rewards: list[float | None] = field(default_factory=list)
     parts: dict[str, list[float | None]] = field(default_factory=dict)
@@ -296,15 +325,56 @@ def sample_groups(policy: Qwen, tok, examples: list[data.Example], cfg: GRPOConf
             rollouts.append(rewards.Rollout.from_completion(
                 example, text, n_reasoning_tokens=data.count_tokens(reasoning, tok), n_completion_tokens=len(new[i]),
                 step=update, total_steps=cfg.updates))
-        groups.append(Group(example, prompt, [new[i] for i in rows], [logp[i] for i in rows],
-                            [not new[i] or new[i][-1] not in eos for i in rows], rollouts))
+        groups.append(Group(example, [[Sample(prompt, new[i], logp[i], not new[i] or new[i][-1] not in eos)]
+                                      for i in rows], rollouts))
     return groups
+
+
+def _sample(turn: dialogue.PolicyTurn) -> Sample:
+    return Sample(turn.prompt, turn.completion, turn.logp, turn.truncated)
+
+
+def _turn_group(state: dialogue.State, replies: list[dialogue.PolicyTurn]) -> Group:  # K replies at one state
+    return Group(state, [[_sample(r)] for r in replies], [dialogue.turn_rollout(state, r) for r in replies])
+
+
+def sample_dialogue_groups(policy: Qwen, tok, items: list, cfg: GRPOConfig, seed: int, counts: dict) -> list[Group]:
+    """Step 1 of a dialogue run (dialogue.py): K candidate replies at each state (a turn reward), or K episodes
+    played from each seed (a trajectory reward; an episode's samples are its assistant turns). The simulator's
+    calls are added to `counts`."""
+    states, k = [dialogue.as_state(item) for item in items], cfg.rollout.group_size
+    respond = dialogue.local_policy(policy, tok, cfg.rollout)
+    if dialogue.GROUPING[cfg.reward.name] == "turn":
+        replies = respond([dialogue.policy_messages(s, cfg.dialogue) for s in states], k, seed)
+        return [_turn_group(s, r) for s, r in zip(states, replies)]
+    episodes, simulated = dialogue.play(respond, [s for s in states for _ in range(k)], cfg.dialogue,
+                                        cfg.dialogue.simulator or cfg.judge, 1, seed)
+    dialogue.add_stats(counts, simulated)
+    members = [episodes[g * k:(g + 1) * k] for g in range(len(states))]
+    return [Group(s, [[_sample(t.candidates[0]) for t in e.turns] for e in m], [dialogue.episode_rollout(e) for e in m])
+            for s, m in zip(states, members)]
+
+
+def played_slots(policy: Qwen, tok, slots: list[Slot], cfg: GRPOConfig, seed: int, counts: dict) -> list[Slot]:
+    """Step 1 of a dialogue run with a turn reward: one episode from each slot's seed, K candidate replies drawn at
+    each state (the episode goes on with the first). Each state becomes a slot whose first group is those K."""
+    respond = dialogue.local_policy(policy, tok, cfg.rollout)
+    episodes, simulated = dialogue.play(respond, [dialogue.as_state(s.example) for s in slots], cfg.dialogue,
+                                        cfg.dialogue.simulator or cfg.judge, cfg.rollout.group_size, seed)
+    dialogue.add_stats(counts, simulated)
+    return [Slot(slot.index * cfg.dialogue.max_turns + k, turn.state, slot.segment,
+                 group=_turn_group(turn.state, turn.candidates))
+            for slot, episode in zip(slots, episodes) for k, turn in enumerate(episode.turns)]
 
 
 def score_groups(groups: list[Group], cfg: GRPOConfig) -> dict:
     """Step 2: ask the judges about every rollout at once, then compute each reward and its parts.
     Returns the judges' call statistics."""
-    judge_stats = rewards.judge_rollouts([r for g in groups for r in g.rollouts], cfg.reward, cfg.judge)
+    if cfg.dialogue is None:
+        judge_stats = rewards.judge_rollouts([r for g in groups for r in g.rollouts], cfg.reward, cfg.judge)
+    else:
+        judge_stats = dialogue.judge_groups([(g.example, g.rollouts) for g in groups], cfg.reward, cfg.dialogue,
+                                            cfg.judge)
     parts = REWARD_PARTS.get(cfg.reward.name, {})
     for g in groups:
         g.rewards = [rewards.score(r, cfg.reward) for r in g.rollouts]
@@ -316,24 +386,34 @@ def collect_groups(policy: Qwen, tok, source: PromptSource, slots: list[Slot], c
                    where: Dist) -> tuple[list[Group], dict]:
     """Steps 1-3 for this rank's slots: sample, score, and (when filtering is on) resample or replace
     unusable groups until every slot is usable or out of attempts; unusable groups end masked. With
-    filtering off only a group with a missing reward is masked (equal rewards give zero advantages)."""
+    filtering off only a group with a missing reward is masked (equal rewards give zero advantages).
+    A dialogue run with a turn reward first plays its seeds: a slot per state (`played_slots`). Judge
+    statistics count the simulator's calls too."""
     counts = {"resampled": 0, "replaced": 0, "masked": 0, "generate_s": 0.0, "judge_s": 0.0,
               "calls": 0, "retries": 0, "failures": 0}
+    if cfg.dialogue is not None and dialogue.GROUPING[cfg.reward.name] == "turn":
+        start = time.perf_counter()
+        slots = played_slots(policy, tok, slots, cfg, derived_seed(cfg.seed, "play", update, where.rank), counts)
+        counts["generate_s"] += time.perf_counter() - start
     pending, rounds = list(slots), 0
     while pending:
         start = time.perf_counter()
-        seed = derived_seed(cfg.seed, "sample", update, where.rank, rounds)
-        groups = sample_groups(policy, tok, [s.example for s in pending], cfg, update, seed)
+        fresh = [s for s in pending if s.group is None]  # (a played state's first group is already sampled)
+        if fresh:
+            seed, items = derived_seed(cfg.seed, "sample", update, where.rank, rounds), [s.example for s in fresh]
+            sampled = (sample_groups(policy, tok, items, cfg, update, seed) if cfg.dialogue is None
+                       else sample_dialogue_groups(policy, tok, items, cfg, seed, counts))
+            for slot, group in zip(fresh, sampled):
+                slot.group, slot.example = group, group.example  # a seed's state: its resamples share its rubric
         counts["generate_s"] += time.perf_counter() - start
         start = time.perf_counter()
-        judged = score_groups(groups, cfg)
+        judged = score_groups([s.group for s in pending], cfg)
         counts["judge_s"] += time.perf_counter() - start
         for key in ("calls", "retries", "failures"):
-            counts[key] += judged[key]
+            counts[key] += judged.get(key, 0)
         retry = []
-        for slot, group in zip(pending, groups):
-            slot.group = group
-            if group.usable() or not cfg.filtering.enabled:
+        for slot in pending:
+            if slot.group.usable() or not cfg.filtering.enabled:
                 continue
             if slot.resamples < cfg.filtering.resamples:
                 slot.resamples += 1
@@ -345,6 +425,7 @@ def collect_groups(policy: Qwen, tok, source: PromptSource, slots: list[Slot], c
                 counts["replaced"] += 1
             else:
                 continue
+            slot.group = None
             retry.append(slot)
         pending, rounds = retry, rounds + 1
     groups = [s.group for s in slots]
@@ -360,11 +441,13 @@ def collect_groups(policy: Qwen, tok, source: PromptSource, slots: list[Slot], c
 @dataclass
 class Sequence:
     """One trained sequence: token ids, the positions whose next token the loss covers (`mask[t]`
-    True: ids[t + 1] is a policy token), its advantage and the sampler's log-probs on those tokens."""
+    True: ids[t + 1] is a policy token), its advantage, the sampler's log-probs on those tokens, and
+    the token count of the group member it belongs to (an episode's: all its assistant turns')."""
     ids: list[int]
     mask: list[bool]
     advantage: float
     sampler_logp: list[float]
+    member_tokens: int
 
 
 def training_sequences(groups: list[Group], cfg: GRPOConfig) -> tuple[list[Sequence], list[list[float] | None]]:
@@ -377,9 +460,11 @@ def training_sequences(groups: list[Group], cfg: GRPOConfig) -> tuple[list[Seque
             continue
         adv = group_advantages(g.rewards, len(g.rewards), cfg.loss.adv_eps).tolist()
         advantages.append(adv)
-        for completion, logp, a in zip(g.completions, g.sampler_logp, adv):
-            mask = [False] * (len(g.prompt) - 1) + [True] * len(completion)
-            sequences.append(Sequence(g.prompt + completion, mask, a, logp))
+        for member, a in zip(g.samples, adv):
+            tokens = sum(len(s.completion) for s in member)
+            for s in member:  # the prompt's tokens (the user's turns among them) are never trained on
+                mask = [False] * (len(s.prompt) - 1) + [True] * len(s.completion)
+                sequences.append(Sequence(s.prompt + s.completion, mask, a, s.logp, tokens))
     return sequences, advantages
 
 
@@ -389,6 +474,7 @@ class MicroBatch:
     mask: torch.Tensor  # [b, T-1] bool
     advantages: torch.Tensor  # [b]
     sampler_logp: torch.Tensor  # [b, T-1], 0 outside the mask
+    member_tokens: torch.Tensor  # [b]
 
 
 def micro_batches(sequences: list[Sequence], size: int, pad_id: int, device) -> list[MicroBatch]:
@@ -403,8 +489,9 @@ def micro_batches(sequences: list[Sequence], size: int, pad_id: int, device) -> 
             ids[row, :len(s.ids)] = torch.tensor(s.ids)
             mask[row, :len(s.mask)] = torch.tensor(s.mask)
             sampler[row, mask[row]] = torch.tensor(s.sampler_logp)
-        adv = torch.tensor([s.advantage for s in part])
-        batches.append(MicroBatch(ids.to(device), mask.to(device), adv.to(device), sampler.to(device)))
+        adv, members = torch.tensor([s.advantage for s in part]), torch.tensor([s.member_tokens for s in part])
+        batches.append(MicroBatch(ids.to(device), mask.to(device), adv.to(device), sampler.to(device),
+                                  members.to(device)))
     return batches
 
 
@@ -414,7 +501,8 @@ def policy_update(policy: Qwen, optimizer, batches: list[MicroBatch], cfg: GRPOC
     loss is normalized by the completion or token count of the whole update over all ranks."""
     ls, temperature = cfg.loss, cfg.rollout.temperature
     params = optimizer_parameters(optimizer)
-    local = sum(b.mask.shape[0] if ls.agg == "seq-mean-token-mean" else b.mask.sum() for b in batches)
+    seq_mean = ls.agg == "seq-mean-token-mean"  # count completions (episodes, whose rows add up to 1 each) or tokens
+    local = sum((b.mask.sum(1) / b.member_tokens.clamp(min=1)).sum() if seq_mean else b.mask.sum() for b in batches)
     normalizer = all_reduce_sum(torch.tensor(float(local), device=where.device))
     out = {"loss": 0.0, "grad_norm": 0.0, "skipped_nonfinite": 0, "entropy": 0.0, "mismatch_sum": 0.0,
            "mismatch_max": 0.0, "tokens": 0.0, "kl": 0.0, "clip_low": 0.0, "clip_high": 0.0}
@@ -441,7 +529,7 @@ def policy_update(policy: Qwen, optimizer, batches: list[MicroBatch], cfg: GRPOC
             else:
                 logp = token_logprobs(policy, b.ids, b.mask, temperature)
             loss, stats = grpo_loss(logp, old[i], refs[i], b.advantages, b.mask, ls.clip_low, ls.clip_high,
-                                    ls.beta, ls.agg, normalizer=normalizer)
+                                    ls.beta, ls.agg, normalizer=normalizer, member_tokens=b.member_tokens)
             loss.backward()
             loss_sum += loss.detach()
             for key, value in stats.items():
@@ -488,10 +576,10 @@ def _mean_std(values: list) -> tuple[float | None, float | None]:
 
 def rank_report(groups: list[Group], counts: dict, train: dict) -> dict:
     """What this rank saw in one update, as plain JSON for `gather_json`."""
-    completions = [c for g in groups for c in g.completions]
+    samples = [s for g in groups for member in g.samples for s in member]
     return {"rewards": [g.rewards for g in groups], "parts": [g.parts for g in groups],
-            "lengths": [len(c) for c in completions], "truncated": sum(t for g in groups for t in g.truncated),
-            "prompt_tokens": sum(len(g.prompt) * len(g.completions) for g in groups), **counts, **train}
+            "lengths": [len(s.completion) for s in samples], "truncated": sum(s.truncated for s in samples),
+            "prompt_tokens": sum(len(s.prompt) for s in samples), **counts, **train}
 
 
 def update_metrics(reports: list[dict], step: int, lr: float, beta: float) -> dict:
@@ -538,8 +626,8 @@ def completion_records(groups: list[Group], advantages: list, tok, step: int) ->
     """completions.jsonl lines: id, prompt, completion, reward and its parts, advantage (None: masked)."""
     records = []
     for g, adv in zip(groups, advantages):
-        prompt = tok.decode(g.prompt)
-        for k, rollout in enumerate(g.rollouts):
+        for k, (member, rollout) in enumerate(zip(g.samples, g.rollouts)):
+            prompt = tok.decode(member[0].prompt)  # an episode's: its first turn's (its transcript is the completion)
             records.append({"step": step, "id": g.example.id, "prompt": prompt, "completion": rollout.completion,
                             "reward": g.rewards[k], **{name: v[k] for name, v in g.parts.items()},
                             "advantage": None if adv is None else adv[k]})
@@ -558,14 +646,19 @@ def trim_log(path: Path, last_step: int, where: Dist) -> None:
 # ----------------------------------------------------------------------------- setup
 
 
-def check_inputs(cfg: GRPOConfig, config_path: str) -> list[data.Example]:
+def check_inputs(cfg: GRPOConfig, config_path: str) -> list[data.Example] | list[dialogue.Scenario]:
     """Everything a user can get wrong, checked before any model loads: settings, the reward and its
-    judges, the checkpoint folders, the data files. Raises ConfigError / DataError with one line."""
+    judges, the checkpoint folders, the data files (examples, or a dialogue run's scenario seeds).
+    Raises ConfigError / DataError with one line."""
     def bad(key, problem):
         return ConfigError(f"{config_path}: '{key}': {problem}")
 
+    talk = cfg.dialogue
     if cfg.reward.name not in rewards.REWARDS:
         raise bad("reward.name", f"unknown reward {cfg.reward.name!r} (known: {', '.join(sorted(rewards.REWARDS))})")
+    if (talk is not None) != (cfg.reward.name in dialogue.GROUPING):
+        raise bad("dialogue", f"rewards {', '.join(dialogue.GROUPING)} train on role-played dialogues: they, and only "
+                              f"they, need a 'dialogue' section (reward: {cfg.reward.name})")
     unknown = sorted(set(cfg.reward.params) - set(rewards.REWARDS[cfg.reward.name].defaults))
     if unknown:
         known = ", ".join(sorted(rewards.REWARDS[cfg.reward.name].defaults)) or "none"
@@ -575,7 +668,9 @@ def check_inputs(cfg: GRPOConfig, config_path: str) -> list[data.Example]:
                             ("rollout.prompts_per_update", ro.prompts_per_update, 1),
                             ("rollout.max_new_tokens", ro.max_new_tokens, 1), ("loss.passes", ls.passes, 1),
                             ("loss.micro_batch_size", ls.micro_batch_size, 1), ("save_every", cfg.save_every, 1),
-                            ("keep_checkpoints", cfg.keep_checkpoints, 1)):
+                            ("keep_checkpoints", cfg.keep_checkpoints, 1),
+                            *((("dialogue.max_turns", talk.max_turns, 1), ("dialogue.lookahead", talk.lookahead, 1))
+                              if talk else ())):
         if value < low:
             raise bad(key, f"must be at least {low}, got {value}")
     if not ro.temperature > 0:
@@ -584,17 +679,22 @@ def check_inputs(cfg: GRPOConfig, config_path: str) -> list[data.Example]:
                                 ("model.sft_adapter", cfg.model.sft_adapter, "adapter_config.json")):
         if folder is not None and not (Path(folder) / needed).is_file():
             raise bad(key, f"{folder} has no {needed}")
-    if rewards.REWARD_JUDGES.get(cfg.reward.name):
+    judges = {"judge": cfg.judge} if rewards.REWARD_JUDGES.get(cfg.reward.name) or talk else {}
+    judges |= {f"dialogue.{k}": getattr(talk, k) for k in ("simulator", "rubric_judge") if talk and getattr(talk, k)}
+    for key, judge_cfg in judges.items():
         try:
-            cfg.judge.read_api_key()
+            judge_cfg.read_api_key()
         except JudgeError as e:
-            raise bad("judge.api_key_env", str(e)) from None
+            raise bad(f"{key}.api_key_env", str(e)) from None
     if not cfg.train_data:
         raise bad("train_data", "no data files given")
     examples = []
     for path in cfg.train_data:
         if not Path(path).is_file():
             raise bad("train_data", f"{path}: file not found")
+        if talk:
+            examples += dialogue.load_scenarios(path)
+            continue
         loaded = data.load_jsonl(path)
         try:
             rewards.check_reward_data(cfg.reward, loaded)
@@ -628,7 +728,8 @@ def train(cfg: GRPOConfig, examples: list[data.Example]) -> None:
     out = Path(cfg.output_dir)
     save_resolved_config(cfg, out)
     policy, tok = build_policy(cfg, where)
-    source = PromptSource(data.curriculum(examples, cfg.curriculum))
+    segments = [data.Segment("scenarios", examples)] if cfg.dialogue else data.curriculum(examples, cfg.curriculum)
+    source = PromptSource(segments)
     checkpoint = latest_checkpoint(out) if cfg.resume == "auto" else None
     start = 0
     if checkpoint is not None:

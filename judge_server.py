@@ -5,7 +5,9 @@ library's HTTP server, loopback by default, for offline runs, tests and benchmar
     python judge_server.py --backend model --model PATH --port 8000
 
 Backend `rules` is a CRUDE LEXICAL STAND-IN, not a judge: it answers the IU_G and cause prompts of
-judge.py deterministically from word overlap and quotation matching, and refuses anything else.
+judge.py deterministically from word overlap and quotation matching, plays a SCRIPTED user and gives
+SCRIPTED scores for the dialogue prompts (dialogue.py's simulator and judges, CARE's rubric and
+scores) from word lists, and refuses anything else.
 Backend `model` answers every prompt with model.py's `generate` from a checkpoint (a self-hosted
 judge without vLLM). Latency, HTTP errors, hangs, dropped connections and malformed answers can be
 injected to exercise the client's retries.
@@ -30,7 +32,9 @@ from typing import Any, Callable
 
 import verifier
 from data import split_blocks
-from judge import CAUSE_SYSTEM, IU_SYSTEM, SECTION_TAGS
+from dialogue import (ARG_SECTIONS, EMOTIONAL_STATE_SYSTEM, TURN_QUALITY_SYSTEM, TURN_SCORES_SYSTEM,
+                      USER_SIMULATOR_SYSTEM, user_ends_dialogue)
+from judge import CARE_DIMENSIONS, CARE_RUBRIC_SYSTEM, CARE_SCORES_SYSTEM, CAUSE_SYSTEM, IU_SYSTEM, SECTION_TAGS
 
 log = logging.getLogger("judge_server")
 # ----------------------------------------------------------------------------- the local server: backends
@@ -66,7 +70,7 @@ def _utterances(conversation: str) -> list[str]:
     return texts
 
 
-def _rules_iu(sections: list[tuple[str, str]]) -> str:
+def _rules_iu(sections: list[tuple[str, str]], _: str) -> str:
     utterances = _utterances(next(text for tag, text in sections if tag == "conversation"))
     seen: set[str] = set()
     lines = []
@@ -87,7 +91,7 @@ def _rules_iu(sections: list[tuple[str, str]]) -> str:
     return "\n".join(lines)
 
 
-def _rules_cause(sections: list[tuple[str, str]]) -> str:
+def _rules_cause(sections: list[tuple[str, str]], _: str) -> str:
     parts = dict(sections)
     k = int(parts["turn_to_assess"].strip("[] \n"))
     numbered = re.split(r"^\[(\d+)\] (?:\(TARGET\) )?", parts["conversation"], flags=re.MULTILINE)
@@ -102,24 +106,139 @@ def _rules_cause(sections: list[tuple[str, str]]) -> str:
     return f"No passage both quotes turn [{k}] and names the concluded emotion | NO"
 
 
+# ----------------------------------------------------------------------------- the rules backend: dialogues
+
+# Word lists of the scripted dialogue stand-in. A reply "comforts" with COMFORT words and "acts" with ACTION
+# words; a user message reads as distressed or relieved by DISTRESS and RELIEF words.
+COMFORT = frozenset("understand sorry hear together support breathe valid natural gently listening".split())
+ACTION = frozenset("try step plan start next list call write walk rest".split())
+DISTRESS = frozenset("overwhelmed worried anxious scared hopeless alone stuck drained exhausted afraid panic hurt"
+                     .split())
+RELIEF = frozenset("thank thanks better calmer relieved helps helped hopeful lighter".split())
+RULES_COMFORT_TO_END = 3  # comfort words over the assistant's replies after which the scripted user says thanks
+SCRIPTED_USER = {"ends": "Thank you, that helps. I feel calmer now.",  # state 5 (and user_ends_dialogue)
+                 "eased": "That helps a little, but I am still worried.",  # state 3
+                 "not eased": "I still feel overwhelmed and stuck."}  # state 1
+
+
+def _count(text: str, words: frozenset) -> int:
+    return sum(w in words for w in re.findall(r"[a-z]+", text.lower()))
+
+
+def _dialogue(text: str) -> list[tuple[str, str]]:
+    """(role, text) pairs of a dialogue rendered `Role: text`, paragraphs apart (crudely: a paragraph that
+    starts with a role label opens a message)."""
+    pieces = re.split(r"(?:^|\n\n)(User|Assistant): ", text)
+    return [(role.lower(), message) for role, message in zip(pieces[1::2], pieces[2::2])]
+
+
+def _last_user(dialogue: str) -> str:
+    return next((m for role, m in reversed(_dialogue(dialogue)) if role == "user"), "")
+
+
+def _rules_user_turn(sections: list[tuple[str, str]], _: str) -> str:
+    parts = dict(sections)
+    replies = [m for role, m in _dialogue(parts["dialogue"]) if role == "assistant"]
+    if sum(_count(r, COMFORT) for r in replies) >= RULES_COMFORT_TO_END:
+        return SCRIPTED_USER["ends"]
+    return SCRIPTED_USER["eased" if replies and _count(replies[-1], COMFORT) else "not eased"]
+
+
+def _rules_emotional_state(sections: list[tuple[str, str]], _: str) -> str:
+    parts = dict(sections)
+    text = parts["user_text"]
+    relief, distress = _count(text, RELIEF), _count(text, DISTRESS)
+    return f"{relief} relief and {distress} distress words | {min(5, max(1, 3 + relief - distress))}"
+
+
+def _rules_turn_scores(sections: list[tuple[str, str]], message: str) -> str:
+    parts = dict(sections)
+    reasoning, reply = ("" if parts["reasoning"] == "(none)" else parts["reasoning"]), parts["reply"]
+    allowed = int(re.search(r"at most (\d+) lookahead steps", message).group(1))
+    asked = _last_user(parts["dialogue"])
+    lines = re.MULTILINE | re.IGNORECASE
+    present = [name for name in ARG_SECTIONS if re.search(rf"^\s*{name}\s*:", reasoning, lines)]
+    steps = [m.group(1).strip() for m in re.finditer(r"^\s*Lookahead \d+\s*:(.*)$", reasoning, lines)]
+    cognitive = 1 if not reply.strip() else 4 + bool(_content_words(reply) & _content_words(asked))
+    lookahead = 1 if not steps else min(5, 2 + sum(_count(step, DISTRESS | RELIEF) > 0 for step in steps))
+    overthinking = min(2, (bool(reasoning) and len(asked.split()) < 6)
+                       + (len(steps) > allowed or len(set(steps)) < len(steps)))
+    return "\n".join([f"cognitive: reply {'empty' if not reply.strip() else 'given'} | {cognitive}",
+                      f"trace: {len(present)} of {len(ARG_SECTIONS)} sections | {1 + round(4 * len(present) / 5)}",
+                      f"lookahead: {len(steps)} steps | {lookahead}",
+                      f"overthinking: a {len(asked.split())}-word message, {len(steps)} steps | {overthinking}"])
+
+
+def _rules_turn_quality(sections: list[tuple[str, str]], _: str) -> str:
+    parts = dict(sections)
+    reply, comfort = parts["reply"], _count(parts["reply"], COMFORT)
+    return "\n".join([f"sr_proxy: follow-up {'closes' if user_ends_dialogue(parts['follow_up']) else 'goes on'} | "
+                      f"{int(user_ends_dialogue(parts['follow_up']))}",
+                      f"ea: {comfort} comfort words | {1 + min(4, comfort)}",
+                      f"fa: reply {'given' if reply.strip() else 'empty'} | {int(bool(reply.strip()))}"])
+
+
+_RULES_CRITERIA = {"cognitive": ["Restates the core of what the person described",
+                                 "Connects the feeling to its cause in the person's situation"],
+                   "affective": ["Names the person's feeling", "Validates the feeling without judging it"],
+                   "proactive": ["Suggests one small, concrete next step",
+                                 "Leaves the choice of what to do with the person"]}
+
+
+def _rules_care_rubric(sections: list[tuple[str, str]], _: str) -> str:
+    parts = dict(sections)
+    weights = (0.3, 0.5, 0.2) if _count(_last_user(parts["dialogue"]), DISTRESS) else (0.4, 0.2, 0.4)
+    return json.dumps({dim: {"weight": weight, "criteria": _RULES_CRITERIA[dim]}
+                       for dim, weight in zip(CARE_DIMENSIONS, weights)})
+
+
+def _rules_care_scores(sections: list[tuple[str, str]], _: str) -> str:
+    parts = dict(sections)
+    reply = parts["reply"]
+    scores = {"cognitive": len(_content_words(reply) & _content_words(_last_user(parts["dialogue"]))),
+              "affective": _count(reply, COMFORT), "proactive": _count(reply, ACTION)}
+    items = re.findall(r"^(cognitive|affective|proactive) (\d+):", parts["rubric"], re.MULTILINE)
+    return "\n".join(f"{dim} {i}: {scores[dim]} cue words | {min(5, scores[dim])}" for dim, i in items)
+
+
+# Each rule answers from the request's (tag, text) sections and its whole user message.
+_RULES = {IU_SYSTEM: _rules_iu, CAUSE_SYSTEM: _rules_cause, USER_SIMULATOR_SYSTEM: _rules_user_turn,
+          EMOTIONAL_STATE_SYSTEM: _rules_emotional_state, TURN_SCORES_SYSTEM: _rules_turn_scores,
+          TURN_QUALITY_SYSTEM: _rules_turn_quality, CARE_RUBRIC_SYSTEM: _rules_care_rubric,
+          CARE_SCORES_SYSTEM: _rules_care_scores}
+
+
 def rules_backend(messages: list[dict[str, str]], params: dict[str, Any]) -> str:
-    """A crude lexical stand-in for a judge model, for offline runs, tests and benchmarks; it reads
-    our own IU_G and cause prompts and answers them deterministically in the judges' formats:
+    """A crude lexical stand-in for a judge model, for offline runs, tests and benchmarks; it reads our
+    own prompts and answers them deterministically in the judges' formats:
     - IU_G: a block is GAIN when it has a quotation, every quotation verifies (verifier.py) against
       the conversation's lines, and its prose outside quotations brings at least RULES_MIN_NEW_WORDS
       content words not seen in earlier blocks;
     - cause: YES when one reasoning paragraph both quotes the assessed turn (a quotation the verifier
-      locates there) and names the concluded emotion.
+      locates there) and names the concluded emotion;
+    - the user simulator: a SCRIPTED user (SCRIPTED_USER) who thanks the assistant, which ends the
+      dialogue, once its replies hold RULES_COMFORT_TO_END COMFORT words in all, says it is eased a
+      little after a reply with one, and not eased otherwise;
+    - emotional state: 3 + RELIEF words - DISTRESS words, within 1-5;
+    - EmoLLM's turn scores: cognitive 1 for an empty reply, else 4, or 5 when it shares a content word
+      with the user's message; trace 1 + 4 x the share of the ARG sections present; lookahead 1
+      without steps, else 2 + the steps naming a DISTRESS or RELIEF word (at most 5); overthinking 1
+      for reasoning about a message under 6 words, 1 more for repeated or too many steps;
+    - turn quality: sr_proxy 1 when the follow-up ends the dialogue, ea 1 + COMFORT words (at most 5),
+      fa 1 for a non-empty reply;
+    - CARE: a fixed rubric (affective first after a DISTRESS word, else cognitive and proactive), and
+      each criterion scored by the reply's cue words for its dimension (content words shared with the
+      user's message, COMFORT, ACTION; at most 5).
     It understands nothing: it is not a judge, only a deterministic answer in the right format."""
     system = messages[0]["content"] if messages and messages[0]["role"] == "system" else ""
-    sections = [(m.group(1), m.group(3)) for m in _SECTION_RE.finditer(messages[-1]["content"])] if messages else []
-    answer = {IU_SYSTEM: _rules_iu, CAUSE_SYSTEM: _rules_cause}.get(system)
+    message = messages[-1]["content"] if messages else ""
+    answer = _RULES.get(system)
     if answer is None:
-        raise UnsupportedRequest("the rules backend answers only the IU_G and cause judges of judge.py")
+        raise UnsupportedRequest("the rules backend answers only the IU_G, cause, CARE and dialogue.py prompts")
     try:
-        return answer(sections)
-    except (StopIteration, KeyError, ValueError):
-        raise UnsupportedRequest("a judge.py IU_G or cause prompt with a section missing or malformed") from None
+        return answer([(m.group(1), m.group(3)) for m in _SECTION_RE.finditer(message)], message)
+    except (StopIteration, KeyError, ValueError, AttributeError):
+        raise UnsupportedRequest("a prompt the rules backend answers, with a section missing or malformed") from None
 
 
 MAX_NEW_TOKENS = 32768  # the most new tokens the model backend generates for one request
@@ -361,10 +480,11 @@ def main(argv: list[str] | None = None) -> None:
         prog="judge_server.py",
         description="A small OpenAI-compatible judge server (/v1/models, /v1/chat/completions; loopback by default). "
                     "Backend 'rules' is a CRUDE LEXICAL STAND-IN, not a judge: it answers the IU_G and cause prompts "
-                    "deterministically from word overlap and quotation matching, for offline runs, tests and "
-                    "benchmarks. Backend 'model' answers with model.py's generate from a checkpoint.")
+                    "deterministically from word overlap and quotation matching, and plays a scripted user and gives "
+                    "scripted scores for the dialogue and CARE prompts, for offline runs, tests and benchmarks. "
+                    "Backend 'model' answers with model.py's generate from a checkpoint.")
     parser.add_argument("--backend", choices=("rules", "model"), required=True,
-                       help="rules: crude lexical stand-in (IU_G and cause only); model: generate with --model")
+                       help="rules: lexical stand-in (IU_G, cause, CARE, dialogue); model: the --model checkpoint")
     parser.add_argument("--model", metavar="PATH", help="Hugging Face checkpoint folder (backend 'model')")
     parser.add_argument("--device", help="torch device for backend 'model' (default: cpu)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")

@@ -8,7 +8,8 @@ never silently falls back to a default. None means the feedback is incomplete (a
 reward needs is missing or malformed): the trainer resamples the group, it never reads None as 0.
 
 Judge-backed rewards read already-parsed judge outputs from `rollout.judged`; `judge_rollouts` fills
-it for a batch of single-turn rollouts through judge.py, in one concurrent batch of HTTP calls. A
+it for a batch of single-turn rollouts through judge.py, in one concurrent batch of HTTP calls
+(`dialogue.judge_groups` does the same for role-played dialogues: EmoLLM and CARE). A
 trainer calls `check_reward_data(spec, examples)` at start-up: data a reward cannot use (Social-R1
 without reference analyses) stops the run there, with one line, instead of masking every group.
 
@@ -18,8 +19,8 @@ without reference analyses) stops the run there, with one line, instead of maski
 | `sip_structure` | float in [0, 1], SIP stage adherence | social_r1, social_r1_reference_free |
 | `sip_content` | float in [0, 1], SIP content against the example's reference analysis | social_r1 |
 | `sip_content_free` | float in [0, 1], SIP content against the conversation alone | social_r1_reference_free |
-| `turn_quality` | {"sr_proxy": 0/1, "ea": 1-5, "fa": 0/1} for one assistant turn | emollm_turn, emollm |
-| `emotional_state` | int 1-5, the user's state in reply to the turn (an episode's: its opening) | emollm_turn, emollm |
+| `turn_scores` | {"cognitive", "trace", "lookahead": 1-5, "overthinking": 0-2} for one reply | emollm_turn, emollm |
+| `emotional_state` | int 1-5, the user's state in reply to the turn (an episode's: its opening message) | emollm |
 | `care_rubric` | {"cognitive" / "affective" / "proactive": {"weight": w, "criteria": [str, ...]}} | care |
 | `care_scores` | {"cognitive" / "affective" / "proactive": [int 0-5 per criterion]} | care |
 """
@@ -38,8 +39,9 @@ import verifier
 
 @dataclass
 class Rollout:
-    """One sampled completion and everything a reward may look at. For a multi-turn EmoLLM episode
-    `turns` holds one Rollout per assistant turn, in order."""
+    """One sampled completion and everything a reward may look at. For a role-played dialogue
+    (dialogue.py) `example` is its dialogue.State, and an episode's `turns` hold one Rollout per
+    assistant turn, in order."""
     example: data.Example
     completion: str
     reasoning: str  # the text before the final </think>
@@ -262,52 +264,61 @@ def social_r1_reference_free(rollout, cfg):
 
 # ----------------------------------------------------------------------------- EmoLLM
 
-def overthinking(n_reasoning_tokens: int, budget: float) -> float:
-    """R_overthink: the share of the reasoning beyond `budget` tokens, relative to the budget, capped at 1."""
-    return min(1.0, max(0.0, (n_reasoning_tokens - budget) / budget))
+# What EmoLLM's turn judge (dialogue.turn_scores_request) rates, with each score's range: cognitive reliability,
+# the ARG trace's quality and the plausibility of the trace's reverse-perspective prediction (1-5), and overthinking
+# (0 none, 1 some, 2 heavy). dialogue.parse_turn_scores reads exactly these.
+EMOLLM_SCORES = {"cognitive": (1, 5), "trace": (1, 5), "lookahead": (1, 5), "overthinking": (0, 2)}
+EMOLLM_TERMS = ("R_cog", "R_ARG", "R_RP", "R_overthink")
 
 
-def emollm_turn_reward(quality: dict | None, state: int | None, n_reasoning_tokens: int, cfg: dict) -> float | None:
-    """r_t = l_cog R_cog + l_arg R_ARG + l_rp R_RP - l_over R_overthink, from the judges' outputs:
-    R_cog = fa (1 when the reply is factually reliable and grounded), R_ARG = (ea - 1) / 4 (empathic
-    appropriateness, 1-5: the fit of the chosen support strategy to the user's needs, the judge output
-    nearest to the appraisal trace's quality; the agreed judges have no separate ARG-trace score),
-    R_RP = (s - 1) / 4 with s the user's emotional state (1-5) in the reply to this turn, and
-    R_overthink = overthinking(T, `overthink_budget`). None when a judge output is missing or out of range."""
-    if not isinstance(quality, dict) or quality.get("fa") not in (0, 1) or not _number_in(quality.get("ea"), 1, 5):
+def emollm_terms(scores: Any) -> dict[str, float] | None:
+    """The four turn terms of EmoLLM (section 3.2.2, Appendix A), each in [0, 1], from the turn judge's scores:
+    R_cog = (cognitive - 1) / 4, R_ARG = (trace - 1) / 4, R_RP = (lookahead - 1) / 4, R_overthink = overthinking / 2.
+    None unless `scores` holds exactly the EMOLLM_SCORES, each an integer in its range."""
+    if not isinstance(scores, dict) or set(scores) != set(EMOLLM_SCORES):
         return None
-    if not _number_in(state, 1, 5):
+    if not all(type(scores[k]) is int and low <= scores[k] <= high for k, (low, high) in EMOLLM_SCORES.items()):
         return None
-    return (cfg["l_cog"] * quality["fa"] + cfg["l_arg"] * (quality["ea"] - 1) / 4 + cfg["l_rp"] * (state - 1) / 4
-            - cfg["l_over"] * overthinking(n_reasoning_tokens, cfg["overthink_budget"]))
+    return dict(zip(EMOLLM_TERMS, ((scores["cognitive"] - 1) / 4, (scores["trace"] - 1) / 4,
+                                   (scores["lookahead"] - 1) / 4, scores["overthinking"] / 2)))
 
 
-# The lambdas are "nonnegative weighting coefficients" in the paper, without values: all 1 here. The
-# overthinking budget is not given either; 256 tokens is about twice the per-turn output the paper
-# reports for its trained model.
-_TURN = dict(l_cog=1.0, l_arg=1.0, l_rp=1.0, l_over=1.0, overthink_budget=256.0)
+def emotional_gain(rollout: Rollout) -> float | None:
+    """R_emo = (e_T - e_0) / 4: the user's final emotional state (the last turn's `judged["emotional_state"]`, the
+    user's reply to it) minus the initial one (the episode's own `judged["emotional_state"]`, its opening message),
+    on the judge's 1-5 scale mapped to [-1, 1]. None when either is missing or out of range, or there are no turns."""
+    initial = rollout.judged.get("emotional_state")
+    final = rollout.turns[-1].judged.get("emotional_state") if rollout.turns else None
+    if not (_number_in(initial, 1, 5) and _number_in(final, 1, 5)):
+        return None
+    return (final - initial) / 4
+
+
+# The lambdas are "nonnegative weighting coefficients" in the paper, without values: all 1 here.
+_TURN = dict(l_cog=1.0, l_arg=1.0, l_rp=1.0, l_over=1.0)
 
 
 @reward(**_TURN)
 def emollm_turn(rollout, cfg):
-    """r_t of one assistant turn (see emollm_turn_reward): `judged["turn_quality"]`,
-    `judged["emotional_state"]` and the turn's reasoning tokens."""
-    quality, state = rollout.judged.get("turn_quality"), rollout.judged.get("emotional_state")
-    return emollm_turn_reward(quality, state, rollout.n_reasoning_tokens, cfg)
+    """r_t = l_cog R_cog + l_arg R_ARG + l_rp R_RP - l_over R_overthink (emollm_terms of `judged["turn_scores"]`);
+    None when the judgement is missing or malformed."""
+    terms = emollm_terms(rollout.judged.get("turn_scores"))
+    if terms is None:
+        return None
+    return (cfg["l_cog"] * terms["R_cog"] + cfg["l_arg"] * terms["R_ARG"] + cfg["l_rp"] * terms["R_RP"]
+            - cfg["l_over"] * terms["R_overthink"])
 
 
 @reward(l_emo=1.0, **_TURN)
 def emollm(rollout, cfg):
-    """R(tau) = sum_t r_t + l_emo R_emo over the episode's turns (`rollout.turns`), with R_emo = (e_T - e_0) / 4:
-    the user's final emotional state (the last turn's `emotional_state`) minus the initial one (the
-    episode's own `judged["emotional_state"]`, the opening message), on the 1-5 scale mapped to [0, 1]."""
+    """R(tau) = sum_t r_t + l_emo R_emo over the episode's assistant turns (`rollout.turns`, emollm_turn each) and
+    its emotional gain (emotional_gain). None when any of them is."""
     turn_cfg = {k: cfg[k] for k in _TURN}
     turn_rewards = [emollm_turn(turn, turn_cfg) for turn in rollout.turns]
-    initial = rollout.judged.get("emotional_state")
-    if not turn_rewards or None in turn_rewards or not _number_in(initial, 1, 5):
+    gain = emotional_gain(rollout)
+    if not turn_rewards or None in turn_rewards or gain is None:
         return None
-    final = rollout.turns[-1].judged["emotional_state"]
-    return sum(turn_rewards) + cfg["l_emo"] * (final - initial) / 4
+    return sum(turn_rewards) + cfg["l_emo"] * gain
 
 
 # ----------------------------------------------------------------------------- CARE
@@ -339,8 +350,8 @@ def care(rollout, cfg):
 # ----------------------------------------------------------------------------- asking the judges
 
 # The judge outputs each reward reads from a single-turn rollout. A judge-backed reward of your own
-# adds its line here. (EmoLLM's and CARE's judges need a multi-turn episode or a group-shared
-# rubric, which the caller gathers with judge.py directly.)
+# adds its line here. (EmoLLM's and CARE's judges need a role-played dialogue or a rubric shared by
+# a group: dialogue.judge_groups gathers them.)
 REWARD_JUDGES = {"iu_g": ("iu",), "clue": ("iu",), "social_r1": ("sip_structure", "sip_content"),
                  "social_r1_reference_free": ("sip_structure", "sip_content_free")}
 
@@ -393,10 +404,7 @@ def judge_rollouts(rollouts: list[Rollout], spec: RewardSpec, cfg: judge.JudgeCo
                 pending.append((rollout, name, *request))
     if not pending:
         return {"calls": 0, "retries": 0, "failures": 0, "malformed": 0}
-    texts, stats = judge.chat_many([call for _, _, call, _ in pending], cfg)
-    malformed = 0
-    for (rollout, name, _, parse), text in zip(pending, texts):
-        value = None if text is None else parse(text)
-        malformed += text is not None and value is None
+    values, stats = judge.ask([(call, parse) for _, _, call, parse in pending], cfg)
+    for (rollout, name, _, _), value in zip(pending, values):
         rollout.judged[name] = value
-    return stats | {"malformed": malformed}
+    return stats

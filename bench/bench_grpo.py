@@ -88,8 +88,8 @@ class Ours:
         t1 = time.perf_counter()
         rewards = reward_fn([tok.decode([t for t in c if t not in eos]) for c in new])
         t2 = time.perf_counter()
-        rows = [slice(i * k, (i + 1) * k) for i in range(len(self.prompt_ids))]
-        groups = [grpo.Group(None, p, new[r], logp[r], [], [], rewards[r]) for p, r in zip(self.prompt_ids, rows)]
+        groups = [grpo.Group(None, [[grpo.Sample(p, new[i], logp[i], False)] for i in range(g * k, (g + 1) * k)], [],
+                             rewards[g * k:(g + 1) * k]) for g, p in enumerate(self.prompt_ids)]
         sequences, _ = grpo.training_sequences(groups, self.cfg)
         batches = grpo.micro_batches(sequences, self.cfg.loss.micro_batch_size, tok.pad_token_id, self.where.device)
         grpo.policy_update(self.policy, self.optimizer, batches, self.cfg, self.where)

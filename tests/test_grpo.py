@@ -205,7 +205,8 @@ def scripted_filtering(monkeypatch, script, enabled=True):
         for example in batch:
             k = seen[example.id] = seen.get(example.id, 0) + 1
             rewards_ = script[example.id][min(k, len(script[example.id])) - 1]
-            groups.append(grpo.Group(example, [1], [[2], [3]], [[0.0], [0.0]], [False, False], [], list(rewards_)))
+            samples = [[grpo.Sample([1], [token], [0.0], False)] for token in (2, 3)]
+            groups.append(grpo.Group(example, samples, [], list(rewards_)))
         return groups
 
     monkeypatch.setattr(grpo, "sample_groups", fake_sample)
@@ -273,7 +274,8 @@ def fixed_groups(n_groups=4, k=3, seed=0):
         comps = [torch.randint(1, 20, (2 + (i + j) % 4,), generator=g).tolist() for j in range(k)]
         sampler = [(-torch.rand(len(c), generator=g)).tolist() for c in comps]
         ex = data.Example(f"e{i}", "meld_emotion", [data.Turn("A", "hi")], 0, ["joy"])
-        groups.append(grpo.Group(ex, prompt, comps, sampler, [False] * k, [], [float((i + j) % 3) for j in range(k)]))
+        samples = [[grpo.Sample(prompt, c, s, False)] for c, s in zip(comps, sampler)]
+        groups.append(grpo.Group(ex, samples, [], [float((i + j) % 3) for j in range(k)]))
     return groups
 
 

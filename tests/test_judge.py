@@ -299,11 +299,11 @@ def test_rules_backend_cause_verdicts_and_unsupported_prompts():
     with serving() as server:
         cfg = config(server)
         calls = [judge.cause_request(example, reasoning, "sadness", k) for k in (1, 0)]
-        calls.append(judge.emotional_state_request("A student after an exam.", "I failed again."))
+        calls.append(judge.sip_structure_request(example, reasoning))
         texts, stats = judge.chat_many(calls, cfg)
     assert judge.parse_cause_verdict(texts[0]) is True  # quotes turn [2] where it names the emotion
     assert judge.parse_cause_verdict(texts[1]) is False  # turn [1] is quoted, but not as a reason
-    assert texts[2] is None and "only the IU_G and cause" in stats["errors"][2]
+    assert texts[2] is None and "only the IU_G, cause, CARE and dialogue.py prompts" in stats["errors"][2]
 
 
 def test_cause_request_numbers_the_visible_turns_and_marks_the_target():
@@ -409,27 +409,6 @@ def test_parse_sip_content():
         assert judge.parse_sip_content(answer) is None, answer
 
 
-def test_parse_emotional_state_and_turn_quality():
-    assert judge.parse_emotional_state("Relieved after the advice | 4") == 4
-    for answer in ["Calm | 0", "Calm | 6", "4", "Calm |", "Calm | 3.5", "Calm | 4\nCalm | 4"]:
-        assert judge.parse_emotional_state(answer) is None, answer
-    good = "sr_proxy: User still anxious | 0\nea: Warm and validating | 4\nfa: No invented facts | 1"
-    assert judge.parse_turn_quality(good) == {"sr_proxy": 0.0, "ea": 4.0, "fa": 1.0}
-    lines = good.splitlines()
-    for answer in ["\n".join([lines[1], lines[0], lines[2]]), "\n".join(lines[:2]), good + "\nOverall good.",
-                   good.replace("| 4", "| 0"), good.replace("| 0", "| 2"), '{"sr_proxy": 0, "ea": 4, "fa": 1}']:
-        assert judge.parse_turn_quality(answer) is None, answer
-
-
-def test_parse_user_turn_and_end_of_dialogue():
-    assert judge.parse_user_turn("  I guess I could try that tonight.  ") == "I guess I could try that tonight."
-    for answer in ["", "   ", "Assistant: Here is a plan.", "Okay.\nUser: and then?", "<think>hmm</think> ok",
-                   "system: reset"]:
-        assert judge.parse_user_turn(answer) is None, answer
-    assert judge.user_ends_dialogue("Thanks, that really helps.") and judge.user_ends_dialogue("Okay, I\u2019m done.")
-    assert not judge.user_ends_dialogue("I'm thankful you listened, but I still feel lost.")
-
-
 # ----------------------------------------------------------------------------- parsers: CARE
 
 
@@ -518,13 +497,10 @@ def test_every_builder_makes_a_system_and_a_user_message():
     example, dialogue = emotion_example(), [("user", "I can't keep up."), ("assistant", "That sounds heavy.")]
     rubric = judge.parse_care_rubric(json.dumps(RUBRIC_JSON))
     calls = [judge.sip_structure_request(example, "r"), judge.sip_content_request(example, "r", "ref"),
-             judge.care_rubric_request(dialogue), judge.care_scores_request(dialogue, rubric, "reply"),
-             judge.emotional_state_request("ctx", "text"), judge.turn_quality_request("sc", dialogue, "re", "fu"),
-             judge.user_turn_request("sc", dialogue, 2, 8)]
+             judge.care_rubric_request(dialogue), judge.care_scores_request(dialogue, rubric, "reply")]
     for request in calls:
         assert [m["role"] for m in request.messages] == ["system", "user"] and request.max_tokens > 0
     assert "User: I can't keep up.\n\nAssistant: That sounds heavy." in calls[2].messages[-1]["content"]
-    assert "turn 2 of at most 8" in calls[-1].messages[-1]["content"]
 
 
 # ----------------------------------------------------------------------------- the model backend

@@ -245,41 +245,46 @@ def test_data_that_cannot_feed_the_reward_stops_the_run_with_one_line():
 
 # ----------------------------------------------------------------------------- EmoLLM
 
-def turn(state, ea=4, fa=1, t_reason=100):
-    return rollout("reply</think>\nAnswer: sadness", t_reason=t_reason,
-                   judged={"turn_quality": {"sr_proxy": 0, "ea": ea, "fa": fa}, "emotional_state": state})
+def turn(cognitive=4, trace=3, lookahead=5, overthinking=0, state=None):
+    judged = {"turn_scores": {"cognitive": cognitive, "trace": trace, "lookahead": lookahead,
+                              "overthinking": overthinking}}
+    return rollout("reply</think>\nAnswer: sadness", judged=judged | ({} if state is None else {"emotional_state": state}))
 
 
-def test_emollm_turn_reward_and_overthinking_penalty():
-    assert emollm_turn(turn(4)) == pytest.approx(1 + 3 / 4 + 3 / 4 - 0)  # fa + (ea-1)/4 + (s-1)/4
-    assert emollm_turn(turn(4, t_reason=384)) == pytest.approx(2.5 - (384 - 256) / 256)
-    assert emollm_turn(turn(4, t_reason=5000)) == pytest.approx(2.5 - 1)  # penalty capped at 1
-    assert emollm_turn(turn(1, ea=1, fa=0)) == 0.0
-    cfg = {"l_cog": 2.0, "l_arg": 0.5, "l_rp": 0.0, "l_over": 3.0, "overthink_budget": 100.0}
-    assert emollm_turn(turn(5, ea=5, fa=1, t_reason=150), cfg) == pytest.approx(2 + 0.5 - 3 * 0.5)
+def test_emollm_turn_reward_from_the_four_judged_aspects():
+    assert emollm_turn(turn()) == pytest.approx(3 / 4 + 2 / 4 + 4 / 4 - 0)  # (c-1)/4 + (t-1)/4 + (l-1)/4 - o/2
+    assert emollm_turn(turn(overthinking=1)) == pytest.approx(2.25 - 0.5)
+    assert emollm_turn(turn(overthinking=2)) == pytest.approx(2.25 - 1)
+    assert emollm_turn(turn(1, 1, 1, 2)) == pytest.approx(-1.0)
+    assert emollm_turn(turn(5, 5, 5, 0)) == pytest.approx(3.0)
+    cfg = {"l_cog": 2.0, "l_arg": 0.5, "l_rp": 0.0, "l_over": 3.0}
+    assert emollm_turn(turn(5, 3, 1, 1), cfg) == pytest.approx(2 * 1 + 0.5 * 0.5 + 0 - 3 * 0.5)
+    assert emollm_turn.defaults == {"l_cog": 1.0, "l_arg": 1.0, "l_rp": 1.0, "l_over": 1.0}
 
 
-def test_emollm_turn_missing_or_malformed_judgement_is_none():
-    assert emollm_turn(turn(None)) is None
-    assert emollm_turn(turn(6)) is None
-    assert emollm_turn(turn(3, ea=0)) is None
-    assert emollm_turn(turn(3, fa=0.5)) is None
-    assert emollm_turn(rollout("x</think>\nAnswer: joy", judged={"emotional_state": 3})) is None
+@pytest.mark.parametrize("scores", [None, {}, {"cognitive": 4, "trace": 3, "lookahead": 5},
+                                    {"cognitive": 6, "trace": 3, "lookahead": 5, "overthinking": 0},
+                                    {"cognitive": 4, "trace": 0, "lookahead": 5, "overthinking": 0},
+                                    {"cognitive": 4, "trace": 3, "lookahead": 5, "overthinking": 3},
+                                    {"cognitive": 4.5, "trace": 3, "lookahead": 5, "overthinking": 0},
+                                    {"cognitive": True, "trace": 3, "lookahead": 5, "overthinking": 0},
+                                    {"cognitive": 4, "trace": 3, "lookahead": 5, "overthinking": 0, "extra": 1}])
+def test_emollm_turn_missing_or_malformed_judgement_is_none(scores):
+    assert emollm_turn(rollout("x</think>\nAnswer: joy", judged={"turn_scores": scores})) is None
 
 
 def test_emollm_trajectory_sums_turns_and_adds_the_emotional_gain():
-    turns = [turn(3, ea=3, fa=1, t_reason=100), turn(5, ea=5, fa=0, t_reason=512)]
-    episode = rollout("last</think>\nAnswer: joy", judged={"emotional_state": 2}, turns=turns)
-    r1 = 1 + 2 / 4 + 2 / 4 - 0
-    r2 = 0 + 4 / 4 + 4 / 4 - 1  # (512 - 256) / 256 = 1
+    turns = [turn(4, 3, 5, 0), turn(2, 5, 1, 2, state=5)]  # the last turn carries e_T, the user's reply to it
+    episode = rollout("transcript", judged={"emotional_state": 2}, turns=turns)
+    r1, r2 = 3 / 4 + 2 / 4 + 4 / 4 - 0, 1 / 4 + 4 / 4 + 0 - 1
     assert emollm(episode) == pytest.approx(r1 + r2 + 1.0 * (5 - 2) / 4)
     assert emollm(episode, {"l_emo": 4.0}) == pytest.approx(r1 + r2 + 3)
-    worse = rollout("x</think>\nAnswer: joy", judged={"emotional_state": 5}, turns=[turn(1, ea=1, fa=0)])
+    worse = rollout("x", judged={"emotional_state": 5}, turns=[turn(1, 1, 1, 0, state=1)])
     assert emollm(worse) == pytest.approx(0 - 1.0)
-    assert emollm(rollout("x</think>\nAnswer: joy", turns=turns)) is None  # no initial state
-    assert emollm(rollout("x</think>\nAnswer: joy", judged={"emotional_state": 2},
-                          turns=[turns[0], turn(None)])) is None
-    assert emollm(rollout("x</think>\nAnswer: joy", judged={"emotional_state": 2})) is None  # no turns
+    assert emollm(rollout("x", turns=turns)) is None  # no initial state
+    assert emollm(rollout("x", judged={"emotional_state": 2}, turns=[turn(), turn()])) is None  # no final state
+    assert emollm(rollout("x", judged={"emotional_state": 2}, turns=[turns[0], turn(None, state=4)])) is None
+    assert emollm(rollout("x", judged={"emotional_state": 2})) is None  # no turns
 
 
 # ----------------------------------------------------------------------------- CARE

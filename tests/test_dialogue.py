@@ -1,0 +1,535 @@
+"""dialogue.py and grpo.py's dialogue mode, against the local judge server over real HTTP: scenario seeds with
+located errors, the judges' parsers, episodes that end by the user or at the turn limit, reasoning that never
+reaches the simulator, one generate call and one simulator batch per turn, group shapes and advantages in both
+grouping modes, one CARE rubric per state, the trajectory reward against a hand computation, a loss mask on
+assistant tokens only, a judge failing mid-episode, the evaluation metrics (in-process and through a served
+policy), and whole runs of the configs."""
+
+import json
+import math
+import re
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+import dialogue
+import evaluate
+import grpo
+import judge
+import model as M
+import train as T
+from config import load_config
+from data import DataError
+from dialogue import DialogueSettings, PolicyTurn, Scenario, State
+from judge import CARE_RUBRIC_SYSTEM, JudgeConfig
+from judge_server import SCRIPTED_USER, JudgeServer, rules_backend
+from test_grpo import read_jsonl, write_checkpoint
+
+REPO = Path(__file__).resolve().parents[1]
+DEMO = REPO / "configs" / "dialogue_demo.yaml"
+WORDS = ["user", "assistant", "I", "understand", "sorry", "hear", "you", "try", "one", "step", "Facts:", "Needs:",
+         "Appraisal:", "Emotion:", "Strategy:", "Lookahead", "1:", "2:", "Choice:", "worried", "calmer", "the", "plan"]
+CPU = T.Dist(0, 1, torch.device("cpu"))
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    return write_checkpoint(tmp_path_factory.mktemp("dialogue") / "base", words=WORDS, hidden=16)
+
+
+class Recorder:
+    """A judge-server backend: the rules stand-in, every request kept; `fail(messages)` True answers HTTP 500."""
+
+    def __init__(self, fail=lambda messages: False, answer=rules_backend):
+        self.requests, self.fail, self.answer, self.lock = [], fail, answer, threading.Lock()
+
+    def __call__(self, messages, params):
+        with self.lock:
+            self.requests.append(messages)
+        if self.fail(messages):
+            raise RuntimeError("injected judge failure")
+        return self.answer(messages, params)
+
+    def of(self, system: str) -> list[str]:
+        """The user messages of the requests with this system prompt."""
+        return [m[-1]["content"] for m in self.requests if m[0]["content"] == system]
+
+
+@contextmanager
+def serving(backend=rules_backend):
+    with JudgeServer(backend).start() as server:
+        yield JudgeConfig(base_url=server.url, retries=0, timeout=20, concurrency=8)
+
+
+def section(text: str, tag: str) -> str:
+    return re.search(rf"<{tag}>\n(.*?)\n</{tag}>", text, re.DOTALL).group(1)
+
+
+STYLES = {"kind": "I understand, I am so sorry, I hear you.",  # 3 comfort words: the scripted user thanks at once
+          "slow": "I understand.",  # 1 comfort word a turn: thanks after the third
+          "cold": "Noted."}  # never eased: the turn limit ends it
+
+
+def scripted(style_of_row):
+    """A policy stand-in: a reply in the style of its episode (decided at the first turn by the row index, kept
+    later by the first assistant message) after private reasoning that must never reach the user."""
+    calls = []
+
+    def respond(chats, n, seed):
+        calls.append(chats)
+        out = []
+        for i, chat in enumerate(chats):
+            first = next((m["content"] for m in chat if m["role"] == "assistant"), None)
+            turns = []
+            for j in range(n):
+                style = next(k for k, v in STYLES.items() if v == first) if first else style_of_row(i * n + j, chat)
+                text = f"<think>SECRET reasoning {len(chat)}</think>\n{STYLES[style]}"
+                turns.append(PolicyTurn([1], [2, 3], [0.0, 0.0], False, text, *dialogue.split_reply(text, False)))
+            out.append(turns)
+        return out
+
+    respond.calls = calls
+    return respond
+
+
+def scenario(name: str) -> Scenario:
+    return Scenario(name, f"Someone who is {name} about a deadline.", f"{name}: I feel overwhelmed by my deadline.")
+
+
+# ----------------------------------------------------------------------------- scenario seeds and parsers
+
+
+def test_scenarios_load_and_every_bad_line_is_located(tmp_path):
+    good = {"id": "a", "scenario": "A student before exams.", "initial_prompt": "I cannot sleep."}
+    path = tmp_path / "s.jsonl"
+    path.write_text(json.dumps(good) + "\n\n" + json.dumps(good | {"id": "b"}) + "\n")
+    assert dialogue.load_scenarios(path) == [Scenario("a", "A student before exams.", "I cannot sleep."),
+                                             Scenario("b", "A student before exams.", "I cannot sleep.")]
+    cases = [({"id": "a", "scenario": "s"}, "field 'initial_prompt': missing"),
+             (good | {"initial_prompt": 3}, "field 'initial_prompt': expected a string, got 3"),
+             (good | {"mood": "low"}, "field 'mood': unknown field (known: id, scenario, initial_prompt)"),
+             (good | {"scenario": "  "}, "field 'scenario': empty"),
+             ([good], "expected a JSON object, got list"),
+             (good, "field 'id': 'a' appears twice")]
+    for bad, message in cases:
+        path.write_text(json.dumps(good) + "\n" + json.dumps(bad) + "\n")
+        with pytest.raises(DataError) as error:
+            dialogue.load_scenarios(path)
+        assert str(error.value) == f"{path}:2: {message}"
+    path.write_text(json.dumps(good) + '\n{"id": "b",\n')
+    with pytest.raises(DataError, match=rf"^{re.escape(str(path))}:2: not valid JSON"):
+        dialogue.load_scenarios(path)
+    path.write_text("\n")
+    with pytest.raises(DataError, match="no scenarios"):
+        dialogue.load_scenarios(path)
+
+
+def test_parsers_take_exactly_their_format():
+    good = "cognitive: Grounded | 4\ntrace: All sections | 5\nlookahead: Plausible | 3\noverthinking: None | 0"
+    assert dialogue.parse_turn_scores(good) == {"cognitive": 4, "trace": 5, "lookahead": 3, "overthinking": 0}
+    lines = good.splitlines()
+    for answer in [good.replace("| 0", "| 3"), good.replace("| 4", "| 0"), "\n".join(lines[:3]),
+                   "\n".join([lines[1], lines[0], *lines[2:]]), good + "\nAll fine.", good.replace("| 5", "| 4.5"),
+                   '{"cognitive": 4, "trace": 5, "lookahead": 3, "overthinking": 0}']:
+        assert dialogue.parse_turn_scores(answer) is None, answer
+    assert dialogue.parse_emotional_state("Relieved after the advice | 4") == 4
+    for answer in ["Calm | 0", "Calm | 6", "4", "Calm |", "Calm | 3.5", "Calm | 4\nCalm | 4"]:
+        assert dialogue.parse_emotional_state(answer) is None, answer
+    quality = "sr_proxy: User still anxious | 0\nea: Warm and validating | 4\nfa: No invented facts | 1"
+    assert dialogue.parse_turn_quality(quality) == {"sr_proxy": 0.0, "ea": 4.0, "fa": 1.0}
+    for answer in [quality.replace("| 4", "| 0"), quality.replace("| 0", "| 2"), "\n".join(quality.splitlines()[:2])]:
+        assert dialogue.parse_turn_quality(answer) is None, answer
+    assert dialogue.parse_user_turn("  I guess I could try that tonight.  ") == "I guess I could try that tonight."
+    for answer in ["", "   ", "Assistant: Here is a plan.", "Okay.\nUser: and then?", "<think>hmm</think> ok"]:
+        assert dialogue.parse_user_turn(answer) is None, answer
+    assert dialogue.user_ends_dialogue("Thanks, that really helps.")
+    assert dialogue.user_ends_dialogue("Okay, I\u2019m done.")
+    assert not dialogue.user_ends_dialogue("I'm thankful you listened, but I still feel lost.")
+
+
+def test_split_reply_never_lets_reasoning_into_the_reply():
+    assert dialogue.split_reply("<think>plan</think>\n\nHello there.", False) == ("plan", "Hello there.")
+    assert dialogue.split_reply("plan</think>Hello.", True) == ("plan", "Hello.")  # the template opened <think>
+    assert dialogue.split_reply("<think>still planning, cut off", False) == ("still planning, cut off", "")
+    assert dialogue.split_reply("still planning, cut off", True) == ("still planning, cut off", "")
+    assert dialogue.split_reply("Just a reply.", False) == ("", "Just a reply.")
+
+
+def test_rules_backend_scripts_the_user_and_the_states():
+    def ask(call):
+        return rules_backend(call.messages, {})
+
+    dialogue_so_far = [("user", "I feel overwhelmed."), ("assistant", "I understand. I am sorry.")]
+    assert ask(dialogue.user_turn_request("s", dialogue_so_far, 1, 8)) == SCRIPTED_USER["eased"]
+    assert ask(dialogue.user_turn_request("s", dialogue_so_far + [("user", "x"), ("assistant", "I hear you.")],
+                                          2, 8)) == SCRIPTED_USER["ends"]  # three comfort words in all
+    assert ask(dialogue.user_turn_request("s", [("user", "x"), ("assistant", "Noted.")], 1, 8)) == SCRIPTED_USER[
+        "not eased"]
+    states = [dialogue.parse_emotional_state(ask(dialogue.emotional_state_request("ctx", SCRIPTED_USER[k])))
+              for k in ("ends", "eased", "not eased")]
+    assert states == [5, 3, 1] and dialogue.user_ends_dialogue(SCRIPTED_USER["ends"])
+    trace = "Facts: a deadline.\nNeeds: rest.\nAppraisal: too much.\nEmotion: worried.\nStrategy: calm.\n" \
+            "Lookahead 1: calmer.\nLookahead 2: calmer.\nLookahead 3: calmer.\nChoice: keep."
+    scores = dialogue.parse_turn_scores(ask(dialogue.turn_scores_request(
+        [("user", "My deadline is tomorrow.")], trace, "Your deadline sounds hard.", 2)))
+    # a shared content word (deadline); all five sections; three steps naming a RELIEF word; repeated steps, beyond n
+    assert scores == {"cognitive": 5, "trace": 5, "lookahead": 5, "overthinking": 2}
+
+
+# ----------------------------------------------------------------------------- the role-play
+
+
+def test_episodes_end_by_the_user_or_the_turn_limit_and_reasoning_never_reaches_the_simulator(monkeypatch):
+    batches = []
+    chat_many = judge.chat_many
+    monkeypatch.setattr(judge, "chat_many", lambda calls, cfg: batches.append(len(calls)) or chat_many(calls, cfg))
+    respond = scripted(lambda row, chat: chat[0]["content"].split(":")[0])
+    recorder = Recorder()
+    starts = [dialogue.as_state(scenario(name)) for name in ("kind", "slow", "cold")]
+    with serving(recorder) as cfg:
+        episodes, stats = dialogue.play(respond, starts, DialogueSettings(max_turns=4), cfg)
+    assert [(e.ended_by, len(e.turns)) for e in episodes] == [("user", 1), ("user", 3), ("turn limit", 4)]
+    assert [len(chats) for chats in respond.calls] == [3, 2, 2, 1]  # one policy call per turn, live episodes only
+    assert batches == [3, 2, 2, 1] and stats["calls"] == 8  # one simulator batch per turn
+    kind, slow, cold = episodes
+    assert kind.state.history == (("user", "kind: I feel overwhelmed by my deadline."),
+                                  ("assistant", STYLES["kind"]), ("user", SCRIPTED_USER["ends"]))
+    assert [m for role, m in slow.state.history if role == "user"][1:] == [SCRIPTED_USER["eased"]] * 2 + [
+        SCRIPTED_USER["ends"]]
+    assert [cold.follow_up(k) for k in range(4)] == [SCRIPTED_USER["not eased"]] * 4
+    # the exact messages the simulator got: the visible dialogue so far, no reasoning
+    simulated = recorder.of(dialogue.USER_SIMULATOR_SYSTEM)
+    assert len(simulated) == 8 and not any("SECRET" in m or "<think>" in m for m in simulated)
+    finals = {e.start.scenario.id: e.state.history for e in episodes}
+    for message in simulated:
+        name = section(message, "dialogue").split(":")[1].strip()
+        shown = section(message, "dialogue")
+        assert any(shown == judge._dialogue_text(list(finals[name][:n])) for n in range(2, 9, 2)), shown
+    assert not any("SECRET" in m["content"] for chats in respond.calls for chat in chats for m in chat)
+    assert all(t.candidates[0].reasoning.startswith("SECRET") for e in episodes for t in e.turns)
+
+
+def test_every_policy_turn_is_one_batched_generate_call(base, monkeypatch):
+    calls = []
+    generate = M.generate
+    monkeypatch.setattr(M, "generate", lambda model, prompts, *a, **k: calls.append(len(prompts)) or
+                        generate(model, prompts, *a, **k))
+    tok, policy = M.load_tokenizer(base), M.Qwen.from_pretrained(base, dtype="float32")
+    sampling = grpo.RolloutSettings(max_new_tokens=6)
+    settings = DialogueSettings(max_turns=3, arg_scaffold=True, lookahead=2)
+    starts = [dialogue.as_state(scenario(name)) for name in ("a", "a", "b")]
+    with serving() as cfg:
+        episodes, _ = dialogue.play(dialogue.local_policy(policy, tok, sampling), starts, settings, cfg, 2, seed=3)
+    live = [sum(len(e.turns) > t for e in episodes) for t in range(3)]
+    assert calls == [2 * n for n in live if n]  # two candidates for each live episode, in one call per turn
+    for e in episodes:
+        for turn in e.turns:
+            assert len(turn.candidates) == 2
+            for c in turn.candidates:  # each sampled under the chat of the visible dialogue, scaffold first
+                assert c.prompt == tok.chat_ids(dialogue.policy_messages(turn.state, settings))
+                assert len(c.completion) == len(c.logp) <= 6
+        assert e.state.history[1::2] == tuple(("assistant", t.candidates[0].reply) for t in e.turns)
+
+
+# ----------------------------------------------------------------------------- grpo's dialogue mode
+
+
+def demo_cfg(base, url, *overrides):
+    return load_config(DEMO, [f"model.path={base}", f"judge.base_url={url}", "judge.retries=0",
+                              "rollout.max_new_tokens=8", *overrides], grpo.GRPOConfig)
+
+
+def slots_of(cfg, names):
+    source = grpo.PromptSource([grpo.data.Segment("scenarios", [scenario(n) for n in names])])
+    return source, [grpo.Slot(i, ex, seg) for i, (ex, seg) in enumerate(source.take(len(names)))]
+
+
+def hand_advantages(rewards):
+    mean = sum(rewards) / len(rewards)
+    std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / (len(rewards) - 1))
+    return [(r - mean) / (std + 1e-6) for r in rewards]
+
+
+def test_trajectory_groups_advantages_and_a_loss_mask_on_assistant_tokens_only(base):
+    with serving() as judge_cfg:
+        cfg = demo_cfg(base, judge_cfg.base_url, "rollout.group_size=3", "filtering.enabled=false")
+        policy, tok = grpo.build_policy(cfg, CPU)
+        source, slots = slots_of(cfg, ["p", "q"])
+        groups, counts = grpo.collect_groups(policy, tok, source, slots, cfg, 0, CPU)
+    assert [g.example.id for g in groups] == ["p", "q"] and counts["calls"] > 0
+    sequences, advantages = grpo.training_sequences(groups, cfg)
+    rows = iter(sequences)
+    for g, adv in zip(groups, advantages):
+        assert len(g.samples) == len(g.rollouts) == len(g.rewards) == 3
+        assert all(r is not None for r in g.rewards) and not g.masked
+        assert adv == pytest.approx(hand_advantages(g.rewards), abs=1e-5)
+        for member, rollout, a in zip(g.samples, g.rollouts, adv):
+            assert len(member) == len(rollout.turns) >= 1  # a sample per assistant turn of the episode
+            for sample, turn in zip(member, rollout.turns):
+                seq = next(rows)
+                assert seq.advantage == a and seq.member_tokens == sum(len(s.completion) for s in member)
+                assert seq.ids == sample.prompt + sample.completion
+                assert [seq.ids[t + 1] for t, on in enumerate(seq.mask) if on] == sample.completion
+                assert not any(seq.mask[:len(sample.prompt) - 1])  # the prompt, every user turn in it, untrained
+                *context, (_, reply) = turn.example.history  # the dialogue this turn closed
+                state = State(g.example.scenario, tuple(context))
+                assert sample.prompt == tok.chat_ids(dialogue.policy_messages(state, cfg.dialogue))
+                kept = len(sample.completion) - (not sample.truncated)  # EOS off
+                assert turn.completion == tok.decode(sample.completion[:kept])
+                assert reply == dialogue.split_reply(turn.completion, False)[1]
+    assert next(rows, None) is None
+
+
+def test_an_episode_counts_once_in_the_loss_whatever_its_turns():
+    logp = torch.tensor([[-1.0, -2.0, -0.5], [-0.3, -0.7, -1.1], [-0.2, -0.4, -0.9]])
+    old = logp + torch.tensor([[0.1, -0.1, 0.0], [0.0, 0.2, -0.3], [0.05, 0.0, 0.1]])
+    mask = torch.tensor([[True, True, False], [True, True, True], [True, True, True]])
+    adv = torch.tensor([1.0, 1.0, -0.5])  # rows 0 and 1: one episode of 2 + 3 tokens; row 2: another of 3 tokens
+    loss, _ = grpo.grpo_loss(logp, old, None, adv, mask, beta=0.0, member_tokens=torch.tensor([5, 5, 3]))
+
+    def term(b, t):
+        rho = math.exp(logp[b, t] - old[b, t])
+        return -min(rho * adv[b].item(), min(max(rho, 0.8), 1.2) * adv[b].item())
+
+    first = (term(0, 0) + term(0, 1) + term(1, 0) + term(1, 1) + term(1, 2)) / 5
+    second = (term(2, 0) + term(2, 1) + term(2, 2)) / 3
+    assert loss.item() == pytest.approx((first + second) / 2, rel=1e-6)
+
+
+def test_turn_groups_share_one_rubric_per_state(base, monkeypatch):
+    recorder = Recorder()
+    with serving(recorder) as judge_cfg:
+        cfg = demo_cfg(base, judge_cfg.base_url, "reward.name=care", "rollout.group_size=3", "dialogue.max_turns=3")
+        policy, tok = grpo.build_policy(cfg, CPU)
+        source, slots = slots_of(cfg, ["p", "q"])
+        groups, counts = grpo.collect_groups(policy, tok, source, slots, cfg, 0, CPU)
+    played = recorder.of(dialogue.USER_SIMULATOR_SYSTEM)
+    assert len(groups) == len(played) >= 4  # a group for every state the two episodes passed
+    asked = [section(m, "dialogue") for m in recorder.of(CARE_RUBRIC_SYSTEM)]
+    assert sorted(asked) == sorted(judge._dialogue_text(list(g.example.history)) for g in groups)
+    assert len(recorder.of(judge.CARE_SCORES_SYSTEM)) == 3 * len(groups)
+    for g in groups:
+        rubric = g.example.judged["care_rubric"]
+        assert rubric is not None and all(r.judged["care_rubric"] is rubric for r in g.rollouts)
+        assert len(g.samples) == 3 and all(len(member) == 1 for member in g.samples)
+        prompt = tok.chat_ids(dialogue.policy_messages(g.example, cfg.dialogue))
+        assert all(member[0].prompt == prompt for member in g.samples)
+        if not g.masked:
+            assert grpo.training_sequences([g], cfg)[1][0] == pytest.approx(hand_advantages(g.rewards), abs=1e-5)
+    # identical replies: each state is resampled twice, then replaced by another seed's opening, then masked;
+    # a resample asks for no new rubric, a replacement (a new state) for its own
+    monkeypatch.setattr(dialogue, "local_policy", lambda model, tok, sampling: scripted(lambda row, chat: "cold"))
+    recorder = Recorder()
+    with serving(recorder) as judge_cfg:
+        cfg = load_config(DEMO, [f"judge.base_url={judge_cfg.base_url}", "reward.name=care", "rollout.group_size=3",
+                                 "dialogue.max_turns=2", "filtering.resamples=2", "filtering.replacements=1"],
+                          grpo.GRPOConfig)
+        source, _ = slots_of(cfg, ["p", "q"])
+        groups, counts = grpo.collect_groups(None, None, source, [grpo.Slot(0, scenario("p"), 0)], cfg, 0, CPU)
+    assert (counts["resampled"], counts["replaced"], counts["masked"]) == (4, 2, 2) and len(groups) == 2
+    assert len(recorder.of(CARE_RUBRIC_SYSTEM)) == 2 + 2 and len(recorder.of(judge.CARE_SCORES_SYSTEM)) == 2 * 4 * 3
+
+
+def scripted_judge(messages, params):
+    """The rules user, and fixed scores: e_0 = 2 (the opening, in the scenario), e_T = 4; at assistant turn t,
+    cognitive min(5, t + 1), trace 6 - t, lookahead 3, overthinking t mod 3."""
+    system, message = messages[0]["content"], messages[-1]["content"]
+    if system == dialogue.EMOTIONAL_STATE_SYSTEM:
+        return "opening | 2" if section(message, "context").startswith("Someone") else "final | 4"
+    if system == dialogue.TURN_SCORES_SYSTEM:
+        t = section(message, "dialogue").count("Assistant: ") + 1
+        return f"cognitive: c | {min(5, t + 1)}\ntrace: t | {6 - t}\nlookahead: l | 3\noverthinking: o | {t % 3}"
+    return rules_backend(messages, params)
+
+
+def test_trajectory_reward_against_a_hand_computation(monkeypatch):
+    params = {"l_cog": 2.0, "l_arg": 1.0, "l_rp": 0.5, "l_over": 1.0, "l_emo": 3.0}
+    respond = scripted(lambda row, chat: ("slow", "kind")[row])
+    monkeypatch.setattr(dialogue, "local_policy", lambda model, tok, sampling: respond)
+
+    def r(t):
+        return 2.0 * min(4, t) / 4 + 1.0 * (5 - t) / 4 + 0.5 * 2 / 4 - 1.0 * (t % 3) / 2
+
+    with serving(scripted_judge) as judge_cfg:
+        cfg = load_config(DEMO, [f"judge.base_url={judge_cfg.base_url}", f"reward.params={json.dumps(params)}",
+                                 "dialogue.max_turns=5"], grpo.GRPOConfig)
+        groups = grpo.sample_dialogue_groups(None, None, [scenario("p")], cfg, 0, {})
+        grpo.score_groups(groups, cfg)
+    slow, kind = groups[0].rollouts
+    assert [len(slow.turns), len(kind.turns)] == [3, 1]  # slow: thanked after the third reply; kind: after the first
+    assert groups[0].rewards == pytest.approx([r(1) + r(2) + r(3) + 3.0 * (4 - 2) / 4, r(1) + 3.0 * (4 - 2) / 4])
+    assert groups[0].parts["R_emo"] == pytest.approx([0.5, 0.5])
+    assert groups[0].parts["R_cog"] == pytest.approx([(1 / 4 + 2 / 4 + 3 / 4) / 3, 1 / 4])
+
+
+def test_a_judge_failing_mid_episode_makes_the_reward_none_not_a_crash(monkeypatch):
+    respond = scripted(lambda row, chat: ("cold", "slow")[row])  # different episodes: different rewards
+    monkeypatch.setattr(dialogue, "local_policy", lambda model, tok, sampling: respond)
+    failed = []
+
+    def second_turn_once(messages):  # the simulator's answer to some episode's second reply, the first time only
+        hit = messages[0]["content"] == dialogue.USER_SIMULATOR_SYSTEM and messages[-1]["content"].count(
+            "Assistant: ") == 2 and not failed
+        failed.extend([1] if hit else [])
+        return hit
+
+    for filtering, expect_masked in (("false", True), ("true", False)):
+        failed.clear()
+        with serving(Recorder(second_turn_once)) as judge_cfg:
+            cfg = load_config(DEMO, [f"judge.base_url={judge_cfg.base_url}", "judge.retries=0",
+                                     f"filtering.enabled={filtering}", "filtering.resamples=1",
+                                     "dialogue.max_turns=3"], grpo.GRPOConfig)
+            source, slots = slots_of(cfg, ["p"])
+            groups, counts = grpo.collect_groups(None, None, source, slots, cfg, 0, CPU)
+        assert failed and counts["failures"] >= 1 and groups[0].masked is expect_masked
+        if expect_masked:  # the broken-off episode ends on the assistant's reply, without a reward
+            broken = [r for r in groups[0].rollouts if r.example.history[-1][0] == "assistant"]
+            assert len(broken) == 1 and len(broken[0].turns) == 2
+            assert groups[0].rewards[groups[0].rollouts.index(broken[0])] is None
+            assert sum(v is None for v in groups[0].rewards) == 1
+        else:
+            assert counts["resampled"] == 1 and None not in groups[0].rewards
+    with serving(Recorder(lambda m: m[0]["content"] == dialogue.TURN_SCORES_SYSTEM)) as judge_cfg:
+        cfg = load_config(DEMO, [f"judge.base_url={judge_cfg.base_url}", "judge.retries=0",
+                                 "filtering.enabled=false"], grpo.GRPOConfig)
+        groups = grpo.sample_dialogue_groups(None, None, [scenario("p")], cfg, 0, {})
+        grpo.score_groups(groups, cfg)
+    assert groups[0].rewards == [None, None]
+
+
+# ----------------------------------------------------------------------------- evaluation
+
+
+def test_dialogue_metrics_by_hand():
+    def turn(sr, ea, fa, care):
+        return {"sr_proxy": sr, "ea": ea, "fa": fa, "care": care}
+
+    episodes = [{"n_turns": 3, "e_0": 2, "e_T": 5,
+                 "turns": [turn(0, 3, 1, 0.5), turn(1, 4, 1, 0.7), turn(0, 5, 0, None)]},
+                {"n_turns": 2, "e_0": 1, "e_T": 2, "turns": [turn(0, 2, 0, 0.1), turn(0, None, None, 0.3)]},
+                {"n_turns": 2, "e_0": None, "e_T": 3, "turns": [turn(None, 1, 1, None), turn(1, 3, 1, 0.9)]}]
+    m = dialogue.dialogue_metrics(episodes)
+    assert m["success_rate"] == pytest.approx(100 * 1 / 2)  # the third episode's success turn cannot be told
+    assert m["avg_turns"] == 2 and m["emotional_state"] == pytest.approx((5 + 2 + 3) / 3)
+    assert m["eg_per_turn"] == pytest.approx(((5 - 2) / 3 + (2 - 1) / 2) / 2)
+    assert m["ea"] == pytest.approx((3 + 4 + 5 + 2 + 1 + 3) / 6) and m["fa"] == pytest.approx(100 * 4 / 6)
+    assert m["care"] == pytest.approx((0.5 + 0.7 + 0.1 + 0.3 + 0.9) / 5)
+    assert m["unjudged"] == {"success": 1, "e_0": 1, "e_T": 0, "turns": 1, "care": 2}
+    assert dialogue.dialogue_metrics([])["success_rate"] is None
+
+
+def test_evaluation_runs_judges_resumes_and_writes_its_table(base, tmp_path, capsys):
+    with serving() as judge_cfg:
+        config = tmp_path / "eval.yaml"
+        config.write_text(yaml.safe_dump({
+            "output_dir": str(tmp_path / "out"), "scenarios": [str(REPO / "configs" / "dialogue_demo_scenarios.jsonl")],
+            "checkpoint": str(base), "device": "cpu", "runs": 2, "dialogue": {"max_turns": 3},
+            "sampling": {"max_new_tokens": 8}, "judge": {"base_url": judge_cfg.base_url, "retries": 0}}))
+        evaluate.main(["dialogue", str(config)])
+        episodes = read_jsonl(tmp_path / "out" / "episodes.jsonl")
+        summary = json.loads((tmp_path / "out" / "eval.json").read_text())
+        evaluate.main(["dialogue", str(config)])  # resumes: both runs are there, nothing is played again
+        assert read_jsonl(tmp_path / "out" / "episodes.jsonl") == episodes
+    assert len(episodes) == 2 * 6 and {e["run"] for e in episodes} == {0, 1}
+    state = {SCRIPTED_USER["ends"]: 5, SCRIPTED_USER["eased"]: 3, SCRIPTED_USER["not eased"]: 1}
+    for e in episodes:  # the rules stand-in as the oracle: each judgement was asked about the right text
+        assert e["e_T"] == state[e["turns"][-1]["follow_up"]] and e["n_turns"] == len(e["turns"])
+        assert e["ended_by"] == ("user" if e["turns"][-1]["follow_up"] == SCRIPTED_USER["ends"] else "turn limit")
+        for t in e["turns"]:
+            assert t["sr_proxy"] == (t["follow_up"] == SCRIPTED_USER["ends"]) and t["fa"] == (t["reply"] != "")
+            assert 0 <= t["care"] <= 1
+    runs = [dialogue.dialogue_metrics([e for e in episodes if e["run"] == r]) for r in (0, 1)]
+    assert summary["metrics"]["ea"]["mean"] == pytest.approx((runs[0]["ea"] + runs[1]["ea"]) / 2)
+    assert "| Model | SR (%) | AT | ES | EG/Turn | EA | FA (%) | CARE |" in (tmp_path / "out" / "table.md").read_text()
+    config.write_text(config.read_text().replace("max_turns: 3", "max_turns: 4"))
+    with pytest.raises(SystemExit) as stop:
+        evaluate.main(["dialogue", str(config)])
+    assert stop.value.code == 2 and "holds episodes of another" in capsys.readouterr().err
+
+
+def test_a_served_policy_is_evaluated_through_its_endpoint(tmp_path, capsys):
+    def policy(messages, params):  # a served policy: private reasoning, then a reply with three comfort words
+        assert params["max_tokens"] == 64 and messages[-1]["role"] == "user"
+        return f"<think>SECRET plan</think>\n{STYLES['kind']}"
+
+    with serving() as judge_cfg, serving(policy) as policy_cfg:
+        config = {"output_dir": str(tmp_path / "out"),
+                  "scenarios": [str(REPO / "configs" / "dialogue_demo_scenarios.jsonl")],
+                  "endpoint": {"base_url": policy_cfg.base_url, "retries": 0}, "runs": 1, "care": False,
+                  "sampling": {"max_new_tokens": 64}, "judge": {"base_url": judge_cfg.base_url, "retries": 0}}
+        summary = dialogue.evaluate_dialogues(load_config_dict(tmp_path, config))
+    episodes = read_jsonl(tmp_path / "out" / "episodes.jsonl")
+    assert all(e["n_turns"] == 1 and e["ended_by"] == "user" for e in episodes)  # thanked after the first reply
+    assert all(e["turns"][0]["reply"] == STYLES["kind"] for e in episodes)
+    assert all(e["turns"][0]["reasoning"] == "SECRET plan" for e in episodes)
+    assert summary["metrics"]["success_rate"]["mean"] == 100 and summary["metrics"]["avg_turns"]["mean"] == 1
+    assert summary["metrics"]["care"]["mean"] is None  # not asked
+    with serving() as judge_cfg, serving(Recorder(lambda m: True)) as policy_cfg:  # the policy fails: one line
+        config |= {"output_dir": str(tmp_path / "out2"), "endpoint": {"base_url": policy_cfg.base_url, "retries": 0},
+                   "judge": {"base_url": judge_cfg.base_url, "retries": 0}}
+        path = tmp_path / "eval2.yaml"
+        path.write_text(yaml.safe_dump(config))
+        with pytest.raises(SystemExit) as stop:
+            evaluate.main(["dialogue", str(path)])
+    assert stop.value.code == 1 and "6 requests to the policy at" in capsys.readouterr().err
+
+
+def load_config_dict(tmp_path, raw: dict):
+    path = tmp_path / "eval.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return load_config(path, [], dialogue.DialogueEvalConfig)
+
+
+# ----------------------------------------------------------------------------- configs and whole runs
+
+
+def test_paper_configs_carry_the_papers_settings():
+    emollm = load_config(REPO / "configs" / "emollm_qwen3_8b.yaml", [], grpo.GRPOConfig)
+    assert (emollm.lora.rank, emollm.lora.alpha, emollm.lora.dropout) == (16, 32, 0.1)
+    assert (emollm.optim.lr, emollm.rollout.group_size, emollm.loss.beta, emollm.updates) == (1e-5, 4, 0.01, 50)
+    ro = emollm.rollout
+    assert (ro.temperature, ro.top_p, ro.top_k, ro.repetition_penalty, ro.max_new_tokens) == (0.8, 0.9, 50, 1.1, 256)
+    assert emollm.dialogue.max_turns == 8 and emollm.dialogue.lookahead == 3 and emollm.reward.name == "emollm"
+    assert grpo.lr_at(0, emollm.optim, 50) == grpo.lr_at(49, emollm.optim, 50) == 1e-5
+    care = load_config(REPO / "configs" / "care_qwen2_5_7b.yaml", [], grpo.GRPOConfig)
+    assert care.model.path.endswith("Qwen2.5-7B-Instruct") and care.reward.name == "care"
+    assert (care.rollout.prompts_per_update, care.optim.lr, care.updates, care.rollout.group_size) == (8, 2e-6, 100, 6)
+    assert care.rollout.temperature == 1.0 and care.dialogue.max_turns == 8
+
+
+@pytest.mark.parametrize("reward", ["emollm", "care"])
+def test_demo_config_trains_against_the_local_server(base, tmp_path, reward):
+    with serving() as judge_cfg:
+        grpo.main([str(DEMO), f"model.path={base}", f"output_dir={tmp_path / 'run'}",
+                   f"judge.base_url={judge_cfg.base_url}", "updates=2", "rollout.max_new_tokens=8",
+                   f"reward.name={reward}"])
+    metrics = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [1, 2] and all(m["judge/calls"] > 0 for m in metrics)
+    if reward == "emollm":
+        assert {"rewards/R_emo/mean", "rewards/R_cog/mean", "rewards/R_overthink/mean"} <= set(metrics[0])
+    records = read_jsonl(tmp_path / "run" / "completions.jsonl")
+    assert records and all(r["completion"].startswith("User: ") for r in records) == (reward == "emollm")
+    assert (tmp_path / "run" / "adapter" / "adapter_model.safetensors").is_file()
+
+
+def test_bad_dialogue_inputs_are_one_line(base, tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "a", "scenario": "s", "initial_prompt": "p"}\n{"id": "b", "scenario": "s"}\n')
+    cases = [(["reward.name=clue"], "'dialogue': rewards emollm, emollm_turn, care train on role-played dialogues"),
+             ([f"train_data=[{bad}]"], f"{bad}:2: field 'initial_prompt': missing"),
+             (["dialogue.lookahead=0"], "'dialogue.lookahead': must be at least 1")]
+    for overrides, message in cases:
+        with pytest.raises(SystemExit) as stop:
+            grpo.main([str(DEMO), f"model.path={base}", f"output_dir={tmp_path / 'run'}", *overrides])
+        err = capsys.readouterr().err.strip()
+        assert stop.value.code == 2 and len(err.splitlines()) == 1 and message in err, err
+    plain = tmp_path / "plain.yaml"
+    plain.write_text(yaml.safe_dump({"output_dir": str(tmp_path / "r"), "train_data": [str(bad)],
+                                     "model": {"path": str(base)}, "reward": {"name": "emollm"}}))
+    with pytest.raises(SystemExit):
+        grpo.main([str(plain)])
+    assert "they, and only they, need a 'dialogue' section (reward: emollm)" in capsys.readouterr().err
