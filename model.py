@@ -238,7 +238,7 @@ class Step:
     """What every layer of one forward call shares: RoPE tables, the cache (or None), each query's
     absolute position [B, T] and, for a cache that already holds tokens, the additive mask: log 1 = 0
     on the slots each query sees (its row's slots 0..position), log 0 = -inf elsewhere, shaped
-    [B, 1, G*T, S] for the G query heads that share a KV head (row g*T + t is query t)."""
+    [B, 1, G*T, S] for the G query heads that share a KV head (row g*T + t is query t; one row when T = 1)."""
     cos: torch.Tensor
     sin: torch.Tensor
     cache: "Cache | None"
@@ -575,7 +575,7 @@ class Qwen(nn.Module):
         if cache is not None:
             if cache.width > 0:
                 mask = (torch.arange(cache.width + T, device=x.device) <= positions[:, :, None]).to(x.dtype).log()
-                mask = mask.repeat(1, cfg.num_heads // cfg.num_kv_heads, 1)[:, None]
+                mask = (mask if T == 1 else mask.repeat(1, cfg.num_heads // cfg.num_kv_heads, 1))[:, None]
             if lengths is None:
                 lengths = torch.full((B,), T, device=x.device)
             else:

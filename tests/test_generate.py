@@ -183,6 +183,19 @@ def test_64_rows_ending_at_64_steps_copy_the_cache_log_b_times(family, monkeypat
     assert watch.peaks[0] <= 1.25 * 8 * cache_bytes_per_row(model.config, 2 + 40)
 
 
+def test_host_reads_come_every_few_steps_not_every_token(monkeypatch):
+    """Reading a tensor on the host is a GPU sync: generate may do it at the start, every
+    FINISHED_CHECK_EVERY steps and at the end, never once per token."""
+    model = counter_model("qwen3")
+    reads = []
+    for name in ("__bool__", "__int__", "__float__", "item", "tolist"):
+        method = getattr(torch.Tensor, name)
+        monkeypatch.setattr(torch.Tensor, name, lambda t, *a, _m=method, _n=name: reads.append(_n) or _m(t, *a))
+    prompts = [[5, 63 + r] for r in range(64)]
+    assert M.generate(model, prompts, max_new_tokens=64, temperature=0, eos_token_ids=[127])[0] == list(range(64, 128))
+    assert 64 // M.FINISHED_CHECK_EVERY <= len(reads) <= 64 // M.FINISHED_CHECK_EVERY + 4, reads
+
+
 def test_sampler_draws_from_the_filtered_softmax():
     from transformers.generation import TopKLogitsWarper, TopPLogitsWarper
     logits = torch.tensor([[2.0, 1.5, 0.3, -1.0, 1.0, 0.0, -3.0, 1.9]])
