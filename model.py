@@ -928,17 +928,16 @@ def generate(model: Qwen, prompts: list[list[int]], max_new_tokens: int, tempera
     prompt + max_new_tokens slots. Identical prompts (a GRPO group) in a chunk are prefilled once. A row
     that ends stays in the batch, frozen (nothing written, its cache not advanced), until fewer than
     `compact_below` of the cache's rows are live (0: never; 1: at any end); then the cache keeps only the
-    live rows, so B rows are copied O(log B) times. Live rows are counted on the host (a GPU sync) every
-    FINISHED_CHECK_EVERY steps. Row i samples step t with the uniform U[i, t] of a table drawn up front
-    (from `seed` when given): its tokens depend on its prompt, i and the settings, not on the other rows,
-    on max_rows or on compaction."""
+    live rows, so B rows are copied O(log B) times. Ends are read on the host (a GPU sync) only every
+    FINISHED_CHECK_EVERY steps, so a batch may run a few steps past its last end. Row i samples step t with
+    the uniform U[i, t] of a table drawn up front (from `seed` when given): its tokens depend on its prompt,
+    i and the settings, not on the other rows, on max_rows or on compaction."""
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("generate: prompts must be a non-empty list of non-empty token lists")
     if (temperature < 0 or not 0 < top_p <= 1 or top_k < 0 or repetition_penalty <= 0 or max_new_tokens < 1
             or not 0 <= compact_below <= 1 or (max_rows is not None and max_rows < 1)):
-        raise ValueError(f"generate: invalid settings temperature={temperature} top_p={top_p} top_k={top_k} "
-                         f"repetition_penalty={repetition_penalty} max_new_tokens={max_new_tokens} "
-                         f"max_rows={max_rows} compact_below={compact_below}")
+        raise ValueError(f"generate: invalid settings {temperature=} {top_p=} {top_k=} {repetition_penalty=} "
+                         f"{max_new_tokens=} {max_rows=} {compact_below=}")
     rng = torch.Generator().manual_seed(seed) if seed is not None else None
     uniform = (torch.rand(len(prompts), max_new_tokens, generator=rng, dtype=torch.float64) if temperature > 0
                else torch.zeros(len(prompts), max_new_tokens))  # greedy leaves the global RNG alone
@@ -953,7 +952,7 @@ def generate(model: Qwen, prompts: list[list[int]], max_new_tokens: int, tempera
 def generate_rows(model, prompts, uniform, temperature, top_p, top_k, repetition_penalty, eos, return_logprobs,
                   compact_below):
     """`generate` for rows that share one cache; uniform [rows, max_new_tokens] on the model's device. `rows`: the
-    prompt of each cache row."""
+    prompt of each cache row (uniform, live, token and seen follow the cache rows)."""
     device, max_new_tokens = model.device, uniform.shape[1]
     unique = {}
     row_of = torch.tensor([unique.setdefault(tuple(p), len(unique)) for p in prompts], device=device)
@@ -975,18 +974,19 @@ def generate_rows(model, prompts, uniform, temperature, top_p, top_k, repetition
             logp = (logits / temperature if temperature > 0 else logits).log_softmax(-1)
         if penalize:
             logits = apply_repetition_penalty(logits, seen, repetition_penalty)
-        token = sample_next(logits, temperature, top_k, top_p, uniform[rows, step])
+        token = sample_next(logits, temperature, top_k, top_p, uniform[:, step])
         out[rows, step] = token.where(live, -1)
         if return_logprobs:  # a frozen row's value lies past its end: never read
             out_logp[rows, step] = logp.gather(-1, token[:, None])[:, 0]
         live &= ~torch.isin(token, eos)
-        n_live = int(live.sum()) if (step + 1) % FINISHED_CHECK_EVERY == 0 else len(live)  # the only host sync
+        n_live = int(live.sum()) if (step + 1) % FINISHED_CHECK_EVERY == 0 else len(live)  # a host sync
         if step == max_new_tokens - 1 or n_live == 0:
             break
         if n_live < compact_below * len(live):
             keep = live.nonzero()[:, 0]
             cache.select(keep)
-            rows, live, token, seen = rows[keep], live[keep], token[keep], seen[keep] if penalize else None
+            rows, live, token, uniform = rows[keep], live[keep], token[keep], uniform[keep]
+            seen = seen[keep] if penalize else None
         if penalize:
             seen[torch.arange(len(token), device=device), token] = True
         logits = model.logits(model.hidden_states(token[:, None], cache, live.long())[:, 0]).float()
