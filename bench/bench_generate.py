@@ -15,7 +15,8 @@ Cases (batch 8 each):
 Both sides run in float32 on the CPU with the same torch thread count. No EOS is set and the new
 tokens are forced to the same count, so both sides produce exactly batch x new tokens. Greedy
 outputs are also compared token for token (greedy paths may part after a near-tie, since the two
-implementations round differently); sampled outputs cannot be compared.
+implementations round differently); sampled outputs cannot be compared. On a machine shared with
+other jobs, run with OMP_NUM_THREADS=1: two-thread runs then measure thread contention, not the code.
 """
 
 import argparse
