@@ -34,6 +34,7 @@ LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 SKIPPED = ("model.visual.", "mtp.")  # Qwen3.5's vision tower and multi-token-prediction head: not loaded
 ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
 TOKEN_ROWS = "token_rows.safetensors"  # trainable token rows, saved beside a LoRA adapter
+FINISHED_CHECK_EVERY = 8  # generate: decode steps between host reads (GPU syncs) of the live-row count
 
 
 class CheckpointError(ValueError):
@@ -249,7 +250,7 @@ class Step:
     """What every layer of one forward call shares: RoPE tables, the cache (or None), each query's
     absolute position [B, T] and, for a cache that already holds tokens, the additive mask: log 1 = 0
     on the slots each query sees (its row's slots 0..position), log 0 = -inf elsewhere, shaped
-    [B, 1, G*T, S] for the G query heads that share a KV head (row g*T + t is query t)."""
+    [B, 1, G*T, S] for the G query heads that share a KV head (row g*T + t is query t; one row when T = 1)."""
     cos: torch.Tensor
     sin: torch.Tensor
     cache: "Cache | None"
@@ -469,10 +470,13 @@ class Cache:
     width: int
     rope: tuple
 
-    def select(self, rows: torch.Tensor) -> "Cache":
-        """The cache of rows `rows` (reorder, repeat a shared prompt, drop finished rows)."""
-        return Cache([[t.index_select(0, rows) for t in layer] for layer in self.layers],
-                     self.lens.index_select(0, rows), self.width, self.rope)
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep rows `rows` in place (reorder, repeat a shared prompt, drop finished rows), one tensor at a
+        time, each old one freed before the next is copied: a copy needs one more tensor, not a second cache."""
+        for layer in self.layers:
+            for i, t in enumerate(layer):
+                layer[i] = t.index_select(0, rows)
+        self.lens = self.lens.index_select(0, rows)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -581,7 +585,7 @@ class Qwen(nn.Module):
         if cache is not None:
             if cache.width > 0:
                 mask = (torch.arange(cache.width + T, device=x.device) <= positions[:, :, None]).to(x.dtype).log()
-                mask = mask.repeat(1, cfg.num_heads // cfg.num_kv_heads, 1)[:, None]
+                mask = (mask if T == 1 else mask.repeat(1, cfg.num_heads // cfg.num_kv_heads, 1))[:, None]
             if lengths is None:
                 lengths = torch.full((B,), T, device=x.device)
             else:
@@ -938,37 +942,61 @@ def filter_top_p(logits, p: float):
     return logits.masked_fill(drop_sorted.scatter(-1, order, drop_sorted), float("-inf"))
 
 
-def sample_next(logits, temperature, top_k, top_p, generator):
-    """Next tokens [B] from float32 logits [B, V]: argmax at temperature 0, else sample from
-    softmax(logits / temperature) restricted by top-k then top-p."""
+def sample_next(logits, temperature, top_k, top_p, uniform):
+    """Next tokens [B] from float32 logits [B, V]: the first maximum at temperature 0, else a draw from
+    softmax(logits / temperature) restricted by top-k then top-p, by inverse CDF: the first token whose
+    cumulative probability exceeds `uniform` [B] (float64 in [0, 1), so the sum cannot round past the end)."""
     if temperature == 0:
-        return logits.argmax(-1)
+        return logits.max(-1).indices  # argmax, cheaper on the CPU
     logits = logits / temperature
     if top_k > 0:
         logits = filter_top_k(logits, top_k)
     if top_p < 1.0:
         logits = filter_top_p(logits, top_p)
-    return torch.multinomial(logits.softmax(-1), 1, generator=generator)[:, 0]
+    cdf = logits.softmax(-1).double().cumsum(-1)
+    return torch.searchsorted(cdf, (uniform * cdf[:, -1])[:, None], right=True)[:, 0]
 
 
 @torch.inference_mode()
 def generate(model: Qwen, prompts: list[list[int]], max_new_tokens: int, temperature: float = 1.0,
              top_p: float = 1.0, top_k: int = 0, repetition_penalty: float = 1.0, eos_token_ids=(),
-             seed: int | None = None, return_logprobs: bool = False):
+             seed: int | None = None, return_logprobs: bool = False, max_rows: int | None = None,
+             compact_below: float = 0.5):
     """Sample continuations of token-id prompts of any lengths; returns the new tokens of each
     prompt (ending with the EOS token when one was produced), and with return_logprobs=True also
     each token's log-probability under log_softmax(logits / temperature) (raw logits when greedy):
     the same quantity `token_logprobs` computes, before penalty and top-k/top-p filtering.
 
-    Identical prompts (a GRPO group) are prefilled once and their cache is copied to every row;
-    rows that finish are dropped from the batch. A seed makes the samples reproducible."""
+    The KV cache holds at most `max_rows` rows (default all; the rest run in later chunks) of longest
+    prompt + max_new_tokens slots. Identical prompts (a GRPO group) in a chunk are prefilled once. A row
+    that ends stays in the batch, frozen (nothing written, its cache not advanced), until fewer than
+    `compact_below` of the cache's rows are live (0: never; 1: at any end); then the cache keeps only the
+    live rows, so B rows are copied O(log B) times. Ends are read on the host (a GPU sync) only every
+    FINISHED_CHECK_EVERY steps, so a batch may run a few steps past its last end. Row i samples step t with
+    the uniform U[i, t] of a table drawn up front (from `seed` when given): its tokens depend on its prompt,
+    i and the settings, not on the other rows, on max_rows or on compaction."""
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("generate: prompts must be a non-empty list of non-empty token lists")
-    if temperature < 0 or not 0 < top_p <= 1 or top_k < 0 or repetition_penalty <= 0 or max_new_tokens < 1:
-        raise ValueError(f"generate: invalid settings temperature={temperature} top_p={top_p} top_k={top_k} "
-                         f"repetition_penalty={repetition_penalty} max_new_tokens={max_new_tokens}")
-    device = model.device
-    generator = torch.Generator(device).manual_seed(seed) if seed is not None else None
+    if (temperature < 0 or not 0 < top_p <= 1 or top_k < 0 or repetition_penalty <= 0 or max_new_tokens < 1
+            or not 0 <= compact_below <= 1 or (max_rows is not None and max_rows < 1)):
+        raise ValueError(f"generate: invalid settings {temperature=} {top_p=} {top_k=} {repetition_penalty=} "
+                         f"{max_new_tokens=} {max_rows=} {compact_below=}")
+    rng = torch.Generator().manual_seed(seed) if seed is not None else None
+    uniform = (torch.rand(len(prompts), max_new_tokens, generator=rng, dtype=torch.float64) if temperature > 0
+               else torch.zeros(len(prompts), max_new_tokens))  # greedy leaves the global RNG alone
+    eos = torch.tensor(list(eos_token_ids), dtype=torch.long, device=model.device)
+    n = max_rows or len(prompts)
+    chunks = [generate_rows(model, prompts[i:i + n], uniform[i:i + n].to(model.device), temperature, top_p, top_k,
+                            repetition_penalty, eos, return_logprobs, compact_below) for i in range(0, len(prompts), n)]
+    tokens, logps = [t for c in chunks for t in c[0]], [lp for c in chunks for lp in c[1]]
+    return (tokens, logps) if return_logprobs else tokens
+
+
+def generate_rows(model, prompts, uniform, temperature, top_p, top_k, repetition_penalty, eos, return_logprobs,
+                  compact_below):
+    """`generate` for rows that share one cache; uniform [rows, max_new_tokens] on the model's device. `rows`: the
+    prompt of each cache row (uniform, live, token and seen follow the cache rows)."""
+    device, max_new_tokens = model.device, uniform.shape[1]
     unique = {}
     row_of = torch.tensor([unique.setdefault(tuple(p), len(unique)) for p in prompts], device=device)
     lens = torch.tensor([len(p) for p in unique], device=device)
@@ -976,35 +1004,37 @@ def generate(model: Qwen, prompts: list[list[int]], max_new_tokens: int, tempera
     ids = torch.tensor([list(p) + [p[0]] * (width - len(p)) for p in unique], device=device)
     cache = model.new_cache(len(unique), width + max_new_tokens)
     h = model.hidden_states(ids, cache, lens)[torch.arange(len(unique), device=device), lens - 1]
-    logits, cache = model.logits(h)[row_of].float(), cache.select(row_of)
+    logits = model.logits(h)[row_of].float()
+    if len(unique) < len(prompts):
+        cache.select(row_of)
     penalize = repetition_penalty != 1.0
     seen = torch.zeros_like(logits, dtype=torch.bool).scatter_(1, ids[row_of], True) if penalize else None
-    eos = torch.tensor(list(eos_token_ids), dtype=torch.long, device=device)
     out = torch.full((len(prompts), max_new_tokens), -1, dtype=torch.long, device=device)
     out_logp = torch.zeros(out.shape, device=device)
-    alive = torch.arange(len(prompts), device=device)
+    rows, live = torch.arange(len(prompts), device=device), torch.ones(len(prompts), dtype=torch.bool, device=device)
     for step in range(max_new_tokens):
         if return_logprobs:
             logp = (logits / temperature if temperature > 0 else logits).log_softmax(-1)
         if penalize:
             logits = apply_repetition_penalty(logits, seen, repetition_penalty)
-        token = sample_next(logits, temperature, top_k, top_p, generator)
-        out[alive, step] = token
-        if return_logprobs:
-            out_logp[alive, step] = logp.gather(-1, token[:, None])[:, 0]
-        keep = ~torch.isin(token, eos)
-        if step == max_new_tokens - 1 or not keep.any():
+        token = sample_next(logits, temperature, top_k, top_p, uniform[:, step])
+        out[rows, step] = token.where(live, -1)
+        if return_logprobs:  # a frozen row's value lies past its end: never read
+            out_logp[rows, step] = logp.gather(-1, token[:, None])[:, 0]
+        live &= ~torch.isin(token, eos)
+        n_live = int(live.sum()) if (step + 1) % FINISHED_CHECK_EVERY == 0 else len(live)  # a host sync
+        if step == max_new_tokens - 1 or n_live == 0:
             break
-        if not keep.all():
-            rows = keep.nonzero()[:, 0]
-            cache, alive, token = cache.select(rows), alive[rows], token[rows]
-            seen = seen[rows] if penalize else None
+        if n_live < compact_below * len(live):
+            keep = live.nonzero()[:, 0]
+            cache.select(keep)
+            rows, live, token, uniform = rows[keep], live[keep], token[keep], uniform[keep]
+            seen = seen[keep] if penalize else None
         if penalize:
             seen[torch.arange(len(token), device=device), token] = True
-        logits = model.logits(model.hidden_states(token[:, None], cache)[:, 0]).float()
-    result = [[t for t in row if t >= 0] for row in out.tolist()]
-    result_logp = [row[:len(r)] for r, row in zip(result, out_logp.tolist())]
-    return (result, result_logp) if return_logprobs else result
+        logits = model.logits(model.hidden_states(token[:, None], cache, live.long())[:, 0]).float()
+    tokens = [[t for t in row if t >= 0] for row in out.tolist()]
+    return tokens, [row[:len(t)] for t, row in zip(tokens, out_logp.tolist())]
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,13 +1,22 @@
 """Tokens/s of model.generate against transformers' generate on the same random-weight checkpoint,
-the same prompts (different lengths) and the same greedy settings, in one run; prints the ratio.
+the same prompts and the same settings, in one run; prints the ratio for each case.
 
-    python bench/bench_generate.py                      # Qwen3-shaped, batch 8 x 128 new tokens
+    python bench/bench_generate.py                      # every case, Qwen3-shaped
+    python bench/bench_generate.py --case ragged        # one case
     python bench/bench_generate.py --family qwen2 --hidden 512 --layers 8
     python bench/bench_generate.py --family qwen3_5     # hybrid Gated DeltaNet + gated attention
 
-Both sides run in float32 on the CPU with the same torch thread count. No EOS is set, so every row
-produces exactly --new tokens on both sides. Outputs are also compared token for token (greedy
-paths may part after a near-tie, since the two implementations round differently).
+Cases (batch 8 each):
+  default  prompts of 36-64 tokens, 128 new tokens, greedy
+  ragged   prompts of 48-69 tokens, 96 new tokens, greedy
+  group    a GRPO group: one ~1,000-token prompt sampled 8 times, 128 new tokens, temperature 1
+           (model.generate prefills the shared prompt once; transformers gets the batch of 8 copies)
+
+Both sides run in float32 on the CPU with the same torch thread count. No EOS is set and the new
+tokens are forced to the same count, so both sides produce exactly batch x new tokens. Greedy
+outputs are also compared token for token (greedy paths may part after a near-tie, since the two
+implementations round differently); sampled outputs cannot be compared. On a machine shared with
+other jobs, run with OMP_NUM_THREADS=1: two-thread runs then measure thread contention, not the code.
 """
 
 import argparse
@@ -20,6 +29,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import model as M  # noqa: E402
+
+CASES = {  # prompt lengths, new tokens, temperature
+    "default": (lambda: [64 - (i * 64) // 16 for i in range(8)], 128, 0.0),
+    "ragged": (lambda: [48 + (i * 21) // 7 for i in range(8)], 96, 0.0),
+    "group": (lambda: [1000] * 8, 128, 1.0),
+}
 
 
 def hf_config(args):
@@ -51,12 +66,49 @@ def best_times(fns, repeats):
     return best, outs
 
 
+def run_case(name, hf, ours, args):
+    import transformers
+    lengths_of, new, temperature = CASES[name]
+    lengths = lengths_of()
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, args.vocab, (n,), generator=g).tolist() for n in lengths]
+    if name == "group":
+        prompts = [prompts[0]] * len(prompts)
+
+    # transformers: left padding with an attention mask, its documented way to batch prompts
+    T = max(lengths)
+    input_ids = torch.zeros(len(prompts), T, dtype=torch.long)
+    mask = torch.zeros(len(prompts), T, dtype=torch.long)
+    for i, prompt in enumerate(prompts):
+        input_ids[i, T - len(prompt):] = torch.tensor(prompt)
+        mask[i, T - len(prompt):] = 1
+    sampling = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature else dict(do_sample=False)
+
+    def run_hf():
+        with torch.inference_mode():
+            out = hf.generate(input_ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new,
+                              eos_token_id=None, pad_token_id=0, **sampling)
+        return out[:, T:].tolist()
+
+    def run_ours():
+        return M.generate(ours, prompts, max_new_tokens=new, temperature=temperature, seed=0)
+
+    (t_hf, t_ours), (out_hf, out_ours) = best_times([run_hf, run_ours], args.repeats)
+    n = len(prompts) * new
+    assert all(len(row) == new for row in out_ours + out_hf)
+    agree = sum(a == b for ra, rb in zip(out_ours, out_hf) for a, b in zip(ra, rb)) / n
+    print(f"[{name}] batch {len(prompts)}, prompts {min(lengths)}-{max(lengths)} tokens, {new} new tokens, "
+          + (f"sampled at temperature {temperature}" if temperature else "greedy"))
+    print(f"  transformers {transformers.__version__}: {t_hf:.2f} s  {n / t_hf:8.1f} tokens/s")
+    print(f"  model.py:               {t_ours:.2f} s  {n / t_ours:8.1f} tokens/s")
+    print(f"  ratio (ours / transformers tokens/s): {t_hf / t_ours:.2f}x"
+          + ("" if temperature else f"   greedy tokens equal: {agree:.1%}"))
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--case", choices=list(CASES) + ["all"], default="all")
     p.add_argument("--family", choices=["qwen2", "qwen3", "qwen3_5"], default="qwen3")
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--new", type=int, default=128)
-    p.add_argument("--prompt", type=int, default=64, help="longest prompt; the others are shorter")
     p.add_argument("--vocab", type=int, default=8192)
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--ffn", type=int, default=768)
@@ -73,37 +125,10 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         hf.save_pretrained(tmp)
         ours = M.Qwen.from_pretrained(tmp, dtype="float32")
-    g = torch.Generator().manual_seed(1)
-    lengths = [args.prompt - (i * args.prompt) // (2 * args.batch) for i in range(args.batch)]
-    prompts = [torch.randint(0, args.vocab, (n,), generator=g).tolist() for n in lengths]
-
-    # transformers: left padding with an attention mask, its documented way to batch prompts
-    T = max(lengths)
-    input_ids = torch.zeros(args.batch, T, dtype=torch.long)
-    mask = torch.zeros(args.batch, T, dtype=torch.long)
-    for i, prompt in enumerate(prompts):
-        input_ids[i, T - len(prompt):] = torch.tensor(prompt)
-        mask[i, T - len(prompt):] = 1
-
-    def run_hf():
-        with torch.inference_mode():
-            out = hf.generate(input_ids, attention_mask=mask, max_new_tokens=args.new, min_new_tokens=args.new,
-                              do_sample=False, eos_token_id=None, pad_token_id=0)
-        return out[:, T:].tolist()
-
-    def run_ours():
-        return M.generate(ours, prompts, max_new_tokens=args.new, temperature=0)
-
-    (t_hf, t_ours), (out_hf, out_ours) = best_times([run_hf, run_ours], args.repeats)
-    n = args.batch * args.new
-    assert all(len(row) == args.new for row in out_ours + out_hf)
-    agree = sum(a == b for ra, rb in zip(out_ours, out_hf) for a, b in zip(ra, rb)) / n
-    params = sum(p.numel() for p in ours.parameters())
-    print(f"{args.family} random model, {params / 1e6:.1f}M params, float32, {torch.get_num_threads()} threads; "
-          f"batch {args.batch}, prompts {min(lengths)}-{max(lengths)} tokens, {args.new} new tokens, greedy")
-    print(f"transformers {transformers.__version__}: {t_hf:.2f} s  {n / t_hf:8.1f} tokens/s")
-    print(f"model.py:               {t_ours:.2f} s  {n / t_ours:8.1f} tokens/s")
-    print(f"ratio (ours / transformers tokens/s): {t_hf / t_ours:.2f}x   greedy tokens equal: {agree:.1%}")
+    print(f"{args.family} random model, {sum(p.numel() for p in ours.parameters()) / 1e6:.1f}M params, float32, "
+          f"{torch.get_num_threads()} threads")
+    for name in CASES if args.case == "all" else [args.case]:
+        run_case(name, hf, ours, args)
 
 
 if __name__ == "__main__":
