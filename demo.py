@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import random
 import re
 import shutil
@@ -392,6 +393,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sft", action="append", default=[], metavar="KEY=VALUE", help="a setting for sft.py")
     parser.add_argument("--grpo", action="append", default=[], metavar="KEY=VALUE", help="a setting for grpo.py")
     args = parser.parse_args(argv)
+    # One thread per process unless the user sets OMP_NUM_THREADS (the stages inherit it): the demo's
+    # matrices are small, and on a busy 2-core machine two threads per process measured 14x slower
+    # per SFT step than one (README, the demo). Set before torch is imported, which reads it then.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
     from config import ConfigError, load_config
     from grpo import GRPOConfig
     from sft import SFTConfig
