@@ -329,6 +329,7 @@ class Task:
     question: str = ""   # what to decide (shown to judges as the task)
     grounded: str = ""   # the claims that must quote evidence; empty: no evidence instruction
     cues: str = ""       # task-specific guidance on what to weigh
+    compact: bool = False  # the short prompt of `compact_prompt` (demo.py's toy task, for a model trained on a CPU)
 
     def canonical(self, label: str) -> str | None:
         """The canonical spelling of `label` (matched case-insensitively, outer spaces ignored), or None."""
@@ -359,6 +360,8 @@ _CCU_EMOTIONS = {k.capitalize(): v for k, v in _EMOTIONS.items()} | {
     "None": "the turn conveys no emotion, the emotion is unclear, or none of the listed emotions fits."}
 _MELD_EMOTIONS = {k: _EMOTIONS[k] for k in ("anger", "disgust", "fear", "joy")} | {
     "neutral": "no particular emotion is expressed."} | {k: _EMOTIONS[k] for k in ("sadness", "surprise")}
+_TOY_EMOTIONS = {"joy": "glad about something good that happened.", "sadness": "unhappy about a loss or a setback.",
+                 "anger": "upset at a wrong someone did.", "fear": "afraid that something bad will happen."}
 _CCU_SOURCES = "a conversation from an instant-messaging platform, a discussion forum or a script"
 _WEIGH = ("Where the text supports it, weigh the relationship and social distance between the speakers, differences "
           "in power or status, the setting, earlier conflict, cooperation, support or repair, how the emotional "
@@ -444,6 +447,10 @@ TASKS: dict[str, Task] = {t.name: t for t in [
         "not what the reader knows."),
     Task("mmlu", ("A", "B", "C", "D"), {}, turn_level=False, choices=True, noun="option",
          question="Answer the multiple-choice question."),
+    Task("toy_emotion", tuple(_TOY_EMOTIONS), _TOY_EMOTIONS, noun="emotion", compact=True,
+         question="Which emotion does the speaker of the turn to analyze feel? Read it in the light of the earlier "
+         "turns.",
+         grounded="the emotion and its cause"),
 ]}
 
 
@@ -584,6 +591,8 @@ def build_prompt(example: Example) -> str:
     evidence rule, task-specific cues, the culture, the labels with definitions, the answer format,
     then the conversation, the turn to analyze again and (norm task) its dialog act."""
     task = get_task(example.task)
+    if task.compact:
+        return compact_prompt(task, example)
     conversation = render_conversation(example)
     opening = f"Below is {task.setting}. " if task.setting else ""
     if task.turn_level:
@@ -613,6 +622,18 @@ def build_prompt(example: Example) -> str:
     else:
         parts.append(f"Conversation:\n{conversation}")
     return "\n\n".join(parts)
+
+
+def compact_prompt(task: Task, example: Example) -> str:
+    """The user message of a compact task (turn-level, no options): the question, the labels with their
+    definitions, the evidence rule and the answer format in a sentence each, then the conversation and
+    the turn to analyze again. A few dozen tokens of instructions instead of several hundred."""
+    rule = (f"Quote the text that shows {task.grounded} between {EVIDENCE_OPEN} and {EVIDENCE_CLOSE}, copied exactly "
+            f"from the conversation.")
+    answer = (f'On the last line write "Answer: <{task.noun}>", where <{task.noun}> is exactly one of: '
+              f"{', '.join(task.labels)}.")
+    return "\n\n".join([task.question, _label_list(task, example), f"{rule} {answer}",
+                        f"Conversation:\n{render_conversation(example)}\n\nTurn to analyze:\n{render_target(example)}"])
 
 
 # ----------------------------------------------------------------------------- completions

@@ -207,6 +207,7 @@ def all_task_examples():
         "tom_mc": Example("t", "tom_mc", [Turn("", "Sam hides the key.")], None, ["A"],
                           meta={"question": "Where does Ann look?", "options": ["Drawer", "Box", "Bag"]}),
         "mmlu": Example("q", "mmlu", [], None, ["D"], meta={"question": "2 + 2 = ?", "options": ["1", "2", "3", "4"]}),
+        "toy_emotion": Example("toy", "toy_emotion", turns, 1, ["fear"]),
     }
 
 

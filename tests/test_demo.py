@@ -1,0 +1,136 @@
+"""demo.py: the toy data against the verifier and the rules judge over real HTTP, the tokenizer and the
+random checkpoint against model.py and transformers, and a shortened demo run end to end, twice."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import data
+import demo
+import rewards
+from judge import JudgeConfig
+from judge_server import JudgeServer, rules_backend
+from model import Qwen, load_tokenizer
+from verifier import EVIDENCE_OPEN, extract_quotes, verify_quote
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_toy_examples_are_deterministic_and_held_out_conversations_never_train():
+    train = demo.toy_examples(400, 3, "train")
+    assert train == demo.toy_examples(400, 3, "train") and train != demo.toy_examples(400, 4, "train")
+    plain = demo.toy_examples(30, 3, "heldout")
+    excluded = {demo.conversation_key(plain[0]), demo.conversation_key(plain[9])}
+    heldout = demo.toy_examples(30, 3, "heldout", exclude=excluded)
+    assert len(heldout) == 30 and not excluded & {demo.conversation_key(e) for e in heldout}
+    assert heldout[0].turns != plain[0].turns  # the excluded conversation was drawn again
+    assert {e.language for e in train} == {"en", "zh"} and {e.labels[0] for e in train} == set(demo._EN_CUES)
+
+
+def test_only_the_cue_tells_the_label():
+    """The target turn is a noncommittal line shared by every label; the target speaker's only other
+    turn is the cue, which belongs to the gold label."""
+    for example in demo.toy_examples(200, 0, "train"):
+        lang, target = demo.LANGUAGES[example.language], example.turns[example.target]
+        assert example.target == len(example.turns) - 1 and target.text in lang.targets
+        own = [t.text for t in example.turns[:-1] if t.speaker == target.speaker]
+        assert len(own) == 1 and own[0] in lang.cues[example.labels[0]]
+
+
+@pytest.fixture(scope="module")
+def judge():
+    with JudgeServer(rules_backend).start() as server:
+        yield JudgeConfig(base_url=server.url, model="rules", retries=0)
+
+
+def test_traces_answer_right_and_only_tagged_quotes_earn_iu_g(judge):
+    examples = demo.toy_examples(8, 1, "train")
+    rollouts = []
+    for example in examples:
+        for tagged in (True, False):
+            trace = demo.toy_trace(example, tagged)
+            assert data.well_formed(trace) and data.parse_answer(trace, example) == example.labels
+            quotes = extract_quotes(trace)
+            texts = rewards.conversation_texts(example)
+            assert len(quotes) == (2 if tagged else 0) and all(verify_quote(q, texts) for q in quotes)
+            rollouts.append(rewards.Rollout.from_completion(example, trace, n_reasoning_tokens=60,
+                                                            n_completion_tokens=70))
+    spec = rewards.RewardSpec("clue", {"lambda_iu": 0.5})
+    assert rewards.judge_rollouts(rollouts, spec, judge)["failures"] == 0
+    assert [r.judged["iu"] for r in rollouts] == [[1, 1], [0, 0]] * len(examples)  # every tagged block is a GAIN
+    assert [rewards.score(r, spec) for r in rollouts] == [1.5, 1.0] * len(examples)
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    out = tmp_path_factory.mktemp("demo")
+    demo.prepare(out, demo.DemoData(train=40, heldout=10))
+    return out
+
+
+def test_tokenizer_is_read_as_qwen3_with_chatml(base):
+    tok = load_tokenizer(base / "base")
+    assert tok.family == "qwen3"
+    assert tok.eos_token_ids == [tok.token_id("<|im_end|>"), tok.token_id("<|endoftext|>")]
+    assert tok.pad_token_id == tok.token_id("<|endoftext|>")
+    example = data.load_jsonl(base / "data" / "heldout.jsonl")[0]
+    messages = data.get_task(example.task).messages(example)
+    ids = tok.chat_ids(messages)
+    assert tok.decode(ids) == tok.chat(messages)  # byte-level: every prompt, Chinese included, round-trips
+    assert ids.count(tok.token_id("<|im_start|>")) == 2 and ids.count(tok.token_id("<|im_end|>")) == 1
+    trace = demo.toy_trace(example)
+    assert tok.token_id("</think>") in tok.encode(trace) and EVIDENCE_OPEN not in tok.tokenizer.get_vocab()
+
+
+def test_random_checkpoint_loads_here_and_in_transformers(base):
+    transformers = pytest.importorskip("transformers")
+    ours = Qwen.from_pretrained(base / "base")
+    assert ours.config.family == "qwen3" and ours.config.vocab_size % 64 == 0
+    assert ours.config.vocab_size > len(load_tokenizer(base / "base"))  # spare rows for the evidence tags
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(base / "base").float().eval()
+    ids = torch.randint(0, ours.config.vocab_size, (2, 17), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert (ours(ids) - theirs(ids).logits).abs().max() < 1e-4
+    head = ours.lm_head.weight
+    assert abs(head.std().item() - demo.ModelSize.head_std) < 0.01  # the scale init_model documents
+    assert abs(ours.model.layers[0].mlp.up_proj.weight.std().item() - demo.ModelSize.init_std) < 0.002
+
+
+def run_demo(out: Path) -> str:
+    command = [sys.executable, "demo.py", "--out", str(out), "--train", "24", "--heldout", "6",
+               "--grpo", "updates=2", "--grpo", "rollout.prompts_per_update=2", "--grpo", "rollout.group_size=2",
+               "--grpo", "rollout.max_new_tokens=24"]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return done.stdout
+
+
+def test_shortened_demo_runs_end_to_end_and_reruns_the_same(tmp_path):
+    """A few steps of each stage: every output is written, the table has the three models, and a
+    rerun reuses the built data and model and samples exactly the same completions."""
+    out = tmp_path / "demo"
+    first = run_demo(out)
+    results = json.loads((out / "results.json").read_text())
+    assert list(results) == ["random init", "after SFT", "after GRPO"]
+    for means in results.values():
+        assert set(means) == {"accuracy", "invalid", "verified", "reward"}
+        assert all(0 <= means[k] <= 1 for k in ("accuracy", "invalid", "verified")) and 0 <= means["reward"] <= 1.5
+    assert results["random init"]["invalid"] == 1.0  # no answer line from random weights
+    assert "| after GRPO |" in first and (out / "results.md").read_text().strip() in first
+    for path in ("sft/best/adapter_model.safetensors", "sft/merged/config.json", "grpo/adapter/adapter_config.json",
+                 "grpo/merged/config.json", "grpo/metrics.jsonl", "grpo/completions.jsonl", "sft/metrics.jsonl"):
+        assert (out / path).is_file(), path
+    assert len((out / "grpo" / "metrics.jsonl").read_text().splitlines()) == 2
+    records = {name: (out / "eval" / f"{name}.jsonl").read_text() for name in ("init", "sft", "grpo")}
+    assert all(len(text.splitlines()) == 6 for text in records.values())
+
+    second = run_demo(out)
+    assert "built earlier" in second and "built earlier" not in first
+    assert {name: (out / "eval" / f"{name}.jsonl").read_text() for name in records} == records
+    assert json.loads((out / "results.json").read_text()) == results
+    pytest.importorskip("matplotlib")
+    assert (out / "training_curves.png").stat().st_size > 0
