@@ -71,7 +71,8 @@ def run_case(name, hf, ours, args) -> list:
     for i, prompt in enumerate(prompts):
         input_ids[i, T - len(prompt):] = torch.tensor(prompt)
         mask[i, T - len(prompt):] = 1
-    sampling = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature else dict(do_sample=False)
+    sampling = (dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature
+                else dict(do_sample=False))
 
     def run_hf():
         with torch.inference_mode():
@@ -90,7 +91,8 @@ def run_case(name, hf, ours, args) -> list:
     if args.profile and not met:
         profile_table(run_ours, f"model.generate, case {name}")
     return [name, f"{min(lengths)}-{max(lengths)}", new, f"{temperature:g}" if temperature else "greedy",
-            f"{n / t_hf:,.0f}", f"{n / t_ours:,.0f}", f"**{t_hf / t_ours:.2f}x**", "-" if goal is None else f">= {goal}x",
+            f"{n / t_hf:,.0f}", f"{n / t_ours:,.0f}", f"**{t_hf / t_ours:.2f}x**",
+            "-" if goal is None else f">= {goal}x",
             "-" if temperature else f"{agree:.1%}"]
 
 
