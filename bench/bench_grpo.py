@@ -145,6 +145,7 @@ def run_both(folder: Path, hf_tok, prompts: list[str], args) -> tuple[Ours, list
                           "train": total - clock.get("generate", 0.0) - clock.get("reward", 0.0), "total": total})
             ours.update(seed=len(times))
 
+    trainer.remove_callback(transformers.PrinterCallback)  # its log lines would bury the table
     trainer.add_callback(Alternate())
     trainer.train()
     lengths = [h["completions/mean_length"] for h in trainer.state.log_history if "completions/mean_length" in h]

@@ -43,7 +43,7 @@ for i in "${!benchmarks[@]}"; do
     failed=1
     body+="FAILED (exit $rc); the end of its error output:"$'\n\n```\n'"$(tail -n 20 "$logs/$i.err")"$'\n```\n'
   elif grep -q '^|' "$logs/$i.out"; then  # Markdown tables: kept as they are, verdicts as list items
-    body+="$(sed 's/^target: /- target: /' "$logs/$i.out")"$'\n'
+    body+="$(sed -E 's/^target: (.*)$/\n- target: \1\n/' "$logs/$i.out")"$'\n'
   else
     body+=$'```\n'"$(cat "$logs/$i.out")"$'\n```\n'
   fi
@@ -54,11 +54,12 @@ versions=$(python -c "import importlib.metadata as m, platform; print(f'Python {
 {
   echo "# Benchmarks"
   echo
-  echo "Written by \`bash bench/run_all.sh\` on $(date -u '+%Y-%m-%d %H:%M UTC') in $(($(date +%s) - start)) s, at commit"
-  echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . ':!bench/RESULTS.md' || echo ' (with uncommitted changes)')."
-  echo "Machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores visible, $threads torch"
-  echo "thread(s) per benchmark, $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 2^20}' /proc/meminfo) RAM; load average"
-  echo "(1, 5, 15 min) $load_before at the start, $(cut -d' ' -f1-3 /proc/loadavg) at the end. $versions."
+  echo "Written by \`bash bench/run_all.sh\` on $(date -u '+%Y-%m-%d %H:%M UTC') in $(($(date +%s) - start)) s at commit" \
+    "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . ':!bench/RESULTS.md' || echo ' (with uncommitted changes)')."
+  echo
+  echo "Machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(getconf _NPROCESSORS_ONLN) cores," \
+    "$(awk '/MemTotal/ {printf "%.0f GiB", $2 / 2^20}' /proc/meminfo) RAM, $threads torch thread(s) per benchmark;" \
+    "load average (1, 5, 15 min) $load_before at the start, $(cut -d' ' -f1-3 /proc/loadavg) at the end. $versions."
   [[ -n ${NOTE:-} ]] && echo && echo "$NOTE"
   echo
   echo "Each benchmark times both sides in the same process, alternating, so load from other jobs falls on both;"
