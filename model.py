@@ -1,15 +1,14 @@
-"""Qwen2/2.5, Qwen3 (dense) and Qwen3.5 (hybrid Gated DeltaNet + gated attention) in plain
-PyTorch: config, forward, safetensors loading, tokenizer and ChatML, LoRA (inject, disable, merge,
-PEFT-format save/load), trainable special-token rows, a preallocated generation cache, batched
-sampling and chunked token log-probabilities. Imports nothing from the project; flash-attn and
-flash-linear-attention are optional CUDA-only speed-ups, the plain PyTorch path is the reference.
+"""Qwen2/2.5, Qwen3 (dense) and Qwen3.5 (hybrid Gated DeltaNet + gated attention) in plain PyTorch: config, forward,
+safetensors loading, tokenizer and ChatML, LoRA (inject, disable, merge, PEFT-format save/load), trainable
+special-token rows, a preallocated generation cache, batched sampling and chunked token log-probabilities. Imports
+nothing from the project; flash-attn and flash-linear-attention are optional CUDA-only speed-ups, the plain PyTorch
+path is the reference.
 
-Batches of different-length sequences: pad on the RIGHT. Every layer is causal (attention, the
-causal conv and the delta-rule recurrence), so a real token never sees the padding after it and
-its logits are those of the unpadded sequence; read logits or log-probabilities only at real
-positions (a mask). `model(input_ids)` is the training forward; set `model.gradient_checkpointing
-= True` (in train mode) to recompute each layer in backward. Generation uses the same layout.
-"""
+Batches of different-length sequences: pad on the RIGHT. Every layer is causal (attention, the causal conv and the
+delta-rule recurrence), so a real token never sees the padding after it and its logits are those of the unpadded
+sequence; read logits or log-probabilities only at real positions (a mask). `model(input_ids)` is the training forward;
+set `model.gradient_checkpointing = True` (in train mode) to recompute each layer in backward. Generation uses the same
+layout."""
 
 import contextlib
 import functools
@@ -99,18 +98,15 @@ class QwenConfig:
         head_dim = hidden // heads if family == "qwen2" else _int(text, "head_dim", src)
         bias = family != "qwen2" and bool(text.get("attention_bias", False))
         theta, partial = _rope(text, src, 0.25 if family == "qwen3_5" else 1.0)
-        hybrid = {}
+        types, hybrid = ["full_attention"] * layers, {}
         if family == "qwen3_5":
             interval = text.get("full_attention_interval", 4)
             types = text.get("layer_types") or ["full_attention" if (i + 1) % interval == 0 else "linear_attention"
                                                 for i in range(layers)]
-            hybrid = dict(conv_kernel=_int(text, "linear_conv_kernel_dim", src),
-                          linear_k_heads=_int(text, "linear_num_key_heads", src),
-                          linear_v_heads=_int(text, "linear_num_value_heads", src),
-                          linear_k_dim=_int(text, "linear_key_head_dim", src),
-                          linear_v_dim=_int(text, "linear_value_head_dim", src))
-        else:
-            types = ["full_attention"] * layers
+            hybrid = {ours: _int(text, key, src) for ours, key in (
+                ("conv_kernel", "linear_conv_kernel_dim"), ("linear_k_heads", "linear_num_key_heads"),
+                ("linear_v_heads", "linear_num_value_heads"), ("linear_k_dim", "linear_key_head_dim"),
+                ("linear_v_dim", "linear_value_head_dim"))}
         if len(types) != layers or set(types) - {"full_attention", "linear_attention"}:
             raise CheckpointError(f"{src}: field 'layer_types' = {types!r} needs {layers} entries of "
                                   f"full_attention / linear_attention")
@@ -199,9 +195,7 @@ class RMSNorm(nn.Module):
     def forward(self, x):
         h = x.float()
         h = h * h.pow(2).mean(-1, keepdim=True).add_(self.eps).rsqrt_()
-        if self.offset:
-            return (h * (1 + self.weight.float())).to(x.dtype)
-        return self.weight * h.to(x.dtype)
+        return (h * (1 + self.weight.float())).to(x.dtype) if self.offset else self.weight * h.to(x.dtype)
 
 
 class Linear(nn.Linear):
@@ -210,16 +204,17 @@ class Linear(nn.Linear):
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False):
         super().__init__(in_features, out_features, bias=bias)
-        self.register_parameter("lora_A", None)
-        self.register_parameter("lora_B", None)
+        self.lora_A = self.lora_B = None  # nn.Parameter when added by add_lora
         self.lora_scale, self.lora_dropout, self.lora_enabled = 0.0, 0.0, True
 
     def forward(self, x):
-        y = F.linear(x, self.weight, self.bias)
         if self.lora_A is None or not self.lora_enabled:
-            return y
-        x = F.dropout(x, self.lora_dropout, self.training).to(self.lora_A.dtype)
-        return y + (F.linear(F.linear(x, self.lora_A), self.lora_B) * self.lora_scale).to(y.dtype)
+            return F.linear(x, self.weight, self.bias)
+        xa = F.linear(F.dropout(x, self.lora_dropout, self.training).to(self.lora_A.dtype), self.lora_A)
+        if xa.dtype != self.weight.dtype:  # float32 factors on a half-precision base
+            return F.linear(x, self.weight, self.bias) + (F.linear(xa, self.lora_B) * self.lora_scale).to(x.dtype)
+        y = F.linear(x.flatten(0, -2), self.weight, self.bias)  # y += s (x A^T) B^T in place, in one product
+        return y.addmm_(xa.flatten(0, -2), self.lora_B.T, alpha=self.lora_scale).view(*x.shape[:-1], -1)
 
     def merged_weight(self) -> torch.Tensor:
         if self.lora_A is None:
@@ -247,14 +242,13 @@ def apply_rope(x, cos, sin_signed):
 
 @dataclass
 class Step:
-    """What every layer of one forward call shares: RoPE tables, the cache (or None), each query's
-    absolute position [B, T] and, for a cache that already holds tokens, the additive mask: log 1 = 0
-    on the slots each query sees (its row's slots 0..position), log 0 = -inf elsewhere, shaped
-    [B, 1, G*T, S] for the G query heads that share a KV head (row g*T + t is query t; one row when T = 1)."""
+    """What every layer of one forward call shares: RoPE tables, the cache (or None), each query's cache slot [B, T]
+    and, once the cache holds tokens or a prefix, the additive mask: 0 on the slots each query sees (its row's slots
+    0..slot), -inf elsewhere, [B, 1, G*T, S] for the G query heads sharing a KV head (row g*T + t is query t)."""
     cos: torch.Tensor
     sin: torch.Tensor
     cache: "Cache | None"
-    positions: torch.Tensor
+    slots: torch.Tensor
     mask: torch.Tensor | None
     lengths: torch.Tensor | None  # with a cache: real tokens of each row in this call
     valid: torch.Tensor | None  # [B, T], False at the right padding of a prefill; None when all real
@@ -289,37 +283,38 @@ class Attention(nn.Module):
         if hasattr(self, "q_norm"):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, step.cos, step.sin), apply_rope(k, step.cos, step.sin)
-        if step.cache is None:
-            o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                               is_causal=True, enable_gqa=True).transpose(1, 2)
-        else:
-            o = cached_attention(q, k, v, step.cache, self.layer_idx, step.positions, step.mask)
-        o = o.reshape(B, T, self.H * self.D)
+        o = attention(q, k, v, step, self.layer_idx).reshape(B, T, self.H * self.D)
         return self.o_proj(o * torch.sigmoid(gate.reshape(B, T, -1)) if self.gated else o)
 
 
-def cached_attention(q, k, v, cache: "Cache", layer_idx: int, positions, mask):
-    """Write k, v [B, T, Hkv, D] at each row's slots `positions` and attend over the cache: a query at
-    position p sees slots 0..p of its row. Returns [B, T, H, D]."""
-    k_cache, v_cache = cache.layers[layer_idx]
-    flash = optional_kernel("flash_attn", "flash_attn_with_kvcache")
-    if flash is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
-        return flash(q, k_cache.transpose(1, 2), v_cache.transpose(1, 2), k=k, v=v,
-                     cache_seqlens=cache.lens.int(), causal=True)
-    B, T, H, D = q.shape
-    Hkv = k.shape[2]
-    rows = torch.arange(B, device=q.device)[:, None]
-    k_cache[rows, :, positions] = k
-    v_cache[rows, :, positions] = v
-    S = cache.width + T
-    q = q.transpose(1, 2)
-    if mask is None:  # prefill of an empty cache: plain causal attention
-        return F.scaled_dot_product_attention(q, k_cache[:, :, :S], v_cache[:, :, :S], is_causal=True,
+def attention(q, k, v, step: Step, layer_idx: int):
+    """q [B, T, H, D] over k, v [B, T, Hkv, D], causal; returns [B, T, H, D]. With a cache, k and v go to each
+    row's step.slots, and the query in slot s sees slots 0..s of its row (and its whole prompt, if shared)."""
+    cache = step.cache
+    if cache is not None:
+        k_cache, v_cache = cache.layers[layer_idx]
+        flash = optional_kernel("flash_attn", "flash_attn_with_kvcache")
+        if flash is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and cache.prefix is None:
+            return flash(q, k_cache.transpose(1, 2), v_cache.transpose(1, 2), k=k, v=v,
+                         cache_seqlens=cache.lens.int(), causal=True)
+        rows = torch.arange(q.shape[0], device=q.device)[:, None]
+        k_cache[rows, :, step.slots], v_cache[rows, :, step.slots] = k, v
+    if step.mask is None:  # no cache, or an empty one: plain causal attention over these tokens
+        return F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v)), is_causal=True,
                                               enable_gqa=True).transpose(1, 2)
+    (B, T, H, D), Hkv, S = q.shape, k.shape[2], cache.width + q.shape[1]
     # GQA without copying K/V: the G query heads that share a KV head become G*T query rows.
-    o = F.scaled_dot_product_attention(q.reshape(B, Hkv, H // Hkv * T, D), k_cache[:, :, :S], v_cache[:, :, :S],
-                                       attn_mask=mask)
+    q, keys, values = q.transpose(1, 2).reshape(B, Hkv, H // Hkv * T, D), k_cache[:, :, :S], v_cache[:, :, :S]
+    o = (F.scaled_dot_product_attention(q, keys, values, attn_mask=step.mask) if cache.prefix is None
+         else cache.prefix.attend(q, layer_idx, *attend(q, keys, values, step.mask)))
     return o.view(B, H, T, D).transpose(1, 2)
+
+
+def attend(q, k, v, mask):
+    """softmax(q k^T / sqrt(D) + mask) v, and the log-sum-exp of each query's scores (float32, [.., 1])."""
+    scores = (q @ k.transpose(-1, -2)).float().mul_(q.shape[-1] ** -0.5).add_(mask)
+    lse = scores.logsumexp(-1, keepdim=True)
+    return (scores - lse).exp_().to(v.dtype) @ v, lse
 
 
 def l2norm(x):
@@ -460,23 +455,48 @@ class Block(nn.Module):
 
 @dataclass
 class Cache:
-    """Generation state of B rows. Attention layers: K and V [B, Hkv, S_max, D] after RoPE, slot s
-    of a row holding its token at position s. Gated DeltaNet layers: the last kernel-1 conv inputs
-    [B, C, K-1] and the float32 state [B, Hv, dk, dv]. `lens` [B]: tokens of each row so far;
-    `width`: a Python int >= max(lens), the slots any query may need to look at. `rope`: the RoPE
-    tables of every slot's position, computed once."""
+    """Generation state of B rows. Attention layers: K and V [B, Hkv, S_max, D] after RoPE, slot s of a row holding
+    its token at position s (plus its prompt's length, under a shared `prefix`). Gated DeltaNet layers: the last
+    kernel-1 conv inputs [B, C, K-1] and the float32 state [B, Hv, dk, dv]. `lens` [B]: slots filled per row;
+    `width`: a Python int >= max(lens), the slots a query may look at; `rope`: the tables of every position."""
     layers: list
     lens: torch.Tensor
     width: int
     rope: tuple
+    prefix: "SharedPrefix | None" = None
 
     def select(self, rows: torch.Tensor) -> None:
-        """Keep rows `rows` in place (reorder, repeat a shared prompt, drop finished rows), one tensor at a
-        time, each old one freed before the next is copied: a copy needs one more tensor, not a second cache."""
+        """Keep rows `rows` in place (reorder, drop finished rows), one tensor at a time, each old one
+        freed before the next is copied: a copy needs one more tensor, not a second cache."""
         for layer in self.layers:
             for i, t in enumerate(layer):
                 layer[i] = t.index_select(0, rows)
         self.lens = self.lens.index_select(0, rows)
+        if self.prefix is not None:
+            self.prefix.lens, self.prefix.slot = self.prefix.lens[rows], self.prefix.slot[rows]
+
+
+@dataclass
+class SharedPrefix:
+    """U prompts that several rows continue (GRPO groups), their attention K/V [U, Hkv, P, D] kept once per layer
+    in `layers`, `mask` [U, 1, 1, P] hiding their right padding. Row b continues prompt slot[b] // width from
+    position lens[b]; slot[b] is its place in the [U, width] grid where a group's queries meet their prompt."""
+    layers: dict
+    mask: torch.Tensor
+    lens: torch.Tensor
+    slot: torch.Tensor
+    width: int
+
+    def attend(self, q, layer_idx: int, o, lse):
+        """Attention of q [B, Hkv, GT, D] over its prompt, merged with `o` over its own slots (log-sum-exp `lse`)."""
+        k, v = self.layers[layer_idx]
+        (U, Hkv, _, D), GT = k.shape, q.shape[2]
+        grid = q.new_zeros(U * self.width, Hkv, GT, D).index_copy_(0, self.slot, q)
+        grid = grid.view(U, self.width, Hkv, GT, D).transpose(1, 2).reshape(U, Hkv, self.width * GT, D)
+        po, plse = (t.view(U, Hkv, self.width, GT, -1).transpose(1, 2).flatten(0, 1).index_select(0, self.slot)
+                    for t in attend(grid, k, v, self.mask))
+        total = torch.logaddexp(lse, plse)
+        return (o * (lse - total).exp() + po * (plse - total).exp()).to(q.dtype)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -484,11 +504,10 @@ class Cache:
 
 
 class Qwen(nn.Module):
-    """Decoder-only Qwen. Parameter names follow the Hugging Face checkpoint (`model.layers.0...`).
-
-    Trainable token rows (see `train_token_rows`): `row_ids` [n] with `embed_rows` [n, d] and
-    `head_rows` [n, d] (the same tensor when the embeddings are tied) replace those rows of the
-    embedding and lm_head in the forward pass without touching the frozen matrices."""
+    """Decoder-only Qwen. Parameter names follow the Hugging Face checkpoint (`model.layers.0...`). Trainable token
+    rows (see `train_token_rows`): `row_ids` [n] with `embed_rows` [n, d] and `head_rows` [n, d] (the same tensor when
+    the embeddings are tied) replace those rows of the embedding and lm_head in the forward pass without touching the
+    frozen matrices."""
 
     def __init__(self, cfg: QwenConfig):
         super().__init__()
@@ -499,16 +518,14 @@ class Qwen(nn.Module):
         self.model.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, offset=cfg.family == "qwen3_5")
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.register_buffer("row_ids", None)
-        self.register_parameter("embed_rows", None)
-        self.register_parameter("head_rows", None)
+        self.embed_rows = self.head_rows = None  # nn.Parameter when trained (train_token_rows)
         self.rows_enabled = True
         self.gradient_checkpointing = False  # recompute each layer in backward (training only)
 
     @classmethod
     def from_pretrained(cls, path, dtype=None, device=None) -> "Qwen":
-        """Load a Hugging Face checkpoint folder (config.json + model.safetensors, or the shards
-        listed in model.safetensors.index.json) straight into `dtype` (default: the config's) on
-        `device`, one tensor at a time, so host memory never holds more than the current tensor."""
+        """Load a Hugging Face checkpoint folder (config.json + model.safetensors or the shards of its index) into
+        `dtype` (default: the config's) on `device`, one tensor at a time: host memory holds one tensor at most."""
         path = Path(path)
         cfg = QwenConfig.from_json(path / "config.json")
         dtype = parse_dtype(dtype) or parse_dtype(cfg.dtype) or torch.float32
@@ -540,13 +557,8 @@ class Qwen(nn.Module):
         model.source = path
         return model.eval()
 
-    @property
-    def device(self) -> torch.device:
-        return self.model.embed_tokens.weight.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.model.embed_tokens.weight.dtype
+    device = property(lambda self: self.model.embed_tokens.weight.device)
+    dtype = property(lambda self: self.model.embed_tokens.weight.dtype)
 
     def head_weight(self) -> torch.Tensor:
         return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
@@ -560,9 +572,8 @@ class Qwen(nn.Module):
         return x + (hit @ (self.embed_rows - base)).to(x.dtype)
 
     def logits(self, h):
-        """lm_head on final hidden states h [..., d] (in the model dtype). A few rows on the CPU (decoding)
-        go as (W h^T)^T, which MKL splits over threads by vocabulary rows: on 2 cores that is 1.2-1.3x faster
-        generation than h W^T, which barely uses the second thread."""
+        """lm_head on final hidden states h [..., d] (model dtype). A few rows on the CPU (decoding) go as (W h^T)^T:
+        MKL runs it 1.4-1.8x faster than h W^T (it splits it over threads by vocabulary rows, too)."""
         few_rows = h.device.type == "cpu" and h.dim() == 2 and h.shape[0] <= 64
         out = (self.head_weight() @ h.T).T if few_rows else F.linear(h, self.head_weight())
         if self.head_rows is None or not self.rows_enabled:
@@ -570,32 +581,29 @@ class Qwen(nn.Module):
         return out.index_copy_(-1, self.row_ids, F.linear(h, self.head_rows.to(h.dtype)))
 
     def hidden_states(self, input_ids, cache: Cache | None = None, lengths=None):
-        """Final-norm hidden states [B, T, d]. Without a cache: a causal forward from position 0.
-        With a cache: row b continues at position cache.lens[b]; `lengths` [B] (default T) counts
-        the real tokens of each right-padded row, and cache.lens advances by it."""
+        """Final-norm hidden states [B, T, d]. Without a cache: a causal forward from position 0. With a cache:
+        row b continues in slot cache.lens[b] (its position, plus its prompt's length under a shared prefix);
+        `lengths` [B] (default T) counts the real tokens of each right-padded row, and cache.lens advances by it."""
         B, T = input_ids.shape
-        positions = torch.arange(T, device=input_ids.device)[None].expand(B, T)
+        slots = torch.arange(T, device=input_ids.device)[None].expand(B, T)
         if cache is not None:
-            positions = positions + cache.lens[:, None]
+            slots = slots + cache.lens[:, None]
+        positions = slots if cache is None or cache.prefix is None else slots + cache.prefix.lens[:, None]
         cfg = self.config
         x = self.embed(input_ids)
         rope = rope_tables(T, cfg.rotary_dim, cfg.rope_theta, x.dtype, x.device) if cache is None else cache.rope
         cos, sin = (table[positions, None] for table in rope)  # [B, T, 1, rot_dim]
         mask = valid = None
         if cache is not None:
-            if cache.width > 0:
-                mask = (torch.arange(cache.width + T, device=x.device) <= positions[:, :, None]).to(x.dtype).log()
+            if cache.width > 0 or cache.prefix is not None:
+                mask = (torch.arange(cache.width + T, device=x.device) <= slots[:, :, None]).to(x.dtype).log()
                 mask = (mask if T == 1 else mask.repeat(1, cfg.num_heads // cfg.num_kv_heads, 1))[:, None]
-            if lengths is None:
-                lengths = torch.full((B,), T, device=x.device)
-            else:
-                valid = torch.arange(T, device=x.device) < lengths[:, None]
-        step = Step(cos, sin, cache, positions, mask, lengths, valid)
+            valid = None if lengths is None else torch.arange(T, device=x.device) < lengths[:, None]
+            lengths = torch.full((B,), T, device=x.device) if lengths is None else lengths
+        step = Step(cos, sin, cache, slots, mask, lengths, valid)
+        recompute = self.gradient_checkpointing and self.training and torch.is_grad_enabled() and cache is None
         for layer in self.model.layers:
-            if self.gradient_checkpointing and self.training and torch.is_grad_enabled() and cache is None:
-                x = checkpoint(layer, x, step, use_reentrant=False)
-            else:
-                x = layer(x, step)
+            x = checkpoint(layer, x, step, use_reentrant=False) if recompute else layer(x, step)
         if cache is not None:
             cache.lens = cache.lens + lengths
             cache.width += T
@@ -655,9 +663,8 @@ def lora_modules(model: Qwen) -> dict[str, Linear]:
 
 
 def add_lora(model: Qwen, rank=16, alpha=32, dropout=0.0, targets=LORA_TARGETS) -> list[nn.Parameter]:
-    """Freeze every base parameter and give each Linear whose name ends in one of `targets` float32
-    factors `lora_A` (Kaiming-uniform, as PEFT) and `lora_B` (zeros, so the model is unchanged).
-    Returns the new trainable parameters."""
+    """Freeze every base parameter and give each Linear whose name ends in one of `targets` float32 factors `lora_A`
+    (Kaiming-uniform, as PEFT) and `lora_B` (zeros, so the model is unchanged). Returns the new trainable parameters."""
     model.requires_grad_(False)
     params = []
     for name, m in model.named_modules():
@@ -709,20 +716,19 @@ def merge_lora(model: Qwen) -> Qwen:
         m.weight.data = m.merged_weight()
         m.lora_A = m.lora_B = None
     for name, rows in row_targets(model):
-        weight = model.get_parameter(name)
-        weight.data[model.row_ids] = rows.detach().to(weight.dtype)
+        model.get_parameter(name).data[model.row_ids] = rows.detach().to(model.dtype)
     model.row_ids = model.embed_rows = model.head_rows = None
     model.__dict__.pop("lora_settings", None)
     return model
 
 
 def row_targets(model: Qwen) -> list[tuple[str, nn.Parameter]]:
-    """(base weight name, trainable rows) pairs; empty without trainable rows."""
+    """(base weight name, trainable rows) pairs, empty without trainable rows; token_rows.safetensors names
+    the rows by the weight's module (embed_tokens, lm_head)."""
     if model.row_ids is None:
         return []
     pairs = [("model.embed_tokens.weight", model.embed_rows)]
     return pairs if model.lm_head is None else pairs + [("lm_head.weight", model.head_rows)]
-
 
 def peft_name(model: Qwen, module_name: str) -> str:
     return f"base_model.model.{checkpoint_name(model.config, module_name)}"
@@ -737,20 +743,16 @@ def save_adapter(model: Qwen, out_dir, base_model_name_or_path: str | None = Non
     modules = lora_modules(model)
     if not modules:
         raise ValueError("save_adapter: the model has no LoRA parameters (call add_lora first)")
-    tensors = {}
-    for name, m in modules.items():
-        tensors[f"{peft_name(model, name)}.lora_A.weight"] = m.lora_A.detach().contiguous()
-        tensors[f"{peft_name(model, name)}.lora_B.weight"] = m.lora_B.detach().contiguous()
+    tensors = {f"{peft_name(model, name)}.lora_{ab}.weight": getattr(m, f"lora_{ab}") for name, m in modules.items()
+               for ab in "AB"}
     config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", **model.lora_settings, "bias": "none",
               "base_model_name_or_path": base_model_name_or_path, "fan_in_fan_out": False,
               "inference_mode": True, "modules_to_save": None, "use_rslora": False, "use_dora": False}
-    atomic_save(tensors, out / ADAPTER_WEIGHTS)
+    atomic_write(out / ADAPTER_WEIGHTS, tensors)
     atomic_write(out / ADAPTER_CONFIG, json.dumps(config, indent=2) + "\n")
     if model.row_ids is not None:
-        rows = {"token_ids": model.row_ids, "embed_tokens": model.embed_rows.detach()}
-        if model.lm_head is not None:
-            rows["lm_head"] = model.head_rows.detach()
-        atomic_save(rows, out / TOKEN_ROWS)
+        rows = {n.split(".")[-2]: r for n, r in row_targets(model)}
+        atomic_write(out / TOKEN_ROWS, {"token_ids": model.row_ids} | rows)
 
 
 def load_adapter(model: Qwen, path) -> Qwen:
@@ -770,16 +772,14 @@ def load_adapter(model: Qwen, path) -> Qwen:
         add_lora(model, _int(cfg, "r", str(cfg_path)), cfg.get("lora_alpha", 8), cfg.get("lora_dropout", 0.0), targets)
     copy_tensors(weights_path, {f"{peft_name(model, name)}.lora_{ab}.weight": getattr(m, f"lora_{ab}")
                                 for name, m in lora_modules(model).items() for ab in "AB"})
-    rows_path = path / TOKEN_ROWS
-    if rows_path.is_file():
+    if (rows_path := path / TOKEN_ROWS).is_file():
         with open_safetensors(rows_path) as f:
             ids = f.get_tensor("token_ids").tolist() if "token_ids" in f.keys() else []
         try:
             train_token_rows(model, ids)
         except ValueError as e:
             raise CheckpointError(f"{rows_path}: tensor 'token_ids': {e}") from None
-        rows = {name.split(".")[-2]: rows for name, rows in row_targets(model)}  # embed_tokens, lm_head
-        copy_tensors(rows_path, {"token_ids": model.row_ids} | rows)
+        copy_tensors(rows_path, {"token_ids": model.row_ids} | {n.split(".")[-2]: r for n, r in row_targets(model)})
     return model
 
 
@@ -797,22 +797,19 @@ def copy_tensors(file: Path, expected: dict[str, torch.Tensor]) -> None:
             param.data.copy_(f.get_tensor(name))
 
 
-def atomic_write(path: Path, text: str) -> None:
+def atomic_write(path: Path, data: str | dict) -> None:
+    """Text, or a dict of tensors as safetensors, to a temporary file renamed into place."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
-def atomic_save(tensors: dict, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp), metadata={"format": "pt"})
+    if isinstance(data, str):
+        tmp.write_text(data, encoding="utf-8")
+    else:
+        save_file({k: v.detach().contiguous().cpu() for k, v in data.items()}, str(tmp), metadata={"format": "pt"})
     os.replace(tmp, path)
 
 
 def save_merged(model: Qwen, tok: "QwenTokenizer", out_dir, shard_bytes: int = 4 << 30) -> None:
-    """A full Hugging Face checkpoint of the model with LoRA and token rows folded in (the model
-    itself is not changed): config.json, model-0000k-of-0000n.safetensors + index, tokenizer files.
-    Tensors the loader skipped (Qwen3.5's vision tower, MTP head) are copied from the source."""
+    """A Hugging Face checkpoint of the model with LoRA and token rows folded in (the model is not changed): config,
+    shards + index, tokenizer files; tensors the loader skipped (Qwen3.5's vision tower, MTP head) copied over."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     lora, rows = lora_modules(model), dict(row_targets(model))
@@ -837,7 +834,7 @@ def save_merged(model: Qwen, tok: "QwenTokenizer", out_dir, shard_bytes: int = 4
     weight_map = {}
     for i, shard in enumerate(shards):
         file = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-        atomic_save(shard, out / file)
+        atomic_write(out / file, shard)
         weight_map.update(dict.fromkeys(shard, file))
     index = {"metadata": {"total_size": sum(t.nbytes for t in tensors.values())}, "weight_map": weight_map}
     atomic_write(out / "model.safetensors.index.json", json.dumps(index, indent=2) + "\n")
@@ -855,14 +852,12 @@ def save_merged(model: Qwen, tok: "QwenTokenizer", out_dir, shard_bytes: int = 4
 
 def token_logprobs(model: Qwen, input_ids, mask=None, temperature: float = 1.0, entropy: bool = False,
                    chunk_size: int = 1024):
-    """logp[b, t] = log softmax(logits[b, t] / temperature)[input_ids[b, t + 1]], shape [B, T-1],
-    float32: the log-probability of each next token given its prefix.
-
-    `mask` [B, T-1] (bool) selects the positions to compute (completion tokens, say); the others are
-    0 and cost no lm_head work. Pad right-padded batches on the right and mask the padding out.
-    The softmax runs in float32 on `chunk_size` positions at a time, each forming its gradient at once
-    (`HeadLogprobs`), so no [B, T, vocab] float32 tensor ever exists. With entropy=True also returns the
-    entropy [B, T-1] of each position's temperature-scaled distribution."""
+    """logp[b, t] = log softmax(logits[b, t] / temperature)[input_ids[b, t + 1]], shape [B, T-1], float32: the
+    log-probability of each next token given its prefix. `mask` [B, T-1] (bool) selects the positions to compute
+    (completion tokens, say); the others are 0 and cost no lm_head work. Pad right-padded batches on the right and mask
+    the padding out. The softmax runs in float32 on `chunk_size` positions at a time, each forming its gradient at once
+    (`HeadLogprobs`), so no [B, T, vocab] float32 tensor ever exists. With entropy=True also returns the entropy [B,
+    T-1] of each position's temperature-scaled distribution."""
     if temperature <= 0:
         raise ValueError(f"token_logprobs: temperature must be > 0, got {temperature}")
     h, targets = model.hidden_states(input_ids)[:, :-1], input_ids[:, 1:]
@@ -885,12 +880,11 @@ def plain_logprobs(model: Qwen, h, targets, temperature: float):
 
 
 class HeadLogprobs(torch.autograd.Function):
-    """plain_logprobs with the gradients formed in forward, through the frozen lm_head W whose rows
-    model.row_ids the trainable `rows` (or None) replace. With z = logits / T and p = softmax(z):
-    d log p_y / dz = onehot(y) - p,  dH / dz_i = -p_i (z_i - sum_j p_j z_j),  dL/dh = (dL/dz) W / T,
-    and dL/dz at the rows' columns is kept for their gradient. Backward only scales these per token:
-    two lm_head products where recomputation takes three (the entropy, zeros unless asked for, adds
-    one), and no [N, vocab] tensor outlives the forward."""
+    """plain_logprobs with the gradients formed in forward, through the frozen lm_head W whose rows model.row_ids the
+    trainable `rows` (or None) replace. With z = logits / T and p = softmax(z): d log p_y / dz = onehot(y) - p,  dH /
+    dz_i = -p_i (z_i - sum_j p_j z_j),  dL/dh = (dL/dz) W / T, and dL/dz at the rows' columns is kept for their
+    gradient. Backward only scales these per token: two lm_head products where recomputation takes three (the entropy,
+    zeros unless asked for, adds one), and no [N, vocab] tensor outlives the forward."""
 
     @staticmethod
     def forward(ctx, h, targets, rows, model, temperature, entropy, grad_enabled):
@@ -943,38 +937,34 @@ def filter_top_p(logits, p: float):
 
 
 def sample_next(logits, temperature, top_k, top_p, uniform):
-    """Next tokens [B] from float32 logits [B, V]: the first maximum at temperature 0, else a draw from
-    softmax(logits / temperature) restricted by top-k then top-p, by inverse CDF: the first token whose
-    cumulative probability exceeds `uniform` [B] (float64 in [0, 1), so the sum cannot round past the end)."""
+    """Next tokens [B] from float32 logits [B, V]: the first maximum at temperature 0, else a draw from softmax(logits /
+    temperature) restricted by top-k then top-p, by inverse CDF: the first token whose cumulative probability exceeds
+    `uniform` [B] (float64 in [0, 1), so the sum cannot round past the end)."""
     if temperature == 0:
         return logits.max(-1).indices  # argmax, cheaper on the CPU
     logits = logits / temperature
-    if top_k > 0:
-        logits = filter_top_k(logits, top_k)
-    if top_p < 1.0:
-        logits = filter_top_p(logits, top_p)
-    cdf = logits.softmax(-1).double().cumsum(-1)
+    logits = filter_top_k(logits, top_k) if top_k > 0 else logits
+    cdf = (filter_top_p(logits, top_p) if top_p < 1.0 else logits).softmax(-1).double().cumsum(-1)
     return torch.searchsorted(cdf, (uniform * cdf[:, -1])[:, None], right=True)[:, 0]
 
 
 @torch.inference_mode()
-def generate(model: Qwen, prompts: list[list[int]], max_new_tokens: int, temperature: float = 1.0,
-             top_p: float = 1.0, top_k: int = 0, repetition_penalty: float = 1.0, eos_token_ids=(),
-             seed: int | None = None, return_logprobs: bool = False, max_rows: int | None = None,
-             compact_below: float = 0.5):
-    """Sample continuations of token-id prompts of any lengths; returns the new tokens of each
-    prompt (ending with the EOS token when one was produced), and with return_logprobs=True also
-    each token's log-probability under log_softmax(logits / temperature) (raw logits when greedy):
-    the same quantity `token_logprobs` computes, before penalty and top-k/top-p filtering.
+def generate(model: Qwen, prompts: list[list[int]], max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
+             top_k: int = 0, repetition_penalty: float = 1.0, eos_token_ids=(), seed: int | None = None,
+             return_logprobs: bool = False, max_rows: int | None = None, compact_below: float = 0.5):
+    """Sample continuations of token-id prompts of any lengths; returns the new tokens of each prompt (ending with the
+    EOS token when one was produced), and with return_logprobs=True also each token's log-probability under
+    log_softmax(logits / temperature) (raw logits when greedy): the same quantity `token_logprobs` computes, before
+    penalty and top-k/top-p filtering.
 
-    The KV cache holds at most `max_rows` rows (default all; the rest run in later chunks) of longest
-    prompt + max_new_tokens slots. Identical prompts (a GRPO group) in a chunk are prefilled once. A row
-    that ends stays in the batch, frozen (nothing written, its cache not advanced), until fewer than
-    `compact_below` of the cache's rows are live (0: never; 1: at any end); then the cache keeps only the
-    live rows, so B rows are copied O(log B) times. Ends are read on the host (a GPU sync) only every
-    FINISHED_CHECK_EVERY steps, so a batch may run a few steps past its last end. Row i samples step t with
-    the uniform U[i, t] of a table drawn up front (from `seed` when given): its tokens depend on its prompt,
-    i and the settings, not on the other rows, on max_rows or on compaction."""
+    The KV cache holds at most `max_rows` rows (default all; the rest run in later chunks) of longest prompt +
+    max_new_tokens slots; identical prompts (a GRPO group) in a chunk are prefilled once and their K/V kept once
+    (SharedPrefix), each row then holding only its max_new_tokens. A row that ends stays in the batch, frozen (nothing
+    written, its cache not advanced), until fewer than `compact_below` of the cache's rows are live (0: never; 1: at
+    any end); then the cache keeps only the live rows, so B rows are copied O(log B) times. Ends are read on the host
+    (a GPU sync) only every FINISHED_CHECK_EVERY steps, so a batch may run a few steps past its last end. Row i samples
+    step t with the uniform U[i, t] of a table drawn up front (from `seed` when given): its tokens depend on its
+    prompt, i and the settings, not on the other rows, on max_rows or on compaction."""
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("generate: prompts must be a non-empty list of non-empty token lists")
     if (temperature < 0 or not 0 < top_p <= 1 or top_k < 0 or repetition_penalty <= 0 or max_new_tokens < 1
@@ -996,17 +986,17 @@ def generate_rows(model, prompts, uniform, temperature, top_p, top_k, repetition
                   compact_below):
     """`generate` for rows that share one cache; uniform [rows, max_new_tokens] on the model's device. `rows`: the
     prompt of each cache row (uniform, live, token and seen follow the cache rows)."""
-    device, max_new_tokens = model.device, uniform.shape[1]
-    unique = {}
-    row_of = torch.tensor([unique.setdefault(tuple(p), len(unique)) for p in prompts], device=device)
+    device, max_new_tokens, unique = model.device, uniform.shape[1], {}
+    group = [unique.setdefault(tuple(p), len(unique)) for p in prompts]
+    row_of, shared = torch.tensor(group, device=device), len(unique) < len(prompts)
     lens = torch.tensor([len(p) for p in unique], device=device)
     width = int(lens.max())  # right padding repeats a prompt's first token: harmless, and already "seen"
     ids = torch.tensor([list(p) + [p[0]] * (width - len(p)) for p in unique], device=device)
-    cache = model.new_cache(len(unique), width + max_new_tokens)
+    cache = model.new_cache(len(unique), width + (0 if shared else max_new_tokens))
     h = model.hidden_states(ids, cache, lens)[torch.arange(len(unique), device=device), lens - 1]
     logits = model.logits(h)[row_of].float()
-    if len(unique) < len(prompts):
-        cache.select(row_of)
+    if shared:
+        cache = share_prompts(model, cache, group, max_new_tokens)
     penalize = repetition_penalty != 1.0
     seen = torch.zeros_like(logits, dtype=torch.bool).scatter_(1, ids[row_of], True) if penalize else None
     out = torch.full((len(prompts), max_new_tokens), -1, dtype=torch.long, device=device)
@@ -1026,8 +1016,7 @@ def generate_rows(model, prompts, uniform, temperature, top_p, top_k, repetition
         if step == max_new_tokens - 1 or n_live == 0:
             break
         if n_live < compact_below * len(live):
-            keep = live.nonzero()[:, 0]
-            cache.select(keep)
+            cache.select(keep := live.nonzero()[:, 0])
             rows, live, token, uniform = rows[keep], live[keep], token[keep], uniform[keep]
             seen = seen[keep] if penalize else None
         if penalize:
@@ -1037,6 +1026,22 @@ def generate_rows(model, prompts, uniform, temperature, top_p, top_k, repetition
     return tokens, [row[:len(t)] for t, row in zip(tokens, out_logp.tolist())]
 
 
+def share_prompts(model: Qwen, cache: Cache, group: list[int], new_slots: int) -> Cache:
+    """The cache of rows that continue the prompts prefilled in `cache` (row b: prompt group[b]): the prompts'
+    attention K/V become a SharedPrefix, each row gets `new_slots` slots of its own, and copies of the Gated
+    DeltaNet states."""
+    device, P, cfg, width = model.device, cache.width, model.config, max(map(group.count, group))
+    rows, slot = torch.tensor(group, device=device), [u * width + group[:b].count(u) for b, u in enumerate(group)]
+    attention = {i: state for i, state in enumerate(cache.layers) if cfg.layer_types[i] == "full_attention"}
+    layers = [getattr(layer, layer.mixer_name).new_state(len(group), new_slots, model.dtype, device)
+              if i in attention else [t.index_select(0, rows) for t in cache.layers[i]]
+              for i, layer in enumerate(model.model.layers)]
+    mask = (torch.arange(P, device=device) < cache.lens[:, None]).to(model.dtype).log()[:, None, None]
+    prefix = SharedPrefix(attention, mask, cache.lens[rows], torch.tensor(slot, device=device), width)
+    rope = rope_tables(P + new_slots, cfg.rotary_dim, cfg.rope_theta, model.dtype, device)
+    return Cache(layers, torch.zeros(len(group), dtype=torch.long, device=device), 0, rope, prefix)
+
+
 # ----------------------------------------------------------------------------------------------
 # Tokenizer and ChatML
 
@@ -1044,12 +1049,11 @@ THINK_OFF = "<think>\n\n</think>\n\n"
 
 
 class QwenTokenizer:
-    """A `tokenizers.Tokenizer` with the checkpoint's EOS ids and a hand-written ChatML format.
-
-    `family` decides the thinking prefix of the generation prompt: qwen2 has none; qwen3 thinks by
-    default and adds an empty think block when enable_thinking=False; qwen3_5 opens `<think>\\n`
-    by default and also adds the empty block when disabled. `default_system` is the system prompt
-    the checkpoint's own template inserts when the messages have none (Qwen2.5 has one)."""
+    """A `tokenizers.Tokenizer` with the checkpoint's EOS ids and a hand-written ChatML format. `family` decides the
+    thinking prefix of the generation prompt: qwen2 has none; qwen3 thinks by default and adds an empty think block
+    when enable_thinking=False; qwen3_5 opens `<think>\\n` by default and also adds the empty block when disabled.
+    `default_system` is the system prompt the checkpoint's own template inserts when the messages have none (Qwen2.5
+    has one)."""
 
     def __init__(self, tokenizer: Tokenizer, eos_token_ids: list[int], pad_token_id: int | None, family: str,
                  default_system: str | None, source: Path | None = None):
@@ -1085,10 +1089,9 @@ class QwenTokenizer:
 
     def chat_ids(self, messages: list[dict], add_generation_prompt: bool = True,
                  enable_thinking: bool | None = None) -> list[int]:
-        """The token ids of `chat(...)`, each message content encoded as plain text: text that spells
-        `<|im_end|>` or a tag such as `<evidence>` cannot forge a turn or a control token. The
-        prompt every trainer and evaluation feeds the model; a serving engine that tokenizes the
-        whole string may read such spellings in the task instructions as special tokens instead."""
+        """The token ids of `chat(...)`, each message content encoded as plain text: text that spells `<|im_end|>` or
+        a tag such as `<evidence>` cannot forge a turn or a control token. The prompt every trainer and evaluation
+        feeds the model; a serving engine that tokenizes the whole string may read such spellings as special tokens."""
         pieces = self._chat_pieces(messages, add_generation_prompt, enable_thinking)
         return [i for n, piece in enumerate(pieces) for i in self.encode(piece, special_tokens=n % 2 == 0)]
 
@@ -1145,13 +1148,11 @@ def load_tokenizer(path) -> QwenTokenizer:
 
     eos = gen_cfg.get("eos_token_id", [])
     eos = [eos] if isinstance(eos, int) else list(eos)
-    if token_of("eos_token") is not None and token_of("eos_token") not in eos:
-        eos.append(token_of("eos_token"))
+    eos += [i for i in [token_of("eos_token")] if i is not None and i not in eos]
     if not eos:
         raise CheckpointError(f"{path}: no EOS token (fields 'eos_token' of tokenizer_config.json, "
                               f"'eos_token_id' of generation_config.json)")
-    model_type = model_cfg.get("model_type")
-    family = {"qwen3_5_text": "qwen3_5"}.get(model_type, model_type)
+    family = {"qwen3_5_text": "qwen3_5"}.get(model_cfg.get("model_type"), model_cfg.get("model_type"))
     if family not in ("qwen2", "qwen3", "qwen3_5"):
         family = "qwen3" if tokenizer.token_to_id("<think>") is not None else "qwen2"
     template = tok_cfg.get("chat_template") if isinstance(tok_cfg.get("chat_template"), str) else ""
@@ -1162,9 +1163,8 @@ def load_tokenizer(path) -> QwenTokenizer:
 
 
 def add_special_tokens(model: Qwen, tok: QwenTokenizer, tokens: list[str]) -> list[int]:
-    """Add `tokens` as special tokens; returns their ids. A new id uses a spare embedding row when
-    the vocabulary is padded (Qwen's is), else the embedding and lm_head grow. New rows start at the
-    mean of the rows of the existing tokens. Tokens already present keep their rows."""
+    """Add `tokens` as special tokens; returns their ids. A new id takes a spare embedding row when the vocabulary is
+    padded (Qwen's is), else the embedding and lm_head grow; new rows start at the mean of the existing tokens' rows."""
     n_before = len(tok)
     tok.tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in tokens])
     ids = [tok.token_id(t) for t in tokens]

@@ -5,12 +5,14 @@ the same prompts and the same settings, in one run; prints the ratio for each ca
     python bench/bench_generate.py --case ragged        # one case
     python bench/bench_generate.py --family qwen2 --hidden 512 --layers 8
     python bench/bench_generate.py --family qwen3_5     # hybrid Gated DeltaNet + gated attention
+    python bench/bench_generate.py --threads 1 --profile   # one thread; profile our side where a target is missed
 
-Cases (batch 8 each):
+Cases (batch 8 each; targets from issue 15 as ratios of tokens/s):
   default  prompts of 36-64 tokens, 128 new tokens, greedy
-  ragged   prompts of 48-69 tokens, 96 new tokens, greedy
-  group    a GRPO group: one ~1,000-token prompt sampled 8 times, 128 new tokens, temperature 1
-           (model.generate prefills the shared prompt once; transformers gets the batch of 8 copies)
+  ragged   prompts of 48-69 tokens, 96 new tokens, greedy                               target >= 1.5x
+  group    a GRPO group: one ~1,000-token prompt sampled 8 times, 128 new tokens,     target >= 2.5x
+           temperature 1 (model.generate prefills the shared prompt once and keeps its K/V once;
+           transformers gets the batch of 8 copies)
 
 Both sides run in float32 on the CPU with the same torch thread count. No EOS is set and the new
 tokens are forced to the same count, so both sides produce exactly batch x new tokens. Greedy
@@ -22,18 +24,18 @@ other jobs, run with OMP_NUM_THREADS=1: two-thread runs then measure thread cont
 import argparse
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import model as M  # noqa: E402
+from common import best_times, markdown_table, profile_table, threads, verdict  # noqa: E402
 
-CASES = {  # prompt lengths, new tokens, temperature
-    "default": (lambda: [64 - (i * 64) // 16 for i in range(8)], 128, 0.0),
-    "ragged": (lambda: [48 + (i * 21) // 7 for i in range(8)], 96, 0.0),
-    "group": (lambda: [1000] * 8, 128, 1.0),
+CASES = {  # prompt lengths, new tokens, temperature, target ratio (None: no target)
+    "default": (lambda: [64 - (i * 64) // 16 for i in range(8)], 128, 0.0, None),
+    "ragged": (lambda: [48 + (i * 21) // 7 for i in range(8)], 96, 0.0, 1.5),
+    "group": (lambda: [1000] * 8, 128, 1.0, 2.5),
 }
 
 
@@ -53,22 +55,9 @@ def hf_config(args):
     return transformers.Qwen3Config(**shape, head_dim=args.head_dim)
 
 
-def best_times(fns, repeats):
-    """Best wall time and output of each function; runs alternate so that load from other processes
-    on a shared machine hits both sides alike. The first round is a warm-up."""
-    best, outs = [float("inf")] * len(fns), [None] * len(fns)
-    for r in range(repeats + 1):
-        for i, fn in enumerate(fns):
-            start = time.perf_counter()
-            outs[i] = fn()
-            if r > 0:
-                best[i] = min(best[i], time.perf_counter() - start)
-    return best, outs
-
-
-def run_case(name, hf, ours, args):
-    import transformers
-    lengths_of, new, temperature = CASES[name]
+def run_case(name, hf, ours, args) -> list:
+    """Time both sides on one case; returns its table row."""
+    lengths_of, new, temperature, goal = CASES[name]
     lengths = lengths_of()
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, args.vocab, (n,), generator=g).tolist() for n in lengths]
@@ -82,7 +71,8 @@ def run_case(name, hf, ours, args):
     for i, prompt in enumerate(prompts):
         input_ids[i, T - len(prompt):] = torch.tensor(prompt)
         mask[i, T - len(prompt):] = 1
-    sampling = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature else dict(do_sample=False)
+    sampling = (dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature
+                else dict(do_sample=False))
 
     def run_hf():
         with torch.inference_mode():
@@ -97,12 +87,13 @@ def run_case(name, hf, ours, args):
     n = len(prompts) * new
     assert all(len(row) == new for row in out_ours + out_hf)
     agree = sum(a == b for ra, rb in zip(out_ours, out_hf) for a, b in zip(ra, rb)) / n
-    print(f"[{name}] batch {len(prompts)}, prompts {min(lengths)}-{max(lengths)} tokens, {new} new tokens, "
-          + (f"sampled at temperature {temperature}" if temperature else "greedy"))
-    print(f"  transformers {transformers.__version__}: {t_hf:.2f} s  {n / t_hf:8.1f} tokens/s")
-    print(f"  model.py:               {t_ours:.2f} s  {n / t_ours:8.1f} tokens/s")
-    print(f"  ratio (ours / transformers tokens/s): {t_hf / t_ours:.2f}x"
-          + ("" if temperature else f"   greedy tokens equal: {agree:.1%}"))
+    met = goal is None or verdict(f"generate {name}", t_hf / t_ours, goal)
+    if args.profile and not met:
+        profile_table(run_ours, f"model.generate, case {name}")
+    return [name, f"{min(lengths)}-{max(lengths)}", new, f"{temperature:g}" if temperature else "greedy",
+            f"{n / t_hf:,.0f}", f"{n / t_ours:,.0f}", f"**{t_hf / t_ours:.2f}x**",
+            "-" if goal is None else f">= {goal}x",
+            "-" if temperature else f"{agree:.1%}"]
 
 
 def main():
@@ -117,7 +108,10 @@ def main():
     p.add_argument("--kv-heads", type=int, default=4)
     p.add_argument("--head-dim", type=int, default=32)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
+    p.add_argument("--profile", action="store_true", help="profile our side of a case that misses its target")
     args = p.parse_args()
+    n_threads = threads(args.threads)
 
     import transformers
     torch.manual_seed(0)
@@ -125,10 +119,12 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         hf.save_pretrained(tmp)
         ours = M.Qwen.from_pretrained(tmp, dtype="float32")
-    print(f"{args.family} random model, {sum(p.numel() for p in ours.parameters()) / 1e6:.1f}M params, float32, "
-          f"{torch.get_num_threads()} threads")
-    for name in CASES if args.case == "all" else [args.case]:
-        run_case(name, hf, ours, args)
+    rows = [run_case(name, hf, ours, args) for name in (CASES if args.case == "all" else [args.case])]
+    print(f"\n{args.family} random model, {sum(p.numel() for p in ours.parameters()) / 1e6:.1f}M params (hidden "
+          f"{args.hidden}, {args.layers} layers, vocab {args.vocab}), float32, {n_threads} threads, batch 8, "
+          f"best of {args.repeats} after a warm-up; transformers {transformers.__version__}\n")
+    print(markdown_table(["case", "prompt tokens", "new tokens", "sampling", "transformers tok/s", "ours tok/s",
+                          "ratio", "target", "greedy tokens equal"], rows))
 
 
 if __name__ == "__main__":

@@ -26,6 +26,9 @@ from torch.utils.checkpoint import checkpoint
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import model as M  # noqa: E402
+from common import markdown_table, threads, verdict  # noqa: E402
+
+PEAK_GOAL = 2.0  # issue 15: peak memory well below the naive full log-softmax's (here: at most half)
 
 
 def naive(model, ids, temperature, entropy):
@@ -87,7 +90,7 @@ def run_case(args) -> dict:
         del logp, ent, loss
         model.zero_grad(set_to_none=True)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
-    return {"forward": min(forward[1:]), "backward": min(backward[1:]), "peak": peak - before}
+    return {"forward": min(forward[1:] or forward), "backward": min(backward[1:] or backward), "peak": peak - before}
 
 
 def main():
@@ -96,7 +99,7 @@ def main():
     p.add_argument("--vocab", type=int, default=151936)
     p.add_argument("--hidden", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.7)
-    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=2, help="timed runs after a warm-up (0: one run, timed)")
     p.add_argument("--methods", nargs="+", choices=list(METHODS), default=list(METHODS))
     p.add_argument("--case", choices=list(METHODS), help=argparse.SUPPRESS)  # internal: run one case, print JSON
     p.add_argument("--entropy", choices=["on", "off"], help=argparse.SUPPRESS)
@@ -105,10 +108,8 @@ def main():
         print(json.dumps(run_case(args)))
         return
     common = [f"--{k}={getattr(args, k)}" for k in ("tokens", "vocab", "hidden", "temperature", "repeats")]
-    print(f"token_logprobs: {args.tokens} tokens, vocab {args.vocab}, hidden {args.hidden}, float32, "
-          f"{torch.get_num_threads()} threads; a float32 [T, vocab] is {args.tokens * args.vocab * 4 / 2**20:,.0f} MiB")
-    print(f"{'method':<11} {'entropy':<8} {'forward s':>10} {'backward s':>11} {'total s':>8} {'peak MiB':>9}"
-          f" {'vs naive':>9} {'vs recomputed':>14}")
+    full = args.tokens * args.vocab * 4 / 2**20
+    rows, peaks = [], {}
     for entropy in ("off", "on"):
         results = {}
         for method in args.methods:
@@ -118,12 +119,20 @@ def main():
                 sys.exit(f"bench_logprobs: case {method} entropy {entropy} failed:\n{out.stderr}")
             r = results[method] = json.loads(out.stdout)
             total = r["forward"] + r["backward"]
+            peaks[method, entropy] = r["peak"] / 2**20
             ratios = [f"{(results[m]['forward'] + results[m]['backward']) / total:.2f}x" if m in results else "-"
                       for m in ("naive", "recomputed")]
-            print(f"{method:<11} {entropy:<8} {r['forward']:>10.3f} {r['backward']:>11.3f} {total:>8.3f} "
-                  f"{r['peak'] / 2**20:>9,.0f} {ratios[0]:>9} {ratios[1]:>14}")
-    print("ratios: the baseline's total time over this method's (above 1: this method is faster)")
-
+            rows.append([method, entropy, f"{r['forward']:.3f}", f"{r['backward']:.3f}", f"{total:.3f}",
+                         f"{r['peak'] / 2**20:,.0f}", f"{r['peak'] / 2**20 / full:.2f}", *ratios])
+    for entropy in ("off", "on"):
+        if ("naive", entropy) in peaks and ("ours", entropy) in peaks:
+            verdict(f"logprobs peak memory naive/ours, entropy {entropy}",
+                    peaks["naive", entropy] / peaks["ours", entropy], PEAK_GOAL)
+    print(f"\ntoken_logprobs: {args.tokens} tokens, vocab {args.vocab}, hidden {args.hidden}, float32, "
+          f"{threads(None)} threads, best of {max(args.repeats, 1)}; one float32 [T, vocab] tensor is {full:,.0f} MiB; "
+          f"peak: growth of the process's peak RSS over the model's footprint\n")
+    print(markdown_table(["method", "entropy", "forward s", "backward s", "total s", "peak MiB", "peak / [T, vocab]",
+                          "speed vs naive", "speed vs recomputed"], rows))
 
 if __name__ == "__main__":
     main()

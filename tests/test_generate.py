@@ -117,16 +117,16 @@ def cache_bytes_per_row(cfg: M.QwenConfig, slots: int) -> int:
 
 
 class CacheWatch:
-    """Watches the caches that generate allocates, from outside: the most bytes a cache's tensors held
-    at once (each layer's state list is swapped for one that records, before any tensor is replaced,
-    the bytes of every tensor then held plus the new one) and the number of Cache.select calls."""
+    """Watches the caches that generate allocates (new_cache, and share_prompts for a group's rows), from
+    outside: the most bytes a cache's tensors held at once (each layer's state list is swapped for one that
+    records, before any tensor is replaced, the bytes of every tensor then held, a shared prefix's included,
+    plus the new one) and the number of Cache.select calls."""
 
     def __init__(self, model, monkeypatch):
         self.caches, self.peaks, self.copies = [], [], 0
-        new_cache, select = model.new_cache, M.Cache.select
+        new_cache, share_prompts, select = model.new_cache, M.share_prompts, M.Cache.select
 
-        def watched_new_cache(*args):
-            cache = new_cache(*args)
+        def watched(cache):
             cache.layers = [self.Layer(layer, self, len(self.caches)) for layer in cache.layers]
             self.caches.append(cache)
             self.peaks.append(self.held(cache))
@@ -136,13 +136,15 @@ class CacheWatch:
             self.copies += 1
             return select(cache, rows)
 
-        monkeypatch.setattr(model, "new_cache", watched_new_cache)
+        monkeypatch.setattr(model, "new_cache", lambda *args: watched(new_cache(*args)))
+        monkeypatch.setattr(M, "share_prompts", lambda *args: watched(share_prompts(*args)))
         monkeypatch.setattr(M.Cache, "select", counted_select)
 
     @staticmethod
     def held(cache) -> int:
         assert all(isinstance(layer, CacheWatch.Layer) for layer in cache.layers)  # still watched
-        return sum(t.nbytes for layer in cache.layers for t in layer)
+        shared = [] if cache.prefix is None else [t for layer in cache.prefix.layers.values() for t in layer]
+        return sum(t.nbytes for layer in cache.layers for t in layer) + sum(t.nbytes for t in shared)
 
     class Layer(list):
         def __init__(self, tensors, watch, index):
@@ -178,9 +180,15 @@ def test_64_rows_ending_at_64_steps_copy_the_cache_log_b_times(family, monkeypat
     assert M.generate(model, prompts, max_new_tokens=64, temperature=0, eos_token_ids=[127], max_rows=16) == expected
     assert len(watch.caches) == 4 and all(need / 4 <= peak <= 1.25 * need / 4 for peak in watch.peaks)
     watch.reset()
-    group = M.generate(model, [[5, 100]] * 8, max_new_tokens=40, temperature=0, eos_token_ids=[127])
-    assert group == [list(range(101, 128))] * 8 and watch.copies == 1  # prefilled once, then copied to 8 rows
-    assert watch.peaks[0] <= 1.25 * 8 * cache_bytes_per_row(model.config, 2 + 40)
+    prompt = [5] * 30 + [100]
+    group = M.generate(model, [prompt] * 8, max_new_tokens=40, temperature=0, eos_token_ids=[127])
+    assert group == [list(range(101, 128))] * 8 and watch.copies == 0 and len(watch.caches) == 2
+    # the prompt is prefilled once and its K/V kept once (copies per row would add 8 x 31 slots); each row
+    # holds its 40 new tokens (and its own DeltaNet states, the recurrent one briefly twice when replaced)
+    cfg = model.config
+    once, rows = cache_bytes_per_row(cfg, len(prompt)), 8 * cache_bytes_per_row(cfg, 40)
+    state = 4 * cfg.linear_v_heads * cfg.linear_k_dim * cfg.linear_v_dim if family == "qwen3_5_text" else 0
+    assert once <= watch.peaks[0] <= once + state and rows < watch.peaks[1] <= once + rows + 8 * state
 
 
 def test_host_reads_come_every_few_steps_not_every_token(monkeypatch):

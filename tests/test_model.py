@@ -280,6 +280,24 @@ def test_peft_saved_adapter_loads_in_ours(qwen3, tmp_path):
         close(ours(x), peft_model(x).logits)
 
 
+def test_lora_gradients_equal_peft(qwen3, tmp_path):
+    """Backward through LoRA (ours adds it into the base output in place) against peft's, factor by factor."""
+    _, _, path = qwen3
+    ours = lora_model(path)
+    M.save_adapter(ours, tmp_path, base_model_name_or_path=str(path))
+    base = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    theirs = peft.PeftModel.from_pretrained(base, tmp_path, is_trainable=True)
+    x, targets = ids(2, 15), ids(2, 15, seed=4)
+    F.cross_entropy(ours(x).flatten(0, 1), targets.flatten()).backward()
+    F.cross_entropy(theirs(x).logits.flatten(0, 1), targets.flatten()).backward()
+    expected = {n: p.grad for n, p in theirs.named_parameters() if p.requires_grad}
+    for name, m in M.lora_modules(ours).items():
+        for ab in "AB":
+            grad = getattr(m, f"lora_{ab}").grad
+            assert grad.abs().max() > 0
+            close(grad, expected[f"{M.peft_name(ours, name)}.lora_{ab}.default.weight"], 1e-5)
+
+
 def test_merge_equals_unmerged_and_disabled_equals_base(qwen3):
     hf, _, path = qwen3
     ours = lora_model(path, dropout=0.1)
