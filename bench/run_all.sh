@@ -21,6 +21,8 @@ benchmarks=(
   "python bench/bench_judge.py"
   "python bench/gpu.py --paper"
 )
+# The hand-written analysis at the end of RESULTS.md (from its "## Where a target is missed" heading on) is kept.
+analysis=$(sed -n '/^## Where a target is missed/,$p' bench/RESULTS.md 2>/dev/null)
 logs=$(mktemp -d)
 start=$(date +%s)
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
@@ -69,6 +71,7 @@ versions=$(python -c "import importlib.metadata as m, platform; print(f'Python {
   echo "|---|---|---|---|"
   echo "$verdicts"
   echo "$body"
+  [[ -n $analysis ]] && echo && echo "$analysis"
 } >bench/RESULTS.md
 echo "wrote bench/RESULTS.md in $(($(date +%s) - start)) s" >&2
 exit $failed
