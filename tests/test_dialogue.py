@@ -517,10 +517,12 @@ def test_demo_config_trains_against_the_local_server(base, tmp_path, reward):
 
 
 @pytest.mark.parametrize("reward", ["emollm", "care"])
-def test_a_killed_dialogue_run_resumes_to_the_same_result(base, tmp_path, reward):
+def test_a_killed_dialogue_run_resumes_to_the_same_result(tmp_path, reward):
     """Both grouping modes: SIGKILL once the first checkpoint is written, then `resume: auto` ends with the adapter,
     metrics and completions of a run never stopped. Two of the six seeds an update, so a scenario cursor not
-    restored would replay the first two; LoRA dropout draws from the torch generator the checkpoint restores."""
+    restored would replay the first two; LoRA dropout draws from the torch generator the checkpoint restores; the
+    policy can write U+2028, a line break to str.splitlines inside a completions.jsonl record."""
+    base = write_checkpoint(tmp_path / "base", words=[*WORDS, "\u2028"], hidden=16)
     with JudgeServer(rules_backend, faults=Faults(latency=0.02)).start() as server:
         def argv(name):
             return [str(DEMO), f"model.path={base}", f"output_dir={tmp_path / name}", f"judge.base_url={server.url}",

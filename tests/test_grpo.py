@@ -25,7 +25,7 @@ import data
 import grpo
 import model as M
 import train as T
-from config import load_config
+from config import MetricsWriter, load_config
 from judge_server import Faults, JudgeServer, rules_backend
 
 REPO = Path(__file__).resolve().parents[1]
@@ -108,7 +108,7 @@ def run_config(tmp_path, assets, judge_url, **overrides) -> Path:
 
 
 def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").split("\n") if line.strip()]
 
 
 @pytest.fixture()
@@ -434,6 +434,18 @@ def test_killed_run_resumes_to_the_same_result(tmp_path, assets):
         assert T.latest_checkpoint(run).name in ("ckpt-000002", "ckpt-000003")
         grpo.main([str(killed)])  # resume: auto
     assert_same_run(tmp_path / "a" / "run", run)
+
+
+def test_trim_log_keeps_the_whole_lines_up_to_the_step(tmp_path):
+    records = [{"step": 1, "completion": "a\u2028b\x85c"}, {"step": 2, "completion": "d\u2029"}, {"step": 3}]
+    path = tmp_path / "completions.jsonl"
+    with MetricsWriter(path) as log:
+        for record in records:
+            log.write(record)
+    with open(path, "a", encoding="utf-8") as f:
+        f.write('{"step": 4, "compl')  # a line torn by a kill mid-write
+    grpo.trim_log(path, 2, T.Dist(0, 1, torch.device("cpu")))
+    assert path.read_text(encoding="utf-8") == "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records[:2])
 
 
 def test_sigterm_saves_a_checkpoint_and_stops(tmp_path, assets, judge, monkeypatch):
