@@ -635,11 +635,13 @@ def completion_records(groups: list[Group], advantages: list, tok, step: int) ->
 
 
 def trim_log(path: Path, last_step: int, where: Dist) -> None:
-    """Drop the lines of updates after `last_step` (a resumed run redoes them; a fresh run keeps none)."""
+    """Drop the lines of updates after `last_step` (a resumed run redoes them; a fresh run keeps none) and a last
+    line torn by a crash. Lines end at "\n" only: a record's text may hold U+2028 or U+0085, line breaks to
+    str.splitlines."""
     if not where.main or not path.is_file():
         return
-    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
-    kept = [line for line in lines if line.strip() and json.loads(line)["step"] <= last_step]
+    lines = path.read_text(encoding="utf-8").split("\n")[:-1]  # after the last "\n": nothing, or a torn line
+    kept = [line + "\n" for line in lines if line.strip() and json.loads(line)["step"] <= last_step]
     atomic_write_text(path, "".join(kept))
 
 

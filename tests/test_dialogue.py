@@ -3,7 +3,7 @@ located errors, the judges' parsers, episodes that end by the user or at the tur
 reaches the simulator, one generate call and one simulator batch per turn, group shapes and advantages in both
 grouping modes, one CARE rubric per state, the trajectory reward against a hand computation, a loss mask on
 assistant tokens only, a judge failing mid-episode, the evaluation metrics (in-process and through a served
-policy), and whole runs of the configs."""
+policy), and whole runs of the configs, one killed and resumed."""
 
 import json
 import math
@@ -26,8 +26,8 @@ from config import load_config
 from data import DataError
 from dialogue import DialogueSettings, PolicyTurn, Scenario, State
 from judge import CARE_RUBRIC_SYSTEM, JudgeConfig
-from judge_server import SCRIPTED_USER, JudgeServer, rules_backend
-from test_grpo import read_jsonl, write_checkpoint
+from judge_server import SCRIPTED_USER, Faults, JudgeServer, rules_backend
+from test_grpo import assert_same_run, kill_after_checkpoint, read_jsonl, write_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "configs" / "dialogue_demo.yaml"
@@ -514,6 +514,26 @@ def test_demo_config_trains_against_the_local_server(base, tmp_path, reward):
     records = read_jsonl(tmp_path / "run" / "completions.jsonl")
     assert records and all(r["completion"].startswith("User: ") for r in records) == (reward == "emollm")
     assert (tmp_path / "run" / "adapter" / "adapter_model.safetensors").is_file()
+
+
+@pytest.mark.parametrize("reward", ["emollm", "care"])
+def test_a_killed_dialogue_run_resumes_to_the_same_result(tmp_path, reward):
+    """Both grouping modes: SIGKILL once the first checkpoint is written, then `resume: auto` ends with the adapter,
+    metrics and completions of a run never stopped. Two of the six seeds an update, so a scenario cursor not
+    restored would replay the first two; LoRA dropout draws from the torch generator the checkpoint restores; the
+    policy can write U+2028, a line break to str.splitlines inside a completions.jsonl record."""
+    base = write_checkpoint(tmp_path / "base", words=[*WORDS, "\u2028"], hidden=16)
+    with JudgeServer(rules_backend, faults=Faults(latency=0.02)).start() as server:
+        def argv(name):
+            return [str(DEMO), f"model.path={base}", f"output_dir={tmp_path / name}", f"judge.base_url={server.url}",
+                    f"reward.name={reward}", "updates=3", "save_every=1", "rollout.max_new_tokens=8",
+                    "lora.dropout=0.1"]
+
+        grpo.main(argv("straight"))
+        kill_after_checkpoint(argv("killed"), tmp_path / "killed", "ckpt-000001")
+        assert T.latest_checkpoint(tmp_path / "killed").name in ("ckpt-000001", "ckpt-000002", "ckpt-000003")
+        grpo.main(argv("killed"))  # resume: auto
+    assert_same_run(tmp_path / "straight", tmp_path / "killed")
 
 
 def test_bad_dialogue_inputs_are_one_line(base, tmp_path, capsys):

@@ -25,7 +25,7 @@ import data
 import grpo
 import model as M
 import train as T
-from config import load_config
+from config import MetricsWriter, load_config
 from judge_server import Faults, JudgeServer, rules_backend
 
 REPO = Path(__file__).resolve().parents[1]
@@ -108,7 +108,7 @@ def run_config(tmp_path, assets, judge_url, **overrides) -> Path:
 
 
 def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").split("\n") if line.strip()]
 
 
 @pytest.fixture()
@@ -399,31 +399,53 @@ def test_three_updates_write_every_output(tmp_path, assets, judge):
                if "lora_B" in k)  # the LoRA moved
 
 
+def kill_after_checkpoint(argv: list[str], run: Path, checkpoint: str) -> None:
+    """Start `python grpo.py *argv` and SIGKILL it as soon as `run` holds `checkpoint`, before the run ends."""
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.Popen([sys.executable, str(REPO / "grpo.py"), *argv], cwd=REPO, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 120
+    while not (run / checkpoint).is_dir() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
+    assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (run / "adapter").exists()
+
+
+def assert_same_run(a: Path, b: Path) -> None:
+    """Two runs' output_dirs hold the same adapter weights, metrics (timings aside) and completions."""
+    adapter_a, adapter_b = (load_file(run / "adapter" / "adapter_model.safetensors") for run in (a, b))
+    assert adapter_a.keys() == adapter_b.keys() and all(torch.equal(adapter_a[k], adapter_b[k]) for k in adapter_a)
+    timing = ("time/", "tokens_per_s")
+    ma, mb = ([{k: v for k, v in m.items() if not k.startswith(timing)} for m in read_jsonl(run / "metrics.jsonl")]
+              for run in (a, b))
+    assert ma == mb
+    assert read_jsonl(a / "completions.jsonl") == read_jsonl(b / "completions.jsonl")
+
+
 def test_killed_run_resumes_to_the_same_result(tmp_path, assets):
     with JudgeServer(rules_backend, faults=Faults(latency=0.05)).start() as server:
         straight = run_config(tmp_path / "a", assets, server.url)
         grpo.main([str(straight)])
         killed = run_config(tmp_path / "b", assets, server.url)
-        env = dict(os.environ, PYTHONPATH=str(REPO))
-        proc = subprocess.Popen([sys.executable, str(REPO / "grpo.py"), str(killed)], cwd=REPO, env=env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         run = tmp_path / "b" / "run"
-        deadline = time.time() + 120
-        while not (run / "ckpt-000002").is_dir() and proc.poll() is None and time.time() < deadline:
-            time.sleep(0.01)
-        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-        assert not (run / "adapter").exists() and T.latest_checkpoint(run).name in ("ckpt-000002", "ckpt-000003")
+        kill_after_checkpoint([str(killed)], run, "ckpt-000002")
+        assert T.latest_checkpoint(run).name in ("ckpt-000002", "ckpt-000003")
         grpo.main([str(killed)])  # resume: auto
-    a, b = (load_file(p / "run" / "adapter" / "adapter_model.safetensors") for p in (tmp_path / "a", tmp_path / "b"))
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    timing = ("time/", "tokens_per_s")
-    ma, mb = (read_jsonl(p / "run" / "metrics.jsonl") for p in (tmp_path / "a", tmp_path / "b"))
-    assert [{k: v for k, v in m.items() if not k.startswith(timing)} for m in ma] == \
-           [{k: v for k, v in m.items() if not k.startswith(timing)} for m in mb]
-    ca, cb = (read_jsonl(p / "run" / "completions.jsonl") for p in (tmp_path / "a", tmp_path / "b"))
-    assert ca == cb
+    assert_same_run(tmp_path / "a" / "run", run)
+
+
+def test_trim_log_keeps_the_whole_lines_up_to_the_step(tmp_path):
+    records = [{"step": 1, "completion": "a\u2028b\x85c"}, {"step": 2, "completion": "d\u2029"}, {"step": 3}]
+    path = tmp_path / "completions.jsonl"
+    with MetricsWriter(path) as log:
+        for record in records:
+            log.write(record)
+    with open(path, "a", encoding="utf-8") as f:
+        f.write('{"step": 4, "compl')  # a line torn by a kill mid-write
+    grpo.trim_log(path, 2, T.Dist(0, 1, torch.device("cpu")))
+    assert path.read_text(encoding="utf-8") == "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records[:2])
 
 
 def test_sigterm_saves_a_checkpoint_and_stops(tmp_path, assets, judge, monkeypatch):
