@@ -336,7 +336,7 @@ def read_jsonl(path: Path) -> list[dict]:
     """Records of a JSONL file we append to; a torn last line (a crash mid-write) is cut off."""
     if not path.exists():
         return []
-    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    lines = re.findall(r"[^\n]*\n|[^\n]+$", path.read_text(encoding="utf-8"))  # "\n" only: a text may hold U+2028
     records = []
     for number, line in enumerate(lines, 1):
         try:
