@@ -46,13 +46,13 @@ import torch
 import data
 import dialogue
 import rewards
-from config import ConfigError, MetricsWriter, atomic_write_text, parse_cli, print0, save_resolved_config
+from config import ConfigError, MetricsWriter, parse_cli, print0, save_resolved_config
 from judge import JudgeConfig, JudgeError
 from model import (LORA_TARGETS, Qwen, add_lora, add_special_tokens, generate, load_adapter, load_tokenizer,
                    lora_disabled, merge_lora, save_adapter, save_merged, token_logprobs)
 from train import (Dist, Progress, StopRequest, all_reduce_sum, broadcast_parameters, build_optimizer,
                    latest_checkpoint, load_checkpoint, optimizer_parameters, restore_optimizer, save_checkpoint,
-                   set_lr, setup_distributed, sync_gradients, warmup_hold_cosine)
+                   set_lr, setup_distributed, sync_gradients, trim_log, warmup_hold_cosine)
 
 # ----------------------------------------------------------------------------- config
 # CLUE's Table 5 (LoRA, LR peak, rollout length, beta) was lost in extraction: those defaults are ours.
@@ -626,17 +626,6 @@ def completion_records(groups: list[Group], advantages: list, tok, step: int) ->
                             "reward": g.rewards[k], **{name: v[k] for name, v in g.parts.items()},
                             "advantage": None if adv is None else adv[k]})
     return records
-
-
-def trim_log(path: Path, last_step: int, where: Dist) -> None:
-    """Drop the lines of updates after `last_step` (a resumed run redoes them; a fresh run keeps none) and a last
-    line torn by a crash. Lines end at "\n" only: a record's text may hold U+2028 or U+0085, line breaks to
-    str.splitlines."""
-    if not where.main or not path.is_file():
-        return
-    lines = path.read_text(encoding="utf-8").split("\n")[:-1]  # after the last "\n": nothing, or a torn line
-    kept = [line + "\n" for line in lines if line.strip() and json.loads(line)["step"] <= last_step]
-    atomic_write_text(path, "".join(kept))
 
 
 # ----------------------------------------------------------------------------- setup
