@@ -1,6 +1,6 @@
 """Configs and run outputs, shared by every script: YAML configs with `key=value` overrides checked
 against a dataclass schema (`python X.py config.yaml [key=value ...]`), rank-0 printing, the
-metrics.jsonl writer, and the resolved config written beside a run's outputs with secrets removed."""
+metrics.jsonl writer and reader, and the resolved config written beside a run's outputs with secrets removed."""
 
 from __future__ import annotations
 
@@ -281,6 +281,20 @@ class MetricsWriter:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def read_metrics(path) -> list[dict]:
+    """metrics.jsonl records, numbers only ("nan"/"inf" strings read as floats); torn lines skipped."""
+    records = []
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        try:
+            raw = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        raw = {k: float(v) if v in ("nan", "inf", "-inf") else v for k, v in raw.items()}
+        if isinstance(raw.get("step"), (int, float)):
+            records.append({k: v for k, v in raw.items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
+    return records
 
 
 _SECRET_KEY = re.compile(r"api[_-]?key|secret|password|auth[_-]?token", re.IGNORECASE)

@@ -24,6 +24,7 @@ import dataclasses
 import datetime
 import fnmatch
 import hashlib
+import itertools
 import json
 import math
 import re
@@ -34,10 +35,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from config import (ConfigError, atomic_write_text, load_config, parse_cli, print0, redact_secrets,
+from config import (ConfigError, atomic_write_text, load_config, parse_cli, print0, read_metrics, redact_secrets,
                     save_resolved_config)
-from data import (DataError, Example, count_tokens, get_task, load_jsonl,
-                  parse_answer, split_completion, visible_turns)
+from data import (DataError, Example, count_tokens, get_task, load_jsonl, parse_answer, split_completion,
+                  visible_turns)
 from judge import JudgeCall, JudgeConfig, JudgeError, cause_request, chat_many, parse_cause_verdict
 from verifier import extract_quotes, locate_quote
 
@@ -126,16 +127,15 @@ def decoding_for(cfg: EvalConfig, task: str) -> tuple[SamplingConfig, int]:
 
 def f1_scores(gold: list[list[str]], pred: list[list[str] | None], labels: list[str],
               catch_all: str | None = None) -> dict:
-    """Weighted and macro F1 of predicted label sets against gold ones, as scikit-learn computes them
-    over `labels` (multi-label: per label over the indicator matrix; single-label: one-element sets).
+    """Weighted and macro F1 of predicted label sets against gold ones, as scikit-learn computes them over `labels`
+    (multi-label: per label over the indicator matrix; single-label: one-element sets).
 
-    A None prediction is an invalid answer: it predicts nothing, so it is wrong. Targets whose gold is
-    the catch-all are not scored (paper B: excluded as targets, kept as context) and the catch-all is
-    no class: predicting it only misses the gold label. Per label, F1 = 2 TP / (2 TP + FP + FN);
-    weighted F1 weights it by the label's gold support, macro F1 averages the labels that occur in
-    the scored gold or predictions (an absent label has no defined F1). Returns {"weighted", "macro",
-    "micro", "accuracy" (exact set match), "n" (scored targets), "per_label": {label: {"precision",
-    "recall", "f1", "support"}}}; the averages are None when no target is scored."""
+    A None prediction is an invalid answer: it predicts nothing, so it is wrong. Targets whose gold is the catch-all
+    are not scored (paper B: excluded as targets, kept as context) and the catch-all is no class: predicting it only
+    misses the gold label. Per label, F1 = 2 TP / (2 TP + FP + FN); weighted F1 weights it by the label's gold
+    support, macro F1 averages the labels that occur in the scored gold or predictions (an absent label has no
+    defined F1). Returns {"weighted", "macro", "micro", "accuracy" (exact set match), "n" (scored targets),
+    "per_label": {label: {"precision", "recall", "f1", "support"}}}; the averages are None when no target is scored."""
     rows = [(set(g), set(p or ())) for g, p in zip(gold, pred, strict=True)
             if catch_all is None or list(g) != [catch_all]]
     per_label, totals = {}, [0, 0, 0]
@@ -184,10 +184,9 @@ def score_runs(examples: list[Example], completions: list[list[str]]) -> list[di
 
 
 def task_scores(examples: list[Example], completions: list[list[str]]) -> dict[str, dict]:
-    """{task: {"weighted", "macro", "invalid", "n"}}: per task, weighted and macro F1 and the invalid-
-    answer rate averaged over the sampled runs; n counts the scored targets. `completions[i]` holds
-    the sampled completions of `examples[i]`. SFT checkpoint selection reads the mean macro F1 over
-    tasks (paper A.1)."""
+    """{task: {"weighted", "macro", "invalid", "n"}}: per task, weighted and macro F1 and the invalid-answer rate
+    averaged over the sampled runs; n counts the scored targets. `completions[i]` holds the sampled completions of
+    `examples[i]`. SFT checkpoint selection reads the mean macro F1 over tasks (paper A.1)."""
     if len(examples) != len(completions):
         raise ValueError(f"task_scores: {len(examples)} examples but {len(completions)} lists of completions")
     scores = {}
@@ -213,15 +212,12 @@ def wilcoxon(x: list[float], y: list[float]) -> dict:
     d = [v for v in d if v != 0]
     n = len(d)
     order = sorted(range(n), key=lambda i: abs(d[i]))
-    ranks2, ties, i = [0] * n, [], 0  # doubled average ranks: integers
-    while i < n:
-        j = i
-        while j + 1 < n and abs(d[order[j + 1]]) == abs(d[order[i]]):
-            j += 1
-        for k in range(i, j + 1):
-            ranks2[order[k]] = i + j + 2
-        ties.append(j - i + 1)
-        i = j + 1
+    ranks2, ties = [0] * n, []  # doubled average ranks (integers); the size of each group of tied |d|
+    for _, tied in itertools.groupby(enumerate(order), key=lambda pair: abs(d[pair[1]])):
+        tied = list(tied)  # (rank - 1, index) pairs: the group shares the mean of its first and last rank
+        for _, i in tied:
+            ranks2[i] = tied[0][0] + tied[-1][0] + 2
+        ties.append(len(tied))
     t2 = sum(r for r, v in zip(ranks2, d) if v > 0)
     statistic = min(t2, n * (n + 1) - t2) / 2
     if n <= EXACT_MAX_N:
@@ -278,19 +274,13 @@ def cause_identified(verdicts: list[bool | None], answer: list[str] | None) -> b
 # ----------------------------------------------------------------------------- sampling
 
 
-def _batch_seed(seed: int, first_id: str) -> int:
-    """A batch's sampling seed, fixed by its first example: a resumed run redraws exactly the batches
-    an uninterrupted one would have drawn."""
-    return zlib.crc32(f"{seed}/{first_id}".encode())
-
-
 def sample_completions(model, tok, prompts: list[list[dict]], keys: list[str], sampling: SamplingConfig, n: int = 1,
                        seed: int = 0, batch_size: int = 32, on_batch=None) -> list[list[str]]:
     """`n` completions of each chat prompt (`tok.chat_ids`) from an in-process model (model.generate),
     longest prompts first, `batch_size` completions per call; returns them per prompt, special tokens
     kept, EOS removed. `keys` name the prompts (example ids): a batch's seed comes from its first key,
-    so the samples do not depend on what else is sampled. `on_batch(indices, completions)` is called
-    after each batch. Reproducible for a seed."""
+    so the samples do not depend on what else is sampled and a resumed run redraws exactly the batches
+    an uninterrupted one would have drawn. `on_batch(indices, completions)` is called after each batch."""
     from model import generate  # torch only where a model runs
 
     ids = [tok.chat_ids(messages, enable_thinking=sampling.enable_thinking) for messages in prompts]
@@ -305,7 +295,7 @@ def sample_completions(model, tok, prompts: list[list[dict]], keys: list[str], s
             rows = generate(model, [ids[i] for i in chunk for _ in range(n)], sampling.max_new_tokens,
                             temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
                             repetition_penalty=sampling.repetition_penalty, eos_token_ids=tuple(eos),
-                            seed=_batch_seed(seed, keys[chunk[0]]))
+                            seed=zlib.crc32(f"{seed}/{keys[chunk[0]]}".encode()))
             texts = [tok.decode(row[:-1] if row and row[-1] in eos else row) for row in rows]
             for j, i in enumerate(chunk):
                 out[i] = texts[j * n:(j + 1) * n]
@@ -346,7 +336,7 @@ def read_jsonl(path: Path) -> list[dict]:
     """Records of a JSONL file we append to; a torn last line (a crash mid-write) is cut off."""
     if not path.exists():
         return []
-    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    lines = re.findall(r"[^\n]*\n|[^\n]+$", path.read_text(encoding="utf-8"))  # "\n" only: a text may hold U+2028
     records = []
     for number, line in enumerate(lines, 1):
         try:
@@ -401,11 +391,9 @@ def check_resume(cfg: EvalConfig, out: Path) -> None:
 
 
 def tokenizer_path(cfg: EvalConfig) -> str | None:
-    if cfg.tokenizer or cfg.checkpoint is None:
-        return cfg.tokenizer
-    if cfg.adapter and (Path(cfg.adapter) / "tokenizer.json").is_file():
-        return cfg.adapter
-    return cfg.checkpoint
+    """`tokenizer`, else the adapter's folder when it holds a tokenizer, else the checkpoint's."""
+    adapter_has_one = cfg.adapter and (Path(cfg.adapter) / "tokenizer.json").is_file()
+    return cfg.tokenizer or (cfg.adapter if adapter_has_one else cfg.checkpoint)
 
 
 def load_model(cfg: EvalConfig):
@@ -436,8 +424,8 @@ def generate_missing(cfg: EvalConfig, sets: dict[str, list[Example]], done: dict
         for s in cfg.sets:
             examples = sets[s.name]
             sampling, n = decoding_for(cfg, examples[0].task)
-            pending = [e for e in examples if any((s.name, e.id, r) not in done for r in range(n))]
-            if not pending:
+            missing = [(e, r) for e in examples for r in range(n) if (s.name, e.id, r) not in done]
+            if not missing:
                 continue
             if cfg.endpoint is None and model is None:
                 model, tok = load_model(cfg)
@@ -445,18 +433,16 @@ def generate_missing(cfg: EvalConfig, sets: dict[str, list[Example]], done: dict
                 from model import load_tokenizer
 
                 tok = load_tokenizer(cfg.tokenizer)
-            progress = Progress(s.name, len(examples) * n, sum((s.name, e.id, r) in done for e in examples
-                                                              for r in range(n)))
+            progress = Progress(s.name, len(examples) * n, len(examples) * n - len(missing))
 
-            def write(units: list[tuple[Example, int]], texts: list[str], s=s, progress=progress) -> None:
+            def write(completed: list[tuple[tuple[Example, int], str]], s=s, progress=progress) -> None:
                 lines = []
-                for (example, r), text in zip(units, texts):
+                for (example, r), text in completed:
                     if (s.name, example.id, r) in done:  # a sample kept from an earlier, torn batch
                         continue
-                    reasoning = split_completion(text)[0]
                     record = {"set": s.name, "id": example.id, "task": example.task, "sample": r, "completion": text,
                               "answer": parse_answer(text, example),
-                              "reasoning_tokens": None if tok is None else count_tokens(reasoning, tok)}
+                              "reasoning_tokens": None if tok is None else count_tokens(split_completion(text)[0], tok)}
                     done[(s.name, example.id, r)] = record
                     lines.append(json.dumps(record, ensure_ascii=False) + "\n")
                 f.write("".join(lines))
@@ -464,13 +450,13 @@ def generate_missing(cfg: EvalConfig, sets: dict[str, list[Example]], done: dict
                 progress.update(len(lines))
 
             if cfg.endpoint is None:
+                pending = [e for e in examples if any((s.name, e.id, r) not in done for r in range(n))]
                 sample_completions(model, tok, [get_task(e.task).messages(e) for e in pending], [e.id for e in pending],
                                    sampling, n, cfg.seed, cfg.batch_size,
-                                   lambda batch, texts: write([(pending[i], r) for i in batch for r in range(n)],
-                                                              [t for ts in texts for t in ts]))
+                                   lambda batch, texts: write([((pending[i], r), text) for i, row in zip(batch, texts)
+                                                               for r, text in enumerate(row)]))
             else:
-                _sample_endpoint(cfg, sampling, [(e, r) for e in pending for r in range(n)
-                                                 if (s.name, e.id, r) not in done], write)
+                _sample_endpoint(cfg, sampling, missing, write)
 
 
 def _sample_endpoint(cfg: EvalConfig, sampling: SamplingConfig, units: list[tuple[Example, int]], write) -> None:
@@ -481,8 +467,7 @@ def _sample_endpoint(cfg: EvalConfig, sampling: SamplingConfig, units: list[tupl
         chunk = units[start:start + step]
         calls = [JudgeCall(get_task(e.task).messages(e), sampling.max_new_tokens) for e, _ in chunk]
         texts, stats = chat_many(calls, endpoint)
-        kept = [(unit, text) for unit, text in zip(chunk, texts) if text is not None]
-        write([u for u, _ in kept], [t for _, t in kept])
+        write([(unit, text) for unit, text in zip(chunk, texts) if text is not None])
         failed, reasons = failed + stats["failures"], reasons + list(stats["errors"].values())
     if failed:
         raise EvalError(f"{failed} requests to {cfg.endpoint.base_url} failed (first: {reasons[0]}); "
@@ -553,10 +538,9 @@ def summarize(cfg: EvalConfig, sets: dict[str, list[Example]], done: dict, verdi
         entries[s.name] = entry
     averages = {}
     for domain in ("in", "out"):
-        members = [e for e in entries.values() if e["domain"] == domain]
-        if members:
-            averages[domain] = {key: _domain_average(members, key) for key in AVERAGED}
-            averages[domain]["sets"] = [n for n, e in entries.items() if e["domain"] == domain]
+        names = [n for n, e in entries.items() if e["domain"] == domain]
+        if names:
+            averages[domain] = {k: _domain_average([entries[n] for n in names], k) for k in AVERAGED} | {"sets": names}
     return {"name": name, "model": model_identity(cfg), "sets": entries, "averages": averages}
 
 
@@ -624,18 +608,16 @@ def _cell(stat: dict | None, scale: float, digits: int) -> str:
 def _columns(evals: list[dict]) -> list[tuple[str, str | None]]:
     """(kind, set or domain) columns in Table 1's order: in-domain sets and their average, out-of-domain
     sets and their average, then the sets of neither domain."""
-    sets = list(dict.fromkeys(n for e in evals for n in e["sets"]))
-    domain = {n: e["sets"][n]["domain"] for e in evals for n in e["sets"]}
+    domains = {n: s["domain"] for e in evals for n, s in e["sets"].items()}  # every set, in first-seen order
     columns = []
     for d in ("in", "out"):
-        members = [("set", n) for n in sets if domain[n] == d]
+        members = [("set", n) for n, domain in domains.items() if domain == d]
         columns += members + ([("avg", d)] if members else [])
-    return columns + [("set", n) for n in sets if domain[n] is None]
+    return columns + [("set", n) for n, domain in domains.items() if domain is None]
 
 
 def _stat(e: dict, kind: str, key: str, metric: str) -> dict | None:
-    source = e["sets"] if kind == "set" else e["averages"]
-    return source.get(key, {}).get(metric)
+    return (e["sets"] if kind == "set" else e["averages"]).get(key, {}).get(metric)
 
 
 def _table(evals: list[dict], metric: str, title: str, scale: float = 100, digits: int = 2) -> str:
@@ -707,8 +689,7 @@ def plot_f1_vs_tokens(evals: list[dict], path) -> bool:
             y, sd = 100 * f1["mean"], None if f1["sd"] is None else 100 * f1["sd"]
             ax.errorbar(x, y, yerr=sd, fmt="o", ms=8, capsize=4, color=f"C{i}", label=name)
             ax.annotate(name, (x, y), textcoords="offset points", xytext=(7, 7), fontsize=9)
-        ax.set(title=DOMAINS[domain], xlabel="Mean reasoning tokens per completion",
-               ylabel="Average weighted F1 (%)")
+        ax.set(title=DOMAINS[domain], xlabel="Mean reasoning tokens per completion", ylabel="Average weighted F1 (%)")
         ax.margins(0.25)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=9)
@@ -722,20 +703,6 @@ CURVES = (("Mean reward", "reward", "reward"), ("Reward components", "reward", "
           ("Completion length", "tokens", "completions/mean_length"), ("KL to reference", "KL", "kl"),
           ("Masked groups", "groups", "groups/masked"), ("Learning rate", "LR", "lr"), ("Loss", "loss", "loss"),
           ("Eval macro F1", "macro F1", "eval/*/macro_f1"))
-
-
-def read_metrics(path: Path) -> list[dict]:
-    """metrics.jsonl records, numbers only ("nan"/"inf" strings read as floats); torn lines skipped."""
-    records = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            raw = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        raw = {k: float(v) if v in ("nan", "inf", "-inf") else v for k, v in raw.items()}
-        if isinstance(raw.get("step"), (int, float)):
-            records.append({k: v for k, v in raw.items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
-    return records
 
 
 def plot_training_curves(run_dirs: list, path) -> list[str]:

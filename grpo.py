@@ -46,15 +46,13 @@ import torch
 import data
 import dialogue
 import rewards
-from config import ConfigError, MetricsWriter, atomic_write_text, parse_cli, print0, save_resolved_config
+from config import ConfigError, MetricsWriter, parse_cli, print0, save_resolved_config
 from judge import JudgeConfig, JudgeError
 from model import (LORA_TARGETS, Qwen, add_lora, add_special_tokens, generate, load_adapter, load_tokenizer,
                    lora_disabled, merge_lora, save_adapter, save_merged, token_logprobs)
 from train import (Dist, Progress, StopRequest, all_reduce_sum, broadcast_parameters, build_optimizer,
                    latest_checkpoint, load_checkpoint, optimizer_parameters, restore_optimizer, save_checkpoint,
-                   set_lr, setup_distributed, sync_gradients, warmup_hold_cosine)
-
-EVIDENCE_TAGS = ["<evidence>", "</evidence>"]  # special tokens of the SFT stage; their rows live in the adapter
+                   set_lr, setup_distributed, sync_gradients, trim_log, warmup_hold_cosine)
 
 # ----------------------------------------------------------------------------- config
 # CLUE's Table 5 (LoRA, LR peak, rollout length, beta) was lost in extraction: those defaults are ours.
@@ -173,8 +171,7 @@ def grpo_loss(logp, logp_old, logp_ref, advantages, mask, clip_low=0.2, clip_hig
     mask = mask.to(logp.dtype)
     ratio = torch.exp(logp - logp_old)
     adv = advantages.to(logp.dtype)[:, None]
-    surrogate = torch.minimum(ratio * adv, ratio.clamp(1 - clip_low, 1 + clip_high) * adv)
-    per_token = -surrogate
+    per_token = -torch.minimum(ratio * adv, ratio.clamp(1 - clip_low, 1 + clip_high) * adv)
     kl = torch.zeros_like(logp)
     if beta != 0:
         d = (logp_ref - logp).clamp(-20, 20)
@@ -384,11 +381,10 @@ def score_groups(groups: list[Group], cfg: GRPOConfig) -> dict:
 
 def collect_groups(policy: Qwen, tok, source: PromptSource, slots: list[Slot], cfg: GRPOConfig, update: int,
                    where: Dist) -> tuple[list[Group], dict]:
-    """Steps 1-3 for this rank's slots: sample, score, and (when filtering is on) resample or replace
-    unusable groups until every slot is usable or out of attempts; unusable groups end masked. With
-    filtering off only a group with a missing reward is masked (equal rewards give zero advantages).
-    A dialogue run with a turn reward first plays its seeds: a slot per state (`played_slots`). Judge
-    statistics count the simulator's calls too."""
+    """Steps 1-3 for this rank's slots: sample, score, and (when filtering is on) resample or replace unusable groups
+    until every slot is usable or out of attempts; unusable groups end masked. With filtering off only a group with a
+    missing reward is masked (equal rewards give zero advantages). A dialogue run with a turn reward first plays its
+    seeds: a slot per state (`played_slots`). Judge statistics count the simulator's calls too."""
     counts = {"resampled": 0, "replaced": 0, "masked": 0, "generate_s": 0.0, "judge_s": 0.0,
               "calls": 0, "retries": 0, "failures": 0}
     if cfg.dialogue is not None and dialogue.GROUPING[cfg.reward.name] == "turn":
@@ -597,10 +593,8 @@ def update_metrics(reports: list[dict], step: int, lr: float, beta: float) -> di
     def per_token(key):
         return total(key) / tokens if tokens else None
 
-    metrics = {
-        "step": step, "loss": reports[0]["loss"], "lr": lr, "grad_norm": reports[0]["grad_norm"],
-        "reward": mean, "reward_std": sum(group_stds) / len(group_stds) if group_stds else None,
-    }
+    metrics = {"step": step, "loss": reports[0]["loss"], "lr": lr, "grad_norm": reports[0]["grad_norm"],
+               "reward": mean, "reward_std": sum(group_stds) / len(group_stds) if group_stds else None}
     for name in dict.fromkeys(name for r in reports for g in r["parts"] for name in g):
         part_mean, part_std = _mean_std([v for r in reports for g in r["parts"] for v in g[name]])
         metrics[f"rewards/{name}/mean"], metrics[f"rewards/{name}/std"] = part_mean, part_std
@@ -632,17 +626,6 @@ def completion_records(groups: list[Group], advantages: list, tok, step: int) ->
                             "reward": g.rewards[k], **{name: v[k] for name, v in g.parts.items()},
                             "advantage": None if adv is None else adv[k]})
     return records
-
-
-def trim_log(path: Path, last_step: int, where: Dist) -> None:
-    """Drop the lines of updates after `last_step` (a resumed run redoes them; a fresh run keeps none) and a last
-    line torn by a crash. Lines end at "\n" only: a record's text may hold U+2028 or U+0085, line breaks to
-    str.splitlines."""
-    if not where.main or not path.is_file():
-        return
-    lines = path.read_text(encoding="utf-8").split("\n")[:-1]  # after the last "\n": nothing, or a torn line
-    kept = [line + "\n" for line in lines if line.strip() and json.loads(line)["step"] <= last_step]
-    atomic_write_text(path, "".join(kept))
 
 
 # ----------------------------------------------------------------------------- setup
@@ -714,7 +697,7 @@ def build_policy(cfg: GRPOConfig, where: Dist):
     tok = load_tokenizer(cfg.model.path)
     policy = Qwen.from_pretrained(cfg.model.path, dtype=cfg.model.dtype, device=where.device)
     if cfg.model.sft_adapter:
-        add_special_tokens(policy, tok, EVIDENCE_TAGS)  # the same ids the SFT run gave them
+        add_special_tokens(policy, tok, [data.EVIDENCE_OPEN, data.EVIDENCE_CLOSE])  # the ids the SFT run gave them
         merge_lora(load_adapter(policy, cfg.model.sft_adapter))
     torch.manual_seed(cfg.seed)
     add_lora(policy, cfg.lora.rank, cfg.lora.alpha, cfg.lora.dropout, cfg.lora.targets)

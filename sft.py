@@ -55,7 +55,7 @@ from model import (LORA_TARGETS, CheckpointError, Qwen, QwenTokenizer, add_lora,
                    load_adapter, load_tokenizer, save_adapter, save_merged, token_logprobs, train_token_rows)
 from train import (StopRequest, Progress, all_reduce_sum, broadcast_parameters, build_optimizer, latest_checkpoint,
                    linear_warmup_decay, load_checkpoint, optimizer_parameters, restore_optimizer, save_checkpoint,
-                   set_lr, setup_distributed, sync_gradients)
+                   set_lr, setup_distributed, sync_gradients, trim_log)
 from verifier import EVIDENCE_CLOSE, EVIDENCE_OPEN, extract_quotes, format_score, verify_quote
 
 # ----------------------------------------------------------------------------- config
@@ -379,20 +379,6 @@ def heldout_macro_f1(model: Qwen, tok: QwenTokenizer, heldout: list[Row], cfg: S
 # ----------------------------------------------------------------------------- training
 
 
-def _trim_metrics(path: Path, last_step: int) -> None:
-    """Drop the records logged after the checkpoint a run resumes from (they will be logged again),
-    and a last line cut short by a kill."""
-    if path.is_file():
-        kept = []
-        for line in path.read_text(encoding="utf-8").splitlines(keepends=True):
-            try:
-                if json.loads(line)["step"] <= last_step:
-                    kept.append(line)
-            except (ValueError, KeyError):
-                continue
-        atomic_write_text(path, "".join(kept))
-
-
 def _save_best(model: Qwen, out: Path) -> None:
     tmp = out / ".best.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -456,8 +442,7 @@ def train(cfg: SFTConfig) -> Path:
     per_epoch = math.ceil(len(samples) / group)
     total = cfg.epochs * per_epoch
     save_resolved_config(cfg, out)
-    if where.main:
-        _trim_metrics(out / "metrics.jsonl", first)
+    trim_log(out / "metrics.jsonl", first, where)
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_ids[0]
     progress = Progress(total, first)
     model.train()

@@ -1,7 +1,7 @@
 """What the two trainers share, and nothing else: process setup from torchrun's environment, the
 gradient all-reduce of the trainable parameters, AdamW parameter groups, the learning-rate
-schedules, atomic checkpoints with exact resume, a clean stop on Ctrl-C / SIGTERM, and the rank-0
-progress line.
+schedules, atomic checkpoints with exact resume (the run's logs trimmed to match), a clean stop on
+Ctrl-C / SIGTERM, and the rank-0 progress line.
 
 A checkpoint is a folder `ckpt-<step>` inside the run's output_dir, written under a temporary name
 and renamed when complete (a folder named `ckpt-*` is always whole):
@@ -251,6 +251,18 @@ def restore_optimizer(path, optimizer: torch.optim.Optimizer, meta: dict) -> Non
             index, name = key.split(".", 1)
             state.setdefault(int(index), {})[name] = f.get_tensor(key)
     optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
+
+
+def trim_log(path, last_step: int, where: Dist) -> None:
+    """On rank 0, drop a JSONL log's records of steps after `last_step` (a resumed run logs them again; a fresh run
+    keeps none) and a last line torn by a kill. Lines end at "\n" only: a record's text may hold U+2028 or U+0085,
+    line breaks to str.splitlines."""
+    path = Path(path)
+    if not where.main or not path.is_file():
+        return
+    lines = path.read_text(encoding="utf-8").split("\n")[:-1]  # after the last "\n": nothing, or a torn line
+    kept = [line + "\n" for line in lines if line.strip() and json.loads(line)["step"] <= last_step]
+    atomic_write_text(path, "".join(kept))
 
 
 # ----------------------------------------------------------------------------- stopping and progress

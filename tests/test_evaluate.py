@@ -376,6 +376,17 @@ def test_interrupted_evaluation_resumes_to_the_same_completions(tmp_path, tiny_c
         ev.evaluate(eval_config(tmp_path, paths, "cut", causes=False, **(settings | {"seed": 1})))
 
 
+def test_read_jsonl_splits_records_at_newline_only(tmp_path):
+    """A completion may hold U+2028, U+2029 or U+0085 (line breaks to str.splitlines): its record stays whole, and
+    only a torn last line is cut off."""
+    records = [{"completion": "a\u2028b\x85c"}, {"completion": "d\u2029"}, {"completion": ""}]
+    whole = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+    path = tmp_path / "completions.jsonl"
+    path.write_text(whole + '{"completion": "e\u2028', encoding="utf-8")
+    assert ev.read_jsonl(path) == records
+    assert path.read_text(encoding="utf-8") == whole
+
+
 # ----------------------------------------------------------------------------- tables, figures, command line
 
 
