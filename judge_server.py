@@ -397,9 +397,25 @@ class _Handler(BaseHTTPRequestHandler):
         self.timeout = self.server.idle_timeout
         super().setup()
 
-    def log_message(self, format, *args) -> None:
+    def handle_one_request(self) -> None:
+        """One request, then with --verbose one log line: method, path (no query), status, milliseconds from
+        the request line to the end of the answer; never a header or a body. A dropped request shows status -."""
+        self._started, self._status = None, "-"
+        super().handle_one_request()
+        if self.server.verbose and self._started is not None and self.command:
+            ms = (time.perf_counter() - self._started) * 1000
+            log.info("%s %s %s %.0f ms", self.command, self.path.split("?")[0][:200], self._status, ms)
+
+    def parse_request(self) -> bool:
+        self._started = time.perf_counter()
+        return super().parse_request()
+
+    def log_request(self, code="-", size="-") -> None:
+        self._status = getattr(code, "value", code)
+
+    def log_message(self, format, *args) -> None:  # the base class's own errors (bad request line, timeout)
         if self.server.verbose:
-            log.info("%s %s", self.address_string(), format % args)
+            log.warning("%s", format % args)
 
     def _send_json(self, status: int, payload: dict, headers: dict[str, str] | None = None) -> None:
         body = json.dumps(payload, ensure_ascii=False).encode("utf-8")
@@ -497,7 +513,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--retry-after", type=float, help="Retry-After seconds sent with injected 429 and 503")
     parser.add_argument("--hang", type=float, default=30.0, help="seconds a 'hang' action waits before answering")
     parser.add_argument("--seed", type=int, default=0, help="seed of the injected failures")
-    parser.add_argument("--verbose", action="store_true", help="log every request (never its headers)")
+    parser.add_argument("--verbose", action="store_true",
+                        help="log one line per request to stderr: method, path, status, milliseconds (no headers, bodies)")
     args = parser.parse_args(argv)
     script = tuple(a for a in args.script.split(",") if a)
     if unknown := [a for a in script if a not in FAULT_ACTIONS]:
@@ -515,7 +532,8 @@ def main(argv: list[str] | None = None) -> None:
     faults = Faults(args.latency, args.fail_rate, script, args.retry_after, args.hang, args.seed)
     name = "rules" if args.backend == "rules" else os.path.basename(os.path.normpath(args.model))
     try:
-        server = JudgeServer(backend, host=args.host, port=args.port, faults=faults, model_name=name, api_key=api_key)
+        server = JudgeServer(backend, host=args.host, port=args.port, faults=faults, model_name=name, api_key=api_key,
+                             verbose=args.verbose)
     except OSError as e:  # the port is taken, the host unknown or not ours
         parser.exit(1, f"judge_server.py: error: cannot listen on {args.host}:{args.port}: {e.strerror or e}\n")
     print(f"judge_server.py: backend {args.backend} at {server.url}", flush=True)

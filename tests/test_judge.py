@@ -5,6 +5,7 @@ answers, the rules backend on hand-worked cases, and judge-aimed instructions in
 
 import json
 import logging
+import os
 import re
 import subprocess
 import sys
@@ -239,6 +240,33 @@ def test_server_command_runs_the_rules_backend_in_a_subprocess():
     help_text = subprocess.run([sys.executable, str(REPO / "judge_server.py"), "--help"], capture_output=True,
                                text=True, cwd=REPO).stdout
     assert "CRUDE LEXICAL STAND-IN" in help_text and "loopback" in help_text
+
+
+def test_server_verbose_logs_one_line_per_request_without_bodies_or_headers():
+    secret, marker = "sk-verbose-test-key-0123", "BODY-MARKER-7781"
+    process = subprocess.Popen([sys.executable, str(REPO / "judge_server.py"), "--backend", "rules", "--port", "0",
+                                "--api-key-env", "VERBOSE_TEST_KEY", "--verbose"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, cwd=REPO, env=os.environ | {"VERBOSE_TEST_KEY": secret})
+    try:
+        url = re.search(r"http://127\.0\.0\.1:\d+/v1", process.stdout.readline()).group(0)
+        auth = {"Authorization": f"Bearer {secret}", "X-Extra": marker}
+        chat = {"model": "rules", "messages": [{"role": "user", "content": marker}]}
+        with requests.Session() as session:  # keep-alive: several requests on one connection
+            statuses = [session.get(url + "/models", headers=auth, timeout=5).status_code,
+                        session.post(url + "/chat/completions", json=chat, headers=auth, timeout=5).status_code,
+                        session.post(url + "/chat/completions", json=chat, timeout=5).status_code,
+                        session.post(url + "/nowhere?token=" + marker, json=chat, headers=auth, timeout=5).status_code]
+        assert statuses == [200, 400, 401, 404]  # the rules backend has no answer for this prompt: 400
+    finally:
+        process.terminate()
+        _, err = process.communicate(timeout=10)
+    lines = err.splitlines()
+    pattern = r"(GET|POST) (/\S*) (\d{3}) (\d+) ms"
+    assert len(lines) == 4 and all(re.fullmatch(pattern, line) for line in lines), err
+    assert [re.fullmatch(pattern, line).group(1, 2, 3) for line in lines] == [
+        ("GET", "/v1/models", "200"), ("POST", "/v1/chat/completions", "400"), ("POST", "/v1/chat/completions", "401"),
+        ("POST", "/v1/nowhere", "404")]  # the query string is left out: it may carry a token
+    assert secret not in err and marker not in err
 
 
 # ----------------------------------------------------------------------------- examples
