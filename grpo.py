@@ -48,8 +48,8 @@ import dialogue
 import rewards
 from config import ConfigError, MetricsWriter, parse_cli, print0, save_resolved_config
 from judge import JudgeConfig, JudgeError
-from model import (LORA_TARGETS, Qwen, add_lora, add_special_tokens, generate, load_adapter, load_tokenizer,
-                   lora_disabled, merge_lora, save_adapter, save_merged, token_logprobs)
+from model import (LORA_TARGETS, Qwen, add_lora, add_special_tokens, atomic_folder, generate, load_adapter,
+                   load_tokenizer, lora_disabled, merge_lora, save_adapter, save_merged, token_logprobs)
 from train import (Dist, Progress, StopRequest, all_reduce_sum, broadcast_parameters, build_optimizer,
                    latest_checkpoint, load_checkpoint, optimizer_parameters, restore_optimizer, save_checkpoint,
                    set_lr, setup_distributed, sync_gradients, trim_log, warmup_hold_cosine)
@@ -768,9 +768,11 @@ def train(cfg: GRPOConfig, examples: list[data.Example]) -> None:
                 return
     if where.main:
         base = None if cfg.model.sft_adapter else cfg.model.path  # else: the SFT-merged base, not on disk
-        save_adapter(policy, out / "adapter", base_model_name_or_path=base)
+        with atomic_folder(out / "adapter") as tmp:
+            save_adapter(policy, tmp, base_model_name_or_path=base)
         if cfg.save_merged:
-            save_merged(policy, tok, out / "merged")
+            with atomic_folder(out / "merged") as tmp:
+                save_merged(policy, tok, tmp)
     print0(f"done: {out / 'adapter'}")
 
 

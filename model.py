@@ -17,13 +17,14 @@ import json
 import math
 import os
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
+from safetensors.torch import save as save_tensors
 from tokenizers import AddedToken, Tokenizer
 from torch import nn
 from torch.utils.checkpoint import checkpoint
@@ -797,14 +798,52 @@ def copy_tensors(file: Path, expected: dict[str, torch.Tensor]) -> None:
             param.data.copy_(f.get_tensor(name))
 
 
-def atomic_write(path: Path, data: str | dict) -> None:
-    """Text, or a dict of tensors as safetensors, to a temporary file renamed into place."""
-    tmp = path.with_name(path.name + ".tmp")
-    if isinstance(data, str):
-        tmp.write_text(data, encoding="utf-8")
-    else:
-        save_file({k: v.detach().contiguous().cpu() for k, v in data.items()}, str(tmp), metadata={"format": "pt"})
-    os.replace(tmp, path)
+def atomic_write(path, data: str | bytes | dict, metadata: dict[str, str] | None = None) -> None:
+    """Text, bytes, or a dict of tensors (as safetensors, with `metadata`), written to `.<name>.tmp` beside
+    `path`, then renamed into place: a reader never sees a partial file. The file gets the permissions the
+    umask gives, as any other output (safetensors' own save_file makes 0600 files, and a kill leaves its
+    `.tmpXXXXXX` behind). A killed write's temporary is overwritten by the next write of the same file."""
+    path = Path(path)
+    if isinstance(data, dict):
+        data = save_tensors({k: v.detach().contiguous().cpu() for k, v in data.items()},
+                            metadata={"format": "pt"} | (metadata or {}))
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data.encode("utf-8") if isinstance(data, str) else data)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def staging_folder(final, clear: bool = True) -> Path:
+    """Where the result folder `final` is built before `publish_folder` swaps it in: `.<name>.tmp` beside it,
+    never inside it (a folder read as a result holds only the result). `clear` empties it first: a killed run
+    may have left one."""
+    staging = Path(final).with_name(f".{Path(final).name}.tmp")
+    if clear:
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+    return staging
+
+
+def publish_folder(staging: Path, final) -> None:
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(staging, final)
+
+
+@contextlib.contextmanager
+def atomic_folder(final):
+    """`with atomic_folder(out / "adapter") as tmp: save_adapter(model, tmp)`: the folder appears whole or
+    not at all (an error removes the staging folder; a kill leaves it for the next save to clear)."""
+    staging = staging_folder(final)
+    try:
+        yield staging
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    publish_folder(staging, final)
 
 
 def save_merged(model: Qwen, tok: "QwenTokenizer", out_dir, shard_bytes: int = 4 << 30) -> None:

@@ -37,7 +37,6 @@ import json
 import math
 import random
 import re
-import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,7 +50,7 @@ from data import (THINK_END, THINK_START, DataError, Example, example_from_json,
 from evaluate import SamplingConfig, f1_scores, sample_completions
 from judge import (_DATA_NOTICE, JudgeCall, JudgeConfig, JudgeError, _messages, _section, _strict_json_object,
                    chat_many)
-from model import (LORA_TARGETS, CheckpointError, Qwen, QwenTokenizer, add_lora, add_special_tokens,
+from model import (LORA_TARGETS, CheckpointError, Qwen, QwenTokenizer, add_lora, add_special_tokens, atomic_folder,
                    load_adapter, load_tokenizer, save_adapter, save_merged, token_logprobs, train_token_rows)
 from train import (StopRequest, Progress, all_reduce_sum, broadcast_parameters, build_optimizer, latest_checkpoint,
                    linear_warmup_decay, load_checkpoint, optimizer_parameters, restore_optimizer, save_checkpoint,
@@ -380,11 +379,8 @@ def heldout_macro_f1(model: Qwen, tok: QwenTokenizer, heldout: list[Row], cfg: S
 
 
 def _save_best(model: Qwen, out: Path) -> None:
-    tmp = out / ".best.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    save_adapter(model, tmp)
-    shutil.rmtree(out / "best", ignore_errors=True)
-    tmp.rename(out / "best")
+    with atomic_folder(out / "best") as tmp:
+        save_adapter(model, tmp)
 
 
 def _dtype(cfg: SFTConfig, device: torch.device) -> str:
@@ -477,7 +473,8 @@ def train(cfg: SFTConfig) -> Path:
         if not heldout:
             _save_best(model, out)
         if cfg.save_merged:
-            save_merged(load_adapter(model, out / "best"), tok, out / "merged")
+            with atomic_folder(out / "merged") as tmp:
+                save_merged(load_adapter(model, out / "best"), tok, tmp)
         best = f" (step {state['best']['step']}, mean macro F1 {state['best']['mean_macro_f1']:.4f})" \
             if state["best"] else ""
         print0(f"done: {out / 'best'}{best}")

@@ -29,10 +29,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from safetensors import safe_open
-from safetensors.torch import save_file
 
 from config import atomic_write_text, print0
-from model import Qwen, load_adapter, lora_modules, save_adapter
+from model import Qwen, atomic_write, load_adapter, lora_modules, publish_folder, save_adapter, staging_folder
 
 # ----------------------------------------------------------------------------- processes
 
@@ -183,7 +182,7 @@ def _save_rng(folder: Path, rank: int) -> None:
         tensors["cuda"] = torch.cuda.get_rng_state()
     python = random.getstate()
     metadata = {"python": json.dumps([python[0], list(python[1]), python[2]])}
-    save_file(tensors, str(_rng_file(folder, rank)), metadata=metadata)
+    atomic_write(_rng_file(folder, rank), tensors, metadata)
 
 
 def _load_rng(folder: Path, rank: int) -> None:
@@ -201,11 +200,8 @@ def save_checkpoint(output_dir, step: int, model: Qwen, optimizer: torch.optim.O
     writes the rest. `trainer_state` is the trainer's JSON-able state (its data position, counters).
     With `keep`, only the newest `keep` checkpoints are left. Returns the checkpoint's path."""
     final = checkpoint_path(output_dir, step)
-    tmp = final.with_name(f".{final.name}.tmp")
     rank = dist.get_rank() if _distributed() else 0
-    if rank == 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
+    tmp = staging_folder(final, clear=rank == 0)
     barrier()
     _save_rng(tmp, rank)
     barrier()
@@ -214,12 +210,11 @@ def save_checkpoint(output_dir, step: int, model: Qwen, optimizer: torch.optim.O
         state = optimizer.state_dict()
         tensors = {f"{i}.{name}": t.detach().cpu().contiguous() for i, s in state["state"].items()
                    for name, t in s.items()}
-        save_file(tensors, str(tmp / "optimizer.safetensors"))
+        atomic_write(tmp / "optimizer.safetensors", tensors)
         meta = {"step": step, "world_size": dist.get_world_size() if _distributed() else 1,
                 "param_groups": state["param_groups"], "trainer": trainer_state}
         atomic_write_text(tmp / "state.json", json.dumps(meta, indent=1) + "\n")
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
+        publish_folder(tmp, final)
         if keep is not None:
             older = sorted(p for p in Path(output_dir).glob(f"{_CKPT}*") if p.is_dir() and p != final)
             for stale in older[:max(0, len(older) - (keep - 1))]:

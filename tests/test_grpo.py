@@ -371,11 +371,12 @@ def test_nonfinite_loss_skips_the_step_and_keeps_the_weights(assets):
 # ----------------------------------------------------------------------------- whole runs
 
 
-def test_three_updates_write_every_output(tmp_path, assets, judge):
+def test_three_updates_write_every_output(tmp_path, assets, judge, umask_022):
     config = run_config(tmp_path, assets, judge.url, save_merged=True, keep_checkpoints=2,
                         filtering={"resamples": 3, "replacements": 2})
     grpo.main([str(config)])
     out = tmp_path / "run"
+    umask_022(out)  # adapter, merged shards, checkpoints: readable by others (a vLLM server's user) like the logs
     metrics = read_jsonl(out / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [1, 2, 3]
     for m in metrics:
@@ -434,6 +435,33 @@ def test_killed_run_resumes_to_the_same_result(tmp_path, assets):
         assert T.latest_checkpoint(run).name in ("ckpt-000002", "ckpt-000003")
         grpo.main([str(killed)])  # resume: auto
     assert_same_run(tmp_path / "a" / "run", run)
+
+
+KILL_IN_FINAL_SAVE = """
+import os, runpy, signal, sys
+rename = os.replace
+def replace(src, dst, *args, **kwargs):  # SIGKILL at the first rename of the final save (not a checkpoint's)
+    if "adapter" in str(dst) and "ckpt-" not in str(dst):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return rename(src, dst, *args, **kwargs)
+os.replace = replace
+sys.argv = ["grpo.py", sys.argv[1]]
+runpy.run_path("grpo.py", run_name="__main__")
+"""
+
+
+def test_a_kill_during_the_final_save_leaves_no_temporary_in_the_result(tmp_path, assets, judge):
+    config = run_config(tmp_path, assets, judge.url, updates=2)
+    run = tmp_path / "run"
+    killed = subprocess.run([sys.executable, "-c", KILL_IN_FINAL_SAVE, str(config)], cwd=REPO, capture_output=True,
+                            env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=300)
+    assert killed.returncode == -signal.SIGKILL and (run / "ckpt-000002").is_dir(), killed.stderr.decode()[-2000:]
+    assert not (run / "adapter").exists() or sorted(os.listdir(run / "adapter")) == [
+        "adapter_config.json", "adapter_model.safetensors"]  # absent or whole, never half-written
+    grpo.main([str(config)])  # the rerun: resumes at its last update, then saves again
+    assert sorted(os.listdir(run / "adapter")) == ["adapter_config.json", "adapter_model.safetensors"]
+    leftovers = [str(p.relative_to(run)) for p in run.rglob("*") if ".tmp" in p.name]
+    assert not leftovers, leftovers
 
 
 def test_trim_log_keeps_the_whole_lines_up_to_the_step(tmp_path):

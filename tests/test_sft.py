@@ -313,7 +313,8 @@ def test_a_run_killed_after_step_k_resumes_bitwise_equal(checkpoint, tmp_path):
         [{k: v for k, v in m.items() if k not in drop} for m in metrics(killed)]  # no step logged twice
 
 
-def test_selection_keeps_the_adapter_with_the_best_mean_macro_f1(checkpoint, tmp_path, monkeypatch, capsys):
+def test_selection_keeps_the_adapter_with_the_best_mean_macro_f1(checkpoint, tmp_path, monkeypatch, capsys,
+                                                                 umask_022):
     rows = [sad_row(i, label=("sadness", "joy")[i % 2]) for i in range(4)]
     rows += [sad_row(i, "ccu_emotion", ("Joy", "Trust")[i % 2]) for i in range(4, 8)]
     for i, row in enumerate(rows):
@@ -333,8 +334,9 @@ def test_selection_keeps_the_adapter_with_the_best_mean_macro_f1(checkpoint, tmp
 
     monkeypatch.setattr(sft, "sample_completions", scripted)
     cfg = config(checkpoint, tmp_path, data=str(write_rows(tmp_path / "rows.jsonl", rows)), epochs=2, save_every=1,
-                 keep_checkpoints=None, **{"selection.per_task": 2, "selection.every": 1})
+                 keep_checkpoints=None, save_merged=True, **{"selection.per_task": 2, "selection.every": 1})
     run = sft.train(cfg)
+    umask_022(run)  # best/, merged/, checkpoints: the umask's permissions, like the logs
     printed = capsys.readouterr().out
     assert "held out 4 targets (meld_emotion 2, ccu_emotion 2); 4 of 8 rows share one" in printed
     assert rounds == [4] * 8
