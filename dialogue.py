@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import data
+import dataset
 import evaluate
 import judge
 import rewards
@@ -79,13 +80,13 @@ def load_scenarios(path) -> list[Scenario]:
     string, no other field. A bad line, a repeated id or a file without seeds raises DataError naming the
     file (the line and the field)."""
     scenarios, ids = [], set()
-    for number, raw in data.read_jsonl(path):
+    for number, raw in dataset.read_jsonl(path):
         try:
             if not isinstance(raw, dict):
                 raise DataError(f"expected a JSON object, got {type(raw).__name__}")
             if unknown := sorted(set(raw) - set(SCENARIO_FIELDS)):
                 raise DataError(f"field '{unknown[0]}': unknown field (known: {', '.join(SCENARIO_FIELDS)})")
-            values = [data.typed_field(raw, key, str) for key in SCENARIO_FIELDS]
+            values = [dataset.typed_field(raw, key, str) for key in SCENARIO_FIELDS]
             if empty := [key for key, value in zip(SCENARIO_FIELDS, values) if not value.strip()]:
                 raise DataError(f"field '{empty[0]}': empty")
             if values[0] in ids:

@@ -44,6 +44,7 @@ from typing import Literal
 import torch
 
 import data
+import dataset
 import dialogue
 import rewards
 from config import ConfigError, MetricsWriter, parse_cli, print0, save_resolved_config
@@ -124,7 +125,7 @@ class GRPOConfig:
     updates: int = 723
     reward: rewards.RewardSpec = field(default_factory=rewards.RewardSpec)
     judge: JudgeConfig = field(default_factory=JudgeConfig)
-    curriculum: data.CurriculumConfig = field(default_factory=data.CurriculumConfig)
+    curriculum: dataset.CurriculumConfig = field(default_factory=dataset.CurriculumConfig)
     lora: LoraSettings = field(default_factory=LoraSettings)
     rollout: RolloutSettings = field(default_factory=RolloutSettings)
     filtering: FilterSettings = field(default_factory=FilterSettings)
@@ -277,10 +278,10 @@ def derived_seed(*parts) -> int:
 
 
 class PromptSource:
-    """The curriculum walked in order: segment after segment (data.curriculum), the last one repeated.
+    """The curriculum walked in order: segment after segment (dataset.curriculum), the last one repeated.
     `cursor` (segment, position) is the data position saved in checkpoints."""
 
-    def __init__(self, segments: list[data.Segment], cursor=(0, 0)):
+    def __init__(self, segments: list[dataset.Segment], cursor=(0, 0)):
         self.segments, self.cursor = segments, tuple(cursor)
 
     def take(self, n: int) -> list[tuple[data.Example, int]]:
@@ -680,7 +681,7 @@ def check_inputs(cfg: GRPOConfig, config_path: str) -> list[data.Example] | list
         if talk:
             examples += dialogue.load_scenarios(path)
             continue
-        loaded = data.load_jsonl(path)
+        loaded = dataset.load_jsonl(path)
         try:
             rewards.check_reward_data(cfg.reward, loaded)
         except data.DataError as e:
@@ -713,7 +714,8 @@ def train(cfg: GRPOConfig, examples: list[data.Example]) -> None:
     out = Path(cfg.output_dir)
     save_resolved_config(cfg, out)
     policy, tok = build_policy(cfg, where)
-    segments = [data.Segment("scenarios", examples)] if cfg.dialogue else data.curriculum(examples, cfg.curriculum)
+    segments = [dataset.Segment("scenarios", examples)] if cfg.dialogue else dataset.curriculum(examples,
+                                                                                                cfg.curriculum)
     source = PromptSource(segments)
     checkpoint = latest_checkpoint(out) if cfg.resume == "auto" else None
     start = 0

@@ -244,7 +244,7 @@ def demo_cfg(base, url, *overrides):
 
 
 def slots_of(cfg, names):
-    source = grpo.PromptSource([grpo.data.Segment("scenarios", [scenario(n) for n in names])])
+    source = grpo.PromptSource([grpo.dataset.Segment("scenarios", [scenario(n) for n in names])])
     return source, [grpo.Slot(i, ex, seg) for i, (ex, seg) in enumerate(source.take(len(names)))]
 
 

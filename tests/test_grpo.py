@@ -22,6 +22,7 @@ from safetensors.torch import load_file
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 import data
+import dataset
 import grpo
 import model as M
 import train as T
@@ -197,7 +198,7 @@ def scripted_filtering(monkeypatch, script, enabled=True):
     cfg = load_config(REPO / "configs" / "clue_qwen3_5_9b.yaml", ["rollout.group_size=2"], grpo.GRPOConfig)
     cfg.filtering.enabled = enabled
     examples = [data.Example(f"p{i}", "meld_emotion", [data.Turn("A", "hi")], 0, ["joy"]) for i in range(6)]
-    source = grpo.PromptSource([data.Segment("full", examples[:3]), data.Segment("mixed", examples[3:])])
+    source = grpo.PromptSource([dataset.Segment("full", examples[:3]), dataset.Segment("mixed", examples[3:])])
     seen: dict[str, int] = {}
 
     def fake_sample(policy, tok, batch, cfg, update, seed):
