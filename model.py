@@ -34,7 +34,6 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 SKIPPED = ("model.visual.", "mtp.")  # Qwen3.5's vision tower and multi-token-prediction head: not loaded
 ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
-TOKEN_ROWS = "token_rows.safetensors"  # trainable token rows, saved beside a LoRA adapter
 FINISHED_CHECK_EVERY = 8  # generate: decode steps between host reads (GPU syncs) of the live-row count
 
 
@@ -709,41 +708,46 @@ def merge_lora(model: Qwen) -> Qwen:
 
 
 def row_targets(model: Qwen) -> list[tuple[str, nn.Parameter]]:
-    """(base weight name, trainable rows) pairs, empty without trainable rows; token_rows.safetensors names
-    the rows by the weight's module (embed_tokens, lm_head)."""
+    """(base weight name, trainable rows) pairs, empty without trainable rows."""
     if model.row_ids is None:
         return []
     pairs = [("model.embed_tokens.weight", model.embed_rows)]
     return pairs if model.lm_head is None else pairs + [("lm_head.weight", model.head_rows)]
 
+
 def peft_name(model: Qwen, module_name: str) -> str:
     return f"base_model.model.{checkpoint_name(model.config, module_name)}"
 
 
+def peft_rows_name(model: Qwen, weight_name: str) -> str:
+    """PEFT's name for the trained rows of embed_tokens or lm_head: their values, not a difference, despite it."""
+    return f"{peft_name(model, weight_name.removesuffix('.weight'))}.token_adapter.trainable_tokens_delta"
+
+
 def save_adapter(model: Qwen, out_dir, base_model_name_or_path: str | None = None) -> None:
     """Write the LoRA factors as PEFT does (adapter_config.json + adapter_model.safetensors, names
-    `base_model.model.<module>.lora_A.weight`), so PEFT and vLLM load it unchanged; trainable token
-    rows go beside it in token_rows.safetensors (`token_ids`, `embed_tokens`, `lm_head`)."""
+    `base_model.model.<module>.lora_A.weight`), and token rows in PEFT's format: `trainable_token_indices`
+    {"embed_tokens": ids, "lm_head": ids} (tied: embed_tokens only), the rows under `peft_rows_name`."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     modules = lora_modules(model)
     if not modules:
         raise ValueError("save_adapter: the model has no LoRA parameters (call add_lora first)")
     tensors = {f"{peft_name(model, name)}.lora_{ab}.weight": getattr(m, f"lora_{ab}") for name, m in modules.items()
-               for ab in "AB"}
+               for ab in "AB"} | {peft_rows_name(model, name): rows for name, rows in row_targets(model)}
+    indices = {name.split(".")[-2]: model.row_ids.tolist() for name, _ in row_targets(model)} or None
     config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", **model.lora_settings, "bias": "none",
               "base_model_name_or_path": base_model_name_or_path, "fan_in_fan_out": False,
-              "inference_mode": True, "modules_to_save": None, "use_rslora": False, "use_dora": False}
+              "inference_mode": True, "modules_to_save": None, "use_rslora": False, "use_dora": False,
+              "trainable_token_indices": indices}
     atomic_write(out / ADAPTER_WEIGHTS, tensors)
     atomic_write(out / ADAPTER_CONFIG, json.dumps(config, indent=2) + "\n")
-    if model.row_ids is not None:
-        rows = {n.split(".")[-2]: r for n, r in row_targets(model)}
-        atomic_write(out / TOKEN_ROWS, {"token_ids": model.row_ids} | rows)
 
 
 def load_adapter(model: Qwen, path) -> Qwen:
-    """Load a PEFT LoRA adapter (ours or PEFT's) into `model`, adding LoRA first when absent, and
-    the token rows beside it when present. Any name or shape mismatch is an error naming both."""
+    """Load a PEFT LoRA adapter (ours or PEFT's) into `model`, adding LoRA first when absent, and its
+    trainable token rows when `trainable_token_indices` names some (the same ids for embed_tokens and, when
+    given, lm_head). Any name or shape mismatch is an error naming both."""
     path = Path(path)
     cfg_path, weights_path = path / ADAPTER_CONFIG, path / ADAPTER_WEIGHTS
     cfg = read_json(cfg_path)
@@ -754,18 +758,23 @@ def load_adapter(model: Qwen, path) -> Qwen:
     targets = cfg.get("target_modules")
     if not isinstance(targets, list) or not all(isinstance(t, str) for t in targets):
         raise CheckpointError(f"{cfg_path}: field 'target_modules' must be a list of module names, got {targets!r}")
+    indices = cfg.get("trainable_token_indices")
+    indices = {"embed_tokens": indices} if isinstance(indices, list) else indices
+    if indices is not None and not (isinstance(indices, dict) and set(indices) <= {"embed_tokens", "lm_head"} and all(
+            isinstance(v, list) and all(type(i) is int for i in v) and v == indices.get("embed_tokens")
+            for v in indices.values())):
+        raise CheckpointError(f"{cfg_path}: field 'trainable_token_indices' must be token ids, or the same ids for "
+                              f"embed_tokens and lm_head, got {indices!r}")
     if not lora_modules(model):
         add_lora(model, _int(cfg, "r", str(cfg_path)), cfg.get("lora_alpha", 8), cfg.get("lora_dropout", 0.0), targets)
-    copy_tensors(weights_path, {f"{peft_name(model, name)}.lora_{ab}.weight": getattr(m, f"lora_{ab}")
-                                for name, m in lora_modules(model).items() for ab in "AB"})
-    if (rows_path := path / TOKEN_ROWS).is_file():
-        with open_safetensors(rows_path) as f:
-            ids = f.get_tensor("token_ids").tolist() if "token_ids" in f.keys() else []
+    if indices:
         try:
-            train_token_rows(model, ids)
-        except ValueError as e:
-            raise CheckpointError(f"{rows_path}: tensor 'token_ids': {e}") from None
-        copy_tensors(rows_path, {"token_ids": model.row_ids} | {n.split(".")[-2]: r for n, r in row_targets(model)})
+            train_token_rows(model, indices["embed_tokens"])
+        except (ValueError, TypeError) as e:
+            raise CheckpointError(f"{cfg_path}: field 'trainable_token_indices': {e}") from None
+    copy_tensors(weights_path, {f"{peft_name(model, name)}.lora_{ab}.weight": getattr(m, f"lora_{ab}")
+                                for name, m in lora_modules(model).items() for ab in "AB"} |
+                 {peft_rows_name(model, n): r for n, r in row_targets(model) if n.split(".")[-2] in (indices or ())})
     return model
 
 
@@ -784,10 +793,8 @@ def copy_tensors(file: Path, expected: dict[str, torch.Tensor]) -> None:
 
 
 def atomic_write(path, data: str | bytes | dict, metadata: dict[str, str] | None = None) -> None:
-    """Text, bytes, or a dict of tensors (as safetensors, with `metadata`), written to `.<name>.tmp` beside
-    `path`, then renamed into place: a reader never sees a partial file. The file gets the permissions the
-    umask gives, as any other output (safetensors' own save_file makes 0600 files, and a kill leaves its
-    `.tmpXXXXXX` behind). A killed write's temporary is overwritten by the next write of the same file."""
+    """Text, bytes or tensors (safetensors) to `.<name>.tmp` beside `path`, renamed into place, with the umask's
+    permissions (safetensors' save_file makes 0600 files and leaves `.tmpXXXXXX` behind when killed)."""
     path = Path(path)
     if isinstance(data, dict):
         data = save_tensors({k: v.detach().contiguous().cpu() for k, v in data.items()},
@@ -804,8 +811,7 @@ def atomic_write(path, data: str | bytes | dict, metadata: dict[str, str] | None
 
 def staging_folder(final, clear: bool = True) -> Path:
     """Where the result folder `final` is built before `publish_folder` swaps it in: `.<name>.tmp` beside it,
-    never inside it (a folder read as a result holds only the result). `clear` empties it first: a killed run
-    may have left one."""
+    never inside it. `clear` empties it first (a killed run may have left one)."""
     staging = Path(final).with_name(f".{Path(final).name}.tmp")
     if clear:
         shutil.rmtree(staging, ignore_errors=True)

@@ -378,9 +378,11 @@ def heldout_macro_f1(model: Qwen, tok: QwenTokenizer, heldout: list[Row], cfg: S
 # ----------------------------------------------------------------------------- training
 
 
-def _save_best(model: Qwen, out: Path) -> None:
+def _save_best(model: Qwen, tok: QwenTokenizer, out: Path) -> None:
+    """best/: the adapter with its <evidence> rows (PEFT format) and the tokenizer that holds the tags."""
     with atomic_folder(out / "best") as tmp:
         save_adapter(model, tmp)
+        tok.save(tmp)
 
 
 def _dtype(cfg: SFTConfig, device: torch.device) -> str:
@@ -471,7 +473,7 @@ def train(cfg: SFTConfig) -> Path:
                 return out
     if where.main:
         if not heldout:
-            _save_best(model, out)
+            _save_best(model, tok, out)
         if cfg.save_merged:
             with atomic_folder(out / "merged") as tmp:
                 save_merged(load_adapter(model, out / "best"), tok, tmp)
@@ -492,7 +494,7 @@ def _select(model, tok, heldout, cfg, where, step: int, state: dict, metrics) ->
         state["best"] = {"step": step, "mean_macro_f1": mean}
     if where.main:
         if better:
-            _save_best(model, Path(cfg.output_dir))
+            _save_best(model, tok, Path(cfg.output_dir))
         table = {"best_step": state["best"]["step"], "steps": state["selection"]}
         atomic_write_text(Path(cfg.output_dir) / "selection.json", json.dumps(table, indent=1) + "\n")
     shown = ", ".join(f"{t} {f:.4f}" for t, f in scores.items())

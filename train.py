@@ -6,7 +6,7 @@ Ctrl-C / SIGTERM, and the rank-0 progress line.
 A checkpoint is a folder `ckpt-<step>` inside the run's output_dir, written under a temporary name
 and renamed when complete (a folder named `ckpt-*` is always whole):
 
-    adapter_config.json, adapter_model.safetensors, token_rows.safetensors   model.save_adapter
+    adapter_config.json, adapter_model.safetensors   model.save_adapter (LoRA and token rows, PEFT format)
     optimizer.safetensors     AdamW state, one tensor per `<parameter index>.<name>`
     rng-rank<r>.safetensors   rank r's torch (and CUDA) generator state; its Python state as metadata
     state.json                step, world size, optimizer hyperparameters, the trainer's own state

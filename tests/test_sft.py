@@ -243,8 +243,10 @@ def test_one_step_changes_only_lora_and_the_two_rows_at_ten_times_the_lr_without
     base, merged = tensors(checkpoint / "model.safetensors"), {}
     for shard in (run / "merged").glob("*.safetensors"):
         merged |= tensors(shard)
-    rows = tensors(ckpt / "token_rows.safetensors")
-    tags = rows["token_ids"].tolist()
+    adapter = tensors(ckpt / "adapter_model.safetensors")
+    tags = json.loads((ckpt / "adapter_config.json").read_text())["trainable_token_indices"]["embed_tokens"]
+    rows = {key: adapter[f"base_model.model.{key}.token_adapter.trainable_tokens_delta"]
+            for key in ("model.embed_tokens", "lm_head")}
     lora_targets = tuple(f"{t}.weight" for t in M.LORA_TARGETS)
     for name, weight in base.items():
         if name.endswith(lora_targets):
@@ -262,7 +264,7 @@ def test_one_step_changes_only_lora_and_the_two_rows_at_ten_times_the_lr_without
     assert (lora_group["lr"], lora_group["weight_decay"]) == (pytest.approx(1e-3), 0.5)
     assert (row_group["lr"], row_group["weight_decay"]) == (pytest.approx(1e-2), 0.0)
     tok = M.load_tokenizer(checkpoint)
-    for key, index, table in (("embed_tokens", row_group["params"][0], "model.embed_tokens.weight"),
+    for key, index, table in (("model.embed_tokens", row_group["params"][0], "model.embed_tokens.weight"),
                               ("lm_head", row_group["params"][1], "lm_head.weight")):
         initial = base[table][:len(tok)].mean(0)  # add_special_tokens starts new rows at the mean row
         g = opt[f"{index}.exp_avg"] / (1 - 0.9)
@@ -306,12 +308,31 @@ def test_a_run_killed_after_step_k_resumes_bitwise_equal(checkpoint, tmp_path):
     assert code == -signal.SIGKILL and 3 <= int(T.latest_checkpoint(killed).name[5:]) < 40
     assert run("killed")[0] == 0  # resume=auto
     whole = tmp_path / "whole" / "run"
-    for file in ("adapter_model.safetensors", "token_rows.safetensors", "optimizer.safetensors"):
+    for file in ("adapter_model.safetensors", "optimizer.safetensors"):  # the LoRA and the <evidence> rows; AdamW
         a, b = tensors(whole / "ckpt-000040" / file), tensors(killed / "ckpt-000040" / file)
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), file
     drop = ("tokens_per_s", "elapsed_s")
     assert [{k: v for k, v in m.items() if k not in drop} for m in metrics(whole)] == \
         [{k: v for k, v in m.items() if k not in drop} for m in metrics(killed)]  # no step logged twice
+
+
+def test_best_loads_in_peft_as_is_with_the_trained_evidence_rows(checkpoint, tmp_path):
+    """PEFT's PeftModel.from_pretrained(base, "best") applies the LoRA and the trained <evidence> rows: on a
+    row holding evidence tokens its logits equal ours (trained rows moved by 10 x lr, far beyond the tolerance)."""
+    peft = pytest.importorskip("peft")
+    transformers = pytest.importorskip("transformers")
+    run = sft.train(config(checkpoint, tmp_path, epochs=3, lr=5e-2))
+    ours = M.load_adapter(M.Qwen.from_pretrained(checkpoint, dtype="float32"), run / "best")
+    tok = M.load_tokenizer(run / "best")  # best/ carries the tokenizer with the added tags
+    row = tok.encode("Bo says <evidence> I failed the exam again </evidence> so Bo is sad .")
+    evidence = [tok.encode(t, special_tokens=True)[0] for t in ("<evidence>", "</evidence>")]
+    assert set(evidence) <= set(row) and ours.row_ids.tolist() == evidence
+    base = transformers.AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
+    theirs = peft.PeftModel.from_pretrained(base, run / "best").eval()
+    x = torch.tensor([row])
+    with torch.no_grad():
+        assert (ours.embed_rows - ours.model.embed_tokens.weight[ours.row_ids]).abs().max() > 0.05  # trained
+        torch.testing.assert_close(theirs(x).logits, ours(x), rtol=1e-5, atol=1e-5)
 
 
 def test_selection_keeps_the_adapter_with_the_best_mean_macro_f1(checkpoint, tmp_path, monkeypatch, capsys,
