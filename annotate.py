@@ -30,7 +30,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse, urlsplit
 
-from config import ConfigError, atomic_write_text, load_config
+from config import ConfigError, atomic_write_text, excerpt, load_config
 from data import DataError, parse_answer, split_blocks, split_completion, task_brief, visible_turns
 from dataset import example_from_json, example_to_json
 from evaluate import (COMPLETIONS, EVAL_JSON, EvalConfig, EvalError, alignment_f1, load_set, matched_lines, mean_sd,
@@ -68,7 +68,8 @@ def make_pairs(run_dirs: list, n: int, seed: int = 0) -> list[dict]:
         name = json.loads((d / EVAL_JSON).read_text(encoding="utf-8"))["name"] if (d / EVAL_JSON).exists() else d.name
         runs.append((name, cfg, {(r["set"], r["id"]): r for r in read_jsonl(d / COMPLETIONS) if r["sample"] == 0}))
     if len({name for name, _, _ in runs}) != 2:
-        raise EvalError(f"pairs: two runs of differently named models expected, got {[name for name, _, _ in runs]}")
+        names = [name for name, _, _ in runs]
+        raise EvalError(f"pairs: two runs of differently named models expected, got {excerpt(names)}")
     rng = random.Random(seed)
     by_set = []
     for s in (s for s in runs[0][1].sets if s.domain is not None):
@@ -272,7 +273,7 @@ class _Handler(BaseHTTPRequestHandler):
         if not lengths:
             return 411, "the body needs a Content-Length"
         if not (lengths[0].isascii() and lengths[0].isdigit()):
-            return 400, f"Content-Length must be a number of bytes, got {lengths[0][:20]!r}"
+            return 400, f"Content-Length must be a number of bytes, got {excerpt(lengths[0])}"
         if int(lengths[0]) > MAX_EVENT_BYTES:
             return 413, f"an event is at most {MAX_EVENT_BYTES} bytes, this body has {int(lengths[0])}"
         if self.headers.get_content_type() != "application/json":

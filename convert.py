@@ -18,6 +18,7 @@ import re
 import sys
 from pathlib import Path
 
+from config import excerpt
 from data import TASKS, DataError, Example, Turn
 from dataset import load_jsonl, parse_json, read_data_text, read_jsonl, save_jsonl, turn_from_json, typed_field
 
@@ -73,7 +74,7 @@ def _lf(cell: str) -> str:
 def _label(task: str, raw: str, where: str) -> str:
     label = TASKS[task].canonical(raw)
     if label is None:
-        raise DataError(f"{where}: {raw!r} is not a label of {task}")
+        raise DataError(f"{where}: {excerpt(raw)} is not a label of {task}")
     return label
 
 
@@ -173,7 +174,7 @@ def convert_tombench(path) -> list[Example]:
                         text = str(item[option.format(letter)]).strip()
                         options.append(re.sub(rf"^{letter}\s*[.:：．、)]\s*", "", text))
                     if answer not in "ABCD"[: len(options)] or not answer:
-                        raise DataError(f"{where}: field 'ANSWER': {item.get('ANSWER')!r} is not one of the "
+                        raise DataError(f"{where}: field 'ANSWER': {excerpt(item.get('ANSWER'))} is not one of the "
                                         f"{len(options)} options ({language})")
                     ability = item.get("ABILITY") if _present(item.get("ABILITY")) else None
                     examples.append(Example(
@@ -318,7 +319,7 @@ def convert_mmlu(path) -> list[Example]:
                 answer, choices = _object(record, where)["answer"], list(record["choices"])
                 letter = "ABCD"[answer] if isinstance(answer, int) and 0 <= answer < 4 else str(answer).strip().upper()
                 if letter not in "ABCD"[: len(choices)] or not letter:
-                    raise DataError(f"{where}: field 'answer': {answer!r} is not one of {len(choices)} choices")
+                    raise DataError(f"{where}: field 'answer': {excerpt(answer)} is not one of {len(choices)} choices")
                 subject = record.get("subject") or file.stem
                 examples.append(Example(f"mmlu-{file.stem}-{n}", "mmlu", [], None, [letter],
                                         meta={"question": record["question"], "options": choices, "subject": subject}))
@@ -338,7 +339,7 @@ def stratified_sample(examples: list[Example], per_label: int, seed: int = 0) ->
 def convert(fmt: str, source, text: str | None = None) -> list[Example]:
     """Convert `source` from one of CONVERTERS' formats (`ccu` also needs the conversation `text`)."""
     if fmt not in CONVERTERS:
-        raise DataError(f"unknown format {fmt!r} (known: {', '.join(CONVERTERS)})")
+        raise DataError(f"unknown format {excerpt(fmt)} (known: {', '.join(CONVERTERS)})")
     if (fmt == "ccu") != (text is not None):
         raise DataError("--text (the conversation JSONL) is needed for, and only for, the ccu format")
     with _record(str(source)):
@@ -366,7 +367,7 @@ def _positive_int(text: str) -> int:
     except ValueError:
         value = 0
     if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {excerpt(text)}")
     return value
 
 
@@ -387,7 +388,7 @@ def main(argv=None) -> None:
         if args.task:
             unknown = set(args.task) - set(TASKS)
             if unknown:
-                raise DataError(f"--task: unknown task {sorted(unknown)[0]!r} (known: {', '.join(TASKS)})")
+                raise DataError(f"--task: unknown task {excerpt(sorted(unknown)[0])} (known: {', '.join(TASKS)})")
             examples = [e for e in examples if e.task in args.task]
             if not examples:
                 raise DataError(f"{args.input}: no examples of task {', '.join(args.task)}")

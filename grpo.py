@@ -45,7 +45,7 @@ import data
 import dataset
 import dialogue
 import rewards
-from config import ConfigError, MetricsWriter, parse_cli, print0, save_resolved_config
+from config import ConfigError, MetricsWriter, excerpt, parse_cli, print0, save_resolved_config
 from groups import Group, Sample, Slot
 from judge import JudgeConfig, JudgeError
 from model import (LORA_TARGETS, Qwen, add_lora, add_special_tokens, atomic_folder, generate, load_adapter,
@@ -189,7 +189,7 @@ def grpo_loss(logp, logp_old, logp_ref, advantages, mask, clip_low=0.2, clip_hig
         total = (per_token * mask).sum()
         count = mask.sum()
     else:
-        raise ValueError(f"grpo_loss: unknown agg {agg!r} (seq-mean-token-mean, token-mean)")
+        raise ValueError(f"grpo_loss: unknown agg {excerpt(agg)} (seq-mean-token-mean, token-mean)")
     loss = total / (count if normalizer is None else normalizer)
     with torch.no_grad():
         stats = {"tokens": mask.sum(), "kl": (kl * mask).sum(),
@@ -624,14 +624,15 @@ def check_inputs(cfg: GRPOConfig, config_path: str) -> list[data.Example] | list
 
     dialogue_cfg = cfg.dialogue
     if cfg.reward.name not in rewards.REWARDS:
-        raise bad("reward.name", f"unknown reward {cfg.reward.name!r} (known: {', '.join(sorted(rewards.REWARDS))})")
+        known = ", ".join(sorted(rewards.REWARDS))
+        raise bad("reward.name", f"unknown reward {excerpt(cfg.reward.name)} (known: {known})")
     if (dialogue_cfg is not None) != (cfg.reward.name in dialogue.GROUPING):
         raise bad("dialogue", f"rewards {', '.join(dialogue.GROUPING)} train on role-played dialogues: they, and only "
                               f"they, need a 'dialogue' section (reward: {cfg.reward.name})")
     unknown = sorted(set(cfg.reward.params) - set(rewards.REWARDS[cfg.reward.name].defaults))
     if unknown:
         known = ", ".join(sorted(rewards.REWARDS[cfg.reward.name].defaults)) or "none"
-        raise bad(f"reward.params.{unknown[0]}", f"not a setting of reward {cfg.reward.name!r} (known: {known})")
+        raise bad(f"reward.params.{unknown[0]}", f"not a setting of reward {excerpt(cfg.reward.name)} (known: {known})")
     rollout = cfg.rollout
     loss = cfg.loss
     for key, value, low in (("rollout.group_size", rollout.group_size, 2), ("updates", cfg.updates, 1),
@@ -663,17 +664,15 @@ def check_inputs(cfg: GRPOConfig, config_path: str) -> list[data.Example] | list
     for path in cfg.train_data:
         if not Path(path).is_file():
             raise bad("train_data", f"{path}: file not found")
-        if dialogue_cfg:
-            examples += dialogue.load_scenarios(path)
-            continue
-        loaded = dataset.load_jsonl(path)
+        loaded = dialogue.load_scenarios(path) if dialogue_cfg else dataset.load_jsonl(path)
+        if not loaded:
+            raise bad("train_data", f"{path}: no examples (the file is empty)")
         try:
-            rewards.check_reward_data(cfg.reward, loaded)
+            if not dialogue_cfg:
+                rewards.check_reward_data(cfg.reward, loaded)
         except data.DataError as e:
             raise data.DataError(f"{path}: {e}") from None
         examples += loaded
-    if not examples:
-        raise bad("train_data", "the data files hold no examples")
     return examples
 
 

@@ -31,6 +31,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 
 import verifier
+from config import excerpt
 from data import split_blocks
 from dialogue import (ARG_SECTIONS, EMOTIONAL_STATE_SYSTEM, TURN_QUALITY_SYSTEM, TURN_SCORES_SYSTEM,
                       USER_SIMULATOR_SYSTEM, user_ends_dialogue)
@@ -260,7 +261,7 @@ def sampling_settings(request: dict[str, Any]) -> dict[str, Any]:
     for key, (default, valid, expected) in _SAMPLING_FIELDS.items():
         value = default if request.get(key) is None else request[key]
         if not valid(value):
-            raise UnsupportedRequest(f"field '{key}' must be {expected}, got {value!r}")
+            raise UnsupportedRequest(f"field '{key}' must be {expected}, got {excerpt(value)}")
         settings[key] = value
     return settings
 
@@ -280,7 +281,7 @@ class ModelBackend:
     def __call__(self, messages: list[dict[str, str]], params: dict[str, Any]) -> str:
         settings = sampling_settings(params)
         if roles := [m["role"] for m in messages if m["role"] not in _ROLES]:
-            raise UnsupportedRequest(f"unknown role {roles[0]!r} (known: {', '.join(_ROLES)})")
+            raise UnsupportedRequest(f"unknown role {excerpt(roles[0])} (known: {', '.join(_ROLES)})")
         thinking = (params.get("chat_template_kwargs") or {}).get("enable_thinking")
         if self.tok.family == "qwen2":  # no thinking switch in its template, as vLLM ignores it there
             thinking = None
@@ -442,7 +443,7 @@ class _Handler(BaseHTTPRequestHandler):
         length = self.headers.get("Content-Length", "0")
         if "Transfer-Encoding" in self.headers or not re.fullmatch(r"[0-9]{1,18}", length):
             self.close_connection = True
-            return self._error(400, f"expected a body with a Content-Length of 0 or more bytes, got {length[:40]!r}")
+            return self._error(400, f"expected a body with a Content-Length of 0 or more bytes, got {excerpt(length)}")
         if int(length) > 64 * 2 ** 20:
             self.close_connection = True
             return self._error(413, "request body over 64 MiB")
@@ -514,7 +515,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--hang", type=float, default=30.0, help="seconds a 'hang' action waits before answering")
     parser.add_argument("--seed", type=int, default=0, help="seed of the injected failures")
     parser.add_argument("--verbose", action="store_true",
-                        help="log one line per request to stderr: method, path, status, milliseconds (no headers, bodies)")
+                        help="one line per request to stderr: method, path, status, milliseconds (no headers, bodies)")
     args = parser.parse_args(argv)
     script = tuple(a for a in args.script.split(",") if a)
     if unknown := [a for a in script if a not in FAULT_ACTIONS]:

@@ -1,8 +1,8 @@
 """Qwen2/2.5, Qwen3 (dense) and Qwen3.5 (hybrid Gated DeltaNet + gated attention) in plain PyTorch: config, forward,
 safetensors loading, LoRA (inject, disable, merge, PEFT-format save/load), trainable special-token rows, a
 preallocated generation cache, batched sampling and chunked token log-probabilities. The tokenizer and ChatML live in
-tokenizer.py (re-exported here: `from model import load_tokenizer`), the one project module imported; flash-attn and
-flash-linear-attention are optional CUDA-only speed-ups, the plain PyTorch path is the reference.
+tokenizer.py (re-exported here: `from model import load_tokenizer`); config's `excerpt` is the only other project
+import; flash-attn and flash-linear-attention are optional CUDA-only speed-ups, the plain PyTorch path is the reference.
 
 Batches of different-length sequences: pad on the RIGHT. Every layer is causal (attention, the causal conv and the
 delta-rule recurrence), so a real token never sees the padding after it and its logits are those of the unpadded
@@ -28,6 +28,7 @@ from tokenizers import AddedToken
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from config import excerpt
 from tokenizer import CheckpointError, QwenTokenizer, load_tokenizer, read_json  # load_tokenizer: re-exported
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -83,13 +84,13 @@ class QwenConfig:
             src = f"{src}: text_config"
         family = {"qwen3_5_text": "qwen3_5"}.get(family, family)
         if family not in ("qwen2", "qwen3", "qwen3_5"):
-            raise CheckpointError(f"{src}: field 'model_type' = {raw.get('model_type')!r} is not supported "
+            raise CheckpointError(f"{src}: field 'model_type' = {excerpt(raw.get('model_type'))} is not supported "
                                   f"(qwen2, qwen3, qwen3_5, qwen3_5_text)")
         if text.get("hidden_act", "silu") != "silu":
-            raise CheckpointError(f"{src}: field 'hidden_act' = {text['hidden_act']!r} is not supported (silu)")
+            raise CheckpointError(f"{src}: field 'hidden_act' = {excerpt(text['hidden_act'])} is not supported (silu)")
         for key in ("use_sliding_window", "quantization_config"):
-            if text.get(key) or raw.get(key):
-                raise CheckpointError(f"{src}: field '{key}' = {text.get(key) or raw.get(key)!r} is not supported")
+            if value := text.get(key) or raw.get(key):
+                raise CheckpointError(f"{src}: field '{key}' = {excerpt(value)} is not supported")
         hidden, heads = _int(text, "hidden_size", src), _int(text, "num_attention_heads", src)
         layers = _int(text, "num_hidden_layers", src)
         head_dim = hidden // heads if family == "qwen2" else _int(text, "head_dim", src)
@@ -105,7 +106,7 @@ class QwenConfig:
                 ("linear_v_heads", "linear_num_value_heads"), ("linear_k_dim", "linear_key_head_dim"),
                 ("linear_v_dim", "linear_value_head_dim"))}
         if len(types) != layers or set(types) - {"full_attention", "linear_attention"}:
-            raise CheckpointError(f"{src}: field 'layer_types' = {types!r} needs {layers} entries of "
+            raise CheckpointError(f"{src}: field 'layer_types' = {excerpt(types)} needs {layers} entries of "
                                   f"full_attention / linear_attention")
         return cls(
             family=family, vocab_size=_int(text, "vocab_size", src), hidden_size=hidden,
@@ -130,7 +131,7 @@ def _int(raw: dict, key: str, src: str) -> int:
     if key not in raw:
         raise CheckpointError(f"{src}: missing field '{key}'")
     if not isinstance(raw[key], int) or isinstance(raw[key], bool) or raw[key] <= 0:
-        raise CheckpointError(f"{src}: field '{key}' must be a positive integer, got {raw[key]!r}")
+        raise CheckpointError(f"{src}: field '{key}' must be a positive integer, got {excerpt(raw[key])}")
     return raw[key]
 
 
@@ -140,7 +141,7 @@ def _rope(raw: dict, src: str, default_partial: float) -> tuple[float, float]:
     params = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
     rope_type = params.get("rope_type", params.get("type", "default"))
     if rope_type != "default":
-        raise CheckpointError(f"{src}: field 'rope_parameters.rope_type' = {rope_type!r} is not supported (default)")
+        raise CheckpointError(f"{src}: field 'rope_parameters.rope_type' = {excerpt(rope_type)} is not 'default'")
     theta = params.get("rope_theta", raw.get("rope_theta"))
     if theta is None:
         raise CheckpointError(f"{src}: missing field 'rope_theta'")
@@ -151,7 +152,7 @@ def parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
     if dtype is None or isinstance(dtype, torch.dtype):
         return dtype
     if dtype not in DTYPES:
-        raise ValueError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+        raise ValueError(f"dtype {excerpt(dtype)} is not one of {', '.join(DTYPES)}")
     return DTYPES[dtype]
 
 
@@ -624,7 +625,7 @@ def checkpoint_files(path: Path) -> dict[Path, list[str]]:
         files: dict[Path, list[str]] = {}
         for name, file in weight_map.items():
             if not isinstance(file, str) or not any((path / file).resolve().is_relative_to(d) for d in inside):
-                raise CheckpointError(f"{index}: field 'weight_map.{name}' = {file!r} is not a file in {path}")
+                raise CheckpointError(f"{index}: field 'weight_map.{name}' = {excerpt(file)} is not a file in {path}")
             files.setdefault(path / file, []).append(name)
     elif (path / "model.safetensors").is_file():
         files = {path / "model.safetensors": None}
@@ -754,17 +755,17 @@ def load_adapter(model: Qwen, path) -> Qwen:
     for key, allowed in (("peft_type", ("LORA",)), ("bias", ("none",)), ("use_dora", (False,)),
                          ("use_rslora", (False,)), ("modules_to_save", (None,))):
         if cfg.get(key, allowed[0]) not in allowed:
-            raise CheckpointError(f"{cfg_path}: field '{key}' = {cfg[key]!r} is not supported")
+            raise CheckpointError(f"{cfg_path}: field '{key}' = {excerpt(cfg[key])} is not supported")
     targets = cfg.get("target_modules")
     if not isinstance(targets, list) or not all(isinstance(t, str) for t in targets):
-        raise CheckpointError(f"{cfg_path}: field 'target_modules' must be a list of module names, got {targets!r}")
+        raise CheckpointError(f"{cfg_path}: field 'target_modules' must be a list of names, got {excerpt(targets)}")
     indices = cfg.get("trainable_token_indices")
     indices = {"embed_tokens": indices} if isinstance(indices, list) else indices
     if indices is not None and not (isinstance(indices, dict) and set(indices) <= {"embed_tokens", "lm_head"} and all(
             isinstance(v, list) and all(type(i) is int for i in v) and v == indices.get("embed_tokens")
             for v in indices.values())):
         raise CheckpointError(f"{cfg_path}: field 'trainable_token_indices' must be token ids, or the same ids for "
-                              f"embed_tokens and lm_head, got {indices!r}")
+                              f"embed_tokens and lm_head, got {excerpt(indices)}")
     if not lora_modules(model):
         add_lora(model, _int(cfg, "r", str(cfg_path)), cfg.get("lora_alpha", 8), cfg.get("lora_dropout", 0.0), targets)
     if indices:
@@ -826,8 +827,7 @@ def publish_folder(staging: Path, final) -> None:
 
 @contextlib.contextmanager
 def atomic_folder(final):
-    """`with atomic_folder(out / "adapter") as tmp: save_adapter(model, tmp)`: the folder appears whole or
-    not at all (an error removes the staging folder; a kill leaves it for the next save to clear)."""
+    """`with atomic_folder(out / "adapter") as tmp: save_adapter(model, tmp)`: the folder appears whole or never."""
     staging = staging_folder(final)
     try:
         yield staging

@@ -44,7 +44,7 @@ from typing import Literal
 
 import torch
 
-from config import ConfigError, MetricsWriter, atomic_write_text, parse_cli, print0, save_resolved_config
+from config import ConfigError, MetricsWriter, atomic_write_text, excerpt, parse_cli, print0, save_resolved_config
 from data import THINK_END, THINK_START, DataError, Example, get_task, parse_answer, split_completion, visible_turns
 from dataset import example_from_json, example_to_json, load_jsonl, read_jsonl, typed_field
 from evaluate import SamplingConfig, f1_scores, sample_completions
@@ -190,7 +190,8 @@ def row_from_json(raw) -> Row:
         labels = [task.canonical(x) if isinstance(x, str) else None for x in given]
         if not labels or None in labels:
             bad = given[labels.index(None)] if labels else "[]"
-            raise DataError(f"field 'labels': {bad!r} is not a label of {task.name} (labels: {', '.join(task.labels)})")
+            raise DataError(f"field 'labels': {excerpt(bad)} is not a label of {task.name} "
+                            f"(labels: {', '.join(task.labels)})")
         row = Row(typed_field(raw, "id", str), task.name, prompt, completion, labels)
     answer = row.answer(completion)
     if answer is None or set(answer) != set(row.labels):
@@ -304,7 +305,7 @@ def encode_row(tok: QwenTokenizer, row: Row, cfg: SFTConfig) -> tuple[list[int],
     try:
         weights = completion_weights(len(prompt), is_label + [False], cfg.label_share, cfg.other_share)
     except ValueError:
-        raise DataError(f"row {row.id!r}: the label tokens of its answer line cannot be located") from None
+        raise DataError(f"row {excerpt(row.id)}: the label tokens of its answer line cannot be located") from None
     return prompt + ids + [tok.token_id("<|im_end|>")], weights
 
 

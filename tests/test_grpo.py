@@ -518,7 +518,14 @@ def test_bad_inputs_stop_before_any_model_loads(tmp_path, assets, monkeypatch, c
     bad_data = tmp_path / "bad.jsonl"
     bad_data.write_text(assets[1].read_text() + '{"id": "x", "task": "meld_emotion", "turns": [], "target": 0, '
                                                 '"labels": ["happy"]}\n')
+    huge = tmp_path / "huge.jsonl"  # one label of 50 MiB: the error quotes an excerpt, never the value
+    huge.write_text(json.dumps({"id": "x", "task": "meld_emotion", "turns": [{"speaker": "A", "text": "hi"}],
+                                "target": 0, "labels": ["a" * 52_428_800]}) + "\n")
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
     cases = [({"train_data": [str(bad_data)]}, f"{bad_data}:5: field 'target'"),
+             ({"train_data": [str(huge)]}, f"{huge}:1: field 'labels': '{'a' * 120}...' (52,428,800 characters) is"),
+             ({"train_data": [str(assets[1]), str(empty)]}, f"'train_data': {empty}: no examples (the file is empty)"),
              ({"reward.name": "clu"}, "'reward.name': unknown reward 'clu'"),
              ({"reward.params": {"lambda": 1.0}}, "'reward.params.lambda': not a setting of reward 'clue'"),
              ({"rollout.group_size": 1}, "'rollout.group_size': must be at least 2"),
@@ -529,7 +536,7 @@ def test_bad_inputs_stop_before_any_model_loads(tmp_path, assets, monkeypatch, c
             grpo.main([str(run_config(tmp_path, assets, "http://127.0.0.1:9/v1", **overrides))])
         assert stop.value.code == 2
         err = capsys.readouterr().err.strip()
-        assert len(err.splitlines()) == 1 and message in err, err
+        assert len(err.splitlines()) == 1 and message in err and len(err) < 500, err[:1000]
 
 
 def test_a_learnable_reward_rises(tmp_path):
