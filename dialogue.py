@@ -781,3 +781,6 @@ def main(argv: list[str]) -> None:
     except (DataError, evaluate.EvalError, JudgeError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(1) from None
+
+
+evaluate.COMMANDS["dialogue"] = lambda argv: main(argv[1:])  # `python evaluate.py dialogue config.yaml ...`
