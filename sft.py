@@ -122,6 +122,7 @@ class SFTConfig:
     betas: tuple[float, float] = (0.9, 0.999)  # A.1 names none for SFT: AdamW's defaults
     row_lr_scale: float = 10.0  # the <evidence> rows: 10x the LR, no weight decay
     warmup_fraction: float = 0.01
+    warmup_steps: int | None = None  # a warm-up of this many steps instead of warmup_fraction
     epochs: int = 2
     batch_size: int = 1  # examples per device per micro-batch
     grad_accum: int = 4
@@ -520,7 +521,7 @@ def train(cfg: SFTConfig) -> Path:
     model.train()
     with MetricsWriter(out / "metrics.jsonl") as metrics, StopRequest() as stop:
         for step in range(first, total):
-            lr = linear_warmup_decay(step, total, cfg.lr, cfg.warmup_fraction)
+            lr = linear_warmup_decay(step, total, cfg.lr, cfg.warmup_fraction, cfg.warmup_steps)
             set_lr(optimizer, lr)
             update = update_rows(len(samples), step, group, cfg.seed)
             mine = update[where.rank::where.world_size]
