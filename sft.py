@@ -1,7 +1,8 @@
 """Stage 1 (CLUE A.1): supervised fine-tuning on reasoning traces that quote their evidence, and the
 preparation of those traces; also free-form targets and plain text (`objective`, below).
 
-    python sft.py prepare config.yaml [key=value ...]   # sample traces, refine them with a teacher
+    python sft.py prepare config.yaml [key=value ...]   # sample traces, refine them with a teacher (with an
+                                                        # `emollm:` section: EmoLLM's Stage I rows, emollm_data.py)
     python sft.py config.yaml [key=value ...]           # train; the same under torchrun
 
 Data (`data` in the config), one JSON object per line, in either of two shapes:
@@ -42,6 +43,7 @@ off), selection.json (step -> per-task macro F1), merged/ with save_merged=true.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import random
@@ -57,6 +59,7 @@ import torch
 from config import ConfigError, MetricsWriter, atomic_write_text, parse_cli, print0, save_resolved_config
 from data import (THINK_END, THINK_START, DataError, Example, example_from_json, example_to_json, get_task,
                   load_jsonl, parse_answer, read_jsonl, split_completion, typed_field, visible_turns)
+from emollm_data import EmoLLMData, prepare as prepare_emollm_rows
 from evaluate import SamplingConfig, f1_scores, sample_completions
 from judge import (_DATA_NOTICE, JudgeCall, JudgeConfig, JudgeError, _messages, _section, _strict_json_object,
                    chat_many)
@@ -142,6 +145,7 @@ class SFTConfig:
     resume: Literal["auto", "none"] = "auto"  # auto: continue from the newest complete checkpoint
     save_merged: bool = False  # also write merged/, a full checkpoint with the adapter folded in
     prepare: PrepareConfig | None = None
+    emollm: EmoLLMData | None = None  # `prepare` builds EmoLLM's Stage I rows instead (emollm_data.py)
 
 
 # ----------------------------------------------------------------------------- rows
@@ -226,8 +230,7 @@ def text_row_from_json(raw, objective: str) -> TextRow:
         raise DataError(f"expected a JSON object, got {type(raw).__name__}")
     key = "target" if objective == "target" else "text"
     fields = {"id", key, "meta"} | ({"prompt"} if objective == "target" else set())
-    unknown = sorted(set(raw) - fields)
-    if unknown:
+    if unknown := sorted(set(raw) - fields):
         raise DataError(f"field '{unknown[0]}': unknown field (a {objective} row has {', '.join(sorted(fields))})")
     text = typed_field(raw, key, str)
     if not text.strip():
@@ -397,9 +400,8 @@ def backward_update(model: Qwen, micro_batches, n_completions: int) -> float:
 def update_norm(samples, update: list[int], cfg: SFTConfig) -> float:
     """N of `sft_loss` for one update: its number of rows when each row shares weight 1 (clue, target with
     target_weighting=row), else its number of weighted tokens (lm, target by token)."""
-    if cfg.objective == "clue" or (cfg.objective == "target" and cfg.target_weighting == "row"):
-        return float(len(update))
-    return float(sum(sum(w > 0 for w in samples[i][1]) for i in update))
+    by_row = cfg.objective == "clue" or (cfg.objective == "target" and cfg.target_weighting == "row")
+    return float(len(update) if by_row else sum(sum(w > 0 for w in samples[i][1]) for i in update))
 
 
 def update_rows(n_rows: int, step: int, group: int, seed: int) -> list[int]:
@@ -770,6 +772,13 @@ def prepare(cfg: SFTConfig) -> dict[str, int]:
     return counts
 
 
+def prepare_emollm(cfg: SFTConfig) -> dict[str, int]:
+    """EmoLLM's Stage I rows for the config's objective (emollm_data.py), each within max_length as encoded here."""
+    tok = functools.cache(lambda: load_tokenizer(cfg.model))  # loaded once the data have been checked
+    fits = lambda prompt, text: len(encode_text_row(tok(), TextRow("", text, prompt), cfg)[0]) <= cfg.max_length
+    return prepare_emollm_rows(cfg.emollm, cfg.objective, cfg.data, fits)
+
+
 # ----------------------------------------------------------------------------- command line
 
 
@@ -778,9 +787,9 @@ def main(argv=None) -> None:
     command = argv.pop(0) if argv[:1] == ["prepare"] else "train"
     cfg = parse_cli(SFTConfig, argv)
     try:
-        if command == "prepare" and cfg.prepare is None:
-            raise ConfigError(f"{argv[0]}: missing section 'prepare' (what `sft.py prepare` builds data from)")
-        prepare(cfg) if command == "prepare" else train(cfg)
+        if command == "prepare" and (cfg.prepare is None) == (cfg.emollm is None):
+            raise ConfigError(f"{argv[0]}: `sft.py prepare` needs one section, 'prepare' (CLUE traces) or 'emollm'")
+        (train if command == "train" else prepare_emollm if cfg.emollm else prepare)(cfg)
     except (DataError, ConfigError, CheckpointError, JudgeError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(1) from None
