@@ -265,7 +265,7 @@ def knowledge_tuple(dialogue: Dialogue, t: int, knowledge: Knowledge,
     found = knowledge.retrieve(words(current) | words(dialogue.situation or ""))
     said = current.split()
     said = " ".join(said[:fact_words]) + (" ..." if len(said) > fact_words else "")
-    facts = [x.strip().rstrip(".") for x in (dialogue.problem, dialogue.situation, f"the user says: {said}") if x]
+    facts = [x.strip().rstrip(".") for x in (dialogue.problem, dialogue.situation) if x] + [f"the user says: {said}"]
     emotion = ([dialogue.emotion] if dialogue.emotion else []) + found["emotion"]
     values = [facts, found["needs"], found["appraisal"], emotion]
     return ([(name, "; ".join(v) or "(none retrieved)") for name, v in zip(ARG_SECTIONS[:4], values)],
