@@ -288,7 +288,8 @@ def cpt_rows(dialogues: list[Dialogue], knowledge: Knowledge, settings: EmoLLMDa
             if text is None:
                 skipped += 1
                 continue
-            rows.append({"id": f"{dialogue.id}/t{t}", "text": text, "meta": context_meta(dialogue, t) | {"knowledge": found}})
+            meta = context_meta(dialogue, t) | {"knowledge": found}
+            rows.append({"id": f"{dialogue.id}/t{t}", "text": text, "meta": meta})
     return rows, skipped
 
 
@@ -353,7 +354,8 @@ def parse_arg(text: str, lookahead: int) -> ArgAnswer | str:
     if REPLY not in present:
         return "missing reply"
     steps = sum(name.startswith(LOOKAHEAD) for name, _ in parts)
-    order = [*ARG_SECTIONS, *(f"{LOOKAHEAD} {k}" for k in range(1, steps + 1)), *([CHOICE] if steps else []), GATE, REPLY]
+    order = [*ARG_SECTIONS, *(f"{LOOKAHEAD} {k}" for k in range(1, steps + 1)), *([CHOICE] if steps else []),
+             GATE, REPLY]
     gate, reply = parts[-2][1].lower().rstrip("."), parts[-1][1]
     if (text[:heads[0].start()].strip() or [n for n, _ in parts] != order or steps > lookahead
             or len(present) != len(parts) or gate not in ("yes", "no") or THINK_START in reply or THINK_END in reply):
