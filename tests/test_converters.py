@@ -367,8 +367,8 @@ def test_stats_names_a_bad_tokenizer_path(tmp_path):
 def test_empathetic_dialogues_and_msdialog_become_esconv_layout_dialogues_and_seeds(tmp_path):
     ed = convert_empathetic_dialogues(FIXTURES / "emollm" / "empathetic_dialogues.csv")
     assert ed == [
-        {"id": "hit:0_conv:1", "situation": "I remember going to the fireworks with my best friend, it felt like only us.",
-         "emotion_type": "sentimental", "dialog": [
+        {"id": "hit:0_conv:1", "emotion_type": "sentimental",
+         "situation": "I remember going to the fireworks with my best friend, it felt like only us.", "dialog": [
              {"speaker": "seeker", "content": "I remember going to see the fireworks with my best friend."},
              {"speaker": "supporter", "content": "Was this a friend you were in love with, or just a best friend?"},
              {"speaker": "seeker", "content": "This was a best friend. I miss her."}]},
