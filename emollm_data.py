@@ -56,7 +56,8 @@ from pathlib import Path
 from typing import Callable
 
 from config import ConfigError, atomic_write_text, print0
-from data import THINK_END, THINK_START, DataError, parse_json, read_data_text, reject_json_constant, typed_field
+from data import THINK_END, THINK_START, DataError
+from dataset import parse_json, read_data_text, reject_json_constant, typed_field
 from dialogue import ARG_SECTIONS
 from judge import _DATA_NOTICE, JudgeCall, JudgeConfig, _messages, _section, chat_many_resumable
 
