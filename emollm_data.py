@@ -106,6 +106,9 @@ class Dialogue:
 _ROLES = {"seeker": "user", "supporter": "assistant"}
 
 
+_BETWEEN = re.compile(r"[\s,]*")  # what separates the records of a JSON array
+
+
 def _records(path) -> list[tuple[int, object]]:
     """(line, value) of each record of a JSON array file (the line where it starts) or of a JSONL file."""
     text = read_data_text(path)
@@ -113,13 +116,14 @@ def _records(path) -> list[tuple[int, object]]:
         return [(n, parse_json(line, path, n)) for n, line in enumerate(text.split("\n"), 1) if line.strip()]
     parse_json(text, path)  # the file is strict JSON: the walk below cannot fail
     decoder, at, records = json.JSONDecoder(parse_constant=reject_json_constant), text.index("[") + 1, []
+    line, counted = 1, 0
     while True:
-        at = len(text) - len(text[at:].lstrip(" \t\r\n,"))
+        at = _BETWEEN.match(text, at).end()
         if text[at] == "]":
             return records
-        value, end = decoder.raw_decode(text, at)
-        records.append((text.count("\n", 0, at) + 1, value))
-        at = end
+        line, counted = line + text.count("\n", counted, at), at
+        value, at = decoder.raw_decode(text, at)
+        records.append((line, value))
 
 
 def _text(raw: dict, key: str, where: str = "") -> str | None:

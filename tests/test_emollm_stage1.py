@@ -274,3 +274,20 @@ def test_stage1_cpt_then_arg_sft_then_grpo_dialogue_demo_from_the_merged_model(b
                    f"judge.base_url={server.url}", "judge.retries=0", "updates=1", "rollout.max_new_tokens=6"])
     [record] = read_jsonl(tmp_path / "rl" / "metrics.jsonl")
     assert record["step"] == 1 and record["judge/calls"] > 0
+
+
+@pytest.mark.parametrize("sections", [{}, {"prepare": {"examples": "x.jsonl"}}, {"objective": "clue"},
+                                      {"objective": "lm", "knowledge": None}])
+def test_prepare_needs_one_section_fitting_the_objective(tmp_path, capsys, sections):
+    raw = {}
+    if sections:
+        emollm = {"dialogues": [str(ESCONV)], "knowledge": sections.pop("knowledge", str(ECOK))}
+        raw = {"objective": sections.pop("objective", "lm"), "emollm": emollm, **sections}
+    path = write_config(tmp_path, "cpt", model="none", data=str(tmp_path / "out.jsonl"), **raw)
+    with pytest.raises(SystemExit):
+        sft.main(["prepare", str(path)])
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "out.jsonl").exists(), err
+    expected = ("needs one section, 'prepare' (CLUE traces) or 'emollm'" if not raw or "prepare" in raw else
+                "not 'clue'" if raw["objective"] == "clue" else "emollm.knowledge: the CPT rows")
+    assert expected in err, err
