@@ -137,11 +137,13 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
         group["lr"] = lr * group["lr_scale"]
 
 
-def linear_warmup_decay(step: int, total_steps: int, peak: float, warmup_fraction: float = 0.01) -> float:
+def linear_warmup_decay(step: int, total_steps: int, peak: float, warmup_fraction: float = 0.01,
+                        warmup_steps: int | None = None) -> float:
     """The SFT schedule (CLUE A.1): the LR of optimizer step `step` (0-based) rises linearly to
-    `peak` over the first `warmup_fraction` of the steps (at least one), reaching it at the last
-    warm-up step, then decays linearly, reaching 0 at step `total_steps`."""
-    warmup = max(1, math.ceil(warmup_fraction * total_steps))
+    `peak` over the first `warmup_fraction` of the steps, or the first `warmup_steps` when given
+    (at least one), reaching it at the last warm-up step, then decays linearly, reaching 0 at step
+    `total_steps`."""
+    warmup = max(1, math.ceil(warmup_fraction * total_steps) if warmup_steps is None else warmup_steps)
     if step < warmup:
         return peak * (step + 1) / warmup
     return peak * max(0.0, (total_steps - step) / max(1, total_steps - warmup))
