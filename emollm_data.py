@@ -59,7 +59,7 @@ from config import ConfigError, atomic_write_text, print0
 from data import THINK_END, THINK_START, DataError
 from dataset import parse_json, read_data_text, reject_json_constant, typed_field
 from dialogue import ARG_SECTIONS
-from judge import _DATA_NOTICE, JudgeCall, JudgeConfig, _messages, _section, chat_many_resumable
+from judge import DATA_NOTICE, JudgeCall, JudgeConfig, chat_many_resumable, chat_messages, section
 
 # ----------------------------------------------------------------------------- config
 
@@ -304,7 +304,7 @@ LOOKAHEAD, CHOICE, GATE, REPLY = "Lookahead", "Choice", "Reasoning needed", "Rep
 
 ARG_TEACHER_SYSTEM = f"""You annotate one turn of a supportive conversation, to train an assistant that works out a \
 person's situation and feelings before it answers. You receive <dialogue>, the conversation so far, and \
-<user_text>, the person's newest message, which the assistant answers next. {_DATA_NOTICE}
+<user_text>, the person's newest message, which the assistant answers next. {DATA_NOTICE}
 
 Write the assistant's private reasoning in these sections, in this order, each starting on a new line with its name \
 and a colon, one or two specific lines each, grounded in the conversation (invent nothing):
@@ -342,8 +342,8 @@ class ArgAnswer:
 
 def arg_request(dialogue: Dialogue, t: int, settings: EmoLLMData) -> JudgeCall:
     history = render_context(dialogue.turns[:t]) or "(no earlier messages)"
-    return JudgeCall(_messages(ARG_TEACHER_SYSTEM.format(n=settings.lookahead), _section("dialogue", history),
-                               _section("user_text", dialogue.turns[t][1])), settings.max_tokens)
+    return JudgeCall(chat_messages(ARG_TEACHER_SYSTEM.format(n=settings.lookahead), section("dialogue", history),
+                               section("user_text", dialogue.turns[t][1])), settings.max_tokens)
 
 
 def parse_arg(text: str, lookahead: int) -> ArgAnswer | str:

@@ -61,8 +61,8 @@ from data import THINK_END, THINK_START, DataError, Example, get_task, parse_ans
 from dataset import example_from_json, example_to_json, load_jsonl, read_jsonl, typed_field
 from emollm_data import EmoLLMData, prepare as prepare_emollm_rows
 from evaluate import SamplingConfig, f1_scores, sample_completions
-from judge import (_DATA_NOTICE, JudgeCall, JudgeConfig, JudgeError, _messages, _section, _strict_json_object,
-                   chat_many)
+from judge import (DATA_NOTICE, JudgeCall, JudgeConfig, JudgeError, chat_many, chat_messages, section,
+                   strict_json_object)
 from model import (LORA_TARGETS, CheckpointError, Qwen, QwenTokenizer, add_lora, add_special_tokens,
                    load_adapter, load_tokenizer, save_adapter, save_merged, token_logprobs, train_token_rows)
 from train import (StopRequest, Progress, all_reduce_sum, broadcast_parameters, build_optimizer, latest_checkpoint,
@@ -480,11 +480,11 @@ def split_rows(cfg: SFTConfig) -> tuple[list[Row], list[Row]]:
 
 def train(cfg: SFTConfig) -> Path:
     """Run SFT as configured; returns the output folder. Data are checked before the model loads."""
-    where = setup_distributed(cfg.device)
+    dist = setup_distributed(cfg.device)
     out = Path(cfg.output_dir)
     kept, heldout = split_rows(cfg)
     tok = load_tokenizer(cfg.model)
-    model = Qwen.from_pretrained(cfg.model, dtype=_dtype(cfg, where.device), device=where.device)
+    model = Qwen.from_pretrained(cfg.model, dtype=_dtype(cfg, dist.device), device=dist.device)
     clue = cfg.objective == "clue"
     tag_ids = add_special_tokens(model, tok, [EVIDENCE_OPEN, EVIDENCE_CLOSE]) if clue else []
     encode = encode_row if clue else encode_text_row
@@ -512,12 +512,12 @@ def train(cfg: SFTConfig) -> Path:
         restore_optimizer(checkpoint, optimizer, meta)
     else:
         broadcast_parameters(params)
-        torch.manual_seed(cfg.seed + where.rank)  # dropout masks differ across ranks
-    group = cfg.batch_size * cfg.grad_accum * where.world_size
+        torch.manual_seed(cfg.seed + dist.rank)  # dropout masks differ across ranks
+    group = cfg.batch_size * cfg.grad_accum * dist.world_size
     per_epoch = math.ceil(len(samples) / group)
     total = cfg.epochs * per_epoch
     save_resolved_config(cfg, out)
-    trim_log(out / "metrics.jsonl", first, where)
+    trim_log(out / "metrics.jsonl", first, dist)
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_ids[0]
     progress = Progress(total, first)
     model.train()
@@ -526,8 +526,8 @@ def train(cfg: SFTConfig) -> Path:
             lr = linear_warmup_decay(step, total, cfg.lr, cfg.warmup_fraction, cfg.warmup_steps)
             set_lr(optimizer, lr)
             update = update_rows(len(samples), step, group, cfg.seed)
-            mine = update[where.rank::where.world_size]
-            batches = [collate([samples[i] for i in mine[j:j + cfg.batch_size]], pad, where.device)
+            mine = update[dist.rank::dist.world_size]
+            batches = [collate([samples[i] for i in mine[j:j + cfg.batch_size]], pad, dist.device)
                        for j in range(0, len(mine), cfg.batch_size)]
             optimizer.zero_grad(set_to_none=True)
             loss = backward_update(model, batches, update_norm(samples, update, cfg))
@@ -535,20 +535,20 @@ def train(cfg: SFTConfig) -> Path:
             grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm).item()
             optimizer.step()
             tokens = sum(len(samples[i][0]) for i in update)
-            loss = all_reduce_sum(torch.tensor([loss], dtype=torch.float64, device=where.device)).item()
+            loss = all_reduce_sum(torch.tensor([loss], dtype=torch.float64, device=dist.device)).item()
             done = step + 1
             record = {"step": done, "epoch": done / per_epoch, "loss": loss, "lr": lr, "grad_norm": grad_norm}
             metrics.write(record | progress.log(step, tokens, loss=loss, lr=lr, grad_norm=grad_norm))
             epoch_end = done % per_epoch == 0
             if heldout and (epoch_end or (cfg.selection.every and done % cfg.selection.every == 0)):
-                _select(model, tok, heldout, cfg, where, done, state, metrics)
-            stopping = stop.requested(where.device)
+                _select(model, tok, heldout, cfg, dist, done, state, metrics)
+            stopping = stop.requested(dist.device)
             if stopping or epoch_end or done % cfg.save_every == 0:
                 save_checkpoint(out, done, model, optimizer, state, keep=cfg.keep_checkpoints)
             if stopping:
                 print0(f"stopped after step {done}; run again with resume=auto to continue")
                 return out
-    if where.main:
+    if dist.main:
         if not heldout:
             _save_best(model, out)
         if cfg.save_merged:
@@ -559,16 +559,16 @@ def train(cfg: SFTConfig) -> Path:
     return out
 
 
-def _select(model, tok, heldout, cfg, where, step: int, state: dict, metrics) -> None:
+def _select(model, tok, heldout, cfg, dist, step: int, state: dict, metrics) -> None:
     """Score the held-out targets at `step`, log them, and keep the adapter when it is the best so far."""
-    scores = heldout_macro_f1(model, tok, heldout, cfg, where.rank, where.world_size)
+    scores = heldout_macro_f1(model, tok, heldout, cfg, dist.rank, dist.world_size)
     mean = sum(scores.values()) / len(scores)
     state["selection"].append({"step": step, "macro_f1": scores, "mean_macro_f1": mean})
     metrics.write({"step": step, **{f"eval/{t}/macro_f1": f for t, f in scores.items()}, "eval/mean_macro_f1": mean})
     better = state["best"] is None or mean > state["best"]["mean_macro_f1"]
     if better:
         state["best"] = {"step": step, "mean_macro_f1": mean}
-    if where.main:
+    if dist.main:
         if better:
             _save_best(model, Path(cfg.output_dir))
         table = {"best_step": state["best"]["step"], "steps": state["selection"]}
@@ -590,7 +590,7 @@ You receive:
 - <original_completion>: the trace to refine.
 - <labels>: the reference labels the refined trace must end with. They say where the trace must arrive; they are not
   evidence about the conversation.
-{_DATA_NOTICE}
+{DATA_NOTICE}
 
 How to refine:
 - Edit the original; do not write your own explanation from scratch. Keep its sound sentences word for word and in their
@@ -663,10 +663,10 @@ def refinement_request(example: Example, prompt_messages: list[dict[str, str]], 
     """The trace-refinement call for one sampled `completion` to `prompt_messages` (the task prompt
     it answered), toward the gold `example.labels`. The paper has the refiner copy the prompt back;
     we keep it on our side, so a copying slip cannot corrupt a training row."""
-    messages = _messages(_REFINEMENT_SYSTEM, _section("id", example.id), _section("task_name", example.task),
-                         _section("source_messages", json.dumps(prompt_messages, ensure_ascii=False, indent=1)),
-                         _section("original_completion", completion),
-                         _section("labels", json.dumps(example.labels, ensure_ascii=False)))
+    messages = chat_messages(_REFINEMENT_SYSTEM, section("id", example.id), section("task_name", example.task),
+                         section("source_messages", json.dumps(prompt_messages, ensure_ascii=False, indent=1)),
+                         section("original_completion", completion),
+                         section("labels", json.dumps(example.labels, ensure_ascii=False)))
     return JudgeCall(messages, 8192)
 
 
@@ -703,7 +703,7 @@ def parse_refinement(text: str, example: Example,
     id or task, an answer line that is not exactly the gold labels, an evidence span that is not an
     exact quotation of a turn, a conflict whose reference labels are not the gold ones or whose
     alternatives are not labels of the task."""
-    record = _strict_json_object(text)
+    record = strict_json_object(text)
     if record is None or record.get("id") != example.id or record.get("task") != example.task:
         return None
     if set(record) == {"id", "task", "completion"}:

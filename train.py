@@ -255,12 +255,12 @@ def restore_optimizer(path, optimizer: torch.optim.Optimizer, meta: dict) -> Non
     optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
 
 
-def trim_log(path, last_step: int, where: Dist) -> None:
+def trim_log(path, last_step: int, ranks: Dist) -> None:
     """On rank 0, drop a JSONL log's records of steps after `last_step` (a resumed run logs them again; a fresh run
     keeps none) and a last line torn by a kill. Lines end at "\n" only: a record's text may hold U+2028 or U+0085,
     line breaks to str.splitlines."""
     path = Path(path)
-    if not where.main or not path.is_file():
+    if not ranks.main or not path.is_file():
         return
     lines = path.read_text(encoding="utf-8").split("\n")[:-1]  # after the last "\n": nothing, or a torn line
     kept = [line + "\n" for line in lines if line.strip() and json.loads(line)["step"] <= last_step]
