@@ -48,9 +48,9 @@ import rewards
 from config import ConfigError, MetricsWriter, excerpt, parse_cli, print0, save_resolved_config
 from groups import Group, Sample, Slot
 from judge import JudgeConfig, JudgeError
-from model import (LORA_TARGETS, Qwen, add_lora, add_special_tokens, atomic_folder, generate, load_adapter,
+from model import (LORA_TARGETS, Qwen, add_lora, add_special_tokens, generate, load_adapter,
                    load_tokenizer, lora_disabled, merge_lora, save_adapter, save_merged, token_logprobs)
-from train import (Dist, Progress, StopRequest, all_reduce_sum, broadcast_parameters, build_optimizer,
+from train import (Dist, Progress, StopRequest, all_reduce_sum, atomic_folder, broadcast_parameters, build_optimizer,
                    latest_checkpoint, load_checkpoint, optimizer_parameters, restore_optimizer, save_checkpoint,
                    set_lr, setup_distributed, sync_gradients, trim_log, warmup_hold_cosine)
 

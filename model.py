@@ -16,7 +16,6 @@ import importlib
 import json
 import math
 import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +34,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 SKIPPED = ("model.visual.", "mtp.")  # Qwen3.5's vision tower and multi-token-prediction head: not loaded
 ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
+PEFT_ROWS = "token_adapter.trainable_tokens_delta"  # PEFT's trained token rows (their values, despite the name)
 FINISHED_CHECK_EVERY = 8  # generate: decode steps between host reads (GPU syncs) of the live-row count
 
 
@@ -742,22 +742,17 @@ def peft_name(model: Qwen, module_name: str) -> str:
     return f"base_model.model.{checkpoint_name(model.config, module_name)}"
 
 
-def peft_rows_name(model: Qwen, weight_name: str) -> str:
-    """PEFT's name for the trained rows of embed_tokens or lm_head: their values, not a difference, despite it."""
-    return f"{peft_name(model, weight_name.removesuffix('.weight'))}.token_adapter.trainable_tokens_delta"
-
-
 def save_adapter(model: Qwen, out_dir, base_model_name_or_path: str | None = None) -> None:
-    """Write the LoRA factors as PEFT does (adapter_config.json + adapter_model.safetensors, names
-    `base_model.model.<module>.lora_A.weight`), and token rows in PEFT's format: `trainable_token_indices`
-    {"embed_tokens": ids, "lm_head": ids} (tied: embed_tokens only), the rows under `peft_rows_name`."""
+    """The LoRA factors as PEFT writes them (`base_model.model.<module>.lora_A.weight`), and token rows in its format:
+    `trainable_token_indices` {"embed_tokens": ids, "lm_head": ids} (tied: embed_tokens only), `<module>.PEFT_ROWS`."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     modules = lora_modules(model)
     if not modules:
         raise ValueError("save_adapter: the model has no LoRA parameters (call add_lora first)")
     tensors = {f"{peft_name(model, name)}.lora_{ab}.weight": getattr(m, f"lora_{ab}") for name, m in modules.items()
-               for ab in "AB"} | {peft_rows_name(model, name): rows for name, rows in row_targets(model)}
+               for ab in "AB"}
+    tensors |= {f"{peft_name(model, n.removesuffix('.weight'))}.{PEFT_ROWS}": r for n, r in row_targets(model)}
     indices = {name.split(".")[-2]: model.row_ids.tolist() for name, _ in row_targets(model)} or None
     config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", **model.lora_settings, "bias": "none",
               "base_model_name_or_path": base_model_name_or_path, "fan_in_fan_out": False,
@@ -768,9 +763,8 @@ def save_adapter(model: Qwen, out_dir, base_model_name_or_path: str | None = Non
 
 
 def load_adapter(model: Qwen, path) -> Qwen:
-    """Load a PEFT LoRA adapter (ours or PEFT's) into `model`, adding LoRA first when absent, and its
-    trainable token rows when `trainable_token_indices` names some (the same ids for embed_tokens and, when
-    given, lm_head). Any name or shape mismatch is an error naming both."""
+    """Load a PEFT LoRA adapter (ours or PEFT's) into `model`, adding LoRA first when absent, and the token rows its
+    `trainable_token_indices` names (one id list for embed_tokens and lm_head). A mismatch is an error naming both."""
     path = Path(path)
     cfg_path, weights_path = path / ADAPTER_CONFIG, path / ADAPTER_WEIGHTS
     cfg = read_json(cfg_path)
@@ -781,9 +775,8 @@ def load_adapter(model: Qwen, path) -> Qwen:
     targets = cfg.get("target_modules")
     if not isinstance(targets, list) or not all(isinstance(t, str) for t in targets):
         raise CheckpointError(f"{cfg_path}: field 'target_modules' must be a list of names, got {excerpt(targets)}")
-    indices = cfg.get("trainable_token_indices")
-    indices = {"embed_tokens": indices} if isinstance(indices, list) else indices
-    if indices is not None and not (isinstance(indices, dict) and set(indices) <= {"embed_tokens", "lm_head"} and all(
+    indices = {"embed_tokens": ids} if isinstance(ids := cfg.get("trainable_token_indices"), list) else ids or {}
+    if not (isinstance(indices, dict) and set(indices) <= {"embed_tokens", "lm_head"} and all(
             isinstance(v, list) and all(type(i) is int for i in v) and v == indices.get("embed_tokens")
             for v in indices.values())):
         raise CheckpointError(f"{cfg_path}: field 'trainable_token_indices' must be token ids, or the same ids for "
@@ -797,7 +790,8 @@ def load_adapter(model: Qwen, path) -> Qwen:
             raise CheckpointError(f"{cfg_path}: field 'trainable_token_indices': {e}") from None
     copy_tensors(weights_path, {f"{peft_name(model, name)}.lora_{ab}.weight": getattr(m, f"lora_{ab}")
                                 for name, m in lora_modules(model).items() for ab in "AB"} |
-                 {peft_rows_name(model, n): r for n, r in row_targets(model) if n.split(".")[-2] in (indices or ())})
+                 {f"{peft_name(model, n.removesuffix('.weight'))}.{PEFT_ROWS}": r for n, r in row_targets(model)
+                  if n.split(".")[-2] in indices})
     return model
 
 
@@ -815,48 +809,15 @@ def copy_tensors(file: Path, expected: dict[str, torch.Tensor]) -> None:
             param.data.copy_(f.get_tensor(name))
 
 
-def atomic_write(path, data: str | bytes | dict, metadata: dict[str, str] | None = None) -> None:
-    """Text, bytes or tensors (safetensors) to `.<name>.tmp` beside `path`, renamed into place, with the umask's
-    permissions (safetensors' save_file makes 0600 files and leaves `.tmpXXXXXX` behind when killed)."""
-    path = Path(path)
+def atomic_write(path, data: str | bytes | dict, meta: dict[str, str] | None = None) -> None:
+    """Text, bytes or tensors to `.<name>.tmp` beside `path`, renamed into place, with the umask's permissions
+    (safetensors' save_file makes 0600 files and leaves `.tmpXXXXXX` behind when killed). A temporary left by a
+    failed or killed write is overwritten by the next write of the same file."""
+    path, tmp = Path(path), Path(path).with_name(f".{Path(path).name}.tmp")
     if isinstance(data, dict):
-        data = save_tensors({k: v.detach().contiguous().cpu() for k, v in data.items()},
-                            metadata={"format": "pt"} | (metadata or {}))
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data.encode("utf-8") if isinstance(data, str) else data)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def staging_folder(final, clear: bool = True) -> Path:
-    """Where the result folder `final` is built before `publish_folder` swaps it in: `.<name>.tmp` beside it,
-    never inside it. `clear` empties it first (a killed run may have left one)."""
-    staging = Path(final).with_name(f".{Path(final).name}.tmp")
-    if clear:
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir(parents=True)
-    return staging
-
-
-def publish_folder(staging: Path, final) -> None:
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(staging, final)
-
-
-@contextlib.contextmanager
-def atomic_folder(final):
-    """`with atomic_folder(out / "adapter") as tmp: save_adapter(model, tmp)`: the folder appears whole or never."""
-    staging = staging_folder(final)
-    try:
-        yield staging
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    publish_folder(staging, final)
+        data = save_tensors({k: v.detach().contiguous().cpu() for k, v in data.items()}, dict(meta or {}, format="pt"))
+    tmp.write_bytes(data.encode("utf-8") if isinstance(data, str) else data)
+    os.replace(tmp, path)
 
 
 def save_merged(model: Qwen, tok: QwenTokenizer, out_dir, shard_bytes: int = 4 << 30) -> None:

@@ -62,11 +62,11 @@ from emollm_data import EmoLLMData, prepare as prepare_emollm_rows
 from evaluate import SamplingConfig, f1_scores, sample_completions
 from judge import (DATA_NOTICE, JudgeCall, JudgeConfig, JudgeError, chat_many, chat_messages, section,
                    strict_json_object)
-from model import (LORA_TARGETS, CheckpointError, Qwen, QwenTokenizer, add_lora, add_special_tokens, atomic_folder,
+from model import (LORA_TARGETS, CheckpointError, Qwen, QwenTokenizer, add_lora, add_special_tokens,
                    load_adapter, load_tokenizer, save_adapter, save_merged, token_logprobs, train_token_rows)
-from train import (StopRequest, Progress, all_reduce_sum, broadcast_parameters, build_optimizer, latest_checkpoint,
-                   linear_warmup_decay, load_checkpoint, optimizer_parameters, restore_optimizer, save_checkpoint,
-                   set_lr, setup_distributed, sync_gradients, trim_log)
+from train import (StopRequest, Progress, all_reduce_sum, atomic_folder, broadcast_parameters, build_optimizer,
+                   latest_checkpoint, linear_warmup_decay, load_checkpoint, optimizer_parameters, restore_optimizer,
+                   save_checkpoint, set_lr, setup_distributed, sync_gradients, trim_log)
 from verifier import EVIDENCE_CLOSE, EVIDENCE_OPEN, extract_quotes, format_score, verify_quote
 
 # ----------------------------------------------------------------------------- config

@@ -16,6 +16,7 @@ Only safetensors and JSON are written or read: nothing is unpickled on resume.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -31,7 +32,7 @@ import torch.distributed as dist
 from safetensors import safe_open
 
 from config import atomic_write_text, print0
-from model import Qwen, atomic_write, load_adapter, lora_modules, publish_folder, save_adapter, staging_folder
+from model import Qwen, atomic_write, load_adapter, lora_modules, save_adapter
 
 # ----------------------------------------------------------------------------- processes
 
@@ -194,6 +195,33 @@ def _load_rng(folder: Path, rank: int) -> None:
             torch.cuda.set_rng_state(f.get_tensor("cuda"))
         version, internal, gauss = json.loads(f.metadata()["python"])
     random.setstate((version, tuple(internal), gauss))
+
+
+def staging_folder(final, clear: bool = True) -> Path:
+    """Where the result folder `final` is built before `publish_folder` swaps it in: `.<name>.tmp` beside it,
+    never inside it. `clear` empties it first (a killed run may have left one)."""
+    staging = Path(final).with_name(f".{Path(final).name}.tmp")
+    if clear:
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+    return staging
+
+
+def publish_folder(staging: Path, final) -> None:
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(staging, final)
+
+
+@contextlib.contextmanager
+def atomic_folder(final):
+    """`with atomic_folder(out / "adapter") as tmp: save_adapter(model, tmp)`: the folder appears whole or never."""
+    staging = staging_folder(final)
+    try:
+        yield staging
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    publish_folder(staging, final)
 
 
 def save_checkpoint(output_dir, step: int, model: Qwen, optimizer: torch.optim.Optimizer, trainer_state: dict,
