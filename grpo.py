@@ -47,7 +47,7 @@ import dialogue
 import rewards
 from config import ConfigError, MetricsWriter, excerpt, parse_cli, print0, save_resolved_config
 from groups import Group, Sample, Slot
-from judge import JudgeConfig, JudgeError
+from judge import JudgeAuthError, JudgeConfig, JudgeError
 from model import (LORA_TARGETS, Qwen, add_lora, add_special_tokens, generate, load_adapter,
                    load_tokenizer, lora_disabled, merge_lora, save_adapter, save_merged, token_logprobs)
 from train import (Dist, Progress, StopRequest, all_reduce_sum, atomic_folder, broadcast_parameters, build_optimizer,
@@ -771,7 +771,11 @@ def main(argv=None) -> None:
     except (ConfigError, data.DataError) as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
-    train(cfg, examples)
+    try:
+        train(cfg, examples)
+    except JudgeAuthError as e:  # every later call would be refused too: stop at once, rank 0 says why
+        print0(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

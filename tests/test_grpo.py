@@ -526,6 +526,26 @@ def test_judge_outage_never_crashes(tmp_path, assets, capsys):
     assert all(c["reward"] is not None for c in completions if c["advantage"] is not None)
 
 
+def test_a_rejected_judge_key_stops_the_run_at_the_first_update(tmp_path, assets, capsys, monkeypatch):
+    """A judge answering 401 to every call is not incomplete feedback: one line naming the endpoint and the
+    variable holding the key (never the key, which this server echoes back), exit status 2, no update made."""
+    key = "sk-rejected-4b1c9e77a2"
+    monkeypatch.setenv("GRPO_TEST_JUDGE_KEY", key)
+    with JudgeServer(rules_backend, api_key="sk-the-right-one").start() as server:
+        config = run_config(tmp_path, assets, server.url, **{"judge.api_key_env": "GRPO_TEST_JUDGE_KEY"})
+        with pytest.raises(SystemExit) as stop:
+            grpo.main([str(config)])
+    assert stop.value.code == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert f"{server.url}/chat/completions" in err and "HTTP 401" in err and "GRPO_TEST_JUDGE_KEY" in err, err
+    assert key not in captured.err + captured.out and key[:8] not in err
+    run = tmp_path / "run"
+    assert not (run / "metrics.jsonl").exists() or not (run / "metrics.jsonl").read_text()  # no update recorded
+    assert not list(run.glob("ckpt-*")) and not (run / "adapter").exists()
+
+
 def test_bad_inputs_stop_before_any_model_loads(tmp_path, assets, monkeypatch, capsys):
     def no_load(*args, **kwargs):
         raise AssertionError("a model was loaded")
