@@ -9,6 +9,7 @@ import dataclasses
 import datetime
 import re
 
+from config import excerpt
 from verifier import EVIDENCE_CLOSE, EVIDENCE_OPEN
 
 # ----------------------------------------------------------------------------- examples
@@ -150,7 +151,7 @@ class Task:
     def messages(self, example: Example) -> list[dict]:
         """The chat messages that ask the model to solve `example` (an example of this task)."""
         if example.task != self.name:
-            raise DataError(f"example {example.id!r} is for task {example.task}, not {self.name}")
+            raise DataError(f"example {excerpt(example.id)} is for task {example.task}, not {self.name}")
         return [{"role": "user", "content": build_prompt(example)}]
 
 
@@ -264,7 +265,7 @@ def get_task(name: str, field: str | None = None) -> Task:
     """TASKS[name], or a DataError listing the known tasks."""
     if name not in TASKS:
         at = f"field '{field}': " if field else ""
-        raise DataError(f"{at}unknown task {name!r} (known: {', '.join(TASKS)})")
+        raise DataError(f"{at}unknown task {excerpt(name)} (known: {', '.join(TASKS)})")
     return TASKS[name]
 
 

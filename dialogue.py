@@ -39,7 +39,7 @@ import dataset
 import evaluate
 import judge
 import rewards
-from config import (ConfigError, atomic_write_text, load_config, parse_cli, print0, redact_secrets,
+from config import (ConfigError, atomic_write_text, excerpt, load_config, parse_cli, print0, redact_secrets,
                     save_resolved_config)
 from data import THINK_END, THINK_START, DataError
 from groups import Group, Sample, Slot
@@ -92,7 +92,7 @@ def load_scenarios(path) -> list[Scenario]:
             if empty := [key for key, value in zip(SCENARIO_FIELDS, values) if not value.strip()]:
                 raise DataError(f"field '{empty[0]}': empty")
             if values[0] in ids:
-                raise DataError(f"field 'id': {values[0]!r} appears twice")
+                raise DataError(f"field 'id': {excerpt(values[0])} appears twice")
         except DataError as e:
             raise DataError(f"{path}:{number}: {e}") from None
         ids.add(values[0])

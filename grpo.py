@@ -45,12 +45,12 @@ import data
 import dataset
 import dialogue
 import rewards
-from config import ConfigError, MetricsWriter, parse_cli, print0, save_resolved_config
+from config import ConfigError, MetricsWriter, excerpt, parse_cli, print0, save_resolved_config
 from groups import Group, Sample, Slot
-from judge import JudgeConfig, JudgeError
-from model import (LORA_TARGETS, Qwen, add_lora, add_special_tokens, generate, load_adapter, load_tokenizer,
-                   lora_disabled, merge_lora, save_adapter, save_merged, token_logprobs)
-from train import (Dist, Progress, StopRequest, all_reduce_sum, broadcast_parameters, build_optimizer,
+from judge import JudgeAuthError, JudgeConfig, JudgeError
+from model import (LORA_TARGETS, Qwen, add_lora, add_special_tokens, generate, load_adapter,
+                   load_tokenizer, lora_disabled, merge_lora, save_adapter, save_merged, token_logprobs)
+from train import (Dist, Progress, StopRequest, all_reduce_sum, atomic_folder, broadcast_parameters, build_optimizer,
                    latest_checkpoint, load_checkpoint, optimizer_parameters, restore_optimizer, save_checkpoint,
                    set_lr, setup_distributed, sync_gradients, trim_log, warmup_hold_cosine)
 
@@ -189,7 +189,7 @@ def grpo_loss(logp, logp_old, logp_ref, advantages, mask, clip_low=0.2, clip_hig
         total = (per_token * mask).sum()
         count = mask.sum()
     else:
-        raise ValueError(f"grpo_loss: unknown agg {agg!r} (seq-mean-token-mean, token-mean)")
+        raise ValueError(f"grpo_loss: unknown agg {excerpt(agg)} (seq-mean-token-mean, token-mean)")
     loss = total / (count if normalizer is None else normalizer)
     with torch.no_grad():
         stats = {"tokens": mask.sum(), "kl": (kl * mask).sum(),
@@ -626,14 +626,15 @@ def check_inputs(cfg: GRPOConfig, config_path: str) -> list[data.Example] | list
 
     dialogue_cfg = cfg.dialogue
     if cfg.reward.name not in rewards.REWARDS:
-        raise bad("reward.name", f"unknown reward {cfg.reward.name!r} (known: {', '.join(sorted(rewards.REWARDS))})")
+        known = ", ".join(sorted(rewards.REWARDS))
+        raise bad("reward.name", f"unknown reward {excerpt(cfg.reward.name)} (known: {known})")
     if (dialogue_cfg is not None) != (cfg.reward.name in dialogue.GROUPING):
         raise bad("dialogue", f"rewards {', '.join(dialogue.GROUPING)} train on role-played dialogues: they, and only "
                               f"they, need a 'dialogue' section (reward: {cfg.reward.name})")
     unknown = sorted(set(cfg.reward.params) - set(rewards.REWARDS[cfg.reward.name].defaults))
     if unknown:
         known = ", ".join(sorted(rewards.REWARDS[cfg.reward.name].defaults)) or "none"
-        raise bad(f"reward.params.{unknown[0]}", f"not a setting of reward {cfg.reward.name!r} (known: {known})")
+        raise bad(f"reward.params.{unknown[0]}", f"not a setting of reward {excerpt(cfg.reward.name)} (known: {known})")
     rollout = cfg.rollout
     loss = cfg.loss
     for key, value, low in (("rollout.group_size", rollout.group_size, 2), ("updates", cfg.updates, 1),
@@ -665,17 +666,15 @@ def check_inputs(cfg: GRPOConfig, config_path: str) -> list[data.Example] | list
     for path in cfg.train_data:
         if not Path(path).is_file():
             raise bad("train_data", f"{path}: file not found")
-        if dialogue_cfg:
-            examples += dialogue.load_scenarios(path)
-            continue
-        loaded = dataset.load_jsonl(path)
+        loaded = dialogue.load_scenarios(path) if dialogue_cfg else dataset.load_jsonl(path)
+        if not loaded:
+            raise bad("train_data", f"{path}: no examples (the file is empty)")
         try:
-            rewards.check_reward_data(cfg.reward, loaded)
+            if not dialogue_cfg:
+                rewards.check_reward_data(cfg.reward, loaded)
         except data.DataError as e:
             raise data.DataError(f"{path}: {e}") from None
         examples += loaded
-    if not examples:
-        raise bad("train_data", "the data files hold no examples")
     return examples
 
 
@@ -756,9 +755,11 @@ def train(cfg: GRPOConfig, examples: list[data.Example]) -> None:
                 return
     if dist.main:
         base = None if cfg.model.sft_adapter else cfg.model.path  # else: the SFT-merged base, not on disk
-        save_adapter(policy, out / "adapter", base_model_name_or_path=base)
+        with atomic_folder(out / "adapter") as tmp:
+            save_adapter(policy, tmp, base_model_name_or_path=base)
         if cfg.save_merged:
-            save_merged(policy, tok, out / "merged")
+            with atomic_folder(out / "merged") as tmp:
+                save_merged(policy, tok, tmp)
     print0(f"done: {out / 'adapter'}")
 
 
@@ -770,7 +771,11 @@ def main(argv=None) -> None:
     except (ConfigError, data.DataError) as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
-    train(cfg, examples)
+    try:
+        train(cfg, examples)
+    except JudgeAuthError as e:  # every later call would be refused too: stop at once, rank 0 says why
+        print0(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

@@ -112,6 +112,11 @@ class JudgeError(RuntimeError):
         self.retries = retries
 
 
+class JudgeAuthError(JudgeError):
+    """The judge refused the key (HTTP 401 or 403): not incomplete feedback but a run that cannot work, so
+    chat_many raises it instead of yielding None; the message names the endpoint and the key's variable."""
+
+
 _POOL_SIZE = 256  # pooled connections per host: above any sensible concurrency, so none is discarded
 MAX_ANSWER_BYTES = 8 * 2 ** 20  # a larger answer is refused (judges answer in kilobytes)
 _SESSION = requests.Session()
@@ -209,6 +214,8 @@ def _chat_with_retries(messages, *, base_url, model, api_key, timeout, retries, 
                     raise JudgeError(f"judge at {shown}: HTTP 200 but not a chat completion with text content", attempt)
                 return text, attempt
             reason = f"HTTP {response.status_code}"
+            if response.status_code in (401, 403):  # the body may echo the key: never shown
+                raise JudgeAuthError(f"judge at {shown} refused the API key: {reason}", attempt)
             if response.status_code != 429 and response.status_code < 500:
                 raise JudgeError(f"judge at {shown} refused the request: {reason}: "
                                  f"{_scrub(answer[:500].decode('utf-8', 'replace'), url, api_key)}", attempt)
@@ -240,9 +247,10 @@ def chat_many(calls: list[JudgeCall], cfg: JudgeConfig) -> tuple[list[str | None
     """Send `calls` concurrently (`cfg.concurrency` at once) and return their answers in order.
 
     A call that still fails after its retries yields None, and its reason is kept in
-    `stats["errors"]` (index -> reason, secrets scrubbed): no failed call raises here (only a key
-    variable that is not set or not usable does, before any request). `stats` also holds the counts
-    for the caller's metrics: calls, retries, failures, latency_mean_s, latency_max_s, wall_s."""
+    `stats["errors"]` (index -> reason, secrets scrubbed): no failed call raises here, except a refused
+    key (JudgeAuthError, naming the key's variable) and a key variable not set or not usable (before any
+    request). `stats` also holds the counts for the caller's metrics: calls, retries, failures,
+    latency_mean_s, latency_max_s, wall_s."""
     api_key = cfg.read_api_key()
     start = time.perf_counter()
 
@@ -254,6 +262,9 @@ def chat_many(calls: list[JudgeCall], cfg: JudgeConfig) -> tuple[list[str | None
                 retries=cfg.retries, backoff=cfg.backoff, max_wait=cfg.max_wait,
                 sampling=cfg.sampling_params(call.max_tokens))
             return text, retries, None, time.perf_counter() - begin
+        except JudgeAuthError as e:
+            source = f"key from the environment variable {cfg.api_key_env}" if cfg.api_key_env else "no api_key_env set"
+            raise JudgeAuthError(f"{e} ({source})") from None
         except Exception as e:  # a JudgeError, or anything else: a failed call, never a crashed batch
             reason = str(e) if isinstance(e, JudgeError) else _scrub(f"{type(e).__name__}: {e}", cfg.base_url, api_key)
             return None, getattr(e, "retries", 0), reason, time.perf_counter() - begin

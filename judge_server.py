@@ -31,6 +31,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 
 import verifier
+from config import excerpt
 from data import split_blocks
 from dialogue import (ARG_SECTIONS, EMOTIONAL_STATE_SYSTEM, TURN_QUALITY_SYSTEM, TURN_SCORES_SYSTEM,
                       USER_SIMULATOR_SYSTEM, user_ends_dialogue)
@@ -260,7 +261,7 @@ def sampling_settings(request: dict[str, Any]) -> dict[str, Any]:
     for key, (default, valid, expected) in _SAMPLING_FIELDS.items():
         value = default if request.get(key) is None else request[key]
         if not valid(value):
-            raise UnsupportedRequest(f"field '{key}' must be {expected}, got {value!r}")
+            raise UnsupportedRequest(f"field '{key}' must be {expected}, got {excerpt(value)}")
         settings[key] = value
     return settings
 
@@ -280,7 +281,7 @@ class ModelBackend:
     def __call__(self, messages: list[dict[str, str]], params: dict[str, Any]) -> str:
         settings = sampling_settings(params)
         if roles := [m["role"] for m in messages if m["role"] not in _ROLES]:
-            raise UnsupportedRequest(f"unknown role {roles[0]!r} (known: {', '.join(_ROLES)})")
+            raise UnsupportedRequest(f"unknown role {excerpt(roles[0])} (known: {', '.join(_ROLES)})")
         thinking = (params.get("chat_template_kwargs") or {}).get("enable_thinking")
         if self.tok.family == "qwen2":  # no thinking switch in its template, as vLLM ignores it there
             thinking = None
@@ -397,9 +398,25 @@ class _Handler(BaseHTTPRequestHandler):
         self.timeout = self.server.idle_timeout
         super().setup()
 
-    def log_message(self, format, *args) -> None:
+    def handle_one_request(self) -> None:
+        """One request, then with --verbose one log line: method, path (no query), status, milliseconds from
+        the request line to the end of the answer; never a header or a body. A dropped request shows status -."""
+        self._started, self._status = None, "-"
+        super().handle_one_request()
+        if self.server.verbose and self._started is not None and self.command:
+            ms = (time.perf_counter() - self._started) * 1000
+            log.info("%s %s %s %.0f ms", self.command, self.path.split("?")[0][:200], self._status, ms)
+
+    def parse_request(self) -> bool:
+        self._started = time.perf_counter()
+        return super().parse_request()
+
+    def log_request(self, code="-", size="-") -> None:
+        self._status = getattr(code, "value", code)
+
+    def log_message(self, format, *args) -> None:  # the base class's own errors (bad request line, timeout)
         if self.server.verbose:
-            log.info("%s %s", self.address_string(), format % args)
+            log.warning("%s", format % args)
 
     def _send_json(self, status: int, payload: dict, headers: dict[str, str] | None = None) -> None:
         body = json.dumps(payload, ensure_ascii=False).encode("utf-8")
@@ -426,7 +443,7 @@ class _Handler(BaseHTTPRequestHandler):
         length = self.headers.get("Content-Length", "0")
         if "Transfer-Encoding" in self.headers or not re.fullmatch(r"[0-9]{1,18}", length):
             self.close_connection = True
-            return self._error(400, f"expected a body with a Content-Length of 0 or more bytes, got {length[:40]!r}")
+            return self._error(400, f"expected a body with a Content-Length of 0 or more bytes, got {excerpt(length)}")
         if int(length) > 64 * 2 ** 20:
             self.close_connection = True
             return self._error(413, "request body over 64 MiB")
@@ -497,7 +514,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--retry-after", type=float, help="Retry-After seconds sent with injected 429 and 503")
     parser.add_argument("--hang", type=float, default=30.0, help="seconds a 'hang' action waits before answering")
     parser.add_argument("--seed", type=int, default=0, help="seed of the injected failures")
-    parser.add_argument("--verbose", action="store_true", help="log every request (never its headers)")
+    parser.add_argument("--verbose", action="store_true",
+                        help="one line per request to stderr: method, path, status, milliseconds (no headers, bodies)")
     args = parser.parse_args(argv)
     script = tuple(a for a in args.script.split(",") if a)
     if unknown := [a for a in script if a not in FAULT_ACTIONS]:
@@ -515,7 +533,8 @@ def main(argv: list[str] | None = None) -> None:
     faults = Faults(args.latency, args.fail_rate, script, args.retry_after, args.hang, args.seed)
     name = "rules" if args.backend == "rules" else os.path.basename(os.path.normpath(args.model))
     try:
-        server = JudgeServer(backend, host=args.host, port=args.port, faults=faults, model_name=name, api_key=api_key)
+        server = JudgeServer(backend, host=args.host, port=args.port, faults=faults, model_name=name, api_key=api_key,
+                             verbose=args.verbose)
     except OSError as e:  # the port is taken, the host unknown or not ours
         parser.exit(1, f"judge_server.py: error: cannot listen on {args.host}:{args.port}: {e.strerror or e}\n")
     print(f"judge_server.py: backend {args.backend} at {server.url}", flush=True)

@@ -389,11 +389,12 @@ def test_nonfinite_loss_skips_the_step_and_keeps_the_weights(assets):
 # ----------------------------------------------------------------------------- whole runs
 
 
-def test_three_updates_write_every_output(tmp_path, assets, judge):
+def test_three_updates_write_every_output(tmp_path, assets, judge, umask_022):
     config = run_config(tmp_path, assets, judge.url, save_merged=True, keep_checkpoints=2,
                         filtering={"resamples": 3, "replacements": 2})
     grpo.main([str(config)])
     out = tmp_path / "run"
+    umask_022(out)  # adapter, merged shards, checkpoints: readable by others (a vLLM server's user) like the logs
     metrics = read_jsonl(out / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [1, 2, 3]
     for m in metrics:
@@ -454,6 +455,33 @@ def test_killed_run_resumes_to_the_same_result(tmp_path, assets):
     assert_same_run(tmp_path / "a" / "run", run)
 
 
+KILL_IN_FINAL_SAVE = """
+import os, runpy, signal, sys
+rename = os.replace
+def replace(src, dst, *args, **kwargs):  # SIGKILL at the first rename of the final save (not a checkpoint's)
+    if "adapter" in str(dst) and "ckpt-" not in str(dst):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return rename(src, dst, *args, **kwargs)
+os.replace = replace
+sys.argv = ["grpo.py", sys.argv[1]]
+runpy.run_path("grpo.py", run_name="__main__")
+"""
+
+
+def test_a_kill_during_the_final_save_leaves_no_temporary_in_the_result(tmp_path, assets, judge):
+    config = run_config(tmp_path, assets, judge.url, updates=2)
+    run = tmp_path / "run"
+    killed = subprocess.run([sys.executable, "-c", KILL_IN_FINAL_SAVE, str(config)], cwd=REPO, capture_output=True,
+                            env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=300)
+    assert killed.returncode == -signal.SIGKILL and (run / "ckpt-000002").is_dir(), killed.stderr.decode()[-2000:]
+    assert not (run / "adapter").exists() or sorted(os.listdir(run / "adapter")) == [
+        "adapter_config.json", "adapter_model.safetensors"]  # absent or whole, never half-written
+    grpo.main([str(config)])  # the rerun: resumes at its last update, then saves again
+    assert sorted(os.listdir(run / "adapter")) == ["adapter_config.json", "adapter_model.safetensors"]
+    leftovers = [str(p.relative_to(run)) for p in run.rglob("*") if ".tmp" in p.name]
+    assert not leftovers, leftovers
+
+
 def test_trim_log_keeps_the_whole_lines_up_to_the_step(tmp_path):
     records = [{"step": 1, "completion": "a\u2028b\x85c"}, {"step": 2, "completion": "d\u2029"}, {"step": 3}]
     path = tmp_path / "completions.jsonl"
@@ -498,6 +526,26 @@ def test_judge_outage_never_crashes(tmp_path, assets, capsys):
     assert all(c["reward"] is not None for c in completions if c["advantage"] is not None)
 
 
+def test_a_rejected_judge_key_stops_the_run_at_the_first_update(tmp_path, assets, capsys, monkeypatch):
+    """A judge answering 401 to every call is not incomplete feedback: one line naming the endpoint and the
+    variable holding the key (never the key, which this server echoes back), exit status 2, no update made."""
+    key = "sk-rejected-4b1c9e77a2"
+    monkeypatch.setenv("GRPO_TEST_JUDGE_KEY", key)
+    with JudgeServer(rules_backend, api_key="sk-the-right-one").start() as server:
+        config = run_config(tmp_path, assets, server.url, **{"judge.api_key_env": "GRPO_TEST_JUDGE_KEY"})
+        with pytest.raises(SystemExit) as stop:
+            grpo.main([str(config)])
+    assert stop.value.code == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert f"{server.url}/chat/completions" in err and "HTTP 401" in err and "GRPO_TEST_JUDGE_KEY" in err, err
+    assert key not in captured.err + captured.out and key[:8] not in err
+    run = tmp_path / "run"
+    assert not (run / "metrics.jsonl").exists() or not (run / "metrics.jsonl").read_text()  # no update recorded
+    assert not list(run.glob("ckpt-*")) and not (run / "adapter").exists()
+
+
 def test_bad_inputs_stop_before_any_model_loads(tmp_path, assets, monkeypatch, capsys):
     def no_load(*args, **kwargs):
         raise AssertionError("a model was loaded")
@@ -506,7 +554,14 @@ def test_bad_inputs_stop_before_any_model_loads(tmp_path, assets, monkeypatch, c
     bad_data = tmp_path / "bad.jsonl"
     bad_data.write_text(assets[1].read_text() + '{"id": "x", "task": "meld_emotion", "turns": [], "target": 0, '
                                                 '"labels": ["happy"]}\n')
+    huge = tmp_path / "huge.jsonl"  # one label of 50 MiB: the error quotes an excerpt, never the value
+    huge.write_text(json.dumps({"id": "x", "task": "meld_emotion", "turns": [{"speaker": "A", "text": "hi"}],
+                                "target": 0, "labels": ["a" * 52_428_800]}) + "\n")
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
     cases = [({"train_data": [str(bad_data)]}, f"{bad_data}:5: field 'target'"),
+             ({"train_data": [str(huge)]}, f"{huge}:1: field 'labels': '{'a' * 120}...' (52,428,800 characters) is"),
+             ({"train_data": [str(assets[1]), str(empty)]}, f"'train_data': {empty}: no examples (the file is empty)"),
              ({"reward.name": "clu"}, "'reward.name': unknown reward 'clu'"),
              ({"reward.params": {"lambda": 1.0}}, "'reward.params.lambda': not a setting of reward 'clue'"),
              ({"rollout.group_size": 1}, "'rollout.group_size': must be at least 2"),
@@ -517,7 +572,7 @@ def test_bad_inputs_stop_before_any_model_loads(tmp_path, assets, monkeypatch, c
             grpo.main([str(run_config(tmp_path, assets, "http://127.0.0.1:9/v1", **overrides))])
         assert stop.value.code == 2
         err = capsys.readouterr().err.strip()
-        assert len(err.splitlines()) == 1 and message in err, err
+        assert len(err.splitlines()) == 1 and message in err and len(err) < 500, err[:1000]
 
 
 def test_a_learnable_reward_rises(tmp_path):

@@ -135,8 +135,8 @@ def test_checkpoints_are_atomic_and_pruned(tmp_path):
     assert sorted(p.name for p in tmp_path.glob("ckpt-*")) == ["ckpt-000002", "ckpt-000003"]
     assert T.latest_checkpoint(tmp_path).name == "ckpt-000003"
     names = {p.name for p in T.latest_checkpoint(tmp_path).iterdir()}
-    assert {"adapter_config.json", "adapter_model.safetensors", "token_rows.safetensors", "optimizer.safetensors",
-            "rng-rank0.safetensors", "state.json"} <= names
+    assert {"adapter_config.json", "adapter_model.safetensors", "optimizer.safetensors", "rng-rank0.safetensors",
+            "state.json"} <= names
     assert not any(n.endswith((".pt", ".bin", ".pkl")) for n in names)
 
 
