@@ -306,6 +306,8 @@ def test_care_rubric_weighted_score():
     assert care(care_rollout(RUBRIC, top)) == pytest.approx(1.0)
     rounded = {k: dict(v, weight=w) for (k, v), w in zip(RUBRIC.items(), (0.33, 0.33, 0.34))}
     assert care(care_rollout(rounded, SCORES)) == pytest.approx(0.33 * 0.8 + 0.33 * 0.6 + 0.34 * 0.6)
+    thirds = {k: dict(v, weight=0.33) for k, v in RUBRIC.items()}  # sums to 0.99: renormalized, not refused
+    assert care(care_rollout(thirds, SCORES)) == pytest.approx((0.8 + 0.6 + 0.6) / 3)
 
 
 def with_dimension(name, **change):
