@@ -194,7 +194,7 @@ def grpo_loss(logp, logp_old, logp_ref, advantages, mask, clip_low=0.2, clip_hig
 
 
 def lr_at(update: int, optim: OptimSettings, updates: int) -> float:
-    """The learning rate of update `update` (0-based): paper A.2's warm-up, hold and cosine."""
+    """The learning rate of update `update`, counted from 1 (1..updates): paper A.2's warm-up, hold and cosine."""
     return warmup_hold_cosine(update, optim.lr, optim.lr_floor, optim.warmup_updates, optim.hold_until, updates)
 
 
@@ -321,7 +321,7 @@ def sample_groups(policy: Qwen, tok, examples: list[data.Example], cfg: GRPOConf
             reasoning, _ = data.split_completion(text)
             rollouts.append(rewards.Rollout.from_completion(
                 example, text, n_reasoning_tokens=data.count_tokens(reasoning, tok), n_completion_tokens=len(new[i]),
-                step=update, total_steps=cfg.updates))
+                step=update + 1, total_steps=cfg.updates))  # t counts from 1: w(t) reaches 1 + gamma at the last
         groups.append(Group(example, [[Sample(prompt, new[i], logp[i], not new[i] or new[i][-1] not in eos)]
                                       for i in rows], rollouts))
     return groups
@@ -733,7 +733,7 @@ def train(cfg: GRPOConfig, examples: list[data.Example]) -> None:
     with MetricsWriter(out / "metrics.jsonl") as metrics_log, \
             MetricsWriter(out / "completions.jsonl") as completions_log, StopRequest() as stop:
         for update in range(start, cfg.updates):
-            lr = lr_at(update, cfg.optim, cfg.updates)
+            lr = lr_at(update + 1, cfg.optim, cfg.updates)  # `update` counts from 0, the paper's updates from 1
             set_lr(optimizer, lr)
             # 1-3. sample, score, filter: this rank's share of the update's prompts
             drawn = source.take(cfg.rollout.prompts_per_update)

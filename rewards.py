@@ -49,7 +49,7 @@ class Rollout:
     answer: list[str] | None  # parsed labels; None = invalid answer
     n_reasoning_tokens: int  # T
     n_completion_tokens: int
-    step: int = 0  # t, the current update
+    step: int = 0  # t, the current update counted from 1 (1..T_total); 0 outside training
     total_steps: int = 1  # T_total, the number of updates of the run
     judged: dict[str, Any] = field(default_factory=dict)
     turns: list[Rollout] = field(default_factory=list)
@@ -203,7 +203,7 @@ def r_win(length: float, low: float = 400, high: float = 2500, k: float = 50) ->
 
 
 def process_weight(step: int, total_steps: int, gamma: float) -> float:
-    """w_struct(t) = w_content(t) = 1 + gamma t / T."""
+    """w_struct(t) = w_content(t) = 1 + gamma t / T, t the update counted from 1: 1 + gamma at the last one."""
     return 1 + gamma * step / total_steps
 
 

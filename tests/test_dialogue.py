@@ -494,7 +494,7 @@ def test_paper_configs_carry_the_papers_settings():
     ro = emollm.rollout
     assert (ro.temperature, ro.top_p, ro.top_k, ro.repetition_penalty, ro.max_new_tokens) == (0.8, 0.9, 50, 1.1, 256)
     assert emollm.dialogue.max_turns == 8 and emollm.dialogue.lookahead == 3 and emollm.reward.name == "emollm"
-    assert grpo.lr_at(0, emollm.optim, 50) == grpo.lr_at(49, emollm.optim, 50) == 1e-5
+    assert grpo.lr_at(1, emollm.optim, 50) == grpo.lr_at(50, emollm.optim, 50) == 1e-5
     care = load_config(REPO / "configs" / "care_qwen2_5_7b.yaml", [], grpo.GRPOConfig)
     assert care.model.path.endswith("Qwen2.5-7B-Instruct") and care.reward.name == "care"
     assert (care.rollout.prompts_per_update, care.optim.lr, care.updates, care.rollout.group_size) == (8, 2e-6, 100, 6)

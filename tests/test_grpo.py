@@ -24,6 +24,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 import data
 import grpo
 import model as M
+import rewards
 import train as T
 from config import MetricsWriter, load_config
 from judge_server import Faults, JudgeServer, rules_backend
@@ -178,14 +179,37 @@ def test_clipped_tokens_pass_no_gradient():
 
 
 def test_lr_at_the_papers_landmarks():
+    # Updates count from 1 as in the paper (A.2): 5e-7 at update 1, rising over 19 updates to the peak 1e-5 at update
+    # 20, constant through update 506, then a cosine down to 5e-7 at update 723, the last that runs. The old schedule
+    # counted from 0: update 507 ran at the peak and update 723 at 5.005e-7.
     cfg = load_config(REPO / "configs" / "clue_qwen3_5_9b.yaml", [], grpo.GRPOConfig)
-    peak, updates = cfg.optim.lr, cfg.updates
-    assert updates == 723 and cfg.optim.lr_floor == 5e-7 and cfg.optim.betas == (0.9, 0.99)
-    lr = [grpo.lr_at(u, cfg.optim, updates) for u in (0, 10, 19, 300, 506, 614, 723)]
-    assert lr[0] == pytest.approx(5e-7) and lr[2] == pytest.approx(peak) and lr[4] == pytest.approx(peak)
-    assert lr[1] == pytest.approx(5e-7 + (peak - 5e-7) * 10 / 19) and lr[3] == pytest.approx(peak)
-    assert lr[5] == pytest.approx(5e-7 + (peak - 5e-7) * 0.5 * (1 + math.cos(math.pi * 108 / 217)))
-    assert lr[6] == pytest.approx(5e-7)
+    assert (cfg.updates, cfg.optim.lr, cfg.optim.lr_floor, cfg.optim.betas) == (723, 1e-5, 5e-7, (0.9, 0.99))
+    lr = {u: grpo.lr_at(u, cfg.optim, cfg.updates) for u in (1, 10, 19, 20, 506, 507, 614, 723)}
+    assert lr[1] == pytest.approx(5e-7, rel=1e-12)
+    assert lr[10] == pytest.approx(5e-7 + 9.5e-6 * 9 / 19, rel=1e-12)
+    assert lr[19] == pytest.approx(9.5e-6, rel=1e-12)  # 5e-7 + 9.5e-6 * 18 / 19
+    assert lr[20] == lr[506] == 1e-5
+    assert lr[507] == pytest.approx(1e-5 - 9.5e-6 * (1 - math.cos(math.pi / 217)) / 2, rel=1e-12)
+    assert lr[507] == pytest.approx(9.99950e-6, abs=1e-11) and lr[507] < 1e-5
+    assert lr[614] == pytest.approx(5e-7 + 9.5e-6 * 0.5 * (1 + math.cos(math.pi * 108 / 217)), rel=1e-12)
+    assert lr[723] == pytest.approx(5e-7, rel=1e-12)
+
+
+def test_social_r1_weight_reaches_one_plus_gamma_at_the_last_update(assets):
+    # w(t) = 1 + gamma t / T with t the update counted from 1: the rollouts of the last update (the loop's update
+    # T - 1) carry t = T, so the process weight is 1 + gamma there (the old code passed t = T - 1)
+    base, _ = assets
+    cfg = load_config(REPO / "configs" / "social_r1_qwen3_8b.yaml",
+                      [f"model.path={base}", "model.dtype=float32", "model.device=cpu", "lora.rank=4", "lora.alpha=8",
+                       "rollout.group_size=2", "rollout.max_new_tokens=2"], grpo.GRPOConfig)
+    policy, tok = grpo.build_policy(cfg, T.Dist(0, 1, torch.device("cpu")))
+    story = data.Example("s", "tom_mc", [data.Turn("", "Sam hides the key.")], None, ["A"],
+                         meta={"question": "Where?", "options": ["box", "bag"]})
+    gamma = cfg.reward.params.get("gamma", rewards.REWARDS[cfg.reward.name].defaults["gamma"])
+    for update, weight in ((cfg.updates - 1, 1 + gamma), (0, 1 + gamma / cfg.updates)):
+        (group,) = grpo.sample_groups(policy, tok, [story], cfg, update, seed=0)
+        assert {(r.step, r.total_steps) for r in group.rollouts} == {(update + 1, cfg.updates)}
+        assert rewards.process_weight(group.rollouts[0].step, cfg.updates, gamma) == pytest.approx(weight)
 
 
 # ----------------------------------------------------------------------------- group filtering
