@@ -1,5 +1,6 @@
 """Stage 2: GRPO with grounded rewards. Run: `torchrun --nproc_per_node=N grpo.py config.yaml [key=value ...]`
-(or `python grpo.py config.yaml` for one process).
+(or `python grpo.py config.yaml` for one process); `python grpo.py prepare config.yaml` first writes the data's
+reference analyses through a teacher (the config's `prepare:` section, rewards.prepare_references: Social-R1).
 
 One update (`train`, in this order):
   1. sample   P prompts from the current curriculum segment, K completions each (`model.generate`,
@@ -131,6 +132,7 @@ class GRPOConfig:
     loss: LossSettings = field(default_factory=LossSettings)
     optim: OptimSettings = field(default_factory=OptimSettings)
     dialogue: dialogue.DialogueSettings | None = None  # set: dialogue RL, train_data holds scenario seeds
+    prepare: rewards.ReferenceSettings | None = None  # `grpo.py prepare`: writes train_data[0] with references
     save_every: int = 50  # updates between checkpoints (one is always written at the end)
     keep_checkpoints: int = 2
     resume: Literal["auto", "none"] = "auto"  # auto: continue from the newest checkpoint in output_dir
@@ -775,11 +777,17 @@ def train(cfg: GRPOConfig, examples: list[data.Example]) -> None:
 
 
 def main(argv=None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = argv.pop(0) if argv[:1] == ["prepare"] else "train"
     cfg = parse_cli(GRPOConfig, argv)
     try:
+        if command == "prepare":
+            if cfg.prepare is None:
+                raise ConfigError(f"{argv[0]}: missing section 'prepare' (what `grpo.py prepare` builds data from)")
+            rewards.prepare_references(cfg.prepare, cfg.train_data[0])
+            return
         examples = check_inputs(cfg, argv[0])
-    except (ConfigError, data.DataError) as e:
+    except (ConfigError, data.DataError, JudgeError) as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     train(cfg, examples)

@@ -36,6 +36,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
+from pathlib import Path
 from typing import Any, Callable
 
 import requests
@@ -277,6 +278,35 @@ def ask(requests: list[tuple[JudgeCall, Callable[[str], Any]]], cfg: JudgeConfig
     texts, stats = chat_many([call for call, _ in requests], cfg)
     values = [None if text is None else parse(text) for (_, parse), text in zip(requests, texts)]
     return values, stats | {"malformed": sum(t is not None and v is None for t, v in zip(texts, values))}
+
+
+def ask_resumable(requests: list[tuple[str, JudgeCall, Callable[[str], Any]]], cfg: JudgeConfig,
+                  path) -> tuple[dict[str, Any], dict[str, int]]:
+    """`ask` for a long batch that may be interrupted: (key, call, parser) requests go out concurrently in
+    chunks of 4 x cfg.concurrency, and each chunk's accepted values are appended to the JSONL file `path` as
+    `{"key", "value"}` lines before the next is sent. Keys already there are not asked again (a torn last line
+    is dropped), so rerunning after an interruption, a failure or a rejected answer asks only what is missing.
+    Returns ({key: value} of every accepted answer, new and old) and counts: asked, failures, malformed."""
+    path = Path(path)
+    kept = path.read_text(encoding="utf-8").split("\n")[:-1] if path.is_file() else []
+    done = {r["key"]: r["value"] for r in map(json.loads, kept)}
+    todo = [r for r in requests if r[0] not in done]
+    counts = {"asked": len(todo), "failures": 0, "malformed": 0}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+    width = 4 * max(1, cfg.concurrency)
+    with open(path, "a", encoding="utf-8") as f:
+        for start in range(0, len(todo), width):
+            chunk = todo[start:start + width]
+            values, stats = ask([(call, parse) for _, call, parse in chunk], cfg)
+            counts["failures"] += stats["failures"]
+            counts["malformed"] += stats["malformed"]
+            lines = [json.dumps({"key": key, "value": v}, ensure_ascii=False) + "\n"
+                     for (key, _, _), v in zip(chunk, values) if v is not None]
+            f.write("".join(lines))
+            f.flush()
+            done |= {key: v for (key, _, _), v in zip(chunk, values) if v is not None}
+    return done, counts
 
 
 # ----------------------------------------------------------------------------- judge plumbing

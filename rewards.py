@@ -27,9 +27,11 @@ without reference analyses) stops the run there, with one line, instead of maski
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 import data
@@ -359,6 +361,75 @@ REWARD_JUDGES = {"iu_g": ("iu",), "clue": ("iu",), "social_r1": ("sip_structure"
 # non-empty string, with what they are. A reward of your own that reads one adds its line here.
 REWARD_DATA = {"social_r1": {"reference": "the reference SIP analysis R_content is scored against; "
                                           "reward social_r1_reference_free needs none"}}
+
+
+# ----------------------------------------------------------------------------- reference SIP analyses
+
+# The teacher that writes an example's reference SIP analysis (`meta.reference`, R_content's yardstick): the
+# paper drew its references from a strong model; it is shown the gold option and must reach it.
+SIP_REFERENCE_SYSTEM = f"""You write the reference analysis of a multiple-choice question about a story: a worked \
+model of social reasoning that later answers will be compared with. Reason through the four stages of Social \
+Information Processing, in order, each grounded in the story alone:
+- Encoding: the cues that matter (who did, said, saw or was told what, and when);
+- Interpretation: what those cues mean for each person's beliefs, knowledge, feelings and intentions;
+- Goal: what the people involved want from the situation and from one another;
+- Response: how the correct option follows from the stages before it, and why the nearest other option does not.
+
+You receive <task> (the question and its options), <conversation> (the story) and <labels> (the correct option). \
+{judge._DATA_NOTICE} Do not mention that you were told the correct option.
+
+Output exactly five lines and nothing else:
+Encoding: <one paragraph>
+Interpretation: <one paragraph>
+Goal: <one paragraph>
+Response: <one paragraph>
+Answer: <the correct option's letter>"""
+
+
+def sip_reference_request(example: data.Example) -> judge.JudgeCall:
+    """The teacher call that writes `example`'s reference SIP analysis, toward its gold option."""
+    return judge.JudgeCall(judge._messages(
+        SIP_REFERENCE_SYSTEM, judge._section("task", data.task_brief(example)),
+        judge._section("conversation", data.render_conversation(example)),
+        judge._section("labels", ", ".join(example.labels))), 1024)
+
+
+def parse_sip_reference(text: str, example: data.Example) -> str | None:
+    """The reference analysis (the four stage lines and the answer line, stripped), or None unless the answer
+    is exactly one non-empty line per SIP stage, in order, then `Answer: <the gold option>`."""
+    lines = [line.strip() for line in text.strip().splitlines()]
+    heads = [*judge.SIP_STAGES, "Answer"]
+    if len(lines) != len(heads) or not all(line.startswith(f"{head}:") and line[len(head) + 1:].strip()
+                                           for line, head in zip(lines, heads)):
+        return None
+    return "\n".join(lines) if data.parse_answer(f"</think>\n{lines[-1]}", example) == example.labels else None
+
+
+@dataclass
+class ReferenceSettings:
+    """`python grpo.py prepare config.yaml`: write the config's first `train_data` file from `examples` with
+    each example's reference SIP analysis in `meta.reference`, through a teacher endpoint."""
+    examples: str  # gold examples without references (e.g. convert.py tombench)
+    teacher: judge.JudgeConfig = field(default_factory=judge.JudgeConfig)  # its own endpoint and sampling
+
+
+def prepare_references(settings: ReferenceSettings, out) -> dict[str, int]:
+    """Ask the teacher for the reference analysis of every example (judge.ask_resumable: concurrent, kept in
+    `<out>.references.jsonl` as answers arrive, so a rerun asks only what is still missing), then write the
+    examples that have one to `out` with it in `meta.reference`. Returns the counts it prints."""
+    examples = data.load_jsonl(settings.examples)
+    if not examples:
+        raise data.DataError(f"{settings.examples}: no examples (the file is empty)")
+    progress = Path(out).with_suffix(".references.jsonl")
+    requests = [(e.id, sip_reference_request(e), lambda text, e=e: parse_sip_reference(text, e)) for e in examples]
+    found, counts = judge.ask_resumable(requests, settings.teacher, progress)
+    kept = [dataclasses.replace(e, meta=e.meta | {"reference": found[e.id]}) for e in examples if e.id in found]
+    data.save_jsonl(kept, out)
+    counts |= {"examples": len(examples), "written": len(kept)}
+    print(f"prepare: {len(kept)} of {len(examples)} examples with a reference -> {out} ({counts['asked']} asked, "
+          f"{counts['failures']} teacher failures, {counts['malformed']} rejected; rerun to retry the missing; "
+          f"answers kept in {progress})")
+    return counts
 
 
 def check_reward_data(spec: RewardSpec, examples: list[data.Example]) -> None:

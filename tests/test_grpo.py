@@ -27,6 +27,7 @@ import model as M
 import rewards
 import train as T
 from config import MetricsWriter, load_config
+from judge import SIP_STAGES
 from judge_server import Faults, JudgeServer, rules_backend
 
 REPO = Path(__file__).resolve().parents[1]
@@ -541,3 +542,67 @@ def test_a_learnable_reward_rises(tmp_path):
     first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
     print(f"first 3 updates {first:.3f}, last 3 updates {last:.3f}")
     assert first < 0.3 and last > max(0.4, first + 0.2)  # seeds 1-6 measured: 0.08-0.26 -> 0.47-0.65
+
+
+# ----------------------------------------------------------------------------- Social-R1: references, then a run
+
+
+def social_r1_backend(messages, params):
+    """A teacher and the two SIP judges: a reference that reaches the <labels> option, four YES stages, and
+    a content score that says whether a reference was shown."""
+    system, user = messages[0]["content"], messages[-1]["content"]
+    if system == rewards.SIP_REFERENCE_SYSTEM:
+        gold = user.split("<labels>\n")[1].split("\n")[0]
+        return "\n".join([f"{stage}: the {stage.lower()} of the story" for stage in SIP_STAGES] + [f"Answer: {gold}"])
+    if "Encoding: <short assessment>" in system:
+        return "\n".join(f"{stage}: done | YES" for stage in SIP_STAGES)
+    return "against the reference | 0.7" if "<reference>" in user else "no reference | 0.1"
+
+
+def test_convert_prepare_references_then_a_social_r1_run(tmp_path, assets):
+    # convert.py tombench -> grpo.py prepare (teacher over HTTP, concurrent, resumable) -> grpo.py on the result
+    items = []
+    for i, n in enumerate((2, 4, 6)):
+        item = {"STORY": f"Story {i}.", "QUESTION": "Where?", "故事": f"故事{i}。", "问题": "哪里？",
+                "答案\nANSWER": "ABCDEF"[n - 1]}
+        for letter in "ABCDEF"[:n]:
+            item[f"OPTION-{letter}"], item[f"选项{letter}"] = f"place {letter}", f"地方{letter}"
+        items.append(json.dumps(item, ensure_ascii=False))
+    (tmp_path / "tom.jsonl").write_text("\n".join(items) + "\n", encoding="utf-8")
+    gold, train_file = tmp_path / "gold.jsonl", tmp_path / "train.jsonl"
+    subprocess.run([sys.executable, str(REPO / "convert.py"), "tombench", str(tmp_path / "tom.jsonl"), str(gold)],
+                   check=True, cwd=REPO, capture_output=True)
+    base, _ = assets
+    server = JudgeServer(social_r1_backend, faults=Faults(script=("503",)))  # the first teacher call fails
+    with server.start():
+        overrides = [f"output_dir={tmp_path / 'run'}", f"train_data=[{train_file}]", f"model.path={base}",
+                     "model.dtype=float32", "model.device=cpu", "model.gradient_checkpointing=false", "updates=1",
+                     "lora.rank=4", "lora.alpha=8", "rollout.prompts_per_update=2", "rollout.group_size=2",
+                     "rollout.max_new_tokens=4", "loss.micro_batch_size=4", f"judge.base_url={server.url}",
+                     "judge.retries=0", f"prepare.examples={gold}", f"prepare.teacher.base_url={server.url}",
+                     "prepare.teacher.retries=0", "prepare.teacher.concurrency=4"]
+        config = str(REPO / "configs" / "social_r1_qwen3_8b.yaml")
+        grpo.main(["prepare", config, *overrides])
+        assert len(data.load_jsonl(train_file)) == 5 and server.requests_seen == 6  # 6 examples, one call failed
+        grpo.main(["prepare", config, *overrides])  # the rerun asks only for the missing one
+        assert server.requests_seen == 7
+        written = data.load_jsonl(train_file)
+        assert sorted(e.id for e in written) == sorted(e.id for e in data.load_jsonl(gold))
+        six = next(e for e in written if e.id == "tombench-en-tom-3")
+        assert len(six.meta["options"]) == 6 and six.meta["reference"].splitlines() == [
+            "Encoding: the encoding of the story", "Interpretation: the interpretation of the story",
+            "Goal: the goal of the story", "Response: the response of the story", "Answer: F"]
+        grpo.main([config, *overrides])
+    (record,) = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    # every R_content was scored against the reference the prepare step wrote (0.1 without one)
+    assert record["step"] == 1 and record["rewards/R_content/mean"] == pytest.approx(0.7)
+    assert record["rewards/R_struct/mean"] == 1.0 and record["judge/failures"] == 0
+
+
+def test_parse_sip_reference_is_strict():
+    item = data.Example("t", "tom_mc", [data.Turn("", "s")], None, ["B"], meta={"question": "q", "options": ["x", "y"]})
+    good = "Encoding: a\nInterpretation: b\nGoal: c\nResponse: d\nAnswer: B"
+    assert rewards.parse_sip_reference(good, item) == good
+    for bad in [good.replace("B", "A"), good.replace("Goal: c\n", ""), good.replace("Goal: c", "Goal:"),
+                good + "\nextra", good.replace("Encoding", "Cues")]:
+        assert rewards.parse_sip_reference(bad, item) is None, bad
