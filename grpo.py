@@ -104,6 +104,8 @@ class LossSettings:
     passes: int = 1  # optimizer steps per rollout batch
     micro_batch_size: int = 8  # sequences per forward/backward (memory only: the gradient is the same)
     adv_eps: float = 1e-6
+    # the std A_i divides by: unbiased (1 / (G - 1), TRL's and verl's) or population (1 / G, EmoLLM B.2)
+    adv_std: Literal["unbiased", "population"] = "unbiased"
 
 
 @dataclass
@@ -144,11 +146,14 @@ class GRPOConfig:
 # ----------------------------------------------------------------------------- the math
 
 
-def group_advantages(rewards, group_size: int, eps: float = 1e-6) -> torch.Tensor:
-    """A_i = (R_i - mean(R)) / (std(R) + eps) over consecutive groups of `group_size` rewards,
-    std unbiased (Bessel). A group of equal rewards gets zero advantages."""
+def group_advantages(rewards, group_size: int, eps: float = 1e-6, std: str = "unbiased") -> torch.Tensor:
+    """A_i = (R_i - mean(R)) / (std(R) + eps) over consecutive groups of `group_size` rewards, std
+    unbiased (Bessel, 1 / (G - 1)) or `population` (1 / G). A group of equal rewards gets zero advantages."""
+    if std not in ("unbiased", "population"):
+        raise ValueError(f"group_advantages: unknown std {std!r} (unbiased, population)")
     r = torch.as_tensor(rewards, dtype=torch.float32).view(-1, group_size)
-    return ((r - r.mean(1, keepdim=True)) / (r.std(1, keepdim=True) + eps)).view(-1)
+    spread = r.std(1, keepdim=True, correction=0 if std == "population" else 1)
+    return ((r - r.mean(1, keepdim=True)) / (spread + eps)).view(-1)
 
 
 def grpo_loss(logp, logp_old, logp_ref, advantages, mask, clip_low=0.2, clip_high=0.2, beta=0.04,
@@ -456,7 +461,7 @@ def training_sequences(groups: list[Group], cfg: GRPOConfig) -> tuple[list[Seque
         if g.masked:
             advantages.append(None)
             continue
-        adv = group_advantages(g.rewards, len(g.rewards), cfg.loss.adv_eps).tolist()
+        adv = group_advantages(g.rewards, len(g.rewards), cfg.loss.adv_eps, cfg.loss.adv_std).tolist()
         advantages.append(adv)
         for member, a in zip(g.samples, adv):
             tokens = sum(len(s.completion) for s in member)

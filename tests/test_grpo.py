@@ -129,6 +129,23 @@ def test_group_advantages_by_hand():
     torch.testing.assert_close(adv, torch.tensor(expected))
 
 
+def test_group_advantages_population_std_for_emollm():
+    # EmoLLM (B.2) divides by sigma_R = sqrt(1/G sum (R - mu)^2): for [0, 0, 0, 1], mu = 0.25 and sigma = sqrt(3) / 4,
+    # so A = [-1/sqrt(3)] * 3 + [sqrt(3)] = [-0.577, -0.577, -0.577, 1.732]; the unbiased std gives [-0.5 x3, 1.5]
+    population = grpo.group_advantages([0.0, 0.0, 0.0, 1.0], 4, eps=0.0, std="population")
+    torch.testing.assert_close(population, torch.tensor([-0.57735, -0.57735, -0.57735, 1.73205]), atol=1e-5, rtol=0)
+    unbiased = grpo.group_advantages([0.0, 0.0, 0.0, 1.0], 4, eps=0.0)
+    torch.testing.assert_close(unbiased, torch.tensor([-0.5, -0.5, -0.5, 1.5]))
+    emollm = load_config(REPO / "configs" / "emollm_qwen3_8b.yaml", [], grpo.GRPOConfig)
+    clue = load_config(REPO / "configs" / "clue_qwen3_5_9b.yaml", [], grpo.GRPOConfig)
+    assert (emollm.loss.adv_std, clue.loss.adv_std) == ("population", "unbiased")
+    example = data.Example("e", "meld_emotion", [data.Turn("A", "hi")], 0, ["joy"])
+    group = grpo.Group(example, [[grpo.Sample([1, 2], [3], [-0.1], False)] for _ in range(4)], [], [0.0, 0.0, 0.0, 1.0])
+    emollm.loss.adv_eps = 0.0
+    _, (adv,) = grpo.training_sequences([group], emollm)
+    assert adv == pytest.approx([-0.57735, -0.57735, -0.57735, 1.73205], abs=1e-5)
+
+
 def hand_loss(logp, old, ref, adv, mask, lo, hi, beta, agg):
     """The per-token formula of DESIGN.md, one token at a time in plain Python."""
     rows, tokens, n_tok = [], 0.0, 0
