@@ -12,7 +12,8 @@ One update (`train`, in this order):
               configured reward R_i (`rewards.score`) and, for a composite reward, each component;
   3. filter   (CLUE) a group whose K rewards are all equal or that has a None (missing judge
               feedback) is resampled up to 3 times, then replaced by up to 2 other prompts of the same
-              segment; a group still unusable is masked out of the loss and counted;
+              segment; a group still unusable is masked out of the loss and counted (with filtering off,
+              an unusable group is masked at once: both arms of the Accuracy-Only ablation scale alike);
   4. advantages  A_i = (R_i - mean(R)) / (std(R) + eps) within each group of K (`group_advantages`);
               an episode's advantage goes to every assistant turn it sampled;
   5. loss     per completion token, rho = exp(logp - logp_old),
@@ -389,9 +390,11 @@ def score_groups(groups: list[Group], cfg: GRPOConfig) -> dict:
 def collect_groups(policy: Qwen, tok, source: PromptSource, slots: list[Slot], cfg: GRPOConfig, update: int,
                    where: Dist) -> tuple[list[Group], dict]:
     """Steps 1-3 for this rank's slots: sample, score, and (when filtering is on) resample or replace unusable groups
-    until every slot is usable or out of attempts; unusable groups end masked. With filtering off only a group with a
-    missing reward is masked (equal rewards give zero advantages). A dialogue run with a turn reward first plays its
-    seeds: a slot per state (`played_slots`). Judge statistics count the simulator's calls too."""
+    until every slot is usable or out of attempts. Unusable groups (a missing reward, or all rewards equal) end masked
+    with filtering on or off, out of the loss and of its normalizer: filtering decides only whether they are drawn
+    again, so CLUE and its Accuracy-Only ablation scale the same informative groups' gradient alike. A dialogue run
+    with a turn reward first plays its seeds: a slot per state (`played_slots`). Judge statistics count the
+    simulator's calls too."""
     counts = {"resampled": 0, "replaced": 0, "masked": 0, "generate_s": 0.0, "judge_s": 0.0,
               "calls": 0, "retries": 0, "failures": 0}
     if cfg.dialogue is not None and dialogue.GROUPING[cfg.reward.name] == "turn":
@@ -433,7 +436,7 @@ def collect_groups(policy: Qwen, tok, source: PromptSource, slots: list[Slot], c
         pending, rounds = retry, rounds + 1
     groups = [s.group for s in slots]
     for g in groups:
-        g.masked = None in g.rewards or (cfg.filtering.enabled and not g.usable())
+        g.masked = not g.usable()
         counts["masked"] += g.masked
     return groups, counts
 

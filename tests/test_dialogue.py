@@ -248,9 +248,9 @@ def slots_of(cfg, names):
     return source, [grpo.Slot(i, ex, seg) for i, (ex, seg) in enumerate(source.take(len(names)))]
 
 
-def hand_advantages(rewards):
+def hand_advantages(rewards):  # the demo config's loss.adv_std: population, sigma over 1/G as EmoLLM B.2 writes it
     mean = sum(rewards) / len(rewards)
-    std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / (len(rewards) - 1))
+    std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards))
     return [(r - mean) / (std + 1e-6) for r in rewards]
 
 

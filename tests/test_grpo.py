@@ -233,10 +233,10 @@ def test_social_r1_weight_reaches_one_plus_gamma_at_the_last_update(assets):
 # ----------------------------------------------------------------------------- group filtering
 
 
-def scripted_filtering(monkeypatch, script, enabled=True):
+def scripted_filtering(monkeypatch, script, enabled=True, config="clue_qwen3_5_9b.yaml", overrides=()):
     """Run collect_groups on 3 slots whose rewards come from `script[example id]`, one list per
     sampling of that prompt (the last one repeats). Returns (groups, counts, samplings per id)."""
-    cfg = load_config(REPO / "configs" / "clue_qwen3_5_9b.yaml", ["rollout.group_size=2"], grpo.GRPOConfig)
+    cfg = load_config(REPO / "configs" / config, ["rollout.group_size=2", *overrides], grpo.GRPOConfig)
     cfg.filtering.enabled = enabled
     examples = [data.Example(f"p{i}", "meld_emotion", [data.Turn("A", "hi")], 0, ["joy"]) for i in range(6)]
     source = grpo.PromptSource([data.Segment("full", examples[:3]), data.Segment("mixed", examples[3:])])
@@ -285,11 +285,12 @@ def test_group_filtering_replacement_can_rescue(monkeypatch):
     assert groups[2].example.id != "p2" and groups[2].rewards == [1.0, 0.0] and not groups[2].masked
 
 
-def test_filtering_off_masks_only_missing_rewards(monkeypatch):
+def test_filtering_off_draws_nothing_again_and_masks_unusable_groups(monkeypatch):
+    # all-equal rewards are masked too, as with filtering on: out of the loss normalizer in both arms
     script = {"p0": [(1.0, 1.0)], "p1": [(None, 1.0)], "p2": [(0.0, 1.0)]}
     groups, counts, seen = scripted_filtering(monkeypatch, script, enabled=False)
     assert seen == {"p0": 1, "p1": 1, "p2": 1} and counts["resampled"] == counts["replaced"] == 0
-    assert [g.masked for g in groups] == [False, True, False] and counts["masked"] == 1
+    assert [g.masked for g in groups] == [True, True, False] and counts["masked"] == 2
 
 
 # ----------------------------------------------------------------------------- gradients
@@ -319,6 +320,27 @@ def fixed_groups(n_groups=4, k=3, seed=0):
         samples = [[grpo.Sample(prompt, c, s, False)] for c, s in zip(comps, sampler)]
         groups.append(grpo.Group(ex, samples, [], [float((i + j) % 3) for j in range(k)]))
     return groups
+
+
+def test_accuracy_only_and_clue_scale_the_same_informative_groups_alike(monkeypatch, assets):
+    # The paper's ablation: Accuracy-Only (filtering off) against CLUE (filtering on). Here one group of three is
+    # informative and the others stay all-correct or all-wrong through every resampling (no replacements). The old
+    # code kept the two all-equal groups in Accuracy-Only's loss normalizer (3 completions' worth of groups instead
+    # of 1), so its policy-gradient step was 3x smaller at the same LR; now both arms mask them.
+    script = {"p0": [(1.0, 1.0)], "p1": [(1.0, 0.0)], "p2": [(0.0, 0.0)]}
+    arms = {name: scripted_filtering(monkeypatch, script, enabled=on, config=config,
+                                     overrides=["filtering.replacements=0"])[0]
+            for name, on, config in (("clue", True, "clue_qwen3_5_9b.yaml"),
+                                     ("accuracy_only", False, "clue_accuracy_only.yaml"))}
+    assert [g.masked for g in arms["clue"]] == [g.masked for g in arms["accuracy_only"]] == [True, False, True]
+    assert arms["clue"][1].example.id == arms["accuracy_only"][1].example.id == "p1"
+    cfg, policy = tiny_policy(assets[0])
+    cfg.loss.beta = 0.0  # the policy-gradient term alone
+    where = T.Dist(0, 1, torch.device("cpu"))
+    (_, clue), (_, accuracy_only) = (gradients(cfg, policy, arms[name], where, 4) for name in ("clue", "accuracy_only"))
+    assert any(g.abs().sum() > 0 for g in clue)
+    for a, b in zip(clue, accuracy_only):
+        torch.testing.assert_close(a, b)
 
 
 def gradients(cfg, policy, groups, where, micro_batch_size):
