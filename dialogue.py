@@ -18,8 +18,9 @@ Grouping: the reward decides it (GROUPING).
   episode's loss covers the tokens of every assistant turn it sampled, each under the prompt it was
   sampled with, and no user token; its mean runs over all of them (each row weighs its share of the episode's
   tokens: grpo_loss's `row_weight`).
-- turn (`emollm_turn`, `care`): one episode per seed; at every state the policy draws G candidate replies
-  and the episode goes on with the first; the G candidates are a group, scored by r_t or by CARE's
+- turn (`emollm_turn`, `care`): one episode per seed; at every state the policy draws G candidate replies, the
+  simulated user answers each, and the episode goes on with the first (`play` says why); the G candidates are a
+  group, scored by r_t (its judge sees each candidate's own follow-up) or by CARE's
   rubric, one rubric written per state and shared by its group (kept on the state for resampling).
 """
 
@@ -60,6 +61,7 @@ class DialogueSettings:
     lookahead: int = 3  # n: the reverse-perspective steps the scaffold asks for at most (EmoLLM: 3)
     simulator: JudgeConfig | None = None  # the user simulator's endpoint and sampling (None: the judge's)
     rubric_judge: JudgeConfig | None = None  # CARE's rubric generator (None: the judge's)
+    predictor: JudgeConfig | None = None  # EmoLLM's reverse-perspective predictor T (B.1; None: the judge's)
 
 
 # ----------------------------------------------------------------------------- scenario seeds
@@ -200,10 +202,12 @@ Before replying, the assistant was asked to reason privately: the facts the conv
 needs, how the person appraises the situation against those needs, the feelings that follow, the strategy for the \
 reply, then up to a given number of lookahead steps predicting how the person's needs, appraisal and feelings change \
 after such a reply (each step one exchange further ahead), and the strategy finally chosen. The person sees only the \
-reply.
+reply. A separate predictor, taking the person's side, then forecast how their needs, appraisal and feelings stand \
+some exchanges after the reply.
 
 You receive <dialogue> (the conversation up to the person's latest message), <reasoning> (the private reasoning, \
-"(none)" when the assistant wrote none) and <reply>. {_DATA_NOTICE}
+"(none)" when the assistant wrote none), <reply>, <prediction> (the predictor's forecast) and <follow_up> (what the \
+person, played by a simulator, answered to the reply). {_DATA_NOTICE}
 
 Rate four things:
 - cognitive, 1 to 5: how reliable the reply is: consistent with what the conversation establishes, with no invented \
@@ -211,8 +215,8 @@ facts, contradictions, unsupported claims or faulty logic (5 = fully reliable, 1
 - trace, 1 to 5: the quality of the reasoning itself: facts grounded in the conversation, needs that follow from \
 them, appraisals that connect the facts with the needs, feelings consistent with the appraisals, and a strategy \
 that follows from all of these and that the reply carries out (1 when it is missing, malformed or inconsistent).
-- lookahead, 1 to 5: how plausible the predicted change in the person's needs, appraisal and feelings is: consistent \
-with the conversation, psychologically believable, and in line with the chosen strategy (1 when there is none).
+- lookahead, 1 to 5: how plausible the forecast in <prediction> is: consistent with the conversation, psychologically \
+believable needs, appraisal and feelings, and a consequence that fits the strategy the reply carries out.
 - overthinking, 0 to 2: wasted reasoning: a full analysis for a simple, routine message, lookahead steps that add \
 nothing to the step before, or more steps than allowed (0 = none, 1 = some, 2 = much).
 
@@ -290,13 +294,45 @@ def parse_emotional_state(text: str) -> int | None:
     return None if verdict is None else int(verdict[0])
 
 
-def turn_scores_request(dialogue: list[tuple[str, str]], reasoning: str, reply: str, lookahead: int) -> JudgeCall:
+def turn_scores_request(dialogue: list[tuple[str, str]], reasoning: str, reply: str, lookahead: int,
+                        prediction: str, follow_up: str | None) -> JudgeCall:
     """EmoLLM's turn judge (section 3.2.2: one judge, four aspects of the turn) for a `reply` to `dialogue` with its
-    private `reasoning`; `lookahead` is the n the policy was allowed."""
+    private `reasoning`, the predictor's final forecast (`prediction`: R_RP = S(s^(n)), B.1) and the simulated
+    user's `follow_up`; `lookahead` is the n the policy was allowed."""
     messages = _messages(TURN_SCORES_SYSTEM, _section("dialogue", _dialogue_text(dialogue)),
                          _section("reasoning", reasoning.strip() or "(none)"), _section("reply", reply),
+                         _section("prediction", prediction), _section("follow_up", follow_up or "(none)"),
                          f"The assistant was asked for at most {lookahead} lookahead steps.")
     return JudgeCall(messages, 256)
+
+
+PREDICTOR_SYSTEM = f"""You take the side of the person talking with an assistant. Given the conversation up to the \
+person's latest message and the assistant's reply to it, forecast, from the person's point of view, how they will \
+stand one exchange later: what they need or want now, how they appraise their situation (how it bears on what they \
+care about, how much they can cope or control), and what they feel. When <previous> holds an earlier forecast, go one \
+exchange further from it.
+
+You receive <dialogue>, <reply> and, from the second step on, <previous>. {_DATA_NOTICE}
+
+Output exactly three lines and nothing else:
+Needs: <one sentence>
+Appraisal: <one sentence>
+Emotion: <one sentence>"""
+
+
+def predictor_request(dialogue: list[tuple[str, str]], reply: str, previous: str | None) -> JudgeCall:
+    """One step of EmoLLM's reverse-perspective predictor T (B.1): s^(1) = T(x, y), s^(k+1) = T(x, y, s^(k))."""
+    sections = [_section("dialogue", _dialogue_text(dialogue)), _section("reply", reply)]
+    sections += [] if previous is None else [_section("previous", previous)]
+    return JudgeCall(_messages(PREDICTOR_SYSTEM, *sections), 160)
+
+
+def parse_prediction(text: str) -> str | None:
+    """A forecast: exactly the three non-empty lines Needs, Appraisal, Emotion, in order (stripped), or None."""
+    lines = [line.strip() for line in text.strip().splitlines()]
+    heads = ("Needs", "Appraisal", "Emotion")
+    ok = len(lines) == 3 and all(line.startswith(f"{h}:") and line[len(h) + 1:].strip() for line, h in zip(lines, heads))
+    return "\n".join(lines) if ok else None
 
 
 def parse_turn_scores(text: str) -> dict[str, int] | None:
@@ -339,6 +375,7 @@ class PolicyTurn:
     reasoning: str  # for the judges only
     reply: str  # what the user sees
     n_reasoning_tokens: int = 0
+    follow_up: str | None = None  # the simulated user's answer to this reply (play); None: none usable
 
 
 Respond = Callable[[list[list[dict[str, str]]], int, int], list[list[PolicyTurn]]]  # (chats, samples each, seed)
@@ -393,7 +430,7 @@ def endpoint_policy(endpoint: JudgeConfig, sampling: evaluate.SamplingConfig) ->
 class EpisodeTurn:
     """One assistant turn of an episode."""
     state: State  # what the policy answered
-    candidates: list[PolicyTurn]  # the replies drawn there; the episode went on with the first
+    candidates: list[PolicyTurn]  # the replies drawn there, each with its own follow-up; the episode took the first
 
 
 @dataclass
@@ -420,21 +457,29 @@ def add_stats(total: dict, stats: dict) -> dict:
 def play(respond: Respond, starts: list[State], settings: DialogueSettings, simulator: JudgeConfig,
          candidates: int = 1, seed: int = 0) -> tuple[list[Episode], dict]:
     """Play an episode from each start state, all at once, until every one has ended (see the module docstring);
-    every turn draws `candidates` replies per live episode in one `respond` call and asks the simulator once per
-    live episode in one `chat_many` batch. Returns the episodes and the simulator's call statistics."""
+    every turn draws `candidates` replies per live episode in one `respond` call, then the simulator answers every
+    candidate, in one `chat_many` batch (EmoLLM H: each candidate gets its own user reply before the turn rewards).
+    The episode goes on with candidate 0 and its reply: the candidates are exchangeable draws, so the first is a
+    random one and the episode visits the states the policy itself reaches; taking the best-judged would need the
+    turn's rewards before the next turn and steer later states toward what the judge already favours. Returns the
+    episodes and the simulator's call statistics."""
     episodes = [Episode(start, start) for start in starts]
     live, stats = list(episodes), {}
     while live:
         turn_seed = random.Random(f"{seed}/{live[0].state.turn}").getrandbits(63)
         drawn = respond([policy_messages(e.state, settings) for e in live], candidates, turn_seed)
-        for episode, replies in zip(live, drawn):
-            episode.turns.append(EpisodeTurn(episode.state, replies))
-            episode.state = episode.state.then("assistant", replies[0].reply)
-        calls = [user_turn_request(e.start.scenario.scenario, list(e.state.history), len(e.turns), settings.max_turns)
-                 for e in live]
+        calls = [user_turn_request(e.start.scenario.scenario, list(e.state.then("assistant", r.reply).history),
+                                   len(e.turns) + 1, settings.max_turns)
+                 for e, replies in zip(live, drawn) for r in replies]
         messages, asked = judge.ask([(call, parse_user_turn) for call in calls], simulator)
         add_stats(stats, asked)
-        for episode, message in zip(live, messages):
+        answers = iter(messages)
+        for episode, replies in zip(live, drawn):
+            for reply in replies:
+                reply.follow_up = next(answers)
+            episode.turns.append(EpisodeTurn(episode.state, replies))
+            episode.state = episode.state.then("assistant", replies[0].reply)
+            message = replies[0].follow_up
             if message is None:
                 episode.ended_by = "simulator"
                 continue
@@ -451,9 +496,11 @@ def play(respond: Respond, starts: list[State], settings: DialogueSettings, simu
 
 
 def turn_rollout(state: State, turn: PolicyTurn) -> rewards.Rollout:
-    """A reply drawn at `state`, as the rewards read it: `example` is the dialogue the reply closes."""
+    """A reply drawn at `state`, as the rewards read it: `example` is the dialogue the reply closes, and
+    `judged["follow_up"]` the simulated user's answer to it."""
     return rewards.Rollout(state.then("assistant", turn.reply), turn.text, turn.reasoning,
-                           data.split_blocks(turn.reasoning), None, turn.n_reasoning_tokens, len(turn.completion))
+                           data.split_blocks(turn.reasoning), None, turn.n_reasoning_tokens, len(turn.completion),
+                           judged={"follow_up": turn.follow_up})
 
 
 def transcript(episode: Episode) -> str:
@@ -470,10 +517,32 @@ def episode_rollout(episode: Episode) -> rewards.Rollout:
                            sum(r.n_completion_tokens for r in turns), turns=turns)
 
 
-def _turn_scores_ask(turn: rewards.Rollout, settings: DialogueSettings):
-    *context, (_, reply) = turn.example.history
-    return (turn.judged, "turn_scores", turn_scores_request(context, turn.reasoning, reply, settings.lookahead),
-            parse_turn_scores)
+def predict(turns: list[rewards.Rollout], settings: DialogueSettings, cfg: JudgeConfig) -> dict:
+    """R_RP's forecast (EmoLLM B.1): n = settings.lookahead steps of the predictor for each turn, s^(1) = T(x, y) and
+    s^(k+1) = T(x, y, s^(k)), step k of every turn in one batch on `settings.predictor` (None: `cfg`, the judge's);
+    s^(n) goes to judged["prediction"] (None when a step failed). Returns the call statistics."""
+    stats, live = {}, list(turns)
+    for turn in turns:
+        turn.judged["prediction"] = None
+    for _ in range(max(1, settings.lookahead)):
+        asks = [(t.judged, "prediction", predictor_request(list(t.example.history[:-1]), t.example.history[-1][1],
+                                                           t.judged["prediction"]), parse_prediction) for t in live]
+        add_stats(stats, _ask_into(asks, settings.predictor or cfg))
+        live = [t for t in live if t.judged["prediction"] is not None]
+    return stats
+
+
+def _turn_scores_asks(turns: list[rewards.Rollout], settings: DialogueSettings) -> list:
+    """The turn judge's calls for the turns whose forecast arrived (the others keep turn_scores None)."""
+    asks = []
+    for turn in turns:
+        turn.judged["turn_scores"] = None
+        if turn.judged["prediction"] is not None:
+            *context, (_, reply) = turn.example.history
+            asks.append((turn.judged, "turn_scores", turn_scores_request(
+                context, turn.reasoning, reply, settings.lookahead, turn.judged["prediction"],
+                turn.judged.get("follow_up")), parse_turn_scores))
+    return asks
 
 
 def judge_groups(groups: list[tuple[State, list[rewards.Rollout]]], spec: rewards.RewardSpec,
@@ -487,7 +556,7 @@ def judge_groups(groups: list[tuple[State, list[rewards.Rollout]]], spec: reward
     - care: a rubric for each state that has none yet (`settings.rubric_judge`), then, in a second batch, each
       reply's scores against its state's rubric (none asked where the rubric is missing: the reward is None).
     Returns the summed call statistics."""
-    asks, ask_cfg = [], cfg
+    asks, ask_cfg, scored = [], cfg, []
     if GROUPING[spec.name] == "trajectory":
         for start, episodes in groups:
             if start.judged.get("emotional_state") is None:
@@ -498,15 +567,16 @@ def judge_groups(groups: list[tuple[State, list[rewards.Rollout]]], spec: reward
                 *context, (_, last) = episode.example.history
                 asks.append((episode.turns[-1].judged, "emotional_state",
                              emotional_state_request(_dialogue_text(context), last), parse_emotional_state))
-                asks += [_turn_scores_ask(turn, settings) for turn in episode.turns]
+                scored += episode.turns
     elif spec.name == "emollm_turn":
-        asks += [_turn_scores_ask(r, settings) for _, replies in groups for r in replies]
+        scored = [r for _, replies in groups for r in replies]
     else:
         states = {id(state): state for state, _ in groups if state.judged.get("care_rubric") is None}.values()
         asks += [(s.judged, "care_rubric", judge.care_rubric_request(list(s.history)), judge.parse_care_rubric)
                  for s in states]
         ask_cfg = settings.rubric_judge or cfg
-    stats = _ask_into(asks, ask_cfg)
+    stats = predict(scored, settings, cfg)  # the forecasts first: the turn judge scores them
+    add_stats(stats, _ask_into(asks + _turn_scores_asks(scored, settings), ask_cfg))
     if GROUPING[spec.name] == "trajectory":
         for start, episodes in groups:
             for episode in episodes:

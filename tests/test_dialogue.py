@@ -174,10 +174,19 @@ def test_rules_backend_scripts_the_user_and_the_states():
     assert states == [5, 3, 1] and dialogue.user_ends_dialogue(SCRIPTED_USER["ends"])
     trace = "Facts: a deadline.\nNeeds: rest.\nAppraisal: too much.\nEmotion: worried.\nStrategy: calm.\n" \
             "Lookahead 1: calmer.\nLookahead 2: calmer.\nLookahead 3: calmer.\nChoice: keep."
+    eased = "Needs: a next step\nAppraisal: manageable\nEmotion: calmer"
     scores = dialogue.parse_turn_scores(ask(dialogue.turn_scores_request(
-        [("user", "My deadline is tomorrow.")], trace, "Your deadline sounds hard.", 2)))
-    # a shared content word (deadline); all five sections; three steps naming a RELIEF word; repeated steps, beyond n
+        [("user", "My deadline is tomorrow.")], trace, "Your deadline sounds hard.", 2, eased, SCRIPTED_USER["ends"])))
+    # a shared content word (deadline); all five sections; an eased forecast that came true; repeated steps, beyond n
     assert scores == {"cognitive": 5, "trace": 5, "lookahead": 5, "overthinking": 2}
+    wrong = dialogue.parse_turn_scores(ask(dialogue.turn_scores_request(
+        [("user", "My deadline is tomorrow.")], trace, "Noted.", 2, eased, SCRIPTED_USER["not eased"])))
+    assert wrong["lookahead"] == 2  # the forecast eased, the user did not
+    forecast = ask(dialogue.predictor_request(dialogue_so_far[:1], "I understand.", None))
+    assert dialogue.parse_prediction(forecast) == eased
+    strained = ask(dialogue.predictor_request(dialogue_so_far[:1], "Noted.", None))
+    assert dialogue.parse_prediction(strained).endswith("Emotion: worried")
+    assert dialogue.parse_prediction(ask(dialogue.predictor_request(dialogue_so_far[:1], "Noted.", eased))) == eased
 
 
 # ----------------------------------------------------------------------------- the role-play
@@ -211,6 +220,34 @@ def test_episodes_end_by_the_user_or_the_turn_limit_and_reasoning_never_reaches_
         assert any(shown == judge._dialogue_text(list(finals[name][:n])) for n in range(2, 9, 2)), shown
     assert not any("SECRET" in m["content"] for chats in respond.calls for chat in chats for m in chat)
     assert all(t.candidates[0].reasoning.startswith("SECRET") for e in episodes for t in e.turns)
+
+
+def test_every_candidate_gets_its_own_reply_and_its_forecast_is_scored(monkeypatch):
+    # EmoLLM H: at each turn the simulator answers each of the G candidates before the turn rewards; the episode
+    # goes on with candidate 0. B.1: the predictor T, on its own endpoint, forecasts n steps, s(k+1) = T(x, y, s(k)),
+    # and the turn judge scores s(n) (R_RP); here the rules judge checks it against the candidate's own follow-up.
+    respond = scripted(lambda row, chat: ("cold", "kind", "slow")[row % 3])
+    settings = DialogueSettings(max_turns=2, lookahead=2)
+    judges, predictor = Recorder(), Recorder()
+    with serving(judges) as cfg, serving(predictor) as predictor_cfg:
+        (episode,), stats = dialogue.play(respond, [dialogue.as_state(scenario("x"))], settings, cfg, candidates=3)
+        first = episode.turns[0].candidates
+        assert [c.follow_up for c in first] == [SCRIPTED_USER[k] for k in ("not eased", "ends", "eased")]
+        assert episode.state.history[1:3] == (("assistant", STYLES["cold"]), ("user", SCRIPTED_USER["not eased"]))
+        assert len(judges.of(dialogue.USER_SIMULATOR_SYSTEM)) == stats["calls"] == 6  # 3 candidates x 2 turns
+        replies = [dialogue.turn_rollout(episode.turns[0].state, c) for c in first]
+        settings.predictor = predictor_cfg
+        dialogue.judge_groups([(episode.turns[0].state, replies)], grpo.rewards.RewardSpec("emollm_turn"), settings,
+                              cfg)
+    asked = predictor.of(dialogue.PREDICTOR_SYSTEM)
+    assert len(asked) == 6 and not judges.of(dialogue.PREDICTOR_SYSTEM)  # n = 2 steps x 3 candidates, own endpoint
+    assert sum("<previous>" in m for m in asked) == 3  # each second step goes on from its first
+    scored = judges.of(dialogue.TURN_SCORES_SYSTEM)
+    assert sorted(section(m, "follow_up") for m in scored) == sorted(c.follow_up for c in first)
+    for r, c in zip(replies, first):
+        eased = "calmer" if c.reply != STYLES["cold"] else "worried"
+        assert r.judged["prediction"].endswith(f"Emotion: {eased}")
+        assert r.judged["turn_scores"]["lookahead"] == 5  # each forecast agrees with its own candidate's follow-up
 
 
 def test_every_policy_turn_is_one_batched_generate_call(base, monkeypatch):
@@ -310,7 +347,10 @@ def test_turn_groups_share_one_rubric_per_state(base, monkeypatch):
         source, slots = slots_of(cfg, ["p", "q"])
         groups, counts = grpo.collect_groups(dialogue.DialogueSampler(policy, tok, cfg), source, slots, cfg, 0, CPU)
     played = recorder.of(dialogue.USER_SIMULATOR_SYSTEM)
-    assert len(groups) == len(played) >= 4  # a group for every state the two episodes passed
+    assert len(groups) >= 4 and len(played) == 3 * len(groups)  # a group per state, a simulated reply per candidate
+    shown = sorted(section(m, "dialogue") for m in played)
+    assert shown == sorted(judge._dialogue_text(list(r.example.history)) for g in groups for r in g.rollouts)
+    assert all(r.judged["follow_up"] is not None for g in groups for r in g.rollouts)
     asked = [section(m, "dialogue") for m in recorder.of(CARE_RUBRIC_SYSTEM)]
     assert sorted(asked) == sorted(judge._dialogue_text(list(g.example.history)) for g in groups)
     assert len(recorder.of(judge.CARE_SCORES_SYSTEM)) == 3 * len(groups)
