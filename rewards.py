@@ -286,9 +286,9 @@ def social_r1_reference_free(rollout, cfg):
 
 # ----------------------------------------------------------------------------- EmoLLM
 
-# What EmoLLM's turn judge (dialogue.turn_scores_request) rates, with each score's range: cognitive reliability,
-# the ARG trace's quality and the plausibility of the trace's reverse-perspective prediction (1-5), and overthinking
-# (0 none, 1 some, 2 heavy). dialogue.parse_turn_scores reads exactly these.
+# What EmoLLM's turn judge (dialogue_judges.turn_scores_request) rates, with each score's range: cognitive
+# reliability, the ARG trace's quality and the plausibility of the predictor's reverse-perspective forecast (1-5),
+# and overthinking (0 none, 1 some, 2 heavy). dialogue_judges.parse_turn_scores reads exactly these.
 EMOLLM_SCORES = {"cognitive": (1, 5), "trace": (1, 5), "lookahead": (1, 5), "overthinking": (0, 2)}
 EMOLLM_TERMS = ("R_cog", "R_ARG", "R_RP", "R_overthink")
 

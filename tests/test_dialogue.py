@@ -17,6 +17,7 @@ import torch
 import yaml
 
 import dialogue
+import dialogue_judges
 import evaluate
 import grpo
 import judge
@@ -130,25 +131,25 @@ def test_scenarios_load_and_every_bad_line_is_located(tmp_path):
 
 def test_parsers_take_exactly_their_format():
     good = "cognitive: Grounded | 4\ntrace: All sections | 5\nlookahead: Plausible | 3\noverthinking: None | 0"
-    assert dialogue.parse_turn_scores(good) == {"cognitive": 4, "trace": 5, "lookahead": 3, "overthinking": 0}
+    assert dialogue_judges.parse_turn_scores(good) == {"cognitive": 4, "trace": 5, "lookahead": 3, "overthinking": 0}
     lines = good.splitlines()
     for answer in [good.replace("| 0", "| 3"), good.replace("| 4", "| 0"), "\n".join(lines[:3]),
                    "\n".join([lines[1], lines[0], *lines[2:]]), good + "\nAll fine.", good.replace("| 5", "| 4.5"),
                    '{"cognitive": 4, "trace": 5, "lookahead": 3, "overthinking": 0}']:
-        assert dialogue.parse_turn_scores(answer) is None, answer
-    assert dialogue.parse_emotional_state("Relieved after the advice | 4") == 4
+        assert dialogue_judges.parse_turn_scores(answer) is None, answer
+    assert dialogue_judges.parse_emotional_state("Relieved after the advice | 4") == 4
     for answer in ["Calm | 0", "Calm | 6", "4", "Calm |", "Calm | 3.5", "Calm | 4\nCalm | 4"]:
-        assert dialogue.parse_emotional_state(answer) is None, answer
+        assert dialogue_judges.parse_emotional_state(answer) is None, answer
     quality = "sr_proxy: User still anxious | 0\nea: Warm and validating | 4\nfa: No invented facts | 1"
-    assert dialogue.parse_turn_quality(quality) == {"sr_proxy": 0.0, "ea": 4.0, "fa": 1.0}
+    assert dialogue_judges.parse_turn_quality(quality) == {"sr_proxy": 0.0, "ea": 4.0, "fa": 1.0}
     for answer in [quality.replace("| 4", "| 0"), quality.replace("| 0", "| 2"), "\n".join(quality.splitlines()[:2])]:
-        assert dialogue.parse_turn_quality(answer) is None, answer
-    assert dialogue.parse_user_turn("  I guess I could try that tonight.  ") == "I guess I could try that tonight."
+        assert dialogue_judges.parse_turn_quality(answer) is None, answer
+    assert dialogue_judges.parse_user_turn("  I guess I could try that tonight.  ") == "I guess I could try that tonight."
     for answer in ["", "   ", "Assistant: Here is a plan.", "Okay.\nUser: and then?", "<think>hmm</think> ok"]:
-        assert dialogue.parse_user_turn(answer) is None, answer
-    assert dialogue.user_ends_dialogue("Thanks, that really helps.")
-    assert dialogue.user_ends_dialogue("Okay, I\u2019m done.")
-    assert not dialogue.user_ends_dialogue("I'm thankful you listened, but I still feel lost.")
+        assert dialogue_judges.parse_user_turn(answer) is None, answer
+    assert dialogue_judges.user_ends_dialogue("Thanks, that really helps.")
+    assert dialogue_judges.user_ends_dialogue("Okay, I\u2019m done.")
+    assert not dialogue_judges.user_ends_dialogue("I'm thankful you listened, but I still feel lost.")
 
 
 def test_split_reply_never_lets_reasoning_into_the_reply():
@@ -164,29 +165,29 @@ def test_rules_backend_scripts_the_user_and_the_states():
         return rules_backend(call.messages, {})
 
     dialogue_so_far = [("user", "I feel overwhelmed."), ("assistant", "I understand. I am sorry.")]
-    assert ask(dialogue.user_turn_request("s", dialogue_so_far, 1, 8)) == SCRIPTED_USER["eased"]
-    assert ask(dialogue.user_turn_request("s", dialogue_so_far + [("user", "x"), ("assistant", "I hear you.")],
+    assert ask(dialogue_judges.user_turn_request("s", dialogue_so_far, 1, 8)) == SCRIPTED_USER["eased"]
+    assert ask(dialogue_judges.user_turn_request("s", dialogue_so_far + [("user", "x"), ("assistant", "I hear you.")],
                                           2, 8)) == SCRIPTED_USER["ends"]  # three comfort words in all
-    assert ask(dialogue.user_turn_request("s", [("user", "x"), ("assistant", "Noted.")], 1, 8)) == SCRIPTED_USER[
+    assert ask(dialogue_judges.user_turn_request("s", [("user", "x"), ("assistant", "Noted.")], 1, 8)) == SCRIPTED_USER[
         "not eased"]
-    states = [dialogue.parse_emotional_state(ask(dialogue.emotional_state_request("ctx", SCRIPTED_USER[k])))
+    states = [dialogue_judges.parse_emotional_state(ask(dialogue_judges.emotional_state_request("ctx", SCRIPTED_USER[k])))
               for k in ("ends", "eased", "not eased")]
-    assert states == [5, 3, 1] and dialogue.user_ends_dialogue(SCRIPTED_USER["ends"])
+    assert states == [5, 3, 1] and dialogue_judges.user_ends_dialogue(SCRIPTED_USER["ends"])
     trace = "Facts: a deadline.\nNeeds: rest.\nAppraisal: too much.\nEmotion: worried.\nStrategy: calm.\n" \
             "Lookahead 1: calmer.\nLookahead 2: calmer.\nLookahead 3: calmer.\nChoice: keep."
     eased = "Needs: a next step\nAppraisal: manageable\nEmotion: calmer"
-    scores = dialogue.parse_turn_scores(ask(dialogue.turn_scores_request(
+    scores = dialogue_judges.parse_turn_scores(ask(dialogue_judges.turn_scores_request(
         [("user", "My deadline is tomorrow.")], trace, "Your deadline sounds hard.", 2, eased, SCRIPTED_USER["ends"])))
     # a shared content word (deadline); all five sections; an eased forecast that came true; repeated steps, beyond n
     assert scores == {"cognitive": 5, "trace": 5, "lookahead": 5, "overthinking": 2}
-    wrong = dialogue.parse_turn_scores(ask(dialogue.turn_scores_request(
+    wrong = dialogue_judges.parse_turn_scores(ask(dialogue_judges.turn_scores_request(
         [("user", "My deadline is tomorrow.")], trace, "Noted.", 2, eased, SCRIPTED_USER["not eased"])))
     assert wrong["lookahead"] == 2  # the forecast eased, the user did not
-    forecast = ask(dialogue.predictor_request(dialogue_so_far[:1], "I understand.", None))
-    assert dialogue.parse_prediction(forecast) == eased
-    strained = ask(dialogue.predictor_request(dialogue_so_far[:1], "Noted.", None))
-    assert dialogue.parse_prediction(strained).endswith("Emotion: worried")
-    assert dialogue.parse_prediction(ask(dialogue.predictor_request(dialogue_so_far[:1], "Noted.", eased))) == eased
+    forecast = ask(dialogue_judges.predictor_request(dialogue_so_far[:1], "I understand.", None))
+    assert dialogue_judges.parse_prediction(forecast) == eased
+    strained = ask(dialogue_judges.predictor_request(dialogue_so_far[:1], "Noted.", None))
+    assert dialogue_judges.parse_prediction(strained).endswith("Emotion: worried")
+    assert dialogue_judges.parse_prediction(ask(dialogue_judges.predictor_request(dialogue_so_far[:1], "Noted.", eased))) == eased
 
 
 # ----------------------------------------------------------------------------- the role-play
@@ -211,7 +212,7 @@ def test_episodes_end_by_the_user_or_the_turn_limit_and_reasoning_never_reaches_
         SCRIPTED_USER["ends"]]
     assert [cold.follow_up(k) for k in range(4)] == [SCRIPTED_USER["not eased"]] * 4
     # the exact messages the simulator got: the visible dialogue so far, no reasoning
-    simulated = recorder.of(dialogue.USER_SIMULATOR_SYSTEM)
+    simulated = recorder.of(dialogue_judges.USER_SIMULATOR_SYSTEM)
     assert len(simulated) == 8 and not any("SECRET" in m or "<think>" in m for m in simulated)
     finals = {e.start.scenario.id: e.state.history for e in episodes}
     for message in simulated:
@@ -234,15 +235,15 @@ def test_every_candidate_gets_its_own_reply_and_its_forecast_is_scored(monkeypat
         first = episode.turns[0].candidates
         assert [c.follow_up for c in first] == [SCRIPTED_USER[k] for k in ("not eased", "ends", "eased")]
         assert episode.state.history[1:3] == (("assistant", STYLES["cold"]), ("user", SCRIPTED_USER["not eased"]))
-        assert len(judges.of(dialogue.USER_SIMULATOR_SYSTEM)) == stats["calls"] == 6  # 3 candidates x 2 turns
+        assert len(judges.of(dialogue_judges.USER_SIMULATOR_SYSTEM)) == stats["calls"] == 6  # 3 candidates x 2 turns
         replies = [dialogue.turn_rollout(episode.turns[0].state, c) for c in first]
         settings.predictor = predictor_cfg
         dialogue.judge_groups([(episode.turns[0].state, replies)], grpo.rewards.RewardSpec("emollm_turn"), settings,
                               cfg)
-    asked = predictor.of(dialogue.PREDICTOR_SYSTEM)
-    assert len(asked) == 6 and not judges.of(dialogue.PREDICTOR_SYSTEM)  # n = 2 steps x 3 candidates, own endpoint
+    asked = predictor.of(dialogue_judges.PREDICTOR_SYSTEM)
+    assert len(asked) == 6 and not judges.of(dialogue_judges.PREDICTOR_SYSTEM)  # n = 2 steps x 3 candidates, own endpoint
     assert sum("<previous>" in m for m in asked) == 3  # each second step goes on from its first
-    scored = judges.of(dialogue.TURN_SCORES_SYSTEM)
+    scored = judges.of(dialogue_judges.TURN_SCORES_SYSTEM)
     assert sorted(section(m, "follow_up") for m in scored) == sorted(c.follow_up for c in first)
     for r, c in zip(replies, first):
         eased = "calmer" if c.reply != STYLES["cold"] else "worried"
@@ -346,7 +347,7 @@ def test_turn_groups_share_one_rubric_per_state(base, monkeypatch):
         policy, tok = grpo.build_policy(cfg, CPU)
         source, slots = slots_of(cfg, ["p", "q"])
         groups, counts = grpo.collect_groups(dialogue.DialogueSampler(policy, tok, cfg), source, slots, cfg, 0, CPU)
-    played = recorder.of(dialogue.USER_SIMULATOR_SYSTEM)
+    played = recorder.of(dialogue_judges.USER_SIMULATOR_SYSTEM)
     assert len(groups) >= 4 and len(played) == 3 * len(groups)  # a group per state, a simulated reply per candidate
     shown = sorted(section(m, "dialogue") for m in played)
     assert shown == sorted(judge._dialogue_text(list(r.example.history)) for g in groups for r in g.rollouts)
@@ -382,9 +383,9 @@ def scripted_judge(messages, params):
     """The rules user, and fixed scores: e_0 = 2 (the opening, in the scenario), e_T = 4; at assistant turn t,
     cognitive min(5, t + 1), trace 6 - t, lookahead 3, overthinking t mod 3."""
     system, message = messages[0]["content"], messages[-1]["content"]
-    if system == dialogue.EMOTIONAL_STATE_SYSTEM:
+    if system == dialogue_judges.EMOTIONAL_STATE_SYSTEM:
         return "opening | 2" if section(message, "context").startswith("Someone") else "final | 4"
-    if system == dialogue.TURN_SCORES_SYSTEM:
+    if system == dialogue_judges.TURN_SCORES_SYSTEM:
         t = section(message, "dialogue").count("Assistant: ") + 1
         return f"cognitive: c | {min(5, t + 1)}\ntrace: t | {6 - t}\nlookahead: l | 3\noverthinking: o | {t % 3}"
     return rules_backend(messages, params)
@@ -416,7 +417,7 @@ def test_a_judge_failing_mid_episode_makes_the_reward_none_not_a_crash(monkeypat
     failed = []
 
     def second_turn_once(messages):  # the simulator's answer to some episode's second reply, the first time only
-        hit = messages[0]["content"] == dialogue.USER_SIMULATOR_SYSTEM and messages[-1]["content"].count(
+        hit = messages[0]["content"] == dialogue_judges.USER_SIMULATOR_SYSTEM and messages[-1]["content"].count(
             "Assistant: ") == 2 and not failed
         failed.extend([1] if hit else [])
         return hit
@@ -437,7 +438,7 @@ def test_a_judge_failing_mid_episode_makes_the_reward_none_not_a_crash(monkeypat
             assert sum(v is None for v in groups[0].rewards) == 1
         else:
             assert counts["resampled"] == 1 and None not in groups[0].rewards
-    with serving(Recorder(lambda m: m[0]["content"] == dialogue.TURN_SCORES_SYSTEM)) as judge_cfg:
+    with serving(Recorder(lambda m: m[0]["content"] == dialogue_judges.TURN_SCORES_SYSTEM)) as judge_cfg:
         cfg = load_config(DEMO, [f"judge.base_url={judge_cfg.base_url}", "judge.retries=0",
                                  "filtering.enabled=false"], grpo.GRPOConfig)
         groups = dialogue.sample_dialogue_groups(None, None, [scenario("p")], cfg, 0, {})
