@@ -63,6 +63,8 @@ class DialogueSettings:
     simulator: JudgeConfig | None = None  # the user simulator's endpoint and sampling (None: the judge's)
     rubric_judge: JudgeConfig | None = None  # CARE's rubric generator (None: the judge's)
     predictor: JudgeConfig | None = None  # EmoLLM's reverse-perspective predictor T (B.1; None: the judge's)
+    context_tokens: int | None = None  # the prompt the policy samples under, cut at turn boundaries (None: whole)
+    update_context_tokens: int | None = None  # the prompt the update's log-probs use, cut the same way (None: whole)
 
 
 # ----------------------------------------------------------------------------- scenario seeds
@@ -153,6 +155,19 @@ Choice: the strategy you keep, or the change the lookahead calls for.
 After </think>, write only your reply to the person: natural, warm and practical, usually two to five sentences."""
 
 
+def fit_context(tok, chat: list[dict[str, str]], max_tokens: int | None, thinking: bool | None) -> list[dict[str, str]]:
+    """`chat` cut to at most `max_tokens` prompt tokens at turn boundaries (EmoLLM D.3 keeps 2,048 in generation and
+    896 in the update): the oldest exchange goes first, a user message with the assistant's reply to it, while the
+    system message and the latest user message always stay; no message is ever cut inside, so a chat whose system
+    message and last message alone are longer is kept at that. None: the whole chat."""
+    head = chat[:1] if chat and chat[0]["role"] == "system" else []
+    body = chat[len(head):]
+    while max_tokens is not None and len(body) > 1 and len(tok.chat_ids(head + body, enable_thinking=thinking)) \
+            > max_tokens:
+        body = body[2:]
+    return head + body
+
+
 def policy_messages(state: State, settings: DialogueSettings) -> list[dict[str, str]]:
     """The chat the policy answers: the ARG scaffold as the system message when asked for, then the dialogue."""
     system = [{"role": "system", "content": ARG_SCAFFOLD.format(n=settings.lookahead)}] if settings.arg_scaffold else []
@@ -186,23 +201,31 @@ class PolicyTurn:
     reasoning: str  # for the judges only
     reply: str  # what the user sees
     n_reasoning_tokens: int = 0
+    train_prompt: list[int] | None = None  # the prompt the update's log-probs use (update_context_tokens; None: prompt)
     follow_up: str | None = None  # the simulated user's answer to this reply (play); None: none usable
 
 
 Respond = Callable[[list[list[dict[str, str]]], int, int], list[list[PolicyTurn]]]  # (chats, samples each, seed)
 
 
-def local_policy(model, tok, sampling) -> Respond:
+def local_policy(model, tok, sampling, settings: DialogueSettings | None = None) -> Respond:
     """A policy run in-process: each call is ONE batched `model.generate` over every chat, `n` samples each (identical
     prompts prefilled once). `sampling` holds temperature, top_p, top_k, repetition_penalty, max_new_tokens and
-    enable_thinking (grpo's RolloutSettings, evaluate's SamplingConfig)."""
+    enable_thinking (grpo's RolloutSettings, evaluate's SamplingConfig). With `settings`, each chat is cut to its
+    `context_tokens` before sampling and to its `update_context_tokens` for the update (`fit_context`); where the
+    update's cut is shorter, the trainer's log-probs differ from the sampler's, and grpo logs that difference as
+    logp_mismatch (mean and max per token): the mismatch the setting accepts."""
     from model import generate  # torch only where a model runs
 
     eos, thinking = set(tok.eos_token_ids), sampling.enable_thinking
     opened = tok.chat([], enable_thinking=thinking).endswith(THINK_START + "\n")  # the template opens <think>
 
+    limits = (None, None) if settings is None else (settings.context_tokens, settings.update_context_tokens)
+
     def respond(chats, n, seed):
-        prompts = [tok.chat_ids(chat, enable_thinking=thinking) for chat in chats]
+        shown = [fit_context(tok, chat, limits[0], thinking) for chat in chats]
+        prompts = [tok.chat_ids(chat, enable_thinking=thinking) for chat in shown]
+        trained = [tok.chat_ids(fit_context(tok, c, limits[1], thinking), enable_thinking=thinking) for c in shown]
         model.eval()
         new, logp = generate(model, [p for p in prompts for _ in range(n)], sampling.max_new_tokens,
                              temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
@@ -214,7 +237,7 @@ def local_policy(model, tok, sampling) -> Respond:
             text = tok.decode(tokens[:-1] if ended else tokens)
             reasoning, reply = split_reply(text, opened)
             turns.append(PolicyTurn(prompts[i // n], tokens, logp[i], not ended, text, reasoning, reply,
-                                    data.count_tokens(reasoning, tok)))
+                                    data.count_tokens(reasoning, tok), trained[i // n]))
         return [turns[i * n:(i + 1) * n] for i in range(len(prompts))]
 
     return respond
@@ -416,8 +439,8 @@ def _ask_into(asks: list[tuple[dict, str, JudgeCall, Callable]], cfg: JudgeConfi
     return add_stats({}, stats)
 
 
-def _sample(turn: PolicyTurn) -> Sample:
-    return Sample(turn.prompt, turn.completion, turn.logp, turn.truncated)
+def _sample(turn: PolicyTurn) -> Sample:  # trained under the update's context, the sampler's log-probs kept
+    return Sample(turn.train_prompt or turn.prompt, turn.completion, turn.logp, turn.truncated)
 
 
 def _turn_group(state: State, replies: list[PolicyTurn]) -> Group:  # K replies at one state
@@ -430,7 +453,7 @@ def sample_dialogue_groups(policy, tok, items: list, cfg, seed: int, counts: dic
     simulator's calls are added to `counts`."""
     states = [as_state(item) for item in items]
     k = cfg.rollout.group_size
-    respond = local_policy(policy, tok, cfg.rollout)
+    respond = local_policy(policy, tok, cfg.rollout, cfg.dialogue)
     if GROUPING[cfg.reward.name] == "turn":
         replies = respond([policy_messages(s, cfg.dialogue) for s in states], k, seed)
         return [_turn_group(s, r) for s, r in zip(states, replies)]
@@ -446,7 +469,7 @@ def played_slots(policy, tok, slots: list[Slot], cfg, seed: int, counts: dict) -
     """Before step 1 of a dialogue run with a turn reward: one episode from each slot's seed, K candidate replies
     drawn at each state (the episode goes on with the first). Each state becomes a slot whose first group is
     those K. The simulator's calls are added to `counts`."""
-    respond = local_policy(policy, tok, cfg.rollout)
+    respond = local_policy(policy, tok, cfg.rollout, cfg.dialogue)
     episodes, simulated = play(respond, [as_state(s.example) for s in slots], cfg.dialogue,
                                cfg.dialogue.simulator or cfg.judge, cfg.rollout.group_size, seed)
     add_stats(counts, simulated)
@@ -590,7 +613,7 @@ def _policy(cfg: DialogueEvalConfig) -> Respond:
     if cfg.endpoint is not None:
         return endpoint_policy(cfg.endpoint, cfg.sampling)
     model, tok = evaluate.load_model(cfg)
-    return local_policy(model, tok, cfg.sampling)
+    return local_policy(model, tok, cfg.sampling, cfg.dialogue)
 
 
 METRICS = (("success_rate", "SR (%)", 1), ("avg_turns", "AT", 2), ("emotional_state", "ES", 2),

@@ -273,6 +273,28 @@ def test_every_policy_turn_is_one_batched_generate_call(base, monkeypatch):
         assert e.state.history[1::2] == tuple(("assistant", t.candidates[0].reply) for t in e.turns)
 
 
+def test_context_is_cut_at_turn_boundaries_for_sampling_and_for_the_update(base):
+    # EmoLLM D.3: 2,048 tokens of dialogue context in generation, 896 in the update. Whole exchanges go, oldest first;
+    # the system message and the latest user message stay; the update's rows use their own (shorter) prompt, whose
+    # log-prob difference to the sampler's is grpo's logp_mismatch
+    tok = M.load_tokenizer(base)
+    history = [("user", "I feel worried"), ("assistant", "I hear you"), ("user", "sorry"), ("assistant", "try one step"),
+               ("user", "I understand the plan")]
+    state = State(scenario("x"), tuple(history))
+    settings = DialogueSettings(arg_scaffold=True)
+    chat = dialogue.policy_messages(state, settings)
+    size = [len(tok.chat_ids(chat[:1] + chat[1 + 2 * k:])) for k in range(3)]  # dropping 0, 1 or 2 exchanges
+    assert size[0] > size[1] > size[2]
+    for limit, kept in ((None, 0), (size[0], 0), (size[0] - 1, 1), (size[1], 1), (size[2], 2), (1, 2)):
+        assert dialogue.fit_context(tok, chat, limit, None) == chat[:1] + chat[1 + 2 * kept:], limit
+    settings.context_tokens, settings.update_context_tokens = size[1], size[2]
+    policy = M.Qwen.from_pretrained(base, dtype="float32")
+    ((turn,),) = dialogue.local_policy(policy, tok, grpo.RolloutSettings(max_new_tokens=3), settings)([chat], 1, 0)
+    assert turn.prompt == tok.chat_ids(chat[:1] + chat[3:]) and len(turn.prompt) == size[1]
+    assert turn.train_prompt == tok.chat_ids(chat[:1] + chat[5:]) and len(turn.train_prompt) == size[2]
+    assert dialogue._sample(turn).prompt == turn.train_prompt and dialogue._sample(turn).logp == turn.logp
+
+
 # ----------------------------------------------------------------------------- grpo's dialogue mode
 
 
