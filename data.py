@@ -176,8 +176,8 @@ _WEIGH = ("Where the text supports it, weigh the relationship and social distanc
 _SCRIPT_CUES = ("Where the text supports it, weigh what was said to the speaker just before the turn, exclamations, "
                 "insults, endearments, questions the speaker reacts to, and how the other characters respond.")
 
-# The letters a multiple-choice item's options take, in order: an item has 2 to 26 (ToMBench has 2-4, ToMBench-Hard up to
-# six, A-F) and its own options decide which letters are answers (Task.answer_labels).
+# The letters a multiple-choice item's options take, in order: an item has 2 to 26 (ToMBench has 2-4, ToMBench-Hard
+# up to six, A-F) and its own options decide which letters are answers (Task.answer_labels).
 OPTION_LETTERS = tuple(string.ascii_uppercase)
 
 TASKS: dict[str, Task] = {t.name: t for t in [

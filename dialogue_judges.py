@@ -171,7 +171,8 @@ def parse_prediction(text: str) -> str | None:
     """A forecast: exactly the three non-empty lines Needs, Appraisal, Emotion, in order (stripped), or None."""
     lines = [line.strip() for line in text.strip().splitlines()]
     heads = ("Needs", "Appraisal", "Emotion")
-    ok = len(lines) == 3 and all(line.startswith(f"{h}:") and line[len(h) + 1:].strip() for line, h in zip(lines, heads))
+    ok = len(lines) == 3 and all(line.startswith(f"{h}:") and line[len(h) + 1:].strip()
+                                 for line, h in zip(lines, heads))
     return "\n".join(lines) if ok else None
 
 

@@ -648,9 +648,9 @@ def parse_sip_content(text: str) -> float | None:
 # ----------------------------------------------------------------------------- CARE (sections 3.1, 3.4)
 
 CARE_DIMENSIONS = ("cognitive", "affective", "proactive")
-# A judge writes its weights rounded to two decimals (0.33 / 0.33 / 0.33, 0.4 / 0.35 / 0.24): three roundings move the
-# sum by at most 3 x 0.005, and the float sum of such decimals by ~1e-16 more (0.33 * 3 misses 1 by 0.010000000000000009),
-# so a rubric within this of 1 is renormalized and used; one further off (0.9, 1.1) is a wrong rubric and refused.
+# A judge writes its weights rounded to two decimals (0.33 / 0.33 / 0.33, 0.4 / 0.35 / 0.24): three roundings move
+# the sum by at most 3 x 0.005, and the float sum of such decimals by ~1e-16 more (0.33 * 3 misses 1 by
+# 0.010000000000000009), so a rubric within this of 1 is renormalized and used; one further off (0.9, 1.1) is refused.
 CARE_WEIGHT_TOLERANCE = 3 * 0.005 + 1e-9
 
 CARE_RUBRIC_SYSTEM = f"""You write the scoring rubric for the assistant's next reply in an emotional-support \

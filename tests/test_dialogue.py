@@ -144,7 +144,8 @@ def test_parsers_take_exactly_their_format():
     assert dialogue_judges.parse_turn_quality(quality) == {"sr_proxy": 0.0, "ea": 4.0, "fa": 1.0}
     for answer in [quality.replace("| 4", "| 0"), quality.replace("| 0", "| 2"), "\n".join(quality.splitlines()[:2])]:
         assert dialogue_judges.parse_turn_quality(answer) is None, answer
-    assert dialogue_judges.parse_user_turn("  I guess I could try that tonight.  ") == "I guess I could try that tonight."
+    assert dialogue_judges.parse_user_turn("  I guess I could try that tonight.  ") == \
+        "I guess I could try that tonight."
     for answer in ["", "   ", "Assistant: Here is a plan.", "Okay.\nUser: and then?", "<think>hmm</think> ok"]:
         assert dialogue_judges.parse_user_turn(answer) is None, answer
     assert dialogue_judges.user_ends_dialogue("Thanks, that really helps.")
@@ -170,7 +171,8 @@ def test_rules_backend_scripts_the_user_and_the_states():
                                           2, 8)) == SCRIPTED_USER["ends"]  # three comfort words in all
     assert ask(dialogue_judges.user_turn_request("s", [("user", "x"), ("assistant", "Noted.")], 1, 8)) == SCRIPTED_USER[
         "not eased"]
-    states = [dialogue_judges.parse_emotional_state(ask(dialogue_judges.emotional_state_request("ctx", SCRIPTED_USER[k])))
+    states = [dialogue_judges.parse_emotional_state(ask(dialogue_judges.emotional_state_request("ctx",
+                                                                                                 SCRIPTED_USER[k])))
               for k in ("ends", "eased", "not eased")]
     assert states == [5, 3, 1] and dialogue_judges.user_ends_dialogue(SCRIPTED_USER["ends"])
     trace = "Facts: a deadline.\nNeeds: rest.\nAppraisal: too much.\nEmotion: worried.\nStrategy: calm.\n" \
@@ -187,7 +189,8 @@ def test_rules_backend_scripts_the_user_and_the_states():
     assert dialogue_judges.parse_prediction(forecast) == eased
     strained = ask(dialogue_judges.predictor_request(dialogue_so_far[:1], "Noted.", None))
     assert dialogue_judges.parse_prediction(strained).endswith("Emotion: worried")
-    assert dialogue_judges.parse_prediction(ask(dialogue_judges.predictor_request(dialogue_so_far[:1], "Noted.", eased))) == eased
+    onward = ask(dialogue_judges.predictor_request(dialogue_so_far[:1], "Noted.", eased))
+    assert dialogue_judges.parse_prediction(onward) == eased
 
 
 # ----------------------------------------------------------------------------- the role-play
@@ -241,7 +244,7 @@ def test_every_candidate_gets_its_own_reply_and_its_forecast_is_scored(monkeypat
         dialogue.judge_groups([(episode.turns[0].state, replies)], grpo.rewards.RewardSpec("emollm_turn"), settings,
                               cfg)
     asked = predictor.of(dialogue_judges.PREDICTOR_SYSTEM)
-    assert len(asked) == 6 and not judges.of(dialogue_judges.PREDICTOR_SYSTEM)  # n = 2 steps x 3 candidates, own endpoint
+    assert len(asked) == 6 and not judges.of(dialogue_judges.PREDICTOR_SYSTEM)  # n = 2 steps x 3 candidates, own URL
     assert sum("<previous>" in m for m in asked) == 3  # each second step goes on from its first
     scored = judges.of(dialogue_judges.TURN_SCORES_SYSTEM)
     assert sorted(section(m, "follow_up") for m in scored) == sorted(c.follow_up for c in first)
@@ -278,7 +281,8 @@ def test_context_is_cut_at_turn_boundaries_for_sampling_and_for_the_update(base)
     # the system message and the latest user message stay; the update's rows use their own (shorter) prompt, whose
     # log-prob difference to the sampler's is grpo's logp_mismatch
     tok = M.load_tokenizer(base)
-    history = [("user", "I feel worried"), ("assistant", "I hear you"), ("user", "sorry"), ("assistant", "try one step"),
+    history = [("user", "I feel worried"), ("assistant", "I hear you"), ("user", "sorry"),
+               ("assistant", "try one step"),
                ("user", "I understand the plan")]
     state = State(scenario("x"), tuple(history))
     settings = DialogueSettings(arg_scaffold=True)
@@ -388,7 +392,8 @@ def test_turn_groups_share_one_rubric_per_state(base, monkeypatch):
             assert advantages == pytest.approx(hand_advantages(g.rewards), abs=1e-5)
     # identical replies: each state is resampled twice, then replaced by another seed's opening, then masked;
     # a resample asks for no new rubric, a replacement (a new state) for its own
-    monkeypatch.setattr(dialogue, "local_policy", lambda model, tok, sampling: scripted(lambda row, chat: "cold"))
+    monkeypatch.setattr(dialogue, "local_policy",
+                        lambda model, tok, sampling, settings=None: scripted(lambda row, chat: "cold"))
     recorder = Recorder()
     with serving(recorder) as judge_cfg:
         cfg = load_config(DEMO, [f"judge.base_url={judge_cfg.base_url}", "reward.name=care", "rollout.group_size=3",
@@ -416,7 +421,7 @@ def scripted_judge(messages, params):
 def test_trajectory_reward_against_a_hand_computation(monkeypatch):
     params = {"l_cog": 2.0, "l_arg": 1.0, "l_rp": 0.5, "l_over": 1.0, "l_emo": 3.0}
     respond = scripted(lambda row, chat: ("slow", "kind")[row])
-    monkeypatch.setattr(dialogue, "local_policy", lambda model, tok, sampling: respond)
+    monkeypatch.setattr(dialogue, "local_policy", lambda model, tok, sampling, settings=None: respond)
 
     def r(t):
         return 2.0 * min(4, t) / 4 + 1.0 * (5 - t) / 4 + 0.5 * 2 / 4 - 1.0 * (t % 3) / 2
@@ -435,7 +440,7 @@ def test_trajectory_reward_against_a_hand_computation(monkeypatch):
 
 def test_a_judge_failing_mid_episode_makes_the_reward_none_not_a_crash(monkeypatch):
     respond = scripted(lambda row, chat: ("cold", "slow")[row])  # different episodes: different rewards
-    monkeypatch.setattr(dialogue, "local_policy", lambda model, tok, sampling: respond)
+    monkeypatch.setattr(dialogue, "local_policy", lambda model, tok, sampling, settings=None: respond)
     failed = []
 
     def second_turn_once(messages):  # the simulator's answer to some episode's second reply, the first time only

@@ -447,8 +447,8 @@ def test_care_rubric_accepts_two_decimal_rounding(weights):
 @pytest.mark.parametrize("weights", [(0.3, 0.3, 0.3), (0.4, 0.4, 0.4), (0.5, 0.3, 0.1), (0.34, 0.34, 0.34)])
 def test_care_rubric_refuses_weights_clearly_off(weights):
     # 0.9, 1.2, 0.9 and 1.02: no two-decimal rounding of weights that sum to 1 gives these
-    assert judge.care_rubric({dim: dict(RUBRIC_JSON[dim], weight=w) for dim, w in zip(judge.CARE_DIMENSIONS, weights)}) \
-        is None
+    value = {dim: dict(RUBRIC_JSON[dim], weight=w) for dim, w in zip(judge.CARE_DIMENSIONS, weights)}
+    assert judge.care_rubric(value) is None
 
     def mutated(change):
         rubric = json.loads(json.dumps(RUBRIC_JSON))
