@@ -46,7 +46,7 @@ from dialogue_judges import (TURN_QUALITY_KEYS, emotional_state_request, parse_e
                              parse_turn_quality, parse_turn_scores, parse_user_turn, predictor_request,
                              turn_quality_request, turn_scores_request, user_ends_dialogue, user_turn_request)
 from groups import Group, Sample, Slot
-from judge import JudgeCall, JudgeConfig, JudgeError, _dialogue_text
+from judge import JudgeCall, JudgeConfig, JudgeError, dialogue_text
 
 # ----------------------------------------------------------------------------- config
 
@@ -400,7 +400,7 @@ def judge_groups(groups: list[tuple[State, list[rewards.Rollout]]], spec: reward
             for episode in (r for r in episodes if r.example.history[-1][0] == "user"):
                 *context, (_, last) = episode.example.history
                 asks.append((episode.turns[-1].judged, "emotional_state",
-                             emotional_state_request(_dialogue_text(context), last), parse_emotional_state))
+                             emotional_state_request(dialogue_text(context), last), parse_emotional_state))
                 scored += episode.turns
     elif spec.name == "emollm_turn":
         scored = [r for _, replies in groups for r in replies]
@@ -579,7 +579,7 @@ def judge_episodes(episodes: list[Episode], cfg: DialogueEvalConfig) -> list[dic
                      parse_emotional_state))
         if e.turns and e.state.history[-1][0] == "user":
             *context, (_, last) = e.state.history
-            asks.append((record, "e_T", emotional_state_request(_dialogue_text(context), last), parse_emotional_state))
+            asks.append((record, "e_T", emotional_state_request(dialogue_text(context), last), parse_emotional_state))
         for k, turn in enumerate(e.turns):
             reply = turn.candidates[0]
             row = {"user": turn.state.history[-1][1], "reasoning": reply.reasoning, "reply": reply.reply,
@@ -685,3 +685,6 @@ def main(argv: list[str]) -> None:
     except (DataError, evaluate.EvalError, JudgeError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(1) from None
+
+
+evaluate.COMMANDS["dialogue"] = lambda argv: main(argv[1:])  # `python evaluate.py dialogue config.yaml ...`

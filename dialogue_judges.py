@@ -9,7 +9,7 @@ import re
 
 import rewards
 from data import THINK_END, THINK_START
-from judge import _DATA_NOTICE, JudgeCall, _dialogue_text, _messages, _section, _verdict_lines
+from judge import DATA_NOTICE, JudgeCall, chat_messages, dialogue_text, section, verdict_lines
 
 USER_SIMULATOR_SYSTEM = """You play the USER in a conversation with an assistant, following the scenario in \
 <scenario>. The conversation so far is in <dialogue>; the assistant's words there are what the assistant said to you, \
@@ -31,7 +31,7 @@ EMOTIONAL_STATE_SYSTEM = f"""You rate the emotional state that one message of a 
 4 = somewhat positive, reassured or calmer
 5 = clearly positive, relieved or emotionally settled
 You receive <context> (the scenario or the conversation before the message) and <user_text> (the message to rate). \
-Rate the state the message itself expresses, read in its context. {_DATA_NOTICE}
+Rate the state the message itself expresses, read in its context. {DATA_NOTICE}
 
 Output exactly one line and nothing else:
 <short assessment> | <rating 1-5>
@@ -47,7 +47,7 @@ some exchanges after the reply.
 
 You receive <dialogue> (the conversation up to the person's latest message), <reasoning> (the private reasoning, \
 "(none)" when the assistant wrote none), <reply>, <prediction> (the predictor's forecast) and <follow_up> (what the \
-person, played by a simulator, answered to the reply). {_DATA_NOTICE}
+person, played by a simulator, answered to the reply). {DATA_NOTICE}
 
 Rate four things:
 - cognitive, 1 to 5: how reliable the reply is: consistent with what the conversation establishes, with no invented \
@@ -73,7 +73,7 @@ TURN_QUALITY_SYSTEM = f"""You rate one assistant turn of an emotionally grounded
 conservative.
 
 You receive <scenario> (who the user is and what they face), <context> (the recent turns), <reply> (the assistant turn \
-to rate) and <follow_up> (what the user said next). {_DATA_NOTICE}
+to rate) and <follow_up> (what the user said next). {DATA_NOTICE}
 
 Rate three things:
 - sr_proxy: 1 only if, with this turn, the conversation has already reached a satisfactory emotional resolution for \
@@ -93,8 +93,8 @@ Do not use the character | inside an assessment."""
 def user_turn_request(scenario: str, dialogue: list[tuple[str, str]], turn_number: int, max_turns: int) -> JudgeCall:
     """The user-simulator call: the user's next message after `dialogue` (the assistant has replied
     `turn_number` times, of at most `max_turns`)."""
-    messages = _messages(USER_SIMULATOR_SYSTEM, _section("scenario", scenario),
-                         _section("dialogue", _dialogue_text(dialogue)),
+    messages = chat_messages(USER_SIMULATOR_SYSTEM, section("scenario", scenario),
+                         section("dialogue", dialogue_text(dialogue)),
                          f"This is turn {turn_number} of at most {max_turns}. Write the user's next message.")
     return JudgeCall(messages, 160)
 
@@ -124,13 +124,13 @@ def user_ends_dialogue(message: str) -> bool:
 def emotional_state_request(context: str, user_text: str) -> JudgeCall:
     """The emotional-state judge call: e_0 (the opening, in the scenario's context), e_T (the last user message, in
     the dialogue's), hence R_emo, ES and EG/Turn."""
-    return JudgeCall(_messages(EMOTIONAL_STATE_SYSTEM, _section("context", context),
-                               _section("user_text", user_text)), 96)
+    return JudgeCall(chat_messages(EMOTIONAL_STATE_SYSTEM, section("context", context),
+                               section("user_text", user_text)), 96)
 
 
 def parse_emotional_state(text: str) -> int | None:
     """The user's emotional state, 1 (distressed) to 5 (settled), from `<assessment> | <1-5>`, or None."""
-    verdict = _verdict_lines(text, [(None, "[1-5]")])
+    verdict = verdict_lines(text, [(None, "[1-5]")])
     return None if verdict is None else int(verdict[0])
 
 
@@ -139,9 +139,9 @@ def turn_scores_request(dialogue: list[tuple[str, str]], reasoning: str, reply: 
     """EmoLLM's turn judge (section 3.2.2: one judge, four aspects of the turn) for a `reply` to `dialogue` with its
     private `reasoning`, the predictor's final forecast (`prediction`: R_RP = S(s^(n)), B.1) and the simulated
     user's `follow_up`; `lookahead` is the n the policy was allowed."""
-    messages = _messages(TURN_SCORES_SYSTEM, _section("dialogue", _dialogue_text(dialogue)),
-                         _section("reasoning", reasoning.strip() or "(none)"), _section("reply", reply),
-                         _section("prediction", prediction), _section("follow_up", follow_up or "(none)"),
+    messages = chat_messages(TURN_SCORES_SYSTEM, section("dialogue", dialogue_text(dialogue)),
+                         section("reasoning", reasoning.strip() or "(none)"), section("reply", reply),
+                         section("prediction", prediction), section("follow_up", follow_up or "(none)"),
                          f"The assistant was asked for at most {lookahead} lookahead steps.")
     return JudgeCall(messages, 256)
 
@@ -152,7 +152,7 @@ stand one exchange later: what they need or want now, how they appraise their si
 care about, how much they can cope or control), and what they feel. When <previous> holds an earlier forecast, go one \
 exchange further from it.
 
-You receive <dialogue>, <reply> and, from the second step on, <previous>. {_DATA_NOTICE}
+You receive <dialogue>, <reply> and, from the second step on, <previous>. {DATA_NOTICE}
 
 Output exactly three lines and nothing else:
 Needs: <one sentence>
@@ -162,9 +162,9 @@ Emotion: <one sentence>"""
 
 def predictor_request(dialogue: list[tuple[str, str]], reply: str, previous: str | None) -> JudgeCall:
     """One step of EmoLLM's reverse-perspective predictor T (B.1): s^(1) = T(x, y), s^(k+1) = T(x, y, s^(k))."""
-    sections = [_section("dialogue", _dialogue_text(dialogue)), _section("reply", reply)]
-    sections += [] if previous is None else [_section("previous", previous)]
-    return JudgeCall(_messages(PREDICTOR_SYSTEM, *sections), 160)
+    sections = [section("dialogue", dialogue_text(dialogue)), section("reply", reply)]
+    sections += [] if previous is None else [section("previous", previous)]
+    return JudgeCall(chat_messages(PREDICTOR_SYSTEM, *sections), 160)
 
 
 def parse_prediction(text: str) -> str | None:
@@ -180,15 +180,15 @@ def parse_turn_scores(text: str) -> dict[str, int] | None:
     """{"cognitive", "trace", "lookahead": 1-5, "overthinking": 0-2} (rewards.EMOLLM_SCORES) from the four lines
     in order, or None for any other answer."""
     items = [(name, f"[{low}-{high}]") for name, (low, high) in rewards.EMOLLM_SCORES.items()]
-    verdicts = _verdict_lines(text, items)
+    verdicts = verdict_lines(text, items)
     return None if verdicts is None else {name: int(v) for (name, _), v in zip(items, verdicts)}
 
 
 def turn_quality_request(scenario: str, context: list[tuple[str, str]], reply: str, follow_up: str) -> JudgeCall:
     """The evaluation's turn-quality judge call for one assistant `reply` and the user's `follow_up`."""
-    messages = _messages(TURN_QUALITY_SYSTEM, _section("scenario", scenario),
-                         _section("context", _dialogue_text(context)), _section("reply", reply),
-                         _section("follow_up", follow_up))
+    messages = chat_messages(TURN_QUALITY_SYSTEM, section("scenario", scenario),
+                         section("context", dialogue_text(context)), section("reply", reply),
+                         section("follow_up", follow_up))
     return JudgeCall(messages, 192)
 
 
@@ -196,5 +196,5 @@ def parse_turn_quality(text: str) -> dict[str, float] | None:
     """EmoLLM's evaluation signals for one turn, or None unless the answer is the three lines in order:
     sr_proxy (0/1: this turn already reaches a satisfactory emotional resolution; the first such turn is
     the success turn behind SR and AT), ea (1-5: empathic appropriateness) and fa (0/1: factually reliable)."""
-    verdicts = _verdict_lines(text, [("sr_proxy", "[01]"), ("ea", "[1-5]"), ("fa", "[01]")])
+    verdicts = verdict_lines(text, [("sr_proxy", "[01]"), ("ea", "[1-5]"), ("fa", "[01]")])
     return None if verdicts is None else {key: float(v) for key, v in zip(TURN_QUALITY_KEYS, verdicts)}

@@ -128,7 +128,8 @@ def task_correctness(predicted: list[str] | None, gold: list[str], multi_label: 
     """c: single-label 1 if Y_hat = Y* else 0; multi-label the F1 of the two label sets; invalid 0."""
     if predicted is None:
         return 0.0
-    p, g = set(predicted), set(gold)
+    p = set(predicted)
+    g = set(gold)
     if not multi_label:
         return float(p == g)
     return 2 * len(p & g) / (len(p) + len(g)) if p or g else 1.0
@@ -140,7 +141,8 @@ def iu_g_score(verdicts: list[int], quotes_verified: list[list[bool]], n_reasoni
     [a verified quotation exists in r_1..r_j]; 0 without reasoning blocks."""
     if not verdicts:
         return 0.0
-    grounded, gained = False, 0
+    grounded = False
+    gained = 0
     for verdict, verified in zip(verdicts, quotes_verified, strict=True):
         grounded = grounded or any(verified)
         gained += bool(verdict) and all(verified) and grounded
@@ -405,7 +407,7 @@ Information Processing, in order, each grounded in the story alone:
 - Response: how the correct option follows from the stages before it, and why the nearest other option does not.
 
 You receive <task> (the question and its options), <conversation> (the story) and <labels> (the correct option). \
-{judge._DATA_NOTICE} Do not mention that you were told the correct option.
+{judge.DATA_NOTICE} Do not mention that you were told the correct option.
 
 Output exactly five lines and nothing else:
 Encoding: <one paragraph>
@@ -417,10 +419,10 @@ Answer: <the correct option's letter>"""
 
 def sip_reference_request(example: data.Example) -> judge.JudgeCall:
     """The teacher call that writes `example`'s reference SIP analysis, toward its gold option."""
-    return judge.JudgeCall(judge._messages(
-        SIP_REFERENCE_SYSTEM, judge._section("task", data.task_brief(example)),
-        judge._section("conversation", data.render_conversation(example)),
-        judge._section("labels", ", ".join(example.labels))), 1024)
+    return judge.JudgeCall(judge.chat_messages(
+        SIP_REFERENCE_SYSTEM, judge.section("task", data.task_brief(example)),
+        judge.section("conversation", data.render_conversation(example)),
+        judge.section("labels", ", ".join(example.labels))), 1024)
 
 
 def parse_sip_reference(text: str, example: data.Example) -> str | None:
@@ -444,13 +446,17 @@ class ReferenceSettings:
 
 def add_references(examples: list[data.Example], teacher: judge.JudgeConfig,
                    progress) -> tuple[list[data.Example], dict[str, int]]:
-    """Ask `teacher` for every example's reference analysis (judge.ask_resumable: concurrent, each accepted answer
-    kept in the JSONL file `progress` as it arrives, so a rerun asks only for what is still missing). Returns the
-    examples that have one, with it in `meta.reference`, and the counts (asked, failures, malformed, written)."""
-    requests = [(e.id, sip_reference_request(e), lambda text, e=e: parse_sip_reference(text, e)) for e in examples]
-    found, counts = judge.ask_resumable(requests, teacher, progress)
-    kept = [dataclasses.replace(e, meta=e.meta | {"reference": found[e.id]}) for e in examples if e.id in found]
-    return kept, counts | {"written": len(kept)}
+    """Ask `teacher` for every example's reference analysis (judge.chat_many_resumable: concurrent, each answer kept
+    in the JSONL log `progress` as it arrives, so a rerun asks only for what failed or was never asked). Returns the
+    examples whose answer parse_sip_reference accepts, with it in `meta.reference`, and the counts (calls, reused,
+    failures, rejected, written)."""
+    texts, stats = judge.chat_many_resumable([sip_reference_request(e) for e in examples], [e.id for e in examples],
+                                             teacher, progress)
+    found = [None if t is None else parse_sip_reference(t, e) for e, t in zip(examples, texts)]
+    kept = [dataclasses.replace(e, meta=e.meta | {"reference": r}) for e, r in zip(examples, found) if r is not None]
+    rejected = sum(t is not None and r is None for t, r in zip(texts, found))
+    return kept, {"calls": stats["calls"], "reused": stats["reused"], "failures": stats["failures"],
+                  "rejected": rejected, "written": len(kept)}
 
 
 def check_reward_data(spec: RewardSpec, examples: list[data.Example]) -> None:

@@ -560,26 +560,3 @@ def test_model_backend_answers_with_greedy_generate_like_transformers(tmp_path):
         cfg = config(server, temperature=0.0, timeout=30)
         texts, stats = judge.chat_many([JudgeCall(messages, 12)], cfg)
     assert stats["failures"] == 0 and texts == [expected]
-
-
-def test_ask_resumable_keeps_answers_and_asks_only_what_is_missing(tmp_path):
-    # answers are appended per chunk as they arrive; a torn last line (an interrupted write) is dropped, a failed or
-    # rejected answer is asked again on the next run, a kept one never
-    seen = []
-
-    def echo(messages, params):
-        seen.append(messages[-1]["content"])
-        return messages[-1]["content"].upper()
-
-    path = tmp_path / "answers.jsonl"
-    path.write_text('{"key": "a", "value": "A"}\n{"key": "b", "val', encoding="utf-8")
-    requests_ = [(k, JudgeCall([{"role": "user", "content": k}], 8), lambda t: None if t == "C" else t) for k in "abcd"]
-    with JudgeServer(echo).start() as server:
-        cfg = JudgeConfig(base_url=server.url, retries=0, concurrency=1)  # chunks of 4 x 1 calls
-        found, counts = judge.ask_resumable(requests_, cfg, path)
-        assert sorted(seen) == ["b", "c", "d"] and found == {"a": "A", "b": "B", "d": "D"}
-        assert counts == {"asked": 3, "failures": 0, "malformed": 1}
-        assert [json.loads(line)["key"] for line in path.read_text(encoding="utf-8").splitlines()] == ["a", "b", "d"]
-        seen.clear()
-        found, counts = judge.ask_resumable(requests_, cfg, path)
-        assert seen == ["c"] and counts["asked"] == 1 and set(found) == {"a", "b", "d"}
