@@ -376,7 +376,7 @@ def test_turn_groups_share_one_rubric_per_state(base, monkeypatch):
     played = recorder.of(dialogue_judges.USER_SIMULATOR_SYSTEM)
     assert len(groups) >= 4 and len(played) == 3 * len(groups)  # a group per state, a simulated reply per candidate
     shown = sorted(section(m, "dialogue") for m in played)
-    assert shown == sorted(judge._dialogue_text(list(r.example.history)) for g in groups for r in g.rollouts)
+    assert shown == sorted(judge.dialogue_text(list(r.example.history)) for g in groups for r in g.rollouts)
     assert all(r.judged["follow_up"] is not None for g in groups for r in g.rollouts)
     asked = [section(m, "dialogue") for m in recorder.of(CARE_RUBRIC_SYSTEM)]
     assert sorted(asked) == sorted(judge.dialogue_text(list(g.example.history)) for g in groups)
