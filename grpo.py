@@ -772,13 +772,12 @@ def train(cfg: GRPOConfig, examples: list[data.Example]) -> None:
     print0(f"done: {out / 'adapter'}")
 
 
-def prepare(cfg: GRPOConfig) -> None:
-    """`grpo.py prepare`: train_data[0] written from `prepare.examples` with their reference analyses (rewards)."""
+def prepare(cfg: GRPOConfig) -> None:  # `grpo.py prepare`: train_data[0] from prepare.examples, with references
     examples, out = dataset.load_jsonl(cfg.prepare.examples), Path(cfg.train_data[0])
     kept, n = rewards.add_references(examples, cfg.prepare.teacher, out.with_suffix(".references.jsonl"))
     dataset.save_jsonl(kept, out)
     print(f"prepare: {len(kept)} of {len(examples)} examples with a reference -> {out} ({n['calls']} asked, "
-          f"{n['reused']} from the log, {n['failures']} failed, {n['rejected']} rejected; rerun asks the failed)")
+          f"{n['reused']} logged, {n['failures']} failed, {n['rejected']} rejected)")
 
 
 def main(argv=None) -> None:
@@ -786,9 +785,9 @@ def main(argv=None) -> None:
     command = argv.pop(0) if argv[:1] == ["prepare"] else "train"
     cfg = parse_cli(GRPOConfig, argv)
     try:
+        if command == "prepare" and cfg.prepare is None:
+            raise ConfigError(f"{argv[0]}: missing section 'prepare' (what `grpo.py prepare` builds data from)")
         if command == "prepare":
-            if cfg.prepare is None:
-                raise ConfigError(f"{argv[0]}: missing section 'prepare' (what `grpo.py prepare` builds data from)")
             return prepare(cfg)
         examples = check_inputs(cfg, argv[0])
     except (ConfigError, data.DataError, JudgeError) as e:
