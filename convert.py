@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 from config import atomic_write_text, excerpt
-from data import TASKS, DataError, Example, Turn
+from data import OPTION_LETTERS, TASKS, DataError, Example, Turn
 from dataset import load_jsonl, parse_json, read_data_text, read_jsonl, save_jsonl, turn_from_json, typed_field
 
 # ----------------------------------------------------------------------------- converters
@@ -162,7 +162,8 @@ def convert_tombench(path) -> list[Example]:
     """ToMBench JSONL (a file or a folder of them): two tom_mc examples per item, English and Chinese.
     Handles the release's quirks: keys with a literal newline ("答案\\nANSWER"), the bare NaN (and NaN
     for absent options: two-option items), options that repeat their letter ("A. ...") and answers
-    with trailing text ("A. ")."""
+    with trailing text ("A. "). Options run from A up to the first absent letter, as many as the item has
+    (ToMBench-Hard's files in the same layout go up to F); one after a gap is an error."""
     examples = []
     for file in _files(path, "*.jsonl"):
         for number, record in read_jsonl(file, allow_nan=True):
@@ -171,13 +172,15 @@ def convert_tombench(path) -> list[Example]:
                 item = {key.split("\n")[-1]: value for key, value in _object(record, where).items()}
                 answer = str(item.get("ANSWER", "")).strip()[:1].upper()
                 for language, (story, question, option) in _TOMBENCH_KEYS.items():
-                    options = []
-                    for letter in "ABCD":
-                        if not _present(item.get(option.format(letter))):
-                            break
-                        text = str(item[option.format(letter)]).strip()
-                        options.append(re.sub(rf"^{letter}\s*[.:：．、)]\s*", "", text))
-                    if answer not in "ABCD"[: len(options)] or not answer:
+                    present = [_present(item.get(option.format(letter))) for letter in OPTION_LETTERS]
+                    n = present.index(False) if False in present else len(present)
+                    if any(present[n:]):
+                        late = OPTION_LETTERS[n + present[n:].index(True)]
+                        raise DataError(f"{where}: field {option.format(late)!r}: an option after the missing "
+                                        f"{option.format(OPTION_LETTERS[n])!r} ({language})")
+                    options = [re.sub(rf"^{letter}\s*[.:：．、)]\s*", "", str(item[option.format(letter)]).strip())
+                               for letter in OPTION_LETTERS[:n]]
+                    if answer not in OPTION_LETTERS[: len(options)]:
                         raise DataError(f"{where}: field 'ANSWER': {excerpt(item.get('ANSWER'))} is not one of the "
                                         f"{len(options)} options ({language})")
                     ability = item.get("ABILITY") if _present(item.get("ABILITY")) else None

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import re
+import string
 
 from config import excerpt
 from verifier import EVIDENCE_CLOSE, EVIDENCE_OPEN
@@ -176,6 +177,10 @@ _WEIGH = ("Where the text supports it, weigh the relationship and social distanc
 _SCRIPT_CUES = ("Where the text supports it, weigh what was said to the speaker just before the turn, exclamations, "
                 "insults, endearments, questions the speaker reacts to, and how the other characters respond.")
 
+# The letters a multiple-choice item's options take, in order: an item has 2 to 26 (ToMBench has 2-4, ToMBench-Hard
+# up to six, A-F) and its own options decide which letters are answers (Task.answer_labels).
+OPTION_LETTERS = tuple(string.ascii_uppercase)
+
 TASKS: dict[str, Task] = {t.name: t for t in [
     _emotion_task(
         "ccu_emotion", _CCU_EMOTIONS, multi_label=True, catch_all="None",
@@ -246,7 +251,7 @@ TASKS: dict[str, Task] = {t.name: t for t in [
         "proposes the plan: raising an issue, requesting an action and proposing a solution usually mark the "
         "lower standing."),
     Task(
-        "tom_mc", ("A", "B", "C", "D"), {}, turn_level=False, choices=True, noun="option", setting="a short story",
+        "tom_mc", OPTION_LETTERS, {}, turn_level=False, choices=True, noun="option", setting="a short story",
         question="Answer the multiple-choice question about the story. It tests theory of mind: what the "
         "characters believe, know, want, feel or intend, or what they mean beyond their literal words.",
         grounded="the story, the characters, what they perceive, know, believe, want, feel or intend",

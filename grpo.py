@@ -1,31 +1,32 @@
 """Stage 2: GRPO with grounded rewards. Run: `torchrun --nproc_per_node=N grpo.py config.yaml [key=value ...]`
-(or `python grpo.py config.yaml` for one process).
+(or `python grpo.py config.yaml` for one process); `python grpo.py prepare config.yaml` first writes the data's
+reference analyses through a teacher (the config's `prepare:` section, `prepare`: Social-R1).
 
 One update (`train`, in this order):
   1. sample   P prompts from the current curriculum segment, K completions each (`model.generate`,
               identical prompts prefilled once), parsed into `rewards.Rollout`s (`sample_groups`);
   2. score    the judges the reward needs (`rewards.judge_rollouts`, all calls concurrent), then the
               configured reward R_i (`rewards.score`) and the parts its registration declares (`score_groups`);
-  3. filter   (CLUE) a group whose K rewards are all equal or that has a None (missing judge
-              feedback) is resampled up to 3 times, then replaced by up to 2 other prompts of the same
-              segment; a group still unusable is masked out of the loss and counted (`filter_decision`);
+  3. filter   (CLUE) a group whose K rewards are all equal or that has a None (missing judge feedback) is resampled
+              up to 3 times, then replaced by up to 2 other prompts of the same segment; a group still unusable is
+              masked out of the loss and counted (`filter_decision`; with filtering off it is masked at once, so both
+              arms of the Accuracy-Only ablation scale alike);
   4. advantages  A_i = (R_i - mean(R)) / (std(R) + eps) within each group of K (`group_advantages`);
-  5. loss     per completion token, rho = exp(logp - logp_old),
-              l = -(min(rho A, clip(rho, 1 - eps_lo, 1 + eps_hi) A) - beta KL_k3),
-              KL_k3 = exp(ref - logp) - (ref - logp) - 1 against the reference policy (the same network
-              with the RL LoRA disabled); averaged over each completion's tokens then over completions
-              (`seq-mean-token-mean`) or over all tokens (`token-mean`), the counts taken over the whole
-              update on every rank, so gradients do not depend on the rank count or micro-batch split;
+  5. loss     per completion token, rho = exp(logp - logp_old), l = -(min(rho A, clip(rho, 1 - eps_lo, 1 + eps_hi) A)
+              - beta KL_k3), KL_k3 = exp(ref - logp) - (ref - logp) - 1 against the reference policy (the same
+              network with the RL LoRA disabled); averaged over each completion's tokens then over completions
+              (`seq-mean-token-mean`) or over all tokens (`token-mean`), the counts taken over the whole update on
+              every rank, so gradients do not depend on the rank count or micro-batch split;
   6. step     gradients summed over ranks, clipped, AdamW; `loss.passes` steps reuse one rollout batch
               (log-probs of the sampling policy cached from the first pass).
 
 With a `dialogue:` section the same steps train on role-played dialogues: `train` picks dialogue.py's sampler
 once (`sampler_for`), which samples and judges episodes or per-state candidate replies; nothing else changes.
 
-Ranks own whole groups; only LoRA gradients and metrics cross ranks; rank 0 writes. Outputs in
-`output_dir`: config.yaml, metrics.jsonl (one line per update, keys in `update_metrics`),
-completions.jsonl, `ckpt-<update>` checkpoints (exact resume with `resume: auto`), `adapter/` (the RL
-LoRA in PEFT format, on top of the SFT-merged base) and, with `save_merged: true`, `merged/`.
+Ranks own whole groups; only LoRA gradients and metrics cross ranks; rank 0 writes. Outputs in `output_dir`:
+config.yaml, metrics.jsonl (one line per update, keys in `update_metrics`), completions.jsonl, `ckpt-<update>`
+checkpoints (exact resume with `resume: auto`), `adapter/` (the RL LoRA in PEFT format, on top of the SFT-merged
+base) and, with `save_merged: true`, `merged/`.
 """
 
 from __future__ import annotations
@@ -103,6 +104,8 @@ class LossSettings:
     passes: int = 1  # optimizer steps per rollout batch
     micro_batch_size: int = 8  # sequences per forward/backward (memory only: the gradient is the same)
     adv_eps: float = 1e-6
+    # the std A_i divides by: unbiased (1 / (G - 1), TRL's and verl's) or population (1 / G, EmoLLM B.2)
+    adv_std: Literal["unbiased", "population"] = "unbiased"
 
 
 @dataclass
@@ -131,6 +134,7 @@ class GRPOConfig:
     loss: LossSettings = field(default_factory=LossSettings)
     optim: OptimSettings = field(default_factory=OptimSettings)
     dialogue: dialogue.DialogueSettings | None = None  # set: dialogue RL, train_data holds scenario seeds
+    prepare: rewards.ReferenceSettings | None = None  # `grpo.py prepare`: writes train_data[0] with references
     save_every: int = 50  # updates between checkpoints (one is always written at the end)
     keep_checkpoints: int = 2
     resume: Literal["auto", "none"] = "auto"  # auto: continue from the newest checkpoint in output_dir
@@ -142,11 +146,12 @@ class GRPOConfig:
 # ----------------------------------------------------------------------------- the math
 
 
-def group_advantages(rewards, group_size: int, eps: float = 1e-6) -> torch.Tensor:
-    """A_i = (R_i - mean(R)) / (std(R) + eps) over consecutive groups of `group_size` rewards,
-    std unbiased (Bessel). A group of equal rewards gets zero advantages."""
+def group_advantages(rewards, group_size: int, eps: float = 1e-6, std: str = "unbiased") -> torch.Tensor:
+    """A_i = (R_i - mean(R)) / (std(R) + eps) over consecutive groups of `group_size` rewards, std
+    unbiased (Bessel, 1 / (G - 1)) or `population` (1 / G). A group of equal rewards gets zero advantages."""
     r = torch.as_tensor(rewards, dtype=torch.float32).view(-1, group_size)
-    return ((r - r.mean(1, keepdim=True)) / (r.std(1, keepdim=True) + eps)).view(-1)
+    spread = r.std(1, keepdim=True, correction=0 if std == "population" else 1)
+    return ((r - r.mean(1, keepdim=True)) / (spread + eps)).view(-1)
 
 
 def grpo_loss(logp, logp_old, logp_ref, advantages, mask, clip_low=0.2, clip_high=0.2, beta=0.04,
@@ -199,7 +204,7 @@ def grpo_loss(logp, logp_old, logp_ref, advantages, mask, clip_low=0.2, clip_hig
 
 
 def lr_at(update: int, optim: OptimSettings, updates: int) -> float:
-    """The learning rate of update `update` (0-based): paper A.2's warm-up, hold and cosine."""
+    """The learning rate of update `update`, counted from 1 (1..updates): paper A.2's warm-up, hold and cosine."""
     return warmup_hold_cosine(update, optim.lr, optim.lr_floor, optim.warmup_updates, optim.hold_until, updates)
 
 
@@ -260,7 +265,7 @@ def sample_groups(policy: Qwen, tok, examples: list[data.Example], cfg: GRPOConf
             reasoning, _ = data.split_completion(text)
             rollouts.append(rewards.Rollout.from_completion(
                 example, text, n_reasoning_tokens=data.count_tokens(reasoning, tok), n_completion_tokens=len(new[i]),
-                step=update, total_steps=cfg.updates))
+                step=update + 1, total_steps=cfg.updates))  # t counts from 1: w(t) reaches 1 + gamma at the last
         groups.append(Group(example, [[Sample(prompt, new[i], logp[i], not new[i] or new[i][-1] not in eos)]
                                       for i in rows], rollouts))
     return groups
@@ -318,13 +323,13 @@ def filter_decision(group_rewards: list[float | None], resamples: int, replaceme
                     filtering: FilterSettings) -> str:
     """Step 3's rule for one scored group: "keep", "resample", "replace" (its prompt) or "mask" (out of the loss).
     With filtering on (CLUE), a group whose rewards hold a None or are all equal is resampled while resampling
-    attempts remain, then replaced while replacements remain, then masked. With filtering off only a group with a
-    missing reward is masked (equal rewards give zero advantages)."""
-    complete = None not in group_rewards
-    if not filtering.enabled:
-        return "keep" if complete else "mask"
-    if complete and len(set(group_rewards)) > 1:
+    attempts remain, then replaced while replacements remain, then masked. With filtering off such a group is masked
+    at once: out of the loss and its normalizer in both arms of the Accuracy-Only ablation, so the same informative
+    groups get the same gradient in both (kept in, all-equal groups made Accuracy-Only's step smaller)."""
+    if None not in group_rewards and len(set(group_rewards)) > 1:
         return "keep"
+    if not filtering.enabled:
+        return "mask"
     if resamples < filtering.resamples:
         return "resample"
     if replacements < filtering.replacements:
@@ -395,9 +400,11 @@ def collect_groups(sampler, source: PromptSource, slots: list[Slot], cfg: GRPOCo
 # ----------------------------------------------------------------------------- steps 4-6: advantages, loss, step
 
 
-def advantages_by_group(groups: list[Group], eps: float) -> list[list[float] | None]:
-    """Step 4: each unmasked group's advantages (`group_advantages` over its K rewards); None for a masked group."""
-    return [None if g.masked else group_advantages(g.rewards, len(g.rewards), eps).tolist() for g in groups]
+def advantages_by_group(groups: list[Group], loss: LossSettings) -> list[list[float] | None]:
+    """Step 4: each unmasked group's advantages (`group_advantages` over its K rewards, with `loss.adv_eps` and
+    `loss.adv_std`); None for a masked group."""
+    return [None if g.masked else group_advantages(g.rewards, len(g.rewards), loss.adv_eps, loss.adv_std).tolist()
+            for g in groups]
 
 
 @dataclass
@@ -721,7 +728,7 @@ def train(cfg: GRPOConfig, examples: list[data.Example]) -> None:
     with MetricsWriter(out / "metrics.jsonl") as metrics_log, \
             MetricsWriter(out / "completions.jsonl") as completions_log, StopRequest() as stop:
         for update in range(start, cfg.updates):
-            lr = lr_at(update, cfg.optim, cfg.updates)
+            lr = lr_at(update + 1, cfg.optim, cfg.updates)  # `update` counts from 0, the paper's updates from 1
             set_lr(optimizer, lr)
             drawn = source.take(cfg.rollout.prompts_per_update)
             slots = [Slot(i, example, segment) for i, (example, segment) in enumerate(drawn)
@@ -729,7 +736,7 @@ def train(cfg: GRPOConfig, examples: list[data.Example]) -> None:
             # 1-3. sample, score, filter (collect_groups: the three steps, again for the slots filtering sends back)
             groups, counts = collect_groups(sampler, source, slots, cfg, update, dist)
             # 4. advantages
-            advantages = advantages_by_group(groups, cfg.loss.adv_eps)
+            advantages = advantages_by_group(groups, cfg.loss)
             batches = micro_batches(training_sequences(groups, advantages), cfg.loss.micro_batch_size, pad_id,
                                     dist.device)
             # 5-6. loss and step, `loss.passes` times (policy_update: accumulate_loss, then optimizer_step)
@@ -763,12 +770,26 @@ def train(cfg: GRPOConfig, examples: list[data.Example]) -> None:
     print0(f"done: {out / 'adapter'}")
 
 
+def prepare(cfg: GRPOConfig) -> None:  # `grpo.py prepare`: train_data[0] from prepare.examples, with references
+    out = Path(cfg.train_data[0])
+    examples = dataset.load_jsonl(cfg.prepare.examples)
+    kept, n = rewards.add_references(examples, cfg.prepare.teacher, out.with_suffix(".references.jsonl"))
+    dataset.save_jsonl(kept, out)
+    print(f"prepare: {len(kept)} of {len(examples)} examples with a reference -> {out} ({n['calls']} asked, "
+          f"{n['reused']} logged, {n['failures']} failed, {n['rejected']} rejected)")
+
+
 def main(argv=None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = argv.pop(0) if argv[:1] == ["prepare"] else "train"
     cfg = parse_cli(GRPOConfig, argv)
     try:
+        if command == "prepare":
+            if cfg.prepare is None:
+                raise ConfigError(f"{argv[0]}: missing section 'prepare' (what `grpo.py prepare` builds data from)")
+            return prepare(cfg)
         examples = check_inputs(cfg, argv[0])
-    except (ConfigError, data.DataError) as e:
+    except (ConfigError, data.DataError, JudgeError) as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     try:

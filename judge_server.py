@@ -33,8 +33,9 @@ from typing import Any, Callable
 import verifier
 from config import excerpt
 from data import split_blocks
-from dialogue import (ARG_SECTIONS, EMOTIONAL_STATE_SYSTEM, TURN_QUALITY_SYSTEM, TURN_SCORES_SYSTEM,
-                      USER_SIMULATOR_SYSTEM, user_ends_dialogue)
+from dialogue import ARG_SECTIONS
+from dialogue_judges import (EMOTIONAL_STATE_SYSTEM, PREDICTOR_SYSTEM, TURN_QUALITY_SYSTEM, TURN_SCORES_SYSTEM,
+                             USER_SIMULATOR_SYSTEM, user_ends_dialogue)
 from judge import CARE_DIMENSIONS, CARE_RUBRIC_SYSTEM, CARE_SCORES_SYSTEM, CAUSE_SYSTEM, IU_SYSTEM, SECTION_TAGS
 
 log = logging.getLogger("judge_server")
@@ -161,13 +162,22 @@ def _rules_turn_scores(sections: list[tuple[str, str]], message: str) -> str:
     present = [name for name in ARG_SECTIONS if re.search(rf"^\s*{name}\s*:", reasoning, lines)]
     steps = [m.group(1).strip() for m in re.finditer(r"^\s*Lookahead \d+\s*:(.*)$", reasoning, lines)]
     cognitive = 1 if not reply.strip() else 4 + bool(_content_words(reply) & _content_words(asked))
-    lookahead = 1 if not steps else min(5, 2 + sum(_count(step, DISTRESS | RELIEF) > 0 for step in steps))
+    forecast, follow_up = _count(parts["prediction"], RELIEF) > 0, _count(parts["follow_up"], RELIEF) > 0
+    lookahead = 3 if parts["follow_up"] == "(none)" else 5 if forecast == follow_up else 2  # the forecast came true
     overthinking = min(2, (bool(reasoning) and len(asked.split()) < 6)
                        + (len(steps) > allowed or len(set(steps)) < len(steps)))
     return "\n".join([f"cognitive: reply {'empty' if not reply.strip() else 'given'} | {cognitive}",
                       f"trace: {len(present)} of {len(ARG_SECTIONS)} sections | {1 + round(4 * len(present) / 5)}",
-                      f"lookahead: {len(steps)} steps | {lookahead}",
+                      f"lookahead: forecast {'eased' if forecast else 'strained'} | {lookahead}",
                       f"overthinking: a {len(asked.split())}-word message, {len(steps)} steps | {overthinking}"])
+
+
+def _rules_prediction(sections: list[tuple[str, str]], _: str) -> str:
+    parts = dict(sections)  # eased by a comforting reply, and once eased, eased further on
+    eased = _count(parts["reply"], COMFORT) > 0 or _count(parts.get("previous", ""), RELIEF) > 0
+    return "\n".join([f"Needs: {'a next step' if eased else 'to be heard'}",
+                      f"Appraisal: {'manageable' if eased else 'too much to handle'}",
+                      f"Emotion: {'calmer' if eased else 'worried'}"])
 
 
 def _rules_turn_quality(sections: list[tuple[str, str]], _: str) -> str:
@@ -206,7 +216,7 @@ def _rules_care_scores(sections: list[tuple[str, str]], _: str) -> str:
 _RULES = {IU_SYSTEM: _rules_iu, CAUSE_SYSTEM: _rules_cause, USER_SIMULATOR_SYSTEM: _rules_user_turn,
           EMOTIONAL_STATE_SYSTEM: _rules_emotional_state, TURN_SCORES_SYSTEM: _rules_turn_scores,
           TURN_QUALITY_SYSTEM: _rules_turn_quality, CARE_RUBRIC_SYSTEM: _rules_care_rubric,
-          CARE_SCORES_SYSTEM: _rules_care_scores}
+          CARE_SCORES_SYSTEM: _rules_care_scores, PREDICTOR_SYSTEM: _rules_prediction}
 
 
 def rules_backend(messages: list[dict[str, str]], params: dict[str, Any]) -> str:
@@ -222,9 +232,12 @@ def rules_backend(messages: list[dict[str, str]], params: dict[str, Any]) -> str
       little after a reply with one, and not eased otherwise;
     - emotional state: 3 + RELIEF words - DISTRESS words, within 1-5;
     - EmoLLM's turn scores: cognitive 1 for an empty reply, else 4, or 5 when it shares a content word
-      with the user's message; trace 1 + 4 x the share of the ARG sections present; lookahead 1
-      without steps, else 2 + the steps naming a DISTRESS or RELIEF word (at most 5); overthinking 1
-      for reasoning about a message under 6 words, 1 more for repeated or too many steps;
+      with the user's message; trace 1 + 4 x the share of the ARG sections present; lookahead 5 when
+      the forecast and the follow-up agree on easing (a RELIEF word in both or neither), 2 when not, 3
+      without a follow-up; overthinking 1 for reasoning about a message under 6 words, 1 more for
+      repeated or too many steps;
+    - the reverse-perspective predictor: an eased forecast (Emotion: calmer) after a reply with a COMFORT
+      word or from an eased previous step, a strained one (Emotion: worried) otherwise;
     - turn quality: sr_proxy 1 when the follow-up ends the dialogue, ea 1 + COMFORT words (at most 5),
       fa 1 for a non-empty reply;
     - CARE: a fixed rubric (affective first after a DISTRESS word, else cognitive and proactive), and

@@ -461,11 +461,29 @@ def test_parse_care_rubric():
     assert [rubric[d]["weight"] for d in rubric] == pytest.approx([0.30, 0.45, 0.25])
     assert rubric["cognitive"]["criteria"][2] == "Checks what the parent wants"
     nearly = json.loads(json.dumps(RUBRIC_JSON))
-    nearly["proactive"]["weight"] = 0.259  # within CARE_WEIGHT_TOLERANCE = 0.01 of summing to 1: renormalized
+    nearly["proactive"]["weight"] = 0.259  # within CARE_WEIGHT_TOLERANCE of summing to 1: renormalized
     weights = [d["weight"] for d in judge.parse_care_rubric(json.dumps(nearly)).values()]
     assert weights == pytest.approx([0.30 / 1.009, 0.45 / 1.009, 0.259 / 1.009], abs=1e-12)
-    nearly["proactive"]["weight"] = 0.261  # 1.011: outside it
+    nearly["proactive"]["weight"] = 0.27  # 1.02: more than three two-decimal roundings can explain, refused
     assert judge.parse_care_rubric(json.dumps(nearly)) is None
+
+
+@pytest.mark.parametrize("weights", [(0.33, 0.33, 0.33), (0.4, 0.24, 0.35), (0.335, 0.335, 0.335), (0.34, 0.34, 0.335)])
+def test_care_rubric_accepts_two_decimal_rounding(weights):
+    # 0.33 * 3 misses 1 by 0.010000000000000009 in floats, which the old tolerance of 0.01 refused; a sum within
+    # 3 x 0.005 of 1 is what three weights each rounded to two decimals can give, so it is renormalized and used
+    value = {dim: dict(RUBRIC_JSON[dim], weight=w) for dim, w in zip(judge.CARE_DIMENSIONS, weights)}
+    rubric = judge.care_rubric(value)
+    assert [rubric[d]["weight"] for d in judge.CARE_DIMENSIONS] == pytest.approx([w / sum(weights) for w in weights],
+                                                                                  abs=1e-12)
+    assert sum(rubric[d]["weight"] for d in judge.CARE_DIMENSIONS) == pytest.approx(1, abs=1e-12)
+
+
+@pytest.mark.parametrize("weights", [(0.3, 0.3, 0.3), (0.4, 0.4, 0.4), (0.5, 0.3, 0.1), (0.34, 0.34, 0.34)])
+def test_care_rubric_refuses_weights_clearly_off(weights):
+    # 0.9, 1.2, 0.9 and 1.02: no two-decimal rounding of weights that sum to 1 gives these
+    value = {dim: dict(RUBRIC_JSON[dim], weight=w) for dim, w in zip(judge.CARE_DIMENSIONS, weights)}
+    assert judge.care_rubric(value) is None
 
     def mutated(change):
         rubric = json.loads(json.dumps(RUBRIC_JSON))
