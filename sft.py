@@ -27,7 +27,9 @@ the best mean macro F1 across tasks is kept.
 
 Outputs in output_dir: config.yaml, metrics.jsonl, ckpt-<step>/ (train.py; exact resume),
 best/ (the selected adapter and `<evidence>` rows in PEFT format; the final ones when selection is
-off), selection.json (step -> per-task macro F1), merged/ with save_merged=true.
+off), selection.json (step -> per-task macro F1), merged/ with save_merged=true. With `finetune: full`
+every weight but the frozen embedding and lm_head trains, sharded over the ranks (fsdp.py), the
+`<evidence>` rows as in LoRA mode; best/ is then a whole Hugging Face checkpoint.
 """
 
 from __future__ import annotations
@@ -53,9 +55,10 @@ from judge import (_DATA_NOTICE, JudgeCall, JudgeConfig, JudgeError, _messages, 
                    chat_many)
 from model import (LORA_TARGETS, CheckpointError, Qwen, QwenTokenizer, add_lora, add_special_tokens,
                    load_adapter, load_tokenizer, save_adapter, save_merged, token_logprobs, train_token_rows)
-from train import (StopRequest, Progress, all_reduce_sum, broadcast_parameters, build_optimizer, latest_checkpoint,
-                   linear_warmup_decay, load_checkpoint, optimizer_parameters, restore_optimizer, save_checkpoint,
-                   set_lr, setup_distributed, sync_gradients, trim_log)
+from fsdp import busiest, export_full, gathered, is_sharded, shard_model
+from train import (StopRequest, Progress, all_reduce_sum, broadcast_parameters, build_optimizer, clip_gradients,
+                   finetune_settings, latest_checkpoint, linear_warmup_decay, load_checkpoint, optimizer_parameters,
+                   restore_optimizer, save_checkpoint, set_lr, setup_distributed, sync_gradients, trim_log)
 from verifier import EVIDENCE_CLOSE, EVIDENCE_OPEN, extract_quotes, format_score, verify_quote
 
 # ----------------------------------------------------------------------------- config
@@ -123,13 +126,17 @@ class SFTConfig:
     dtype: str | None = None  # None: bfloat16 on GPU, float32 on the CPU; LoRA factors and rows stay float32
     device: str | None = None  # None: cuda:LOCAL_RANK when available, else the CPU
     enable_thinking: bool | None = None  # the chat format's thinking switch; None: the checkpoint's default
-    lora: LoraSettings = field(default_factory=LoraSettings)
+    finetune: Literal["lora", "full"] = "lora"  # full: every weight but embedding and lm_head, sharded (fsdp.py)
+    lora: LoraSettings | None = None  # LoRA runs only; left out: LoraSettings()
     selection: SelectionConfig = field(default_factory=SelectionConfig)
     save_every: int = 200  # optimizer steps between checkpoints (also at each epoch end and on a stop request)
     keep_checkpoints: int | None = 2
     resume: Literal["auto", "none"] = "auto"  # auto: continue from the newest complete checkpoint
     save_merged: bool = False  # also write merged/, a full checkpoint with the adapter folded in
     prepare: PrepareConfig | None = None
+
+    def __post_init__(self):
+        self.lora = finetune_settings(self.finetune, self.lora, self.save_merged, LoraSettings())
 
 
 # ----------------------------------------------------------------------------- rows
@@ -379,12 +386,18 @@ def heldout_macro_f1(model: Qwen, tok: QwenTokenizer, heldout: list[Row], cfg: S
 # ----------------------------------------------------------------------------- training
 
 
-def _save_best(model: Qwen, out: Path) -> None:
+def _save_best(model: Qwen, tok: QwenTokenizer, out: Path, where) -> None:
+    """best/ on rank 0 (every rank calls it): the adapter and rows, or a full-parameter run's whole checkpoint."""
     tmp = out / ".best.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    save_adapter(model, tmp)
-    shutil.rmtree(out / "best", ignore_errors=True)
-    tmp.rename(out / "best")
+    if where.main:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if is_sharded(model):
+        export_full(model, tok, tmp)
+    elif where.main:
+        save_adapter(model, tmp)
+    if where.main:
+        shutil.rmtree(out / "best", ignore_errors=True)
+        tmp.rename(out / "best")
 
 
 def _dtype(cfg: SFTConfig, device: torch.device) -> str:
@@ -419,8 +432,11 @@ def train(cfg: SFTConfig) -> Path:
     if not samples:
         raise DataError(f"{cfg.data}: no training rows left")
     torch.manual_seed(cfg.seed)
-    add_lora(model, cfg.lora.rank, cfg.lora.alpha, cfg.lora.dropout, cfg.lora.targets)
+    if cfg.lora is not None:
+        add_lora(model, cfg.lora.rank, cfg.lora.alpha, cfg.lora.dropout, cfg.lora.targets)
     train_token_rows(model, tag_ids)
+    if cfg.finetune == "full":
+        shard_model(model, where.device)
     model.gradient_checkpointing = cfg.gradient_checkpointing
     checkpoint = latest_checkpoint(out) if cfg.resume == "auto" and out.is_dir() else None
     first, state = 0, {"rows": len(samples), "selection": [], "best": None}
@@ -434,7 +450,7 @@ def train(cfg: SFTConfig) -> Path:
     optimizer = build_optimizer(model, cfg.lr, cfg.weight_decay, cfg.betas, cfg.row_lr_scale)
     params = optimizer_parameters(optimizer)
     if checkpoint is not None:
-        restore_optimizer(checkpoint, optimizer, meta)
+        restore_optimizer(checkpoint, optimizer, meta, model)
     else:
         broadcast_parameters(params)
         torch.manual_seed(cfg.seed + where.rank)  # dropout masks differ across ranks
@@ -454,10 +470,13 @@ def train(cfg: SFTConfig) -> Path:
             mine = update[where.rank::where.world_size]
             batches = [collate([samples[i] for i in mine[j:j + cfg.batch_size]], pad, where.device)
                        for j in range(0, len(mine), cfg.batch_size)]
+            if is_sharded(model):  # every rank runs as many forwards as the busiest (FSDP's all-gathers)
+                idle = collate([([pad, pad], [0.0, 0.0])], pad, where.device)  # weighs nothing
+                batches += [idle] * (busiest(len(batches), where.device) - len(batches))
             optimizer.zero_grad(set_to_none=True)
             loss = backward_update(model, batches, len(update))
             sync_gradients(params)
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm).item()
+            grad_norm = clip_gradients(params, cfg.max_grad_norm)
             optimizer.step()
             tokens = sum(len(samples[i][0]) for i in update)
             loss = all_reduce_sum(torch.tensor([loss], dtype=torch.float64, device=where.device)).item()
@@ -473,9 +492,9 @@ def train(cfg: SFTConfig) -> Path:
             if stopping:
                 print0(f"stopped after step {done}; run again with resume=auto to continue")
                 return out
+    if not heldout:
+        _save_best(model, tok, out, where)
     if where.main:
-        if not heldout:
-            _save_best(model, out)
         if cfg.save_merged:
             save_merged(load_adapter(model, out / "best"), tok, out / "merged")
         best = f" (step {state['best']['step']}, mean macro F1 {state['best']['mean_macro_f1']:.4f})" \
@@ -486,16 +505,17 @@ def train(cfg: SFTConfig) -> Path:
 
 def _select(model, tok, heldout, cfg, where, step: int, state: dict, metrics) -> None:
     """Score the held-out targets at `step`, log them, and keep the adapter when it is the best so far."""
-    scores = heldout_macro_f1(model, tok, heldout, cfg, where.rank, where.world_size)
+    with gathered(model):  # a full-parameter run samples from whole weights: no collective per token
+        scores = heldout_macro_f1(model, tok, heldout, cfg, where.rank, where.world_size)
     mean = sum(scores.values()) / len(scores)
     state["selection"].append({"step": step, "macro_f1": scores, "mean_macro_f1": mean})
     metrics.write({"step": step, **{f"eval/{t}/macro_f1": f for t, f in scores.items()}, "eval/mean_macro_f1": mean})
     better = state["best"] is None or mean > state["best"]["mean_macro_f1"]
     if better:
         state["best"] = {"step": step, "mean_macro_f1": mean}
+    if better:
+        _save_best(model, tok, Path(cfg.output_dir), where)
     if where.main:
-        if better:
-            _save_best(model, Path(cfg.output_dir))
         table = {"best_step": state["best"]["step"], "steps": state["selection"]}
         atomic_write_text(Path(cfg.output_dir) / "selection.json", json.dumps(table, indent=1) + "\n")
     shown = ", ".join(f"{t} {f:.4f}" for t, f in scores.items())
@@ -710,7 +730,7 @@ def main(argv=None) -> None:
         prepare(cfg) if command == "prepare" else train(cfg)
     except (DataError, ConfigError, CheckpointError, JudgeError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(1) from None
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

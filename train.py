@@ -1,15 +1,17 @@
 """What the two trainers share, and nothing else: process setup from torchrun's environment, the
 gradient all-reduce of the trainable parameters, AdamW parameter groups, the learning-rate
-schedules, atomic checkpoints with exact resume (the run's logs trimmed to match), a clean stop on
-Ctrl-C / SIGTERM, and the rank-0 progress line.
+schedules, gradient clipping, atomic checkpoints with exact resume (the run's logs trimmed to match), a clean stop on
+Ctrl-C / SIGTERM, and the rank-0 progress line. The FSDP2 machinery of full-parameter runs (`finetune: full`) lives
+in fsdp.py; the checkpoint functions here dispatch to it for a sharded model.
 
 A checkpoint is a folder `ckpt-<step>` inside the run's output_dir, written under a temporary name
 and renamed when complete (a folder named `ckpt-*` is always whole):
 
-    adapter_config.json, adapter_model.safetensors, token_rows.safetensors   model.save_adapter
-    optimizer.safetensors     AdamW state, one tensor per `<parameter index>.<name>`
+    adapter_config.json, adapter_model.safetensors, token_rows.safetensors   model.save_adapter  (LoRA)
+    optimizer.safetensors     AdamW state, one tensor per `<parameter index>.<name>`     (LoRA)
+    dcp/                      every rank's shards of the weights and AdamW state          (full: fsdp.save_sharded)
     rng-rank<r>.safetensors   rank r's torch (and CUDA) generator state; its Python state as metadata
-    state.json                step, world size, optimizer hyperparameters, the trainer's own state
+    state.json                step, world size, finetune mode, optimizer hyperparameters, the trainer's own state
 
 Only safetensors and JSON are written or read: nothing is unpickled on resume.
 """
@@ -31,8 +33,11 @@ import torch.distributed as dist
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from config import atomic_write_text, print0
-from model import Qwen, load_adapter, lora_modules, save_adapter
+from torch.distributed.tensor import DTensor
+
+import fsdp
+from config import ConfigError, atomic_write_text, print0
+from model import CheckpointError, Qwen, load_adapter, lora_modules, save_adapter
 
 # ----------------------------------------------------------------------------- processes
 
@@ -81,17 +86,21 @@ def barrier() -> None:
 
 
 def broadcast_parameters(params: list[torch.nn.Parameter]) -> None:
-    """Give every rank rank 0's values (the random LoRA init), so the replicas start equal."""
+    """Give every rank rank 0's values (the random LoRA init), so the replicas start equal (sharded parameters of a
+    full-parameter run are left alone: each rank holds its own shard)."""
     if _distributed():
         for p in params:
-            dist.broadcast(p.data, 0)
+            if not isinstance(p, DTensor):
+                dist.broadcast(p.data, 0)
 
 
 def sync_gradients(params: list[torch.nn.Parameter]) -> None:
     """Sum the gradients of the trainable parameters over the ranks, in one flat all-reduce. The
     trainers normalize each loss by counts taken over the whole update on all ranks, so the sum is
-    the gradient of the global loss. The frozen base never has gradients and is never sent."""
-    if not _distributed():
+    the gradient of the global loss. The frozen base never has gradients and is never sent; sharded parameters (a
+    full-parameter run) had theirs reduce-scattered by FSDP in backward."""
+    params = [p for p in params if not isinstance(p, DTensor)]
+    if not _distributed() or not params:
         return
     for p in params:
         if p.grad is None:
@@ -108,12 +117,15 @@ def sync_gradients(params: list[torch.nn.Parameter]) -> None:
 
 
 def trainable_groups(model: Qwen) -> tuple[list[torch.nn.Parameter], list[torch.nn.Parameter]]:
-    """(LoRA factors, trainable token rows) of the model, in a fixed order."""
-    lora = [p for m in lora_modules(model).values() for p in (m.lora_A, m.lora_B) if p.requires_grad]
+    """(LoRA factors, trainable token rows) of the model, in a fixed order; without LoRA (a full-parameter run) every
+    trainable parameter but the rows takes the LoRA factors' place."""
     rows = [] if model.embed_rows is None else [model.embed_rows]
     if model.head_rows is not None and model.head_rows is not model.embed_rows:
         rows.append(model.head_rows)
-    return lora, [p for p in rows if p.requires_grad]
+    rows = [p for p in rows if p.requires_grad]
+    if not lora_modules(model):
+        return [p for p in model.parameters() if p.requires_grad and all(p is not r for r in rows)], rows
+    return [p for m in lora_modules(model).values() for p in (m.lora_A, m.lora_B) if p.requires_grad], rows
 
 
 def build_optimizer(model: Qwen, lr: float, weight_decay: float, betas: tuple[float, float],
@@ -126,6 +138,14 @@ def build_optimizer(model: Qwen, lr: float, weight_decay: float, betas: tuple[fl
     if rows:
         groups.append({"params": rows, "weight_decay": 0.0, "lr_scale": row_lr_scale})
     return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), weight_decay=weight_decay)
+
+
+def clip_gradients(params: list[torch.nn.Parameter], max_norm: float) -> float:
+    """Clip the global gradient norm of `params` to `max_norm` (torch's clip_grad_norm_; fsdp.clip_gradients over
+    sharded gradients); returns the norm before clipping."""
+    if any(isinstance(p, DTensor) for p in params):
+        return fsdp.clip_gradients(params, max_norm)
+    return torch.nn.utils.clip_grad_norm_(params, max_norm).item()
 
 
 def optimizer_parameters(optimizer: torch.optim.Optimizer) -> list[torch.nn.Parameter]:
@@ -208,15 +228,19 @@ def save_checkpoint(output_dir, step: int, model: Qwen, optimizer: torch.optim.O
         tmp.mkdir(parents=True)
     barrier()
     _save_rng(tmp, rank)
+    full = fsdp.is_sharded(model)
+    groups = fsdp.save_sharded(tmp, model, optimizer) if full else None  # every rank writes its shards
     barrier()
     if rank == 0:
-        save_adapter(model, tmp)
-        state = optimizer.state_dict()
-        tensors = {f"{i}.{name}": t.detach().cpu().contiguous() for i, s in state["state"].items()
-                   for name, t in s.items()}
-        save_file(tensors, str(tmp / "optimizer.safetensors"))
+        state = None if full else optimizer.state_dict()
+        if not full:
+            save_adapter(model, tmp)
+            tensors = {f"{i}.{name}": t.detach().cpu().contiguous() for i, s in state["state"].items()
+                       for name, t in s.items()}
+            save_file(tensors, str(tmp / "optimizer.safetensors"))
         meta = {"step": step, "world_size": dist.get_world_size() if _distributed() else 1,
-                "param_groups": state["param_groups"], "trainer": trainer_state}
+                "finetune": "full" if full else "lora", "param_groups": groups or state["param_groups"],
+                "trainer": trainer_state}
         atomic_write_text(tmp / "state.json", json.dumps(meta, indent=1) + "\n")
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
@@ -229,28 +253,48 @@ def save_checkpoint(output_dir, step: int, model: Qwen, optimizer: torch.optim.O
 
 
 def load_checkpoint(path, model: Qwen) -> dict:
-    """Load a checkpoint's adapter and token rows into `model` (before the optimizer is built: the
-    rows become new parameters) and this rank's RNG state. Returns its state.json; pass it to
-    `restore_optimizer` once the optimizer exists."""
+    """Check that a checkpoint fits this run (the same number of ranks, the same `finetune` mode), load its adapter and
+    token rows into `model` (LoRA: before the optimizer is built, the rows become new parameters) and this rank's RNG
+    state. Returns its state.json; pass it to `restore_optimizer` once the optimizer exists (a full-parameter run's
+    weights come back there, with the optimizer's state)."""
     path = Path(path)
     meta = json.loads((path / "state.json").read_text(encoding="utf-8"))
     world = dist.get_world_size() if _distributed() else 1
+    mode, written = ("full" if fsdp.is_sharded(model) else "lora"), meta.get("finetune", "lora")
+    if written != mode:
+        raise CheckpointError(f"{path / 'state.json'}: field 'finetune': the checkpoint is of a {written} run, this run "
+                              f"is {mode}; resume it with finetune: {written} (or start afresh with resume: none)")
     if meta["world_size"] != world:
-        raise ValueError(f"{path}: written by {meta['world_size']} rank(s), this run has {world}; exact resume "
-                         f"needs the same number (or start afresh with resume=none)")
-    load_adapter(model, path)
+        raise CheckpointError(f"{path}: written by {meta['world_size']} rank(s), this run has {world}; exact resume "
+                              f"needs the same number (or start afresh with resume=none)")
+    if mode == "lora":
+        load_adapter(model, path)
     _load_rng(path, dist.get_rank() if _distributed() else 0)
     return meta
 
 
-def restore_optimizer(path, optimizer: torch.optim.Optimizer, meta: dict) -> None:
-    """Load AdamW's state and hyperparameters saved by `save_checkpoint`."""
+def restore_optimizer(path, optimizer: torch.optim.Optimizer, meta: dict, model: Qwen | None = None) -> None:
+    """Load AdamW's state and hyperparameters saved by `save_checkpoint` (and, for a sharded `model`, its weights)."""
+    if model is not None and fsdp.is_sharded(model):
+        fsdp.load_sharded(Path(path), model, optimizer, meta["param_groups"])
+        return
     state: dict[int, dict[str, torch.Tensor]] = {}
     with safe_open(Path(path) / "optimizer.safetensors", framework="pt") as f:
         for key in f.keys():
             index, name = key.split(".", 1)
             state.setdefault(int(index), {})[name] = f.get_tensor(key)
     optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
+
+
+def finetune_settings(finetune: str, lora, save_merged: bool, defaults):
+    """A trainer config's `lora` section as the run uses it: `defaults` when a LoRA run leaves it out, None in a
+    full-parameter run, which takes no LoRA-only key (a ConfigError naming the key, for config.py to place)."""
+    if finetune == "lora":
+        return defaults if lora is None else lora
+    for key, given in (("lora", lora is not None), ("save_merged", save_merged)):
+        if given:
+            raise ConfigError(f"{key}: a LoRA-only setting, but finetune is full (remove it, or set finetune: lora)")
+    return None
 
 
 def trim_log(path, last_step: int, where: Dist) -> None:
