@@ -128,6 +128,34 @@ def gathered(model: Qwen):
             unit.set_reshard_after_forward(unit is not model, recurse=False)
 
 
+class CollectiveCounter:
+    """Counts the collectives this process issues while active (torch.distributed's functions wrapped): the
+    measure behind "a rollout under `gathered` runs none" (tests, bench/bench_fsdp.py)."""
+
+    NAMES = ("all_gather_single", "reduce_scatter_single", "all_gather_into_tensor", "reduce_scatter_tensor",
+             "all_gather", "all_reduce", "reduce_scatter", "broadcast", "all_to_all", "barrier")
+
+    def __init__(self):
+        self.count, self._saved = 0, {}
+
+    def __enter__(self):
+        for name in self.NAMES:
+            if hasattr(dist, name):
+                self._saved[name] = original = getattr(dist, name)
+                setattr(dist, name, self._counted(original))
+        return self
+
+    def _counted(self, original):
+        def call(*args, **kwargs):
+            self.count += 1
+            return original(*args, **kwargs)
+        return call
+
+    def __exit__(self, *exc):
+        for name, original in self._saved.items():
+            setattr(dist, name, original)
+
+
 def clip_gradients(params: list[torch.nn.Parameter], max_norm: float) -> float:
     """Scale the gradients of `params` so their global L2 norm is at most `max_norm` (as clip_grad_norm_, whose
     coefficient this is); returns the norm before clipping. Sharded gradients (DTensors) count every shard once,
