@@ -239,7 +239,7 @@ def test_a_full_run_killed_resumes_equal_to_an_uninterrupted_one(checkpoint, tmp
 
 @pytest.mark.parametrize("case", ["lora section", "save_merged"])
 def test_full_mode_with_a_lora_only_key_stops_with_one_line(checkpoint, tmp_path, capsys, case):
-    extra = {"lora": {"rank": 4}} if case == "lora section" else {"save_merged": True}
+    extra = {"lora": {"rank": 4}} if case == "lora section" else {"lora": None, "save_merged": True}
     path = config_file(checkpoint, tmp_path, finetune="full", **extra)
     with pytest.raises(SystemExit) as stop:
         sft.main([str(path)])
