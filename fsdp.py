@@ -95,19 +95,13 @@ def shard_model(model: Qwen, device: torch.device, trainable: bool = True) -> Qw
     return model
 
 
-def idle_batch(batch):
-    """A micro-batch of the same shape whose tensors are zero: it runs the collectives and adds nothing to a loss
-    whose token weights (or mask) are zero. For ranks with fewer micro-batches than the busiest rank."""
-    return type(batch)(*(torch.zeros_like(x) if isinstance(x, torch.Tensor) else x for x in batch)) \
-        if hasattr(batch, "_fields") else tuple(torch.zeros_like(x) for x in batch)
-
-
-def busiest(count: int, device: torch.device) -> int:
-    """The largest `count` over the ranks."""
-    t = torch.tensor([count], device=device)
+def pad_batches(batches: list, idle, device: torch.device) -> list:
+    """`batches` plus as many `idle` micro-batches (ones that weigh nothing in the loss) as the busiest rank has more:
+    every rank of a sharded model must run the same forwards and backwards."""
+    count = torch.tensor([len(batches)], device=device)
     if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return int(t.item())
+        dist.all_reduce(count, op=dist.ReduceOp.MAX)
+    return batches + [idle] * (int(count.item()) - len(batches))
 
 
 @contextlib.contextmanager

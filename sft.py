@@ -55,7 +55,7 @@ from judge import (_DATA_NOTICE, JudgeCall, JudgeConfig, JudgeError, _messages, 
                    chat_many)
 from model import (LORA_TARGETS, CheckpointError, Qwen, QwenTokenizer, add_lora, add_special_tokens,
                    load_adapter, load_tokenizer, save_adapter, save_merged, token_logprobs, train_token_rows)
-from fsdp import busiest, export_full, gathered, is_sharded, shard_model
+from fsdp import export_full, gathered, is_sharded, pad_batches, shard_model
 from train import (StopRequest, Progress, all_reduce_sum, broadcast_parameters, build_optimizer, clip_gradients,
                    finetune_settings, latest_checkpoint, linear_warmup_decay, load_checkpoint, optimizer_parameters,
                    restore_optimizer, save_checkpoint, set_lr, setup_distributed, sync_gradients, trim_log)
@@ -470,9 +470,8 @@ def train(cfg: SFTConfig) -> Path:
             mine = update[where.rank::where.world_size]
             batches = [collate([samples[i] for i in mine[j:j + cfg.batch_size]], pad, where.device)
                        for j in range(0, len(mine), cfg.batch_size)]
-            if is_sharded(model):  # every rank runs as many forwards as the busiest (FSDP's all-gathers)
-                idle = collate([([pad, pad], [0.0, 0.0])], pad, where.device)  # weighs nothing
-                batches += [idle] * (busiest(len(batches), where.device) - len(batches))
+            if is_sharded(model):  # as many micro-batches as the busiest rank (fsdp.pad_batches), of weight 0
+                batches = pad_batches(batches, collate([([pad, pad], [0.0, 0.0])], pad, where.device), where.device)
             optimizer.zero_grad(set_to_none=True)
             loss = backward_update(model, batches, len(update))
             sync_gradients(params)
