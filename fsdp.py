@@ -71,10 +71,15 @@ def frozen_whole(model: Qwen) -> set[torch.nn.Parameter]:
     return {p for p in found if p is not None}
 
 
-def shard_model(model: Qwen, device: torch.device, trainable: bool = True) -> Qwen:
+def shard_model(model: Qwen, device: torch.device, like: Qwen | None = None) -> Qwen:
     """Shard `model` (loaded in its checkpoint dtype, token rows already added) as the module docstring says, in
-    place; returns it. trainable=False (GRPO's reference) keeps the weights in the checkpoint dtype, frozen."""
-    compute = model.dtype
+    place; returns it. With `like` (GRPO's reference of the sharded policy `like`, equal to it at the start): every
+    weight frozen in the checkpoint dtype, the embedding and lm_head those of `like` (one copy on a rank, not two)."""
+    compute, trainable = model.dtype, like is None
+    if like is not None:
+        model.model.embed_tokens.weight = like.model.embed_tokens.weight
+        if model.lm_head is not None:
+            model.lm_head.weight = like.lm_head.weight
     whole = frozen_whole(model)
     model.model.embed_tokens.weight.requires_grad_(False)
     model.head_weight().requires_grad_(False)

@@ -692,10 +692,10 @@ def check_inputs(cfg: GRPOConfig, config_path: str) -> list[data.Example] | list
     return examples
 
 
-def build_policy(cfg: GRPOConfig, dist: Dist, reference: bool = False):
+def build_policy(cfg: GRPOConfig, dist: Dist, like: Qwen | None = None):
     """The base model with the SFT adapter (and its <evidence> rows) merged in, plus a fresh LoRA: the only trainable
     parameters (embedding and lm_head stay frozen); disabling it gives the reference. `finetune: full`: those weights
-    sharded (fsdp.shard_model), all but embedding and lm_head trainable; reference=True: frozen, sharded alike."""
+    sharded (fsdp.shard_model), all but embedding and lm_head trainable; `like`: the frozen reference of it."""
     tok = load_tokenizer(cfg.model.path)
     policy = Qwen.from_pretrained(cfg.model.path, dtype=cfg.model.dtype, device=dist.device)
     if cfg.model.sft_adapter:
@@ -705,7 +705,7 @@ def build_policy(cfg: GRPOConfig, dist: Dist, reference: bool = False):
     if cfg.lora is not None:
         add_lora(policy, cfg.lora.rank, cfg.lora.alpha, cfg.lora.dropout, cfg.lora.targets)
     else:
-        shard_model(policy, dist.device, trainable=not reference)
+        shard_model(policy, dist.device, like)
     policy.gradient_checkpointing = cfg.model.gradient_checkpointing
     return policy, tok
 
@@ -719,7 +719,7 @@ def train(cfg: GRPOConfig, examples: list[data.Example]) -> None:
     save_resolved_config(cfg, out)
     policy, tok = build_policy(cfg, dist)
     full_kl = cfg.lora is None and cfg.loss.beta != 0  # a full-parameter run's KL needs a frozen, sharded reference
-    reference = build_policy(cfg, dist, reference=True)[0] if full_kl else None
+    reference = build_policy(cfg, dist, like=policy)[0] if full_kl else None
     sampler = sampler_for(cfg, policy, tok)
     source = PromptSource(sampler.segments(examples))
     checkpoint = latest_checkpoint(out) if cfg.resume == "auto" else None

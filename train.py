@@ -262,8 +262,8 @@ def load_checkpoint(path, model: Qwen) -> dict:
     world = dist.get_world_size() if _distributed() else 1
     mode, written = ("full" if fsdp.is_sharded(model) else "lora"), meta.get("finetune", "lora")
     if written != mode:
-        raise CheckpointError(f"{path / 'state.json'}: field 'finetune': the checkpoint is of a {written} run, this run "
-                              f"is {mode}; resume it with finetune: {written} (or start afresh with resume: none)")
+        raise CheckpointError(f"{path / 'state.json'}: field 'finetune': the checkpoint is of a {written} run, this "
+                              f"run is {mode}; resume it with finetune: {written} (or start afresh with resume: none)")
     if meta["world_size"] != world:
         raise CheckpointError(f"{path}: written by {meta['world_size']} rank(s), this run has {world}; exact resume "
                               f"needs the same number (or start afresh with resume=none)")

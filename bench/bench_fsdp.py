@@ -47,8 +47,8 @@ def worker(rank: int, world: int, port: int, args, out: Path) -> None:
     where = T.setup_distributed("cpu")
     torch.manual_seed(0)
     raw = dict(model_type="qwen3", vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=4 * args.hidden,
-               num_hidden_layers=args.layers, num_attention_heads=args.hidden // 64, num_key_value_heads=args.hidden // 128,
-               head_dim=64, rope_theta=1e6, tie_word_embeddings=False)
+               num_hidden_layers=args.layers, num_attention_heads=args.hidden // 64,
+               num_key_value_heads=args.hidden // 128, head_dim=64, rope_theta=1e6, tie_word_embeddings=False)
     model = M.Qwen(M.QwenConfig.from_dict(raw))
     n_params = sum(p.numel() for p in model.parameters())
     fsdp.shard_model(model, where.device)
