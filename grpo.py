@@ -25,14 +25,14 @@ once (`sampler_for`), which samples and judges episodes or per-state candidate r
 Ranks own whole groups; only LoRA gradients and metrics cross ranks; rank 0 writes. Outputs in
 `output_dir`: config.yaml, metrics.jsonl (one line per update, keys in `update_metrics`),
 completions.jsonl, `ckpt-<update>` checkpoints (exact resume with `resume: auto`), `adapter/` (the RL
-LoRA in PEFT format, on top of the SFT-merged base) and, with `save_merged: true`, `merged/`.
+LoRA in PEFT format, on top of the SFT-merged base) and, with `save_merged: true`, `merged/`. With `finetune: full`
+every weight but embedding and lm_head trains, sharded (fsdp.py), against a frozen sharded reference; out: `model/`.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
 import random
 import sys
 import time
@@ -656,8 +656,6 @@ def check_inputs(cfg: GRPOConfig, config_path: str) -> list[data.Example] | list
                                ("dialogue.lookahead", dialogue_cfg.lookahead, 1)) if dialogue_cfg else ())):
         if value < low:
             raise bad(key, f"must be at least {low}, got {value}")
-    if cfg.finetune == "full" and rollout.prompts_per_update % (world := int(os.environ.get("WORLD_SIZE", "1"))):
-        raise bad("rollout.prompts_per_update", f"does not divide over {world} ranks (full mode keeps ranks in step)")
     if not rollout.temperature > 0:
         raise bad("rollout.temperature", f"must be > 0 (log-probabilities are taken at it), got {rollout.temperature}")
     for key, folder, needed in (("model.path", cfg.model.path, "config.json"),

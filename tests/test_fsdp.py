@@ -382,15 +382,3 @@ def test_a_full_grpo_run_on_two_ranks_resumes_after_sigkill_to_the_same_result(t
     hf = transformers.AutoModelForCausalLM.from_pretrained(run / "model", dtype=torch.float32).eval()
     with torch.no_grad():
         torch.testing.assert_close(hf(ids).logits, M.Qwen.from_pretrained(run / "model")(ids), rtol=1e-4, atol=1e-4)
-
-
-def test_full_grpo_with_a_world_size_that_does_not_divide_the_prompts_stops_with_one_line(tmp_path, assets, capsys,
-                                                                                           monkeypatch):
-    monkeypatch.setenv("WORLD_SIZE", "3")
-    config = run_config(tmp_path, assets, "http://127.0.0.1:9", finetune="full", lora=None)
-    with pytest.raises(SystemExit) as stop:
-        grpo.main([str(config)])
-    err = capsys.readouterr().err
-    assert stop.value.code == 2 and len(err.strip().splitlines()) == 1
-    assert err == f"error: {config}: 'rollout.prompts_per_update': does not divide over 3 ranks (full mode keeps " \
-                  f"ranks in step)\n"
