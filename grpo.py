@@ -26,7 +26,7 @@ Ranks own whole groups; only LoRA gradients and metrics cross ranks; rank 0 writ
 `output_dir`: config.yaml, metrics.jsonl (one line per update, keys in `update_metrics`),
 completions.jsonl, `ckpt-<update>` checkpoints (exact resume with `resume: auto`), `adapter/` (the RL
 LoRA in PEFT format, on top of the SFT-merged base) and, with `save_merged: true`, `merged/`. With `finetune: full`
-every weight but embedding and lm_head trains, sharded (fsdp.py), against a frozen sharded reference; out: `model/`.
+every weight but embedding and lm_head trains, sharded (train.py), against a frozen sharded reference; out: `model/`.
 """
 
 from __future__ import annotations
@@ -51,10 +51,10 @@ from groups import Group, Sample, Slot
 from judge import JudgeConfig, JudgeError
 from model import (LORA_TARGETS, CheckpointError, Qwen, add_lora, add_special_tokens, generate, load_adapter,
                    load_tokenizer, lora_disabled, merge_lora, save_adapter, save_merged, token_logprobs)
-from fsdp import export_full, gathered, is_sharded, pad_batches, shard_model
 from train import (Dist, Progress, StopRequest, all_reduce_sum, broadcast_parameters, build_optimizer, clip_gradients,
-                   finetune_settings, latest_checkpoint, load_checkpoint, optimizer_parameters, restore_optimizer,
-                   save_checkpoint, set_lr, setup_distributed, sync_gradients, trim_log, warmup_hold_cosine)
+                   export_full, finetune_settings, gathered, is_sharded, latest_checkpoint, load_checkpoint,
+                   optimizer_parameters, pad_batches, restore_optimizer, save_checkpoint, set_lr, setup_distributed,
+                   shard_model, sync_gradients, trim_log, warmup_hold_cosine)
 
 # ----------------------------------------------------------------------------- config
 # CLUE's Table 5 (LoRA, LR peak, rollout length, beta) was lost in extraction: those defaults are ours.
@@ -127,7 +127,7 @@ class GRPOConfig:
     reward: rewards.RewardSpec = field(default_factory=rewards.RewardSpec)
     judge: JudgeConfig = field(default_factory=JudgeConfig)
     curriculum: dataset.CurriculumConfig = field(default_factory=dataset.CurriculumConfig)
-    finetune: Literal["lora", "full"] = "lora"  # full: every weight but embedding and lm_head, sharded (fsdp.py)
+    finetune: Literal["lora", "full"] = "lora"  # full: every weight but embedding and lm_head, sharded (train.py)
     lora: LoraSettings | None = None  # LoRA runs only; left out: LoraSettings()
     rollout: RolloutSettings = field(default_factory=RolloutSettings)
     filtering: FilterSettings = field(default_factory=FilterSettings)
@@ -516,7 +516,7 @@ def policy_update(policy: Qwen, optimizer, batches: list[MicroBatch], cfg: GRPOC
                   reference: Qwen | None = None) -> dict:
     """Steps 5-6, `loss.passes` times over one rollout batch, after the reference pass (beta > 0). The loss is
     normalized by the completion or token count of the whole update over all ranks. Returns the training stats."""
-    if is_sharded(policy):  # all-masked micro-batches for ranks with fewer than the busiest (fsdp.pad_batches)
+    if is_sharded(policy):  # all-masked micro-batches for ranks with fewer than the busiest (train.pad_batches)
         d = dist.device
         idle = MicroBatch(torch.zeros(1, 2, dtype=torch.long, device=d), torch.zeros(1, 1, dtype=torch.bool, device=d),
                           *(torch.zeros(shape, device=d) for shape in (1, (1, 1), 1)))
@@ -693,7 +693,7 @@ def check_inputs(cfg: GRPOConfig, config_path: str) -> list[data.Example] | list
 def build_policy(cfg: GRPOConfig, dist: Dist, like: Qwen | None = None):
     """The base model with the SFT adapter (and its <evidence> rows) merged in, plus a fresh LoRA: the only trainable
     parameters (embedding and lm_head stay frozen); disabling it gives the reference. `finetune: full`: those weights
-    sharded (fsdp.shard_model), all but embedding and lm_head trainable; `like`: the frozen reference of it."""
+    sharded (train.shard_model), all but embedding and lm_head trainable; `like`: the frozen reference of it."""
     tok = load_tokenizer(cfg.model.path)
     policy = Qwen.from_pretrained(cfg.model.path, dtype=cfg.model.dtype, device=dist.device)
     if cfg.model.sft_adapter:

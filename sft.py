@@ -28,7 +28,7 @@ the best mean macro F1 across tasks is kept.
 Outputs in output_dir: config.yaml, metrics.jsonl, ckpt-<step>/ (train.py; exact resume),
 best/ (the selected adapter and `<evidence>` rows in PEFT format; the final ones when selection is
 off), selection.json (step -> per-task macro F1), merged/ with save_merged=true. With `finetune: full`
-every weight but the frozen embedding and lm_head trains, sharded over the ranks (fsdp.py), the
+every weight but the frozen embedding and lm_head trains, sharded over the ranks (train.py), the
 `<evidence>` rows as in LoRA mode; best/ is then a whole Hugging Face checkpoint.
 """
 
@@ -55,10 +55,10 @@ from judge import (_DATA_NOTICE, JudgeCall, JudgeConfig, JudgeError, _messages, 
                    chat_many)
 from model import (LORA_TARGETS, CheckpointError, Qwen, QwenTokenizer, add_lora, add_special_tokens,
                    load_adapter, load_tokenizer, save_adapter, save_merged, token_logprobs, train_token_rows)
-from fsdp import export_full, gathered, is_sharded, pad_batches, shard_model
 from train import (StopRequest, Progress, all_reduce_sum, broadcast_parameters, build_optimizer, clip_gradients,
-                   finetune_settings, latest_checkpoint, linear_warmup_decay, load_checkpoint, optimizer_parameters,
-                   restore_optimizer, save_checkpoint, set_lr, setup_distributed, sync_gradients, trim_log)
+                   export_full, finetune_settings, gathered, is_sharded, latest_checkpoint, linear_warmup_decay,
+                   load_checkpoint, optimizer_parameters, pad_batches, restore_optimizer, save_checkpoint, set_lr,
+                   setup_distributed, shard_model, sync_gradients, trim_log)
 from verifier import EVIDENCE_CLOSE, EVIDENCE_OPEN, extract_quotes, format_score, verify_quote
 
 # ----------------------------------------------------------------------------- config
@@ -126,7 +126,7 @@ class SFTConfig:
     dtype: str | None = None  # None: bfloat16 on GPU, float32 on the CPU; LoRA factors and rows stay float32
     device: str | None = None  # None: cuda:LOCAL_RANK when available, else the CPU
     enable_thinking: bool | None = None  # the chat format's thinking switch; None: the checkpoint's default
-    finetune: Literal["lora", "full"] = "lora"  # full: every weight but embedding and lm_head, sharded (fsdp.py)
+    finetune: Literal["lora", "full"] = "lora"  # full: every weight but embedding and lm_head, sharded (train.py)
     lora: LoraSettings | None = None  # LoRA runs only; left out: LoraSettings()
     selection: SelectionConfig = field(default_factory=SelectionConfig)
     save_every: int = 200  # optimizer steps between checkpoints (also at each epoch end and on a stop request)
@@ -470,7 +470,7 @@ def train(cfg: SFTConfig) -> Path:
             mine = update[where.rank::where.world_size]
             batches = [collate([samples[i] for i in mine[j:j + cfg.batch_size]], pad, where.device)
                        for j in range(0, len(mine), cfg.batch_size)]
-            if is_sharded(model):  # as many micro-batches as the busiest rank (fsdp.pad_batches), of weight 0
+            if is_sharded(model):  # as many micro-batches as the busiest rank (train.pad_batches), of weight 0
                 batches = pad_batches(batches, collate([([pad, pad], [0.0, 0.0])], pad, where.device), where.device)
             optimizer.zero_grad(set_to_none=True)
             loss = backward_update(model, batches, len(update))

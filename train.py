@@ -1,23 +1,52 @@
 """What the two trainers share, and nothing else: process setup from torchrun's environment, the
 gradient all-reduce of the trainable parameters, AdamW parameter groups, the learning-rate
 schedules, gradient clipping, atomic checkpoints with exact resume (the run's logs trimmed to match), a clean stop on
-Ctrl-C / SIGTERM, and the rank-0 progress line. The FSDP2 machinery of full-parameter runs (`finetune: full`) lives
-in fsdp.py; the checkpoint functions here dispatch to it for a sharded model.
+Ctrl-C / SIGTERM, and the rank-0 progress line. Also the FSDP2 machinery of full-parameter runs,
+described at the end of this docstring.
 
 A checkpoint is a folder `ckpt-<step>` inside the run's output_dir, written under a temporary name
 and renamed when complete (a folder named `ckpt-*` is always whole):
 
     adapter_config.json, adapter_model.safetensors, token_rows.safetensors   model.save_adapter  (LoRA)
     optimizer.safetensors     AdamW state, one tensor per `<parameter index>.<name>`     (LoRA)
-    dcp/                      every rank's shards of the weights and AdamW state          (full: fsdp.save_sharded)
+    dcp/                      every rank's shards of the weights and AdamW state          (full: save_sharded)
     rng-rank<r>.safetensors   rank r's torch (and CUDA) generator state; its Python state as metadata
     state.json                step, world size, finetune mode, optimizer hyperparameters, the trainer's own state
 
 Only safetensors and JSON are written or read: nothing is unpickled on resume.
+
+Full-parameter runs (`finetune: full`) on PyTorch's FSDP2: how the model is sharded, how its gradients are
+clipped, how a rollout decodes from it, how its state goes to and comes back from a sharded checkpoint, and how the
+result leaves as one Hugging Face checkpoint.
+
+The sharded model (`shard_model`), on a 1-D device mesh of every rank (any number of nodes):
+- each decoder layer, and the final norm, is one `fully_shard` unit; the root (the whole Qwen) is one more, owning
+  no parameter: it ties the units into one FSDP state (one lazy initialization, one end-of-backward callback);
+- master weights are float32, sharded along dim 0, and so are their gradients and AdamW's moments; a unit all-gathers
+  its weights in the checkpoint dtype for forward and backward (`MixedPrecisionPolicy(param_dtype=<checkpoint dtype>,
+  reduce_dtype=float32)`), and its gradients are reduce-scattered in float32 as a sum (divide factor 1): the trainers
+  normalize every loss by counts over the whole update on all ranks, as in LoRA mode;
+- the input embedding and the lm_head are frozen (CLUE A.2) and stay whole on every rank in the checkpoint dtype
+  (`ignored_params` of the root): token_logprobs, HeadLogprobs and generate read the head outside any module forward,
+  and tied embeddings are one tensor. Trainable token rows (SFT's `<evidence>` rows) are replicated too, their
+  gradients summed by sync_gradients;
+- model.py calls the layers and the norm as modules (their FSDP hooks run) but enters through `hidden_states`, not
+  the root's forward, so `shard_model` runs one tiny forward through the root to make it the FSDP root.
+Qwen3.5's A_log and dt_bias, kept in float32 by model.py, are computed in the checkpoint dtype here (one
+param_dtype per unit); their master copies stay float32.
+
+Every rank must run the same sequence of forwards and backwards (each unit's all-gather is a collective): the
+trainers give every rank the same number of micro-batches, padding with ones that weigh 0 (`pad_batches`).
+
+A full run's checkpoint (`save_sharded` / `load_sharded`, inside the atomic ckpt-<step> above): `dcp/`, written by
+torch.distributed.checkpoint through its safetensors storage (every rank its own file of shards, each tensor's
+offsets in the file's JSON header: no pickle is written or read), holding `model.<name>` for every trainable
+parameter and `optim.<name>.<moment>` for AdamW's state; the optimizer's hyperparameters go to state.json.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -30,14 +59,17 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 from safetensors import safe_open
 from safetensors.torch import save_file
-
+from torch.distributed.checkpoint import HuggingFaceStorageReader, HuggingFaceStorageWriter
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-import fsdp
 from config import ConfigError, atomic_write_text, print0
-from model import CheckpointError, Qwen, load_adapter, lora_modules, save_adapter
+from model import CheckpointError, Qwen, load_adapter, lora_modules, save_adapter, save_merged, train_token_rows
 
 # ----------------------------------------------------------------------------- processes
 
@@ -141,10 +173,10 @@ def build_optimizer(model: Qwen, lr: float, weight_decay: float, betas: tuple[fl
 
 
 def clip_gradients(params: list[torch.nn.Parameter], max_norm: float) -> float:
-    """Clip the global gradient norm of `params` to `max_norm` (torch's clip_grad_norm_; fsdp.clip_gradients over
+    """Clip the global gradient norm of `params` to `max_norm` X
     sharded gradients); returns the norm before clipping."""
     if any(isinstance(p, DTensor) for p in params):
-        return fsdp.clip_gradients(params, max_norm)
+        return _clip_sharded(params, max_norm)
     return torch.nn.utils.clip_grad_norm_(params, max_norm).item()
 
 
@@ -176,6 +208,203 @@ def warmup_hold_cosine(step: int, peak: float, floor: float, warmup: int, hold_u
         return peak
     progress = min(1.0, (step - hold_until) / max(1, total - hold_until))
     return floor + (peak - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+# ----------------------------------------------------------------------------- full-parameter runs (FSDP2)
+
+ROWS = ("row_ids", "embed_rows", "head_rows")
+
+
+def device_mesh(device: torch.device) -> DeviceMesh:
+    """The 1-D mesh of all ranks. A plain (non-torchrun) run joins a process group of its own first, so one process
+    trains through the same sharded code as many."""
+    if not dist.is_initialized():
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    return init_device_mesh(device.type, (dist.get_world_size(),), mesh_dim_names=("shard",))
+
+
+def is_sharded(model: torch.nn.Module) -> bool:
+    return isinstance(model, FSDPModule)
+
+
+def units(model: Qwen) -> list[FSDPModule]:
+    """The FSDP units of a sharded model: the layers, the final norm, then the root."""
+    return [m for m in model.modules() if isinstance(m, FSDPModule)][::-1]
+
+
+def frozen_whole(model: Qwen) -> set[torch.nn.Parameter]:
+    """Parameters every rank keeps whole: the frozen embedding and lm_head, and the trainable token rows."""
+    found = [model.model.embed_tokens.weight, model.head_weight(), model.embed_rows, model.head_rows]
+    return {p for p in found if p is not None}
+
+
+def shard_model(model: Qwen, device: torch.device, like: Qwen | None = None) -> Qwen:
+    """Shard `model` (loaded in its checkpoint dtype, token rows already added) as the module docstring says, in
+    place; returns it. With `like` (GRPO's reference of the sharded policy `like`, equal to it at the start): every
+    weight frozen in the checkpoint dtype, the embedding and lm_head those of `like` (one copy on a rank, not two)."""
+    compute, trainable = model.dtype, like is None
+    if like is not None:
+        model.model.embed_tokens.weight = like.model.embed_tokens.weight
+        if model.lm_head is not None:
+            model.lm_head.weight = like.lm_head.weight
+    whole = frozen_whole(model)
+    model.model.embed_tokens.weight.requires_grad_(False)
+    model.head_weight().requires_grad_(False)
+    model.source_dtypes = {n: p.dtype for n, p in model.named_parameters() if p not in whole}
+    mesh = device_mesh(device)
+    policy = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32, cast_forward_inputs=False)
+    for module in [*model.model.layers, model.model.norm]:
+        if trainable:
+            module.float()
+        module.requires_grad_(trainable)
+        fully_shard(module, mesh=mesh, mp_policy=policy, reshard_after_forward=True)
+    fully_shard(model, mesh=mesh, mp_policy=policy, ignored_params=whole)
+    for unit in units(model):
+        unit.set_gradient_divide_factor(1.0)
+        unit.set_force_sum_reduction_for_comms(True)  # a plain SUM (gloo has no PREMUL_SUM)
+    with torch.no_grad():
+        model(torch.zeros((1, 1), dtype=torch.long, device=device))  # the root's forward makes it the FSDP root
+    return model
+
+
+def pad_batches(batches: list, idle, device: torch.device) -> list:
+    """`batches` plus as many `idle` micro-batches (ones that weigh nothing in the loss) as the busiest rank has more:
+    every rank of a sharded model must run the same forwards and backwards."""
+    count = torch.tensor([len(batches)], device=device)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(count, op=dist.ReduceOp.MAX)
+    return batches + [idle] * (int(count.item()) - len(batches))
+
+
+@contextlib.contextmanager
+def gathered(model: Qwen):
+    """Every unit's weights all-gathered once (in the compute dtype) and kept through the block, so decoding runs no
+    collective per token; resharded on exit, before training. A no-op for an unsharded model."""
+    if not is_sharded(model):
+        yield model
+        return
+    for unit in units(model):
+        unit.set_reshard_after_forward(False, recurse=False)
+        unit.unshard()
+    try:
+        yield model
+    finally:
+        for unit in units(model):
+            unit.reshard()
+            unit.set_reshard_after_forward(unit is not model, recurse=False)
+
+
+class CollectiveCounter:
+    """Counts the collectives this process issues while active (torch.distributed's functions wrapped): the
+    measure behind "a rollout under `gathered` runs none" (tests, bench/bench_fsdp.py)."""
+
+    NAMES = ("all_gather_single", "reduce_scatter_single", "all_gather_into_tensor", "reduce_scatter_tensor",
+             "all_gather", "all_reduce", "reduce_scatter", "broadcast", "all_to_all", "barrier")
+
+    def __init__(self):
+        self.count, self._saved = 0, {}
+
+    def __enter__(self):
+        for name in self.NAMES:
+            if hasattr(dist, name):
+                self._saved[name] = original = getattr(dist, name)
+                setattr(dist, name, self._counted(original))
+        return self
+
+    def _counted(self, original):
+        def call(*args, **kwargs):
+            self.count += 1
+            return original(*args, **kwargs)
+        return call
+
+    def __exit__(self, *exc):
+        for name, original in self._saved.items():
+            setattr(dist, name, original)
+
+
+def _clip_sharded(params: list[torch.nn.Parameter], max_norm: float) -> float:
+    """Scale the gradients of `params` so their global L2 norm is at most `max_norm` (as clip_grad_norm_, whose
+    coefficient this is); returns the norm before clipping. Sharded gradients (DTensors) count every shard once,
+    replicated ones once."""
+    grads = [p.grad for p in params if p.grad is not None]
+    sharded = [g for g in grads if isinstance(g, DTensor)]
+    local = [g for g in grads if not isinstance(g, DTensor)]
+    total = torch.zeros((), dtype=torch.float32, device=(sharded or local)[0].device)
+    if sharded:
+        total += torch.nn.utils.get_total_norm(sharded).full_tensor().float() ** 2
+    if local:
+        total += torch.nn.utils.get_total_norm(local).float() ** 2
+    norm = total.sqrt().item()
+    coef = min(1.0, max_norm / (norm + 1e-6))
+    if coef < 1.0:
+        for g in grads:
+            g.mul_(coef)
+    return norm
+
+
+_OPTIONS = StateDictOptions(strict=False)
+
+
+def _state(model: Qwen, optimizer: torch.optim.Optimizer) -> tuple[dict, dict, list]:
+    """(trainable model tensors, AdamW tensors, param_groups with parameter names) through get_state_dict."""
+    model_state, optim_state = get_state_dict(model, optimizer, options=_OPTIONS)
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    tensors = {f"model.{n}": t for n, t in model_state.items() if n in trainable}
+    moments = {f"optim.{n}.{k}": t for n, s in optim_state["state"].items() for k, t in s.items()}
+    return tensors, moments, optim_state["param_groups"]
+
+
+def save_sharded(folder, model: Qwen, optimizer: torch.optim.Optimizer) -> list[dict]:
+    """Every rank writes its shards of the trainable weights and of AdamW's state to folder/dcp (a collective);
+    returns the param_groups (JSON-able) for state.json."""
+    tensors, moments, groups = _state(model, optimizer)
+    writer = HuggingFaceStorageWriter(os.fspath(folder / "dcp"), save_distributed=True)
+    dcp.save(tensors | moments, storage_writer=writer)
+    return [{k: list(v) if isinstance(v, tuple) else v for k, v in g.items()} for g in groups]
+
+
+def load_sharded(folder, model: Qwen, optimizer: torch.optim.Optimizer, param_groups: list[dict]) -> None:
+    """Load what `save_sharded` wrote into `model` and `optimizer` (a collective). The shards may have been written
+    by another number of ranks: DCP reads each tensor's pieces by offset."""
+    tensors, moments, _ = _state(model, optimizer)  # AdamW's state initialized at zero, filled below
+    dcp.load(tensors | moments, storage_reader=HuggingFaceStorageReader(os.fspath(folder / "dcp")))
+    state: dict[str, dict] = {}
+    for key, t in moments.items():
+        name, moment = key.removeprefix("optim.").rsplit(".", 1)
+        state.setdefault(name, {})[moment] = t
+    groups = [{k: tuple(v) if k == "betas" else v for k, v in g.items()} for g in param_groups]
+    weights = {k.removeprefix("model."): t for k, t in tensors.items()}
+    set_state_dict(model, optimizer, model_state_dict=weights,
+                   optim_state_dict={"state": state, "param_groups": groups}, options=_OPTIONS)
+
+
+def export_full(model: Qwen, tok, out_dir) -> None:
+    """Write a sharded model as one Hugging Face checkpoint (model.save_merged's format: safetensors shards + index,
+    config, tokenizer; trainable token rows folded in) in the dtypes it was loaded with. A collective: the tensors are
+    gathered one at a time; rank 0 keeps each on the CPU (one full copy at most), the other ranks keep none."""
+    main = dist.get_rank() == 0
+    state, rows = {}, {}
+    for name, t in model.state_dict().items():
+        if t is None:
+            continue
+        full = t.full_tensor() if isinstance(t, DTensor) else t
+        if main:
+            (rows if name in ROWS else state)[name] = full.detach().to("cpu", model.source_dtypes.get(name, full.dtype))
+        del full
+    if main:
+        with torch.device("meta"):
+            plain = Qwen(model.config)
+        plain.load_state_dict(state, assign=True)
+        plain.source = getattr(model, "source", None)
+        if rows:
+            train_token_rows(plain, rows["row_ids"].tolist())
+            with torch.no_grad():
+                plain.embed_rows.copy_(rows["embed_rows"])
+                if plain.head_rows is not plain.embed_rows:
+                    plain.head_rows.copy_(rows["head_rows"])
+        save_merged(plain, tok, out_dir)
+    dist.barrier()
 
 
 # ----------------------------------------------------------------------------- checkpoints
@@ -228,8 +457,8 @@ def save_checkpoint(output_dir, step: int, model: Qwen, optimizer: torch.optim.O
         tmp.mkdir(parents=True)
     barrier()
     _save_rng(tmp, rank)
-    full = fsdp.is_sharded(model)
-    groups = fsdp.save_sharded(tmp, model, optimizer) if full else None  # every rank writes its shards
+    full = is_sharded(model)
+    groups = save_sharded(tmp, model, optimizer) if full else None  # every rank writes its shards
     barrier()
     if rank == 0:
         state = None if full else optimizer.state_dict()
@@ -260,7 +489,7 @@ def load_checkpoint(path, model: Qwen) -> dict:
     path = Path(path)
     meta = json.loads((path / "state.json").read_text(encoding="utf-8"))
     world = dist.get_world_size() if _distributed() else 1
-    mode, written = ("full" if fsdp.is_sharded(model) else "lora"), meta.get("finetune", "lora")
+    mode, written = ("full" if is_sharded(model) else "lora"), meta.get("finetune", "lora")
     if written != mode:
         raise CheckpointError(f"{path / 'state.json'}: field 'finetune': the checkpoint is of a {written} run, this "
                               f"run is {mode}; resume it with finetune: {written} (or start afresh with resume: none)")
@@ -275,8 +504,8 @@ def load_checkpoint(path, model: Qwen) -> dict:
 
 def restore_optimizer(path, optimizer: torch.optim.Optimizer, meta: dict, model: Qwen | None = None) -> None:
     """Load AdamW's state and hyperparameters saved by `save_checkpoint` (and, for a sharded `model`, its weights)."""
-    if model is not None and fsdp.is_sharded(model):
-        fsdp.load_sharded(Path(path), model, optimizer, meta["param_groups"])
+    if model is not None and is_sharded(model):
+        load_sharded(Path(path), model, optimizer, meta["param_groups"])
         return
     state: dict[int, dict[str, torch.Tensor]] = {}
     with safe_open(Path(path) / "optimizer.safetensors", framework="pt") as f:

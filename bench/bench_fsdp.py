@@ -1,4 +1,4 @@
-"""Full-parameter training on FSDP2 (fsdp.py) on the CPU, in one run: a random Qwen3-shaped model of about 70M
+"""Full-parameter training on FSDP2 (train.py) on the CPU, in one run: a random Qwen3-shaped model of about 70M
 parameters trained full-parameter at 1 and 2 gloo ranks (one CPU thread each).
 
     python bench/bench_fsdp.py                 # hidden 512, 16 layers, vocab 8192: 71M parameters
@@ -9,9 +9,9 @@ gradients and AdamW's two moments, read from the tensors each rank holds: local 
 weights plus the whole frozen embedding and lm_head) against a replicated full-parameter run, which holds all of
 it on every rank (the 1-rank figures); the ratio must reach 1.8x at 2 ranks. It also reports the step time (best
 of --repeats after a warm-up, forward + backward + clip + AdamW over one micro-batch of --tokens tokens per rank)
-and, during a rollout, the collectives per decoded token: under fsdp.gathered (what grpo.py runs) they must be 0;
+and, during a rollout, the collectives per decoded token: under T.gathered (what grpo.py runs) they must be 0;
 without it, each token would all-gather every unit (shown for contrast). Collectives are counted by wrapping
-torch.distributed's functions (fsdp.CollectiveCounter)."""
+torch.distributed's functions (T.CollectiveCounter)."""
 
 import argparse
 import os
@@ -27,7 +27,6 @@ import torch.multiprocessing as mp
 from torch.distributed.tensor import DTensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import fsdp  # noqa: E402
 import model as M  # noqa: E402
 import train as T  # noqa: E402
 from common import markdown_table, verdict  # noqa: E402
@@ -51,7 +50,7 @@ def worker(rank: int, world: int, port: int, args, out: Path) -> None:
                num_key_value_heads=args.hidden // 128, head_dim=64, rope_theta=1e6, tie_word_embeddings=False)
     model = M.Qwen(M.QwenConfig.from_dict(raw))
     n_params = sum(p.numel() for p in model.parameters())
-    fsdp.shard_model(model, where.device)
+    T.shard_model(model, where.device)
     optimizer = T.build_optimizer(model, lr=1e-5, weight_decay=0.01, betas=(0.9, 0.99))
     params = T.optimizer_parameters(optimizer)
     ids = torch.randint(0, args.vocab, (1, args.tokens), generator=torch.Generator().manual_seed(rank))
@@ -75,8 +74,8 @@ def worker(rank: int, world: int, port: int, args, out: Path) -> None:
              "optimizer": sum(local_bytes(t) for s in optimizer.state.values() for t in s.values())}
     model.eval()
     prompt = [[1 + i for i in range(16)]]
-    with fsdp.CollectiveCounter() as calls:
-        with fsdp.gathered(model):
+    with T.CollectiveCounter() as calls:
+        with T.gathered(model):
             begin = calls.count
             M.generate(model, prompt, max_new_tokens=args.new, temperature=0)
             gathered = calls.count - begin

@@ -1,4 +1,4 @@
-"""Full-parameter training on FSDP2 (fsdp.py, `finetune: full`) with gloo ranks on the CPU: one SFT update on 2
+"""Full-parameter training on FSDP2 (train.py's full-parameter section, `finetune: full`) with gloo ranks on the CPU: one SFT update on 2
 ranks (and with another micro-batch split) gives the weights of 1 process; the exported checkpoint gives the
 in-memory model's logits in transformers and in model.py (tied and untied heads); a full-mode run SIGKILLed during
 training or during a checkpoint write resumes to the uninterrupted result; rollouts under `gathered` run no
@@ -17,7 +17,6 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-import fsdp
 import model as M
 import sft
 import train as T
@@ -99,7 +98,7 @@ def _export_worker(rank, port, out, tied):
     raw = dict(TIED, tie_word_embeddings=tied)
     model = M.Qwen(M.QwenConfig.from_dict(raw))
     M.train_token_rows(model, [5, 9])
-    fsdp.shard_model(model, where.device)
+    T.shard_model(model, where.device)
     optimizer = T.build_optimizer(model, lr=1e-2, weight_decay=0.01, betas=(0.9, 0.99), row_lr_scale=10.0)
     ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(1))
     model.train()
@@ -111,7 +110,7 @@ def _export_worker(rank, port, out, tied):
         logits = model(ids)
     tok = M.QwenTokenizer.__new__(M.QwenTokenizer)  # save_merged writes the tokenizer: a stand-in that writes none
     tok.save = lambda folder: None
-    fsdp.export_full(model, tok, out)
+    T.export_full(model, tok, out)
     if where.main:
         torch.save({"ids": ids, "logits": logits}, out / "expected.pt")
     dist.destroy_process_group()
@@ -144,10 +143,10 @@ def _rollout_worker(rank, port, out):
     model = M.Qwen(M.QwenConfig.from_dict(dict(TIED, tie_word_embeddings=False)))
     reference = M.Qwen(M.QwenConfig.from_dict(dict(TIED, tie_word_embeddings=False)))
     reference.load_state_dict(model.state_dict())
-    fsdp.shard_model(model, where.device)
-    calls = fsdp.CollectiveCounter()
+    T.shard_model(model, where.device)
+    calls = T.CollectiveCounter()
     with calls:
-        with fsdp.gathered(model):
+        with T.gathered(model):
             before = calls.count
             tokens = M.generate(model, [[1, 2, 3]] * (rank + 1), max_new_tokens=6 + 3 * rank, temperature=0)
             during = calls.count - before
@@ -172,15 +171,15 @@ def test_a_rollout_under_gathered_runs_no_collective_and_decodes_like_the_unshar
 
 SLOW_SAVE = """import sys, time
 sys.path.insert(0, {repo!r})
-import fsdp, sft
-save = fsdp.save_sharded
+import sft, train
+save = train.save_sharded
 def slow(folder, *args):
     groups = save(folder, *args)
     if folder.name == ".ckpt-000003.tmp":
         (folder.parent / "writing").touch()
         time.sleep(60)  # the test kills the run here, between the shards and the rename
     return groups
-fsdp.save_sharded = slow
+train.save_sharded = slow
 sft.main(sys.argv[1:])
 """
 
