@@ -184,10 +184,10 @@ sft.main(sys.argv[1:])
 """
 
 
-def torchrun(script: Path, config: Path, cwd: Path) -> subprocess.Popen:
+def torchrun(script: Path, *argv, cwd: Path) -> subprocess.Popen:
     env = dict(os.environ, OMP_NUM_THREADS="1")
     return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                             "--master_port", str(_free_port()), str(script), str(config)], cwd=cwd, env=env,
+                             "--master_port", str(_free_port()), str(script), *map(str, argv)], cwd=cwd, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
 
 
@@ -201,7 +201,7 @@ def test_a_full_run_killed_resumes_equal_to_an_uninterrupted_one(checkpoint, tmp
         path = config_file(checkpoint, tmp_path / name, data=str(rows), epochs=4, grad_accum=1, save_every=1,
                            keep_checkpoints=None, **FULL)
         folder = tmp_path / name / "run"
-        process = torchrun(script if moment == "checkpoint write" else REPO / "sft.py", path, tmp_path)
+        process = torchrun(script if moment == "checkpoint write" else REPO / "sft.py", path, cwd=tmp_path)
         marker = folder / ("writing" if moment == "checkpoint write" else "ckpt-000003")
         while kill and not marker.exists():
             assert process.poll() is None, process.stderr.read()
@@ -214,14 +214,14 @@ def test_a_full_run_killed_resumes_equal_to_an_uninterrupted_one(checkpoint, tmp
     whole = tmp_path / "whole" / "run"
     reference = torchrun(REPO / "sft.py", config_file(checkpoint, tmp_path / "whole", data=str(rows), epochs=4,
                                                        grad_accum=1, save_every=1, keep_checkpoints=None, **FULL),
-                         tmp_path)
+                         cwd=tmp_path)
     assert reference.wait(timeout=600) == 0, reference.stderr.read()
     code, killed = run("killed", kill=True)
     assert code != 0
     if moment == "checkpoint write":
         assert (killed / ".ckpt-000003.tmp").is_dir() and T.latest_checkpoint(killed).name == "ckpt-000002"
         (killed / "writing").unlink()
-    resumed = torchrun(REPO / "sft.py", killed.parent / "config.yaml", tmp_path)
+    resumed = torchrun(REPO / "sft.py", killed.parent / "config.yaml", cwd=tmp_path)
     assert resumed.wait(timeout=600) == 0, resumed.stderr.read()
     a, b = weights(whole / "best"), weights(killed / "best")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
@@ -347,7 +347,7 @@ def test_full_grpo_update_on_two_ranks_and_another_split_equals_one_process(asse
 
 
 def grpo_torchrun(config: Path) -> subprocess.Popen:
-    return torchrun(REPO / "grpo.py", config, REPO)
+    return torchrun(REPO / "grpo.py", config, cwd=REPO)
 
 
 def test_a_full_grpo_run_on_two_ranks_resumes_after_sigkill_to_the_same_result(tmp_path, assets):
@@ -381,3 +381,22 @@ def test_a_full_grpo_run_on_two_ranks_resumes_after_sigkill_to_the_same_result(t
     hf = transformers.AutoModelForCausalLM.from_pretrained(run / "model", dtype=torch.float32).eval()
     with torch.no_grad():
         torch.testing.assert_close(hf(ids).logits, M.Qwen.from_pretrained(run / "model")(ids), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("reward", ["emollm", "care"])
+def test_a_full_dialogue_run_on_two_ranks_trains_and_exports(tmp_path, reward):
+    """The dialogue mode (trajectory groups for emollm, turn groups for care) in full mode on 2 ranks: both updates
+    run, the weights move, and the exported model loads."""
+    from test_dialogue import DEMO, WORDS
+    from test_grpo import write_checkpoint as write_grpo_checkpoint
+    base = write_grpo_checkpoint(tmp_path / "base", words=WORDS, hidden=16)
+    with JudgeServer(rules_backend).start() as server:
+        run = torchrun(REPO / "grpo.py", DEMO, f"model.path={base}", f"output_dir={tmp_path / 'run'}",
+                       f"judge.base_url={server.url}", f"reward.name={reward}", "updates=2",
+                       "rollout.max_new_tokens=8", "finetune=full", "lora=null", cwd=REPO)
+        assert run.wait(timeout=600) == 0, run.stderr.read().decode()[-3000:]
+    found = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert [m["step"] for m in found] == [1, 2] and all(m["skipped_nonfinite"] == 0 for m in found), found
+    exported = M.Qwen.from_pretrained(tmp_path / "run" / "model")
+    assert not all(torch.equal(a, b) for a, b in zip(exported.state_dict().values(),
+                                                     M.Qwen.from_pretrained(base).state_dict().values()))
