@@ -50,10 +50,10 @@ from config import ConfigError, MetricsWriter, parse_cli, print0, save_resolved_
 from groups import Group, Sample, Slot
 from judge import JudgeConfig, JudgeError
 from model import (LORA_TARGETS, CheckpointError, Qwen, add_lora, add_special_tokens, generate, load_adapter,
-                   load_tokenizer, lora_disabled, merge_lora, save_adapter, save_merged, token_logprobs)
+                   load_tokenizer, lora_disabled, merge_lora, save_merged, token_logprobs)
 from train import (Dist, Progress, StopRequest, all_reduce_sum, broadcast_parameters, build_optimizer, clip_gradients,
-                   export_full, finetune_settings, gathered, is_sharded, latest_checkpoint, load_checkpoint,
-                   optimizer_parameters, pad_batches, restore_optimizer, save_checkpoint, set_lr, setup_distributed,
+                   finetune_settings, gathered, is_sharded, latest_checkpoint, load_checkpoint, optimizer_parameters,
+                   pad_batches, restore_optimizer, save_checkpoint, save_model, set_lr, setup_distributed,
                    shard_model, sync_gradients, trim_log, warmup_hold_cosine)
 
 # ----------------------------------------------------------------------------- config
@@ -388,7 +388,8 @@ def collect_groups(sampler, source: PromptSource, slots: list[Slot], cfg: GRPOCo
     while pending:
         seed = derived_seed(cfg.seed, "sample", update, dist.rank, rounds)
         timed(counts, "generate_s", sample_slots, sampler, pending, update, seed, counts)  # 1. sample
-        judge_stats = timed(counts, "judge_s", score_groups, [s.group for s in pending], cfg, sampler.judge)  # 2.
+        groups = [s.group for s in pending]
+        judge_stats = timed(counts, "judge_s", score_groups, groups, cfg, sampler.judge)  # 2. score
         count_calls(counts, judge_stats)
         decisions = filter_slots(pending, source, cfg, update)  # 3. filter
         count_decisions(counts, decisions)
@@ -516,11 +517,10 @@ def policy_update(policy: Qwen, optimizer, batches: list[MicroBatch], cfg: GRPOC
                   reference: Qwen | None = None) -> dict:
     """Steps 5-6, `loss.passes` times over one rollout batch, after the reference pass (beta > 0). The loss is
     normalized by the completion or token count of the whole update over all ranks. Returns the training stats."""
-    if is_sharded(policy):  # all-masked micro-batches for ranks with fewer than the busiest (train.pad_batches)
-        d = dist.device
-        idle = MicroBatch(torch.zeros(1, 2, dtype=torch.long, device=d), torch.zeros(1, 1, dtype=torch.bool, device=d),
-                          *(torch.zeros(shape, device=d) for shape in (1, (1, 1), 1)))
-        batches = pad_batches(batches, idle, d)
+    d = dist.device  # a full-parameter run pads the ranks to the same micro-batch count with all-masked ones
+    idle = MicroBatch(torch.zeros(1, 2, dtype=torch.long, device=d), torch.zeros(1, 1, dtype=torch.bool, device=d),
+                      *(torch.zeros(shape, device=d) for shape in (1, (1, 1), 1)))
+    batches = pad_batches(policy, batches, idle)
     seq_mean = cfg.loss.agg == "seq-mean-token-mean"  # count completions (weighted rows) or tokens
     local = sum(b.row_weight.sum() if seq_mean else b.mask.sum() for b in batches)
     normalizer = all_reduce_sum(torch.tensor(float(local), device=dist.device))
@@ -594,7 +594,8 @@ def update_metrics(reports: list[dict], step: int, lr: float, beta: float) -> di
                "reward": mean, "reward_std": sum(group_stds) / len(group_stds) if group_stds else None}
     for name in dict.fromkeys(name for r in reports for g in r["parts"] for name in g):
         part_mean, part_std = _mean_std([v for r in reports for g in r["parts"] for v in g[name]])
-        metrics[f"rewards/{name}/mean"], metrics[f"rewards/{name}/std"] = part_mean, part_std
+        metrics[f"rewards/{name}/mean"] = part_mean
+        metrics[f"rewards/{name}/std"] = part_std
     metrics |= {
         "frac_reward_zero_std": zero_std / max(1, len(group_rewards)),
         "groups/masked": total("masked"), "groups/resampled": total("resampled"), "groups/replaced": total("replaced"),
@@ -772,16 +773,12 @@ def train(cfg: GRPOConfig, examples: list[data.Example]) -> None:
             if stopping:
                 print0(f"stopped after update {done}; `resume: auto` continues from {out}")
                 return
-    if is_sharded(policy):
-        export_full(policy, tok, out / "model")  # every rank gathers; rank 0 writes
-        print0(f"done: {out / 'model'}")
-        return
-    if dist.main:
-        base = None if cfg.model.sft_adapter else cfg.model.path  # else: the SFT-merged base, not on disk
-        save_adapter(policy, out / "adapter", base_model_name_or_path=base)
-        if cfg.save_merged:
-            save_merged(policy, tok, out / "merged")
-    print0(f"done: {out / 'adapter'}")
+    final = out / ("model" if is_sharded(policy) else "adapter")  # a full-parameter run: a whole checkpoint
+    base = None if cfg.model.sft_adapter else cfg.model.path  # else: the SFT-merged base, not on disk
+    save_model(policy, tok, final, dist, base_model_name_or_path=base)
+    if dist.main and cfg.save_merged:
+        save_merged(policy, tok, out / "merged")
+    print0(f"done: {final}")
 
 
 def main(argv=None) -> None:

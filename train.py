@@ -189,11 +189,13 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
         group["lr"] = lr * group["lr_scale"]
 
 
-def linear_warmup_decay(step: int, total_steps: int, peak: float, warmup_fraction: float = 0.01) -> float:
+def linear_warmup_decay(step: int, total_steps: int, peak: float, warmup_fraction: float = 0.01,
+                        warmup_steps: int | None = None) -> float:
     """The SFT schedule (CLUE A.1): the LR of optimizer step `step` (0-based) rises linearly to
-    `peak` over the first `warmup_fraction` of the steps (at least one), reaching it at the last
-    warm-up step, then decays linearly, reaching 0 at step `total_steps`."""
-    warmup = max(1, math.ceil(warmup_fraction * total_steps))
+    `peak` over the first `warmup_fraction` of the steps, or the first `warmup_steps` when given
+    (at least one), reaching it at the last warm-up step, then decays linearly, reaching 0 at step
+    `total_steps`."""
+    warmup = max(1, math.ceil(warmup_fraction * total_steps) if warmup_steps is None else warmup_steps)
     if step < warmup:
         return peak * (step + 1) / warmup
     return peak * max(0.0, (total_steps - step) / max(1, total_steps - warmup))
@@ -268,11 +270,13 @@ def shard_model(model: Qwen, device: torch.device, like: Qwen | None = None) -> 
     return model
 
 
-def pad_batches(batches: list, idle, device: torch.device) -> list:
-    """`batches` plus as many `idle` micro-batches (ones that weigh nothing in the loss) as the busiest rank has more:
-    every rank of a sharded model must run the same forwards and backwards."""
-    count = torch.tensor([len(batches)], device=device)
-    if dist.is_initialized() and dist.get_world_size() > 1:
+def pad_batches(model: Qwen, batches: list, idle) -> list:
+    """For a sharded `model`, `batches` plus as many `idle` micro-batches (tensors that weigh nothing in the loss) as
+    the busiest rank has more: every rank must run the same forwards and backwards. Else `batches` unchanged."""
+    if not is_sharded(model):
+        return batches
+    count = torch.tensor([len(batches)], device=model.device)
+    if dist.get_world_size() > 1:
         dist.all_reduce(count, op=dist.ReduceOp.MAX)
     return batches + [idle] * (int(count.item()) - len(batches))
 
@@ -407,6 +411,22 @@ def export_full(model: Qwen, tok, out_dir) -> None:
     dist.barrier()
 
 
+def save_model(model: Qwen, tok, folder, ranks: Dist, base_model_name_or_path: str | None = None) -> None:
+    """The trained model in `folder`, replaced whole (every rank calls it): a LoRA run's adapter and token rows
+    (model.save_adapter, by rank 0), or a full-parameter run's whole Hugging Face checkpoint (export_full)."""
+    folder = Path(folder)
+    tmp = folder.with_name(f".{folder.name}.tmp")
+    if ranks.main:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if is_sharded(model):
+        export_full(model, tok, tmp)
+    elif ranks.main:
+        save_adapter(model, tmp, base_model_name_or_path)
+    if ranks.main:
+        shutil.rmtree(folder, ignore_errors=True)
+        tmp.rename(folder)
+
+
 # ----------------------------------------------------------------------------- checkpoints
 
 _CKPT = "ckpt-"
@@ -526,12 +546,12 @@ def finetune_settings(finetune: str, lora, save_merged: bool, defaults):
     return None
 
 
-def trim_log(path, last_step: int, where: Dist) -> None:
+def trim_log(path, last_step: int, ranks: Dist) -> None:
     """On rank 0, drop a JSONL log's records of steps after `last_step` (a resumed run logs them again; a fresh run
     keeps none) and a last line torn by a kill. Lines end at "\n" only: a record's text may hold U+2028 or U+0085,
     line breaks to str.splitlines."""
     path = Path(path)
-    if not where.main or not path.is_file():
+    if not ranks.main or not path.is_file():
         return
     lines = path.read_text(encoding="utf-8").split("\n")[:-1]  # after the last "\n": nothing, or a torn line
     kept = [line + "\n" for line in lines if line.strip() and json.loads(line)["step"] <= last_step]

@@ -1,4 +1,4 @@
-"""Full-parameter training on FSDP2 (train.py's full-parameter section, `finetune: full`) with gloo ranks on the CPU: one SFT update on 2
+"""Full-parameter training on FSDP2 (train.py, `finetune: full`) with gloo ranks on the CPU: one SFT update on 2
 ranks (and with another micro-batch split) gives the weights of 1 process; the exported checkpoint gives the
 in-memory model's logits in transformers and in model.py (tied and untied heads); a full-mode run SIGKILLed during
 training or during a checkpoint write resumes to the uninterrupted result; rollouts under `gathered` run no
