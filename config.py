@@ -175,7 +175,11 @@ def _build(schema, raw: dict, prefix: str, where):
             kwargs[name] = _coerce(raw[name], hints[name], prefix + name, where)
         elif field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
             raise ConfigError(f"{where(prefix + name)}: missing required key '{prefix}{name}'")
-    return schema(**kwargs)
+    try:
+        return schema(**kwargs)
+    except ConfigError as e:  # a check across keys in the schema's __post_init__, worded "<key>: <problem>"
+        key, _, problem = str(e).partition(": ")
+        raise ConfigError(f"{where(prefix + key)}: '{prefix}{key}': {problem}") from None
 
 
 def _apply_override(raw: dict, override: str) -> None:

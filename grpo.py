@@ -26,7 +26,8 @@ once (`sampler_for`), which samples and judges episodes or per-state candidate r
 Ranks own whole groups; only LoRA gradients and metrics cross ranks; rank 0 writes. Outputs in `output_dir`:
 config.yaml, metrics.jsonl (one line per update, keys in `update_metrics`), completions.jsonl, `ckpt-<update>`
 checkpoints (exact resume with `resume: auto`), `adapter/` (the RL LoRA in PEFT format, on top of the SFT-merged
-base) and, with `save_merged: true`, `merged/`.
+base) and, with `save_merged: true`, `merged/`. With `finetune: full` every weight but embedding and lm_head trains,
+sharded (train.py), against a frozen sharded reference; out: `model/`.
 """
 
 from __future__ import annotations
@@ -49,11 +50,12 @@ import rewards
 from config import ConfigError, MetricsWriter, excerpt, parse_cli, print0, save_resolved_config
 from groups import Group, Sample, Slot
 from judge import JudgeAuthError, JudgeConfig, JudgeError
-from model import (LORA_TARGETS, Qwen, add_lora, add_special_tokens, generate, load_adapter,
-                   load_tokenizer, lora_disabled, merge_lora, save_adapter, save_merged, token_logprobs)
+from model import (LORA_TARGETS, CheckpointError, Qwen, add_lora, add_special_tokens, generate, load_adapter,
+                   load_tokenizer, lora_disabled, merge_lora, save_merged, token_logprobs)
 from train import (Dist, Progress, StopRequest, all_reduce_sum, atomic_folder, broadcast_parameters, build_optimizer,
-                   latest_checkpoint, load_checkpoint, optimizer_parameters, restore_optimizer, save_checkpoint,
-                   set_lr, setup_distributed, sync_gradients, trim_log, warmup_hold_cosine)
+                   clip_gradients, finetune_settings, gathered, is_sharded, latest_checkpoint, load_checkpoint,
+                   optimizer_parameters, pad_batches, restore_optimizer, save_checkpoint, save_model, set_lr,
+                   setup_distributed, shard_model, sync_gradients, trim_log, warmup_hold_cosine)
 
 # ----------------------------------------------------------------------------- config
 # CLUE's Table 5 (LoRA, LR peak, rollout length, beta) was lost in extraction: those defaults are ours.
@@ -128,7 +130,8 @@ class GRPOConfig:
     reward: rewards.RewardSpec = field(default_factory=rewards.RewardSpec)
     judge: JudgeConfig = field(default_factory=JudgeConfig)
     curriculum: dataset.CurriculumConfig = field(default_factory=dataset.CurriculumConfig)
-    lora: LoraSettings = field(default_factory=LoraSettings)
+    finetune: Literal["lora", "full"] = "lora"  # full: every weight but embedding and lm_head, sharded (train.py)
+    lora: LoraSettings | None = None  # LoRA runs only; left out: LoraSettings()
     rollout: RolloutSettings = field(default_factory=RolloutSettings)
     filtering: FilterSettings = field(default_factory=FilterSettings)
     loss: LossSettings = field(default_factory=LossSettings)
@@ -141,6 +144,9 @@ class GRPOConfig:
     save_merged: bool = False  # also write the merged full checkpoint to output_dir/merged
     log_completions: bool = True
     seed: int = 42
+
+    def __post_init__(self):
+        self.lora = finetune_settings(self.finetune, self.lora, self.save_merged, LoraSettings())
 
 
 # ----------------------------------------------------------------------------- the math
@@ -464,13 +470,14 @@ def micro_batches(sequences: list[Sequence], size: int, pad_id: int, device) -> 
     return batches
 
 
-def reference_logprobs(policy: Qwen, batches: list[MicroBatch], cfg: GRPOConfig) -> list[torch.Tensor | None]:
-    """The reference policy's log-probs (the RL LoRA disabled) of each micro-batch; None each when beta = 0."""
+def reference_logprobs(policy: Qwen, batches: list[MicroBatch], cfg: GRPOConfig,
+                       reference: Qwen | None = None) -> list[torch.Tensor | None]:
+    """Log-probs under the reference (the policy without its RL LoRA, or full mode's frozen copy); None at beta 0."""
     if cfg.loss.beta == 0:
         return [None] * len(batches)
     policy.eval()
-    with torch.no_grad(), lora_disabled(policy):
-        return [token_logprobs(policy, b.ids, b.mask, cfg.rollout.temperature) for b in batches]
+    with torch.no_grad(), lora_disabled(reference or policy):
+        return [token_logprobs(reference or policy, b.ids, b.mask, cfg.rollout.temperature) for b in batches]
 
 
 def accumulate_loss(policy: Qwen, batches: list[MicroBatch], old: list, refs: list, normalizer, cfg: GRPOConfig,
@@ -488,7 +495,7 @@ def accumulate_loss(policy: Qwen, batches: list[MicroBatch], old: list, refs: li
             gap = (old[i] - b.sampler_logp).abs()[b.mask]
             out["entropy"] += entropy[b.mask].sum().item()
             out["mismatch_sum"] += gap.sum().item()
-            out["mismatch_max"] = max(out["mismatch_max"], gap.max().item())
+            out["mismatch_max"] = max(out["mismatch_max"], gap.max().item() if gap.numel() else 0.0)
         else:
             logp = token_logprobs(policy, b.ids, b.mask, temperature)
         loss, stats = grpo_loss(logp, old[i], refs[i], b.advantages, b.mask, loss_cfg.clip_low, loss_cfg.clip_high,
@@ -504,18 +511,23 @@ def optimizer_step(optimizer, loss_total: torch.Tensor, cfg: GRPOConfig, out: di
     """Step 6: gradients summed over ranks, clipped, one AdamW step (skipped, and counted, when not finite)."""
     params = optimizer_parameters(optimizer)
     sync_gradients(params)
-    grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip)
-    if torch.isfinite(loss_total) and torch.isfinite(grad_norm):
+    grad_norm = clip_gradients(params, cfg.optim.grad_clip)
+    if torch.isfinite(loss_total) and math.isfinite(grad_norm):
         optimizer.step()
     else:  # never apply a non-finite step: the weights stay as they were
         out["skipped_nonfinite"] += 1
     out["loss"] += loss_total.item() / cfg.loss.passes
-    out["grad_norm"] += grad_norm.item() / cfg.loss.passes
+    out["grad_norm"] += grad_norm / cfg.loss.passes
 
 
-def policy_update(policy: Qwen, optimizer, batches: list[MicroBatch], cfg: GRPOConfig, dist: Dist) -> dict:
+def policy_update(policy: Qwen, optimizer, batches: list[MicroBatch], cfg: GRPOConfig, dist: Dist,
+                  reference: Qwen | None = None) -> dict:
     """Steps 5-6, `loss.passes` times over one rollout batch, after the reference pass (beta > 0). The loss is
     normalized by the completion or token count of the whole update over all ranks. Returns the training stats."""
+    d = dist.device  # a full-parameter run pads the ranks to the same micro-batch count with all-masked ones
+    idle = MicroBatch(torch.zeros(1, 2, dtype=torch.long, device=d), torch.zeros(1, 1, dtype=torch.bool, device=d),
+                      *(torch.zeros(shape, device=d) for shape in (1, (1, 1), 1)))
+    batches = pad_batches(policy, batches, idle)
     seq_mean = cfg.loss.agg == "seq-mean-token-mean"  # count completions (weighted rows) or tokens
     local = sum(b.row_weight.sum() if seq_mean else b.mask.sum() for b in batches)
     normalizer = all_reduce_sum(torch.tensor(float(local), device=dist.device))
@@ -523,7 +535,7 @@ def policy_update(policy: Qwen, optimizer, batches: list[MicroBatch], cfg: GRPOC
            "mismatch_max": 0.0, "tokens": 0.0, "kl": 0.0, "clip_low": 0.0, "clip_high": 0.0}
     if normalizer == 0:  # every group of the update masked: nothing to learn from, no step
         return out
-    refs = reference_logprobs(policy, batches, cfg)
+    refs = reference_logprobs(policy, batches, cfg, reference)
     old: list[torch.Tensor | None] = [None] * len(batches)
     policy.train()
     for _ in range(cfg.loss.passes):
@@ -685,16 +697,20 @@ def check_inputs(cfg: GRPOConfig, config_path: str) -> list[data.Example] | list
     return examples
 
 
-def build_policy(cfg: GRPOConfig, dist: Dist):
-    """The base model with the SFT adapter (and its <evidence> rows) merged in, plus a fresh LoRA: the
-    only trainable parameters (embedding and lm_head stay frozen). Disabling it gives the reference."""
+def build_policy(cfg: GRPOConfig, dist: Dist, like: Qwen | None = None):
+    """The base model with the SFT adapter (and its <evidence> rows) merged in, plus a fresh LoRA: the only trainable
+    parameters (embedding and lm_head stay frozen); disabling it gives the reference. `finetune: full`: those weights
+    sharded (train.shard_model), all but embedding and lm_head trainable; `like`: the frozen reference of it."""
     tok = load_tokenizer(cfg.model.path)
     policy = Qwen.from_pretrained(cfg.model.path, dtype=cfg.model.dtype, device=dist.device)
     if cfg.model.sft_adapter:
         add_special_tokens(policy, tok, [data.EVIDENCE_OPEN, data.EVIDENCE_CLOSE])  # the ids the SFT run gave them
         merge_lora(load_adapter(policy, cfg.model.sft_adapter))
     torch.manual_seed(cfg.seed)
-    add_lora(policy, cfg.lora.rank, cfg.lora.alpha, cfg.lora.dropout, cfg.lora.targets)
+    if cfg.lora is not None:
+        add_lora(policy, cfg.lora.rank, cfg.lora.alpha, cfg.lora.dropout, cfg.lora.targets)
+    else:
+        shard_model(policy, dist.device, like)
     policy.gradient_checkpointing = cfg.model.gradient_checkpointing
     return policy, tok
 
@@ -707,6 +723,8 @@ def train(cfg: GRPOConfig, examples: list[data.Example]) -> None:
     out = Path(cfg.output_dir)
     save_resolved_config(cfg, out)
     policy, tok = build_policy(cfg, dist)
+    full_kl = cfg.lora is None and cfg.loss.beta != 0  # a full-parameter run's KL needs a frozen, sharded reference
+    reference = build_policy(cfg, dist, like=policy)[0] if full_kl else None
     sampler = sampler_for(cfg, policy, tok)
     source = PromptSource(sampler.segments(examples))
     checkpoint = latest_checkpoint(out) if cfg.resume == "auto" else None
@@ -718,7 +736,7 @@ def train(cfg: GRPOConfig, examples: list[data.Example]) -> None:
         print0(f"resuming from {checkpoint} (update {start} of {cfg.updates})")
     optimizer = build_optimizer(policy, cfg.optim.lr, cfg.optim.weight_decay, cfg.optim.betas)
     if checkpoint is not None:
-        restore_optimizer(checkpoint, optimizer, meta)
+        restore_optimizer(checkpoint, optimizer, meta, policy)
     else:
         broadcast_parameters(optimizer_parameters(optimizer))
     for name in ("metrics.jsonl", "completions.jsonl"):
@@ -734,13 +752,14 @@ def train(cfg: GRPOConfig, examples: list[data.Example]) -> None:
             slots = [Slot(i, example, segment) for i, (example, segment) in enumerate(drawn)
                      if i % dist.world_size == dist.rank]  # this rank's share of the update's prompts
             # 1-3. sample, score, filter (collect_groups: the three steps, again for the slots filtering sends back)
-            groups, counts = collect_groups(sampler, source, slots, cfg, update, dist)
+            with gathered(policy):  # a sharded policy decodes whole: no collective per token
+                groups, counts = collect_groups(sampler, source, slots, cfg, update, dist)
             # 4. advantages
             advantages = advantages_by_group(groups, cfg.loss)
             batches = micro_batches(training_sequences(groups, advantages), cfg.loss.micro_batch_size, pad_id,
                                     dist.device)
             # 5-6. loss and step, `loss.passes` times (policy_update: accumulate_loss, then optimizer_step)
-            trained = timed(counts, "train_s", policy_update, policy, optimizer, batches, cfg, dist)
+            trained = timed(counts, "train_s", policy_update, policy, optimizer, batches, cfg, dist, reference)
             reports = gather_json(rank_report(groups, counts, trained), dist)
             metrics = update_metrics(reports, update + 1, lr, cfg.loss.beta)
             records = gather_json(completion_records(groups, advantages, tok, update + 1)
@@ -760,14 +779,13 @@ def train(cfg: GRPOConfig, examples: list[data.Example]) -> None:
             if stopping:
                 print0(f"stopped after update {done}; `resume: auto` continues from {out}")
                 return
-    if dist.main:
-        base = None if cfg.model.sft_adapter else cfg.model.path  # else: the SFT-merged base, not on disk
-        with atomic_folder(out / "adapter") as tmp:
-            save_adapter(policy, tmp, base_model_name_or_path=base)
-        if cfg.save_merged:
-            with atomic_folder(out / "merged") as tmp:
-                save_merged(policy, tok, tmp)
-    print0(f"done: {out / 'adapter'}")
+    final = out / ("model" if is_sharded(policy) else "adapter")  # a full-parameter run: a whole checkpoint
+    base = None if cfg.model.sft_adapter else cfg.model.path  # else: the SFT-merged base, not on disk
+    save_model(policy, tok, final, dist, base_model_name_or_path=base)
+    if dist.main and cfg.save_merged:
+        with atomic_folder(out / "merged") as tmp:
+            save_merged(policy, tok, tmp)
+    print0(f"done: {final}")
 
 
 def prepare(cfg: GRPOConfig) -> None:  # `grpo.py prepare`: train_data[0] from prepare.examples, with references
@@ -794,7 +812,8 @@ def main(argv=None) -> None:
         raise SystemExit(2) from None
     try:
         train(cfg, examples)
-    except JudgeAuthError as e:  # every later call would be refused too: stop at once, rank 0 says why
+    # a refused key (every later call would be refused too), or a checkpoint of another mode or world size
+    except (JudgeAuthError, CheckpointError) as e:
         print0(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
 

@@ -63,10 +63,11 @@ from evaluate import SamplingConfig, f1_scores, sample_completions
 from judge import (DATA_NOTICE, JudgeCall, JudgeConfig, JudgeError, chat_many, chat_messages, section,
                    strict_json_object)
 from model import (LORA_TARGETS, CheckpointError, Qwen, QwenTokenizer, add_lora, add_special_tokens,
-                   load_adapter, load_tokenizer, save_adapter, save_merged, token_logprobs, train_token_rows)
+                   load_adapter, load_tokenizer, save_merged, token_logprobs, train_token_rows)
 from train import (StopRequest, Progress, all_reduce_sum, atomic_folder, broadcast_parameters, build_optimizer,
-                   latest_checkpoint, linear_warmup_decay, load_checkpoint, optimizer_parameters, restore_optimizer,
-                   save_checkpoint, set_lr, setup_distributed, sync_gradients, trim_log)
+                   clip_gradients, finetune_settings, gathered, latest_checkpoint, linear_warmup_decay,
+                   load_checkpoint, optimizer_parameters, pad_batches, restore_optimizer, save_checkpoint, save_model,
+                   set_lr, setup_distributed, shard_model, sync_gradients, trim_log)
 from verifier import EVIDENCE_CLOSE, EVIDENCE_OPEN, extract_quotes, format_score, verify_quote
 
 # ----------------------------------------------------------------------------- config
@@ -137,7 +138,8 @@ class SFTConfig:
     dtype: str | None = None  # None: bfloat16 on GPU, float32 on the CPU; LoRA factors and rows stay float32
     device: str | None = None  # None: cuda:LOCAL_RANK when available, else the CPU
     enable_thinking: bool | None = None  # the chat format's thinking switch; None: the checkpoint's default
-    lora: LoraSettings = field(default_factory=LoraSettings)
+    finetune: Literal["lora", "full"] = "lora"  # full: all but embedding and lm_head, sharded; best/ a whole checkpoint
+    lora: LoraSettings | None = None  # LoRA runs only; left out: LoraSettings()
     selection: SelectionConfig = field(default_factory=SelectionConfig)
     save_every: int = 200  # optimizer steps between checkpoints (also at each epoch end and on a stop request)
     keep_checkpoints: int | None = 2
@@ -145,6 +147,9 @@ class SFTConfig:
     save_merged: bool = False  # also write merged/, a full checkpoint with the adapter folded in
     prepare: PrepareConfig | None = None
     emollm: EmoLLMData | None = None  # `prepare` builds EmoLLM's Stage I rows instead (emollm_data.py)
+
+    def __post_init__(self):  # a full-parameter run (train.py) takes no LoRA-only key
+        self.lora = finetune_settings(self.finetune, self.lora, self.save_merged, LoraSettings())
 
 
 # ----------------------------------------------------------------------------- rows
@@ -447,13 +452,6 @@ def heldout_macro_f1(model: Qwen, tok: QwenTokenizer, heldout: list[Row], cfg: S
 # ----------------------------------------------------------------------------- training
 
 
-def _save_best(model: Qwen, tok: QwenTokenizer, out: Path) -> None:
-    """best/: the adapter with its <evidence> rows (PEFT format) and the tokenizer that holds the tags."""
-    with atomic_folder(out / "best") as tmp:
-        save_adapter(model, tmp)
-        tok.save(tmp)
-
-
 def _dtype(cfg: SFTConfig, device: torch.device) -> str:
     return cfg.dtype or ("bfloat16" if device.type == "cuda" else "float32")
 
@@ -492,9 +490,12 @@ def train(cfg: SFTConfig) -> Path:
     if not samples:
         raise DataError(f"{cfg.data}: no training rows left")
     torch.manual_seed(cfg.seed)
-    add_lora(model, cfg.lora.rank, cfg.lora.alpha, cfg.lora.dropout, cfg.lora.targets)
+    if cfg.lora is not None:
+        add_lora(model, cfg.lora.rank, cfg.lora.alpha, cfg.lora.dropout, cfg.lora.targets)
     if tag_ids:
         train_token_rows(model, tag_ids)
+    if cfg.finetune == "full":
+        shard_model(model, dist.device)
     model.gradient_checkpointing = cfg.gradient_checkpointing
     checkpoint = latest_checkpoint(out) if cfg.resume == "auto" and out.is_dir() else None
     first, state = 0, {"rows": len(samples), "selection": [], "best": None}
@@ -508,7 +509,7 @@ def train(cfg: SFTConfig) -> Path:
     optimizer = build_optimizer(model, cfg.lr, cfg.weight_decay, cfg.betas, cfg.row_lr_scale)
     params = optimizer_parameters(optimizer)
     if checkpoint is not None:
-        restore_optimizer(checkpoint, optimizer, meta)
+        restore_optimizer(checkpoint, optimizer, meta, model)
     else:
         broadcast_parameters(params)
         torch.manual_seed(cfg.seed + dist.rank)  # dropout masks differ across ranks
@@ -528,10 +529,11 @@ def train(cfg: SFTConfig) -> Path:
             mine = update[dist.rank::dist.world_size]
             batches = [collate([samples[i] for i in mine[j:j + cfg.batch_size]], pad, dist.device)
                        for j in range(0, len(mine), cfg.batch_size)]
+            batches = pad_batches(model, batches, collate([([pad, pad], [0.0, 0.0])], pad, dist.device))  # full
             optimizer.zero_grad(set_to_none=True)
             loss = backward_update(model, batches, update_norm(samples, update, cfg))
             sync_gradients(params)
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm).item()
+            grad_norm = clip_gradients(params, cfg.max_grad_norm)
             optimizer.step()
             tokens = sum(len(samples[i][0]) for i in update)
             loss = all_reduce_sum(torch.tensor([loss], dtype=torch.float64, device=dist.device)).item()
@@ -547,9 +549,9 @@ def train(cfg: SFTConfig) -> Path:
             if stopping:
                 print0(f"stopped after step {done}; run again with resume=auto to continue")
                 return out
+    if not heldout:
+        save_model(model, tok, out / "best", dist, with_tokenizer=True)
     if dist.main:
-        if not heldout:
-            _save_best(model, tok, out)
         if cfg.save_merged:
             with atomic_folder(out / "merged") as tmp:
                 save_merged(load_adapter(model, out / "best"), tok, tmp)
@@ -561,16 +563,16 @@ def train(cfg: SFTConfig) -> Path:
 
 def _select(model, tok, heldout, cfg, dist, step: int, state: dict, metrics) -> None:
     """Score the held-out targets at `step`, log them, and keep the adapter when it is the best so far."""
-    scores = heldout_macro_f1(model, tok, heldout, cfg, dist.rank, dist.world_size)
+    with gathered(model):  # a full-parameter run samples from whole weights: no collective per token
+        scores = heldout_macro_f1(model, tok, heldout, cfg, dist.rank, dist.world_size)
     mean = sum(scores.values()) / len(scores)
     state["selection"].append({"step": step, "macro_f1": scores, "mean_macro_f1": mean})
     metrics.write({"step": step, **{f"eval/{t}/macro_f1": f for t, f in scores.items()}, "eval/mean_macro_f1": mean})
     better = state["best"] is None or mean > state["best"]["mean_macro_f1"]
     if better:
         state["best"] = {"step": step, "mean_macro_f1": mean}
+        save_model(model, tok, Path(cfg.output_dir) / "best", dist, with_tokenizer=True)
     if dist.main:
-        if better:
-            _save_best(model, tok, Path(cfg.output_dir))
         table = {"best_step": state["best"]["step"], "steps": state["selection"]}
         atomic_write_text(Path(cfg.output_dir) / "selection.json", json.dumps(table, indent=1) + "\n")
     shown = ", ".join(f"{t} {f:.4f}" for t, f in scores.items())
@@ -792,7 +794,7 @@ def main(argv=None) -> None:
         (train if command == "train" else prepare_emollm if cfg.emollm else prepare)(cfg)
     except (DataError, ConfigError, CheckpointError, JudgeError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(1) from None
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

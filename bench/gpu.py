@@ -12,7 +12,8 @@ models in bfloat16 (flash-attn and flash-linear-attention where they import), ea
             reference pass, the policy pass and backward, AdamW): tokens/s, and the MFU of its training part.
 
     bash bench/gpu.sh OUT_DIR                  # on the GPU node: writes OUT_DIR/gpu_results.md
-    python bench/gpu.py --paper                # the roofline on paper for H100 and H200 (no GPU needed)
+    python bench/gpu.py --paper                # on paper (no GPU needed): the roofline for H100 and H200, and the
+                                               # per-GPU memory plan of full-parameter GRPO on 8 x H100
     bash bench/gpu.sh OUT_DIR --tiny           # tiny shapes on the CPU: checks the script (tests/test_bench.py)
 
 Model FLOPs of a token: 2N forward (N: the weights it is multiplied by; lm_head only where a log-probability is
@@ -110,6 +111,46 @@ def paper_table(batch: int, context: float) -> str:
                          f"{total / 1e9:.2f}", f"{total / bandwidth * 1e3:.2f}", f"{batch * bandwidth / total:,.0f}"])
     return markdown_table(["shape", "GPU", "batch", "mean context", "weights GB", "KV + state GB", "bytes/step GB",
                            "ms/step", "roofline tokens/s"], rows)
+
+
+def memory_plan(ranks: int, rows: int, prompt: int, new: int, micro_batch: int) -> str:
+    """Per-GPU memory of full-parameter GRPO (`finetune: full`, train.py) on `ranks` GPUs, one group of `rows`
+    samples per GPU: float32 master weights, gradients and AdamW moments sharded over the ranks; the frozen
+    embedding and lm_head whole in bf16 (shared with the reference); the reference sharded in bf16; the bf16 rollout
+    copy of everything but embedding and lm_head (train.gathered); the KV cache (the prompt once, each row's `new`
+    slots; Qwen3.5: plus each row's float32 DeltaNet state); activations of a micro-batch of `micro_batch`
+    sequences under gradient checkpointing (each layer's input kept, one layer's internals recomputed, one lm_head
+    chunk of 1,024 positions in float32) and FSDP's buffers (two layers all-gathered in bf16, one layer's float32
+    gradients before the reduce-scatter). Rollout and training never overlap; the peak is the larger."""
+    gb, tables = 1e9, []
+    for shape, raw in SHAPES.items():
+        model = random_model(raw, torch.bfloat16, torch.device("meta"))
+        cfg = model.config
+        frozen = sum({id(p): p.numel() for p in (model.model.embed_tokens.weight, model.head_weight())}.values())
+        trained = sum(p.numel() for p in model.parameters()) - frozen
+        layer = max(sum(p.numel() for p in block.parameters()) for block in model.model.layers)
+        n_full = cfg.layer_types.count("full_attention")
+        kv = 2 * n_full * cfg.num_kv_heads * cfg.head_dim * 2 * (prompt + rows * new)
+        kv += rows * (len(cfg.layer_types) - n_full) * cfg.linear_v_heads * cfg.linear_k_dim * cfg.linear_v_dim * 4
+        tokens, d, ffn = micro_batch * (prompt + new), cfg.hidden_size, cfg.intermediate_size
+        activations = tokens * d * 2 * len(cfg.layer_types) + tokens * (6 * d + 3 * ffn) * 2
+        activations += 1024 * cfg.vocab_size * 8
+        parts = [("parameters: float32 shards + bf16 embedding and lm_head", 4 * trained / ranks + 2 * frozen),
+                 ("gradients: float32 shards", 4 * trained / ranks),
+                 ("AdamW moments: float32 shards", 8 * trained / ranks),
+                 ("reference: bf16 shards", 2 * trained / ranks),
+                 ("FSDP buffers (training): 2 bf16 layers + 1 float32 layer", 8 * layer)]
+        rollout = [("rollout copy: bf16, unsharded", 2 * trained),
+                   (f"KV cache: {rows} rows, {prompt} + {new} tokens", kv)]
+        training = [(f"activations: {micro_batch} x {prompt + new} tokens, checkpointed", activations)]
+        base = sum(b for _, b in parts[:4])
+        peak_rollout, peak_training = base + sum(b for _, b in rollout), base + parts[4][1] + training[0][1]
+        rows_out = [[name, f"{b / gb:.1f}"] for name, b in parts + rollout + training]
+        rows_out += [["**peak in a rollout**", f"**{peak_rollout / gb:.1f}**"],
+                     ["**peak in training**", f"**{peak_training / gb:.1f}**"]]
+        tables.append(f"{shape}: {trained / 1e9:.2f}B trained + {frozen / 1e9:.2f}B frozen parameters, {ranks} GPUs\n\n"
+                      + markdown_table(["per GPU", "GB"], rows_out))
+    return "\n\n".join(tables)
 
 
 def sync(device):
@@ -290,6 +331,9 @@ def main():
     args = p.parse_args()
     if args.paper:
         print(paper_table(args.batch, args.prompt + args.new / 2))
+        print("\nFull-parameter GRPO (finetune: full) on 8 x H100 80 GB, the CLUE config's rollout (8 prompts x K 8: "
+              "one group per GPU, 4,096 new tokens after a 1,024-token prompt, micro-batches of 4):\n")
+        print(memory_plan(ranks=8, rows=8, prompt=1024, new=4096, micro_batch=4))
         return
     if args.out is None:
         p.error("--out is required (or --paper)")

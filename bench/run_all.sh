@@ -19,6 +19,7 @@ benchmarks=(
   "python bench/bench_verifier.py --data $CLUE_DATA_DIR"
   "python bench/bench_verifier_bounds.py"
   "python bench/bench_judge.py"
+  "python bench/bench_fsdp.py --layers 12 --repeats 2"
   "python bench/gpu.py --paper"
 )
 # The hand-written analysis at the end of RESULTS.md (from its "## Where a target is missed" heading on) is kept.
