@@ -74,8 +74,9 @@ class Language:
     fillers: tuple[str, ...]  # neutral turns anyone may say
     reactions: tuple[str, ...]  # the listener's neutral answer to the cue
     targets: tuple[str, ...]  # noncommittal last lines, the same for every label
-    earlier: str  # the trace's first block: {speaker}, {cue}
-    now: str  # its second block: {target}, {label}
+    grounded: str  # a grounded trace's first block, quoting the cue: {speaker}, {cue}, {label}
+    ungrounded: str  # an ungrounded trace's first block, without the cue: {speaker}
+    now: str  # both traces' second block, quoting the target turn: {target}, {label}
 
 
 LANGUAGES = {
@@ -86,7 +87,8 @@ LANGUAGES = {
          "Is the kitchen window open?"),
         ("Oh, really?", "Tell me more.", "Hmm, I see.", "Go on.", "Wait, what?"),
         ("Well, what can I say.", "Anyway, that is how it is.", "I guess it is what it is."),
-        "Earlier {speaker} said {cue}, the news behind this turn.",
+        "Earlier {speaker} said {cue}, news that brings {label}.",
+        "Earlier {speaker} shared some news, the reason behind this turn.",
         "So {target} hides real feelings of {label}."),
     "zh": Language(
         ("小明", "小红", "李雷", "韩梅梅", "王芳", "张伟"), _ZH_CUES,
@@ -94,7 +96,8 @@ LANGUAGES = {
          "我刚下班回来。", "厨房的窗户开着吗？"),
         ("真的吗？", "然后呢？", "嗯，我知道了。", "你接着说。", "啊？"),
         ("唉，我也不知道说什么好。", "反正就这样吧。", "还能怎么样呢。"),
-        "{speaker}之前说{cue}，这是背后的原因，也是关键。",
+        "{speaker}之前说{cue}，这件事是原因，带来的情绪：{label}。",
+        "{speaker}之前讲过一件事，这是背后的原因。",
         "所以{target}藏着真实的情绪：{label}。"),
 }
 
@@ -131,18 +134,25 @@ def toy_examples(n: int, seed: int, split: str, exclude: set[tuple] = frozenset(
     return examples
 
 
-def toy_trace(example: Example, tagged: bool = True) -> str:
-    """The SFT completion of a toy example: two reasoning blocks that quote the cue and the target turn,
-    `</think>`, the answer line. Tagged, the quotations stand between evidence tags (each block then
-    earns IU_G from the rules judge); untagged, between plain quotation marks, which no verifier reads.
-    A quotation opens with a space, as the line `Speaker: text` has one before the text: byte-level BPE
-    spells " I" and "I" as different tokens, so this way a quotation's tokens are the line's own."""
+def toy_trace(example: Example, grounded: bool = True) -> str:
+    """The SFT completion of a toy example: two reasoning blocks, `</think>`, the answer line. Grounded,
+    the first block quotes the cue between evidence tags and names the label it brings, the second quotes
+    the target turn the same way (each block then earns IU_G from the rules judge). Ungrounded, the first
+    block only says that the speaker shared some news, and the second quotes the target turn between plain
+    quotation marks, which no verifier reads: the label then has to come from the conversation itself,
+    with no quotation of the cue to read it from. A quotation opens with a space, as the line `Speaker:
+    text` has one before the text: byte-level BPE spells " I" and "I" as different tokens, so this way a
+    quotation's tokens are the line's own."""
     lang, label = LANGUAGES[example.language], example.labels[0]
     target = example.turns[example.target]
-    cue = next(t.text for t in example.turns if t.speaker == target.speaker and t.text in lang.cues[label])
-    open_, close = (EVIDENCE_OPEN, EVIDENCE_CLOSE) if tagged else ("\u201c", "\u201d")
-    blocks = [lang.earlier.format(speaker=target.speaker, cue=f"{open_} {cue}{close}"),
-              lang.now.format(target=f"{open_} {target.text}{close}", label=label)]
+    if grounded:
+        cue = next(t.text for t in example.turns if t.speaker == target.speaker and t.text in lang.cues[label])
+        blocks = [lang.grounded.format(speaker=target.speaker, cue=f"{EVIDENCE_OPEN} {cue}{EVIDENCE_CLOSE}",
+                                       label=label),
+                  lang.now.format(target=f"{EVIDENCE_OPEN} {target.text}{EVIDENCE_CLOSE}", label=label)]
+    else:
+        blocks = [lang.ungrounded.format(speaker=target.speaker),
+                  lang.now.format(target=f"\u201c {target.text}\u201d", label=label)]
     return f"{THINK_START}\n" + "\n\n".join(blocks) + f"\n{THINK_END}\n\nAnswer: {label}"
 
 
@@ -233,8 +243,8 @@ class DemoData:
 
     seed: int = 0
     train: int = 2400  # conversations: SFT rows (with their traces) and the RL prompts
-    tagged: float = 0.5  # the share of SFT traces that mark their quotations as evidence
-    heldout: int = 200  # conversations for the evaluation, none of them in `train`
+    grounded: float = 0.5  # the share of SFT traces that quote the cue as evidence (toy_trace)
+    heldout: int = 1000  # conversations for the evaluation, none of them in `train`
     vocab_size: int = 2048  # the BPE's target (the toy text has fewer distinct words: it stops short)
     model: ModelSize = dataclasses.field(default_factory=ModelSize)
 
@@ -249,7 +259,7 @@ def prepare(out: Path, spec: DemoData) -> None:
     train = toy_examples(spec.train, spec.seed, "train")
     heldout = toy_examples(spec.heldout, spec.seed, "heldout", exclude={conversation_key(e) for e in train})
     rng = random.Random(f"{spec.seed}/traces")
-    traces = [toy_trace(e, tagged=rng.random() < spec.tagged) for e in train]
+    traces = [toy_trace(e, grounded=rng.random() < spec.grounded) for e in train]
     (out / "data").mkdir(parents=True, exist_ok=True)
     save_jsonl(train, out / "data" / "train.jsonl")
     save_jsonl(heldout, out / "data" / "heldout.jsonl")
@@ -343,10 +353,11 @@ def stage_settings(out: Path, seed: int) -> dict[str, list[str]]:
 STAGES = (("random init", "base", None), ("after SFT", "sft/merged", "sft"), ("after GRPO", "grpo/merged", "grpo"))
 
 
-def run(out: Path, spec: DemoData, settings: dict[str, list[str]], rl) -> None:
+def run(out: Path, spec: DemoData, settings: dict[str, list[str]], rl) -> dict[str, dict]:
     """Build (or reuse) the toy data and model, then evaluate the random model, run SFT and evaluate,
-    run GRPO and evaluate, against one local judge server; write the table and the curves. `rl` is
-    the resolved GRPO config, whose reward and judge settings the evaluation uses."""
+    run GRPO and evaluate, against one local judge server; write the table and the curves, and return
+    the stages' means. `rl` is the resolved GRPO config, whose reward and judge settings the evaluation
+    uses."""
     from data import load_jsonl
     from evaluate import PlotUnavailable, plot_training_curves
     from judge_server import JudgeServer, rules_backend
@@ -382,12 +393,61 @@ def run(out: Path, spec: DemoData, settings: dict[str, list[str]], rl) -> None:
     print(f"\nheld-out toy conversations ({len(heldout)}, none seen in training; chance accuracy 25%):\n{table}\n"
           f"\nwritten: {out / 'results.md'}, {out / 'results.json'}{figure}"
           f"\ndemo done in {time.perf_counter() - start:.0f}s")
+    return results
+
+
+def seeds_table(per_seed: dict[int, dict[str, dict]]) -> str:
+    """The several-seed Markdown tables: each stage's columns as mean ± sample SD over the seeds
+    (evaluate.mean_sd), then one row per seed with each column after SFT -> after GRPO."""
+    from evaluate import mean_sd
+
+    def cell(key: str, value: float) -> str:
+        return f"{value:.3f}" if key == "reward" else f"{100 * value:.1f}%"
+
+    def stat(key: str, values: list[float]) -> str:
+        m = mean_sd(values)
+        scale, digits, unit = (1, 3, "") if key == "reward" else (100, 1, "%")
+        sd = "" if m["sd"] is None else f" ± {scale * m['sd']:.{digits}f}"
+        return f"{scale * m['mean']:.{digits}f}{sd}{unit}"
+
+    seeds, stages = sorted(per_seed), list(per_seed[min(per_seed)])
+    lines = [f"| model ({len(seeds)} seeds) | " + " | ".join(title for _, title in COLUMNS) + " |",
+             "|---" * (len(COLUMNS) + 1) + "|"]
+    lines += [f"| {stage} | " + " | ".join(stat(key, [per_seed[s][stage][key] for s in seeds]) for key, _ in COLUMNS)
+              + " |" for stage in stages]
+    lines += ["", "| seed | " + " | ".join(f"{title}, SFT -> GRPO" for _, title in COLUMNS) + " |",
+              "|---" * (len(COLUMNS) + 1) + "|"]
+    lines += [f"| {s} | " + " | ".join(f"{cell(key, per_seed[s]['after SFT'][key])} -> "
+                                       f"{cell(key, per_seed[s]['after GRPO'][key])}" for key, _ in COLUMNS) + " |"
+              for s in seeds]
+    return "\n".join(lines)
+
+
+def run_seeds(out: Path, specs: list[DemoData], settings: list[dict[str, list[str]]], configs: list) -> None:
+    """`run` once per seed, each into out/seed<N>, with an ETA after each; then the mean ± SD table,
+    written to out/results.md and out/results.json (every seed's means)."""
+    start, per_seed = time.perf_counter(), {}
+    for i, (spec, setting, rl) in enumerate(zip(specs, settings, configs)):
+        print(f"\n=== seed {spec.seed} ({i + 1} of {len(specs)}) ===", flush=True)
+        per_seed[spec.seed] = run(out / f"seed{spec.seed}", spec, setting, rl)
+        elapsed = time.perf_counter() - start
+        left = elapsed / (i + 1) * (len(specs) - i - 1)
+        print(f"=== {i + 1} of {len(specs)} seeds done in {elapsed / 60:.1f} min"
+              + (f", ETA {left / 60:.1f} min more ===" if left else " ==="), flush=True)
+    table = seeds_table(per_seed)
+    atomic_write_text(out / "results.md", table + "\n")
+    atomic_write_text(out / "results.json", json.dumps(per_seed, indent=1) + "\n")
+    print(f"\nheld-out toy conversations ({specs[0].heldout} per seed), seeds {' '.join(str(s) for s in per_seed)}:\n"
+          f"{table}\n\nwritten: {out / 'results.md'}, {out / 'results.json'}\n"
+          f"all seeds done in {(time.perf_counter() - start) / 60:.1f} min")
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="demo.py", description="SFT then GRPO on a toy task, on the CPU.")
     parser.add_argument("--out", default="runs/demo", help="output folder (default: runs/demo)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the data, the model and both stages")
+    parser.add_argument("--seeds", type=int, nargs="+", metavar="SEED",
+                        help="run the whole demo once per seed, into OUT/seed<N>, and print mean ± SD")
     parser.add_argument("--train", type=int, default=DemoData.train, help="training conversations")
     parser.add_argument("--heldout", type=int, default=DemoData.heldout, help="held-out conversations")
     parser.add_argument("--sft", action="append", default=[], metavar="KEY=VALUE", help="a setting for sft.py")
@@ -402,18 +462,26 @@ def main(argv: list[str] | None = None) -> None:
     from sft import SFTConfig
 
     out = Path(args.out).resolve()
-    settings = stage_settings(out, args.seed)
-    settings = {"sft": settings["sft"] + args.sft, "grpo": settings["grpo"] + args.grpo}
-    resolved = {}
-    for name, schema in (("sft", SFTConfig), ("grpo", GRPOConfig)):  # checked before anything runs
-        try:
-            resolved[name] = load_config(REPO / "configs" / f"demo_{name}.yaml", settings[name], schema)
-        except ConfigError as e:
-            print(f"config error: {name}: {e}", file=sys.stderr)
-            raise SystemExit(2) from None
-    rl = resolved["grpo"]
-    run(out, DemoData(seed=args.seed, train=args.train, heldout=args.heldout), settings, rl)
-
+    seeds = args.seeds or [args.seed]
+    folders = [out / f"seed{seed}" if args.seeds else out for seed in seeds]
+    settings, configs = [], []
+    for seed, folder in zip(seeds, folders):  # every seed's configs are checked before anything runs
+        setting = stage_settings(folder, seed)
+        setting = {"sft": setting["sft"] + args.sft, "grpo": setting["grpo"] + args.grpo}
+        resolved = {}
+        for name, schema in (("sft", SFTConfig), ("grpo", GRPOConfig)):
+            try:
+                resolved[name] = load_config(REPO / "configs" / f"demo_{name}.yaml", setting[name], schema)
+            except ConfigError as e:
+                print(f"config error: {name}: {e}", file=sys.stderr)
+                raise SystemExit(2) from None
+        settings.append(setting)
+        configs.append(resolved["grpo"])
+    specs = [DemoData(seed=seed, train=args.train, heldout=args.heldout) for seed in seeds]
+    if args.seeds:
+        run_seeds(out, specs, settings, configs)
+    else:
+        run(out, specs[0], settings[0], configs[0])
 
 if __name__ == "__main__":
     main()

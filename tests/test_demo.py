@@ -47,16 +47,18 @@ def judge():
         yield JudgeConfig(base_url=server.url, model="rules", retries=0)
 
 
-def test_traces_answer_right_and_only_tagged_quotes_earn_iu_g(judge):
+def test_traces_answer_right_and_only_grounded_ones_quote_the_cue_and_earn_iu_g(judge):
     examples = demo.toy_examples(8, 1, "train")
     rollouts = []
     for example in examples:
-        for tagged in (True, False):
-            trace = demo.toy_trace(example, tagged)
+        cue = next(t.text for t in example.turns[:-1] if t.speaker == example.turns[-1].speaker)
+        for grounded in (True, False):
+            trace = demo.toy_trace(example, grounded)
             assert data.well_formed(trace) and data.parse_answer(trace, example) == example.labels
             quotes = extract_quotes(trace)
             texts = rewards.conversation_texts(example)
-            assert len(quotes) == (2 if tagged else 0) and all(verify_quote(q, texts) for q in quotes)
+            assert len(quotes) == (2 if grounded else 0) and all(verify_quote(q, texts) for q in quotes)
+            assert (cue in trace) == grounded and example.turns[-1].text in trace  # both quote the target
             rollouts.append(rewards.Rollout.from_completion(example, trace, n_reasoning_tokens=60,
                                                             n_completion_tokens=70))
     spec = rewards.RewardSpec("clue", {"lambda_iu": 0.5})
