@@ -1,7 +1,8 @@
 """The CPU demo: the whole two-stage method on a toy task, on a laptop, in minutes, with nothing from
 outside (no download, no GPU, no API key).
 
-    python demo.py [--out runs/demo] [--seed 0]
+    python demo.py [--out runs/demo] [--seed 0]      # one run
+    python demo.py --seeds 0 1 2 3 4                # one run per seed, then mean ± SD of every column
 
 The toy task (data.py's `toy_emotion`, a compact prompt). Short conversations between two or three
 people, in English and in Chinese. Early on, the target speaker says something that carries an emotion
@@ -74,9 +75,8 @@ class Language:
     fillers: tuple[str, ...]  # neutral turns anyone may say
     reactions: tuple[str, ...]  # the listener's neutral answer to the cue
     targets: tuple[str, ...]  # noncommittal last lines, the same for every label
-    grounded: str  # a grounded trace's first block, quoting the cue: {speaker}, {cue}, {label}
-    ungrounded: str  # an ungrounded trace's first block, without the cue: {speaker}
-    now: str  # both traces' second block, quoting the target turn: {target}, {label}
+    earlier: str  # the trace's first block: {speaker}, {cue}
+    now: str  # its second block: {target}, {label}
 
 
 LANGUAGES = {
@@ -87,8 +87,7 @@ LANGUAGES = {
          "Is the kitchen window open?"),
         ("Oh, really?", "Tell me more.", "Hmm, I see.", "Go on.", "Wait, what?"),
         ("Well, what can I say.", "Anyway, that is how it is.", "I guess it is what it is."),
-        "Earlier {speaker} said {cue}, news that brings {label}.",
-        "Earlier {speaker} shared some news, the reason behind this turn.",
+        "Earlier {speaker} said {cue}, the news behind this turn.",
         "So {target} hides real feelings of {label}."),
     "zh": Language(
         ("小明", "小红", "李雷", "韩梅梅", "王芳", "张伟"), _ZH_CUES,
@@ -96,8 +95,7 @@ LANGUAGES = {
          "我刚下班回来。", "厨房的窗户开着吗？"),
         ("真的吗？", "然后呢？", "嗯，我知道了。", "你接着说。", "啊？"),
         ("唉，我也不知道说什么好。", "反正就这样吧。", "还能怎么样呢。"),
-        "{speaker}之前说{cue}，这件事是原因，带来的情绪：{label}。",
-        "{speaker}之前讲过一件事，这是背后的原因。",
+        "{speaker}之前说{cue}，这是背后的原因，也是关键。",
         "所以{target}藏着真实的情绪：{label}。"),
 }
 
@@ -134,25 +132,18 @@ def toy_examples(n: int, seed: int, split: str, exclude: set[tuple] = frozenset(
     return examples
 
 
-def toy_trace(example: Example, grounded: bool = True) -> str:
-    """The SFT completion of a toy example: two reasoning blocks, `</think>`, the answer line. Grounded,
-    the first block quotes the cue between evidence tags and names the label it brings, the second quotes
-    the target turn the same way (each block then earns IU_G from the rules judge). Ungrounded, the first
-    block only says that the speaker shared some news, and the second quotes the target turn between plain
-    quotation marks, which no verifier reads: the label then has to come from the conversation itself,
-    with no quotation of the cue to read it from. A quotation opens with a space, as the line `Speaker:
-    text` has one before the text: byte-level BPE spells " I" and "I" as different tokens, so this way a
-    quotation's tokens are the line's own."""
+def toy_trace(example: Example, tagged: bool = True) -> str:
+    """The SFT completion of a toy example: two reasoning blocks that quote the cue and the target turn,
+    `</think>`, the answer line. Tagged, the quotations stand between evidence tags (each block then
+    earns IU_G from the rules judge); untagged, between plain quotation marks, which no verifier reads.
+    A quotation opens with a space, as the line `Speaker: text` has one before the text: byte-level BPE
+    spells " I" and "I" as different tokens, so this way a quotation's tokens are the line's own."""
     lang, label = LANGUAGES[example.language], example.labels[0]
     target = example.turns[example.target]
-    if grounded:
-        cue = next(t.text for t in example.turns if t.speaker == target.speaker and t.text in lang.cues[label])
-        blocks = [lang.grounded.format(speaker=target.speaker, cue=f"{EVIDENCE_OPEN} {cue}{EVIDENCE_CLOSE}",
-                                       label=label),
-                  lang.now.format(target=f"{EVIDENCE_OPEN} {target.text}{EVIDENCE_CLOSE}", label=label)]
-    else:
-        blocks = [lang.ungrounded.format(speaker=target.speaker),
-                  lang.now.format(target=f"\u201c {target.text}\u201d", label=label)]
+    cue = next(t.text for t in example.turns if t.speaker == target.speaker and t.text in lang.cues[label])
+    open_, close = (EVIDENCE_OPEN, EVIDENCE_CLOSE) if tagged else ("\u201c", "\u201d")
+    blocks = [lang.earlier.format(speaker=target.speaker, cue=f"{open_} {cue}{close}"),
+              lang.now.format(target=f"{open_} {target.text}{close}", label=label)]
     return f"{THINK_START}\n" + "\n\n".join(blocks) + f"\n{THINK_END}\n\nAnswer: {label}"
 
 
@@ -243,7 +234,7 @@ class DemoData:
 
     seed: int = 0
     train: int = 2400  # conversations: SFT rows (with their traces) and the RL prompts
-    grounded: float = 0.5  # the share of SFT traces that quote the cue as evidence (toy_trace)
+    tagged: float = 0.5  # the share of SFT traces that mark their quotations as evidence
     heldout: int = 1000  # conversations for the evaluation, none of them in `train`
     vocab_size: int = 2048  # the BPE's target (the toy text has fewer distinct words: it stops short)
     model: ModelSize = dataclasses.field(default_factory=ModelSize)
@@ -259,7 +250,7 @@ def prepare(out: Path, spec: DemoData) -> None:
     train = toy_examples(spec.train, spec.seed, "train")
     heldout = toy_examples(spec.heldout, spec.seed, "heldout", exclude={conversation_key(e) for e in train})
     rng = random.Random(f"{spec.seed}/traces")
-    traces = [toy_trace(e, grounded=rng.random() < spec.grounded) for e in train]
+    traces = [toy_trace(e, tagged=rng.random() < spec.tagged) for e in train]
     (out / "data").mkdir(parents=True, exist_ok=True)
     save_jsonl(train, out / "data" / "train.jsonl")
     save_jsonl(heldout, out / "data" / "heldout.jsonl")
