@@ -138,21 +138,23 @@ def test_shortened_demo_runs_end_to_end_and_reruns_the_same(tmp_path):
     assert (out / "training_curves.png").stat().st_size > 0
 
 
-# A shortened demo that still learns: a third of the SFT rows, a third of the GRPO updates, 200 held-out
-# conversations (the full demo: 2,400 rows, 30 updates, 1,000 conversations; README, the demo).
-SHORT = ["--train", "800", "--heldout", "200", "--grpo", "updates=10"]
+# A shortened demo that still learns: the full SFT (on 800 rows it learns the format but not to copy the
+# cue: 23.5% accuracy, 1% verified quotes, measured), a third of the GRPO updates, 200 held-out
+# conversations (the full demo: 30 updates, 1,000 conversations; README, the demo).
+SHORT = ["--heldout", "200", "--grpo", "updates=10"]
 
 
 def test_two_shortened_seeds_show_grpo_grounding_its_answers_without_losing_accuracy(tmp_path):
-    """`--seeds 0 1` on a shortened demo: for each seed, GRPO raises the verified quotes by at least 20
-    points and the mean reward, and keeps the accuracy within 3 points (6 of the 200 conversations) of
-    the SFT model's; the several-seed table has one mean ± SD row per stage and one row per seed."""
+    """`--seeds 0 2` on a shortened demo (seed 2 had the weakest SFT model of issue 28's four): for each
+    seed, GRPO raises the verified quotes by at least 20 points and the mean reward, and keeps the
+    accuracy within 3 points (6 of the 200 conversations) of the SFT model's; the several-seed table
+    has one mean ± SD row per stage and one row per seed."""
     out = tmp_path / "seeds"
-    command = [sys.executable, "demo.py", "--out", str(out), "--seeds", "0", "1", *SHORT]
+    command = [sys.executable, "demo.py", "--out", str(out), "--seeds", "0", "2", *SHORT]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=3000)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     results = json.loads((out / "results.json").read_text())
-    assert list(results) == ["0", "1"]
+    assert list(results) == ["0", "2"]
     for seed, stages in results.items():
         sft, grpo = stages["after SFT"], stages["after GRPO"]
         assert grpo["verified"] >= sft["verified"] + 0.2, (seed, sft, grpo)
@@ -161,5 +163,5 @@ def test_two_shortened_seeds_show_grpo_grounding_its_answers_without_losing_accu
     table = (out / "results.md").read_text()
     assert table.strip() in done.stdout and "ETA" in done.stdout
     assert "| after GRPO | " in table and " ± " in table and table.count("% -> ") == 2 * 3  # 2 seeds, 3 rates
-    for seed in (0, 1):
+    for seed in (0, 2):
         assert json.loads((out / f"seed{seed}" / "results.json").read_text()) == results[str(seed)]
