@@ -138,15 +138,16 @@ def test_shortened_demo_runs_end_to_end_and_reruns_the_same(tmp_path):
     assert (out / "training_curves.png").stat().st_size > 0
 
 
-# A shortened demo that still learns: the full SFT (on 800 rows it learns the format but not to copy the
-# cue: 23.5% accuracy, 1% verified quotes, measured), a third of the GRPO updates, 200 held-out
-# conversations (the full demo: 30 updates, 1,000 conversations; README, the demo).
-SHORT = ["--heldout", "200", "--grpo", "updates=10"]
+# The demo shortened only in its evaluation (200 held-out conversations instead of 1,000): shorter
+# training did not show GRPO's direction (measured: SFT on 800 rows learned the format but not to copy
+# the cue, 23.5% accuracy; after 10 of the 30 GRPO updates seed 0 stood 3.5 points below its SFT model,
+# on the way to 0.5 above it at update 30). It is the slowest test: two whole demo trainings.
+SHORT = ["--heldout", "200"]
 
 
-def test_two_shortened_seeds_show_grpo_grounding_its_answers_without_losing_accuracy(tmp_path):
-    """`--seeds 0 2` on a shortened demo (seed 2 had the weakest SFT model of issue 28's four): for each
-    seed, GRPO raises the verified quotes by at least 20 points and the mean reward, and keeps the
+def test_two_seeds_show_grpo_grounding_its_answers_without_losing_accuracy(tmp_path):
+    """`--seeds 0 2` on the demo with a shorter evaluation (seed 2 had the weakest SFT model of issue
+    28's four): for each seed, GRPO raises the verified quotes by at least 20 points and the mean reward, and keeps the
     accuracy within 3 points (6 of the 200 conversations) of the SFT model's; the several-seed table
     has one mean ± SD row per stage and one row per seed."""
     out = tmp_path / "seeds"
