@@ -147,9 +147,9 @@ SHORT = ["--heldout", "200"]
 
 def test_two_seeds_show_grpo_grounding_its_answers_without_losing_accuracy(tmp_path):
     """`--seeds 0 2` on the demo with a shorter evaluation (seed 2 had the weakest SFT model of issue
-    28's four): for each seed, GRPO raises the verified quotes by at least 20 points and the mean reward, and keeps the
-    accuracy within 3 points (6 of the 200 conversations) of the SFT model's; the several-seed table
-    has one mean ± SD row per stage and one row per seed."""
+    28's four): for each seed, GRPO raises the verified quotes by at least 20 points and the mean
+    reward, and keeps the accuracy within 3 points (6 of the 200 conversations) of the SFT model's; the
+    several-seed table has one mean ± SD row per stage and one row per seed."""
     out = tmp_path / "seeds"
     command = [sys.executable, "demo.py", "--out", str(out), "--seeds", "0", "2", *SHORT]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=3000)
