@@ -1,7 +1,8 @@
 """The CPU demo: the whole two-stage method on a toy task, on a laptop, in minutes, with nothing from
 outside (no download, no GPU, no API key).
 
-    python demo.py [--out runs/demo] [--seed 0]
+    python demo.py [--out runs/demo] [--seed 0]      # one run
+    python demo.py --seeds 0 1 2 3 4                # one run per seed, then mean ± SD of every column
 
 The toy task (data.py's `toy_emotion`, a compact prompt). Short conversations between two or three
 people, in English and in Chinese. Early on, the target speaker says something that carries an emotion
@@ -234,7 +235,7 @@ class DemoData:
     seed: int = 0
     train: int = 2400  # conversations: SFT rows (with their traces) and the RL prompts
     tagged: float = 0.5  # the share of SFT traces that mark their quotations as evidence
-    heldout: int = 200  # conversations for the evaluation, none of them in `train`
+    heldout: int = 1000  # conversations for the evaluation, none of them in `train`
     vocab_size: int = 2048  # the BPE's target (the toy text has fewer distinct words: it stops short)
     model: ModelSize = dataclasses.field(default_factory=ModelSize)
 
@@ -343,10 +344,11 @@ def stage_settings(out: Path, seed: int) -> dict[str, list[str]]:
 STAGES = (("random init", "base", None), ("after SFT", "sft/merged", "sft"), ("after GRPO", "grpo/merged", "grpo"))
 
 
-def run(out: Path, spec: DemoData, settings: dict[str, list[str]], rl) -> None:
+def run(out: Path, spec: DemoData, settings: dict[str, list[str]], rl) -> dict[str, dict]:
     """Build (or reuse) the toy data and model, then evaluate the random model, run SFT and evaluate,
-    run GRPO and evaluate, against one local judge server; write the table and the curves. `rl` is
-    the resolved GRPO config, whose reward and judge settings the evaluation uses."""
+    run GRPO and evaluate, against one local judge server; write the table and the curves, and return
+    the stages' means. `rl` is the resolved GRPO config, whose reward and judge settings the evaluation
+    uses."""
     from dataset import load_jsonl
     from evaluate import PlotUnavailable, plot_training_curves
     from judge_server import JudgeServer, rules_backend
@@ -382,12 +384,61 @@ def run(out: Path, spec: DemoData, settings: dict[str, list[str]], rl) -> None:
     print(f"\nheld-out toy conversations ({len(heldout)}, none seen in training; chance accuracy 25%):\n{table}\n"
           f"\nwritten: {out / 'results.md'}, {out / 'results.json'}{figure}"
           f"\ndemo done in {time.perf_counter() - start:.0f}s")
+    return results
+
+
+def seeds_table(per_seed: dict[int, dict[str, dict]]) -> str:
+    """The several-seed Markdown tables: each stage's columns as mean ± sample SD over the seeds
+    (evaluate.mean_sd), then one row per seed with each column after SFT -> after GRPO."""
+    from evaluate import mean_sd
+
+    def cell(key: str, value: float) -> str:
+        return f"{value:.3f}" if key == "reward" else f"{100 * value:.1f}%"
+
+    def stat(key: str, values: list[float]) -> str:
+        m = mean_sd(values)
+        scale, digits, unit = (1, 3, "") if key == "reward" else (100, 1, "%")
+        sd = "" if m["sd"] is None else f" ± {scale * m['sd']:.{digits}f}"
+        return f"{scale * m['mean']:.{digits}f}{sd}{unit}"
+
+    seeds, stages = sorted(per_seed), list(per_seed[min(per_seed)])
+    lines = [f"| model ({len(seeds)} seeds) | " + " | ".join(title for _, title in COLUMNS) + " |",
+             "|---" * (len(COLUMNS) + 1) + "|"]
+    lines += [f"| {stage} | " + " | ".join(stat(key, [per_seed[s][stage][key] for s in seeds]) for key, _ in COLUMNS)
+              + " |" for stage in stages]
+    lines += ["", "| seed | " + " | ".join(f"{title}, SFT -> GRPO" for _, title in COLUMNS) + " |",
+              "|---" * (len(COLUMNS) + 1) + "|"]
+    lines += [f"| {s} | " + " | ".join(f"{cell(key, per_seed[s]['after SFT'][key])} -> "
+                                       f"{cell(key, per_seed[s]['after GRPO'][key])}" for key, _ in COLUMNS) + " |"
+              for s in seeds]
+    return "\n".join(lines)
+
+
+def run_seeds(out: Path, specs: list[DemoData], settings: list[dict[str, list[str]]], configs: list) -> None:
+    """`run` once per seed, each into out/seed<N>, with an ETA after each; then the mean ± SD table,
+    written to out/results.md and out/results.json (every seed's means)."""
+    start, per_seed = time.perf_counter(), {}
+    for i, (spec, setting, rl) in enumerate(zip(specs, settings, configs)):
+        print(f"\n=== seed {spec.seed} ({i + 1} of {len(specs)}) ===", flush=True)
+        per_seed[spec.seed] = run(out / f"seed{spec.seed}", spec, setting, rl)
+        elapsed = time.perf_counter() - start
+        left = elapsed / (i + 1) * (len(specs) - i - 1)
+        print(f"=== {i + 1} of {len(specs)} seeds done in {elapsed / 60:.1f} min"
+              + (f", ETA {left / 60:.1f} min more ===" if left else " ==="), flush=True)
+    table = seeds_table(per_seed)
+    atomic_write_text(out / "results.md", table + "\n")
+    atomic_write_text(out / "results.json", json.dumps(per_seed, indent=1) + "\n")
+    print(f"\nheld-out toy conversations ({specs[0].heldout} per seed), seeds {' '.join(str(s) for s in per_seed)}:\n"
+          f"{table}\n\nwritten: {out / 'results.md'}, {out / 'results.json'}\n"
+          f"all seeds done in {(time.perf_counter() - start) / 60:.1f} min")
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="demo.py", description="SFT then GRPO on a toy task, on the CPU.")
     parser.add_argument("--out", default="runs/demo", help="output folder (default: runs/demo)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the data, the model and both stages")
+    parser.add_argument("--seeds", type=int, nargs="+", metavar="SEED",
+                        help="run the whole demo once per seed, into OUT/seed<N>, and print mean ± SD")
     parser.add_argument("--train", type=int, default=DemoData.train, help="training conversations")
     parser.add_argument("--heldout", type=int, default=DemoData.heldout, help="held-out conversations")
     parser.add_argument("--sft", action="append", default=[], metavar="KEY=VALUE", help="a setting for sft.py")
@@ -402,18 +453,26 @@ def main(argv: list[str] | None = None) -> None:
     from sft import SFTConfig
 
     out = Path(args.out).resolve()
-    settings = stage_settings(out, args.seed)
-    settings = {"sft": settings["sft"] + args.sft, "grpo": settings["grpo"] + args.grpo}
-    resolved = {}
-    for name, schema in (("sft", SFTConfig), ("grpo", GRPOConfig)):  # checked before anything runs
-        try:
-            resolved[name] = load_config(REPO / "configs" / f"demo_{name}.yaml", settings[name], schema)
-        except ConfigError as e:
-            print(f"config error: {name}: {e}", file=sys.stderr)
-            raise SystemExit(2) from None
-    rl = resolved["grpo"]
-    run(out, DemoData(seed=args.seed, train=args.train, heldout=args.heldout), settings, rl)
-
+    seeds = args.seeds or [args.seed]
+    folders = [out / f"seed{seed}" if args.seeds else out for seed in seeds]
+    settings, configs = [], []
+    for seed, folder in zip(seeds, folders):  # every seed's configs are checked before anything runs
+        setting = stage_settings(folder, seed)
+        setting = {"sft": setting["sft"] + args.sft, "grpo": setting["grpo"] + args.grpo}
+        resolved = {}
+        for name, schema in (("sft", SFTConfig), ("grpo", GRPOConfig)):
+            try:
+                resolved[name] = load_config(REPO / "configs" / f"demo_{name}.yaml", setting[name], schema)
+            except ConfigError as e:
+                print(f"config error: {name}: {e}", file=sys.stderr)
+                raise SystemExit(2) from None
+        settings.append(setting)
+        configs.append(resolved["grpo"])
+    specs = [DemoData(seed=seed, train=args.train, heldout=args.heldout) for seed in seeds]
+    if args.seeds:
+        run_seeds(out, specs, settings, configs)
+    else:
+        run(out, specs[0], settings[0], configs[0])
 
 if __name__ == "__main__":
     main()
