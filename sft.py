@@ -60,8 +60,7 @@ from data import THINK_END, THINK_START, DataError, Example, get_task, parse_ans
 from dataset import example_from_json, example_to_json, load_jsonl, read_jsonl, typed_field
 from emollm_data import EmoLLMData, prepare as prepare_emollm_rows
 from evaluate import SamplingConfig, f1_scores, sample_completions
-from judge import (DATA_NOTICE, JudgeCall, JudgeConfig, JudgeError, chat_many, chat_messages, section,
-                   strict_json_object)
+from judge import DATA_NOTICE, JudgeCall, JudgeConfig, JudgeError, chat_many, chat_messages, section, strict_json_object
 from model import (LORA_TARGETS, CheckpointError, Qwen, QwenTokenizer, add_lora, add_special_tokens,
                    load_adapter, load_tokenizer, save_merged, token_logprobs, train_token_rows)
 from train import (StopRequest, Progress, all_reduce_sum, atomic_folder, broadcast_parameters, build_optimizer,
