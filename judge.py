@@ -187,6 +187,7 @@ def post_json(url, body: dict, parse: Callable[[bytes], Any], *, api_key=None, t
     api_key = _checked_key(api_key, "api_key")
     shown = _USERINFO.sub("", url)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    last = ""  # the last error answer's text, shown when the retries run out
     for attempt in range(retries + 1):
         wait = None
         try:
@@ -207,9 +208,9 @@ def post_json(url, body: dict, parse: Callable[[bytes], Any], *, api_key=None, t
                     raise JudgeError(f"{server} at {shown}: HTTP 200 but not {expected}", attempt)
                 return value, attempt
             reason = f"HTTP {response.status_code}"
+            last = " ".join(_scrub(answer[:500].decode("utf-8", "replace"), url, api_key).split())  # one line
             if response.status_code != 429 and response.status_code < 500:
-                raise JudgeError(f"{server} at {shown} refused the request: {reason}: "
-                                 f"{_scrub(answer[:500].decode('utf-8', 'replace'), url, api_key)}", attempt)
+                raise JudgeError(f"{server} at {shown} refused the request: {reason}: {last}", attempt)
             wait = _retry_after(response)
         if attempt == retries:
             break
@@ -219,7 +220,8 @@ def post_json(url, body: dict, parse: Callable[[bytes], Any], *, api_key=None, t
         delay = max(wait or 0.0, _backoff_delay(attempt, backoff, max_wait))  # a Retry-After of 0 is no hurry
         log.warning("%s at %s: %s; retry %d/%d in %.2fs", server, shown, reason, attempt + 1, retries, delay)
         time.sleep(delay)
-    raise JudgeError(f"{server} at {shown}: {reason}, still failing after {retries + 1} attempts", retries)
+    raise JudgeError(f"{server} at {shown}: {reason}, still failing after {retries + 1} attempts"
+                     + (f" (last answer: {last})" if last else ""), retries)
 
 
 def _chat_with_retries(messages, *, base_url, model, api_key, timeout, retries, backoff, max_wait,
