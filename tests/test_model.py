@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 import model as M
+from tokenizer import chatml_template
 
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
@@ -424,7 +425,7 @@ def test_chat_template_rendered_by_jinja_equals_chat(tmp_path):
     for family, template in (("qwen2", QWEN25_TEMPLATE), ("qwen3", ""), ("qwen3_5", "")):
         (tmp_path / family).mkdir()
         tok = write_tokenizer(tmp_path / family, family, template)
-        jinja = env.from_string(M.chatml_template(tok.family, tok.default_system))
+        jinja = env.from_string(chatml_template(tok.family, tok.default_system))
         for messages in CONVERSATIONS:
             for generation in (True, False):
                 for thinking in (None, True, False) if family != "qwen2" else (None,):
@@ -437,7 +438,7 @@ def test_chat_template_rendered_by_jinja_equals_chat(tmp_path):
         (tmp_path / family / "saved").mkdir()
         tok.save(tmp_path / family / "saved")  # what save_merged writes: the template, read back the same way
         saved = json.loads((tmp_path / family / "saved" / "tokenizer_config.json").read_text())
-        assert saved["chat_template"] == M.chatml_template(tok.family, tok.default_system)
+        assert saved["chat_template"] == chatml_template(tok.family, tok.default_system)
         assert saved["eos_token"] == "<|im_end|>"
         (tmp_path / family / "saved" / "config.json").write_text(json.dumps({"model_type": family}))
         again = M.load_tokenizer(tmp_path / family / "saved")
