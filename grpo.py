@@ -53,6 +53,7 @@ from model import (LORA_TARGETS, Qwen, add_lora, add_special_tokens, generate, l
 from train import (Dist, Progress, StopRequest, all_reduce_sum, broadcast_parameters, build_optimizer,
                    latest_checkpoint, load_checkpoint, optimizer_parameters, restore_optimizer, save_checkpoint,
                    set_lr, setup_distributed, sync_gradients, trim_log, warmup_hold_cosine)
+from vllm_engine import EngineError, VLLMSettings, guarded, start_engine, stop_run, truncated_is_weights
 
 # ----------------------------------------------------------------------------- config
 # CLUE's Table 5 (LoRA, LR peak, rollout length, beta) was lost in extraction: those defaults are ours.
@@ -85,6 +86,8 @@ class RolloutSettings:  # paper A.2: temperature 1, top-p 1, no top-k, repetitio
     top_k: int = 0
     repetition_penalty: float = 1.0
     enable_thinking: bool | None = None  # None: the chat template's default (Qwen3 / 3.5 think)
+    engine: Literal["local", "vllm"] = "local"  # vllm: sampled by the server in `vllm` (vllm_engine.py), LoRA synced
+    vllm: VLLMSettings = field(default_factory=VLLMSettings)
 
 
 @dataclass
@@ -103,6 +106,7 @@ class LossSettings:
     passes: int = 1  # optimizer steps per rollout batch
     micro_batch_size: int = 8  # sequences per forward/backward (memory only: the gradient is the same)
     adv_eps: float = 1e-6
+    tis_cap: float | None = None  # C of the truncated importance-sampling correction (vllm_engine); None: off
 
 
 @dataclass
@@ -150,7 +154,7 @@ def group_advantages(rewards, group_size: int, eps: float = 1e-6) -> torch.Tenso
 
 
 def grpo_loss(logp, logp_old, logp_ref, advantages, mask, clip_low=0.2, clip_high=0.2, beta=0.04,
-              agg="seq-mean-token-mean", *, normalizer=None, row_weight=None):
+              agg="seq-mean-token-mean", *, normalizer=None, row_weight=None, is_weight=None):
     """The clipped GRPO objective with a k3 KL penalty, as a loss to minimize.
 
     logp, logp_old, logp_ref: [B, T] log-probabilities of the sampled tokens under the policy being
@@ -164,7 +168,9 @@ def grpo_loss(logp, logp_old, logp_ref, advantages, mask, clip_low=0.2, clip_hig
     the count of the whole update, so the pieces' gradients add up to the gradient of the whole. With
     `row_weight` [B] (seq-mean-token-mean only), row b counts as row_weight[b] of a completion: its token
     mean is scaled by it and the count is their sum. A completion split over several rows gives each row its
-    share of the completion's tokens, so the completion counts once, as the mean over all its tokens.
+    share of the completion's tokens, so the completion counts once, as the mean over all its tokens. `is_weight`
+    [B, T] multiplies each token's clipped surrogate (not its KL): the truncated importance-sampling correction
+    w = min(pi_old / pi_sampler, C) for rollouts from another engine (vllm_engine.truncated_is_weights).
 
     stats (detached sums over the masked tokens, to be added over pieces): tokens, kl,
     clip_low (tokens with rho < 1 - clip_low and A < 0), clip_high (rho > 1 + clip_high and A > 0)."""
@@ -172,6 +178,7 @@ def grpo_loss(logp, logp_old, logp_ref, advantages, mask, clip_low=0.2, clip_hig
     ratio = torch.exp(logp - logp_old)
     adv = advantages.to(logp.dtype)[:, None]
     per_token = -torch.minimum(ratio * adv, ratio.clamp(1 - clip_low, 1 + clip_high) * adv)
+    per_token = per_token * (1 if is_weight is None else is_weight)
     kl = torch.zeros_like(logp)
     if beta != 0:
         d = (logp_ref - logp).clamp(-20, 20)
@@ -240,17 +247,21 @@ class PromptSource:
 
 
 def sample_groups(policy: Qwen, tok, examples: list[data.Example], cfg: GRPOConfig, update: int,
-                  seed: int) -> list[Group]:
-    """Step 1: K completions of each example in one batched `generate` call, parsed into Rollouts."""
+                  seed: int, engine=None) -> list[Group]:
+    """Step 1: K completions of each example in one batched `generate` call (or one request per example to the
+    vLLM `engine`: prompt ids in, token ids and the sampler's log-probs back), parsed into Rollouts."""
     rollout = cfg.rollout
     eos = set(tok.eos_token_ids)
     prompts = [tok.chat_ids(data.get_task(e.task).messages(e), enable_thinking=rollout.enable_thinking)
                for e in examples]
     policy.eval()
-    new, logp = generate(policy, [p for p in prompts for _ in range(rollout.group_size)], rollout.max_new_tokens,
-                         temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k,
-                         repetition_penalty=rollout.repetition_penalty, eos_token_ids=tok.eos_token_ids, seed=seed,
-                         return_logprobs=True)
+    if engine is not None:
+        new, logp = engine.generate(prompts, rollout.group_size, rollout, seed, tok.eos_token_ids)
+    else:
+        new, logp = generate(policy, [p for p in prompts for _ in range(rollout.group_size)], rollout.max_new_tokens,
+                             temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k,
+                             repetition_penalty=rollout.repetition_penalty, eos_token_ids=tok.eos_token_ids,
+                             seed=seed, return_logprobs=True)
     groups = []
     for g, (example, prompt) in enumerate(zip(examples, prompts)):
         rows = range(g * rollout.group_size, (g + 1) * rollout.group_size)
@@ -271,10 +282,11 @@ class PromptSampler:
     curriculum's segments, K completions per prompt (`sample_groups`), the judges the reward needs
     (`rewards.judge_rollouts`)."""
 
-    def __init__(self, policy: Qwen, tok, cfg: GRPOConfig):
+    def __init__(self, policy: Qwen, tok, cfg: GRPOConfig, engine=None):
         self.policy = policy
         self.tok = tok
         self.cfg = cfg
+        self.engine = engine  # vllm_engine.VLLMEngine for `rollout.engine: vllm`
 
     def segments(self, examples: list[data.Example]) -> list[dataset.Segment]:
         return dataset.curriculum(examples, self.cfg.curriculum)
@@ -283,15 +295,16 @@ class PromptSampler:
         return slots  # every slot is a prompt to sample
 
     def sample(self, examples: list[data.Example], update: int, seed: int, counts: dict) -> list[Group]:
-        return sample_groups(self.policy, self.tok, examples, self.cfg, update, seed)
+        return sample_groups(self.policy, self.tok, examples, self.cfg, update, seed, self.engine)
 
     def judge(self, groups: list[Group]) -> dict:
         return rewards.judge_rollouts([r for g in groups for r in g.rollouts], self.cfg.reward, self.cfg.judge)
 
 
-def sampler_for(cfg: GRPOConfig, policy: Qwen, tok):
+def sampler_for(cfg: GRPOConfig, policy: Qwen, tok, engine=None):
     """The run's sampler, chosen once: role-played dialogues when the config has a `dialogue:` section."""
-    return (PromptSampler if cfg.dialogue is None else dialogue.DialogueSampler)(policy, tok, cfg)
+    return PromptSampler(policy, tok, cfg, engine) if cfg.dialogue is None else \
+        dialogue.DialogueSampler(policy, tok, cfg)
 
 
 def sample_slots(sampler, slots: list[Slot], update: int, seed: int, counts: dict) -> None:
@@ -474,7 +487,7 @@ def accumulate_loss(policy: Qwen, batches: list[MicroBatch], old: list, refs: li
     temperature = cfg.rollout.temperature
     loss_sum = torch.zeros((), device=dist.device)
     for i, b in enumerate(batches):
-        if old[i] is None:
+        if old[i] is None:  # the sampler mismatch: |logp_old - the sampler's log-probs| (vLLM's with engine vllm)
             logp, entropy = token_logprobs(policy, b.ids, b.mask, temperature, entropy=True)
             old[i] = logp.detach()
             gap = (old[i] - b.sampler_logp).abs()[b.mask]
@@ -484,7 +497,8 @@ def accumulate_loss(policy: Qwen, batches: list[MicroBatch], old: list, refs: li
         else:
             logp = token_logprobs(policy, b.ids, b.mask, temperature)
         loss, stats = grpo_loss(logp, old[i], refs[i], b.advantages, b.mask, loss_cfg.clip_low, loss_cfg.clip_high,
-                                loss_cfg.beta, loss_cfg.agg, normalizer=normalizer, row_weight=b.row_weight)
+                                loss_cfg.beta, loss_cfg.agg, normalizer=normalizer, row_weight=b.row_weight,
+                                is_weight=truncated_is_weights(old[i], b.sampler_logp, loss_cfg.tis_cap))
         loss.backward()
         loss_sum += loss.detach()
         for key, value in stats.items():
@@ -645,6 +659,10 @@ def check_inputs(cfg: GRPOConfig, config_path: str) -> list[data.Example] | list
             raise bad(key, f"must be at least {low}, got {value}")
     if not rollout.temperature > 0:
         raise bad("rollout.temperature", f"must be > 0 (log-probabilities are taken at it), got {rollout.temperature}")
+    if loss.tis_cap is not None and not loss.tis_cap >= 1:
+        raise bad("loss.tis_cap", f"must be at least 1 (or null: no correction), got {loss.tis_cap}")
+    if rollout.engine == "vllm" and dialogue_cfg:
+        raise bad("rollout.engine", "vllm samples single-turn prompts; dialogue runs sample with 'local'")
     for key, folder, needed in (("model.path", cfg.model.path, "config.json"),
                                 ("model.sft_adapter", cfg.model.sft_adapter, "adapter_config.json")):
         if folder is not None and not (Path(folder) / needed).is_file():
@@ -716,23 +734,30 @@ def train(cfg: GRPOConfig, examples: list[data.Example]) -> None:
     for name in ("metrics.jsonl", "completions.jsonl"):
         trim_log(out / name, start, dist)
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_ids[0]
+    sampler.engine = start_engine(cfg.rollout, policy, tok, out, start, dist)  # None: local rollouts
     progress = Progress(cfg.updates, first_step=start)
     with MetricsWriter(out / "metrics.jsonl") as metrics_log, \
             MetricsWriter(out / "completions.jsonl") as completions_log, StopRequest() as stop:
         for update in range(start, cfg.updates):
             lr = lr_at(update, cfg.optim, cfg.updates)
             set_lr(optimizer, lr)
+            cursor = source.cursor
             drawn = source.take(cfg.rollout.prompts_per_update)
             slots = [Slot(i, example, segment) for i, (example, segment) in enumerate(drawn)
                      if i % dist.world_size == dist.rank]  # this rank's share of the update's prompts
             # 1-3. sample, score, filter (collect_groups: the three steps, again for the slots filtering sends back)
-            groups, counts = collect_groups(sampler, source, slots, cfg, update, dist)
+            try:
+                groups, counts = guarded(dist, collect_groups, sampler, source, slots, cfg, update, dist)
+            except EngineError as e:  # nothing of this update is trained: the checkpoint holds the state before it
+                stop_run(e, out, update, policy, optimizer, cursor, cfg.keep_checkpoints)
             # 4. advantages
             advantages = advantages_by_group(groups, cfg.loss.adv_eps)
             batches = micro_batches(training_sequences(groups, advantages), cfg.loss.micro_batch_size, pad_id,
                                     dist.device)
             # 5-6. loss and step, `loss.passes` times (policy_update: accumulate_loss, then optimizer_step)
             trained = timed(counts, "train_s", policy_update, policy, optimizer, batches, cfg, dist)
+            if sampler.engine is not None:  # the next update samples from the adapter just trained (or it stops)
+                sampler.engine.sync(policy, update + 1, dist, (out, optimizer, source.cursor, cfg.keep_checkpoints))
             reports = gather_json(rank_report(groups, counts, trained), dist)
             metrics = update_metrics(reports, update + 1, lr, cfg.loss.beta)
             records = gather_json(completion_records(groups, advantages, tok, update + 1)
@@ -763,12 +788,11 @@ def train(cfg: GRPOConfig, examples: list[data.Example]) -> None:
 def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     cfg = parse_cli(GRPOConfig, argv)
-    try:
-        examples = check_inputs(cfg, argv[0])
-    except (ConfigError, data.DataError) as e:
+    try:  # an EngineError reaches here at start-up: the server is down, serves other weights or refuses our adapter
+        train(cfg, check_inputs(cfg, argv[0]))
+    except (ConfigError, data.DataError, EngineError) as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
-    train(cfg, examples)
 
 
 if __name__ == "__main__":

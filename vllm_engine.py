@@ -27,7 +27,9 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,8 +37,10 @@ from pathlib import Path
 import requests
 import torch
 
+from config import print0
 from judge import JudgeError, post_json
 from model import Qwen, lora_disabled, save_adapter, token_logprobs
+from train import Dist, all_reduce_sum, save_checkpoint
 
 log = logging.getLogger("vllm_engine")
 
@@ -64,13 +68,15 @@ class EngineError(RuntimeError):
     """The rollout server cannot be used: one line, naming the URL."""
 
 
-def truncated_is_weights(logp_old: torch.Tensor, logp_sampler: torch.Tensor, cap: float) -> torch.Tensor:
+def truncated_is_weights(logp_old: torch.Tensor, logp_sampler: torch.Tensor, cap: float | None) -> torch.Tensor | None:
     """Per-token truncated importance-sampling weights for tokens drawn by a sampler that is not quite the trainer's
     policy (another engine's kernels and precision):
         w_t = min(pi_old(y_t) / pi_sampler(y_t), C) = exp(min(logp_old_t - logp_sampler_t, log C)),
     pi_old being the trainer's policy before the update (the log-probs it computed itself) and C = `cap`. The
     clipped surrogate of each token is multiplied by w_t (the KL term is not); w_t carries no gradient. Tokens the
-    sampler over-weights get w < 1; under-weighted ones up to C, which bounds the variance."""
+    sampler over-weights get w < 1; under-weighted ones up to C, which bounds the variance. No cap: None (off)."""
+    if cap is None:
+        return None
     return torch.exp(torch.clamp(logp_old - logp_sampler, max=math.log(cap))).detach()
 
 
@@ -106,14 +112,14 @@ class VLLMEngine:
                 "skip_special_tokens": False}
         return self._post("/completions", body, lambda raw: _choices(raw, n, set(eos)), retries)
 
-    def generate(self, prompts: list[list[int]], k: int, ro, seed: int, eos: list[int]) -> tuple[list, list, list]:
+    def generate(self, prompts: list[list[int]], k: int, ro, seed: int, eos: list[int]) -> tuple[list, list]:
         """K completions of each prompt, flattened group after group as model.generate returns repeated prompts:
-        (tokens, log-probs, truncated). Any group that still fails after its retries raises EngineError: a caller
-        never sees part of an update's rollouts."""
+        (tokens, log-probs). One request per group (the server's prefix cache shares its prompt), `concurrency` in
+        flight. A group that still fails after its retries raises EngineError: no caller sees part of a batch."""
         with ThreadPoolExecutor(max_workers=max(1, min(self.s.concurrency, len(prompts)))) as pool:
             groups = list(pool.map(lambda g: self.request(prompts[g], k, ro, seed + g, eos), range(len(prompts))))
         rows = [row for group in groups for row in group]
-        return [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]
+        return [r[0] for r in rows], [r[1] for r in rows]
 
     def probe(self, policy: Qwen, tok, ro) -> float:
         """Check that the server serves the trainer's base weights: it samples `probe_tokens` tokens of a fixed
@@ -135,27 +141,80 @@ class VLLMEngine:
                               f"SFT-merged checkpoint when model.sft_adapter is set)")
         return gap
 
-    def sync(self, policy: Qwen, update: int, main: bool, all_reduce_sum) -> None:
+    def sync(self, policy: Qwen, update: int, dist: Dist, stop=None) -> None:
         """Serve the policy's current LoRA: rank 0 writes it, has the server load it as `<name>-<update>` and
         unload the previous one; every rank then samples from the new name. A refusal raises EngineError with the
-        server's message on every rank (`all_reduce_sum` carries rank 0's verdict)."""
-        name, error = f"{self.name}-{update}", ""
-        if main:
+        server's message on every rank; mid-run, `stop` = (out, optimizer, cursor, keep) instead saves a checkpoint
+        after `update` updates and exits (`stop_run`)."""
+        name, error = f"{self.name}-{update}", None
+        if dist.main:
             path = (self.root / name).resolve()
             save_adapter(policy, path)
             try:
                 self._post("/load_lora_adapter", {"lora_name": name, "lora_path": str(path)}, _any_answer)
             except EngineError as e:
                 error = f"vLLM did not load the adapter {path}: {e}"
-            if not error and self.adapter is not None:
+            if error is None and self.adapter is not None:
                 try:
                     self._post("/unload_lora_adapter", {"lora_name": self.adapter}, _any_answer)
                 except EngineError as e:  # a leaked adapter costs server memory, not correctness
                     log.warning("vLLM did not unload %s: %s", self.adapter, e)
                 shutil.rmtree(self.root / self.adapter, ignore_errors=True)
-        if all_reduce_sum(torch.tensor(float(bool(error)), device=policy.device)).item():
-            raise EngineError(error or "rank 0 could not load the adapter into vLLM (its log says why)")
+        try:
+            agree(error, dist)
+        except EngineError as e:
+            if stop is None:
+                raise
+            out, optimizer, cursor, keep = stop
+            stop_run(e, out, update, policy, optimizer, cursor, keep)
         self.adapter = name
+
+
+def agree(error: str | None, dist: Dist) -> None:
+    """Raise EngineError on every rank when any rank met one (`error`: this rank's message, or None)."""
+    if all_reduce_sum(torch.tensor(float(error is not None), device=dist.device)).item():
+        raise EngineError(error or "another rank's vLLM requests failed (its message is above)")
+
+
+def guarded(dist: Dist, step, *args):
+    """`step(*args)`, with an EngineError raised on one rank raised on all of them, so that no rank trains on an
+    update whose rollouts are incomplete somewhere."""
+    try:
+        result, error = step(*args), None
+    except EngineError as e:
+        result, error = None, str(e)
+    agree(error, dist)
+    return result
+
+
+def stop_run(error: EngineError, out: Path, done: int, policy: Qwen, optimizer, cursor, keep: int) -> None:
+    """grpo.py's stop when the server fails for good mid-run: the state after `done` updates (before the update
+    whose rollouts failed, or after the one whose adapter was refused) saved as a checkpoint, exit status 1."""
+    save_checkpoint(out, done, policy, optimizer, {"update": done, "cursor": list(cursor)}, keep=keep)
+    print0(f"error: {error}\nstopped after update {done}: the vLLM server failed; checkpoint saved, the same "
+           f"command resumes from {out}", file=sys.stderr)
+    raise SystemExit(1)
+
+
+def start_engine(rollout, policy: Qwen, tok, out: Path, update: int, dist: Dist) -> VLLMEngine | None:
+    """The run's engine for `rollout.engine: vllm` (None for local): rank 0 probes the server's base weights,
+    then the policy's adapter (zero before the first step, a checkpoint's on resume) is loaded for `update`.
+    Adapters are named after the output folder and written to rollout.vllm.adapter_dir (default out/vllm)."""
+    if rollout.engine != "vllm":
+        return None
+    settings = rollout.vllm
+    name = f"rl-{zlib.crc32(str(out.resolve()).encode()):08x}"
+    engine = VLLMEngine(settings, name, Path(settings.adapter_dir) if settings.adapter_dir else out / "vllm")
+    error = None
+    if dist.main:
+        try:
+            gap = engine.probe(policy, tok, rollout)
+            print0(f"vLLM at {settings.base_url} serves the base weights (probe: mean |log-prob gap| {gap:.2g})")
+        except EngineError as e:
+            error = str(e)
+    agree(error, dist)
+    engine.sync(policy, update, dist)
+    return engine
 
 
 def _any_answer(raw: bytes) -> str:
