@@ -2,8 +2,8 @@
 (or `python grpo.py config.yaml` for one process).
 
 One update (`train`, in this order):
-  1. sample   P prompts from the current curriculum segment, K completions each (`model.generate`,
-              identical prompts prefilled once), parsed into `rewards.Rollout`s (`sample_groups`);
+  1. sample   P prompts from the current curriculum segment, K completions each (`model.generate`, or a vLLM
+              server with `rollout.engine: vllm`: vllm_engine.py), parsed into `rewards.Rollout`s (`sample_groups`);
   2. score    the judges the reward needs (`rewards.judge_rollouts`, all calls concurrent), then the
               configured reward R_i (`rewards.score`) and the parts its registration declares (`score_groups`);
   3. filter   (CLUE) a group whose K rewards are all equal or that has a None (missing judge

@@ -103,14 +103,15 @@ class VLLMEngine:
             raise EngineError(str(e)) from None
 
     def request(self, prompt: list[int], n: int, ro, seed: int, eos: list[int], max_tokens: int | None = None,
-                retries: int | None = None) -> list[tuple[list[int], list[float], bool]]:
-        """n completions of one prompt: (token ids ending with EOS unless truncated, their log-probs, truncated)."""
+                retries: int | None = None) -> list[tuple[list[int], list[float]]]:
+        """n completions of one prompt: (token ids, ending with the EOS id unless cut at max_tokens; their
+        log-probabilities under the distribution sampled from)."""
         body = {"model": self.adapter or self.s.model, "prompt": prompt, "n": n,
                 "max_tokens": max_tokens or ro.max_new_tokens, "temperature": ro.temperature, "top_p": ro.top_p,
                 "top_k": ro.top_k or -1, "repetition_penalty": ro.repetition_penalty, "seed": seed,
                 "stop_token_ids": list(eos), "logprobs": 0, "return_tokens_as_token_ids": True,
                 "skip_special_tokens": False}
-        return self._post("/completions", body, lambda raw: _choices(raw, n, set(eos)), retries)
+        return self._post("/completions", body, lambda raw: _choices(raw, n), retries)
 
     def generate(self, prompts: list[list[int]], k: int, ro, seed: int, eos: list[int]) -> tuple[list, list]:
         """K completions of each prompt, flattened group after group as model.generate returns repeated prompts:
@@ -127,7 +128,7 @@ class VLLMEngine:
         above `probe_tolerance` is an EngineError. A server that does not answer is one too. Returns the gap."""
         prompt = tok.chat_ids([{"role": "user", "content": PROBE}], enable_thinking=ro.enable_thinking)
         try:
-            [(tokens, theirs, _)] = self.request(prompt, 1, ro, 0, tok.eos_token_ids, self.s.probe_tokens, retries=0)
+            [(tokens, theirs)] = self.request(prompt, 1, ro, 0, tok.eos_token_ids, self.s.probe_tokens, retries=0)
         except EngineError as e:
             raise EngineError(f"rollout.vllm.base_url: no usable vLLM server at {self.s.base_url} ({e})") from None
         ids = torch.tensor([prompt + tokens], device=policy.device)
@@ -151,7 +152,8 @@ class VLLMEngine:
             path = (self.root / name).resolve()
             save_adapter(policy, path)
             try:
-                self._post("/load_lora_adapter", {"lora_name": name, "lora_path": str(path)}, _any_answer)
+                body = {"lora_name": name, "lora_path": str(path), "load_inplace": True}  # a resumed run's may be there
+                self._post("/load_lora_adapter", body, _any_answer)
             except EngineError as e:
                 error = f"vLLM did not load the adapter {path}: {e}"
             if error is None and self.adapter is not None:
@@ -221,7 +223,7 @@ def _any_answer(raw: bytes) -> str:
     return raw.decode("utf-8", "replace")
 
 
-def _choices(raw: bytes, n: int, eos: set[int]) -> list[tuple[list[int], list[float], bool]] | None:
+def _choices(raw: bytes, n: int) -> list[tuple[list[int], list[float]]] | None:
     """A /completions answer's n choices, in index order; None when it is not one."""
     try:
         choices = sorted(json.loads(raw)["choices"], key=lambda c: c["index"])
@@ -231,7 +233,7 @@ def _choices(raw: bytes, n: int, eos: set[int]) -> list[tuple[list[int], list[fl
             logps = [float(v) for v in c["logprobs"]["token_logprobs"]]
             if len(tokens) != len(logps):
                 return None
-            out.append((tokens, logps, not tokens or tokens[-1] not in eos))
+            out.append((tokens, logps))
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
         return None
     return out if len(out) == n else None

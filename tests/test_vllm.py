@@ -25,7 +25,7 @@ import demo
 import evaluate as ev
 import model as M
 from judge import JudgeConfig, chat_many, iu_request
-from train import Dist
+from train import Dist, checkpoint_path
 from verifier import EVIDENCE_CLOSE, EVIDENCE_OPEN
 from vllm_engine import EngineError, VLLMEngine, VLLMServer, VLLMSettings, free_port
 
@@ -216,7 +216,7 @@ def grpo_config(tmp_path: Path, model_path: Path, train_data: Path, base_url: st
            "reward": {"name": "evidence_format"}, "lora": {"rank": 4, "alpha": 8},
            "rollout": {"prompts_per_update": 2, "group_size": 4, "max_new_tokens": 16, "engine": "vllm",
                        "vllm": {"base_url": base_url, "model": "policy", "retries": 1, "backoff": 0.1}} | rollout,
-           "filtering": {"resamples": 1, "replacements": 1}, "loss": {"micro_batch_size": 4, "beta": 0.1},
+           "filtering": {"enabled": False}, "loss": {"micro_batch_size": 4, "beta": 0.1},
            "optim": {"lr": 5e-2, "warmup_updates": 1, "hold_until": 100}, "save_every": 100}
     tmp_path.mkdir(parents=True, exist_ok=True)
     (tmp_path / "run.yaml").write_text(json.dumps(cfg))  # JSON is YAML
@@ -243,8 +243,8 @@ def test_grpo_with_vllm_rollouts_writes_every_output_and_trains(served, tmp_path
     assert [m["step"] for m in metrics] == [1, 2, 3]
     assert all(m["logp_mismatch/max"] is None or m["logp_mismatch/max"] < TOL for m in metrics)  # vLLM's = ours
     assert any(m["grad_norm"] > 0 for m in metrics) and len(read_jsonl(run / "completions.jsonl")) >= 3 * 2 * 4
-    for name in ("config.yaml", "ckpt-3/state.json", "adapter/adapter_model.safetensors"):
-        assert (run / name).is_file(), name
+    for path in (run / "config.yaml", checkpoint_path(run, 3) / "state.json", run / "adapter" / "adapter_config.json"):
+        assert path.is_file(), path
     trained = M.load_adapter(M.Qwen.from_pretrained(served.checkpoint), run / "adapter")
     assert any(p.abs().max() > 0 for n, p in trained.named_parameters() if "lora_B" in n)  # B starts at zero
     served_models = [m["id"] for m in requests.get(served.url + "/models", timeout=30).json()["data"]]
@@ -293,8 +293,8 @@ class FlakyProxy:
 
 
 def test_a_server_failing_mid_run_stops_with_a_checkpoint_and_the_run_resumes(served, tmp_path):
-    """The probe is /completions request 1 and update 1 sends 2 (one per prompt): from request 4 on the server
-    fails, so update 2 never gets its rollouts. The run retries, saves ckpt-1 (the state before update 2) and exits
+    """The probe is /completions request 1 and update 1 sends 2 (one per prompt, filtering off): from request 4 on
+    the server fails, so update 2 never gets its rollouts. The run retries, saves ckpt-1 (the state before update 2) and exits
     1 with a clear message; rerun against a healthy server, it resumes and finishes."""
     proxy = FlakyProxy(served.url, fail_from=4)
     try:
@@ -305,7 +305,7 @@ def test_a_server_failing_mid_run_stops_with_a_checkpoint_and_the_run_resumes(se
         assert f"vLLM at {proxy.url}/completions: HTTP 503, still failing after 2 attempts" in failed.stderr
         run = tmp_path / "run"
         assert [m["step"] for m in read_jsonl(run / "metrics.jsonl")] == [1]  # nothing of update 2 was trained
-        state = json.loads((run / "ckpt-1" / "state.json").read_text())
+        state = json.loads((checkpoint_path(run, 1) / "state.json").read_text())
         assert state["trainer"]["update"] == 1 and state["trainer"]["cursor"] == [0, 2]  # update 2's prompts again
         proxy.failing = False
         resumed = run_grpo(config)
