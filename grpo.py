@@ -282,11 +282,11 @@ class PromptSampler:
     curriculum's segments, K completions per prompt (`sample_groups`), the judges the reward needs
     (`rewards.judge_rollouts`)."""
 
-    def __init__(self, policy: Qwen, tok, cfg: GRPOConfig, engine=None):
+    def __init__(self, policy: Qwen, tok, cfg: GRPOConfig):
         self.policy = policy
         self.tok = tok
         self.cfg = cfg
-        self.engine = engine  # vllm_engine.VLLMEngine for `rollout.engine: vllm`
+        self.engine = None  # train sets the vllm_engine.VLLMEngine of `rollout.engine: vllm`
 
     def segments(self, examples: list[data.Example]) -> list[dataset.Segment]:
         return dataset.curriculum(examples, self.cfg.curriculum)
@@ -301,10 +301,9 @@ class PromptSampler:
         return rewards.judge_rollouts([r for g in groups for r in g.rollouts], self.cfg.reward, self.cfg.judge)
 
 
-def sampler_for(cfg: GRPOConfig, policy: Qwen, tok, engine=None):
+def sampler_for(cfg: GRPOConfig, policy: Qwen, tok):
     """The run's sampler, chosen once: role-played dialogues when the config has a `dialogue:` section."""
-    return PromptSampler(policy, tok, cfg, engine) if cfg.dialogue is None else \
-        dialogue.DialogueSampler(policy, tok, cfg)
+    return (PromptSampler if cfg.dialogue is None else dialogue.DialogueSampler)(policy, tok, cfg)
 
 
 def sample_slots(sampler, slots: list[Slot], update: int, seed: int, counts: dict) -> None:
