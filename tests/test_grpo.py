@@ -228,7 +228,7 @@ def scripted_filtering(monkeypatch, script, enabled=True):
     source = grpo.PromptSource([dataset.Segment("full", examples[:3]), dataset.Segment("mixed", examples[3:])])
     seen: dict[str, int] = {}
 
-    def fake_sample(policy, tok, batch, cfg, update, seed):
+    def fake_sample(policy, tok, batch, cfg, update, seed, engine=None):
         groups = []
         for example in batch:
             k = seen[example.id] = seen.get(example.id, 0) + 1
