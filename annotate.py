@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import ipaddress
 import itertools
 import json
 import os
@@ -27,9 +28,9 @@ import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import parse_qs, urlparse
+from urllib.parse import parse_qs, urlparse, urlsplit
 
-from config import ConfigError, atomic_write_text, load_config
+from config import ConfigError, atomic_write_text, excerpt, load_config
 from data import DataError, parse_answer, split_blocks, split_completion, task_brief, visible_turns
 from dataset import example_from_json, example_to_json
 from evaluate import (COMMANDS, COMPLETIONS, EVAL_JSON, EvalConfig, EvalError, alignment_f1, load_set, matched_lines,
@@ -38,6 +39,8 @@ from verifier import EVIDENCE_CLOSE, EVIDENCE_OPEN
 
 PAGE = Path(__file__).with_name("annotate.html")
 EXCERPT_CHARS = 600
+MAX_EVENT_BYTES = 1 << 16  # an event is a few hundred bytes; a longer body is refused (413), never parsed in part
+DISCARD_BYTES = 1 << 26  # a refused body up to this size is read and dropped before the answer
 
 # ----------------------------------------------------------------------------- pairs
 
@@ -65,7 +68,8 @@ def make_pairs(run_dirs: list, n: int, seed: int = 0) -> list[dict]:
         name = json.loads((d / EVAL_JSON).read_text(encoding="utf-8"))["name"] if (d / EVAL_JSON).exists() else d.name
         runs.append((name, cfg, {(r["set"], r["id"]): r for r in read_jsonl(d / COMPLETIONS) if r["sample"] == 0}))
     if len({name for name, _, _ in runs}) != 2:
-        raise EvalError(f"pairs: two runs of differently named models expected, got {[name for name, _, _ in runs]}")
+        names = [name for name, _, _ in runs]
+        raise EvalError(f"pairs: two runs of differently named models expected, got {excerpt(names)}")
     rng = random.Random(seed)
     by_set = []
     for s in (s for s in runs[0][1].sets if s.domain is not None):
@@ -134,12 +138,30 @@ class AnnotationServer(ThreadingHTTPServer):
         self.pairs, self.answers, self.seed = pairs, Path(answers), seed
         self.index = {p["id"]: i for i, p in enumerate(pairs)}
         self.lock = threading.Lock()
+        self.host_name = host
         super().__init__((host, port), _Handler)
 
     @property
     def url(self) -> str:
         host, port = self.server_address[:2]
         return f"http://{host}:{port}/"
+
+    def names_me(self, host: str | None) -> bool:
+        """Whether a request's Host header names this server: its port, and an IP address, localhost or the
+        name it was started with. Any other name is DNS rebinding (a site's own name pointed at this
+        machine, which would make that site's requests look same-origin)."""
+        try:
+            url = urlsplit(f"//{host}")
+            if host is None or url.hostname is None or (url.port or 80) != self.server_address[1]:
+                return False
+        except ValueError:  # a port that is not a number
+            return False
+        if url.hostname in ("localhost", self.host_name.lower()):
+            return True
+        try:
+            return ipaddress.ip_address(url.hostname) is not None
+        except ValueError:
+            return False
 
     def order(self, annotator: str, item: str) -> list[str]:
         """The models in display order for this annotator and item: random, and the same on every reload."""
@@ -171,8 +193,9 @@ class AnnotationServer(ThreadingHTTPServer):
     def record(self, event: dict) -> dict:
         """Check one click, append it to the answers file (flushed and synced), return the item's new view."""
         annotator, item, kind = event.get("annotator"), event.get("item"), event.get("kind")
-        if not isinstance(annotator, str) or not 0 < len(annotator.strip()) <= 64 or item not in self.index:
-            raise ValueError("an event needs an annotator name (1-64 characters) and a known item")
+        if (not isinstance(annotator, str) or not 0 < len(annotator.strip()) <= 64 or not annotator.isprintable()
+                or not isinstance(item, str) or item not in self.index):
+            raise ValueError("an event needs an annotator name (1-64 printable characters) and a known item")
         pair = self.pairs[self.index[item]]
         with self.lock:
             mine = replay(read_jsonl(self.answers), annotator).get((annotator, item), {"confirmed": False})
@@ -183,16 +206,16 @@ class AnnotationServer(ThreadingHTTPServer):
                 raise ValueError("the lines of this item are confirmed and locked")
             if kind == "lines":
                 lines = event.get("lines")
-                if not isinstance(lines, list) or len(set(lines)) != len(lines) or not all(
-                        isinstance(i, int) and not isinstance(i, bool) and 0 <= i < n_lines for i in lines):
+                if not isinstance(lines, list) or not all(type(i) is int and 0 <= i < n_lines for i in lines) or len(
+                        set(lines)) != len(lines):
                     raise ValueError(f"'lines' must be distinct line numbers in 0..{n_lines - 1}")
                 record["lines"] = sorted(lines)
             elif kind == "rating":
                 slot, grounded = event.get("slot"), event.get("grounded")
-                if not mine["confirmed"] or slot not in (0, 1) or not isinstance(grounded, bool):
+                if not mine["confirmed"] or type(slot) is not int or slot not in (0, 1) or type(grounded) is not bool:
                     raise ValueError("a rating needs confirmed lines, a slot 0 or 1 and grounded true or false")
                 record |= {"model": self.order(annotator, item)[slot], "grounded": grounded}
-            elif kind != "confirm":
+            elif not isinstance(kind, str) or kind != "confirm":
                 raise ValueError("'kind' must be lines, confirm or rating")
             with open(self.answers, "a", encoding="utf-8") as f:
                 f.write(json.dumps(record, ensure_ascii=False) + "\n")
@@ -203,6 +226,7 @@ class AnnotationServer(ThreadingHTTPServer):
 
 class _Handler(BaseHTTPRequestHandler):
     server: AnnotationServer
+    timeout = 30  # seconds a client may stall mid-request before its connection is closed
 
     def log_message(self, format, *args) -> None:
         pass
@@ -220,6 +244,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         url = urlparse(self.path)
+        if not self.server.names_me(self.headers.get("Host")):
+            return self._json(403, {"error": "the Host header does not name this server"})
         if url.path == "/":
             return self._send(200, PAGE.read_bytes(), "text/html")
         if url.path != "/api/item":
@@ -231,16 +257,50 @@ class _Handler(BaseHTTPRequestHandler):
             return self._json(400, {"error": "annotator (a name) and an optional item index are expected"})
         self._json(200, self.server.item_view(annotator, None if index is None else int(index)))
 
-    def do_POST(self) -> None:
-        length = int(self.headers.get("Content-Length") or 0)
-        body = self.rfile.read(min(length, 1 << 20))
+    def _refusal(self) -> tuple[int, str] | None:
+        """Why a POST is refused before its body is read, or None. Only the page's own requests pass: the
+        Host is this server, an Origin (every browser sends one on a POST) is that same host, the body is
+        JSON (a cross-site page can send text/plain without asking, never application/json) of a declared
+        length up to MAX_EVENT_BYTES."""
+        host, origin, lengths = self.headers.get("Host"), self.headers.get("Origin"), self.headers.get_all(
+            "Content-Length", [])
         if urlparse(self.path).path != "/api/event":
-            return self._json(404, {"error": f"no route for POST {self.path}"})
-        try:
-            event = json.loads(body)
-            self._json(200, self.server.record(event if isinstance(event, dict) else {}))
-        except ValueError as e:
-            self._json(400, {"error": str(e)})
+            return 404, f"no route for POST {urlparse(self.path).path}"
+        if not self.server.names_me(host) or (origin is not None and origin.lower() != f"http://{host}".lower()):
+            return 403, "only the annotation page itself may post events (same origin)"
+        if "Transfer-Encoding" in self.headers or len(lengths) > 1:
+            return 400, "the body needs one Content-Length and no Transfer-Encoding"
+        if not lengths:
+            return 411, "the body needs a Content-Length"
+        if not (lengths[0].isascii() and lengths[0].isdigit()):
+            return 400, f"Content-Length must be a number of bytes, got {excerpt(lengths[0])}"
+        if int(lengths[0]) > MAX_EVENT_BYTES:
+            return 413, f"an event is at most {MAX_EVENT_BYTES} bytes, this body has {int(lengths[0])}"
+        if self.headers.get_content_type() != "application/json":
+            return 415, "events are sent as application/json"
+        return None
+
+    def do_POST(self) -> None:
+        refusal = self._refusal()
+        length = self.headers.get("Content-Length", "")
+        length = int(length) if length.isascii() and length.isdigit() else None
+        if refusal is None:
+            body = self.rfile.read(length)
+            try:
+                if len(body) < length:
+                    raise ValueError("the body ended before its Content-Length")
+                event = json.loads(body.decode("utf-8"))
+                return self._json(200, self.server.record(event if isinstance(event, dict) else {}))
+            except ValueError as e:  # JSON, UTF-8 and the event's own checks
+                refusal = 400, str(e)
+            except RecursionError:
+                refusal = 400, "the body nests too deeply to be an event"
+        else:
+            self.close_connection = True
+            if length is not None and length <= DISCARD_BYTES and "Transfer-Encoding" not in self.headers:
+                while length > 0 and (chunk := self.rfile.read(min(length, 1 << 16))):  # so that the client,
+                    length -= len(chunk)  # still sending, reads the answer instead of a reset connection
+        self._json(refusal[0], {"error": refusal[1]})
 
 
 # ----------------------------------------------------------------------------- report

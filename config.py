@@ -9,6 +9,7 @@ import json
 import math
 import os
 import re
+import reprlib
 import sys
 import types
 import typing
@@ -21,6 +22,27 @@ import yaml
 
 class ConfigError(ValueError):
     """A bad config: the message is one line naming the file (and line) or override, and the key."""
+
+
+EXCERPT_CHARS = 120  # of an input value quoted in an error message: a path fits, a 50 MB label does not
+_REPR = reprlib.Repr()  # for values other than a string: items, nesting and the strings inside them cut short
+_REPR.maxother = _REPR.maxlong = EXCERPT_CHARS
+_REPR.maxstring, _REPR.maxlevel = 40, 3
+_REPR.maxlist = _REPR.maxtuple = _REPR.maxset = _REPR.maxfrozenset = _REPR.maxdict = 6
+
+
+def excerpt(value) -> str:
+    """An input value as an error message quotes it: its repr, cut to a bounded excerpt with the length named,
+    `'aaaa...' (52,428,800 characters)`; a long list or mapping shows its first items and names its size. Every
+    error that echoes a value from a file, a config, a request or the command line goes through here."""
+    if isinstance(value, str):
+        if len(value) <= EXCERPT_CHARS:
+            return repr(value)
+        cut = repr(value[:EXCERPT_CHARS])
+        return f"{cut[:-1]}...{cut[-1]} ({len(value):,} characters)"
+    shown = _REPR.repr(value)
+    cut = isinstance(value, (list, tuple, dict, set, frozenset)) and len(value) > _REPR.maxlist
+    return f"{shown} ({len(value):,} items)" if cut else shown
 
 
 MAX_YAML_VALUES = 10_000  # a config's size with aliases expanded: refuses "billion laughs" documents
@@ -105,24 +127,24 @@ def _coerce(value, tp, key: str, where):
                 return _coerce(value, option, key, where)
             except ConfigError:
                 continue
-        raise ConfigError(f"{where(key)}: '{key}' expects {_type_name(tp)}, got {value!r}")
+        raise ConfigError(f"{where(key)}: '{key}' expects {_type_name(tp)}, got {excerpt(value)}")
     if origin is typing.Literal:
         if value in args:
             return value
-        raise ConfigError(f"{where(key)}: '{key}' must be one of {list(args)}, got {value!r}")
+        raise ConfigError(f"{where(key)}: '{key}' must be one of {list(args)}, got {excerpt(value)}")
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
-            raise ConfigError(f"{where(key)}: '{key}' expects a mapping of {tp.__name__} fields, got {value!r}")
+            raise ConfigError(f"{where(key)}: '{key}' expects a mapping of {tp.__name__} fields, got {excerpt(value)}")
         return _build(tp, value, key + ".", where)
     if origin in (list, tuple):
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{where(key)}: '{key}' expects a list, got {value!r}")
+            raise ConfigError(f"{where(key)}: '{key}' expects a list, got {excerpt(value)}")
         item_tp = args[0] if args else typing.Any
         items = [_coerce(v, item_tp, f"{key}[{i}]", where) for i, v in enumerate(value)]
         return tuple(items) if origin is tuple else items
     if origin is dict:
         if not isinstance(value, dict):
-            raise ConfigError(f"{where(key)}: '{key}' expects a mapping, got {value!r}")
+            raise ConfigError(f"{where(key)}: '{key}' expects a mapping, got {excerpt(value)}")
         value_tp = args[1] if args else typing.Any
         return {k: _coerce(v, value_tp, f"{key}.{k}", where) for k, v in value.items()}
     if tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -131,12 +153,12 @@ def _coerce(value, tp, key: str, where):
         except OverflowError:  # an integer past the float range
             number = math.inf
         if not math.isfinite(number):
-            raise ConfigError(f"{where(key)}: '{key}' expects a finite number, got {value!r}")
+            raise ConfigError(f"{where(key)}: '{key}' expects a finite number, got {excerpt(value)}")
         return number
     if tp in (bool, int, float, str):
         if isinstance(value, tp) and not (tp is int and isinstance(value, bool)):
             return value
-        raise ConfigError(f"{where(key)}: '{key}' expects {tp.__name__}, got {type(value).__name__} {value!r}")
+        raise ConfigError(f"{where(key)}: '{key}' expects {tp.__name__}, got {type(value).__name__} {excerpt(value)}")
     raise TypeError(f"config schema: unsupported annotation {tp!r} for '{key}'")
 
 

@@ -22,8 +22,8 @@ import re
 import sys
 from pathlib import Path
 
-from config import atomic_write_text
-from data import TASKS, DataError, Example, Turn
+from config import atomic_write_text, excerpt
+from data import OPTION_LETTERS, TASKS, DataError, Example, Turn
 from dataset import load_jsonl, parse_json, read_data_text, read_jsonl, save_jsonl, turn_from_json, typed_field
 
 # ----------------------------------------------------------------------------- converters
@@ -78,7 +78,7 @@ def _lf(cell: str) -> str:
 def _label(task: str, raw: str, where: str) -> str:
     label = TASKS[task].canonical(raw)
     if label is None:
-        raise DataError(f"{where}: {raw!r} is not a label of {task}")
+        raise DataError(f"{where}: {excerpt(raw)} is not a label of {task}")
     return label
 
 
@@ -162,7 +162,8 @@ def convert_tombench(path) -> list[Example]:
     """ToMBench JSONL (a file or a folder of them): two tom_mc examples per item, English and Chinese.
     Handles the release's quirks: keys with a literal newline ("答案\\nANSWER"), the bare NaN (and NaN
     for absent options: two-option items), options that repeat their letter ("A. ...") and answers
-    with trailing text ("A. ")."""
+    with trailing text ("A. "). Options run from A up to the first absent letter, as many as the item has
+    (ToMBench-Hard's files in the same layout go up to F); one after a gap is an error."""
     examples = []
     for file in _files(path, "*.jsonl"):
         for number, record in read_jsonl(file, allow_nan=True):
@@ -171,14 +172,16 @@ def convert_tombench(path) -> list[Example]:
                 item = {key.split("\n")[-1]: value for key, value in _object(record, where).items()}
                 answer = str(item.get("ANSWER", "")).strip()[:1].upper()
                 for language, (story, question, option) in _TOMBENCH_KEYS.items():
-                    options = []
-                    for letter in "ABCD":
-                        if not _present(item.get(option.format(letter))):
-                            break
-                        text = str(item[option.format(letter)]).strip()
-                        options.append(re.sub(rf"^{letter}\s*[.:：．、)]\s*", "", text))
-                    if answer not in "ABCD"[: len(options)] or not answer:
-                        raise DataError(f"{where}: field 'ANSWER': {item.get('ANSWER')!r} is not one of the "
+                    present = [_present(item.get(option.format(letter))) for letter in OPTION_LETTERS]
+                    n = present.index(False) if False in present else len(present)
+                    if any(present[n:]):
+                        late = OPTION_LETTERS[n + present[n:].index(True)]
+                        raise DataError(f"{where}: field {option.format(late)!r}: an option after the missing "
+                                        f"{option.format(OPTION_LETTERS[n])!r} ({language})")
+                    options = [re.sub(rf"^{letter}\s*[.:：．、)]\s*", "", str(item[option.format(letter)]).strip())
+                               for letter in OPTION_LETTERS[:n]]
+                    if answer not in OPTION_LETTERS[: len(options)]:
+                        raise DataError(f"{where}: field 'ANSWER': {excerpt(item.get('ANSWER'))} is not one of the "
                                         f"{len(options)} options ({language})")
                     ability = item.get("ABILITY") if _present(item.get("ABILITY")) else None
                     examples.append(Example(
@@ -323,7 +326,7 @@ def convert_mmlu(path) -> list[Example]:
                 answer, choices = _object(record, where)["answer"], list(record["choices"])
                 letter = "ABCD"[answer] if isinstance(answer, int) and 0 <= answer < 4 else str(answer).strip().upper()
                 if letter not in "ABCD"[: len(choices)] or not letter:
-                    raise DataError(f"{where}: field 'answer': {answer!r} is not one of {len(choices)} choices")
+                    raise DataError(f"{where}: field 'answer': {excerpt(answer)} is not one of {len(choices)} choices")
                 subject = record.get("subject") or file.stem
                 examples.append(Example(f"mmlu-{file.stem}-{n}", "mmlu", [], None, [letter],
                                         meta={"question": record["question"], "options": choices, "subject": subject}))
@@ -354,7 +357,8 @@ def convert_empathetic_dialogues(path) -> list[dict]:
         if not row["utterance"]:
             raise DataError(f"{path}:{line}: field 'utterance': empty")
         if not row["utterance_idx"].isdigit():
-            raise DataError(f"{path}:{line}: field 'utterance_idx': expected a number, got {row['utterance_idx']!r}")
+            raise DataError(f"{path}:{line}: field 'utterance_idx': expected a number, "
+                            f"got {excerpt(row['utterance_idx'])}")
         dialogues.setdefault(row["conv_id"], []).append((int(row["utterance_idx"]), row))
     out = []
     for conv_id, turns in dialogues.items():
@@ -381,7 +385,7 @@ def convert_msdialog(path) -> list[dict]:
                 actor, text = u["actor_type"], u["utterance"]
                 if actor not in ("User", "Agent") or not isinstance(text, str) or not text.strip():
                     bad = "actor_type" if actor not in ("User", "Agent") else "utterance"
-                    raise DataError(f"{where}: field 'utterances[{i}].{bad}': {u[bad]!r} (expected "
+                    raise DataError(f"{where}: field 'utterances[{i}].{bad}': {excerpt(u[bad])} (expected "
                                     f"{'User or Agent' if bad == 'actor_type' else 'non-empty text'})")
                 dialog.append({"speaker": "seeker" if actor == "User" else "supporter", "content": text.strip()})
             out.append({"id": f"msdialog-{dialog_id}", "situation": str(record["title"]).strip(),
@@ -417,7 +421,7 @@ def stratified_sample(examples: list[Example], per_label: int, seed: int = 0) ->
 def convert(fmt: str, source, text: str | None = None) -> list[Example]:
     """Convert `source` from one of CONVERTERS' formats (`ccu` also needs the conversation `text`)."""
     if fmt not in CONVERTERS:
-        raise DataError(f"unknown format {fmt!r} (known: {', '.join(CONVERTERS)})")
+        raise DataError(f"unknown format {excerpt(fmt)} (known: {', '.join(CONVERTERS)})")
     if (fmt == "ccu") != (text is not None):
         raise DataError("--text (the conversation JSONL) is needed for, and only for, the ccu format")
     with _record(str(source)):
@@ -445,7 +449,7 @@ def _positive_int(text: str) -> int:
     except ValueError:
         value = 0
     if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {excerpt(text)}")
     return value
 
 
@@ -476,7 +480,7 @@ def main(argv=None) -> None:
         if args.task:
             unknown = set(args.task) - set(TASKS)
             if unknown:
-                raise DataError(f"--task: unknown task {sorted(unknown)[0]!r} (known: {', '.join(TASKS)})")
+                raise DataError(f"--task: unknown task {excerpt(sorted(unknown)[0])} (known: {', '.join(TASKS)})")
             examples = [e for e in examples if e.task in args.task]
             if not examples:
                 raise DataError(f"{args.input}: no examples of task {', '.join(args.task)}")

@@ -8,7 +8,9 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import re
+import string
 
+from config import excerpt
 from verifier import EVIDENCE_CLOSE, EVIDENCE_OPEN
 
 # ----------------------------------------------------------------------------- examples
@@ -150,7 +152,7 @@ class Task:
     def messages(self, example: Example) -> list[dict]:
         """The chat messages that ask the model to solve `example` (an example of this task)."""
         if example.task != self.name:
-            raise DataError(f"example {example.id!r} is for task {example.task}, not {self.name}")
+            raise DataError(f"example {excerpt(example.id)} is for task {example.task}, not {self.name}")
         return [{"role": "user", "content": build_prompt(example)}]
 
 
@@ -174,6 +176,10 @@ _WEIGH = ("Where the text supports it, weigh the relationship and social distanc
           "tone has developed, and the obligations, requests, refusals, commitments and expectations in play")
 _SCRIPT_CUES = ("Where the text supports it, weigh what was said to the speaker just before the turn, exclamations, "
                 "insults, endearments, questions the speaker reacts to, and how the other characters respond.")
+
+# The letters a multiple-choice item's options take, in order: an item has 2 to 26 (ToMBench has 2-4, ToMBench-Hard
+# up to six, A-F) and its own options decide which letters are answers (Task.answer_labels).
+OPTION_LETTERS = tuple(string.ascii_uppercase)
 
 TASKS: dict[str, Task] = {t.name: t for t in [
     _emotion_task(
@@ -245,7 +251,7 @@ TASKS: dict[str, Task] = {t.name: t for t in [
         "proposes the plan: raising an issue, requesting an action and proposing a solution usually mark the "
         "lower standing."),
     Task(
-        "tom_mc", ("A", "B", "C", "D"), {}, turn_level=False, choices=True, noun="option", setting="a short story",
+        "tom_mc", OPTION_LETTERS, {}, turn_level=False, choices=True, noun="option", setting="a short story",
         question="Answer the multiple-choice question about the story. It tests theory of mind: what the "
         "characters believe, know, want, feel or intend, or what they mean beyond their literal words.",
         grounded="the story, the characters, what they perceive, know, believe, want, feel or intend",
@@ -264,7 +270,7 @@ def get_task(name: str, field: str | None = None) -> Task:
     """TASKS[name], or a DataError listing the known tasks."""
     if name not in TASKS:
         at = f"field '{field}': " if field else ""
-        raise DataError(f"{at}unknown task {name!r} (known: {', '.join(TASKS)})")
+        raise DataError(f"{at}unknown task {excerpt(name)} (known: {', '.join(TASKS)})")
     return TASKS[name]
 
 

@@ -16,7 +16,7 @@ import random
 import sys
 from pathlib import Path
 
-from config import atomic_write_text, read_text
+from config import atomic_write_text, excerpt, read_text
 from data import DataError, Example, Turn, build_prompt, count_tokens, get_task, visible_turns
 
 # ----------------------------------------------------------------------------- examples
@@ -39,7 +39,7 @@ def typed_field(raw: dict, key: str, kind, default=_REQUIRED, where: str = ""):
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         ok, value = True, float(value)
     if not ok:
-        raise DataError(f"field '{where}{key}': expected {_TYPE_NAMES[kind]}, got {value!r}")
+        raise DataError(f"field '{where}{key}': expected {_TYPE_NAMES[kind]}, got {excerpt(value)}")
     return value
 
 
@@ -47,13 +47,13 @@ def _parse_time(text: str, where: str) -> datetime.datetime:
     try:
         return datetime.datetime.fromisoformat(text)
     except ValueError:
-        raise DataError(f"field '{where}': not an ISO 8601 time: {text!r}") from None
+        raise DataError(f"field '{where}': not an ISO 8601 time: {excerpt(text)}") from None
 
 
 def turn_from_json(raw, i: int, extra: tuple[str, ...] = ()) -> Turn:
     where = f"turns[{i}]."
     if not isinstance(raw, dict):
-        raise DataError(f"field 'turns[{i}]': expected an object, got {raw!r}")
+        raise DataError(f"field 'turns[{i}]': expected an object, got {excerpt(raw)}")
     unknown = set(raw) - {"speaker", "text", "time", "reply_to", *extra}
     if unknown:
         raise DataError(f"field '{where}{sorted(unknown)[0]}': unknown field")
@@ -98,7 +98,8 @@ def check_example(example: Example) -> Example:
     if len(aware) > 1:
         raise DataError("field 'turns': times mix zoned and unzoned values")
     if task.turn_level and (example.target is None or not 0 <= example.target < n):
-        raise DataError(f"field 'target': task {task.name} needs a turn index in 0..{n - 1}, got {example.target!r}")
+        raise DataError(f"field 'target': task {task.name} needs a turn index in 0..{n - 1}, "
+                        f"got {excerpt(example.target)}")
     if not task.turn_level and example.target is not None:
         raise DataError(f"field 'target': task {task.name} analyzes the whole input; target must be null")
     allowed = task.labels
@@ -106,22 +107,23 @@ def check_example(example: Example) -> Example:
         options = example.meta.get("options")
         if not (isinstance(options, list) and 2 <= len(options) <= len(task.labels)
                 and all(isinstance(o, str) for o in options)):
-            raise DataError(f"field 'meta.options': expected 2 to {len(task.labels)} strings, got {options!r}")
+            raise DataError(f"field 'meta.options': expected 2 to {len(task.labels)} strings, got {excerpt(options)}")
         if not isinstance(example.meta.get("question"), str):
-            raise DataError(f"field 'meta.question': expected a string, got {example.meta.get('question')!r}")
+            raise DataError(f"field 'meta.question': expected a string, got {excerpt(example.meta.get('question'))}")
     allowed = task.answer_labels(example)
     labels = [task.canonical(label) if isinstance(label, str) else None for label in example.labels]
     for raw, label in zip(example.labels, labels):
         if label not in allowed:
-            raise DataError(f"field 'labels': {raw!r} is not a label of {task.name} (labels: {', '.join(allowed)})")
+            raise DataError(f"field 'labels': {excerpt(raw)} is not a label of {task.name} "
+                            f"(labels: {', '.join(allowed)})")
     if not labels or len(set(labels)) != len(labels) or (not task.multi_label and len(labels) != 1):
         need = "one or more distinct labels" if task.multi_label else "exactly one label"
-        raise DataError(f"field 'labels': task {task.name} needs {need}, got {example.labels!r}")
+        raise DataError(f"field 'labels': task {task.name} needs {need}, got {excerpt(example.labels)}")
     if task.catch_all in labels and len(labels) > 1:
         raise DataError(f"field 'labels': the catch-all label {task.catch_all!r} cannot be combined with others")
     if task.dialog_acts and example.dialog_act not in task.dialog_acts:
         acts = ", ".join(task.dialog_acts)
-        raise DataError(f"field 'dialog_act': task {task.name} needs one of: {acts}; got {example.dialog_act!r}")
+        raise DataError(f"field 'dialog_act': task {task.name} needs one of: {acts}; got {excerpt(example.dialog_act)}")
     return dataclasses.replace(example, labels=labels)
 
 
@@ -189,7 +191,7 @@ def read_jsonl(path, allow_nan: bool = False):
 
 def _check_new_id(example_id: str, seen: set) -> None:
     if example_id in seen:
-        raise DataError(f"field 'id': {example_id!r} appears twice")
+        raise DataError(f"field 'id': {excerpt(example_id)} appears twice")
     seen.add(example_id)
 
 
@@ -203,7 +205,7 @@ def save_jsonl(examples, path) -> None:
             checked = example_from_json(example_to_json(example))
             lines.append(json.dumps(example_to_json(checked), ensure_ascii=False, allow_nan=False))
         except ValueError as e:  # a DataError, or a number JSON cannot hold (NaN in meta)
-            raise DataError(f"example {example.id!r}: {e}") from None
+            raise DataError(f"example {excerpt(example.id)}: {e}") from None
     atomic_write_text(path, "".join(line + "\n" for line in lines))
 
 # ----------------------------------------------------------------------------- curriculum

@@ -207,9 +207,8 @@ def init_model(out_dir: Path, size: ModelSize, vocab_size: int, seed: int) -> No
     sampling at temperature 1 stops drawing stray tokens. The vocabulary is padded to a multiple of 64,
     leaving spare rows for the evidence tags, as Qwen's is."""
     import torch
-    from safetensors.torch import save_file
 
-    from model import Qwen, QwenConfig
+    from model import Qwen, QwenConfig, atomic_write
 
     raw = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": -(-(vocab_size + 2) // 64) * 64,
            "hidden_size": size.hidden_size, "intermediate_size": size.intermediate_size,
@@ -225,7 +224,7 @@ def init_model(out_dir: Path, size: ModelSize, vocab_size: int, seed: int) -> No
             tensor = torch.randn(tensor.shape, generator=generator) * std
         state[name] = tensor.contiguous()
     out_dir.mkdir(parents=True, exist_ok=True)
-    save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    atomic_write(out_dir / "model.safetensors", state)  # the umask's permissions (safetensors' save_file: 0600)
     atomic_write_text(out_dir / "config.json", json.dumps(raw, indent=2) + "\n")
 
 

@@ -55,7 +55,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from config import ConfigError, atomic_write_text, print0
+from config import ConfigError, atomic_write_text, excerpt, print0
 from data import THINK_END, THINK_START, DataError
 from dataset import parse_json, read_data_text, reject_json_constant, typed_field
 from dialogue import ARG_SECTIONS
@@ -148,7 +148,7 @@ def dialogue_from_json(raw, default_id: str) -> Dialogue:
         if speaker is None or text is None:
             raise DataError(f"field '{where}{'speaker' if speaker is None else 'content'}': missing")
         if speaker not in _ROLES:
-            raise DataError(f"field '{where}speaker': {speaker!r} is neither 'seeker' nor 'supporter'")
+            raise DataError(f"field '{where}speaker': {excerpt(speaker)} is neither 'seeker' nor 'supporter'")
         annotation = typed_field(turn, "annotation", dict, {}, where)
         strategy = _text(annotation, "strategy", where + "annotation.")
         role, strategies = _ROLES[speaker], (strategy,) if strategy else ()
@@ -404,7 +404,7 @@ def prepare(settings: EmoLLMData, objective: str, out, fits: Callable[[list | No
     """Write the rows of `objective`'s part to `out` (JSONL) and return the counts it prints. `fits(prompt, text)`:
     whether sft.py's encoding of the row (prompt None for an lm row) is within max_length."""
     if objective not in ("lm", "target"):
-        raise ConfigError(f"emollm: builds rows for objective lm (CPT) or target (ARG SFT), not {objective!r}")
+        raise ConfigError(f"emollm: builds rows for objective lm (CPT) or target (ARG SFT), not {excerpt(objective)}")
     if objective == "lm" and settings.knowledge is None:
         raise ConfigError("emollm.knowledge: the CPT rows (objective lm) need the knowledge triples")
     dialogues = load_dialogues(settings.dialogues)

@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Literal
 
-from config import (ConfigError, atomic_write_text, load_config, parse_cli, print0, read_metrics, redact_secrets,
-                    save_resolved_config)
+from config import (ConfigError, atomic_write_text, excerpt, load_config, parse_cli, print0, read_metrics,
+                    redact_secrets, save_resolved_config)
 from data import DataError, Example, count_tokens, get_task, parse_answer, split_completion, visible_turns
 from dataset import load_jsonl
 from judge import JudgeCall, JudgeConfig, JudgeError, cause_request, chat_many, parse_cause_verdict
@@ -108,7 +108,7 @@ def check_config(cfg: EvalConfig) -> None:
         raise ConfigError("'adapter' needs 'checkpoint' (a served adapter is named by endpoint.model)")
     names = [s.name for s in cfg.sets]
     if not names or len(set(names)) != len(names):
-        raise ConfigError(f"'sets' needs at least one set and distinct names, got {names}")
+        raise ConfigError(f"'sets' needs at least one set and distinct names, got {excerpt(names)}")
     if cfg.n_samples < 1 or cfg.batch_size < 1:
         raise ConfigError("'n_samples' and 'batch_size' must be at least 1")
     for task in [*cfg.greedy_tasks, *(s.task for s in cfg.sets if s.task)]:

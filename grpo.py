@@ -1,31 +1,32 @@
 """Stage 2: GRPO with grounded rewards. Run: `torchrun --nproc_per_node=N grpo.py config.yaml [key=value ...]`
-(or `python grpo.py config.yaml` for one process).
+(or `python grpo.py config.yaml` for one process); `python grpo.py prepare config.yaml` first writes the data's
+reference analyses through a teacher (the config's `prepare:` section, `prepare`: Social-R1).
 
 One update (`train`, in this order):
   1. sample   P prompts from the current curriculum segment, K completions each (`model.generate`, or a vLLM
               server with `rollout.engine: vllm`: vllm_engine.py), parsed into `rewards.Rollout`s (`sample_groups`);
   2. score    the judges the reward needs (`rewards.judge_rollouts`, all calls concurrent), then the
               configured reward R_i (`rewards.score`) and the parts its registration declares (`score_groups`);
-  3. filter   (CLUE) a group whose K rewards are all equal or that has a None (missing judge
-              feedback) is resampled up to 3 times, then replaced by up to 2 other prompts of the same
-              segment; a group still unusable is masked out of the loss and counted (`filter_decision`);
+  3. filter   (CLUE) a group whose K rewards are all equal or that has a None (missing judge feedback) is resampled
+              up to 3 times, then replaced by up to 2 other prompts of the same segment; a group still unusable is
+              masked out of the loss and counted (`filter_decision`; with filtering off it is masked at once, so both
+              arms of the Accuracy-Only ablation scale alike);
   4. advantages  A_i = (R_i - mean(R)) / (std(R) + eps) within each group of K (`group_advantages`);
-  5. loss     per completion token, rho = exp(logp - logp_old),
-              l = -(min(rho A, clip(rho, 1 - eps_lo, 1 + eps_hi) A) - beta KL_k3),
-              KL_k3 = exp(ref - logp) - (ref - logp) - 1 against the reference policy (the same network
-              with the RL LoRA disabled); averaged over each completion's tokens then over completions
-              (`seq-mean-token-mean`) or over all tokens (`token-mean`), the counts taken over the whole
-              update on every rank, so gradients do not depend on the rank count or micro-batch split;
+  5. loss     per completion token, rho = exp(logp - logp_old), l = -(min(rho A, clip(rho, 1 - eps_lo, 1 + eps_hi) A)
+              - beta KL_k3), KL_k3 = exp(ref - logp) - (ref - logp) - 1 against the reference policy (the same
+              network with the RL LoRA disabled); averaged over each completion's tokens then over completions
+              (`seq-mean-token-mean`) or over all tokens (`token-mean`), the counts taken over the whole update on
+              every rank, so gradients do not depend on the rank count or micro-batch split;
   6. step     gradients summed over ranks, clipped, AdamW; `loss.passes` steps reuse one rollout batch
               (log-probs of the sampling policy cached from the first pass).
 
 With a `dialogue:` section the same steps train on role-played dialogues: `train` picks dialogue.py's sampler
 once (`sampler_for`), which samples and judges episodes or per-state candidate replies; nothing else changes.
 
-Ranks own whole groups; only LoRA gradients and metrics cross ranks; rank 0 writes. Outputs in
-`output_dir`: config.yaml, metrics.jsonl (one line per update, keys in `update_metrics`),
-completions.jsonl, `ckpt-<update>` checkpoints (exact resume with `resume: auto`), `adapter/` (the RL
-LoRA in PEFT format, on top of the SFT-merged base) and, with `save_merged: true`, `merged/`.
+Ranks own whole groups; only LoRA gradients and metrics cross ranks; rank 0 writes. Outputs in `output_dir`:
+config.yaml, metrics.jsonl (one line per update, keys in `update_metrics`), completions.jsonl, `ckpt-<update>`
+checkpoints (exact resume with `resume: auto`), `adapter/` (the RL LoRA in PEFT format, on top of the SFT-merged
+base) and, with `save_merged: true`, `merged/`.
 """
 
 from __future__ import annotations
@@ -45,12 +46,12 @@ import data
 import dataset
 import dialogue
 import rewards
-from config import ConfigError, MetricsWriter, parse_cli, print0, save_resolved_config
+from config import ConfigError, MetricsWriter, excerpt, parse_cli, print0, save_resolved_config
 from groups import Group, Sample, Slot
-from judge import JudgeConfig, JudgeError
-from model import (LORA_TARGETS, Qwen, add_lora, add_special_tokens, generate, load_adapter, load_tokenizer,
-                   lora_disabled, merge_lora, save_adapter, save_merged, token_logprobs)
-from train import (Dist, Progress, StopRequest, all_reduce_sum, broadcast_parameters, build_optimizer,
+from judge import JudgeAuthError, JudgeConfig, JudgeError
+from model import (LORA_TARGETS, Qwen, add_lora, add_special_tokens, generate, load_adapter,
+                   load_tokenizer, lora_disabled, merge_lora, save_adapter, save_merged, token_logprobs)
+from train import (Dist, Progress, StopRequest, all_reduce_sum, atomic_folder, broadcast_parameters, build_optimizer,
                    latest_checkpoint, load_checkpoint, optimizer_parameters, restore_optimizer, save_checkpoint,
                    set_lr, setup_distributed, sync_gradients, trim_log, warmup_hold_cosine)
 from vllm_engine import EngineError, VLLMSettings, guarded, start_engine, stop_run, truncated_is_weights
@@ -107,6 +108,8 @@ class LossSettings:
     micro_batch_size: int = 8  # sequences per forward/backward (memory only: the gradient is the same)
     adv_eps: float = 1e-6
     tis_cap: float | None = None  # C of the truncated importance-sampling correction (vllm_engine); None: off
+    # the std A_i divides by: unbiased (1 / (G - 1), TRL's and verl's) or population (1 / G, EmoLLM B.2)
+    adv_std: Literal["unbiased", "population"] = "unbiased"
 
 
 @dataclass
@@ -135,6 +138,7 @@ class GRPOConfig:
     loss: LossSettings = field(default_factory=LossSettings)
     optim: OptimSettings = field(default_factory=OptimSettings)
     dialogue: dialogue.DialogueSettings | None = None  # set: dialogue RL, train_data holds scenario seeds
+    prepare: rewards.ReferenceSettings | None = None  # `grpo.py prepare`: writes train_data[0] with references
     save_every: int = 50  # updates between checkpoints (one is always written at the end)
     keep_checkpoints: int = 2
     resume: Literal["auto", "none"] = "auto"  # auto: continue from the newest checkpoint in output_dir
@@ -146,11 +150,12 @@ class GRPOConfig:
 # ----------------------------------------------------------------------------- the math
 
 
-def group_advantages(rewards, group_size: int, eps: float = 1e-6) -> torch.Tensor:
-    """A_i = (R_i - mean(R)) / (std(R) + eps) over consecutive groups of `group_size` rewards,
-    std unbiased (Bessel). A group of equal rewards gets zero advantages."""
+def group_advantages(rewards, group_size: int, eps: float = 1e-6, std: str = "unbiased") -> torch.Tensor:
+    """A_i = (R_i - mean(R)) / (std(R) + eps) over consecutive groups of `group_size` rewards, std
+    unbiased (Bessel, 1 / (G - 1)) or `population` (1 / G). A group of equal rewards gets zero advantages."""
     r = torch.as_tensor(rewards, dtype=torch.float32).view(-1, group_size)
-    return ((r - r.mean(1, keepdim=True)) / (r.std(1, keepdim=True) + eps)).view(-1)
+    spread = r.std(1, keepdim=True, correction=0 if std == "population" else 1)
+    return ((r - r.mean(1, keepdim=True)) / (spread + eps)).view(-1)
 
 
 def grpo_loss(logp, logp_old, logp_ref, advantages, mask, clip_low=0.2, clip_high=0.2, beta=0.04,
@@ -196,7 +201,7 @@ def grpo_loss(logp, logp_old, logp_ref, advantages, mask, clip_low=0.2, clip_hig
         total = (per_token * mask).sum()
         count = mask.sum()
     else:
-        raise ValueError(f"grpo_loss: unknown agg {agg!r} (seq-mean-token-mean, token-mean)")
+        raise ValueError(f"grpo_loss: unknown agg {excerpt(agg)} (seq-mean-token-mean, token-mean)")
     loss = total / (count if normalizer is None else normalizer)
     with torch.no_grad():
         stats = {"tokens": mask.sum(), "kl": (kl * mask).sum(),
@@ -206,7 +211,7 @@ def grpo_loss(logp, logp_old, logp_ref, advantages, mask, clip_low=0.2, clip_hig
 
 
 def lr_at(update: int, optim: OptimSettings, updates: int) -> float:
-    """The learning rate of update `update` (0-based): paper A.2's warm-up, hold and cosine."""
+    """The learning rate of update `update`, counted from 1 (1..updates): paper A.2's warm-up, hold and cosine."""
     return warmup_hold_cosine(update, optim.lr, optim.lr_floor, optim.warmup_updates, optim.hold_until, updates)
 
 
@@ -271,7 +276,7 @@ def sample_groups(policy: Qwen, tok, examples: list[data.Example], cfg: GRPOConf
             reasoning, _ = data.split_completion(text)
             rollouts.append(rewards.Rollout.from_completion(
                 example, text, n_reasoning_tokens=data.count_tokens(reasoning, tok), n_completion_tokens=len(new[i]),
-                step=update, total_steps=cfg.updates))
+                step=update + 1, total_steps=cfg.updates))  # t counts from 1: w(t) reaches 1 + gamma at the last
         groups.append(Group(example, [[Sample(prompt, new[i], logp[i], not new[i] or new[i][-1] not in eos)]
                                       for i in rows], rollouts))
     return groups
@@ -330,13 +335,13 @@ def filter_decision(group_rewards: list[float | None], resamples: int, replaceme
                     filtering: FilterSettings) -> str:
     """Step 3's rule for one scored group: "keep", "resample", "replace" (its prompt) or "mask" (out of the loss).
     With filtering on (CLUE), a group whose rewards hold a None or are all equal is resampled while resampling
-    attempts remain, then replaced while replacements remain, then masked. With filtering off only a group with a
-    missing reward is masked (equal rewards give zero advantages)."""
-    complete = None not in group_rewards
-    if not filtering.enabled:
-        return "keep" if complete else "mask"
-    if complete and len(set(group_rewards)) > 1:
+    attempts remain, then replaced while replacements remain, then masked. With filtering off such a group is masked
+    at once: out of the loss and its normalizer in both arms of the Accuracy-Only ablation, so the same informative
+    groups get the same gradient in both (kept in, all-equal groups made Accuracy-Only's step smaller)."""
+    if None not in group_rewards and len(set(group_rewards)) > 1:
         return "keep"
+    if not filtering.enabled:
+        return "mask"
     if resamples < filtering.resamples:
         return "resample"
     if replacements < filtering.replacements:
@@ -407,9 +412,11 @@ def collect_groups(sampler, source: PromptSource, slots: list[Slot], cfg: GRPOCo
 # ----------------------------------------------------------------------------- steps 4-6: advantages, loss, step
 
 
-def advantages_by_group(groups: list[Group], eps: float) -> list[list[float] | None]:
-    """Step 4: each unmasked group's advantages (`group_advantages` over its K rewards); None for a masked group."""
-    return [None if g.masked else group_advantages(g.rewards, len(g.rewards), eps).tolist() for g in groups]
+def advantages_by_group(groups: list[Group], loss: LossSettings) -> list[list[float] | None]:
+    """Step 4: each unmasked group's advantages (`group_advantages` over its K rewards, with `loss.adv_eps` and
+    `loss.adv_std`); None for a masked group."""
+    return [None if g.masked else group_advantages(g.rewards, len(g.rewards), loss.adv_eps, loss.adv_std).tolist()
+            for g in groups]
 
 
 @dataclass
@@ -639,14 +646,15 @@ def check_inputs(cfg: GRPOConfig, config_path: str) -> list[data.Example] | list
 
     dialogue_cfg = cfg.dialogue
     if cfg.reward.name not in rewards.REWARDS:
-        raise bad("reward.name", f"unknown reward {cfg.reward.name!r} (known: {', '.join(sorted(rewards.REWARDS))})")
+        known = ", ".join(sorted(rewards.REWARDS))
+        raise bad("reward.name", f"unknown reward {excerpt(cfg.reward.name)} (known: {known})")
     if (dialogue_cfg is not None) != (cfg.reward.name in dialogue.GROUPING):
         raise bad("dialogue", f"rewards {', '.join(dialogue.GROUPING)} train on role-played dialogues: they, and only "
                               f"they, need a 'dialogue' section (reward: {cfg.reward.name})")
     unknown = sorted(set(cfg.reward.params) - set(rewards.REWARDS[cfg.reward.name].defaults))
     if unknown:
         known = ", ".join(sorted(rewards.REWARDS[cfg.reward.name].defaults)) or "none"
-        raise bad(f"reward.params.{unknown[0]}", f"not a setting of reward {cfg.reward.name!r} (known: {known})")
+        raise bad(f"reward.params.{unknown[0]}", f"not a setting of reward {excerpt(cfg.reward.name)} (known: {known})")
     rollout = cfg.rollout
     loss = cfg.loss
     for key, value, low in (("rollout.group_size", rollout.group_size, 2), ("updates", cfg.updates, 1),
@@ -682,17 +690,15 @@ def check_inputs(cfg: GRPOConfig, config_path: str) -> list[data.Example] | list
     for path in cfg.train_data:
         if not Path(path).is_file():
             raise bad("train_data", f"{path}: file not found")
-        if dialogue_cfg:
-            examples += dialogue.load_scenarios(path)
-            continue
-        loaded = dataset.load_jsonl(path)
+        loaded = dialogue.load_scenarios(path) if dialogue_cfg else dataset.load_jsonl(path)
+        if not loaded:
+            raise bad("train_data", f"{path}: no examples (the file is empty)")
         try:
-            rewards.check_reward_data(cfg.reward, loaded)
+            if not dialogue_cfg:
+                rewards.check_reward_data(cfg.reward, loaded)
         except data.DataError as e:
             raise data.DataError(f"{path}: {e}") from None
         examples += loaded
-    if not examples:
-        raise bad("train_data", "the data files hold no examples")
     return examples
 
 
@@ -740,7 +746,7 @@ def train(cfg: GRPOConfig, examples: list[data.Example]) -> None:
     with MetricsWriter(out / "metrics.jsonl") as metrics_log, \
             MetricsWriter(out / "completions.jsonl") as completions_log, StopRequest() as stop:
         for update in range(start, cfg.updates):
-            lr = lr_at(update, cfg.optim, cfg.updates)
+            lr = lr_at(update + 1, cfg.optim, cfg.updates)  # `update` counts from 0, the paper's updates from 1
             set_lr(optimizer, lr)
             cursor = source.cursor
             drawn = source.take(cfg.rollout.prompts_per_update)
@@ -752,7 +758,7 @@ def train(cfg: GRPOConfig, examples: list[data.Example]) -> None:
             except EngineError as e:  # nothing of this update is trained: the checkpoint holds the state before it
                 stop_run(e, out, update, policy, optimizer, cursor, cfg.keep_checkpoints)
             # 4. advantages
-            advantages = advantages_by_group(groups, cfg.loss.adv_eps)
+            advantages = advantages_by_group(groups, cfg.loss)
             batches = micro_batches(training_sequences(groups, advantages), cfg.loss.micro_batch_size, pad_id,
                                     dist.device)
             # 5-6. loss and step, `loss.passes` times (policy_update: accumulate_loss, then optimizer_step)
@@ -780,19 +786,40 @@ def train(cfg: GRPOConfig, examples: list[data.Example]) -> None:
                 return
     if dist.main:
         base = None if cfg.model.sft_adapter else cfg.model.path  # else: the SFT-merged base, not on disk
-        save_adapter(policy, out / "adapter", base_model_name_or_path=base)
+        with atomic_folder(out / "adapter") as tmp:
+            save_adapter(policy, tmp, base_model_name_or_path=base)
         if cfg.save_merged:
-            save_merged(policy, tok, out / "merged")
+            with atomic_folder(out / "merged") as tmp:
+                save_merged(policy, tok, tmp)
     print0(f"done: {out / 'adapter'}")
 
 
+def prepare(cfg: GRPOConfig) -> None:  # `grpo.py prepare`: train_data[0] from prepare.examples, with references
+    out = Path(cfg.train_data[0])
+    examples = dataset.load_jsonl(cfg.prepare.examples)
+    kept, n = rewards.add_references(examples, cfg.prepare.teacher, out.with_suffix(".references.jsonl"))
+    dataset.save_jsonl(kept, out)
+    print(f"prepare: {len(kept)} of {len(examples)} examples with a reference -> {out} ({n['calls']} asked, "
+          f"{n['reused']} logged, {n['failures']} failed, {n['rejected']} rejected)")
+
+
 def main(argv=None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = argv.pop(0) if argv[:1] == ["prepare"] else "train"
     cfg = parse_cli(GRPOConfig, argv)
-    try:  # an EngineError reaches here at start-up: the server is down, serves other weights or refuses our adapter
-        train(cfg, check_inputs(cfg, argv[0]))
-    except (ConfigError, data.DataError, EngineError) as e:
+    try:
+        if command == "prepare":
+            if cfg.prepare is None:
+                raise ConfigError(f"{argv[0]}: missing section 'prepare' (what `grpo.py prepare` builds data from)")
+            return prepare(cfg)
+        examples = check_inputs(cfg, argv[0])
+    except (ConfigError, data.DataError, JudgeError) as e:
         print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    try:
+        train(cfg, examples)
+    except (JudgeAuthError, EngineError) as e:  # a refused key; or vLLM at start-up: down, other weights, no adapter
+        print0(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
 
 

@@ -31,9 +31,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 
 import verifier
+from config import excerpt
 from data import split_blocks
-from dialogue import (ARG_SECTIONS, EMOTIONAL_STATE_SYSTEM, TURN_QUALITY_SYSTEM, TURN_SCORES_SYSTEM,
-                      USER_SIMULATOR_SYSTEM, user_ends_dialogue)
+from dialogue import ARG_SECTIONS
+from dialogue_judges import (EMOTIONAL_STATE_SYSTEM, PREDICTOR_SYSTEM, TURN_QUALITY_SYSTEM, TURN_SCORES_SYSTEM,
+                             USER_SIMULATOR_SYSTEM, user_ends_dialogue)
 from judge import CARE_DIMENSIONS, CARE_RUBRIC_SYSTEM, CARE_SCORES_SYSTEM, CAUSE_SYSTEM, IU_SYSTEM, SECTION_TAGS
 
 log = logging.getLogger("judge_server")
@@ -160,13 +162,22 @@ def _rules_turn_scores(sections: list[tuple[str, str]], message: str) -> str:
     present = [name for name in ARG_SECTIONS if re.search(rf"^\s*{name}\s*:", reasoning, lines)]
     steps = [m.group(1).strip() for m in re.finditer(r"^\s*Lookahead \d+\s*:(.*)$", reasoning, lines)]
     cognitive = 1 if not reply.strip() else 4 + bool(_content_words(reply) & _content_words(asked))
-    lookahead = 1 if not steps else min(5, 2 + sum(_count(step, DISTRESS | RELIEF) > 0 for step in steps))
+    forecast, follow_up = _count(parts["prediction"], RELIEF) > 0, _count(parts["follow_up"], RELIEF) > 0
+    lookahead = 3 if parts["follow_up"] == "(none)" else 5 if forecast == follow_up else 2  # the forecast came true
     overthinking = min(2, (bool(reasoning) and len(asked.split()) < 6)
                        + (len(steps) > allowed or len(set(steps)) < len(steps)))
     return "\n".join([f"cognitive: reply {'empty' if not reply.strip() else 'given'} | {cognitive}",
                       f"trace: {len(present)} of {len(ARG_SECTIONS)} sections | {1 + round(4 * len(present) / 5)}",
-                      f"lookahead: {len(steps)} steps | {lookahead}",
+                      f"lookahead: forecast {'eased' if forecast else 'strained'} | {lookahead}",
                       f"overthinking: a {len(asked.split())}-word message, {len(steps)} steps | {overthinking}"])
+
+
+def _rules_prediction(sections: list[tuple[str, str]], _: str) -> str:
+    parts = dict(sections)  # eased by a comforting reply, and once eased, eased further on
+    eased = _count(parts["reply"], COMFORT) > 0 or _count(parts.get("previous", ""), RELIEF) > 0
+    return "\n".join([f"Needs: {'a next step' if eased else 'to be heard'}",
+                      f"Appraisal: {'manageable' if eased else 'too much to handle'}",
+                      f"Emotion: {'calmer' if eased else 'worried'}"])
 
 
 def _rules_turn_quality(sections: list[tuple[str, str]], _: str) -> str:
@@ -205,7 +216,7 @@ def _rules_care_scores(sections: list[tuple[str, str]], _: str) -> str:
 _RULES = {IU_SYSTEM: _rules_iu, CAUSE_SYSTEM: _rules_cause, USER_SIMULATOR_SYSTEM: _rules_user_turn,
           EMOTIONAL_STATE_SYSTEM: _rules_emotional_state, TURN_SCORES_SYSTEM: _rules_turn_scores,
           TURN_QUALITY_SYSTEM: _rules_turn_quality, CARE_RUBRIC_SYSTEM: _rules_care_rubric,
-          CARE_SCORES_SYSTEM: _rules_care_scores}
+          CARE_SCORES_SYSTEM: _rules_care_scores, PREDICTOR_SYSTEM: _rules_prediction}
 
 
 def rules_backend(messages: list[dict[str, str]], params: dict[str, Any]) -> str:
@@ -221,9 +232,12 @@ def rules_backend(messages: list[dict[str, str]], params: dict[str, Any]) -> str
       little after a reply with one, and not eased otherwise;
     - emotional state: 3 + RELIEF words - DISTRESS words, within 1-5;
     - EmoLLM's turn scores: cognitive 1 for an empty reply, else 4, or 5 when it shares a content word
-      with the user's message; trace 1 + 4 x the share of the ARG sections present; lookahead 1
-      without steps, else 2 + the steps naming a DISTRESS or RELIEF word (at most 5); overthinking 1
-      for reasoning about a message under 6 words, 1 more for repeated or too many steps;
+      with the user's message; trace 1 + 4 x the share of the ARG sections present; lookahead 5 when
+      the forecast and the follow-up agree on easing (a RELIEF word in both or neither), 2 when not, 3
+      without a follow-up; overthinking 1 for reasoning about a message under 6 words, 1 more for
+      repeated or too many steps;
+    - the reverse-perspective predictor: an eased forecast (Emotion: calmer) after a reply with a COMFORT
+      word or from an eased previous step, a strained one (Emotion: worried) otherwise;
     - turn quality: sr_proxy 1 when the follow-up ends the dialogue, ea 1 + COMFORT words (at most 5),
       fa 1 for a non-empty reply;
     - CARE: a fixed rubric (affective first after a DISTRESS word, else cognitive and proactive), and
@@ -260,7 +274,7 @@ def sampling_settings(request: dict[str, Any]) -> dict[str, Any]:
     for key, (default, valid, expected) in _SAMPLING_FIELDS.items():
         value = default if request.get(key) is None else request[key]
         if not valid(value):
-            raise UnsupportedRequest(f"field '{key}' must be {expected}, got {value!r}")
+            raise UnsupportedRequest(f"field '{key}' must be {expected}, got {excerpt(value)}")
         settings[key] = value
     return settings
 
@@ -280,7 +294,7 @@ class ModelBackend:
     def __call__(self, messages: list[dict[str, str]], params: dict[str, Any]) -> str:
         settings = sampling_settings(params)
         if roles := [m["role"] for m in messages if m["role"] not in _ROLES]:
-            raise UnsupportedRequest(f"unknown role {roles[0]!r} (known: {', '.join(_ROLES)})")
+            raise UnsupportedRequest(f"unknown role {excerpt(roles[0])} (known: {', '.join(_ROLES)})")
         thinking = (params.get("chat_template_kwargs") or {}).get("enable_thinking")
         if self.tok.family == "qwen2":  # no thinking switch in its template, as vLLM ignores it there
             thinking = None
@@ -397,9 +411,25 @@ class _Handler(BaseHTTPRequestHandler):
         self.timeout = self.server.idle_timeout
         super().setup()
 
-    def log_message(self, format, *args) -> None:
+    def handle_one_request(self) -> None:
+        """One request, then with --verbose one log line: method, path (no query), status, milliseconds from
+        the request line to the end of the answer; never a header or a body. A dropped request shows status -."""
+        self._started, self._status = None, "-"
+        super().handle_one_request()
+        if self.server.verbose and self._started is not None and self.command:
+            ms = (time.perf_counter() - self._started) * 1000
+            log.info("%s %s %s %.0f ms", self.command, self.path.split("?")[0][:200], self._status, ms)
+
+    def parse_request(self) -> bool:
+        self._started = time.perf_counter()
+        return super().parse_request()
+
+    def log_request(self, code="-", size="-") -> None:
+        self._status = getattr(code, "value", code)
+
+    def log_message(self, format, *args) -> None:  # the base class's own errors (bad request line, timeout)
         if self.server.verbose:
-            log.info("%s %s", self.address_string(), format % args)
+            log.warning("%s", format % args)
 
     def _send_json(self, status: int, payload: dict, headers: dict[str, str] | None = None) -> None:
         body = json.dumps(payload, ensure_ascii=False).encode("utf-8")
@@ -426,7 +456,7 @@ class _Handler(BaseHTTPRequestHandler):
         length = self.headers.get("Content-Length", "0")
         if "Transfer-Encoding" in self.headers or not re.fullmatch(r"[0-9]{1,18}", length):
             self.close_connection = True
-            return self._error(400, f"expected a body with a Content-Length of 0 or more bytes, got {length[:40]!r}")
+            return self._error(400, f"expected a body with a Content-Length of 0 or more bytes, got {excerpt(length)}")
         if int(length) > 64 * 2 ** 20:
             self.close_connection = True
             return self._error(413, "request body over 64 MiB")
@@ -497,7 +527,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--retry-after", type=float, help="Retry-After seconds sent with injected 429 and 503")
     parser.add_argument("--hang", type=float, default=30.0, help="seconds a 'hang' action waits before answering")
     parser.add_argument("--seed", type=int, default=0, help="seed of the injected failures")
-    parser.add_argument("--verbose", action="store_true", help="log every request (never its headers)")
+    parser.add_argument("--verbose", action="store_true",
+                        help="one line per request to stderr: method, path, status, milliseconds (no headers, bodies)")
     args = parser.parse_args(argv)
     script = tuple(a for a in args.script.split(",") if a)
     if unknown := [a for a in script if a not in FAULT_ACTIONS]:
@@ -515,7 +546,8 @@ def main(argv: list[str] | None = None) -> None:
     faults = Faults(args.latency, args.fail_rate, script, args.retry_after, args.hang, args.seed)
     name = "rules" if args.backend == "rules" else os.path.basename(os.path.normpath(args.model))
     try:
-        server = JudgeServer(backend, host=args.host, port=args.port, faults=faults, model_name=name, api_key=api_key)
+        server = JudgeServer(backend, host=args.host, port=args.port, faults=faults, model_name=name, api_key=api_key,
+                             verbose=args.verbose)
     except OSError as e:  # the port is taken, the host unknown or not ours
         parser.exit(1, f"judge_server.py: error: cannot listen on {args.host}:{args.port}: {e.strerror or e}\n")
     print(f"judge_server.py: backend {args.backend} at {server.url}", flush=True)

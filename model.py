@@ -1,8 +1,8 @@
 """Qwen2/2.5, Qwen3 (dense) and Qwen3.5 (hybrid Gated DeltaNet + gated attention) in plain PyTorch: config, forward,
 safetensors loading, LoRA (inject, disable, merge, PEFT-format save/load), trainable special-token rows, a
 preallocated generation cache, batched sampling and chunked token log-probabilities. The tokenizer and ChatML live in
-tokenizer.py (re-exported here: `from model import load_tokenizer`), the one project module imported; flash-attn and
-flash-linear-attention are optional CUDA-only speed-ups, the plain PyTorch path is the reference.
+tokenizer.py (re-exported here: `from model import load_tokenizer`); config's `excerpt` is the only other project
+import; flash-attn and flash-linear-attention are optional CUDA-only speed-ups, the plain PyTorch path is the reference.
 
 Batches of different-length sequences: pad on the RIGHT. Every layer is causal (attention, the causal conv and the
 delta-rule recurrence), so a real token never sees the padding after it and its logits are those of the unpadded
@@ -22,18 +22,19 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
+from safetensors.torch import save as save_tensors
 from tokenizers import AddedToken
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from config import excerpt
 from tokenizer import CheckpointError, QwenTokenizer, load_tokenizer, read_json  # load_tokenizer: re-exported
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 SKIPPED = ("model.visual.", "mtp.")  # Qwen3.5's vision tower and multi-token-prediction head: not loaded
 ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
-TOKEN_ROWS = "token_rows.safetensors"  # trainable token rows, saved beside a LoRA adapter
+PEFT_ROWS = "token_adapter.trainable_tokens_delta"  # PEFT's trained token rows (their values, despite the name)
 FINISHED_CHECK_EVERY = 8  # generate: decode steps between host reads (GPU syncs) of the live-row count
 
 
@@ -83,13 +84,13 @@ class QwenConfig:
             src = f"{src}: text_config"
         family = {"qwen3_5_text": "qwen3_5"}.get(family, family)
         if family not in ("qwen2", "qwen3", "qwen3_5"):
-            raise CheckpointError(f"{src}: field 'model_type' = {raw.get('model_type')!r} is not supported "
+            raise CheckpointError(f"{src}: field 'model_type' = {excerpt(raw.get('model_type'))} is not supported "
                                   f"(qwen2, qwen3, qwen3_5, qwen3_5_text)")
         if text.get("hidden_act", "silu") != "silu":
-            raise CheckpointError(f"{src}: field 'hidden_act' = {text['hidden_act']!r} is not supported (silu)")
+            raise CheckpointError(f"{src}: field 'hidden_act' = {excerpt(text['hidden_act'])} is not supported (silu)")
         for key in ("use_sliding_window", "quantization_config"):
-            if text.get(key) or raw.get(key):
-                raise CheckpointError(f"{src}: field '{key}' = {text.get(key) or raw.get(key)!r} is not supported")
+            if value := text.get(key) or raw.get(key):
+                raise CheckpointError(f"{src}: field '{key}' = {excerpt(value)} is not supported")
         hidden, heads = _int(text, "hidden_size", src), _int(text, "num_attention_heads", src)
         layers = _int(text, "num_hidden_layers", src)
         head_dim = hidden // heads if family == "qwen2" else _int(text, "head_dim", src)
@@ -105,7 +106,7 @@ class QwenConfig:
                 ("linear_v_heads", "linear_num_value_heads"), ("linear_k_dim", "linear_key_head_dim"),
                 ("linear_v_dim", "linear_value_head_dim"))}
         if len(types) != layers or set(types) - {"full_attention", "linear_attention"}:
-            raise CheckpointError(f"{src}: field 'layer_types' = {types!r} needs {layers} entries of "
+            raise CheckpointError(f"{src}: field 'layer_types' = {excerpt(types)} needs {layers} entries of "
                                   f"full_attention / linear_attention")
         return cls(
             family=family, vocab_size=_int(text, "vocab_size", src), hidden_size=hidden,
@@ -130,7 +131,7 @@ def _int(raw: dict, key: str, src: str) -> int:
     if key not in raw:
         raise CheckpointError(f"{src}: missing field '{key}'")
     if not isinstance(raw[key], int) or isinstance(raw[key], bool) or raw[key] <= 0:
-        raise CheckpointError(f"{src}: field '{key}' must be a positive integer, got {raw[key]!r}")
+        raise CheckpointError(f"{src}: field '{key}' must be a positive integer, got {excerpt(raw[key])}")
     return raw[key]
 
 
@@ -140,7 +141,7 @@ def _rope(raw: dict, src: str, default_partial: float) -> tuple[float, float]:
     params = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
     rope_type = params.get("rope_type", params.get("type", "default"))
     if rope_type != "default":
-        raise CheckpointError(f"{src}: field 'rope_parameters.rope_type' = {rope_type!r} is not supported (default)")
+        raise CheckpointError(f"{src}: field 'rope_parameters.rope_type' = {excerpt(rope_type)} is not 'default'")
     theta = params.get("rope_theta", raw.get("rope_theta"))
     if theta is None:
         raise CheckpointError(f"{src}: missing field 'rope_theta'")
@@ -151,7 +152,7 @@ def parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
     if dtype is None or isinstance(dtype, torch.dtype):
         return dtype
     if dtype not in DTYPES:
-        raise ValueError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+        raise ValueError(f"dtype {excerpt(dtype)} is not one of {', '.join(DTYPES)}")
     return DTYPES[dtype]
 
 
@@ -646,7 +647,7 @@ def checkpoint_files(path: Path) -> dict[Path, list[str]]:
         files: dict[Path, list[str]] = {}
         for name, file in weight_map.items():
             if not isinstance(file, str) or not any((path / file).resolve().is_relative_to(d) for d in inside):
-                raise CheckpointError(f"{index}: field 'weight_map.{name}' = {file!r} is not a file in {path}")
+                raise CheckpointError(f"{index}: field 'weight_map.{name}' = {excerpt(file)} is not a file in {path}")
             files.setdefault(path / file, []).append(name)
     elif (path / "model.safetensors").is_file():
         files = {path / "model.safetensors": None}
@@ -730,21 +731,20 @@ def merge_lora(model: Qwen) -> Qwen:
 
 
 def row_targets(model: Qwen) -> list[tuple[str, nn.Parameter]]:
-    """(base weight name, trainable rows) pairs, empty without trainable rows; token_rows.safetensors names
-    the rows by the weight's module (embed_tokens, lm_head)."""
+    """(base weight name, trainable rows) pairs, empty without trainable rows."""
     if model.row_ids is None:
         return []
     pairs = [("model.embed_tokens.weight", model.embed_rows)]
     return pairs if model.lm_head is None else pairs + [("lm_head.weight", model.head_rows)]
+
 
 def peft_name(model: Qwen, module_name: str) -> str:
     return f"base_model.model.{checkpoint_name(model.config, module_name)}"
 
 
 def save_adapter(model: Qwen, out_dir, base_model_name_or_path: str | None = None) -> None:
-    """Write the LoRA factors as PEFT does (adapter_config.json + adapter_model.safetensors, names
-    `base_model.model.<module>.lora_A.weight`), so PEFT and vLLM load it unchanged; trainable token
-    rows go beside it in token_rows.safetensors (`token_ids`, `embed_tokens`, `lm_head`)."""
+    """The LoRA factors as PEFT writes them (`base_model.model.<module>.lora_A.weight`), and token rows in its format:
+    `trainable_token_indices` {"embed_tokens": ids, "lm_head": ids} (tied: embed_tokens only), `<module>.PEFT_ROWS`."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     modules = lora_modules(model)
@@ -752,41 +752,46 @@ def save_adapter(model: Qwen, out_dir, base_model_name_or_path: str | None = Non
         raise ValueError("save_adapter: the model has no LoRA parameters (call add_lora first)")
     tensors = {f"{peft_name(model, name)}.lora_{ab}.weight": getattr(m, f"lora_{ab}") for name, m in modules.items()
                for ab in "AB"}
+    tensors |= {f"{peft_name(model, n.removesuffix('.weight'))}.{PEFT_ROWS}": r for n, r in row_targets(model)}
+    indices = {name.split(".")[-2]: model.row_ids.tolist() for name, _ in row_targets(model)} or None
     config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", **model.lora_settings, "bias": "none",
               "base_model_name_or_path": base_model_name_or_path, "fan_in_fan_out": False,
-              "inference_mode": True, "modules_to_save": None, "use_rslora": False, "use_dora": False}
+              "inference_mode": True, "modules_to_save": None, "use_rslora": False, "use_dora": False,
+              "trainable_token_indices": indices}
     atomic_write(out / ADAPTER_WEIGHTS, tensors)
     atomic_write(out / ADAPTER_CONFIG, json.dumps(config, indent=2) + "\n")
-    if model.row_ids is not None:
-        rows = {n.split(".")[-2]: r for n, r in row_targets(model)}
-        atomic_write(out / TOKEN_ROWS, {"token_ids": model.row_ids} | rows)
 
 
 def load_adapter(model: Qwen, path) -> Qwen:
-    """Load a PEFT LoRA adapter (ours or PEFT's) into `model`, adding LoRA first when absent, and
-    the token rows beside it when present. Any name or shape mismatch is an error naming both."""
+    """Load a PEFT LoRA adapter (ours or PEFT's) into `model`, adding LoRA first when absent, and the token rows its
+    `trainable_token_indices` names (one id list for embed_tokens and lm_head). A mismatch is an error naming both."""
     path = Path(path)
     cfg_path, weights_path = path / ADAPTER_CONFIG, path / ADAPTER_WEIGHTS
     cfg = read_json(cfg_path)
     for key, allowed in (("peft_type", ("LORA",)), ("bias", ("none",)), ("use_dora", (False,)),
                          ("use_rslora", (False,)), ("modules_to_save", (None,))):
         if cfg.get(key, allowed[0]) not in allowed:
-            raise CheckpointError(f"{cfg_path}: field '{key}' = {cfg[key]!r} is not supported")
+            raise CheckpointError(f"{cfg_path}: field '{key}' = {excerpt(cfg[key])} is not supported")
     targets = cfg.get("target_modules")
     if not isinstance(targets, list) or not all(isinstance(t, str) for t in targets):
-        raise CheckpointError(f"{cfg_path}: field 'target_modules' must be a list of module names, got {targets!r}")
+        raise CheckpointError(f"{cfg_path}: field 'target_modules' must be a list of names, got {excerpt(targets)}")
+    indices = {"embed_tokens": ids} if isinstance(ids := cfg.get("trainable_token_indices"), list) else ids or {}
+    if not (isinstance(indices, dict) and set(indices) <= {"embed_tokens", "lm_head"} and all(
+            isinstance(v, list) and all(type(i) is int for i in v) and v == indices.get("embed_tokens")
+            for v in indices.values())):
+        raise CheckpointError(f"{cfg_path}: field 'trainable_token_indices' must be token ids, or the same ids for "
+                              f"embed_tokens and lm_head, got {excerpt(indices)}")
     if not lora_modules(model):
         add_lora(model, _int(cfg, "r", str(cfg_path)), cfg.get("lora_alpha", 8), cfg.get("lora_dropout", 0.0), targets)
-    copy_tensors(weights_path, {f"{peft_name(model, name)}.lora_{ab}.weight": getattr(m, f"lora_{ab}")
-                                for name, m in lora_modules(model).items() for ab in "AB"})
-    if (rows_path := path / TOKEN_ROWS).is_file():
-        with open_safetensors(rows_path) as f:
-            ids = f.get_tensor("token_ids").tolist() if "token_ids" in f.keys() else []
+    if indices:
         try:
-            train_token_rows(model, ids)
-        except ValueError as e:
-            raise CheckpointError(f"{rows_path}: tensor 'token_ids': {e}") from None
-        copy_tensors(rows_path, {"token_ids": model.row_ids} | {n.split(".")[-2]: r for n, r in row_targets(model)})
+            train_token_rows(model, indices["embed_tokens"])
+        except (ValueError, TypeError) as e:
+            raise CheckpointError(f"{cfg_path}: field 'trainable_token_indices': {e}") from None
+    copy_tensors(weights_path, {f"{peft_name(model, name)}.lora_{ab}.weight": getattr(m, f"lora_{ab}")
+                                for name, m in lora_modules(model).items() for ab in "AB"} |
+                 {f"{peft_name(model, n.removesuffix('.weight'))}.{PEFT_ROWS}": r for n, r in row_targets(model)
+                  if n.split(".")[-2] in indices})
     return model
 
 
@@ -804,13 +809,14 @@ def copy_tensors(file: Path, expected: dict[str, torch.Tensor]) -> None:
             param.data.copy_(f.get_tensor(name))
 
 
-def atomic_write(path: Path, data: str | dict) -> None:
-    """Text, or a dict of tensors as safetensors, to a temporary file renamed into place."""
-    tmp = path.with_name(path.name + ".tmp")
-    if isinstance(data, str):
-        tmp.write_text(data, encoding="utf-8")
-    else:
-        save_file({k: v.detach().contiguous().cpu() for k, v in data.items()}, str(tmp), metadata={"format": "pt"})
+def atomic_write(path, data: str | bytes | dict, meta: dict[str, str] | None = None) -> None:
+    """Text, bytes or tensors to `.<name>.tmp` beside `path`, renamed into place, with the umask's permissions
+    (safetensors' save_file makes 0600 files and leaves `.tmpXXXXXX` behind when killed). A temporary left by a
+    failed or killed write is overwritten by the next write of the same file."""
+    path, tmp = Path(path), Path(path).with_name(f".{Path(path).name}.tmp")
+    if isinstance(data, dict):
+        data = save_tensors({k: v.detach().contiguous().cpu() for k, v in data.items()}, dict(meta or {}, format="pt"))
+    tmp.write_bytes(data.encode("utf-8") if isinstance(data, str) else data)
     os.replace(tmp, path)
 
 

@@ -48,7 +48,6 @@ import json
 import math
 import random
 import re
-import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,7 +55,7 @@ from typing import Literal
 
 import torch
 
-from config import ConfigError, MetricsWriter, atomic_write_text, parse_cli, print0, save_resolved_config
+from config import ConfigError, MetricsWriter, atomic_write_text, excerpt, parse_cli, print0, save_resolved_config
 from data import THINK_END, THINK_START, DataError, Example, get_task, parse_answer, split_completion, visible_turns
 from dataset import example_from_json, example_to_json, load_jsonl, read_jsonl, typed_field
 from emollm_data import EmoLLMData, prepare as prepare_emollm_rows
@@ -65,9 +64,9 @@ from judge import (DATA_NOTICE, JudgeCall, JudgeConfig, JudgeError, chat_many, c
                    strict_json_object)
 from model import (LORA_TARGETS, CheckpointError, Qwen, QwenTokenizer, add_lora, add_special_tokens,
                    load_adapter, load_tokenizer, save_adapter, save_merged, token_logprobs, train_token_rows)
-from train import (StopRequest, Progress, all_reduce_sum, broadcast_parameters, build_optimizer, latest_checkpoint,
-                   linear_warmup_decay, load_checkpoint, optimizer_parameters, restore_optimizer, save_checkpoint,
-                   set_lr, setup_distributed, sync_gradients, trim_log)
+from train import (StopRequest, Progress, all_reduce_sum, atomic_folder, broadcast_parameters, build_optimizer,
+                   latest_checkpoint, linear_warmup_decay, load_checkpoint, optimizer_parameters, restore_optimizer,
+                   save_checkpoint, set_lr, setup_distributed, sync_gradients, trim_log)
 from verifier import EVIDENCE_CLOSE, EVIDENCE_OPEN, extract_quotes, format_score, verify_quote
 
 # ----------------------------------------------------------------------------- config
@@ -207,7 +206,8 @@ def row_from_json(raw) -> Row:
         labels = [task.canonical(x) if isinstance(x, str) else None for x in given]
         if not labels or None in labels:
             bad = given[labels.index(None)] if labels else "[]"
-            raise DataError(f"field 'labels': {bad!r} is not a label of {task.name} (labels: {', '.join(task.labels)})")
+            raise DataError(f"field 'labels': {excerpt(bad)} is not a label of {task.name} "
+                            f"(labels: {', '.join(task.labels)})")
         row = Row(typed_field(raw, "id", str), task.name, prompt, completion, labels)
     answer = row.answer(completion)
     if answer is None or set(answer) != set(row.labels):
@@ -351,7 +351,7 @@ def encode_row(tok: QwenTokenizer, row: Row, cfg: SFTConfig) -> tuple[list[int],
     try:
         weights = completion_weights(len(prompt), is_label + [False], cfg.label_share, cfg.other_share)
     except ValueError:
-        raise DataError(f"row {row.id!r}: the label tokens of its answer line cannot be located") from None
+        raise DataError(f"row {excerpt(row.id)}: the label tokens of its answer line cannot be located") from None
     return prompt + ids + [tok.token_id("<|im_end|>")], weights
 
 
@@ -447,12 +447,11 @@ def heldout_macro_f1(model: Qwen, tok: QwenTokenizer, heldout: list[Row], cfg: S
 # ----------------------------------------------------------------------------- training
 
 
-def _save_best(model: Qwen, out: Path) -> None:
-    tmp = out / ".best.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    save_adapter(model, tmp)
-    shutil.rmtree(out / "best", ignore_errors=True)
-    tmp.rename(out / "best")
+def _save_best(model: Qwen, tok: QwenTokenizer, out: Path) -> None:
+    """best/: the adapter with its <evidence> rows (PEFT format) and the tokenizer that holds the tags."""
+    with atomic_folder(out / "best") as tmp:
+        save_adapter(model, tmp)
+        tok.save(tmp)
 
 
 def _dtype(cfg: SFTConfig, device: torch.device) -> str:
@@ -550,9 +549,10 @@ def train(cfg: SFTConfig) -> Path:
                 return out
     if dist.main:
         if not heldout:
-            _save_best(model, out)
+            _save_best(model, tok, out)
         if cfg.save_merged:
-            save_merged(load_adapter(model, out / "best"), tok, out / "merged")
+            with atomic_folder(out / "merged") as tmp:
+                save_merged(load_adapter(model, out / "best"), tok, tmp)
         best = f" (step {state['best']['step']}, mean macro F1 {state['best']['mean_macro_f1']:.4f})" \
             if state["best"] else ""
         print0(f"done: {out / 'best'}{best}")
@@ -570,7 +570,7 @@ def _select(model, tok, heldout, cfg, dist, step: int, state: dict, metrics) -> 
         state["best"] = {"step": step, "mean_macro_f1": mean}
     if dist.main:
         if better:
-            _save_best(model, Path(cfg.output_dir))
+            _save_best(model, tok, Path(cfg.output_dir))
         table = {"best_step": state["best"]["step"], "steps": state["selection"]}
         atomic_write_text(Path(cfg.output_dir) / "selection.json", json.dumps(table, indent=1) + "\n")
     shown = ", ".join(f"{t} {f:.4f}" for t, f in scores.items())

@@ -2,7 +2,7 @@
 tokenizer.json, tokenizer_config.json (EOS and pad tokens, the chat template's default system prompt),
 generation_config.json (Qwen declares several EOS ids) and config.json (the family, which decides the thinking
 prefix). `QwenTokenizer.chat_ids` is the prompt every trainer and evaluation feeds the model. Imports no torch and
-nothing from the project (model.py re-exports `load_tokenizer`)."""
+from the project only config's `excerpt` (model.py re-exports `load_tokenizer`)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ import re
 from pathlib import Path
 
 from tokenizers import Tokenizer
+
+from config import excerpt
 
 class CheckpointError(ValueError):
     """A config, checkpoint or adapter we cannot use; the message names the file and the field."""
@@ -83,7 +85,7 @@ class QwenTokenizer:
     def token_id(self, token: str) -> int:
         i = self.tokenizer.token_to_id(token)
         if i is None:
-            raise KeyError(f"token {token!r} is not in the vocabulary")
+            raise KeyError(f"token {excerpt(token)} is not in the vocabulary")
         return i
 
     def chat(self, messages: list[dict], add_generation_prompt: bool = True,
@@ -107,7 +109,8 @@ class QwenTokenizer:
             pieces[-1] += f"<|im_start|>system\n{self.default_system}<|im_end|>\n"
         for i, m in enumerate(messages):
             if m.get("role") not in ("system", "user", "assistant") or not isinstance(m.get("content"), str):
-                raise ValueError(f"chat: message {i} needs role system/user/assistant and string content, got {m!r}")
+                raise ValueError(f"chat: message {i} needs role system/user/assistant and string content, "
+                                 f"got {excerpt(m)}")
             pieces[-1] += f"<|im_start|>{m['role']}\n"
             pieces += [m["content"], "<|im_end|>\n"]
         if add_generation_prompt:
@@ -156,7 +159,7 @@ def load_tokenizer(path) -> QwenTokenizer:
             return None
         i = tokenizer.token_to_id(value)
         if i is None:
-            raise CheckpointError(f"{path / 'tokenizer_config.json'}: field '{key}' = {value!r} "
+            raise CheckpointError(f"{path / 'tokenizer_config.json'}: field '{key}' = {excerpt(value)} "
                                   f"is not in tokenizer.json")
         return i
 

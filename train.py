@@ -6,7 +6,7 @@ Ctrl-C / SIGTERM, and the rank-0 progress line.
 A checkpoint is a folder `ckpt-<step>` inside the run's output_dir, written under a temporary name
 and renamed when complete (a folder named `ckpt-*` is always whole):
 
-    adapter_config.json, adapter_model.safetensors, token_rows.safetensors   model.save_adapter
+    adapter_config.json, adapter_model.safetensors   model.save_adapter (LoRA and token rows, PEFT format)
     optimizer.safetensors     AdamW state, one tensor per `<parameter index>.<name>`
     rng-rank<r>.safetensors   rank r's torch (and CUDA) generator state; its Python state as metadata
     state.json                step, world size, optimizer hyperparameters, the trainer's own state
@@ -16,6 +16,7 @@ Only safetensors and JSON are written or read: nothing is unpickled on resume.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -29,10 +30,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from safetensors import safe_open
-from safetensors.torch import save_file
 
 from config import atomic_write_text, print0
-from model import Qwen, load_adapter, lora_modules, save_adapter
+from model import Qwen, atomic_write, load_adapter, lora_modules, save_adapter
 
 # ----------------------------------------------------------------------------- processes
 
@@ -149,14 +149,16 @@ def linear_warmup_decay(step: int, total_steps: int, peak: float, warmup_fractio
     return peak * max(0.0, (total_steps - step) / max(1, total_steps - warmup))
 
 
-def warmup_hold_cosine(step: int, peak: float, floor: float, warmup: int, hold_until: int, total: int) -> float:
-    """The RL schedule (CLUE A.2): from `floor` at update 0 linearly to `peak` at update `warmup`,
-    constant through update `hold_until`, then a cosine back to `floor` at update `total`."""
-    if step < warmup:
-        return floor + (peak - floor) * step / warmup
-    if step <= hold_until:
+def warmup_hold_cosine(update: int, peak: float, floor: float, warmup: int, hold_until: int, total: int) -> float:
+    """The RL schedule (CLUE A.2) at `update`, counted from 1 as the paper counts (1..total): update 1
+    runs at `floor`, and the rate rises linearly over `warmup` updates to `peak` at update warmup + 1
+    (warmup = 0: update 1 runs at the peak); it holds through update `hold_until`, then a cosine takes it
+    back to `floor` at update `total`, the last one that runs (507 is the first below the peak)."""
+    if update <= warmup:
+        return floor + (peak - floor) * (update - 1) / warmup
+    if update <= hold_until:
         return peak
-    progress = min(1.0, (step - hold_until) / max(1, total - hold_until))
+    progress = min(1.0, (update - hold_until) / max(1, total - hold_until))
     return floor + (peak - floor) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
@@ -185,7 +187,7 @@ def _save_rng(folder: Path, rank: int) -> None:
         tensors["cuda"] = torch.cuda.get_rng_state()
     python = random.getstate()
     metadata = {"python": json.dumps([python[0], list(python[1]), python[2]])}
-    save_file(tensors, str(_rng_file(folder, rank)), metadata=metadata)
+    atomic_write(_rng_file(folder, rank), tensors, metadata)
 
 
 def _load_rng(folder: Path, rank: int) -> None:
@@ -197,17 +199,41 @@ def _load_rng(folder: Path, rank: int) -> None:
     random.setstate((version, tuple(internal), gauss))
 
 
+def staging_folder(final, clear: bool = True) -> Path:
+    """Where the result folder `final` is built before `publish_folder` swaps it in: `.<name>.tmp` beside it,
+    never inside it. `clear` empties it first (a killed run may have left one)."""
+    staging = Path(final).with_name(f".{Path(final).name}.tmp")
+    if clear:
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+    return staging
+
+
+def publish_folder(staging: Path, final) -> None:
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(staging, final)
+
+
+@contextlib.contextmanager
+def atomic_folder(final):
+    """`with atomic_folder(out / "adapter") as tmp: save_adapter(model, tmp)`: the folder appears whole or never."""
+    staging = staging_folder(final)
+    try:
+        yield staging
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    publish_folder(staging, final)
+
+
 def save_checkpoint(output_dir, step: int, model: Qwen, optimizer: torch.optim.Optimizer, trainer_state: dict,
                     keep: int | None = None) -> Path:
     """Write `ckpt-<step>` atomically; every rank must call it (each saves its own RNG state), rank 0
     writes the rest. `trainer_state` is the trainer's JSON-able state (its data position, counters).
     With `keep`, only the newest `keep` checkpoints are left. Returns the checkpoint's path."""
     final = checkpoint_path(output_dir, step)
-    tmp = final.with_name(f".{final.name}.tmp")
     rank = dist.get_rank() if _distributed() else 0
-    if rank == 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
+    tmp = staging_folder(final, clear=rank == 0)
     barrier()
     _save_rng(tmp, rank)
     barrier()
@@ -216,12 +242,11 @@ def save_checkpoint(output_dir, step: int, model: Qwen, optimizer: torch.optim.O
         state = optimizer.state_dict()
         tensors = {f"{i}.{name}": t.detach().cpu().contiguous() for i, s in state["state"].items()
                    for name, t in s.items()}
-        save_file(tensors, str(tmp / "optimizer.safetensors"))
+        atomic_write(tmp / "optimizer.safetensors", tensors)
         meta = {"step": step, "world_size": dist.get_world_size() if _distributed() else 1,
                 "param_groups": state["param_groups"], "trainer": trainer_state}
         atomic_write_text(tmp / "state.json", json.dumps(meta, indent=1) + "\n")
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
+        publish_folder(tmp, final)
         if keep is not None:
             older = sorted(p for p in Path(output_dir).glob(f"{_CKPT}*") if p.is_dir() and p != final)
             for stale in older[:max(0, len(older) - (keep - 1))]:

@@ -250,3 +250,73 @@ def test_command_line_report(pairs_file, tmp_path, capsys):
     with pytest.raises(SystemExit):
         ev.main(["annotate-report", str(tmp_path / "missing.jsonl"), str(answers)])
     assert Path(annotate.PAGE).is_file()
+
+
+def raw_post(server, body: bytes, headers: dict, timeout=5.0) -> int | None:
+    """One POST /api/event over a raw socket with exactly these headers; the response status (None when
+    the server answers nothing within the timeout or drops the connection)."""
+    import socket
+    host, port = server.server_address[:2]
+    head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+    with socket.create_connection((host, port), timeout=timeout) as s:
+        try:
+            s.sendall(f"POST /api/event HTTP/1.1\r\nHost: {host}:{port}\r\n{head}\r\n".encode() + body)
+            reply = s.recv(65536)
+        except OSError:  # a timeout, a reset
+            return None
+    return int(reply.split()[1]) if reply.startswith(b"HTTP/") else None
+
+
+def test_event_endpoint_refuses_forged_and_broken_requests(serve, tmp_path):
+    server = serve()
+    answers = tmp_path / "answers.jsonl"
+    good = json.dumps({"annotator": "ann", "item": "set/x0", "kind": "lines", "lines": [2]}).encode()
+    as_json = {"Content-Type": "application/json"}
+
+    def sized(body, **extra):
+        return {"Content-Length": str(len(body))} | as_json | extra
+
+    big = good + b" " * (3 << 20)  # starts with a valid event
+    cases = [
+        (b"[" * 100_000, sized(b"[" * 100_000)),
+        (json.dumps({"annotator": "ann", "item": ["set/x0"], "kind": "confirm"}).encode(), None),
+        (json.dumps({"annotator": "ann", "item": {"a": 1}, "kind": "confirm"}).encode(), None),
+        (json.dumps({"annotator": "ann", "item": "set/x0", "kind": ["lines"], "lines": [1]}).encode(), None),
+        (json.dumps({"annotator": "ann", "item": "set/x0", "kind": "lines", "lines": [[1], {"a": 1}]}).encode(), None),
+        (json.dumps({"annotator": "\ud800", "item": "set/x0", "kind": "lines", "lines": [1]}).encode(), None),
+        (b"\xff\xfe{}", None),
+        (good, {"Content-Length": "abc"} | as_json),
+        (good, {"Content-Length": "-1"} | as_json),
+        (good, {"Content-Length": "+5"} | as_json),
+        (good, as_json),  # no length
+        (good, {"Content-Length": str(len(good)), "Transfer-Encoding": "chunked"} | as_json),
+        (big, sized(big)),
+        (good, sized(good) | {"Content-Type": "text/plain"}),
+        (good, {"Content-Length": str(len(good))}),  # no content type
+        (good, sized(good, Origin="http://evil.example")),
+        (good, sized(good, Origin="null")),
+        (good, sized(good, Origin=f"http://127.0.0.1:{server.server_address[1] + 1}")),
+    ]
+    for body, headers in cases:
+        status = raw_post(server, body, headers or sized(body))
+        assert status is not None and 400 <= status < 500, (body[:40], headers, status)
+        assert not answers.exists() or answers.read_text() == "", (body[:40], headers)
+    # A forged Host (DNS rebinding: evil.example resolving to the loopback) is refused too.
+    import socket
+    with socket.create_connection(server.server_address[:2], timeout=5) as s:
+        s.sendall(b"POST /api/event HTTP/1.1\r\nHost: evil.example:%d\r\nOrigin: http://evil.example:%d\r\n"
+                  b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                  % (server.server_address[1], server.server_address[1], len(good), good))
+        assert s.recv(65536).split()[1].startswith(b"4")
+    threading.Event().wait(0.3)  # anything a handler still does after answering would show now
+    assert not answers.exists() or answers.read_text() == ""
+    # The page's own requests still work: same origin, JSON.
+    origin = server.url.rstrip("/")
+    assert raw_post(server, good, sized(good, Origin=origin)) == 200
+    assert raw_post(server, good, sized(good, **{"Content-Type": "application/json; charset=utf-8"})) == 200
+    assert len(answers.read_text().splitlines()) == 2
+    post(server, item="set/x0", kind="confirm")
+    for slot in (1.0, True, [0], None):
+        rating = json.dumps({"annotator": "ann", "item": "set/x0", "kind": "rating", "slot": slot, "grounded": True})
+        assert raw_post(server, rating.encode(), sized(rating.encode())) == 400
+    assert len(answers.read_text().splitlines()) == 3

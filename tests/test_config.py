@@ -8,7 +8,7 @@ from typing import Literal, Optional
 import pytest
 import yaml
 
-from config import ConfigError, MetricsWriter, load_config, parse_cli, redact_secrets, save_resolved_config
+from config import ConfigError, MetricsWriter, excerpt, load_config, parse_cli, redact_secrets, save_resolved_config
 
 
 @dataclass
@@ -211,3 +211,21 @@ def test_alias_expansion_is_bounded(tmp_path):
         load_config(write(tmp_path, "model_path: /m\nx: &x [*x]\n"), [], Cfg)  # a list inside itself
     # Aliases within the bound still work.
     assert load_config(write(tmp_path, "model_path: &p /m\noutput_dir: *p\n"), [], Cfg).output_dir == "/m"
+
+
+def test_excerpt_of_an_input_value_is_bounded_and_names_its_length():
+    assert excerpt("joy") == "'joy'" and excerpt(12) == "12" and excerpt(["a", 1]) == "['a', 1]"
+    assert excerpt("a" * 52_428_800) == "'" + "a" * 120 + "...' (52,428,800 characters)"
+    assert excerpt("it's " * 30) == '"' + "it's " * 24 + '..." (150 characters)'  # the quotes repr chose
+    big = excerpt(["x" * 1000] * 100_000)
+    assert len(big) < 400 and big.endswith(", ...] (100,000 items)")
+    assert len(excerpt({"k": "v" * 10**6})) < 100 and len(excerpt([[[[["deep"]]]]])) < 20
+    assert len(excerpt(10 ** 4000)) < 150
+
+
+def test_a_huge_config_value_is_cut_in_its_error(tmp_path):
+    path = write(tmp_path, "model_path: /m\nseed: " + "9" * 100 + "x" * 3_000_000 + "\n")
+    with pytest.raises(ConfigError) as error:
+        load_config(path, [], Cfg)
+    message = str(error.value)
+    assert len(message) < 350 and "(3,000,100 characters)" in message and message.startswith(f"{path}:2: 'seed'")

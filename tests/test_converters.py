@@ -15,7 +15,7 @@ import dialogue
 import emollm_data
 from convert import (convert, convert_ccu, convert_dialogue_csv, convert_ecf, convert_empathetic_dialogues,
                      convert_mmlu, convert_msdialog, convert_tombench, convert_wiki_power, main, stratified_sample)
-from data import DataError, Turn, build_prompt, render_conversation, visible_turns
+from data import DataError, Turn, build_prompt, parse_answer, render_conversation, visible_turns
 from dataset import load_jsonl
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -134,6 +134,28 @@ def test_tombench_bad_answer_is_located(tmp_path):
     path = tmp_path / "bad.jsonl"
     path.write_text(json.dumps(line) + "\n")
     with pytest.raises(DataError, match=rf"{path}:1: field 'ANSWER': 'C' is not one of the 2 options"):
+        convert_tombench(path)
+
+
+def test_tombench_layout_with_six_options(tmp_path):
+    # ToMBench-Hard items have up to six options (A-F); the same layout with OPTION-E / OPTION-F converts
+    # with all of them, and the prompt and the answer parser follow the item's six letters
+    line = {"STORY": "Mia hides the cake.", "QUESTION": "Where will Leo look?",
+            "故事": "米娅藏起了蛋糕。", "问题": "里奥会去哪里找？", "答案\nANSWER": "F"}
+    for i, letter in enumerate("ABCDEF"):
+        line[f"OPTION-{letter}"], line[f"选项{letter}"] = f"{letter}. place {i}", f"地方{i}"
+    path = tmp_path / "hard.jsonl"
+    path.write_text(json.dumps(line, ensure_ascii=False) + "\n")
+    english, chinese = convert_tombench(path)
+    assert english.meta["options"] == [f"place {i}" for i in range(6)] and english.labels == ["F"]
+    assert chinese.meta["options"] == [f"地方{i}" for i in range(6)] and chinese.labels == ["F"]
+    prompt = build_prompt(english)
+    assert "\nE. place 4\nF. place 5" in prompt and "exactly one of: A, B, C, D, E, F." in prompt
+    assert parse_answer("x</think>\nAnswer: F", english) == ["F"]
+    assert parse_answer("x</think>\nAnswer: G", english) is None
+    del line["OPTION-C"]  # D-F after a gap: an error naming the field, not three options dropped
+    path.write_text(json.dumps(line, ensure_ascii=False) + "\n")
+    with pytest.raises(DataError, match=rf"{path}:1: field 'OPTION-D': an option after the missing 'OPTION-C'"):
         convert_tombench(path)
 
 

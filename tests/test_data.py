@@ -303,6 +303,22 @@ def test_a_letter_outside_the_items_own_options_is_invalid():
         parse_answer(think("Answer: A"), "tom_mc")
 
 
+@pytest.mark.parametrize("n", [2, 5, 6, 26])
+def test_tom_mc_takes_two_to_26_options(n):
+    letters = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"[:n]
+    item = Example("t", "tom_mc", [Turn("", "A story.")], None, [letters[-1]],
+                   meta={"question": "Q?", "options": [f"option {i}" for i in range(n)]})
+    check_example(item)
+    assert TASKS["tom_mc"].answer_labels(item) == tuple(letters)
+    prompt = build_prompt(item)
+    assert f"\n{letters[-1]}. option {n - 1}" in prompt and f"exactly one of: {', '.join(letters)}." in prompt
+    assert parse_answer(think(f"Answer: {letters[-1].lower()}"), item) == [letters[-1]]
+    assert n == 26 or parse_answer(think(f"Answer: {'ABCDEFGHIJKLMNOPQRSTUVWXYZ'[n]}"), item) is None
+    too_many = dataclasses.replace(item, meta={"question": "Q?", "options": ["x"] * 27})
+    with pytest.raises(DataError, match="field 'meta.options': expected 2 to 26 strings"):
+        check_example(too_many)
+
+
 def test_parse_answer_reads_only_after_the_final_think_end():
     reasoning = "Maybe Joy.\nAnswer: Joy\n\nNo, it is fear."
     assert parse_answer(think("Answer: Fear", reasoning), "ccu_emotion") == ["Fear"]

@@ -17,6 +17,7 @@ import torch
 import yaml
 
 import dialogue
+import dialogue_judges
 import evaluate
 import grpo
 import judge
@@ -130,25 +131,26 @@ def test_scenarios_load_and_every_bad_line_is_located(tmp_path):
 
 def test_parsers_take_exactly_their_format():
     good = "cognitive: Grounded | 4\ntrace: All sections | 5\nlookahead: Plausible | 3\noverthinking: None | 0"
-    assert dialogue.parse_turn_scores(good) == {"cognitive": 4, "trace": 5, "lookahead": 3, "overthinking": 0}
+    assert dialogue_judges.parse_turn_scores(good) == {"cognitive": 4, "trace": 5, "lookahead": 3, "overthinking": 0}
     lines = good.splitlines()
     for answer in [good.replace("| 0", "| 3"), good.replace("| 4", "| 0"), "\n".join(lines[:3]),
                    "\n".join([lines[1], lines[0], *lines[2:]]), good + "\nAll fine.", good.replace("| 5", "| 4.5"),
                    '{"cognitive": 4, "trace": 5, "lookahead": 3, "overthinking": 0}']:
-        assert dialogue.parse_turn_scores(answer) is None, answer
-    assert dialogue.parse_emotional_state("Relieved after the advice | 4") == 4
+        assert dialogue_judges.parse_turn_scores(answer) is None, answer
+    assert dialogue_judges.parse_emotional_state("Relieved after the advice | 4") == 4
     for answer in ["Calm | 0", "Calm | 6", "4", "Calm |", "Calm | 3.5", "Calm | 4\nCalm | 4"]:
-        assert dialogue.parse_emotional_state(answer) is None, answer
+        assert dialogue_judges.parse_emotional_state(answer) is None, answer
     quality = "sr_proxy: User still anxious | 0\nea: Warm and validating | 4\nfa: No invented facts | 1"
-    assert dialogue.parse_turn_quality(quality) == {"sr_proxy": 0.0, "ea": 4.0, "fa": 1.0}
+    assert dialogue_judges.parse_turn_quality(quality) == {"sr_proxy": 0.0, "ea": 4.0, "fa": 1.0}
     for answer in [quality.replace("| 4", "| 0"), quality.replace("| 0", "| 2"), "\n".join(quality.splitlines()[:2])]:
-        assert dialogue.parse_turn_quality(answer) is None, answer
-    assert dialogue.parse_user_turn("  I guess I could try that tonight.  ") == "I guess I could try that tonight."
+        assert dialogue_judges.parse_turn_quality(answer) is None, answer
+    assert dialogue_judges.parse_user_turn("  I guess I could try that tonight.  ") == \
+        "I guess I could try that tonight."
     for answer in ["", "   ", "Assistant: Here is a plan.", "Okay.\nUser: and then?", "<think>hmm</think> ok"]:
-        assert dialogue.parse_user_turn(answer) is None, answer
-    assert dialogue.user_ends_dialogue("Thanks, that really helps.")
-    assert dialogue.user_ends_dialogue("Okay, I\u2019m done.")
-    assert not dialogue.user_ends_dialogue("I'm thankful you listened, but I still feel lost.")
+        assert dialogue_judges.parse_user_turn(answer) is None, answer
+    assert dialogue_judges.user_ends_dialogue("Thanks, that really helps.")
+    assert dialogue_judges.user_ends_dialogue("Okay, I\u2019m done.")
+    assert not dialogue_judges.user_ends_dialogue("I'm thankful you listened, but I still feel lost.")
 
 
 def test_split_reply_never_lets_reasoning_into_the_reply():
@@ -164,20 +166,31 @@ def test_rules_backend_scripts_the_user_and_the_states():
         return rules_backend(call.messages, {})
 
     dialogue_so_far = [("user", "I feel overwhelmed."), ("assistant", "I understand. I am sorry.")]
-    assert ask(dialogue.user_turn_request("s", dialogue_so_far, 1, 8)) == SCRIPTED_USER["eased"]
-    assert ask(dialogue.user_turn_request("s", dialogue_so_far + [("user", "x"), ("assistant", "I hear you.")],
+    assert ask(dialogue_judges.user_turn_request("s", dialogue_so_far, 1, 8)) == SCRIPTED_USER["eased"]
+    assert ask(dialogue_judges.user_turn_request("s", dialogue_so_far + [("user", "x"), ("assistant", "I hear you.")],
                                           2, 8)) == SCRIPTED_USER["ends"]  # three comfort words in all
-    assert ask(dialogue.user_turn_request("s", [("user", "x"), ("assistant", "Noted.")], 1, 8)) == SCRIPTED_USER[
+    assert ask(dialogue_judges.user_turn_request("s", [("user", "x"), ("assistant", "Noted.")], 1, 8)) == SCRIPTED_USER[
         "not eased"]
-    states = [dialogue.parse_emotional_state(ask(dialogue.emotional_state_request("ctx", SCRIPTED_USER[k])))
+    states = [dialogue_judges.parse_emotional_state(ask(dialogue_judges.emotional_state_request("ctx",
+                                                                                                 SCRIPTED_USER[k])))
               for k in ("ends", "eased", "not eased")]
-    assert states == [5, 3, 1] and dialogue.user_ends_dialogue(SCRIPTED_USER["ends"])
+    assert states == [5, 3, 1] and dialogue_judges.user_ends_dialogue(SCRIPTED_USER["ends"])
     trace = "Facts: a deadline.\nNeeds: rest.\nAppraisal: too much.\nEmotion: worried.\nStrategy: calm.\n" \
             "Lookahead 1: calmer.\nLookahead 2: calmer.\nLookahead 3: calmer.\nChoice: keep."
-    scores = dialogue.parse_turn_scores(ask(dialogue.turn_scores_request(
-        [("user", "My deadline is tomorrow.")], trace, "Your deadline sounds hard.", 2)))
-    # a shared content word (deadline); all five sections; three steps naming a RELIEF word; repeated steps, beyond n
+    eased = "Needs: a next step\nAppraisal: manageable\nEmotion: calmer"
+    scores = dialogue_judges.parse_turn_scores(ask(dialogue_judges.turn_scores_request(
+        [("user", "My deadline is tomorrow.")], trace, "Your deadline sounds hard.", 2, eased, SCRIPTED_USER["ends"])))
+    # a shared content word (deadline); all five sections; an eased forecast that came true; repeated steps, beyond n
     assert scores == {"cognitive": 5, "trace": 5, "lookahead": 5, "overthinking": 2}
+    wrong = dialogue_judges.parse_turn_scores(ask(dialogue_judges.turn_scores_request(
+        [("user", "My deadline is tomorrow.")], trace, "Noted.", 2, eased, SCRIPTED_USER["not eased"])))
+    assert wrong["lookahead"] == 2  # the forecast eased, the user did not
+    forecast = ask(dialogue_judges.predictor_request(dialogue_so_far[:1], "I understand.", None))
+    assert dialogue_judges.parse_prediction(forecast) == eased
+    strained = ask(dialogue_judges.predictor_request(dialogue_so_far[:1], "Noted.", None))
+    assert dialogue_judges.parse_prediction(strained).endswith("Emotion: worried")
+    onward = ask(dialogue_judges.predictor_request(dialogue_so_far[:1], "Noted.", eased))
+    assert dialogue_judges.parse_prediction(onward) == eased
 
 
 # ----------------------------------------------------------------------------- the role-play
@@ -202,7 +215,7 @@ def test_episodes_end_by_the_user_or_the_turn_limit_and_reasoning_never_reaches_
         SCRIPTED_USER["ends"]]
     assert [cold.follow_up(k) for k in range(4)] == [SCRIPTED_USER["not eased"]] * 4
     # the exact messages the simulator got: the visible dialogue so far, no reasoning
-    simulated = recorder.of(dialogue.USER_SIMULATOR_SYSTEM)
+    simulated = recorder.of(dialogue_judges.USER_SIMULATOR_SYSTEM)
     assert len(simulated) == 8 and not any("SECRET" in m or "<think>" in m for m in simulated)
     finals = {e.start.scenario.id: e.state.history for e in episodes}
     for message in simulated:
@@ -211,6 +224,34 @@ def test_episodes_end_by_the_user_or_the_turn_limit_and_reasoning_never_reaches_
         assert any(shown == judge.dialogue_text(list(finals[name][:n])) for n in range(2, 9, 2)), shown
     assert not any("SECRET" in m["content"] for chats in respond.calls for chat in chats for m in chat)
     assert all(t.candidates[0].reasoning.startswith("SECRET") for e in episodes for t in e.turns)
+
+
+def test_every_candidate_gets_its_own_reply_and_its_forecast_is_scored(monkeypatch):
+    # EmoLLM H: at each turn the simulator answers each of the G candidates before the turn rewards; the episode
+    # goes on with candidate 0. B.1: the predictor T, on its own endpoint, forecasts n steps, s(k+1) = T(x, y, s(k)),
+    # and the turn judge scores s(n) (R_RP); here the rules judge checks it against the candidate's own follow-up.
+    respond = scripted(lambda row, chat: ("cold", "kind", "slow")[row % 3])
+    settings = DialogueSettings(max_turns=2, lookahead=2)
+    judges, predictor = Recorder(), Recorder()
+    with serving(judges) as cfg, serving(predictor) as predictor_cfg:
+        (episode,), stats = dialogue.play(respond, [dialogue.as_state(scenario("x"))], settings, cfg, candidates=3)
+        first = episode.turns[0].candidates
+        assert [c.follow_up for c in first] == [SCRIPTED_USER[k] for k in ("not eased", "ends", "eased")]
+        assert episode.state.history[1:3] == (("assistant", STYLES["cold"]), ("user", SCRIPTED_USER["not eased"]))
+        assert len(judges.of(dialogue_judges.USER_SIMULATOR_SYSTEM)) == stats["calls"] == 6  # 3 candidates x 2 turns
+        replies = [dialogue.turn_rollout(episode.turns[0].state, c) for c in first]
+        settings.predictor = predictor_cfg
+        dialogue.judge_groups([(episode.turns[0].state, replies)], grpo.rewards.RewardSpec("emollm_turn"), settings,
+                              cfg)
+    asked = predictor.of(dialogue_judges.PREDICTOR_SYSTEM)
+    assert len(asked) == 6 and not judges.of(dialogue_judges.PREDICTOR_SYSTEM)  # n = 2 steps x 3 candidates, own URL
+    assert sum("<previous>" in m for m in asked) == 3  # each second step goes on from its first
+    scored = judges.of(dialogue_judges.TURN_SCORES_SYSTEM)
+    assert sorted(section(m, "follow_up") for m in scored) == sorted(c.follow_up for c in first)
+    for r, c in zip(replies, first):
+        eased = "calmer" if c.reply != STYLES["cold"] else "worried"
+        assert r.judged["prediction"].endswith(f"Emotion: {eased}")
+        assert r.judged["turn_scores"]["lookahead"] == 5  # each forecast agrees with its own candidate's follow-up
 
 
 def test_every_policy_turn_is_one_batched_generate_call(base, monkeypatch):
@@ -235,6 +276,29 @@ def test_every_policy_turn_is_one_batched_generate_call(base, monkeypatch):
         assert e.state.history[1::2] == tuple(("assistant", t.candidates[0].reply) for t in e.turns)
 
 
+def test_context_is_cut_at_turn_boundaries_for_sampling_and_for_the_update(base):
+    # EmoLLM D.3: 2,048 tokens of dialogue context in generation, 896 in the update. Whole exchanges go, oldest first;
+    # the system message and the latest user message stay; the update's rows use their own (shorter) prompt, whose
+    # log-prob difference to the sampler's is grpo's logp_mismatch
+    tok = M.load_tokenizer(base)
+    history = [("user", "I feel worried"), ("assistant", "I hear you"), ("user", "sorry"),
+               ("assistant", "try one step"),
+               ("user", "I understand the plan")]
+    state = State(scenario("x"), tuple(history))
+    settings = DialogueSettings(arg_scaffold=True)
+    chat = dialogue.policy_messages(state, settings)
+    size = [len(tok.chat_ids(chat[:1] + chat[1 + 2 * k:])) for k in range(3)]  # dropping 0, 1 or 2 exchanges
+    assert size[0] > size[1] > size[2]
+    for limit, kept in ((None, 0), (size[0], 0), (size[0] - 1, 1), (size[1], 1), (size[2], 2), (1, 2)):
+        assert dialogue.fit_context(tok, chat, limit, None) == chat[:1] + chat[1 + 2 * kept:], limit
+    settings.context_tokens, settings.update_context_tokens = size[1], size[2]
+    policy = M.Qwen.from_pretrained(base, dtype="float32")
+    ((turn,),) = dialogue.local_policy(policy, tok, grpo.RolloutSettings(max_new_tokens=3), settings)([chat], 1, 0)
+    assert turn.prompt == tok.chat_ids(chat[:1] + chat[3:]) and len(turn.prompt) == size[1]
+    assert turn.train_prompt == tok.chat_ids(chat[:1] + chat[5:]) and len(turn.train_prompt) == size[2]
+    assert dialogue._sample(turn).prompt == turn.train_prompt and dialogue._sample(turn).logp == turn.logp
+
+
 # ----------------------------------------------------------------------------- grpo's dialogue mode
 
 
@@ -248,9 +312,9 @@ def slots_of(cfg, names):
     return source, [grpo.Slot(i, ex, seg) for i, (ex, seg) in enumerate(source.take(len(names)))]
 
 
-def hand_advantages(rewards):
+def hand_advantages(rewards):  # the demo config's loss.adv_std: population, sigma over 1/G as EmoLLM B.2 writes it
     mean = sum(rewards) / len(rewards)
-    std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / (len(rewards) - 1))
+    std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards))
     return [(r - mean) / (std + 1e-6) for r in rewards]
 
 
@@ -261,7 +325,7 @@ def test_trajectory_groups_advantages_and_a_loss_mask_on_assistant_tokens_only(b
         source, slots = slots_of(cfg, ["p", "q"])
         groups, counts = grpo.collect_groups(dialogue.DialogueSampler(policy, tok, cfg), source, slots, cfg, 0, CPU)
     assert [g.example.id for g in groups] == ["p", "q"] and counts["calls"] > 0
-    advantages = grpo.advantages_by_group(groups, cfg.loss.adv_eps)
+    advantages = grpo.advantages_by_group(groups, cfg.loss)
     sequences = grpo.training_sequences(groups, advantages)
     rows = iter(sequences)
     for g, adv in zip(groups, advantages):
@@ -309,8 +373,11 @@ def test_turn_groups_share_one_rubric_per_state(base, monkeypatch):
         policy, tok = grpo.build_policy(cfg, CPU)
         source, slots = slots_of(cfg, ["p", "q"])
         groups, counts = grpo.collect_groups(dialogue.DialogueSampler(policy, tok, cfg), source, slots, cfg, 0, CPU)
-    played = recorder.of(dialogue.USER_SIMULATOR_SYSTEM)
-    assert len(groups) == len(played) >= 4  # a group for every state the two episodes passed
+    played = recorder.of(dialogue_judges.USER_SIMULATOR_SYSTEM)
+    assert len(groups) >= 4 and len(played) == 3 * len(groups)  # a group per state, a simulated reply per candidate
+    shown = sorted(section(m, "dialogue") for m in played)
+    assert shown == sorted(judge.dialogue_text(list(r.example.history)) for g in groups for r in g.rollouts)
+    assert all(r.judged["follow_up"] is not None for g in groups for r in g.rollouts)
     asked = [section(m, "dialogue") for m in recorder.of(CARE_RUBRIC_SYSTEM)]
     assert sorted(asked) == sorted(judge.dialogue_text(list(g.example.history)) for g in groups)
     assert len(recorder.of(judge.CARE_SCORES_SYSTEM)) == 3 * len(groups)
@@ -321,11 +388,12 @@ def test_turn_groups_share_one_rubric_per_state(base, monkeypatch):
         prompt = tok.chat_ids(dialogue.policy_messages(g.example, cfg.dialogue))
         assert all(member[0].prompt == prompt for member in g.samples)
         if not g.masked:
-            advantages = grpo.advantages_by_group([g], cfg.loss.adv_eps)[0]
+            advantages = grpo.advantages_by_group([g], cfg.loss)[0]
             assert advantages == pytest.approx(hand_advantages(g.rewards), abs=1e-5)
     # identical replies: each state is resampled twice, then replaced by another seed's opening, then masked;
     # a resample asks for no new rubric, a replacement (a new state) for its own
-    monkeypatch.setattr(dialogue, "local_policy", lambda model, tok, sampling: scripted(lambda row, chat: "cold"))
+    monkeypatch.setattr(dialogue, "local_policy",
+                        lambda model, tok, sampling, settings=None: scripted(lambda row, chat: "cold"))
     recorder = Recorder()
     with serving(recorder) as judge_cfg:
         cfg = load_config(DEMO, [f"judge.base_url={judge_cfg.base_url}", "reward.name=care", "rollout.group_size=3",
@@ -342,9 +410,9 @@ def scripted_judge(messages, params):
     """The rules user, and fixed scores: e_0 = 2 (the opening, in the scenario), e_T = 4; at assistant turn t,
     cognitive min(5, t + 1), trace 6 - t, lookahead 3, overthinking t mod 3."""
     system, message = messages[0]["content"], messages[-1]["content"]
-    if system == dialogue.EMOTIONAL_STATE_SYSTEM:
+    if system == dialogue_judges.EMOTIONAL_STATE_SYSTEM:
         return "opening | 2" if section(message, "context").startswith("Someone") else "final | 4"
-    if system == dialogue.TURN_SCORES_SYSTEM:
+    if system == dialogue_judges.TURN_SCORES_SYSTEM:
         t = section(message, "dialogue").count("Assistant: ") + 1
         return f"cognitive: c | {min(5, t + 1)}\ntrace: t | {6 - t}\nlookahead: l | 3\noverthinking: o | {t % 3}"
     return rules_backend(messages, params)
@@ -353,7 +421,7 @@ def scripted_judge(messages, params):
 def test_trajectory_reward_against_a_hand_computation(monkeypatch):
     params = {"l_cog": 2.0, "l_arg": 1.0, "l_rp": 0.5, "l_over": 1.0, "l_emo": 3.0}
     respond = scripted(lambda row, chat: ("slow", "kind")[row])
-    monkeypatch.setattr(dialogue, "local_policy", lambda model, tok, sampling: respond)
+    monkeypatch.setattr(dialogue, "local_policy", lambda model, tok, sampling, settings=None: respond)
 
     def r(t):
         return 2.0 * min(4, t) / 4 + 1.0 * (5 - t) / 4 + 0.5 * 2 / 4 - 1.0 * (t % 3) / 2
@@ -372,11 +440,11 @@ def test_trajectory_reward_against_a_hand_computation(monkeypatch):
 
 def test_a_judge_failing_mid_episode_makes_the_reward_none_not_a_crash(monkeypatch):
     respond = scripted(lambda row, chat: ("cold", "slow")[row])  # different episodes: different rewards
-    monkeypatch.setattr(dialogue, "local_policy", lambda model, tok, sampling: respond)
+    monkeypatch.setattr(dialogue, "local_policy", lambda model, tok, sampling, settings=None: respond)
     failed = []
 
     def second_turn_once(messages):  # the simulator's answer to some episode's second reply, the first time only
-        hit = messages[0]["content"] == dialogue.USER_SIMULATOR_SYSTEM and messages[-1]["content"].count(
+        hit = messages[0]["content"] == dialogue_judges.USER_SIMULATOR_SYSTEM and messages[-1]["content"].count(
             "Assistant: ") == 2 and not failed
         failed.extend([1] if hit else [])
         return hit
@@ -397,7 +465,7 @@ def test_a_judge_failing_mid_episode_makes_the_reward_none_not_a_crash(monkeypat
             assert sum(v is None for v in groups[0].rewards) == 1
         else:
             assert counts["resampled"] == 1 and None not in groups[0].rewards
-    with serving(Recorder(lambda m: m[0]["content"] == dialogue.TURN_SCORES_SYSTEM)) as judge_cfg:
+    with serving(Recorder(lambda m: m[0]["content"] == dialogue_judges.TURN_SCORES_SYSTEM)) as judge_cfg:
         cfg = load_config(DEMO, [f"judge.base_url={judge_cfg.base_url}", "judge.retries=0",
                                  "filtering.enabled=false"], grpo.GRPOConfig)
         groups = dialogue.sample_dialogue_groups(None, None, [scenario("p")], cfg, 0, {})
@@ -498,7 +566,7 @@ def test_paper_configs_carry_the_papers_settings():
     ro = emollm.rollout
     assert (ro.temperature, ro.top_p, ro.top_k, ro.repetition_penalty, ro.max_new_tokens) == (0.8, 0.9, 50, 1.1, 256)
     assert emollm.dialogue.max_turns == 8 and emollm.dialogue.lookahead == 3 and emollm.reward.name == "emollm"
-    assert grpo.lr_at(0, emollm.optim, 50) == grpo.lr_at(49, emollm.optim, 50) == 1e-5
+    assert grpo.lr_at(1, emollm.optim, 50) == grpo.lr_at(50, emollm.optim, 50) == 1e-5
     care = load_config(REPO / "configs" / "care_qwen2_5_7b.yaml", [], grpo.GRPOConfig)
     assert care.model.path.endswith("Qwen2.5-7B-Instruct") and care.reward.name == "care"
     assert (care.rollout.prompts_per_update, care.optim.lr, care.updates, care.rollout.group_size) == (8, 2e-6, 100, 6)

@@ -25,8 +25,10 @@ import data
 import dataset
 import grpo
 import model as M
+import rewards
 import train as T
 from config import MetricsWriter, load_config
+from judge import SIP_STAGES
 from judge_server import Faults, JudgeServer, rules_backend
 
 REPO = Path(__file__).resolve().parents[1]
@@ -128,6 +130,23 @@ def test_group_advantages_by_hand():
     torch.testing.assert_close(adv, torch.tensor(expected))
 
 
+def test_group_advantages_population_std_for_emollm():
+    # EmoLLM (B.2) divides by sigma_R = sqrt(1/G sum (R - mu)^2): for [0, 0, 0, 1], mu = 0.25 and sigma = sqrt(3) / 4,
+    # so A = [-1/sqrt(3)] * 3 + [sqrt(3)] = [-0.577, -0.577, -0.577, 1.732]; the unbiased std gives [-0.5 x3, 1.5]
+    population = grpo.group_advantages([0.0, 0.0, 0.0, 1.0], 4, eps=0.0, std="population")
+    torch.testing.assert_close(population, torch.tensor([-0.57735, -0.57735, -0.57735, 1.73205]), atol=1e-5, rtol=0)
+    unbiased = grpo.group_advantages([0.0, 0.0, 0.0, 1.0], 4, eps=0.0)
+    torch.testing.assert_close(unbiased, torch.tensor([-0.5, -0.5, -0.5, 1.5]))
+    emollm = load_config(REPO / "configs" / "emollm_qwen3_8b.yaml", [], grpo.GRPOConfig)
+    clue = load_config(REPO / "configs" / "clue_qwen3_5_9b.yaml", [], grpo.GRPOConfig)
+    assert (emollm.loss.adv_std, clue.loss.adv_std) == ("population", "unbiased")
+    example = data.Example("e", "meld_emotion", [data.Turn("A", "hi")], 0, ["joy"])
+    group = grpo.Group(example, [[grpo.Sample([1, 2], [3], [-0.1], False)] for _ in range(4)], [], [0.0, 0.0, 0.0, 1.0])
+    emollm.loss.adv_eps = 0.0
+    (adv,) = grpo.advantages_by_group([group], emollm.loss)
+    assert adv == pytest.approx([-0.57735, -0.57735, -0.57735, 1.73205], abs=1e-5)
+
+
 def hand_loss(logp, old, ref, adv, mask, lo, hi, beta, agg):
     """The per-token formula of DESIGN.md, one token at a time in plain Python."""
     rows, tokens, n_tok = [], 0.0, 0
@@ -206,23 +225,46 @@ def test_clipped_tokens_pass_no_gradient():
 
 
 def test_lr_at_the_papers_landmarks():
+    # Updates count from 1 as in the paper (A.2): 5e-7 at update 1, rising over 19 updates to the peak 1e-5 at update
+    # 20, constant through update 506, then a cosine down to 5e-7 at update 723, the last that runs. The old schedule
+    # counted from 0: update 507 ran at the peak and update 723 at 5.005e-7.
     cfg = load_config(REPO / "configs" / "clue_qwen3_5_9b.yaml", [], grpo.GRPOConfig)
-    peak, updates = cfg.optim.lr, cfg.updates
-    assert updates == 723 and cfg.optim.lr_floor == 5e-7 and cfg.optim.betas == (0.9, 0.99)
-    lr = [grpo.lr_at(u, cfg.optim, updates) for u in (0, 10, 19, 300, 506, 614, 723)]
-    assert lr[0] == pytest.approx(5e-7) and lr[2] == pytest.approx(peak) and lr[4] == pytest.approx(peak)
-    assert lr[1] == pytest.approx(5e-7 + (peak - 5e-7) * 10 / 19) and lr[3] == pytest.approx(peak)
-    assert lr[5] == pytest.approx(5e-7 + (peak - 5e-7) * 0.5 * (1 + math.cos(math.pi * 108 / 217)))
-    assert lr[6] == pytest.approx(5e-7)
+    assert (cfg.updates, cfg.optim.lr, cfg.optim.lr_floor, cfg.optim.betas) == (723, 1e-5, 5e-7, (0.9, 0.99))
+    lr = {u: grpo.lr_at(u, cfg.optim, cfg.updates) for u in (1, 10, 19, 20, 506, 507, 614, 723)}
+    assert lr[1] == pytest.approx(5e-7, rel=1e-12)
+    assert lr[10] == pytest.approx(5e-7 + 9.5e-6 * 9 / 19, rel=1e-12)
+    assert lr[19] == pytest.approx(9.5e-6, rel=1e-12)  # 5e-7 + 9.5e-6 * 18 / 19
+    assert lr[20] == lr[506] == 1e-5
+    assert lr[507] == pytest.approx(1e-5 - 9.5e-6 * (1 - math.cos(math.pi / 217)) / 2, rel=1e-12)
+    assert lr[507] == pytest.approx(9.99950e-6, abs=1e-11) and lr[507] < 1e-5
+    assert lr[614] == pytest.approx(5e-7 + 9.5e-6 * 0.5 * (1 + math.cos(math.pi * 108 / 217)), rel=1e-12)
+    assert lr[723] == pytest.approx(5e-7, rel=1e-12)
+
+
+def test_social_r1_weight_reaches_one_plus_gamma_at_the_last_update(assets):
+    # w(t) = 1 + gamma t / T with t the update counted from 1: the rollouts of the last update (the loop's update
+    # T - 1) carry t = T, so the process weight is 1 + gamma there (the old code passed t = T - 1)
+    base, _ = assets
+    cfg = load_config(REPO / "configs" / "social_r1_qwen3_8b.yaml",
+                      [f"model.path={base}", "model.dtype=float32", "model.device=cpu", "lora.rank=4", "lora.alpha=8",
+                       "rollout.group_size=2", "rollout.max_new_tokens=2"], grpo.GRPOConfig)
+    policy, tok = grpo.build_policy(cfg, T.Dist(0, 1, torch.device("cpu")))
+    story = data.Example("s", "tom_mc", [data.Turn("", "Sam hides the key.")], None, ["A"],
+                         meta={"question": "Where?", "options": ["box", "bag"]})
+    gamma = cfg.reward.params.get("gamma", rewards.REWARDS[cfg.reward.name].defaults["gamma"])
+    for update, weight in ((cfg.updates - 1, 1 + gamma), (0, 1 + gamma / cfg.updates)):
+        (group,) = grpo.sample_groups(policy, tok, [story], cfg, update, seed=0)
+        assert {(r.step, r.total_steps) for r in group.rollouts} == {(update + 1, cfg.updates)}
+        assert rewards.process_weight(group.rollouts[0].step, cfg.updates, gamma) == pytest.approx(weight)
 
 
 # ----------------------------------------------------------------------------- group filtering
 
 
-def scripted_filtering(monkeypatch, script, enabled=True):
+def scripted_filtering(monkeypatch, script, enabled=True, config="clue_qwen3_5_9b.yaml", overrides=()):
     """Run collect_groups on 3 slots whose rewards come from `script[example id]`, one list per
     sampling of that prompt (the last one repeats). Returns (groups, counts, samplings per id)."""
-    cfg = load_config(REPO / "configs" / "clue_qwen3_5_9b.yaml", ["rollout.group_size=2"], grpo.GRPOConfig)
+    cfg = load_config(REPO / "configs" / config, ["rollout.group_size=2", *overrides], grpo.GRPOConfig)
     cfg.filtering.enabled = enabled
     examples = [data.Example(f"p{i}", "meld_emotion", [data.Turn("A", "hi")], 0, ["joy"]) for i in range(6)]
     source = grpo.PromptSource([dataset.Segment("full", examples[:3]), dataset.Segment("mixed", examples[3:])])
@@ -253,8 +295,9 @@ def scripted_filtering(monkeypatch, script, enabled=True):
     ([0.5, 0.5], 3, 1, True, "replace"),
     ([None, None], 3, 2, True, "mask"),  # replacements spent too
     ([0.0, 0.0], 3, 2, True, "mask"),
-    ([0.5, 0.5], 0, 0, False, "keep"),  # filtering off: equal rewards train with zero advantages
-    ([1.0, None], 0, 0, False, "mask"),  # ... but a missing reward is never read as a number
+    ([0.5, 0.5], 0, 0, False, "mask"),  # filtering off: equal rewards masked at once, out of the normalizer too
+    ([1.0, 0.0], 0, 0, False, "keep"),
+    ([1.0, None], 0, 0, False, "mask"),  # ... and a missing reward is never read as a number
 ])
 def test_filter_decision_by_hand(rewards_, resamples, replacements, enabled, expected):
     settings = grpo.FilterSettings(enabled=enabled, resamples=3, replacements=2)
@@ -287,11 +330,12 @@ def test_group_filtering_replacement_can_rescue(monkeypatch):
     assert groups[2].example.id != "p2" and groups[2].rewards == [1.0, 0.0] and not groups[2].masked
 
 
-def test_filtering_off_masks_only_missing_rewards(monkeypatch):
+def test_filtering_off_draws_nothing_again_and_masks_unusable_groups(monkeypatch):
+    # all-equal rewards are masked too, as with filtering on: out of the loss normalizer in both arms
     script = {"p0": [(1.0, 1.0)], "p1": [(None, 1.0)], "p2": [(0.0, 1.0)]}
     groups, counts, seen = scripted_filtering(monkeypatch, script, enabled=False)
     assert seen == {"p0": 1, "p1": 1, "p2": 1} and counts["resampled"] == counts["replaced"] == 0
-    assert [g.masked for g in groups] == [False, True, False] and counts["masked"] == 1
+    assert [g.masked for g in groups] == [True, True, False] and counts["masked"] == 2
 
 
 # ----------------------------------------------------------------------------- gradients
@@ -323,9 +367,30 @@ def fixed_groups(n_groups=4, k=3, seed=0):
     return groups
 
 
+def test_accuracy_only_and_clue_scale_the_same_informative_groups_alike(monkeypatch, assets):
+    # The paper's ablation: Accuracy-Only (filtering off) against CLUE (filtering on). Here one group of three is
+    # informative and the others stay all-correct or all-wrong through every resampling (no replacements). The old
+    # code kept the two all-equal groups in Accuracy-Only's loss normalizer (3 completions' worth of groups instead
+    # of 1), so its policy-gradient step was 3x smaller at the same LR; now both arms mask them.
+    script = {"p0": [(1.0, 1.0)], "p1": [(1.0, 0.0)], "p2": [(0.0, 0.0)]}
+    arms = {name: scripted_filtering(monkeypatch, script, enabled=on, config=config,
+                                     overrides=["filtering.replacements=0"])[0]
+            for name, on, config in (("clue", True, "clue_qwen3_5_9b.yaml"),
+                                     ("accuracy_only", False, "clue_accuracy_only.yaml"))}
+    assert [g.masked for g in arms["clue"]] == [g.masked for g in arms["accuracy_only"]] == [True, False, True]
+    assert arms["clue"][1].example.id == arms["accuracy_only"][1].example.id == "p1"
+    cfg, policy = tiny_policy(assets[0])
+    cfg.loss.beta = 0.0  # the policy-gradient term alone
+    where = T.Dist(0, 1, torch.device("cpu"))
+    (_, clue), (_, accuracy_only) = (gradients(cfg, policy, arms[name], where, 4) for name in ("clue", "accuracy_only"))
+    assert any(g.abs().sum() > 0 for g in clue)
+    for a, b in zip(clue, accuracy_only):
+        torch.testing.assert_close(a, b)
+
+
 def gradients(cfg, policy, groups, where, micro_batch_size):
     cfg.loss.micro_batch_size = micro_batch_size
-    sequences = grpo.training_sequences(groups, grpo.advantages_by_group(groups, cfg.loss.adv_eps))
+    sequences = grpo.training_sequences(groups, grpo.advantages_by_group(groups, cfg.loss))
     batches = grpo.micro_batches(sequences, micro_batch_size, 0, where.device)
     optimizer = T.build_optimizer(policy, 0.0, 0.0, (0.9, 0.99))
     out = grpo.policy_update(policy, optimizer, batches, cfg, where)
@@ -392,7 +457,7 @@ def test_several_passes_reach_the_clipped_branch(assets):
     cfg, policy = tiny_policy(base)
     cfg.loss.passes, cfg.optim.grad_clip = 4, 1.0
     groups = fixed_groups()
-    sequences = grpo.training_sequences(groups, grpo.advantages_by_group(groups, cfg.loss.adv_eps))
+    sequences = grpo.training_sequences(groups, grpo.advantages_by_group(groups, cfg.loss))
     batches = grpo.micro_batches(sequences, 4, 0, "cpu")
     optimizer = T.build_optimizer(policy, 0.05, 0.0, (0.9, 0.99))
     result = grpo.policy_update(policy, optimizer, batches, cfg, T.Dist(0, 1, torch.device("cpu")))
@@ -404,7 +469,7 @@ def test_nonfinite_loss_skips_the_step_and_keeps_the_weights(assets):
     cfg, policy = tiny_policy(base)
     groups = fixed_groups()
     groups[1].rewards[0] = float("nan")
-    sequences = grpo.training_sequences(groups, grpo.advantages_by_group(groups, cfg.loss.adv_eps))
+    sequences = grpo.training_sequences(groups, grpo.advantages_by_group(groups, cfg.loss))
     optimizer = T.build_optimizer(policy, 0.1, 0.0, (0.9, 0.99))
     before = [p.detach().clone() for p in T.optimizer_parameters(optimizer)]
     result = grpo.policy_update(policy, optimizer, grpo.micro_batches(sequences, 4, 0, "cpu"), cfg,
@@ -416,11 +481,12 @@ def test_nonfinite_loss_skips_the_step_and_keeps_the_weights(assets):
 # ----------------------------------------------------------------------------- whole runs
 
 
-def test_three_updates_write_every_output(tmp_path, assets, judge):
+def test_three_updates_write_every_output(tmp_path, assets, judge, umask_022):
     config = run_config(tmp_path, assets, judge.url, save_merged=True, keep_checkpoints=2,
                         filtering={"resamples": 3, "replacements": 2})
     grpo.main([str(config)])
     out = tmp_path / "run"
+    umask_022(out)  # adapter, merged shards, checkpoints: readable by others (a vLLM server's user) like the logs
     metrics = read_jsonl(out / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [1, 2, 3]
     for m in metrics:
@@ -481,6 +547,33 @@ def test_killed_run_resumes_to_the_same_result(tmp_path, assets):
     assert_same_run(tmp_path / "a" / "run", run)
 
 
+KILL_IN_FINAL_SAVE = """
+import os, runpy, signal, sys
+rename = os.replace
+def replace(src, dst, *args, **kwargs):  # SIGKILL at the first rename of the final save (not a checkpoint's)
+    if "adapter" in str(dst) and "ckpt-" not in str(dst):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return rename(src, dst, *args, **kwargs)
+os.replace = replace
+sys.argv = ["grpo.py", sys.argv[1]]
+runpy.run_path("grpo.py", run_name="__main__")
+"""
+
+
+def test_a_kill_during_the_final_save_leaves_no_temporary_in_the_result(tmp_path, assets, judge):
+    config = run_config(tmp_path, assets, judge.url, updates=2)
+    run = tmp_path / "run"
+    killed = subprocess.run([sys.executable, "-c", KILL_IN_FINAL_SAVE, str(config)], cwd=REPO, capture_output=True,
+                            env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=300)
+    assert killed.returncode == -signal.SIGKILL and (run / "ckpt-000002").is_dir(), killed.stderr.decode()[-2000:]
+    assert not (run / "adapter").exists() or sorted(os.listdir(run / "adapter")) == [
+        "adapter_config.json", "adapter_model.safetensors"]  # absent or whole, never half-written
+    grpo.main([str(config)])  # the rerun: resumes at its last update, then saves again
+    assert sorted(os.listdir(run / "adapter")) == ["adapter_config.json", "adapter_model.safetensors"]
+    leftovers = [str(p.relative_to(run)) for p in run.rglob("*") if ".tmp" in p.name]
+    assert not leftovers, leftovers
+
+
 def test_trim_log_keeps_the_whole_lines_up_to_the_step(tmp_path):
     records = [{"step": 1, "completion": "a\u2028b\x85c"}, {"step": 2, "completion": "d\u2029"}, {"step": 3}]
     path = tmp_path / "completions.jsonl"
@@ -525,6 +618,26 @@ def test_judge_outage_never_crashes(tmp_path, assets, capsys):
     assert all(c["reward"] is not None for c in completions if c["advantage"] is not None)
 
 
+def test_a_rejected_judge_key_stops_the_run_at_the_first_update(tmp_path, assets, capsys, monkeypatch):
+    """A judge answering 401 to every call is not incomplete feedback: one line naming the endpoint and the
+    variable holding the key (never the key, which this server echoes back), exit status 2, no update made."""
+    key = "sk-rejected-4b1c9e77a2"
+    monkeypatch.setenv("GRPO_TEST_JUDGE_KEY", key)
+    with JudgeServer(rules_backend, api_key="sk-the-right-one").start() as server:
+        config = run_config(tmp_path, assets, server.url, **{"judge.api_key_env": "GRPO_TEST_JUDGE_KEY"})
+        with pytest.raises(SystemExit) as stop:
+            grpo.main([str(config)])
+    assert stop.value.code == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert f"{server.url}/chat/completions" in err and "HTTP 401" in err and "GRPO_TEST_JUDGE_KEY" in err, err
+    assert key not in captured.err + captured.out and key[:8] not in err
+    run = tmp_path / "run"
+    assert not (run / "metrics.jsonl").exists() or not (run / "metrics.jsonl").read_text()  # no update recorded
+    assert not list(run.glob("ckpt-*")) and not (run / "adapter").exists()
+
+
 def test_bad_inputs_stop_before_any_model_loads(tmp_path, assets, monkeypatch, capsys):
     def no_load(*args, **kwargs):
         raise AssertionError("a model was loaded")
@@ -533,7 +646,14 @@ def test_bad_inputs_stop_before_any_model_loads(tmp_path, assets, monkeypatch, c
     bad_data = tmp_path / "bad.jsonl"
     bad_data.write_text(assets[1].read_text() + '{"id": "x", "task": "meld_emotion", "turns": [], "target": 0, '
                                                 '"labels": ["happy"]}\n')
+    huge = tmp_path / "huge.jsonl"  # one label of 50 MiB: the error quotes an excerpt, never the value
+    huge.write_text(json.dumps({"id": "x", "task": "meld_emotion", "turns": [{"speaker": "A", "text": "hi"}],
+                                "target": 0, "labels": ["a" * 52_428_800]}) + "\n")
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
     cases = [({"train_data": [str(bad_data)]}, f"{bad_data}:5: field 'target'"),
+             ({"train_data": [str(huge)]}, f"{huge}:1: field 'labels': '{'a' * 120}...' (52,428,800 characters) is"),
+             ({"train_data": [str(assets[1]), str(empty)]}, f"'train_data': {empty}: no examples (the file is empty)"),
              ({"reward.name": "clu"}, "'reward.name': unknown reward 'clu'"),
              ({"reward.params": {"lambda": 1.0}}, "'reward.params.lambda': not a setting of reward 'clue'"),
              ({"rollout.group_size": 1}, "'rollout.group_size': must be at least 2"),
@@ -544,7 +664,7 @@ def test_bad_inputs_stop_before_any_model_loads(tmp_path, assets, monkeypatch, c
             grpo.main([str(run_config(tmp_path, assets, "http://127.0.0.1:9/v1", **overrides))])
         assert stop.value.code == 2
         err = capsys.readouterr().err.strip()
-        assert len(err.splitlines()) == 1 and message in err, err
+        assert len(err.splitlines()) == 1 and message in err and len(err) < 500, err[:1000]
 
 
 def test_a_learnable_reward_rises(tmp_path):
@@ -562,3 +682,67 @@ def test_a_learnable_reward_rises(tmp_path):
     first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
     print(f"first 3 updates {first:.3f}, last 3 updates {last:.3f}")
     assert first < 0.3 and last > max(0.4, first + 0.2)  # seeds 1-6 measured: 0.08-0.26 -> 0.47-0.65
+
+
+# ----------------------------------------------------------------------------- Social-R1: references, then a run
+
+
+def social_r1_backend(messages, params):
+    """A teacher and the two SIP judges: a reference that reaches the <labels> option, four YES stages, and
+    a content score that says whether a reference was shown."""
+    system, user = messages[0]["content"], messages[-1]["content"]
+    if system == rewards.SIP_REFERENCE_SYSTEM:
+        gold = user.split("<labels>\n")[1].split("\n")[0]
+        return "\n".join([f"{stage}: the {stage.lower()} of the story" for stage in SIP_STAGES] + [f"Answer: {gold}"])
+    if "Encoding: <short assessment>" in system:
+        return "\n".join(f"{stage}: done | YES" for stage in SIP_STAGES)
+    return "against the reference | 0.7" if "<reference>" in user else "no reference | 0.1"
+
+
+def test_convert_prepare_references_then_a_social_r1_run(tmp_path, assets):
+    # convert.py tombench -> grpo.py prepare (teacher over HTTP, concurrent, resumable) -> grpo.py on the result
+    items = []
+    for i, n in enumerate((2, 4, 6)):
+        item = {"STORY": f"Story {i}.", "QUESTION": "Where?", "故事": f"故事{i}。", "问题": "哪里？",
+                "答案\nANSWER": "ABCDEF"[n - 1]}
+        for letter in "ABCDEF"[:n]:
+            item[f"OPTION-{letter}"], item[f"选项{letter}"] = f"place {letter}", f"地方{letter}"
+        items.append(json.dumps(item, ensure_ascii=False))
+    (tmp_path / "tom.jsonl").write_text("\n".join(items) + "\n", encoding="utf-8")
+    gold, train_file = tmp_path / "gold.jsonl", tmp_path / "train.jsonl"
+    subprocess.run([sys.executable, str(REPO / "convert.py"), "tombench", str(tmp_path / "tom.jsonl"), str(gold)],
+                   check=True, cwd=REPO, capture_output=True)
+    base, _ = assets
+    server = JudgeServer(social_r1_backend, faults=Faults(script=("503",)))  # the first teacher call fails
+    with server.start():
+        overrides = [f"output_dir={tmp_path / 'run'}", f"train_data=[{train_file}]", f"model.path={base}",
+                     "model.dtype=float32", "model.device=cpu", "model.gradient_checkpointing=false", "updates=1",
+                     "lora.rank=4", "lora.alpha=8", "rollout.prompts_per_update=2", "rollout.group_size=2",
+                     "rollout.max_new_tokens=4", "loss.micro_batch_size=4", f"judge.base_url={server.url}",
+                     "judge.retries=0", f"prepare.examples={gold}", f"prepare.teacher.base_url={server.url}",
+                     "prepare.teacher.retries=0", "prepare.teacher.concurrency=4"]
+        config = str(REPO / "configs" / "social_r1_qwen3_8b.yaml")
+        grpo.main(["prepare", config, *overrides])
+        assert len(dataset.load_jsonl(train_file)) == 5 and server.requests_seen == 6  # 6 examples, one call failed
+        grpo.main(["prepare", config, *overrides])  # the rerun asks only for the missing one
+        assert server.requests_seen == 7
+        written = dataset.load_jsonl(train_file)
+        assert sorted(e.id for e in written) == sorted(e.id for e in dataset.load_jsonl(gold))
+        six = next(e for e in written if e.id == "tombench-en-tom-3")
+        assert len(six.meta["options"]) == 6 and six.meta["reference"].splitlines() == [
+            "Encoding: the encoding of the story", "Interpretation: the interpretation of the story",
+            "Goal: the goal of the story", "Response: the response of the story", "Answer: F"]
+        grpo.main([config, *overrides])
+    (record,) = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    # every R_content was scored against the reference the prepare step wrote (0.1 without one)
+    assert record["step"] == 1 and record["rewards/R_content/mean"] == pytest.approx(0.7)
+    assert record["rewards/R_struct/mean"] == 1.0 and record["judge/failures"] == 0
+
+
+def test_parse_sip_reference_is_strict():
+    item = data.Example("t", "tom_mc", [data.Turn("", "s")], None, ["B"], meta={"question": "q", "options": ["x", "y"]})
+    good = "Encoding: a\nInterpretation: b\nGoal: c\nResponse: d\nAnswer: B"
+    assert rewards.parse_sip_reference(good, item) == good
+    for bad in [good.replace("B", "A"), good.replace("Goal: c\n", ""), good.replace("Goal: c", "Goal:"),
+                good + "\nextra", good.replace("Encoding", "Cues")]:
+        assert rewards.parse_sip_reference(bad, item) is None, bad

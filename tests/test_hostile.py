@@ -171,9 +171,10 @@ def test_a_key_inside_the_url_is_never_shown(caplog):
         with pytest.raises(JudgeError, match="HTTP 401") as e:
             judge.chat(MESSAGES, base_url=url, model="m")
         outputs.append(str(e.value))
-        texts, stats = judge.chat_many([JudgeCall(MESSAGES, 8)], config(url))
-        outputs.append(json.dumps(stats))
-    assert texts == [None] and f"127.0.0.1:{port}" in outputs[0] and "Connection" in outputs[0]
+        with pytest.raises(judge.JudgeAuthError) as e:  # a refused key stops a batch
+            judge.chat_many([JudgeCall(MESSAGES, 8)], config(url))
+        outputs.append(str(e.value))
+    assert f"127.0.0.1:{port}" in outputs[0] and "Connection" in outputs[0]
     basic = base64.b64encode(f"alice:{SECRET}".encode()).decode()
     for output in outputs + [caplog.text]:
         assert not shows_secret(output) and "alice" not in output and not shows_secret(output, basic), output

@@ -5,6 +5,7 @@ answers, the rules backend on hand-worked cases, and judge-aimed instructions in
 
 import json
 import logging
+import os
 import re
 import subprocess
 import sys
@@ -151,9 +152,13 @@ def test_a_failing_backend_answers_500_and_the_server_keeps_serving():
 
 def test_other_4xx_is_not_retried():
     with serving(echo_backend, api_key="right-key-0123456789") as server:
-        with pytest.raises(JudgeError, match="refused the request: HTTP 401") as e:
+        with pytest.raises(judge.JudgeAuthError, match="refused the API key: HTTP 401$") as e:
             judge.chat([{"role": "user", "content": "x"}], base_url=server.url, model="m", backoff=0.001)
         assert e.value.retries == 0 and server.requests_seen == 0  # rejected before reaching the model
+    with serving(echo_backend) as server:  # 404: the route
+        with pytest.raises(JudgeError, match="refused the request: HTTP 404") as e:
+            judge.chat([{"role": "user", "content": "x"}], base_url=server.url + "/nowhere", model="m")
+        assert e.value.retries == 0 and not isinstance(e.value, judge.JudgeAuthError)
 
 
 def test_api_key_never_appears_in_errors_or_logs(monkeypatch, caplog):
@@ -162,14 +167,16 @@ def test_api_key_never_appears_in_errors_or_logs(monkeypatch, caplog):
     monkeypatch.setenv("JUDGE_TEST_KEY", secret)
     with serving(echo_backend, api_key="the-server-expects-another-key") as server:
         # The server echoes the rejected key back in its 401 body, as some hosted APIs do.
-        texts, stats = judge.chat_many([call()], config(server, api_key_env="JUDGE_TEST_KEY"))
+        with pytest.raises(judge.JudgeAuthError) as refused:  # a refused key stops the batch: never None
+            judge.chat_many([call(), call("b")], config(server, api_key_env="JUDGE_TEST_KEY"))
         with pytest.raises(JudgeError) as e:
             judge.chat([{"role": "user", "content": "x"}], base_url=server.url, model="m", api_key=secret)
-    assert texts == [None] and "HTTP 401" in stats["errors"][0]
+    assert str(refused.value) == (f"judge at {server.url}/chat/completions refused the API key: HTTP 401 "
+                                  "(key from the environment variable JUDGE_TEST_KEY)")
     with serving(echo_backend, api_key=secret, faults=Faults(script=("503", "drop", "ok"))) as server:
         texts, stats = judge.chat_many([call("k")], config(server, api_key_env="JUDGE_TEST_KEY"))
     assert texts == ["echo: k"] and stats["retries"] == 2  # the right key is accepted
-    outputs = [str(e.value), json.dumps(stats), caplog.text]
+    outputs = [str(e.value), str(refused.value), json.dumps(stats), caplog.text]
     assert "retry 1/3" in caplog.text
     for output in outputs:
         assert all(secret[i:i + 6] not in output for i in range(len(secret) - 5)), output
@@ -239,6 +246,34 @@ def test_server_command_runs_the_rules_backend_in_a_subprocess():
     help_text = subprocess.run([sys.executable, str(REPO / "judge_server.py"), "--help"], capture_output=True,
                                text=True, cwd=REPO).stdout
     assert "CRUDE LEXICAL STAND-IN" in help_text and "loopback" in help_text
+
+
+def test_server_verbose_logs_one_line_per_request_without_bodies_or_headers():
+    secret, marker = "sk-verbose-test-key-0123", "BODY-MARKER-7781"
+    process = subprocess.Popen([sys.executable, str(REPO / "judge_server.py"), "--backend", "rules", "--port", "0",
+                                "--api-key-env", "VERBOSE_TEST_KEY", "--verbose"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, cwd=REPO,
+                               env=os.environ | {"VERBOSE_TEST_KEY": secret})
+    try:
+        url = re.search(r"http://127\.0\.0\.1:\d+/v1", process.stdout.readline()).group(0)
+        auth = {"Authorization": f"Bearer {secret}", "X-Extra": marker}
+        chat = {"model": "rules", "messages": [{"role": "user", "content": marker}]}
+        with requests.Session() as session:  # keep-alive: several requests on one connection
+            statuses = [session.get(url + "/models", headers=auth, timeout=5).status_code,
+                        session.post(url + "/chat/completions", json=chat, headers=auth, timeout=5).status_code,
+                        session.post(url + "/chat/completions", json=chat, timeout=5).status_code,
+                        session.post(url + "/nowhere?token=" + marker, json=chat, headers=auth, timeout=5).status_code]
+        assert statuses == [200, 400, 401, 404]  # the rules backend has no answer for this prompt: 400
+    finally:
+        process.terminate()
+        _, err = process.communicate(timeout=10)
+    lines = err.splitlines()
+    pattern = r"(GET|POST) (/\S*) (\d{3}) (\d+) ms"
+    assert len(lines) == 4 and all(re.fullmatch(pattern, line) for line in lines), err
+    assert [re.fullmatch(pattern, line).group(1, 2, 3) for line in lines] == [
+        ("GET", "/v1/models", "200"), ("POST", "/v1/chat/completions", "400"), ("POST", "/v1/chat/completions", "401"),
+        ("POST", "/v1/nowhere", "404")]  # the query string is left out: it may carry a token
+    assert secret not in err and marker not in err
 
 
 # ----------------------------------------------------------------------------- examples
@@ -426,11 +461,29 @@ def test_parse_care_rubric():
     assert [rubric[d]["weight"] for d in rubric] == pytest.approx([0.30, 0.45, 0.25])
     assert rubric["cognitive"]["criteria"][2] == "Checks what the parent wants"
     nearly = json.loads(json.dumps(RUBRIC_JSON))
-    nearly["proactive"]["weight"] = 0.259  # within CARE_WEIGHT_TOLERANCE = 0.01 of summing to 1: renormalized
+    nearly["proactive"]["weight"] = 0.259  # within CARE_WEIGHT_TOLERANCE of summing to 1: renormalized
     weights = [d["weight"] for d in judge.parse_care_rubric(json.dumps(nearly)).values()]
     assert weights == pytest.approx([0.30 / 1.009, 0.45 / 1.009, 0.259 / 1.009], abs=1e-12)
-    nearly["proactive"]["weight"] = 0.261  # 1.011: outside it
+    nearly["proactive"]["weight"] = 0.27  # 1.02: more than three two-decimal roundings can explain, refused
     assert judge.parse_care_rubric(json.dumps(nearly)) is None
+
+
+@pytest.mark.parametrize("weights", [(0.33, 0.33, 0.33), (0.4, 0.24, 0.35), (0.335, 0.335, 0.335), (0.34, 0.34, 0.335)])
+def test_care_rubric_accepts_two_decimal_rounding(weights):
+    # 0.33 * 3 misses 1 by 0.010000000000000009 in floats, which the old tolerance of 0.01 refused; a sum within
+    # 3 x 0.005 of 1 is what three weights each rounded to two decimals can give, so it is renormalized and used
+    value = {dim: dict(RUBRIC_JSON[dim], weight=w) for dim, w in zip(judge.CARE_DIMENSIONS, weights)}
+    rubric = judge.care_rubric(value)
+    assert [rubric[d]["weight"] for d in judge.CARE_DIMENSIONS] == pytest.approx([w / sum(weights) for w in weights],
+                                                                                  abs=1e-12)
+    assert sum(rubric[d]["weight"] for d in judge.CARE_DIMENSIONS) == pytest.approx(1, abs=1e-12)
+
+
+@pytest.mark.parametrize("weights", [(0.3, 0.3, 0.3), (0.4, 0.4, 0.4), (0.5, 0.3, 0.1), (0.34, 0.34, 0.34)])
+def test_care_rubric_refuses_weights_clearly_off(weights):
+    # 0.9, 1.2, 0.9 and 1.02: no two-decimal rounding of weights that sum to 1 gives these
+    value = {dim: dict(RUBRIC_JSON[dim], weight=w) for dim, w in zip(judge.CARE_DIMENSIONS, weights)}
+    assert judge.care_rubric(value) is None
 
     def mutated(change):
         rubric = json.loads(json.dumps(RUBRIC_JSON))

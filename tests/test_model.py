@@ -281,6 +281,40 @@ def test_peft_saved_adapter_loads_in_ours(qwen3, tmp_path):
         close(ours(x), peft_model(x).logits)
 
 
+@pytest.mark.parametrize("name", ["qwen3_odd", "qwen3_tied"])
+def test_token_rows_are_saved_in_peft_format_both_ways(name, tmp_path_factory, tmp_path):
+    """Trained token rows travel in PEFT's own format (trainable_token_indices; the rows in
+    adapter_model.safetensors), so PEFT applies them, and a PEFT-trained adapter with rows loads in ours."""
+    hf, path = hf_checkpoint(tmp_path_factory, name)
+    ours, rows = lora_model(path), [7, 150]
+    params = M.train_token_rows(ours, rows)
+    with torch.no_grad():
+        for p in params:
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(5)))  # far from the base rows
+    M.save_adapter(ours, tmp_path / "ours", base_model_name_or_path=str(path))
+    assert sorted(p.name for p in (tmp_path / "ours").iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
+    x = torch.tensor([[1, 7, 3, 150, 4, 7]])  # rows read at the input and scored at the output
+    theirs = peft.PeftModel.from_pretrained(
+        transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), tmp_path / "ours").eval()
+    with torch.no_grad():
+        assert (ours(x) - hf(x).logits).abs().max() > 1  # mostly the rows' doing: the LoRA moved little
+        close(ours(x), theirs(x).logits)
+    indices = {"embed_tokens": [5, 9]} | ({} if name == "qwen3_tied" else {"lm_head": [5, 9]})
+    trained = peft.get_peft_model(transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32),
+                                  peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj"],
+                                                  trainable_token_indices=indices))
+    with torch.no_grad():
+        for n, p in trained.named_parameters():
+            if "lora_B" in n or "trainable_tokens_delta" in n:
+                p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(6)))
+    trained.save_pretrained(tmp_path / "peft")
+    loaded = M.load_adapter(M.Qwen.from_pretrained(path, dtype="float32"), tmp_path / "peft")
+    assert loaded.row_ids.tolist() == [5, 9]
+    x = torch.tensor([[1, 5, 3, 9, 4]])
+    with torch.no_grad():
+        close(loaded(x), trained.eval()(x).logits)
+
+
 def test_lora_gradients_equal_peft(qwen3, tmp_path):
     """Backward through LoRA (ours adds it into the base output in place) against peft's, factor by factor."""
     _, _, path = qwen3
@@ -471,7 +505,8 @@ def test_special_token_rows_train_round_trip_and_merge(qwen3, tmp_path):
     with torch.no_grad():
         trained = ours(x)
     M.save_adapter(ours, tmp_path / "adapter")
-    assert (tmp_path / "adapter" / "token_rows.safetensors").is_file()
+    saved = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())["trainable_token_indices"]
+    assert saved == {"embed_tokens": [15, 16], "lm_head": [15, 16]}
     loaded = M.load_adapter(M.Qwen.from_pretrained(tmp_path / "base", dtype="float32"), tmp_path / "adapter")
     with torch.no_grad():
         close(loaded(x), trained, 1e-5)
@@ -594,25 +629,34 @@ def test_bad_adapter_json_and_token_rows_are_one_line_errors(qwen3, tmp_path):
     ours = lora_model(path)
     M.train_token_rows(ours, [3, 8])
     M.save_adapter(ours, tmp_path / "good")
-    rows = load_file(tmp_path / "good" / "token_rows.safetensors")
+    config = json.loads((tmp_path / "good" / "adapter_config.json").read_text())
+    tensors = load_file(tmp_path / "good" / "adapter_model.safetensors")
     weights = (tmp_path / "good" / "adapter_model.safetensors").read_bytes()
+    head = "base_model.model.lm_head.token_adapter.trainable_tokens_delta"
+    embed = "base_model.model.model.embed_tokens.token_adapter.trainable_tokens_delta"
 
     def saved(tensors):
         save_file(tensors, tmp_path / "rows.tmp")
         return (tmp_path / "rows.tmp").read_bytes()
 
+    def indices(value):
+        return json.dumps(config | {"trainable_token_indices": value})
+
     cases = {
         "adapter_config.json": [("[]", "adapter_config.json: expected a JSON object, got list"),
-                                (b"\xff{}", "adapter_config.json: invalid JSON")],
-        "adapter_model.safetensors": [(weights[:-10], "adapter_model.safetensors: unreadable safetensors file")],
-        "token_rows.safetensors": [
-            (b"junk", "token_rows.safetensors: unreadable safetensors file"),
-            (saved({k: v for k, v in rows.items() if k != "token_ids"}), "token_rows.safetensors: tensor 'token_ids'"),
-            (saved(dict(rows, token_ids=torch.tensor([3, 999]))), r"token_rows.safetensors: tensor 'token_ids'.*999"),
-            (saved(dict(rows, embed_tokens=rows["embed_tokens"][:1])),
-             r"token_rows.safetensors: tensor 'embed_tokens' has shape \[1, 48\], the model expects \[2, 48\]"),
-            (saved({k: v for k, v in rows.items() if k != "lm_head"}),
-             r"token_rows.safetensors: .*missing \['lm_head'\]"),
+                                (b"\xff{}", "adapter_config.json: invalid JSON"),
+                                (indices({"embed_tokens": [3, 999], "lm_head": [3, 999]}),
+                                 r"adapter_config.json: field 'trainable_token_indices'.*999"),
+                                (indices({"embed_tokens": [3, 8], "lm_head": [3]}),
+                                 "adapter_config.json: field 'trainable_token_indices' must be"),
+                                (indices({"lm_head": [3, 8]}), "adapter_config.json: field 'trainable_token_indices'"),
+                                (indices("3, 8"), "adapter_config.json: field 'trainable_token_indices'")],
+        "adapter_model.safetensors": [
+            (weights[:-10], "adapter_model.safetensors: unreadable safetensors file"),
+            (saved(dict(tensors, **{embed: tensors[embed][:1]})),
+             rf"adapter_model.safetensors: tensor '{embed}' has shape \[1, 48\], the model expects \[2, 48\]"),
+            (saved({k: v for k, v in tensors.items() if k != head}),
+             rf"adapter_model.safetensors: .*missing \['{head}'\]"),
         ],
     }
     for i, (name, content, message) in enumerate((n, c, m) for n, pairs in cases.items() for c, m in pairs):

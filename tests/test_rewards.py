@@ -306,6 +306,8 @@ def test_care_rubric_weighted_score():
     assert care(care_rollout(RUBRIC, top)) == pytest.approx(1.0)
     rounded = {k: dict(v, weight=w) for (k, v), w in zip(RUBRIC.items(), (0.33, 0.33, 0.34))}
     assert care(care_rollout(rounded, SCORES)) == pytest.approx(0.33 * 0.8 + 0.33 * 0.6 + 0.34 * 0.6)
+    thirds = {k: dict(v, weight=0.33) for k, v in RUBRIC.items()}  # sums to 0.99: renormalized, not refused
+    assert care(care_rollout(thirds, SCORES)) == pytest.approx((0.8 + 0.6 + 0.6) / 3)
 
 
 def with_dimension(name, **change):
@@ -347,7 +349,7 @@ def test_care_reads_the_rubric_as_the_judge_parser_does():
     thirds = {k: dict(v, weight=0.333) for k, v in RUBRIC.items()}
     assert care(care_rollout(thirds, SCORES)) == pytest.approx((0.8 + 0.6 + 0.6) / 3)
     assert judge.parse_care_rubric(json.dumps(thirds))["cognitive"]["weight"] == pytest.approx(1 / 3)
-    loose = with_dimension("proactive", weight=0.189)  # sums to 0.989: outside CARE_WEIGHT_TOLERANCE
+    loose = with_dimension("proactive", weight=0.18)  # sums to 0.98: outside CARE_WEIGHT_TOLERANCE (0.015)
     assert care(care_rollout(loose, SCORES)) is None and judge.parse_care_rubric(json.dumps(loose)) is None
     doubled = with_dimension("cognitive", criteria=["reframes", " reframes "])
     assert care(care_rollout(doubled, {**SCORES, "cognitive": [5, 5]})) is None

@@ -243,8 +243,10 @@ def test_one_step_changes_only_lora_and_the_two_rows_at_ten_times_the_lr_without
     base, merged = tensors(checkpoint / "model.safetensors"), {}
     for shard in (run / "merged").glob("*.safetensors"):
         merged |= tensors(shard)
-    rows = tensors(ckpt / "token_rows.safetensors")
-    tags = rows["token_ids"].tolist()
+    adapter = tensors(ckpt / "adapter_model.safetensors")
+    tags = json.loads((ckpt / "adapter_config.json").read_text())["trainable_token_indices"]["embed_tokens"]
+    rows = {key: adapter[f"base_model.model.{key}.token_adapter.trainable_tokens_delta"]
+            for key in ("model.embed_tokens", "lm_head")}
     lora_targets = tuple(f"{t}.weight" for t in M.LORA_TARGETS)
     for name, weight in base.items():
         if name.endswith(lora_targets):
@@ -262,7 +264,7 @@ def test_one_step_changes_only_lora_and_the_two_rows_at_ten_times_the_lr_without
     assert (lora_group["lr"], lora_group["weight_decay"]) == (pytest.approx(1e-3), 0.5)
     assert (row_group["lr"], row_group["weight_decay"]) == (pytest.approx(1e-2), 0.0)
     tok = M.load_tokenizer(checkpoint)
-    for key, index, table in (("embed_tokens", row_group["params"][0], "model.embed_tokens.weight"),
+    for key, index, table in (("model.embed_tokens", row_group["params"][0], "model.embed_tokens.weight"),
                               ("lm_head", row_group["params"][1], "lm_head.weight")):
         initial = base[table][:len(tok)].mean(0)  # add_special_tokens starts new rows at the mean row
         g = opt[f"{index}.exp_avg"] / (1 - 0.9)
@@ -306,7 +308,7 @@ def test_a_run_killed_after_step_k_resumes_bitwise_equal(checkpoint, tmp_path):
     assert code == -signal.SIGKILL and 3 <= int(T.latest_checkpoint(killed).name[5:]) < 40
     assert run("killed")[0] == 0  # resume=auto
     whole = tmp_path / "whole" / "run"
-    for file in ("adapter_model.safetensors", "token_rows.safetensors", "optimizer.safetensors"):
+    for file in ("adapter_model.safetensors", "optimizer.safetensors"):  # the LoRA and the <evidence> rows; AdamW
         a, b = tensors(whole / "ckpt-000040" / file), tensors(killed / "ckpt-000040" / file)
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), file
     drop = ("tokens_per_s", "elapsed_s")
@@ -314,7 +316,27 @@ def test_a_run_killed_after_step_k_resumes_bitwise_equal(checkpoint, tmp_path):
         [{k: v for k, v in m.items() if k not in drop} for m in metrics(killed)]  # no step logged twice
 
 
-def test_selection_keeps_the_adapter_with_the_best_mean_macro_f1(checkpoint, tmp_path, monkeypatch, capsys):
+def test_best_loads_in_peft_as_is_with_the_trained_evidence_rows(checkpoint, tmp_path):
+    """PEFT's PeftModel.from_pretrained(base, "best") applies the LoRA and the trained <evidence> rows: on a
+    row holding evidence tokens its logits equal ours (trained rows moved by 10 x lr, far beyond the tolerance)."""
+    peft = pytest.importorskip("peft")
+    transformers = pytest.importorskip("transformers")
+    run = sft.train(config(checkpoint, tmp_path, epochs=3, lr=5e-2))
+    ours = M.load_adapter(M.Qwen.from_pretrained(checkpoint, dtype="float32"), run / "best")
+    tok = M.load_tokenizer(run / "best")  # best/ carries the tokenizer with the added tags
+    row = tok.encode("Bo says <evidence> I failed the exam again </evidence> so Bo is sad .")
+    evidence = [tok.encode(t, special_tokens=True)[0] for t in ("<evidence>", "</evidence>")]
+    assert set(evidence) <= set(row) and ours.row_ids.tolist() == evidence
+    base = transformers.AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
+    theirs = peft.PeftModel.from_pretrained(base, run / "best").eval()
+    x = torch.tensor([row])
+    with torch.no_grad():
+        assert (ours.embed_rows - ours.model.embed_tokens.weight[ours.row_ids]).abs().max() > 0.05  # trained
+        torch.testing.assert_close(theirs(x).logits, ours(x), rtol=1e-5, atol=1e-5)
+
+
+def test_selection_keeps_the_adapter_with_the_best_mean_macro_f1(checkpoint, tmp_path, monkeypatch, capsys,
+                                                                 umask_022):
     rows = [sad_row(i, label=("sadness", "joy")[i % 2]) for i in range(4)]
     rows += [sad_row(i, "ccu_emotion", ("Joy", "Trust")[i % 2]) for i in range(4, 8)]
     for i, row in enumerate(rows):
@@ -334,8 +356,9 @@ def test_selection_keeps_the_adapter_with_the_best_mean_macro_f1(checkpoint, tmp
 
     monkeypatch.setattr(sft, "sample_completions", scripted)
     cfg = config(checkpoint, tmp_path, data=str(write_rows(tmp_path / "rows.jsonl", rows)), epochs=2, save_every=1,
-                 keep_checkpoints=None, **{"selection.per_task": 2, "selection.every": 1})
+                 keep_checkpoints=None, save_merged=True, **{"selection.per_task": 2, "selection.every": 1})
     run = sft.train(cfg)
+    umask_022(run)  # best/, merged/, checkpoints: the umask's permissions, like the logs
     printed = capsys.readouterr().out
     assert "held out 4 targets (meld_emotion 2, ccu_emotion 2); 4 of 8 rows share one" in printed
     assert rounds == [4] * 8
@@ -475,15 +498,18 @@ def test_the_example_config_parses():
 
 
 @pytest.mark.parametrize("case", ["no completion", "label outside the task", "prompt row label", "answer differs",
-                                  "empty file", "config typo"])
+                                  "empty file", "config typo", "huge label"])
 def test_bad_input_stops_with_one_line_before_any_model_loads(tmp_path, capsys, case):
     rows = [sad_row(0), sad_row(1)]
     lines = {"no completion": (2, "field 'completion': missing"), "label outside the task": (1, "field 'labels'"),
+             "huge label": (1, f"field 'labels': '{'a' * 120}...' (52,428,800 characters) is not a label"),
              "prompt row label": (2, "field 'labels'"), "answer differs": (1, "field 'completion': its final Answer")}
     if case == "no completion":
         del rows[1]["completion"]
     elif case == "label outside the task":
         rows[0]["labels"] = ["rage"]
+    elif case == "huge label":
+        rows[0]["labels"] = ["a" * 52_428_800]
     elif case == "prompt row label":
         rows[1] = {"id": "p", "task": "meld_emotion", "prompt": [{"role": "user", "content": "hi"}],
                    "completion": rows[1]["completion"], "labels": ["Sadness", "grief"]}
@@ -495,7 +521,7 @@ def test_bad_input_stops_with_one_line_before_any_model_loads(tmp_path, capsys, 
     with pytest.raises(SystemExit) as stop:
         sft.main([str(path)])
     err = capsys.readouterr().err
-    assert stop.value.code != 0 and len(err.strip().splitlines()) == 1, err
+    assert stop.value.code != 0 and len(err.strip().splitlines()) == 1 and len(err) < 500, err[:1000]
     if case == "config typo":
         assert re.fullmatch(rf"config error: {re.escape(str(path))}:\d+: unknown key 'lrr' .*\n", err)
     elif case == "empty file":

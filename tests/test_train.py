@@ -70,15 +70,18 @@ def test_sft_schedule_with_a_warmup_of_fixed_steps():
 
 
 def test_rl_schedule_at_the_papers_landmarks():
-    def lr(step):
-        return T.warmup_hold_cosine(step, peak=2e-6, floor=5e-7, warmup=19, hold_until=506, total=723)
-    assert lr(0) == pytest.approx(5e-7)
-    assert lr(10) == pytest.approx(5e-7 + 1.5e-6 * 10 / 19)
-    assert lr(19) == pytest.approx(2e-6) and lr(300) == pytest.approx(2e-6) and lr(506) == pytest.approx(2e-6)
+    def lr(update):  # updates counted from 1, as in the paper
+        return T.warmup_hold_cosine(update, peak=2e-6, floor=5e-7, warmup=19, hold_until=506, total=723)
+    assert lr(1) == pytest.approx(5e-7)
+    assert lr(10) == pytest.approx(5e-7 + 1.5e-6 * 9 / 19)
+    assert lr(19) == pytest.approx(5e-7 + 1.5e-6 * 18 / 19)
+    assert lr(20) == lr(300) == lr(506) == 2e-6
+    assert lr(507) == pytest.approx(2e-6 - 1.5e-6 * (1 - math.cos(math.pi / 217)) / 2) and lr(507) < 2e-6
     mid = 506 + (723 - 506) / 2
     assert T.warmup_hold_cosine(mid, 2e-6, 5e-7, 19, 506, 723) == pytest.approx(5e-7 + 1.5e-6 / 2)
     assert lr(600) == pytest.approx(5e-7 + 1.5e-6 * 0.5 * (1 + math.cos(math.pi * 94 / 217)))
-    assert lr(723) == pytest.approx(5e-7)
+    assert lr(723) == pytest.approx(5e-7, rel=1e-12)
+    assert T.warmup_hold_cosine(1, 2e-6, 5e-7, 0, 50, 50) == 2e-6  # no warm-up: the first update at the peak
 
 
 # ----------------------------------------------------------------------------- optimizer
@@ -135,8 +138,8 @@ def test_checkpoints_are_atomic_and_pruned(tmp_path):
     assert sorted(p.name for p in tmp_path.glob("ckpt-*")) == ["ckpt-000002", "ckpt-000003"]
     assert T.latest_checkpoint(tmp_path).name == "ckpt-000003"
     names = {p.name for p in T.latest_checkpoint(tmp_path).iterdir()}
-    assert {"adapter_config.json", "adapter_model.safetensors", "token_rows.safetensors", "optimizer.safetensors",
-            "rng-rank0.safetensors", "state.json"} <= names
+    assert {"adapter_config.json", "adapter_model.safetensors", "optimizer.safetensors", "rng-rank0.safetensors",
+            "state.json"} <= names
     assert not any(n.endswith((".pt", ".bin", ".pkl")) for n in names)
 
 
