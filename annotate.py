@@ -30,7 +30,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse, urlsplit
 
-from config import ConfigError, atomic_write_text, excerpt, load_config
+from config import ConfigError, atomic_write_text, load_config
+from config import excerpt as value_excerpt  # a bounded excerpt of an input value (excerpt below: a completion's)
 from data import DataError, parse_answer, split_blocks, split_completion, task_brief, visible_turns
 from dataset import example_from_json, example_to_json
 from evaluate import (COMMANDS, COMPLETIONS, EVAL_JSON, EvalConfig, EvalError, alignment_f1, load_set, matched_lines,
@@ -69,7 +70,7 @@ def make_pairs(run_dirs: list, n: int, seed: int = 0) -> list[dict]:
         runs.append((name, cfg, {(r["set"], r["id"]): r for r in read_jsonl(d / COMPLETIONS) if r["sample"] == 0}))
     if len({name for name, _, _ in runs}) != 2:
         names = [name for name, _, _ in runs]
-        raise EvalError(f"pairs: two runs of differently named models expected, got {excerpt(names)}")
+        raise EvalError(f"pairs: two runs of differently named models expected, got {value_excerpt(names)}")
     rng = random.Random(seed)
     by_set = []
     for s in (s for s in runs[0][1].sets if s.domain is not None):
@@ -273,7 +274,7 @@ class _Handler(BaseHTTPRequestHandler):
         if not lengths:
             return 411, "the body needs a Content-Length"
         if not (lengths[0].isascii() and lengths[0].isdigit()):
-            return 400, f"Content-Length must be a number of bytes, got {excerpt(lengths[0])}"
+            return 400, f"Content-Length must be a number of bytes, got {value_excerpt(lengths[0])}"
         if int(lengths[0]) > MAX_EVENT_BYTES:
             return 413, f"an event is at most {MAX_EVENT_BYTES} bytes, this body has {int(lengths[0])}"
         if self.headers.get_content_type() != "application/json":

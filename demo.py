@@ -156,10 +156,13 @@ CHATML = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")  # special tokens, as i
 def train_tokenizer(texts: list[str], out_dir: Path, vocab_size: int) -> int:
     """Train a byte-level BPE on `texts` (words split by GPT-2's pattern, as Qwen's tokenizer splits
     them), add the ChatML tokens (special) and `<think>` / `</think>` (added, not special, as in Qwen3),
-    and write tokenizer.json, tokenizer_config.json and generation_config.json, which
-    `model.load_tokenizer` reads as a Qwen3 tokenizer. The evidence tags are not in it: SFT adds them
-    as special tokens. Returns the vocabulary size."""
+    and write tokenizer.json, tokenizer_config.json (with the chat template of the ChatML model.py writes,
+    so vLLM's chat endpoint serves the checkpoint) and generation_config.json, which `model.load_tokenizer`
+    reads as a Qwen3 tokenizer. The evidence tags are not in it: SFT adds them as special tokens. Returns
+    the vocabulary size."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from tokenizer import chatml_template
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
@@ -172,7 +175,8 @@ def train_tokenizer(texts: list[str], out_dir: Path, vocab_size: int) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     tok.save(str(out_dir / "tokenizer.json"))
     ids = {t: tok.token_to_id(t) for t in CHATML}
-    files = {"tokenizer_config.json": {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"},
+    files = {"tokenizer_config.json": {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
+                                       "chat_template": chatml_template("qwen3")},
              "generation_config.json": {"eos_token_id": [ids["<|im_end|>"], ids["<|endoftext|>"]],
                                         "pad_token_id": ids["<|endoftext|>"]}}
     for name, content in files.items():

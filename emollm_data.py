@@ -47,7 +47,6 @@ written.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import random
 import re

@@ -3,8 +3,8 @@
 reference analyses through a teacher (the config's `prepare:` section, `prepare`: Social-R1).
 
 One update (`train`, in this order):
-  1. sample   P prompts from the current curriculum segment, K completions each (`model.generate`,
-              identical prompts prefilled once), parsed into `rewards.Rollout`s (`sample_groups`);
+  1. sample   P prompts from the current curriculum segment, K completions each (`model.generate`, or a vLLM
+              server with `rollout.engine: vllm`: vllm_engine.py), parsed into `rewards.Rollout`s (`sample_groups`);
   2. score    the judges the reward needs (`rewards.judge_rollouts`, all calls concurrent), then the
               configured reward R_i (`rewards.score`) and the parts its registration declares (`score_groups`);
   3. filter   (CLUE) a group whose K rewards are all equal or that has a None (missing judge feedback) is resampled
@@ -32,7 +32,6 @@ sharded (train.py), against a frozen sharded reference; out: `model/`.
 
 from __future__ import annotations
 
-import json
 import math
 import random
 import sys
@@ -48,14 +47,15 @@ import dataset
 import dialogue
 import rewards
 from config import ConfigError, MetricsWriter, excerpt, parse_cli, print0, save_resolved_config
-from groups import Group, Sample, Slot
+from groups import Group, Sample, Slot, completion_records, rank_report, update_metrics
 from judge import JudgeAuthError, JudgeConfig, JudgeError
 from model import (LORA_TARGETS, CheckpointError, Qwen, add_lora, add_special_tokens, generate, load_adapter,
                    load_tokenizer, lora_disabled, merge_lora, save_merged, token_logprobs)
 from train import (Dist, Progress, StopRequest, all_reduce_sum, atomic_folder, broadcast_parameters, build_optimizer,
-                   clip_gradients, finetune_settings, gathered, is_sharded, latest_checkpoint, load_checkpoint,
-                   optimizer_parameters, pad_batches, restore_optimizer, save_checkpoint, save_model, set_lr,
-                   setup_distributed, shard_model, sync_gradients, trim_log, warmup_hold_cosine)
+                   clip_gradients, finetune_settings, gather_json, gathered, is_sharded, latest_checkpoint,
+                   load_checkpoint, optimizer_parameters, pad_batches, restore_optimizer, save_checkpoint, save_model,
+                   set_lr, setup_distributed, shard_model, sync_gradients, trim_log, warmup_hold_cosine)
+from vllm_engine import EngineError, VLLMSettings, guarded, start_engine, stop_run, truncated_is_weights
 
 # ----------------------------------------------------------------------------- config
 # CLUE's Table 5 (LoRA, LR peak, rollout length, beta) was lost in extraction: those defaults are ours.
@@ -88,6 +88,8 @@ class RolloutSettings:  # paper A.2: temperature 1, top-p 1, no top-k, repetitio
     top_k: int = 0
     repetition_penalty: float = 1.0
     enable_thinking: bool | None = None  # None: the chat template's default (Qwen3 / 3.5 think)
+    engine: Literal["local", "vllm"] = "local"  # vllm: sampled by the server in `vllm` (vllm_engine.py), LoRA synced
+    vllm: VLLMSettings = field(default_factory=VLLMSettings)
 
 
 @dataclass
@@ -106,6 +108,7 @@ class LossSettings:
     passes: int = 1  # optimizer steps per rollout batch
     micro_batch_size: int = 8  # sequences per forward/backward (memory only: the gradient is the same)
     adv_eps: float = 1e-6
+    tis_cap: float | None = None  # C of the truncated importance-sampling correction (vllm_engine); None: off
     # the std A_i divides by: unbiased (1 / (G - 1), TRL's and verl's) or population (1 / G, EmoLLM B.2)
     adv_std: Literal["unbiased", "population"] = "unbiased"
 
@@ -161,7 +164,7 @@ def group_advantages(rewards, group_size: int, eps: float = 1e-6, std: str = "un
 
 
 def grpo_loss(logp, logp_old, logp_ref, advantages, mask, clip_low=0.2, clip_high=0.2, beta=0.04,
-              agg="seq-mean-token-mean", *, normalizer=None, row_weight=None):
+              agg="seq-mean-token-mean", *, normalizer=None, row_weight=None, is_weight=None):
     """The clipped GRPO objective with a k3 KL penalty, as a loss to minimize.
 
     logp, logp_old, logp_ref: [B, T] log-probabilities of the sampled tokens under the policy being
@@ -175,7 +178,9 @@ def grpo_loss(logp, logp_old, logp_ref, advantages, mask, clip_low=0.2, clip_hig
     the count of the whole update, so the pieces' gradients add up to the gradient of the whole. With
     `row_weight` [B] (seq-mean-token-mean only), row b counts as row_weight[b] of a completion: its token
     mean is scaled by it and the count is their sum. A completion split over several rows gives each row its
-    share of the completion's tokens, so the completion counts once, as the mean over all its tokens.
+    share of the completion's tokens, so the completion counts once, as the mean over all its tokens. `is_weight`
+    [B, T] multiplies each token's clipped surrogate (not its KL): the truncated importance-sampling correction
+    w = min(pi_old / pi_sampler, C) for rollouts from another engine (vllm_engine.truncated_is_weights).
 
     stats (detached sums over the masked tokens, to be added over pieces): tokens, kl,
     clip_low (tokens with rho < 1 - clip_low and A < 0), clip_high (rho > 1 + clip_high and A > 0)."""
@@ -183,6 +188,7 @@ def grpo_loss(logp, logp_old, logp_ref, advantages, mask, clip_low=0.2, clip_hig
     ratio = torch.exp(logp - logp_old)
     adv = advantages.to(logp.dtype)[:, None]
     per_token = -torch.minimum(ratio * adv, ratio.clamp(1 - clip_low, 1 + clip_high) * adv)
+    per_token = per_token * (1 if is_weight is None else is_weight)
     kl = torch.zeros_like(logp)
     if beta != 0:
         d = (logp_ref - logp).clamp(-20, 20)
@@ -251,17 +257,21 @@ class PromptSource:
 
 
 def sample_groups(policy: Qwen, tok, examples: list[data.Example], cfg: GRPOConfig, update: int,
-                  seed: int) -> list[Group]:
-    """Step 1: K completions of each example in one batched `generate` call, parsed into Rollouts."""
+                  seed: int, engine=None) -> list[Group]:
+    """Step 1: K completions of each example in one batched `generate` call (or one request per example to the
+    vLLM `engine`: prompt ids in, token ids and the sampler's log-probs back), parsed into Rollouts."""
     rollout = cfg.rollout
     eos = set(tok.eos_token_ids)
     prompts = [tok.chat_ids(data.get_task(e.task).messages(e), enable_thinking=rollout.enable_thinking)
                for e in examples]
     policy.eval()
-    new, logp = generate(policy, [p for p in prompts for _ in range(rollout.group_size)], rollout.max_new_tokens,
-                         temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k,
-                         repetition_penalty=rollout.repetition_penalty, eos_token_ids=tok.eos_token_ids, seed=seed,
-                         return_logprobs=True)
+    if engine is not None:
+        new, logp = engine.generate(prompts, rollout.group_size, rollout, seed, tok.eos_token_ids)
+    else:
+        new, logp = generate(policy, [p for p in prompts for _ in range(rollout.group_size)], rollout.max_new_tokens,
+                             temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k,
+                             repetition_penalty=rollout.repetition_penalty, eos_token_ids=tok.eos_token_ids,
+                             seed=seed, return_logprobs=True)
     groups = []
     for g, (example, prompt) in enumerate(zip(examples, prompts)):
         rows = range(g * rollout.group_size, (g + 1) * rollout.group_size)
@@ -286,6 +296,7 @@ class PromptSampler:
         self.policy = policy
         self.tok = tok
         self.cfg = cfg
+        self.engine = None  # train sets the vllm_engine.VLLMEngine of `rollout.engine: vllm`
 
     def segments(self, examples: list[data.Example]) -> list[dataset.Segment]:
         return dataset.curriculum(examples, self.cfg.curriculum)
@@ -294,7 +305,7 @@ class PromptSampler:
         return slots  # every slot is a prompt to sample
 
     def sample(self, examples: list[data.Example], update: int, seed: int, counts: dict) -> list[Group]:
-        return sample_groups(self.policy, self.tok, examples, self.cfg, update, seed)
+        return sample_groups(self.policy, self.tok, examples, self.cfg, update, seed, self.engine)
 
     def judge(self, groups: list[Group]) -> dict:
         return rewards.judge_rollouts([r for g in groups for r in g.rollouts], self.cfg.reward, self.cfg.judge)
@@ -489,7 +500,7 @@ def accumulate_loss(policy: Qwen, batches: list[MicroBatch], old: list, refs: li
     temperature = cfg.rollout.temperature
     loss_sum = torch.zeros((), device=dist.device)
     for i, b in enumerate(batches):
-        if old[i] is None:
+        if old[i] is None:  # the sampler mismatch: |logp_old - the sampler's log-probs| (vLLM's with engine vllm)
             logp, entropy = token_logprobs(policy, b.ids, b.mask, temperature, entropy=True)
             old[i] = logp.detach()
             gap = (old[i] - b.sampler_logp).abs()[b.mask]
@@ -499,7 +510,8 @@ def accumulate_loss(policy: Qwen, batches: list[MicroBatch], old: list, refs: li
         else:
             logp = token_logprobs(policy, b.ids, b.mask, temperature)
         loss, stats = grpo_loss(logp, old[i], refs[i], b.advantages, b.mask, loss_cfg.clip_low, loss_cfg.clip_high,
-                                loss_cfg.beta, loss_cfg.agg, normalizer=normalizer, row_weight=b.row_weight)
+                                loss_cfg.beta, loss_cfg.agg, normalizer=normalizer, row_weight=b.row_weight,
+                                is_weight=truncated_is_weights(old[i], b.sampler_logp, loss_cfg.tis_cap))
         loss.backward()
         loss_sum += loss.detach()
         for key, value in stats.items():
@@ -546,93 +558,6 @@ def policy_update(policy: Qwen, optimizer, batches: list[MicroBatch], cfg: GRPOC
 
 
 
-# ----------------------------------------------------------------------------- metrics and logs
-
-
-def gather_json(value, dist: Dist) -> list:
-    """Every rank's JSON-able `value`, in rank order, on every rank (the bytes travel through sums,
-    one rank's row each; nothing is unpickled)."""
-    if dist.world_size == 1:
-        return [value]
-    raw = torch.tensor(list(json.dumps(value).encode()), dtype=torch.uint8, device=dist.device)
-    sizes = torch.zeros(dist.world_size, dtype=torch.long, device=dist.device)
-    sizes[dist.rank] = raw.numel()
-    all_reduce_sum(sizes)
-    table = torch.zeros(dist.world_size, int(sizes.max()), dtype=torch.uint8, device=dist.device)
-    table[dist.rank, :raw.numel()] = raw
-    all_reduce_sum(table)
-    return [json.loads(bytes(row[:n].tolist())) for row, n in zip(table.cpu(), sizes.tolist())]
-
-
-def _mean_std(values: list) -> tuple[float | None, float | None]:
-    """Mean and unbiased std of the values that are not None (None when there are none)."""
-    present = [v for v in values if v is not None]
-    if not present:
-        return None, None
-    mean = sum(present) / len(present)
-    var = sum((v - mean) ** 2 for v in present) / max(1, len(present) - 1)
-    return mean, math.sqrt(var)
-
-
-def rank_report(groups: list[Group], counts: dict, train: dict) -> dict:
-    """What this rank saw in one update, as plain JSON for `gather_json`."""
-    samples = [s for g in groups for member in g.samples for s in member]
-    return {"rewards": [g.rewards for g in groups], "parts": [g.parts for g in groups],
-            "lengths": [len(s.completion) for s in samples], "truncated": sum(s.truncated for s in samples),
-            "prompt_tokens": sum(len(s.prompt) for s in samples), **counts, **train}
-
-
-def update_metrics(reports: list[dict], step: int, lr: float, beta: float) -> dict:
-    """One metrics.jsonl line from every rank's report of update `step` (1-based count of updates)."""
-    def total(key):
-        return sum(r[key] for r in reports)
-
-    group_rewards = [g for r in reports for g in r["rewards"]]
-    mean, _ = _mean_std([v for g in group_rewards for v in g])
-    group_stds = [_mean_std(g)[1] for g in group_rewards if sum(v is not None for v in g) > 1]
-    zero_std = sum(s == 0 for s in group_stds) + len(group_rewards) - len(group_stds)
-    lengths = [n for r in reports for n in r["lengths"]]
-    tokens = total("tokens")  # completion tokens trained on; 0 when every group was masked
-
-    def per_token(key):
-        return total(key) / tokens if tokens else None
-
-    metrics = {"step": step, "loss": reports[0]["loss"], "lr": lr, "grad_norm": reports[0]["grad_norm"],
-               "reward": mean, "reward_std": sum(group_stds) / len(group_stds) if group_stds else None}
-    for name in dict.fromkeys(name for r in reports for g in r["parts"] for name in g):
-        part_mean, part_std = _mean_std([v for r in reports for g in r["parts"] for v in g[name]])
-        metrics[f"rewards/{name}/mean"] = part_mean
-        metrics[f"rewards/{name}/std"] = part_std
-    metrics |= {
-        "frac_reward_zero_std": zero_std / max(1, len(group_rewards)),
-        "groups/masked": total("masked"), "groups/resampled": total("resampled"), "groups/replaced": total("replaced"),
-        "completions/mean_length": sum(lengths) / max(1, len(lengths)),
-        "completions/max_length": max(lengths, default=0),
-        "completions/clipped_ratio": total("truncated") / max(1, len(lengths)),
-        "kl": per_token("kl") if beta != 0 else None, "entropy": per_token("entropy"),
-        "clip_ratio/low_mean": per_token("clip_low"), "clip_ratio/high_mean": per_token("clip_high"),
-        "logp_mismatch/mean": per_token("mismatch_sum"),
-        "logp_mismatch/max": max(r["mismatch_max"] for r in reports) if tokens else None,
-        "time/generate_s": max(r["generate_s"] for r in reports), "time/judge_s": max(r["judge_s"] for r in reports),
-        "time/train_s": max(r["train_s"] for r in reports),
-        "judge/calls": total("calls"), "judge/retries": total("retries"), "judge/failures": total("failures"),
-        "skipped_nonfinite": reports[0]["skipped_nonfinite"],
-    }
-    return metrics
-
-
-def completion_records(groups: list[Group], advantages: list, tok, step: int) -> list[dict]:
-    """completions.jsonl lines: id, prompt, completion, reward and its parts, advantage (None: masked)."""
-    records = []
-    for g, adv in zip(groups, advantages):
-        for k, (member, rollout) in enumerate(zip(g.samples, g.rollouts)):
-            prompt = tok.decode(member[0].prompt)  # an episode's: its first turn's (its transcript is the completion)
-            records.append({"step": step, "id": g.example.id, "prompt": prompt, "completion": rollout.completion,
-                            "reward": g.rewards[k], **{name: v[k] for name, v in g.parts.items()},
-                            "advantage": None if adv is None else adv[k]})
-    return records
-
-
 # ----------------------------------------------------------------------------- setup
 
 
@@ -667,6 +592,12 @@ def check_inputs(cfg: GRPOConfig, config_path: str) -> list[data.Example] | list
             raise bad(key, f"must be at least {low}, got {value}")
     if not rollout.temperature > 0:
         raise bad("rollout.temperature", f"must be > 0 (log-probabilities are taken at it), got {rollout.temperature}")
+    if loss.tis_cap is not None and not loss.tis_cap >= 1:
+        raise bad("loss.tis_cap", f"must be at least 1 (or null: no correction), got {loss.tis_cap}")
+    if rollout.engine == "vllm" and dialogue_cfg:
+        raise bad("rollout.engine", "vllm samples single-turn prompts; dialogue runs sample with 'local'")
+    if rollout.engine == "vllm" and cfg.finetune == "full":
+        raise bad("rollout.engine", "vllm syncs a LoRA adapter; a full-parameter run samples with 'local'")
     for key, folder, needed in (("model.path", cfg.model.path, "config.json"),
                                 ("model.sft_adapter", cfg.model.sft_adapter, "adapter_config.json")):
         if folder is not None and not (Path(folder) / needed).is_file():
@@ -742,24 +673,31 @@ def train(cfg: GRPOConfig, examples: list[data.Example]) -> None:
     for name in ("metrics.jsonl", "completions.jsonl"):
         trim_log(out / name, start, dist)
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_ids[0]
+    sampler.engine = start_engine(cfg.rollout, policy, tok, out, start, dist)  # None: local rollouts
     progress = Progress(cfg.updates, first_step=start)
     with MetricsWriter(out / "metrics.jsonl") as metrics_log, \
             MetricsWriter(out / "completions.jsonl") as completions_log, StopRequest() as stop:
         for update in range(start, cfg.updates):
             lr = lr_at(update + 1, cfg.optim, cfg.updates)  # `update` counts from 0, the paper's updates from 1
             set_lr(optimizer, lr)
+            cursor = source.cursor
             drawn = source.take(cfg.rollout.prompts_per_update)
             slots = [Slot(i, example, segment) for i, (example, segment) in enumerate(drawn)
                      if i % dist.world_size == dist.rank]  # this rank's share of the update's prompts
             # 1-3. sample, score, filter (collect_groups: the three steps, again for the slots filtering sends back)
-            with gathered(policy):  # a sharded policy decodes whole: no collective per token
-                groups, counts = collect_groups(sampler, source, slots, cfg, update, dist)
+            try:
+                with gathered(policy):  # a sharded policy decodes whole: no collective per token
+                    groups, counts = guarded(dist, collect_groups, sampler, source, slots, cfg, update, dist)
+            except EngineError as e:  # nothing of this update is trained: the checkpoint holds the state before it
+                stop_run(e, out, update, policy, optimizer, cursor, cfg.keep_checkpoints)
             # 4. advantages
             advantages = advantages_by_group(groups, cfg.loss)
             batches = micro_batches(training_sequences(groups, advantages), cfg.loss.micro_batch_size, pad_id,
                                     dist.device)
             # 5-6. loss and step, `loss.passes` times (policy_update: accumulate_loss, then optimizer_step)
             trained = timed(counts, "train_s", policy_update, policy, optimizer, batches, cfg, dist, reference)
+            if sampler.engine is not None:  # the next update samples from the adapter just trained (or it stops)
+                sampler.engine.sync(policy, update + 1, dist, (out, optimizer, source.cursor, cfg.keep_checkpoints))
             reports = gather_json(rank_report(groups, counts, trained), dist)
             metrics = update_metrics(reports, update + 1, lr, cfg.loss.beta)
             records = gather_json(completion_records(groups, advantages, tok, update + 1)
@@ -812,8 +750,8 @@ def main(argv=None) -> None:
         raise SystemExit(2) from None
     try:
         train(cfg, examples)
-    # a refused key (every later call would be refused too), or a checkpoint of another mode or world size
-    except (JudgeAuthError, CheckpointError) as e:
+    # a refused key; vLLM at start-up (down, other weights, no adapter); a checkpoint of another mode or world size
+    except (JudgeAuthError, EngineError, CheckpointError) as e:
         print0(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
 

@@ -186,14 +186,16 @@ def _completion_text(body: bytes) -> str | None:
     return text if isinstance(text, str) else None
 
 
-def _chat_with_retries(messages, *, base_url, model, api_key, timeout, retries, backoff, max_wait,
-                       sampling) -> tuple[str, int]:
-    """(answer text, retries used). Retries connection errors, timeouts, 429 and 5xx; raises JudgeError."""
-    url = base_url.rstrip("/") + "/chat/completions"
+def post_json(url, body: dict, parse: Callable[[bytes], Any], *, api_key=None, timeout=120.0, retries=4, backoff=1.0,
+              max_wait=60.0, server="judge", expected="the answer expected") -> tuple[Any, int]:
+    """(parse(answer body), retries used) for a JSON POST to `url`, the one HTTP client of the project (judges here,
+    vLLM's rollout endpoints in vllm_engine.py). Retries connection errors, timeouts, 429 and 5xx with backoff; any
+    other answer, a 200 that `parse` turns into None, or running out of retries raises JudgeError, whose message
+    begins `{server} at {url}` and never holds the key."""
     api_key = _checked_key(api_key, "api_key")
     shown = _USERINFO.sub("", url)
-    body = {"model": model, "messages": messages, **sampling}
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    last = ""  # the last error answer's text, shown when the retries run out
     for attempt in range(retries + 1):
         wait = None
         try:
@@ -203,32 +205,41 @@ def _chat_with_retries(messages, *, base_url, model, api_key, timeout, retries, 
         except _RETRIED_ERRORS as e:
             reason = f"{type(e).__name__}: {_scrub(str(e), url, api_key)[:300]}"
         except requests.RequestException as e:  # a malformed URL or header: retrying cannot help
-            raise JudgeError(f"judge at {shown}: {type(e).__name__}: {_scrub(str(e), url, api_key)[:300]}",
+            raise JudgeError(f"{server} at {shown}: {type(e).__name__}: {_scrub(str(e), url, api_key)[:300]}",
                              attempt) from None
         else:
             if answer is None:
-                raise JudgeError(f"judge at {shown}: an answer over {MAX_ANSWER_BYTES} bytes", attempt)
+                raise JudgeError(f"{server} at {shown}: an answer over {MAX_ANSWER_BYTES} bytes", attempt)
             if response.status_code == 200:
-                text = _completion_text(answer)
-                if text is None:
-                    raise JudgeError(f"judge at {shown}: HTTP 200 but not a chat completion with text content", attempt)
-                return text, attempt
+                value = parse(answer)
+                if value is None:
+                    raise JudgeError(f"{server} at {shown}: HTTP 200 but not {expected}", attempt)
+                return value, attempt
             reason = f"HTTP {response.status_code}"
             if response.status_code in (401, 403):  # the body may echo the key: never shown
-                raise JudgeAuthError(f"judge at {shown} refused the API key: {reason}", attempt)
+                raise JudgeAuthError(f"{server} at {shown} refused the API key: {reason}", attempt)
+            last = " ".join(_scrub(answer[:500].decode("utf-8", "replace"), url, api_key).split())  # one line
             if response.status_code != 429 and response.status_code < 500:
-                raise JudgeError(f"judge at {shown} refused the request: {reason}: "
-                                 f"{_scrub(answer[:500].decode('utf-8', 'replace'), url, api_key)}", attempt)
+                raise JudgeError(f"{server} at {shown} refused the request: {reason}: {last}", attempt)
             wait = _retry_after(response)
         if attempt == retries:
             break
         if wait is not None and wait > max_wait:
-            raise JudgeError(f"judge at {shown}: {reason} with Retry-After {wait:.0f}s, "
+            raise JudgeError(f"{server} at {shown}: {reason} with Retry-After {wait:.0f}s, "
                              f"more than max_wait={max_wait:g}s", attempt)
         delay = max(wait or 0.0, _backoff_delay(attempt, backoff, max_wait))  # a Retry-After of 0 is no hurry
-        log.warning("judge at %s: %s; retry %d/%d in %.2fs", shown, reason, attempt + 1, retries, delay)
+        log.warning("%s at %s: %s; retry %d/%d in %.2fs", server, shown, reason, attempt + 1, retries, delay)
         time.sleep(delay)
-    raise JudgeError(f"judge at {shown}: {reason}, still failing after {retries + 1} attempts", retries)
+    raise JudgeError(f"{server} at {shown}: {reason}, still failing after {retries + 1} attempts"
+                     + (f" (last answer: {last})" if last else ""), retries)
+
+
+def _chat_with_retries(messages, *, base_url, model, api_key, timeout, retries, backoff, max_wait,
+                       sampling) -> tuple[str, int]:
+    """(answer text, retries used) of one chat completion; raises JudgeError."""
+    return post_json(base_url.rstrip("/") + "/chat/completions", {"model": model, "messages": messages, **sampling},
+                     _completion_text, api_key=api_key, timeout=timeout, retries=retries, backoff=backoff,
+                     max_wait=max_wait, expected="a chat completion with text content")
 
 
 def chat(messages, *, base_url, model, api_key=None, timeout=120.0, retries=4, backoff=1.0, max_wait=60.0,

@@ -37,6 +37,24 @@ def read_json(path: Path) -> dict:
 THINK_OFF = "<think>\n\n</think>\n\n"
 
 
+def chatml_template(family: str, default_system: str | None = None) -> str:
+    """`QwenTokenizer.chat` as a Jinja chat template, the `chat_template` of the tokenizer_config.json files the project
+    writes: a serving engine (vLLM's chat endpoint) or transformers' apply_chat_template then renders the prompt string
+    `chat` does, `enable_thinking` read from the template's variables. Contents are inserted verbatim (no tools, no
+    stripping of earlier reasoning, as Qwen's own templates do). qwen2 ignores `enable_thinking`, as Qwen2.5's own
+    template does; `chat` refuses it there. `default_system` is written as the literal load_tokenizer reads back."""
+    head = ""
+    if default_system is not None:
+        literal = default_system.replace("\\", "\\\\").replace("'", "\\'").replace("\n", "\\n")
+        head = ("{%- if not messages or messages[0]['role'] != 'system' %}"
+                f"{{{{- '<|im_start|>system\\n{literal}<|im_end|>\\n' }}}}{{%- endif %}}")
+    think = "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}"
+    think = {"qwen2": "", "qwen3": think + "{%- endif %}", "qwen3_5": think + "{%- else %}{{- '<think>\\n' }}{%- endif %}"}
+    return (head + "{%- for message in messages %}"
+            "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}{%- endfor %}"
+            "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}" + think[family] + "{%- endif %}")
+
+
 class QwenTokenizer:
     """A `tokenizers.Tokenizer` with the checkpoint's EOS ids and a hand-written ChatML format. `family` decides the
     thinking prefix of the generation prompt: qwen2 has none; qwen3 thinks by default and adds an empty think block
@@ -106,14 +124,21 @@ class QwenTokenizer:
         return pieces
 
     def save(self, out_dir) -> None:
-        """tokenizer.json (with any added tokens) plus the source's other tokenizer files."""
+        """tokenizer.json (with any added tokens), the source's generation_config.json, and its tokenizer_config.json
+        with `chat_template` set to `chatml_template` of this tokenizer: what `chat` renders, so an engine serving the
+        folder renders the prompts the trainers built (the source's chat_template.jinja is not copied; it would win).
+        Each file is written whole, then renamed into place."""
         out = Path(out_dir)
         self.tokenizer.save(str(out / "tokenizer.json"))
-        for name in ("tokenizer_config.json", "generation_config.json", "chat_template.jinja"):
-            if self.source is not None and (self.source / name).is_file():
-                tmp = out / f"{name}.tmp"  # written whole, then renamed into place
-                tmp.write_text((self.source / name).read_text(encoding="utf-8"), encoding="utf-8")
-                os.replace(tmp, out / name)
+        config = read_json(self.source / "tokenizer_config.json") if self.source is not None else {}
+        files = {"tokenizer_config.json": json.dumps(
+            config | {"chat_template": chatml_template(self.family, self.default_system)}, indent=2, ensure_ascii=False)}
+        if self.source is not None and (self.source / "generation_config.json").is_file():
+            files["generation_config.json"] = (self.source / "generation_config.json").read_text(encoding="utf-8")
+        for name, text in files.items():
+            tmp = out / f"{name}.tmp"
+            tmp.write_text(text, encoding="utf-8")
+            os.replace(tmp, out / name)
 
 
 def load_tokenizer(path) -> QwenTokenizer:

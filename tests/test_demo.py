@@ -83,6 +83,12 @@ def test_tokenizer_is_read_as_qwen3_with_chatml(base):
     messages = data.get_task(example.task).messages(example)
     ids = tok.chat_ids(messages)
     assert tok.decode(ids) == tok.chat(messages)  # byte-level: every prompt, Chinese included, round-trips
+    from jinja2.sandbox import ImmutableSandboxedEnvironment  # the chat template vLLM's chat endpoint renders
+
+    template = json.loads((base / "base" / "tokenizer_config.json").read_text())["chat_template"]
+    rendered = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True).from_string(template).render(
+        messages=messages, add_generation_prompt=True, enable_thinking=False)
+    assert rendered == tok.chat(messages, enable_thinking=False)
     assert ids.count(tok.token_id("<|im_start|>")) == 2 and ids.count(tok.token_id("<|im_end|>")) == 1
     trace = demo.toy_trace(example)
     assert tok.token_id("</think>") in tok.encode(trace) and EVIDENCE_OPEN not in tok.tokenizer.get_vocab()

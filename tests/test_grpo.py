@@ -188,6 +188,33 @@ def test_grpo_loss_by_hand():
                                                     "seq-mean-token-mean") * 2 / 10, rel=1e-6)
 
 
+def test_truncated_importance_weights_by_hand():
+    """w = min(pi_old / pi_sampler, C) per token, and grpo_loss multiplying each token's clipped surrogate by it
+    (the KL term unweighted), against the formula evaluated by hand."""
+    from vllm_engine import truncated_is_weights
+
+    old = torch.tensor([[-1.0, -2.0, -0.5], [-0.2, -3.0, -1.0]])
+    sampler = torch.tensor([[-1.5, -1.7, -3.0], [-0.2, -2.0, -1.1]])
+    w = truncated_is_weights(old, sampler, 2.0)
+    expected = [[math.exp(0.5), math.exp(-0.3), 2.0], [1.0, math.exp(-1.0), math.exp(0.1)]]  # e^2.5 capped at 2
+    torch.testing.assert_close(w, torch.tensor(expected))
+    assert truncated_is_weights(old, sampler, None) is None
+    logp = torch.tensor([[-0.8, -2.1, -0.4], [-0.3, -2.9, -1.2]])
+    ref = torch.tensor([[-1.1, -2.0, -0.9], [-0.1, -3.2, -1.0]])
+    adv, mask = [0.7, -1.2], [[True, True, True], [True, True, False]]
+    loss, _ = grpo.grpo_loss(logp, old, ref, torch.tensor(adv), torch.tensor(mask), 0.2, 0.2, 0.1, "token-mean",
+                             is_weight=w)
+    total, n = 0.0, 0
+    for b in range(2):
+        for t in range(3):
+            if mask[b][t]:
+                rho = math.exp(logp[b][t] - old[b][t])
+                surrogate = min(rho * adv[b], min(max(rho, 0.8), 1.2) * adv[b])
+                d = ref[b][t].item() - logp[b][t].item()
+                total, n = total - expected[b][t] * surrogate + 0.1 * (math.exp(d) - d - 1), n + 1
+    assert loss.item() == pytest.approx(total / n, rel=1e-6)
+
+
 def test_clipped_tokens_pass_no_gradient():
     logp = torch.tensor([[0.5, -0.5, 0.0]], requires_grad=True)
     old = torch.zeros(1, 3)
@@ -243,7 +270,7 @@ def scripted_filtering(monkeypatch, script, enabled=True, config="clue_qwen3_5_9
     source = grpo.PromptSource([dataset.Segment("full", examples[:3]), dataset.Segment("mixed", examples[3:])])
     seen: dict[str, int] = {}
 
-    def fake_sample(policy, tok, batch, cfg, update, seed):
+    def fake_sample(policy, tok, batch, cfg, update, seed, engine=None):
         groups = []
         for example in batch:
             k = seen[example.id] = seen.get(example.id, 0) + 1
