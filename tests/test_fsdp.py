@@ -308,7 +308,7 @@ def full_policy(base, **overrides):
 def updated_weights(base, groups, micro_batch_size) -> dict[str, torch.Tensor]:
     """The full weights after one GRPO update (two passes, so two AdamW steps) over `groups` on this rank."""
     cfg, where, policy, reference = full_policy(base, **{"loss.micro_batch_size": micro_batch_size})
-    sequences = grpo.training_sequences(groups, grpo.advantages_by_group(groups, cfg.loss.adv_eps))
+    sequences = grpo.training_sequences(groups, grpo.advantages_by_group(groups, cfg.loss))
     batches = grpo.micro_batches(sequences, micro_batch_size, 0, where.device)
     optimizer = T.build_optimizer(policy, 1e-3, 0.01, (0.9, 0.99))
     out = grpo.policy_update(policy, optimizer, batches, cfg, where, reference)
