@@ -170,6 +170,16 @@ class ContentRM:
         return [1 / (1 + math.exp(-r)) if r >= 0 else math.exp(r) / (1 + math.exp(r)) for r in self.rewards(pairs)]
 
 
+def save_reward_model(rm: RewardModel, out_dir, base_model: str, max_length: int, **info) -> None:
+    """The RM folder of the module docstring: adapter, HEAD_FILE and RM_INFO (holding `info` too)."""
+    out = Path(out_dir)
+    save_adapter(rm.qwen, out, base_model)
+    rm.save_head(out, base_model)
+    info = {"base_model": base_model, "max_length": max_length, "head": HEAD_FILE, "format": HEAD_FORMAT,
+            "input": "ChatML user=context, assistant=segment; the reward is read at the final <|im_end|>", **info}
+    atomic_write_text(out / RM_INFO, json.dumps(info, indent=1) + "\n")
+
+
 def load_reward_model(path, base: str | None = None, device=None, dtype=None, batch_size: int = 8) -> ContentRM:
     """The RM folder `path` (adapter + HEAD_FILE + RM_INFO) on the base checkpoint `base` (default: the one it
     was trained from, as RM_INFO records it), frozen, in eval mode."""
@@ -581,12 +591,7 @@ def train(cfg: RMConfig) -> dict:
                 metrics.write({"step": done, "eval/heldout_accuracy": state["heldout_accuracy"]})
                 print0(f"held-out pairwise accuracy at step {done}: {state['heldout_accuracy']:.4f}")
     if where.main:
-        save_adapter(qwen, out, cfg.model)
-        rm.save_head(out, cfg.model)
-        info = {"base_model": cfg.model, "max_length": cfg.max_length, "head": HEAD_FILE, "format": HEAD_FORMAT,
-                "input": "ChatML user=context, assistant=segment; the reward is read at the final <|im_end|>",
-                "training_pairs": len(rows), **state}
-        atomic_write_text(out / RM_INFO, json.dumps(info, indent=1) + "\n")
+        save_reward_model(rm, out, cfg.model, cfg.max_length, training_pairs=len(rows), **state)
         print0(f"done: {out} (held-out pairwise accuracy {state['heldout_accuracy']})")
     return state
 

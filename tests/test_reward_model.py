@@ -16,8 +16,9 @@ from safetensors import safe_open
 
 import reward_model as RM
 from data import Example, Turn, example_to_json
+import judge
 from judge import JudgeConfig
-from judge_server import JudgeServer
+from judge_server import JudgeServer, RewardModelBackend
 from test_sft import write_checkpoint
 
 
@@ -231,3 +232,29 @@ def test_a_bad_pair_file_stops_with_one_line_naming_file_line_and_field(tmp_path
     assert stop.value.code == 2 and len(err.strip().splitlines()) == 1, err
     assert err.startswith(f"error: {path}:2: field '{field}'"), err
     assert not (tmp_path / "out").exists()  # stopped before any model loads
+
+
+# ----------------------------------------------------------------------------- serving it
+
+
+def test_a_served_rm_answers_the_r_content_prompt_as_the_in_process_rm_scores_it(checkpoint, tmp_path):
+    qwen = RM.Qwen.from_pretrained(checkpoint)
+    RM.add_lora(qwen)
+    rm = RM.RewardModel(qwen, seed=3)
+    rm.head.bias.data.fill_(0.3)
+    RM.save_reward_model(rm, tmp_path / "rm", str(checkpoint), 256)
+    local = RM.load_reward_model(tmp_path / "rm")
+    example = tom_example(0)
+    segments = ["Ann hides the key so Bo is sad", "Bo knew you would", "the exam"]
+    expected = local.scores([(RM.rm_context(example), s) for s in segments])
+    assert len(set(expected)) == 3
+    with JudgeServer(RewardModelBackend(str(tmp_path / "rm"))).start() as server:
+        cfg = JudgeConfig(base_url=server.url, retries=0)
+        calls = [(judge.sip_content_request(example, s, ref), judge.parse_sip_content)
+                 for s in segments for ref in (None, "Encoding: a reference the RM does not read")]
+        values, _ = judge.ask(calls, cfg)
+        with pytest.raises(judge.JudgeError, match="HTTP 400.*only the SIP content"):
+            judge.chat(judge.sip_structure_request(example, "r").messages, base_url=server.url, model="rm",
+                       retries=0)
+    # the judge format has two decimals: a served score is the in-process one rounded
+    assert values == [round(e, 2) for e in expected for _ in range(2)]
