@@ -1,5 +1,5 @@
 """Stage 1 (CLUE A.1): supervised fine-tuning on reasoning traces that quote their evidence, and the
-preparation of those traces.
+preparation of those traces; also free-form targets and plain text (`objective`, below).
 
     python sft.py prepare config.yaml [key=value ...]   # sample traces, refine them with a teacher
     python sft.py config.yaml [key=value ...]           # train; the same under torchrun
@@ -24,6 +24,15 @@ Selection. Some targets are held out (`selection.per_task` per task); every row 
 same id, or the same conversation up to the same target turn) is left out of training. At each
 epoch end (and every `selection.every` steps) the held-out prompts are sampled and the adapter with
 the best mean macro F1 across tasks is kept.
+
+Objectives (`objective:`): `clue` is the above. `target` and `lm` add no `<evidence>` tokens and select nothing:
+best/ is the last adapter (the runs they serve, EmoLLM's Stage I, select nothing; a held-out loss would cost rows).
+    target  {"id"?, "prompt": [messages], "target", "meta"?}: loss on the target and its end-of-turn. By default
+            (target_weighting=token) each target token of the update weighs the same, -sum log p / (its target
+            tokens): the usual SFT loss, so a long reasoning target counts by its length; `row`: 1 per row, as clue.
+    lm      {"id"?, "text", "meta"?}: the text and `<|endoftext|>`, each token after the first weighing the same.
+            Padded, not packed: each row is its own sequence, so nothing attends across documents without a
+            block-diagonal mask in model.py, and prepared rows are cut to max_length already. `meta` is never read.
 
 Outputs in output_dir: config.yaml, metrics.jsonl, ckpt-<step>/ (train.py; exact resume),
 best/ (the selected adapter and `<evidence>` rows in PEFT format; the final ones when selection is
@@ -106,6 +115,8 @@ class SFTConfig:
     model: str  # base checkpoint folder (Hugging Face layout)
     data: str  # SFT rows (JSONL); `prepare` writes it
     output_dir: str = "runs/sft"
+    objective: Literal["clue", "target", "lm"] = "clue"  # the rows and their loss (module docstring)
+    target_weighting: Literal["token", "row"] = "token"  # objective=target: each token, or each row, weighs the same
     lr: float = 1e-4  # Table 5 (lost): the usual peak LR for LoRA SFT at r = 16
     weight_decay: float = 0.01
     betas: tuple[float, float] = (0.9, 0.999)  # A.1 names none for SFT: AdamW's defaults
@@ -199,14 +210,40 @@ def row_from_json(raw) -> Row:
     return row
 
 
-def load_rows(path) -> list[Row]:
+@dataclass
+class TextRow:
+    """A `target` row (chat prompt + free-form target) or an `lm` row (plain text as `target`, prompt None)."""
+
+    id: str
+    target: str
+    prompt: list[dict[str, str]] | None = None
+
+
+def text_row_from_json(raw, objective: str) -> TextRow:
+    """Check one `target` or `lm` row (module docstring); errors name the field."""
+    if not isinstance(raw, dict):
+        raise DataError(f"expected a JSON object, got {type(raw).__name__}")
+    key = "target" if objective == "target" else "text"
+    fields = {"id", key, "meta"} | ({"prompt"} if objective == "target" else set())
+    unknown = sorted(set(raw) - fields)
+    if unknown:
+        raise DataError(f"field '{unknown[0]}': unknown field (a {objective} row has {', '.join(sorted(fields))})")
+    text = typed_field(raw, key, str)
+    if not text.strip():
+        raise DataError(f"field '{key}': empty")
+    typed_field(raw, "meta", dict, None)
+    prompt = _chat_messages(typed_field(raw, "prompt", list)) if objective == "target" else None
+    return TextRow(typed_field(raw, "id", str, ""), text, prompt)
+
+
+def load_rows(path, objective: str = "clue") -> list[Row] | list[TextRow]:
     """Every row of a JSONL file; a bad line raises DataError naming the file, line and field."""
     path, rows = Path(path), []
     if not path.is_file():
         raise DataError(f"{path}: file not found")
     for number, raw in read_jsonl(path):
         try:
-            rows.append(row_from_json(raw))
+            rows.append(row_from_json(raw) if objective == "clue" else text_row_from_json(raw, objective))
         except DataError as e:
             raise DataError(f"{path}:{number}: {e}") from None
     if not rows:
@@ -293,12 +330,17 @@ def completion_weights(n_prompt: int, is_label: list[bool], label_share: float =
     return [0.0] * n_prompt + [label if x else other for x in is_label]
 
 
+def _after_prompt(tok: QwenTokenizer, text: str, cfg: SFTConfig) -> str:
+    """The assistant's `text` without its opening `<think>` when the chat format's prompt already opened it."""
+    if tok.chat([], enable_thinking=cfg.enable_thinking).endswith(THINK_START + "\n"):
+        return text.removeprefix(THINK_START).lstrip("\n")
+    return text
+
+
 def encode_row(tok: QwenTokenizer, row: Row, cfg: SFTConfig) -> tuple[list[int], list[float]]:
     """(token ids, loss weights) of prompt + completion + end-of-turn."""
     prompt = tok.chat_ids(row.prompt, enable_thinking=cfg.enable_thinking)
-    completion = row.completion
-    if tok.chat([], enable_thinking=cfg.enable_thinking).endswith(THINK_START + "\n"):
-        completion = completion.removeprefix(THINK_START).lstrip("\n")  # the prompt already opened it
+    completion = _after_prompt(tok, row.completion, cfg)
     ids, spans = encode_text(tok, completion)
     wanted = label_spans(completion, row.example or row.task) or []
     is_label = [any(a < e and s < b for s, e in wanted) for a, b in spans]
@@ -307,6 +349,20 @@ def encode_row(tok: QwenTokenizer, row: Row, cfg: SFTConfig) -> tuple[list[int],
     except ValueError:
         raise DataError(f"row {row.id!r}: the label tokens of its answer line cannot be located") from None
     return prompt + ids + [tok.token_id("<|im_end|>")], weights
+
+
+def encode_text_row(tok: QwenTokenizer, row: TextRow, cfg: SFTConfig) -> tuple[list[int], list[float]]:
+    """(token ids, loss weights) of a `target` row (chat prompt at weight 0, then target + end-of-turn at 1 per
+    token, or 1/n with target_weighting=row) or an `lm` row (text + `<|endoftext|>`, where the vocabulary has it,
+    else the first EOS; 1 on every token after the first, which has nothing to be predicted from)."""
+    if row.prompt is None:
+        end = tok.tokenizer.token_to_id("<|endoftext|>")
+        ids = encode_text(tok, row.target)[0] + [tok.eos_token_ids[0] if end is None else end]
+        return ids, [0.0] + [1.0] * (len(ids) - 1)
+    prompt = tok.chat_ids(row.prompt, enable_thinking=cfg.enable_thinking)
+    target = encode_text(tok, _after_prompt(tok, row.target, cfg))[0] + [tok.token_id("<|im_end|>")]
+    each = 1.0 / len(target) if cfg.target_weighting == "row" else 1.0
+    return prompt + target, [0.0] * len(prompt) + [each] * len(target)
 
 
 def collate(samples: list[tuple[list[int], list[float]]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -320,8 +376,9 @@ def collate(samples: list[tuple[list[int], list[float]]], pad_id: int, device) -
     return ids.to(device), weights[:, 1:].to(device)
 
 
-def sft_loss(logp: torch.Tensor, weights: torch.Tensor, n_completions: int) -> torch.Tensor:
-    """-(1 / N) sum w_t log p_t: this micro-batch's part of the update's loss (N over the whole update)."""
+def sft_loss(logp: torch.Tensor, weights: torch.Tensor, n_completions: float) -> torch.Tensor:
+    """-(1 / N) sum w_t log p_t: this micro-batch's part of the update's loss (N over the whole update: its rows,
+    or its loss tokens when each token weighs the same, `update_norm`)."""
     return -(weights * logp).sum() / n_completions
 
 
@@ -334,6 +391,14 @@ def backward_update(model: Qwen, micro_batches, n_completions: int) -> float:
         part.backward()
         loss += part.item()
     return loss
+
+
+def update_norm(samples, update: list[int], cfg: SFTConfig) -> float:
+    """N of `sft_loss` for one update: its number of rows when each row shares weight 1 (clue, target with
+    target_weighting=row), else its number of weighted tokens (lm, target by token)."""
+    if cfg.objective == "clue" or (cfg.objective == "target" and cfg.target_weighting == "row"):
+        return float(len(update))
+    return float(sum(sum(w > 0 for w in samples[i][1]) for i in update))
 
 
 def update_rows(n_rows: int, step: int, group: int, seed: int) -> list[int]:
@@ -393,7 +458,11 @@ def _dtype(cfg: SFTConfig, device: torch.device) -> str:
 
 def split_rows(cfg: SFTConfig) -> tuple[list[Row], list[Row]]:
     """(training rows, held-out targets): the targets are drawn from `selection.data` or the rows,
-    and every row sharing one is left out of training (the count is printed)."""
+    and every row sharing one is left out of training (the count is printed). Objectives other than clue hold
+    nothing out."""
+    if cfg.objective != "clue":
+        print0(f"objective {cfg.objective}: no checkpoint selection, best/ is the last adapter")
+        return load_rows(cfg.data, cfg.objective), []
     rows = load_rows(cfg.data)
     pool = rows if cfg.selection.data is None else [row_from_example(e, "") for e in load_jsonl(cfg.selection.data)]
     heldout = hold_out(pool, cfg.selection.per_task, cfg.seed) if cfg.selection.per_task > 0 else []
@@ -413,14 +482,17 @@ def train(cfg: SFTConfig) -> Path:
     kept, heldout = split_rows(cfg)
     tok = load_tokenizer(cfg.model)
     model = Qwen.from_pretrained(cfg.model, dtype=_dtype(cfg, where.device), device=where.device)
-    tag_ids = add_special_tokens(model, tok, [EVIDENCE_OPEN, EVIDENCE_CLOSE])
-    samples = [s for s in (encode_row(tok, r, cfg) for r in kept) if len(s[0]) <= cfg.max_length]
+    clue = cfg.objective == "clue"
+    tag_ids = add_special_tokens(model, tok, [EVIDENCE_OPEN, EVIDENCE_CLOSE]) if clue else []
+    encode = encode_row if clue else encode_text_row
+    samples = [s for s in (encode(tok, r, cfg) for r in kept) if len(s[0]) <= cfg.max_length]
     print0(f"{len(samples)} training rows ({len(kept) - len(samples)} longer than max_length={cfg.max_length} skipped)")
     if not samples:
         raise DataError(f"{cfg.data}: no training rows left")
     torch.manual_seed(cfg.seed)
     add_lora(model, cfg.lora.rank, cfg.lora.alpha, cfg.lora.dropout, cfg.lora.targets)
-    train_token_rows(model, tag_ids)
+    if tag_ids:
+        train_token_rows(model, tag_ids)
     model.gradient_checkpointing = cfg.gradient_checkpointing
     checkpoint = latest_checkpoint(out) if cfg.resume == "auto" and out.is_dir() else None
     first, state = 0, {"rows": len(samples), "selection": [], "best": None}
@@ -455,7 +527,7 @@ def train(cfg: SFTConfig) -> Path:
             batches = [collate([samples[i] for i in mine[j:j + cfg.batch_size]], pad, where.device)
                        for j in range(0, len(mine), cfg.batch_size)]
             optimizer.zero_grad(set_to_none=True)
-            loss = backward_update(model, batches, len(update))
+            loss = backward_update(model, batches, update_norm(samples, update, cfg))
             sync_gradients(params)
             grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm).item()
             optimizer.step()
