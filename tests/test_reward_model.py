@@ -258,3 +258,10 @@ def test_a_served_rm_answers_the_r_content_prompt_as_the_in_process_rm_scores_it
                        retries=0)
     # the judge format has two decimals: a served score is the in-process one rounded
     assert values == [round(e, 2) for e in expected for _ in range(2)]
+
+
+def test_the_paper_config_parses_with_the_papers_values():
+    cfg = RM.parse_cli(RM.RMConfig, [str(Path(__file__).resolve().parents[1] / "configs/social_r1_rm_qwen3_4b.yaml")])
+    assert cfg.epochs == 2 and cfg.model.endswith("Qwen3-4B-Instruct-2507")
+    assert [r.step for r in cfg.build.rollouts] == [30, 90, 120, 180, 270, 360, 420, 510, 570, 600]
+    assert (cfg.build.tiers.a_min, cfg.build.tiers.b_min) == (0.8, 0.6) and cfg.build.teacher.api_key_env
