@@ -11,8 +11,8 @@ SCRIPTED scores for the dialogue prompts (dialogue.py's simulator and judges, CA
 scores) from word lists, and refuses anything else.
 Backend `model` answers every prompt with model.py's `generate` from a checkpoint (a self-hosted
 judge without vLLM). Backend `reward_model` answers the R_content prompt with a trained content RM
-(reward_model.py), in the prompted judge's format. Latency, HTTP errors, hangs, dropped connections and malformed answers can be
-injected to exercise the client's retries.
+(reward_model.py), in the prompted judge's format. Latency, HTTP errors, hangs, dropped connections and
+malformed answers can be injected to exercise the client's retries.
 """
 
 from __future__ import annotations

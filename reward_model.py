@@ -409,11 +409,17 @@ def load_segments(p: PairsConfig, examples: dict[str, Example]) -> list[Segment]
     return segments
 
 
-def _key(*parts: str) -> str:
+def journal_key(*parts: str) -> str:
+    """A journal entry's key: a hash of what the request depends on."""
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
 
 
-def _ask_journaled(requests: list[tuple[str, JudgeCall, callable]], cfg: JudgeConfig, journal: Path,
+def load_journal(path: Path) -> dict:
+    """key -> parsed answer of a journal `ask_journaled` appends to (a torn last line is cut off)."""
+    return {r["key"]: r["value"] for r in read_journal(path)}
+
+
+def ask_journaled(requests: list[tuple[str, JudgeCall, callable]], cfg: JudgeConfig, journal: Path,
                    done: dict) -> dict[str, int]:
     """Ask each (key, call, parser) not yet in `done`, in chunks, appending every answer (parsed; None when
     malformed) to `journal` as its chunk finishes. Failed calls are not journaled: a rerun asks them again."""
@@ -444,18 +450,19 @@ def build_pairs(p: PairsConfig) -> dict[str, int]:
     examples = {e.id: e for e in load_jsonl(p.examples)}
     segments = load_segments(p, examples)
     journal = Path(p.journal or str(p.out) + ".journal.jsonl")
-    done = {r["key"]: r["value"] for r in read_journal(journal)}
+    done = load_journal(journal)
     references = {i: e.meta["reference"] for i, e in examples.items()
                   if isinstance(e.meta.get("reference"), str) and e.meta["reference"].strip()}
     wanted = sorted({s.id for s in segments} - set(references))
-    asked = _ask_journaled([(_key("reference", i), reference_request(examples[i]), parse_reference) for i in wanted],
-                           p.teacher, journal, done)
-    references |= {i: done[_key("reference", i)] for i in wanted if done.get(_key("reference", i))}
+    ref_keys = {i: journal_key("reference", i) for i in wanted}
+    asked = ask_journaled([(ref_keys[i], reference_request(examples[i]), parse_reference) for i in wanted],
+                          p.teacher, journal, done)
+    references |= {i: done[ref_keys[i]] for i in wanted if done.get(ref_keys[i])}
     rated = [s for s in segments if s.id in references]
-    keys = [_key("score", s.id, references[s.id], s.text) for s in rated]
+    keys = [journal_key("score", s.id, references[s.id], s.text) for s in rated]
     calls = [(k, sip_content_request(examples[s.id], s.text, references[s.id]), parse_sip_content)
              for k, s in zip(keys, rated)]
-    scored = _ask_journaled(calls, p.scorer or p.teacher, journal, done)
+    scored = ask_journaled(calls, p.scorer or p.teacher, journal, done)
     if asked["failures"] or scored["failures"]:
         raise JudgeError(f"{asked['failures'] + scored['failures']} teacher calls failed; the answers so far are in "
                          f"{journal}: rerun the same command to ask the rest")
