@@ -14,7 +14,7 @@ Judges (builder -> parser -> parsed shape; `rewards.py` reads the parsed value f
 | `sip_structure` | `sip_structure_request` | `parse_sip_structure` | `float` in [0, 1] (SIP stages done in order) |
 | `sip_content` | `sip_content_request` | `parse_sip_content` | `float` in [0, 1] (SIP content against a reference) |
 | `sip_content_free` | `sip_content_request` | `parse_sip_content` | the same, against the conversation alone |
-| `care_rubric` | `care_rubric_request` | `parse_care_rubric` | `{dim: {"weight", "rationale" (optional), "criteria"}}` |
+| `care_rubric` | `care_rubric_request` | `parse_care_rubric` | `{dim: {"weight", "rationale"?, "criteria"}}` |
 | `care_scores` | `care_scores_request` | `parse_care_scores` | `{dim: [int 0-5 per criterion]}` |
 
 Every parser returns None on any answer that is not exactly in its format: a missing judgement
