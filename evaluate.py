@@ -1,7 +1,6 @@
-"""Evaluation as the CLUE paper reports it (sections 4-5, Appendix B): weighted and macro F1 over
-sampled completions (mean and sample SD), in-domain and out-of-domain averages, relative gains,
-invalid answers, reasoning tokens, cause identification, evidence alignment F1 with a Wilcoxon
-signed-rank test, the Table-1 Markdown, Figures 4 and 5, and the human-evaluation page.
+"""Evaluation as the CLUE paper reports it (sections 4-5, Appendix B): weighted and macro F1 over sampled completions
+(mean and sample SD), in-domain and out-of-domain averages, relative gains, invalid answers, reasoning tokens, cause
+identification, evidence alignment F1 with a Wilcoxon test, the Table-1 Markdown, Figures 4-5, the human evaluation.
 
     python evaluate.py config.yaml [key=value ...]      # a checkpoint in-process, or an endpoint
     python evaluate.py compare A/eval.json B/eval.json ... [--out DIR]
@@ -10,6 +9,7 @@ signed-rank test, the Table-1 Markdown, Figures 4 and 5, and the human-evaluatio
     python evaluate.py annotate PAIRS.jsonl [--port 8765] [--host 127.0.0.1] [--out ANSWERS.jsonl]
     python evaluate.py annotate-report PAIRS.jsonl ANSWERS.jsonl [ANSWERS.jsonl ...] [--json FILE]
     python evaluate.py dialogue config.yaml [key=value ...]   # multi-turn role-play (EmoLLM, CARE): dialogue.py
+    python evaluate.py care_winrate config.yaml [key=value ...]  # CARE's generator (Table 4): rubric_generator.py
 
 An evaluation writes into `output_dir`: config.yaml (resolved), completions.jsonl (one line per
 completion, appended as they come: rerunning the same command resumes), causes.jsonl (cause-judge
@@ -24,6 +24,7 @@ import dataclasses
 import datetime
 import fnmatch
 import hashlib
+import importlib
 import itertools
 import json
 import math
@@ -777,10 +778,9 @@ def _plot(argv: list[str]) -> None:
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     try:
-        if argv and argv[0] in ("pairs", "annotate", "annotate-report"):
-            import annotate  # the human evaluation: its own module, reached from this command line
-
-            return annotate.main(argv)
+        if argv and argv[0] in ("pairs", "annotate", "annotate-report", "care_winrate"):  # the human evaluation and
+            # CARE's generator win rate: their own modules (annotate, rubric_generator), reached from this command line
+            return importlib.import_module("rubric_generator" if argv[0] == "care_winrate" else "annotate").main(argv)
         if argv and argv[0] == "dialogue":
             import dialogue  # the multi-turn evaluation: its own module, reached from this command line
 

@@ -440,7 +440,7 @@ def ask_journaled(requests: list[tuple[str, JudgeCall, callable]], cfg: JudgeCon
                     lines.append(json.dumps({"key": key, "value": value}, ensure_ascii=False) + "\n")
             f.write("".join(lines))
             f.flush()
-            print0(f"pairs: {min(start + chunk, len(todo))}/{len(todo)} teacher calls")
+            print0(f"{journal.name}: {min(start + chunk, len(todo))}/{len(todo)} calls answered or failed")
     return counts
 
 
