@@ -125,3 +125,12 @@ def test_a_bad_pair_file_stops_with_one_line(tmp_path, capsys, case, field):
     err = capsys.readouterr().err
     assert stop.value.code == 2 and len(err.strip().splitlines()) == 1, err
     assert err.startswith(f"error: {path}:2: field '{field}'"), err
+
+
+def test_the_generator_configs_parse_with_the_papers_values():
+    root = Path(__file__).resolve().parents[1] / "configs"
+    data = G.parse_cli(G.GeneratorDataConfig, [str(root / "care_generator_data.yaml")])
+    assert data.targets.agreement == 0.2 and len(data.targets.screeners) == 2
+    assert data.winrate.evaluator.model == "deepseek-v4-flash"
+    stage1 = sft.parse_cli(sft.SFTConfig, [str(root / "care_generator_sft_qwen3_8b.yaml")])
+    assert (stage1.objective, stage1.data) == ("target", data.targets.out)
