@@ -30,8 +30,8 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
 from config import ConfigError, atomic_write_text, load_config
-from data import (DataError, example_from_json, example_to_json, parse_answer, split_blocks, split_completion,
-                  task_brief, visible_turns)
+from data import DataError, parse_answer, split_blocks, split_completion, task_brief, visible_turns
+from dataset import example_from_json, example_to_json
 from evaluate import (COMPLETIONS, EVAL_JSON, EvalConfig, EvalError, alignment_f1, load_set, matched_lines, mean_sd,
                       read_jsonl, wilcoxon)
 from verifier import EVIDENCE_CLOSE, EVIDENCE_OPEN

@@ -1,5 +1,5 @@
 """Dataset converters: public dataset files (MELD, CPED, ECF 2.0, ToMBench, CCU annotation packages,
-ConvoKit Wikipedia talk pages, MMLU) to our example JSONL, each checked by data.py's schema.
+ConvoKit Wikipedia talk pages, MMLU) to our example JSONL, each checked by dataset.py's schema.
 
     python convert.py FORMAT IN OUT [--text FILE] [--task NAME]... [--per-label N] [--seed S]
 """
@@ -18,19 +18,8 @@ import re
 import sys
 from pathlib import Path
 
-from data import (
-    TASKS,
-    DataError,
-    Example,
-    Turn,
-    load_jsonl,
-    parse_json,
-    read_data_text,
-    read_jsonl,
-    save_jsonl,
-    turn_from_json,
-    typed_field,
-)
+from data import TASKS, DataError, Example, Turn
+from dataset import load_jsonl, parse_json, read_data_text, read_jsonl, save_jsonl, turn_from_json, typed_field
 
 # ----------------------------------------------------------------------------- converters
 

@@ -41,7 +41,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from config import atomic_write_text
-from data import THINK_END, THINK_START, Example, Turn, check_example, example_to_json, save_jsonl
+from data import THINK_END, THINK_START, Example, Turn
+from dataset import check_example, example_to_json, save_jsonl
 from verifier import EVIDENCE_CLOSE, EVIDENCE_OPEN
 
 REPO = Path(__file__).resolve().parent
@@ -347,7 +348,7 @@ def run(out: Path, spec: DemoData, settings: dict[str, list[str]], rl) -> None:
     """Build (or reuse) the toy data and model, then evaluate the random model, run SFT and evaluate,
     run GRPO and evaluate, against one local judge server; write the table and the curves. `rl` is
     the resolved GRPO config, whose reward and judge settings the evaluation uses."""
-    from data import load_jsonl
+    from dataset import load_jsonl
     from evaluate import PlotUnavailable, plot_training_curves
     from judge_server import JudgeServer, rules_backend
 

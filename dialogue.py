@@ -16,7 +16,8 @@ for the judges but never enters the dialogue; then the simulated user answers al
 Grouping: the reward decides it (GROUPING).
 - trajectory (`emollm`): G whole episodes from the same seed; R(tau) = sum_t r_t + lambda_emo R_emo. An
   episode's loss covers the tokens of every assistant turn it sampled, each under the prompt it was
-  sampled with, and no user token; its mean runs over all of them (grpo_loss's `member_tokens`).
+  sampled with, and no user token; its mean runs over all of them (each row weighs its share of the episode's
+  tokens: grpo_loss's `row_weight`).
 - turn (`emollm_turn`, `care`): one episode per seed; at every state the policy draws G candidate replies
   and the episode goes on with the first; the G candidates are a group, scored by r_t or by CARE's
   rubric, one rubric written per state and shared by its group (kept on the state for resampling).
@@ -34,12 +35,14 @@ from pathlib import Path
 from typing import Any, Callable
 
 import data
+import dataset
 import evaluate
 import judge
 import rewards
 from config import (ConfigError, atomic_write_text, load_config, parse_cli, print0, redact_secrets,
                     save_resolved_config)
 from data import THINK_END, THINK_START, DataError
+from groups import Group, Sample, Slot
 from judge import (_DATA_NOTICE, JudgeCall, JudgeConfig, JudgeError, _dialogue_text, _messages, _section,
                    _verdict_lines)
 
@@ -79,13 +82,13 @@ def load_scenarios(path) -> list[Scenario]:
     string, no other field. A bad line, a repeated id or a file without seeds raises DataError naming the
     file (the line and the field)."""
     scenarios, ids = [], set()
-    for number, raw in data.read_jsonl(path):
+    for number, raw in dataset.read_jsonl(path):
         try:
             if not isinstance(raw, dict):
                 raise DataError(f"expected a JSON object, got {type(raw).__name__}")
             if unknown := sorted(set(raw) - set(SCENARIO_FIELDS)):
                 raise DataError(f"field '{unknown[0]}': unknown field (known: {', '.join(SCENARIO_FIELDS)})")
-            values = [data.typed_field(raw, key, str) for key in SCENARIO_FIELDS]
+            values = [dataset.typed_field(raw, key, str) for key in SCENARIO_FIELDS]
             if empty := [key for key, value in zip(SCENARIO_FIELDS, values) if not value.strip()]:
                 raise DataError(f"field '{empty[0]}': empty")
             if values[0] in ids:
@@ -530,6 +533,72 @@ def _ask_into(asks: list[tuple[dict, str, JudgeCall, Callable]], cfg: JudgeConfi
     for (target, key, _, _), value in zip(asks, values):
         target[key] = value
     return add_stats({}, stats)
+
+
+def _sample(turn: PolicyTurn) -> Sample:
+    return Sample(turn.prompt, turn.completion, turn.logp, turn.truncated)
+
+
+def _turn_group(state: State, replies: list[PolicyTurn]) -> Group:  # K replies at one state
+    return Group(state, [[_sample(r)] for r in replies], [turn_rollout(state, r) for r in replies])
+
+
+def sample_dialogue_groups(policy, tok, items: list, cfg, seed: int, counts: dict) -> list[Group]:
+    """grpo.py's step 1 in a dialogue run (`cfg`: its GRPOConfig): K candidate replies at each state (a turn reward),
+    or K episodes played from each seed (a trajectory reward; an episode's samples are its assistant turns). The
+    simulator's calls are added to `counts`."""
+    states = [as_state(item) for item in items]
+    k = cfg.rollout.group_size
+    respond = local_policy(policy, tok, cfg.rollout)
+    if GROUPING[cfg.reward.name] == "turn":
+        replies = respond([policy_messages(s, cfg.dialogue) for s in states], k, seed)
+        return [_turn_group(s, r) for s, r in zip(states, replies)]
+    episodes, simulated = play(respond, [s for s in states for _ in range(k)], cfg.dialogue,
+                               cfg.dialogue.simulator or cfg.judge, 1, seed)
+    add_stats(counts, simulated)
+    members = [episodes[g * k:(g + 1) * k] for g in range(len(states))]
+    return [Group(s, [[_sample(t.candidates[0]) for t in e.turns] for e in m], [episode_rollout(e) for e in m])
+            for s, m in zip(states, members)]
+
+
+def played_slots(policy, tok, slots: list[Slot], cfg, seed: int, counts: dict) -> list[Slot]:
+    """Before step 1 of a dialogue run with a turn reward: one episode from each slot's seed, K candidate replies
+    drawn at each state (the episode goes on with the first). Each state becomes a slot whose first group is
+    those K. The simulator's calls are added to `counts`."""
+    respond = local_policy(policy, tok, cfg.rollout)
+    episodes, simulated = play(respond, [as_state(s.example) for s in slots], cfg.dialogue,
+                               cfg.dialogue.simulator or cfg.judge, cfg.rollout.group_size, seed)
+    add_stats(counts, simulated)
+    return [Slot(slot.index * cfg.dialogue.max_turns + k, turn.state, slot.segment,
+                 group=_turn_group(turn.state, turn.candidates))
+            for slot, episode in zip(slots, episodes) for k, turn in enumerate(episode.turns)]
+
+
+class DialogueSampler:
+    """How grpo.train samples and judges in a dialogue run (its `sampler` when the config has a `dialogue:`
+    section; grpo.PromptSampler is the single-turn one): the scenario seeds as one segment, `open` plays a turn
+    reward's episodes into one slot per state, `sample` draws groups (sample_dialogue_groups), `judge` asks the
+    dialogue judges (judge_groups)."""
+
+    def __init__(self, policy, tok, cfg):
+        self.policy = policy
+        self.tok = tok
+        self.cfg = cfg
+
+    def segments(self, scenarios: list[Scenario]) -> list[dataset.Segment]:
+        return [dataset.Segment("scenarios", scenarios)]
+
+    def open(self, slots: list[Slot], seed: int, counts: dict) -> list[Slot]:
+        if GROUPING[self.cfg.reward.name] != "turn":
+            return slots
+        return played_slots(self.policy, self.tok, slots, self.cfg, seed, counts)
+
+    def sample(self, items: list, update: int, seed: int, counts: dict) -> list[Group]:
+        return sample_dialogue_groups(self.policy, self.tok, items, self.cfg, seed, counts)
+
+    def judge(self, groups: list[Group]) -> dict:
+        return judge_groups([(g.example, g.rollouts) for g in groups], self.cfg.reward, self.cfg.dialogue,
+                            self.cfg.judge)
 
 
 # ----------------------------------------------------------------------------- evaluation (EmoLLM Appendix F, CARE)

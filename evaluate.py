@@ -38,8 +38,8 @@ from typing import Literal
 
 from config import (ConfigError, atomic_write_text, load_config, parse_cli, print0, read_metrics, redact_secrets,
                     save_resolved_config)
-from data import (DataError, Example, count_tokens, get_task, load_jsonl, parse_answer, split_completion,
-                  visible_turns)
+from data import DataError, Example, count_tokens, get_task, parse_answer, split_completion, visible_turns
+from dataset import load_jsonl
 from judge import JudgeCall, JudgeConfig, JudgeError, cause_request, chat_many, parse_cause_verdict
 from verifier import extract_quotes, locate_quote
 

@@ -3,26 +3,24 @@
 
 One update (`train`, in this order):
   1. sample   P prompts from the current curriculum segment, K completions each (`model.generate`,
-              identical prompts prefilled once), parsed into `rewards.Rollout`s; with a `dialogue:` section,
-              P scenario seeds role-played against a simulated user (dialogue.py): K whole episodes from
-              each seed (a trajectory reward, emollm), or one episode per seed with K candidate replies
-              drawn at each of its states (a turn reward, emollm_turn or care), each state a group;
+              identical prompts prefilled once), parsed into `rewards.Rollout`s (`sample_groups`);
   2. score    the judges the reward needs (`rewards.judge_rollouts`, all calls concurrent), then the
-              configured reward R_i (`rewards.score`) and, for a composite reward, each component;
+              configured reward R_i (`rewards.score`) and the parts its registration declares (`score_groups`);
   3. filter   (CLUE) a group whose K rewards are all equal or that has a None (missing judge
               feedback) is resampled up to 3 times, then replaced by up to 2 other prompts of the same
-              segment; a group still unusable is masked out of the loss and counted;
+              segment; a group still unusable is masked out of the loss and counted (`filter_decision`);
   4. advantages  A_i = (R_i - mean(R)) / (std(R) + eps) within each group of K (`group_advantages`);
-              an episode's advantage goes to every assistant turn it sampled;
   5. loss     per completion token, rho = exp(logp - logp_old),
               l = -(min(rho A, clip(rho, 1 - eps_lo, 1 + eps_hi) A) - beta KL_k3),
               KL_k3 = exp(ref - logp) - (ref - logp) - 1 against the reference policy (the same network
-              with the RL LoRA disabled); averaged over each completion's tokens (an episode's: all its
-              assistant turns' tokens) then over completions (`seq-mean-token-mean`) or over all tokens
-              (`token-mean`), the counts taken over the whole
+              with the RL LoRA disabled); averaged over each completion's tokens then over completions
+              (`seq-mean-token-mean`) or over all tokens (`token-mean`), the counts taken over the whole
               update on every rank, so gradients do not depend on the rank count or micro-batch split;
   6. step     gradients summed over ranks, clipped, AdamW; `loss.passes` steps reuse one rollout batch
               (log-probs of the sampling policy cached from the first pass).
+
+With a `dialogue:` section the same steps train on role-played dialogues: `train` picks dialogue.py's sampler
+once (`sampler_for`), which samples and judges episodes or per-state candidate replies; nothing else changes.
 
 Ranks own whole groups; only LoRA gradients and metrics cross ranks; rank 0 writes. Outputs in
 `output_dir`: config.yaml, metrics.jsonl (one line per update, keys in `update_metrics`),
@@ -44,9 +42,11 @@ from typing import Literal
 import torch
 
 import data
+import dataset
 import dialogue
 import rewards
 from config import ConfigError, MetricsWriter, parse_cli, print0, save_resolved_config
+from groups import Group, Sample, Slot
 from judge import JudgeConfig, JudgeError
 from model import (LORA_TARGETS, Qwen, add_lora, add_special_tokens, generate, load_adapter, load_tokenizer,
                    lora_disabled, merge_lora, save_adapter, save_merged, token_logprobs)
@@ -124,7 +124,7 @@ class GRPOConfig:
     updates: int = 723
     reward: rewards.RewardSpec = field(default_factory=rewards.RewardSpec)
     judge: JudgeConfig = field(default_factory=JudgeConfig)
-    curriculum: data.CurriculumConfig = field(default_factory=data.CurriculumConfig)
+    curriculum: dataset.CurriculumConfig = field(default_factory=dataset.CurriculumConfig)
     lora: LoraSettings = field(default_factory=LoraSettings)
     rollout: RolloutSettings = field(default_factory=RolloutSettings)
     filtering: FilterSettings = field(default_factory=FilterSettings)
@@ -150,7 +150,7 @@ def group_advantages(rewards, group_size: int, eps: float = 1e-6) -> torch.Tenso
 
 
 def grpo_loss(logp, logp_old, logp_ref, advantages, mask, clip_low=0.2, clip_high=0.2, beta=0.04,
-              agg="seq-mean-token-mean", *, normalizer=None, member_tokens=None):
+              agg="seq-mean-token-mean", *, normalizer=None, row_weight=None):
     """The clipped GRPO objective with a k3 KL penalty, as a loss to minimize.
 
     logp, logp_old, logp_ref: [B, T] log-probabilities of the sampled tokens under the policy being
@@ -161,10 +161,10 @@ def grpo_loss(logp, logp_old, logp_ref, advantages, mask, clip_low=0.2, clip_hig
     agg "seq-mean-token-mean": sum over completions of (mean of l over its tokens) / normalizer;
     agg "token-mean": sum of l over all tokens / normalizer. The normalizer defaults to this batch's
     completion (resp. token) count; a trainer that splits one update into micro-batches or ranks passes
-    the count of the whole update, so the pieces' gradients add up to the gradient of the whole. A
-    completion over several rows (an episode: a row per assistant turn, each under its own prompt) gives
-    `member_tokens` [B], its whole token count on each of its rows, which then count as mask.sum(1) /
-    member_tokens of a completion each.
+    the count of the whole update, so the pieces' gradients add up to the gradient of the whole. With
+    `row_weight` [B] (seq-mean-token-mean only), row b counts as row_weight[b] of a completion: its token
+    mean is scaled by it and the count is their sum. A completion split over several rows gives each row its
+    share of the completion's tokens, so the completion counts once, as the mean over all its tokens.
 
     stats (detached sums over the masked tokens, to be added over pieces): tokens, kl,
     clip_low (tokens with rho < 1 - clip_low and A < 0), clip_high (rho > 1 + clip_high and A > 0)."""
@@ -178,11 +178,16 @@ def grpo_loss(logp, logp_old, logp_ref, advantages, mask, clip_low=0.2, clip_hig
         kl = torch.exp(d) - d - 1
         per_token = per_token + beta * kl
     if agg == "seq-mean-token-mean":
-        tokens = (mask.sum(1) if member_tokens is None else member_tokens.to(logp.dtype)).clamp(min=1)
-        total = ((per_token * mask).sum(1) / tokens).sum()
-        count = mask.shape[0] if member_tokens is None else (mask.sum(1) / tokens).sum()
+        means = (per_token * mask).sum(1) / mask.sum(1).clamp(min=1)
+        if row_weight is None:
+            total = means.sum()
+            count = mask.shape[0]
+        else:
+            total = (means * row_weight.to(logp.dtype)).sum()
+            count = row_weight.to(logp.dtype).sum()
     elif agg == "token-mean":
-        total, count = (per_token * mask).sum(), mask.sum()
+        total = (per_token * mask).sum()
+        count = mask.sum()
     else:
         raise ValueError(f"grpo_loss: unknown agg {agg!r} (seq-mean-token-mean, token-mean)")
     loss = total / (count if normalizer is None else normalizer)
@@ -198,77 +203,7 @@ def lr_at(update: int, optim: OptimSettings, updates: int) -> float:
     return warmup_hold_cosine(update, optim.lr, optim.lr_floor, optim.warmup_updates, optim.hold_until, updates)
 
 
-# ----------------------------------------------------------------------------- rewards and their parts
-
-
-def _registered(name: str):
-    """A component computed by the registered reward `name`, with the run's settings it accepts."""
-    fn = rewards.REWARDS[name]
-    return lambda rollout, params: fn(rollout, {k: v for k, v in params.items() if k in fn.defaults})
-
-
-def _judged(key: str):
-    return lambda rollout, params: rollout.judged.get(key)
-
-
-def _emollm_term(name: str):
-    """One of EmoLLM's turn terms (rewards.emollm_terms) of a reply, or its mean over an episode's turns."""
-    def part(rollout, params):
-        terms = [rewards.emollm_terms(turn.judged.get("turn_scores")) for turn in rollout.turns or [rollout]]
-        return None if None in terms else sum(t[name] for t in terms) / len(terms)
-    return part
-
-
-# The parts of a composite reward logged beside it (metrics rewards/<part>/mean, completions.jsonl).
-REWARD_PARTS = {
-    "clue": {"c": _registered("correctness"), "f": _registered("evidence_format"), "IU_G": _registered("iu_g")},
-    "social_r1": {"R_fmt": _registered("r_fmt"), "R_out": _registered("correctness"),
-                  "R_struct": _judged("sip_structure"), "R_content": _judged("sip_content"),
-                  "R_len": _registered("r_len")},
-    "emollm_turn": {name: _emollm_term(name) for name in rewards.EMOLLM_TERMS},
-    "emollm": {**{name: _emollm_term(name) for name in rewards.EMOLLM_TERMS},
-               "R_emo": lambda rollout, params: rewards.emotional_gain(rollout)},
-}
-
-
-# ----------------------------------------------------------------------------- rollouts
-
-
-@dataclass
-class Sample:
-    """One sampled completion and the prompt it answered, as token ids."""
-    prompt: list[int]
-    completion: list[int]  # new tokens, ending with EOS unless truncated
-    logp: list[float]  # the sampler's log-probability of each new token
-    truncated: bool
-
-
-@dataclass
-class Group:
-    """K samplings from one starting point with their rewards: K completions of a prompt, K candidate replies at a
-    dialogue state, or K episodes from a scenario seed. Member k sampled `samples[k]`: one completion, or one per
-    assistant turn of its episode. The training side reads only `samples`, `rewards` and `masked`."""
-    example: data.Example  # or the dialogue.State the members started from
-    samples: list[list[Sample]]
-    rollouts: list[rewards.Rollout]
-    rewards: list[float | None] = field(default_factory=list)
-    parts: dict[str, list[float | None]] = field(default_factory=dict)
-    masked: bool = False
-
-    def usable(self) -> bool:
-        """Rewards all present and not all equal: the group carries a learning signal."""
-        return None not in self.rewards and len(set(self.rewards)) > 1
-
-
-@dataclass
-class Slot:
-    """One group position of an update: the prompt it holds now and what filtering has spent on it."""
-    index: int  # position among the update's prompts
-    example: data.Example
-    segment: int
-    resamples: int = 0
-    replacements: int = 0
-    group: Group | None = None
+# ----------------------------------------------------------------------------- steps 1-3: sample, score, filter
 
 
 def derived_seed(*parts) -> int:
@@ -277,18 +212,20 @@ def derived_seed(*parts) -> int:
 
 
 class PromptSource:
-    """The curriculum walked in order: segment after segment (data.curriculum), the last one repeated.
+    """The curriculum walked in order: segment after segment (dataset.curriculum), the last one repeated.
     `cursor` (segment, position) is the data position saved in checkpoints."""
 
-    def __init__(self, segments: list[data.Segment], cursor=(0, 0)):
-        self.segments, self.cursor = segments, tuple(cursor)
+    def __init__(self, segments: list[dataset.Segment], cursor=(0, 0)):
+        self.segments = segments
+        self.cursor = tuple(cursor)
 
     def take(self, n: int) -> list[tuple[data.Example, int]]:
         out = []
         for _ in range(n):
             segment, position = self.cursor
             if position == len(self.segments[segment].examples):
-                segment, position = min(segment + 1, len(self.segments) - 1), 0
+                segment = min(segment + 1, len(self.segments) - 1)
+                position = 0
             out.append((self.segments[segment].examples[position], segment))
             self.cursor = (segment, position + 1)
         return out
@@ -305,16 +242,18 @@ class PromptSource:
 def sample_groups(policy: Qwen, tok, examples: list[data.Example], cfg: GRPOConfig, update: int,
                   seed: int) -> list[Group]:
     """Step 1: K completions of each example in one batched `generate` call, parsed into Rollouts."""
-    ro, eos = cfg.rollout, set(tok.eos_token_ids)
-    prompts = [tok.chat_ids(data.get_task(e.task).messages(e), enable_thinking=ro.enable_thinking) for e in examples]
+    rollout = cfg.rollout
+    eos = set(tok.eos_token_ids)
+    prompts = [tok.chat_ids(data.get_task(e.task).messages(e), enable_thinking=rollout.enable_thinking)
+               for e in examples]
     policy.eval()
-    new, logp = generate(policy, [p for p in prompts for _ in range(ro.group_size)], ro.max_new_tokens,
-                         temperature=ro.temperature, top_p=ro.top_p, top_k=ro.top_k,
-                         repetition_penalty=ro.repetition_penalty, eos_token_ids=tok.eos_token_ids, seed=seed,
+    new, logp = generate(policy, [p for p in prompts for _ in range(rollout.group_size)], rollout.max_new_tokens,
+                         temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k,
+                         repetition_penalty=rollout.repetition_penalty, eos_token_ids=tok.eos_token_ids, seed=seed,
                          return_logprobs=True)
     groups = []
     for g, (example, prompt) in enumerate(zip(examples, prompts)):
-        rows = range(g * ro.group_size, (g + 1) * ro.group_size)
+        rows = range(g * rollout.group_size, (g + 1) * rollout.group_size)
         rollouts = []
         for i in rows:
             text = tok.decode(new[i][:-1] if new[i] and new[i][-1] in eos else new[i])
@@ -327,141 +266,166 @@ def sample_groups(policy: Qwen, tok, examples: list[data.Example], cfg: GRPOConf
     return groups
 
 
-def _sample(turn: dialogue.PolicyTurn) -> Sample:
-    return Sample(turn.prompt, turn.completion, turn.logp, turn.truncated)
+class PromptSampler:
+    """How `train` samples and judges single-turn rewards (dialogue.DialogueSampler is the dialogue mode's): the
+    curriculum's segments, K completions per prompt (`sample_groups`), the judges the reward needs
+    (`rewards.judge_rollouts`)."""
+
+    def __init__(self, policy: Qwen, tok, cfg: GRPOConfig):
+        self.policy = policy
+        self.tok = tok
+        self.cfg = cfg
+
+    def segments(self, examples: list[data.Example]) -> list[dataset.Segment]:
+        return dataset.curriculum(examples, self.cfg.curriculum)
+
+    def open(self, slots: list[Slot], seed: int, counts: dict) -> list[Slot]:
+        return slots  # every slot is a prompt to sample
+
+    def sample(self, examples: list[data.Example], update: int, seed: int, counts: dict) -> list[Group]:
+        return sample_groups(self.policy, self.tok, examples, self.cfg, update, seed)
+
+    def judge(self, groups: list[Group]) -> dict:
+        return rewards.judge_rollouts([r for g in groups for r in g.rollouts], self.cfg.reward, self.cfg.judge)
 
 
-def _turn_group(state: dialogue.State, replies: list[dialogue.PolicyTurn]) -> Group:  # K replies at one state
-    return Group(state, [[_sample(r)] for r in replies], [dialogue.turn_rollout(state, r) for r in replies])
+def sampler_for(cfg: GRPOConfig, policy: Qwen, tok):
+    """The run's sampler, chosen once: role-played dialogues when the config has a `dialogue:` section."""
+    return (PromptSampler if cfg.dialogue is None else dialogue.DialogueSampler)(policy, tok, cfg)
 
 
-def sample_dialogue_groups(policy: Qwen, tok, items: list, cfg: GRPOConfig, seed: int, counts: dict) -> list[Group]:
-    """Step 1 of a dialogue run (dialogue.py): K candidate replies at each state (a turn reward), or K episodes
-    played from each seed (a trajectory reward; an episode's samples are its assistant turns). The simulator's
-    calls are added to `counts`."""
-    states, k = [dialogue.as_state(item) for item in items], cfg.rollout.group_size
-    respond = dialogue.local_policy(policy, tok, cfg.rollout)
-    if dialogue.GROUPING[cfg.reward.name] == "turn":
-        replies = respond([dialogue.policy_messages(s, cfg.dialogue) for s in states], k, seed)
-        return [_turn_group(s, r) for s, r in zip(states, replies)]
-    episodes, simulated = dialogue.play(respond, [s for s in states for _ in range(k)], cfg.dialogue,
-                                        cfg.dialogue.simulator or cfg.judge, 1, seed)
-    dialogue.add_stats(counts, simulated)
-    members = [episodes[g * k:(g + 1) * k] for g in range(len(states))]
-    return [Group(s, [[_sample(t.candidates[0]) for t in e.turns] for e in m], [dialogue.episode_rollout(e) for e in m])
-            for s, m in zip(states, members)]
+def sample_slots(sampler, slots: list[Slot], update: int, seed: int, counts: dict) -> None:
+    """Step 1 for the slots that hold no group (a played dialogue state's first group is already sampled)."""
+    fresh = [s for s in slots if s.group is None]
+    if fresh:
+        for slot, group in zip(fresh, sampler.sample([s.example for s in fresh], update, seed, counts)):
+            slot.group = group
+            slot.example = group.example  # a seed's state: its resamples share its rubric
 
 
-def played_slots(policy: Qwen, tok, slots: list[Slot], cfg: GRPOConfig, seed: int, counts: dict) -> list[Slot]:
-    """Step 1 of a dialogue run with a turn reward: one episode from each slot's seed, K candidate replies drawn at
-    each state (the episode goes on with the first). Each state becomes a slot whose first group is those K."""
-    respond = dialogue.local_policy(policy, tok, cfg.rollout)
-    episodes, simulated = dialogue.play(respond, [dialogue.as_state(s.example) for s in slots], cfg.dialogue,
-                                        cfg.dialogue.simulator or cfg.judge, cfg.rollout.group_size, seed)
-    dialogue.add_stats(counts, simulated)
-    return [Slot(slot.index * cfg.dialogue.max_turns + k, turn.state, slot.segment,
-                 group=_turn_group(turn.state, turn.candidates))
-            for slot, episode in zip(slots, episodes) for k, turn in enumerate(episode.turns)]
-
-
-def score_groups(groups: list[Group], cfg: GRPOConfig) -> dict:
-    """Step 2: ask the judges about every rollout at once, then compute each reward and its parts.
-    Returns the judges' call statistics."""
-    if cfg.dialogue is None:
-        judge_stats = rewards.judge_rollouts([r for g in groups for r in g.rollouts], cfg.reward, cfg.judge)
-    else:
-        judge_stats = dialogue.judge_groups([(g.example, g.rollouts) for g in groups], cfg.reward, cfg.dialogue,
-                                            cfg.judge)
-    parts = REWARD_PARTS.get(cfg.reward.name, {})
+def score_groups(groups: list[Group], cfg: GRPOConfig, judge) -> dict:
+    """Step 2: ask the judges about every rollout at once (`judge`, the sampler's), then compute each reward and
+    the parts its registration declares. Returns the judges' call statistics."""
+    judge_stats = judge(groups)
+    parts = rewards.REWARDS[cfg.reward.name].parts
     for g in groups:
         g.rewards = [rewards.score(r, cfg.reward) for r in g.rollouts]
         g.parts = {name: [part(r, cfg.reward.params) for r in g.rollouts] for name, part in parts.items()}
     return judge_stats
 
 
-def collect_groups(policy: Qwen, tok, source: PromptSource, slots: list[Slot], cfg: GRPOConfig, update: int,
-                   where: Dist) -> tuple[list[Group], dict]:
-    """Steps 1-3 for this rank's slots: sample, score, and (when filtering is on) resample or replace unusable groups
-    until every slot is usable or out of attempts; unusable groups end masked. With filtering off only a group with a
-    missing reward is masked (equal rewards give zero advantages). A dialogue run with a turn reward first plays its
-    seeds: a slot per state (`played_slots`). Judge statistics count the simulator's calls too."""
-    counts = {"resampled": 0, "replaced": 0, "masked": 0, "generate_s": 0.0, "judge_s": 0.0,
-              "calls": 0, "retries": 0, "failures": 0}
-    if cfg.dialogue is not None and dialogue.GROUPING[cfg.reward.name] == "turn":
-        start = time.perf_counter()
-        slots = played_slots(policy, tok, slots, cfg, derived_seed(cfg.seed, "play", update, where.rank), counts)
-        counts["generate_s"] += time.perf_counter() - start
-    pending, rounds = list(slots), 0
-    while pending:
-        start = time.perf_counter()
-        fresh = [s for s in pending if s.group is None]  # (a played state's first group is already sampled)
-        if fresh:
-            seed, items = derived_seed(cfg.seed, "sample", update, where.rank, rounds), [s.example for s in fresh]
-            sampled = (sample_groups(policy, tok, items, cfg, update, seed) if cfg.dialogue is None
-                       else sample_dialogue_groups(policy, tok, items, cfg, seed, counts))
-            for slot, group in zip(fresh, sampled):
-                slot.group, slot.example = group, group.example  # a seed's state: its resamples share its rubric
-        counts["generate_s"] += time.perf_counter() - start
-        start = time.perf_counter()
-        judged = score_groups([s.group for s in pending], cfg)
-        counts["judge_s"] += time.perf_counter() - start
-        for key in ("calls", "retries", "failures"):
-            counts[key] += judged.get(key, 0)
-        retry = []
-        for slot in pending:
-            if slot.group.usable() or not cfg.filtering.enabled:
-                continue
-            if slot.resamples < cfg.filtering.resamples:
-                slot.resamples += 1
-                counts["resampled"] += 1
-            elif slot.replacements < cfg.filtering.replacements:
-                slot.replacements += 1
-                slot.example = source.replacement(slot, derived_seed(cfg.seed, "replace", update, slot.index,
-                                                                     slot.replacements))
-                counts["replaced"] += 1
-            else:
-                continue
+def filter_decision(group_rewards: list[float | None], resamples: int, replacements: int,
+                    filtering: FilterSettings) -> str:
+    """Step 3's rule for one scored group: "keep", "resample", "replace" (its prompt) or "mask" (out of the loss).
+    With filtering on (CLUE), a group whose rewards hold a None or are all equal is resampled while resampling
+    attempts remain, then replaced while replacements remain, then masked. With filtering off only a group with a
+    missing reward is masked (equal rewards give zero advantages)."""
+    complete = None not in group_rewards
+    if not filtering.enabled:
+        return "keep" if complete else "mask"
+    if complete and len(set(group_rewards)) > 1:
+        return "keep"
+    if resamples < filtering.resamples:
+        return "resample"
+    if replacements < filtering.replacements:
+        return "replace"
+    return "mask"
+
+
+def filter_slots(slots: list[Slot], source: PromptSource, cfg: GRPOConfig, update: int) -> list[str]:
+    """Step 3: each slot's `filter_decision`, applied: a resampled slot is emptied, a replaced one gets another
+    prompt of its segment, a masked group is marked. Returns the decisions, in slot order."""
+    decisions = []
+    for slot in slots:
+        decision = filter_decision(slot.group.rewards, slot.resamples, slot.replacements, cfg.filtering)
+        slot.group.masked = decision == "mask"
+        if decision == "resample":
+            slot.resamples += 1
+        if decision == "replace":
+            slot.replacements += 1
+            seed = derived_seed(cfg.seed, "replace", update, slot.index, slot.replacements)
+            slot.example = source.replacement(slot, seed)
+        if decision in ("resample", "replace"):
             slot.group = None
-            retry.append(slot)
-        pending, rounds = retry, rounds + 1
-    groups = [s.group for s in slots]
-    for g in groups:
-        g.masked = None in g.rewards or (cfg.filtering.enabled and not g.usable())
-        counts["masked"] += g.masked
-    return groups, counts
+        decisions.append(decision)
+    return decisions
 
 
-# ----------------------------------------------------------------------------- training
+def timed(counts: dict, key: str, step, *args):
+    """`step(*args)`, its seconds added to counts[key]: the steps' timing, kept out of the steps."""
+    start = time.perf_counter()
+    result = step(*args)
+    counts[key] += time.perf_counter() - start
+    return result
+
+
+def count_calls(counts: dict, judge_stats: dict) -> None:
+    for key in ("calls", "retries", "failures"):
+        counts[key] += judge_stats.get(key, 0)
+
+
+def count_decisions(counts: dict, decisions: list[str]) -> None:
+    for decision, key in (("resample", "resampled"), ("replace", "replaced"), ("mask", "masked")):
+        counts[key] += decisions.count(decision)
+
+
+def collect_groups(sampler, source: PromptSource, slots: list[Slot], cfg: GRPOConfig, update: int,
+                   dist: Dist) -> tuple[list[Group], dict]:
+    """Steps 1-3 for this rank's slots: sample, score, filter, again for the slots filtering sends back, until
+    every slot holds a usable group or is out of attempts. `sampler.open` may first turn the slots into others (a
+    dialogue run with a turn reward: one per state played). Returns the groups and the update's counters."""
+    counts = {"resampled": 0, "replaced": 0, "masked": 0, "generate_s": 0.0, "judge_s": 0.0, "train_s": 0.0,
+              "calls": 0, "retries": 0, "failures": 0}
+    slots = timed(counts, "generate_s", sampler.open, slots, derived_seed(cfg.seed, "play", update, dist.rank), counts)
+    pending = list(slots)
+    rounds = 0
+    while pending:
+        seed = derived_seed(cfg.seed, "sample", update, dist.rank, rounds)
+        timed(counts, "generate_s", sample_slots, sampler, pending, update, seed, counts)  # 1. sample
+        judge_stats = timed(counts, "judge_s", score_groups, [s.group for s in pending], cfg, sampler.judge)  # 2.
+        count_calls(counts, judge_stats)
+        decisions = filter_slots(pending, source, cfg, update)  # 3. filter
+        count_decisions(counts, decisions)
+        pending = [slot for slot, decision in zip(pending, decisions) if decision in ("resample", "replace")]
+        rounds += 1
+    return [s.group for s in slots], counts
+
+
+# ----------------------------------------------------------------------------- steps 4-6: advantages, loss, step
+
+
+def advantages_by_group(groups: list[Group], eps: float) -> list[list[float] | None]:
+    """Step 4: each unmasked group's advantages (`group_advantages` over its K rewards); None for a masked group."""
+    return [None if g.masked else group_advantages(g.rewards, len(g.rewards), eps).tolist() for g in groups]
 
 
 @dataclass
 class Sequence:
     """One trained sequence: token ids, the positions whose next token the loss covers (`mask[t]`
     True: ids[t + 1] is a policy token), its advantage, the sampler's log-probs on those tokens, and
-    the token count of the group member it belongs to (an episode's: all its assistant turns')."""
+    the share of its group member's completion tokens it holds (1 unless the member sampled several rows)."""
     ids: list[int]
     mask: list[bool]
     advantage: float
     sampler_logp: list[float]
-    member_tokens: int
+    row_weight: float
 
 
-def training_sequences(groups: list[Group], cfg: GRPOConfig) -> tuple[list[Sequence], list[list[float] | None]]:
-    """Step 4: advantages within each unmasked group, and the sequences the loss is computed on.
-    Also returns each group's advantages (None for a masked group) for completions.jsonl."""
-    sequences, advantages = [], []
-    for g in groups:
-        if g.masked:
-            advantages.append(None)
+def training_sequences(groups: list[Group], advantages: list[list[float] | None]) -> list[Sequence]:
+    """The sequences the loss is computed on: every sample of every unmasked group's members, with the member's
+    advantage. A member sampled in several rows (dialogue.py's episodes: a row per assistant turn, each under its
+    own prompt) gives each row its share of the member's tokens, so the member counts once in the loss."""
+    sequences = []
+    for g, adv in zip(groups, advantages):
+        if adv is None:
             continue
-        adv = group_advantages(g.rewards, len(g.rewards), cfg.loss.adv_eps).tolist()
-        advantages.append(adv)
         for member, a in zip(g.samples, adv):
             tokens = sum(len(s.completion) for s in member)
             for s in member:  # the prompt's tokens (the user's turns among them) are never trained on
                 mask = [False] * (len(s.prompt) - 1) + [True] * len(s.completion)
-                sequences.append(Sequence(s.prompt + s.completion, mask, a, s.logp, tokens))
-    return sequences, advantages
+                weight = len(s.completion) / max(1, tokens)
+                sequences.append(Sequence(s.prompt + s.completion, mask, a, s.logp, weight))
+    return sequences
 
 
 @dataclass
@@ -470,7 +434,7 @@ class MicroBatch:
     mask: torch.Tensor  # [b, T-1] bool
     advantages: torch.Tensor  # [b]
     sampler_logp: torch.Tensor  # [b, T-1], 0 outside the mask
-    member_tokens: torch.Tensor  # [b]
+    row_weight: torch.Tensor  # [b]
 
 
 def micro_batches(sequences: list[Sequence], size: int, pad_id: int, device) -> list[MicroBatch]:
@@ -485,77 +449,97 @@ def micro_batches(sequences: list[Sequence], size: int, pad_id: int, device) -> 
             ids[row, :len(s.ids)] = torch.tensor(s.ids)
             mask[row, :len(s.mask)] = torch.tensor(s.mask)
             sampler[row, mask[row]] = torch.tensor(s.sampler_logp)
-        adv, members = torch.tensor([s.advantage for s in part]), torch.tensor([s.member_tokens for s in part])
+        adv = torch.tensor([s.advantage for s in part])
+        weight = torch.tensor([s.row_weight for s in part])
         batches.append(MicroBatch(ids.to(device), mask.to(device), adv.to(device), sampler.to(device),
-                                  members.to(device)))
+                                  weight.to(device)))
     return batches
 
 
-def policy_update(policy: Qwen, optimizer, batches: list[MicroBatch], cfg: GRPOConfig, where: Dist) -> dict:
-    """Steps 5-6: the reference pass (beta > 0), then `loss.passes` optimizer steps over the batch.
-    The first pass's log-probs are the sampling policy's (logp_old, cached for later passes); the
-    loss is normalized by the completion or token count of the whole update over all ranks."""
-    ls, temperature = cfg.loss, cfg.rollout.temperature
+def reference_logprobs(policy: Qwen, batches: list[MicroBatch], cfg: GRPOConfig) -> list[torch.Tensor | None]:
+    """The reference policy's log-probs (the RL LoRA disabled) of each micro-batch; None each when beta = 0."""
+    if cfg.loss.beta == 0:
+        return [None] * len(batches)
+    policy.eval()
+    with torch.no_grad(), lora_disabled(policy):
+        return [token_logprobs(policy, b.ids, b.mask, cfg.rollout.temperature) for b in batches]
+
+
+def accumulate_loss(policy: Qwen, batches: list[MicroBatch], old: list, refs: list, normalizer, cfg: GRPOConfig,
+                    dist: Dist, out: dict) -> torch.Tensor:
+    """Step 5: the loss of every micro-batch, backward into the gradients; returns the loss summed over ranks.
+    The first pass's log-probs are the sampling policy's (logp_old, cached into `old` for later passes) and give
+    the entropy and the sampler mismatch; the loss statistics are added into `out`."""
+    loss_cfg = cfg.loss
+    temperature = cfg.rollout.temperature
+    loss_sum = torch.zeros((), device=dist.device)
+    for i, b in enumerate(batches):
+        if old[i] is None:
+            logp, entropy = token_logprobs(policy, b.ids, b.mask, temperature, entropy=True)
+            old[i] = logp.detach()
+            gap = (old[i] - b.sampler_logp).abs()[b.mask]
+            out["entropy"] += entropy[b.mask].sum().item()
+            out["mismatch_sum"] += gap.sum().item()
+            out["mismatch_max"] = max(out["mismatch_max"], gap.max().item())
+        else:
+            logp = token_logprobs(policy, b.ids, b.mask, temperature)
+        loss, stats = grpo_loss(logp, old[i], refs[i], b.advantages, b.mask, loss_cfg.clip_low, loss_cfg.clip_high,
+                                loss_cfg.beta, loss_cfg.agg, normalizer=normalizer, row_weight=b.row_weight)
+        loss.backward()
+        loss_sum += loss.detach()
+        for key, value in stats.items():
+            out[key] += value.item() / loss_cfg.passes
+    return all_reduce_sum(loss_sum)
+
+
+def optimizer_step(optimizer, loss_total: torch.Tensor, cfg: GRPOConfig, out: dict) -> None:
+    """Step 6: gradients summed over ranks, clipped, one AdamW step (skipped, and counted, when not finite)."""
     params = optimizer_parameters(optimizer)
-    seq_mean = ls.agg == "seq-mean-token-mean"  # count completions (episodes, whose rows add up to 1 each) or tokens
-    local = sum((b.mask.sum(1) / b.member_tokens.clamp(min=1)).sum() if seq_mean else b.mask.sum() for b in batches)
-    normalizer = all_reduce_sum(torch.tensor(float(local), device=where.device))
+    sync_gradients(params)
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip)
+    if torch.isfinite(loss_total) and torch.isfinite(grad_norm):
+        optimizer.step()
+    else:  # never apply a non-finite step: the weights stay as they were
+        out["skipped_nonfinite"] += 1
+    out["loss"] += loss_total.item() / cfg.loss.passes
+    out["grad_norm"] += grad_norm.item() / cfg.loss.passes
+
+
+def policy_update(policy: Qwen, optimizer, batches: list[MicroBatch], cfg: GRPOConfig, dist: Dist) -> dict:
+    """Steps 5-6, `loss.passes` times over one rollout batch, after the reference pass (beta > 0). The loss is
+    normalized by the completion or token count of the whole update over all ranks. Returns the training stats."""
+    seq_mean = cfg.loss.agg == "seq-mean-token-mean"  # count completions (weighted rows) or tokens
+    local = sum(b.row_weight.sum() if seq_mean else b.mask.sum() for b in batches)
+    normalizer = all_reduce_sum(torch.tensor(float(local), device=dist.device))
     out = {"loss": 0.0, "grad_norm": 0.0, "skipped_nonfinite": 0, "entropy": 0.0, "mismatch_sum": 0.0,
            "mismatch_max": 0.0, "tokens": 0.0, "kl": 0.0, "clip_low": 0.0, "clip_high": 0.0}
     if normalizer == 0:  # every group of the update masked: nothing to learn from, no step
         return out
-    refs = [None] * len(batches)
-    if ls.beta != 0:
-        policy.eval()
-        with torch.no_grad(), lora_disabled(policy):
-            refs = [token_logprobs(policy, b.ids, b.mask, temperature) for b in batches]
+    refs = reference_logprobs(policy, batches, cfg)
     old: list[torch.Tensor | None] = [None] * len(batches)
     policy.train()
-    for _ in range(ls.passes):
+    for _ in range(cfg.loss.passes):
         optimizer.zero_grad(set_to_none=True)
-        loss_sum = torch.zeros((), device=where.device)
-        for i, b in enumerate(batches):
-            if old[i] is None:
-                logp, entropy = token_logprobs(policy, b.ids, b.mask, temperature, entropy=True)
-                old[i] = logp.detach()
-                gap = (old[i] - b.sampler_logp).abs()[b.mask]
-                out["entropy"] += entropy[b.mask].sum().item()
-                out["mismatch_sum"] += gap.sum().item()
-                out["mismatch_max"] = max(out["mismatch_max"], gap.max().item())
-            else:
-                logp = token_logprobs(policy, b.ids, b.mask, temperature)
-            loss, stats = grpo_loss(logp, old[i], refs[i], b.advantages, b.mask, ls.clip_low, ls.clip_high,
-                                    ls.beta, ls.agg, normalizer=normalizer, member_tokens=b.member_tokens)
-            loss.backward()
-            loss_sum += loss.detach()
-            for key, value in stats.items():
-                out[key] += value.item() / ls.passes
-        sync_gradients(params)
-        loss_total = all_reduce_sum(loss_sum)
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip)
-        if torch.isfinite(loss_total) and torch.isfinite(grad_norm):
-            optimizer.step()
-        else:  # never apply a non-finite step: the weights stay as they were
-            out["skipped_nonfinite"] += 1
-        out["loss"] += loss_total.item() / ls.passes
-        out["grad_norm"] += grad_norm.item() / ls.passes
+        loss_total = accumulate_loss(policy, batches, old, refs, normalizer, cfg, dist, out)  # 5. loss
+        optimizer_step(optimizer, loss_total, cfg, out)  # 6. step
     return out
+
 
 
 # ----------------------------------------------------------------------------- metrics and logs
 
 
-def gather_json(value, where: Dist) -> list:
+def gather_json(value, dist: Dist) -> list:
     """Every rank's JSON-able `value`, in rank order, on every rank (the bytes travel through sums,
     one rank's row each; nothing is unpickled)."""
-    if where.world_size == 1:
+    if dist.world_size == 1:
         return [value]
-    raw = torch.tensor(list(json.dumps(value).encode()), dtype=torch.uint8, device=where.device)
-    sizes = torch.zeros(where.world_size, dtype=torch.long, device=where.device)
-    sizes[where.rank] = raw.numel()
+    raw = torch.tensor(list(json.dumps(value).encode()), dtype=torch.uint8, device=dist.device)
+    sizes = torch.zeros(dist.world_size, dtype=torch.long, device=dist.device)
+    sizes[dist.rank] = raw.numel()
     all_reduce_sum(sizes)
-    table = torch.zeros(where.world_size, int(sizes.max()), dtype=torch.uint8, device=where.device)
-    table[where.rank, :raw.numel()] = raw
+    table = torch.zeros(dist.world_size, int(sizes.max()), dtype=torch.uint8, device=dist.device)
+    table[dist.rank, :raw.numel()] = raw
     all_reduce_sum(table)
     return [json.loads(bytes(row[:n].tolist())) for row, n in zip(table.cpu(), sizes.tolist())]
 
@@ -638,34 +622,36 @@ def check_inputs(cfg: GRPOConfig, config_path: str) -> list[data.Example] | list
     def bad(key, problem):
         return ConfigError(f"{config_path}: '{key}': {problem}")
 
-    talk = cfg.dialogue
+    dialogue_cfg = cfg.dialogue
     if cfg.reward.name not in rewards.REWARDS:
         raise bad("reward.name", f"unknown reward {cfg.reward.name!r} (known: {', '.join(sorted(rewards.REWARDS))})")
-    if (talk is not None) != (cfg.reward.name in dialogue.GROUPING):
+    if (dialogue_cfg is not None) != (cfg.reward.name in dialogue.GROUPING):
         raise bad("dialogue", f"rewards {', '.join(dialogue.GROUPING)} train on role-played dialogues: they, and only "
                               f"they, need a 'dialogue' section (reward: {cfg.reward.name})")
     unknown = sorted(set(cfg.reward.params) - set(rewards.REWARDS[cfg.reward.name].defaults))
     if unknown:
         known = ", ".join(sorted(rewards.REWARDS[cfg.reward.name].defaults)) or "none"
         raise bad(f"reward.params.{unknown[0]}", f"not a setting of reward {cfg.reward.name!r} (known: {known})")
-    ro, ls = cfg.rollout, cfg.loss
-    for key, value, low in (("rollout.group_size", ro.group_size, 2), ("updates", cfg.updates, 1),
-                            ("rollout.prompts_per_update", ro.prompts_per_update, 1),
-                            ("rollout.max_new_tokens", ro.max_new_tokens, 1), ("loss.passes", ls.passes, 1),
-                            ("loss.micro_batch_size", ls.micro_batch_size, 1), ("save_every", cfg.save_every, 1),
+    rollout = cfg.rollout
+    loss = cfg.loss
+    for key, value, low in (("rollout.group_size", rollout.group_size, 2), ("updates", cfg.updates, 1),
+                            ("rollout.prompts_per_update", rollout.prompts_per_update, 1),
+                            ("rollout.max_new_tokens", rollout.max_new_tokens, 1), ("loss.passes", loss.passes, 1),
+                            ("loss.micro_batch_size", loss.micro_batch_size, 1), ("save_every", cfg.save_every, 1),
                             ("keep_checkpoints", cfg.keep_checkpoints, 1),
-                            *((("dialogue.max_turns", talk.max_turns, 1), ("dialogue.lookahead", talk.lookahead, 1))
-                              if talk else ())):
+                            *((("dialogue.max_turns", dialogue_cfg.max_turns, 1),
+                               ("dialogue.lookahead", dialogue_cfg.lookahead, 1)) if dialogue_cfg else ())):
         if value < low:
             raise bad(key, f"must be at least {low}, got {value}")
-    if not ro.temperature > 0:
-        raise bad("rollout.temperature", f"must be > 0 (log-probabilities are taken at it), got {ro.temperature}")
+    if not rollout.temperature > 0:
+        raise bad("rollout.temperature", f"must be > 0 (log-probabilities are taken at it), got {rollout.temperature}")
     for key, folder, needed in (("model.path", cfg.model.path, "config.json"),
                                 ("model.sft_adapter", cfg.model.sft_adapter, "adapter_config.json")):
         if folder is not None and not (Path(folder) / needed).is_file():
             raise bad(key, f"{folder} has no {needed}")
-    judges = {"judge": cfg.judge} if rewards.REWARD_JUDGES.get(cfg.reward.name) or talk else {}
-    judges |= {f"dialogue.{k}": getattr(talk, k) for k in ("simulator", "rubric_judge") if talk and getattr(talk, k)}
+    judges = {"judge": cfg.judge} if rewards.REWARD_JUDGES.get(cfg.reward.name) or dialogue_cfg else {}
+    judges |= {f"dialogue.{k}": getattr(dialogue_cfg, k) for k in ("simulator", "rubric_judge")
+               if dialogue_cfg and getattr(dialogue_cfg, k)}
     for key, judge_cfg in judges.items():
         try:
             judge_cfg.read_api_key()
@@ -677,10 +663,10 @@ def check_inputs(cfg: GRPOConfig, config_path: str) -> list[data.Example] | list
     for path in cfg.train_data:
         if not Path(path).is_file():
             raise bad("train_data", f"{path}: file not found")
-        if talk:
+        if dialogue_cfg:
             examples += dialogue.load_scenarios(path)
             continue
-        loaded = data.load_jsonl(path)
+        loaded = dataset.load_jsonl(path)
         try:
             rewards.check_reward_data(cfg.reward, loaded)
         except data.DataError as e:
@@ -691,11 +677,11 @@ def check_inputs(cfg: GRPOConfig, config_path: str) -> list[data.Example] | list
     return examples
 
 
-def build_policy(cfg: GRPOConfig, where: Dist):
+def build_policy(cfg: GRPOConfig, dist: Dist):
     """The base model with the SFT adapter (and its <evidence> rows) merged in, plus a fresh LoRA: the
     only trainable parameters (embedding and lm_head stay frozen). Disabling it gives the reference."""
     tok = load_tokenizer(cfg.model.path)
-    policy = Qwen.from_pretrained(cfg.model.path, dtype=cfg.model.dtype, device=where.device)
+    policy = Qwen.from_pretrained(cfg.model.path, dtype=cfg.model.dtype, device=dist.device)
     if cfg.model.sft_adapter:
         add_special_tokens(policy, tok, [data.EVIDENCE_OPEN, data.EVIDENCE_CLOSE])  # the ids the SFT run gave them
         merge_lora(load_adapter(policy, cfg.model.sft_adapter))
@@ -709,17 +695,18 @@ def build_policy(cfg: GRPOConfig, where: Dist):
 
 
 def train(cfg: GRPOConfig, examples: list[data.Example]) -> None:
-    where = setup_distributed(cfg.model.device)
+    dist = setup_distributed(cfg.model.device)
     out = Path(cfg.output_dir)
     save_resolved_config(cfg, out)
-    policy, tok = build_policy(cfg, where)
-    segments = [data.Segment("scenarios", examples)] if cfg.dialogue else data.curriculum(examples, cfg.curriculum)
-    source = PromptSource(segments)
+    policy, tok = build_policy(cfg, dist)
+    sampler = sampler_for(cfg, policy, tok)
+    source = PromptSource(sampler.segments(examples))
     checkpoint = latest_checkpoint(out) if cfg.resume == "auto" else None
     start = 0
     if checkpoint is not None:
         meta = load_checkpoint(checkpoint, policy)
-        start, source.cursor = meta["trainer"]["update"], tuple(meta["trainer"]["cursor"])
+        start = meta["trainer"]["update"]
+        source.cursor = tuple(meta["trainer"]["cursor"])
         print0(f"resuming from {checkpoint} (update {start} of {cfg.updates})")
     optimizer = build_optimizer(policy, cfg.optim.lr, cfg.optim.weight_decay, cfg.optim.betas)
     if checkpoint is not None:
@@ -727,7 +714,7 @@ def train(cfg: GRPOConfig, examples: list[data.Example]) -> None:
     else:
         broadcast_parameters(optimizer_parameters(optimizer))
     for name in ("metrics.jsonl", "completions.jsonl"):
-        trim_log(out / name, start, where)
+        trim_log(out / name, start, dist)
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_ids[0]
     progress = Progress(cfg.updates, first_step=start)
     with MetricsWriter(out / "metrics.jsonl") as metrics_log, \
@@ -735,22 +722,21 @@ def train(cfg: GRPOConfig, examples: list[data.Example]) -> None:
         for update in range(start, cfg.updates):
             lr = lr_at(update, cfg.optim, cfg.updates)
             set_lr(optimizer, lr)
-            # 1-3. sample, score, filter: this rank's share of the update's prompts
             drawn = source.take(cfg.rollout.prompts_per_update)
             slots = [Slot(i, example, segment) for i, (example, segment) in enumerate(drawn)
-                     if i % where.world_size == where.rank]
-            groups, counts = collect_groups(policy, tok, source, slots, cfg, update, where)
+                     if i % dist.world_size == dist.rank]  # this rank's share of the update's prompts
+            # 1-3. sample, score, filter (collect_groups: the three steps, again for the slots filtering sends back)
+            groups, counts = collect_groups(sampler, source, slots, cfg, update, dist)
             # 4. advantages
-            start_train = time.perf_counter()
-            sequences, advantages = training_sequences(groups, cfg)
-            batches = micro_batches(sequences, cfg.loss.micro_batch_size, pad_id, where.device)
-            # 5-6. loss and optimizer step(s)
-            trained = policy_update(policy, optimizer, batches, cfg, where)
-            trained["train_s"] = time.perf_counter() - start_train
-            reports = gather_json(rank_report(groups, counts, trained), where)
+            advantages = advantages_by_group(groups, cfg.loss.adv_eps)
+            batches = micro_batches(training_sequences(groups, advantages), cfg.loss.micro_batch_size, pad_id,
+                                    dist.device)
+            # 5-6. loss and step, `loss.passes` times (policy_update: accumulate_loss, then optimizer_step)
+            trained = timed(counts, "train_s", policy_update, policy, optimizer, batches, cfg, dist)
+            reports = gather_json(rank_report(groups, counts, trained), dist)
             metrics = update_metrics(reports, update + 1, lr, cfg.loss.beta)
             records = gather_json(completion_records(groups, advantages, tok, update + 1)
-                                  if cfg.log_completions else [], where)
+                                  if cfg.log_completions else [], dist)
             n_tokens = sum(r["prompt_tokens"] + sum(r["lengths"]) for r in reports)
             metrics |= progress.log(update, n_tokens, reward=metrics["reward"] or 0.0, loss=metrics["loss"],
                                     masked=metrics["groups/masked"])
@@ -759,14 +745,14 @@ def train(cfg: GRPOConfig, examples: list[data.Example]) -> None:
             for record in (r for rank_records in records for r in rank_records):
                 completions_log.write(record)
             done = update + 1
-            stopping = stop.requested(where.device)
+            stopping = stop.requested(dist.device)
             if done % cfg.save_every == 0 or done == cfg.updates or stopping:
                 save_checkpoint(out, done, policy, optimizer, {"update": done, "cursor": list(source.cursor)},
                                 keep=cfg.keep_checkpoints)
             if stopping:
                 print0(f"stopped after update {done}; `resume: auto` continues from {out}")
                 return
-    if where.main:
+    if dist.main:
         base = None if cfg.model.sft_adapter else cfg.model.path  # else: the SFT-merged base, not on disk
         save_adapter(policy, out / "adapter", base_model_name_or_path=base)
         if cfg.save_merged:

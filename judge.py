@@ -42,8 +42,9 @@ import requests
 import urllib3
 from requests.adapters import HTTPAdapter
 
-from data import (EVIDENCE_CLOSE, EVIDENCE_OPEN, Example, reject_json_constant, render_conversation,
-                  render_target, task_brief, visible_turns)
+from data import (EVIDENCE_CLOSE, EVIDENCE_OPEN, Example, render_conversation, render_target, task_brief,
+                  visible_turns)
+from dataset import reject_json_constant
 
 log = logging.getLogger("judge")
 

@@ -2,9 +2,10 @@
 combined reward, and the Social-R1, EmoLLM and CARE reward families.
 
 One calling convention: a reward is `fn(rollout, cfg) -> float | None`, registered in REWARDS under
-its function name by the `@reward(**defaults)` decorator. `cfg` holds the reward's settings; missing
-ones take the defaults given to the decorator and unknown ones are an error, so a typo in a config
-never silently falls back to a default. None means the feedback is incomplete (a judge answer the
+its function name by the `@reward(**defaults)` decorator, which also declares the parts of a composite
+reward that a trainer logs beside it (`parts=`). `cfg` holds the reward's settings; missing ones take
+the defaults given to the decorator and unknown ones are an error, so a typo in a config never
+silently falls back to a default. None means the feedback is incomplete (a judge answer the
 reward needs is missing or malformed): the trainer resamples the group, it never reads None as 0.
 
 Judge-backed rewards read already-parsed judge outputs from `rollout.judged`; `judge_rollouts` fills
@@ -75,8 +76,13 @@ RewardFn = Callable[[Rollout, dict], float | None]
 REWARDS: dict[str, RewardFn] = {}
 
 
-def reward(**defaults: float):
-    """Register the decorated `fn(rollout, cfg)` in REWARDS under its name, with its settings' defaults."""
+PartFn = Callable[[Rollout, dict], float | None]
+
+
+def reward(parts: dict[str, PartFn] | None = None, **defaults: float):
+    """Register the decorated `fn(rollout, cfg)` in REWARDS under its name, with its settings' defaults. `parts`:
+    the components of a composite reward that a trainer logs beside it (metrics `rewards/<part>/mean`,
+    completions.jsonl), each `part(rollout, params)` with the run's reward settings."""
     def register(fn):
         @functools.wraps(fn)
         def with_settings(rollout: Rollout, cfg: dict | None = None) -> float | None:
@@ -86,9 +92,21 @@ def reward(**defaults: float):
                                  f"(known: {', '.join(sorted(defaults)) or 'none'})")
             return fn(rollout, defaults | (cfg or {}))
         with_settings.defaults = defaults
+        with_settings.parts = parts or {}
         REWARDS[fn.__name__] = with_settings
         return with_settings
     return register
+
+
+def computed_by(name: str) -> PartFn:
+    """A part computed by the registered reward `name`, given the settings of the run's reward that it accepts."""
+    fn = REWARDS[name]
+    return lambda rollout, params: fn(rollout, {k: v for k, v in params.items() if k in fn.defaults})
+
+
+def judge_output(key: str) -> PartFn:
+    """A part that is a judge's parsed output, `rollout.judged[key]`."""
+    return lambda rollout, params: rollout.judged.get(key)
 
 
 def score(rollout: Rollout, spec: RewardSpec) -> float | None:
@@ -168,7 +186,8 @@ def iu_g(rollout, cfg):
     return iu_g_score(verdicts, verified, rollout.n_reasoning_tokens, cfg["budget"])
 
 
-@reward(lambda_iu=0.5, **_IU)
+@reward(parts={"c": computed_by("correctness"), "f": computed_by("evidence_format"), "IU_G": computed_by("iu_g")},
+        lambda_iu=0.5, **_IU)
 def clue(rollout, cfg):
     """R = c + lambda_iu * f * IU_G (None when IU_G is)."""
     iu = iu_g(rollout, {k: cfg[k] for k in _IU})
@@ -246,7 +265,9 @@ def social_r1_total(rollout: Rollout, cfg: dict, content: Any) -> float | None:
     return r_fmt(rollout) * (cfg["w_out"] * correctness(rollout) + process) * length
 
 
-@reward(**_SOCIAL_R1)
+@reward(parts={"R_fmt": computed_by("r_fmt"), "R_out": computed_by("correctness"),
+               "R_struct": judge_output("sip_structure"), "R_content": judge_output("sip_content"),
+               "R_len": computed_by("r_len")}, **_SOCIAL_R1)
 def social_r1(rollout, cfg):
     """Social-R1's R_total (social_r1_total), with R_content = `judged["sip_content"]`, scored against
     the example's reference SIP analysis in `meta["reference"]` (check_reward_data requires one)."""
@@ -294,11 +315,20 @@ def emotional_gain(rollout: Rollout) -> float | None:
     return (final - initial) / 4
 
 
+def _emollm_term(name: str) -> PartFn:
+    """One of EmoLLM's turn terms (emollm_terms) of a reply, or its mean over an episode's turns."""
+    def part(rollout, params):
+        terms = [emollm_terms(turn.judged.get("turn_scores")) for turn in rollout.turns or [rollout]]
+        return None if None in terms else sum(t[name] for t in terms) / len(terms)
+    return part
+
+
+_TURN_PARTS = {name: _emollm_term(name) for name in EMOLLM_TERMS}
 # The lambdas are "nonnegative weighting coefficients" in the paper, without values: all 1 here.
 _TURN = dict(l_cog=1.0, l_arg=1.0, l_rp=1.0, l_over=1.0)
 
 
-@reward(**_TURN)
+@reward(parts=_TURN_PARTS, **_TURN)
 def emollm_turn(rollout, cfg):
     """r_t = l_cog R_cog + l_arg R_ARG + l_rp R_RP - l_over R_overthink (emollm_terms of `judged["turn_scores"]`);
     None when the judgement is missing or malformed."""
@@ -309,7 +339,7 @@ def emollm_turn(rollout, cfg):
             - cfg["l_over"] * terms["R_overthink"])
 
 
-@reward(l_emo=1.0, **_TURN)
+@reward(parts=_TURN_PARTS | {"R_emo": lambda rollout, params: emotional_gain(rollout)}, l_emo=1.0, **_TURN)
 def emollm(rollout, cfg):
     """R(tau) = sum_t r_t + l_emo R_emo over the episode's assistant turns (`rollout.turns`, emollm_turn each) and
     its emotional gain (emotional_gain). None when any of them is."""

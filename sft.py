@@ -55,8 +55,8 @@ from typing import Literal
 import torch
 
 from config import ConfigError, MetricsWriter, atomic_write_text, parse_cli, print0, save_resolved_config
-from data import (THINK_END, THINK_START, DataError, Example, example_from_json, example_to_json, get_task,
-                  load_jsonl, parse_answer, read_jsonl, split_completion, typed_field, visible_turns)
+from data import THINK_END, THINK_START, DataError, Example, get_task, parse_answer, split_completion, visible_turns
+from dataset import example_from_json, example_to_json, load_jsonl, read_jsonl, typed_field
 from evaluate import SamplingConfig, f1_scores, sample_completions
 from judge import (_DATA_NOTICE, JudgeCall, JudgeConfig, JudgeError, _messages, _section, _strict_json_object,
                    chat_many)

@@ -13,7 +13,8 @@ import requests
 import annotate
 import evaluate as ev
 from config import save_resolved_config
-from data import Example, Turn, example_to_json, save_jsonl
+from data import Example, Turn
+from dataset import example_to_json, save_jsonl
 
 CONVERSATION = [Turn("Mei", "Did you finish the report?"), Turn("Ken", "Not yet, the data came late."),
                 Turn("Mei", "The client calls at noon."), Turn("Ken", "Fine, I will skip lunch then.")]

@@ -13,7 +13,8 @@ import pytest
 
 from convert import (convert, convert_ccu, convert_dialogue_csv, convert_ecf, convert_mmlu, convert_tombench,
                      convert_wiki_power, main, stratified_sample)
-from data import DataError, Turn, build_prompt, load_jsonl, render_conversation, visible_turns
+from data import DataError, Turn, build_prompt, render_conversation, visible_turns
+from dataset import load_jsonl
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -352,8 +353,8 @@ def test_a_failed_write_leaves_nothing_behind(tmp_path):
 def test_stats_names_a_bad_tokenizer_path(tmp_path):
     path = tmp_path / "in.jsonl"
     path.write_text(GOOD_LINE + "\n")
-    result = run_cli("data.py", "stats", path, "--tokenizer", tmp_path / "absent")
+    result = run_cli("dataset.py", "stats", path, "--tokenizer", tmp_path / "absent")
     assert (result.returncode, result.stderr) == (
         1, f"error: {tmp_path / 'absent'}: not a readable tokenizer.json: No such file or directory (os error 2)\n")
-    result = run_cli("data.py", "stats", path, "--tokenizer", path)
+    result = run_cli("dataset.py", "stats", path, "--tokenizer", path)
     assert result.returncode == 1 and result.stderr.startswith(f"error: {path}: not a readable tokenizer.json: ")

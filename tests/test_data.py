@@ -7,10 +7,9 @@ from collections import Counter
 
 import pytest
 
-from data import (TASKS, CurriculumConfig, DataError, Example, Turn, build_prompt, check_example, count_tokens,
-                  curriculum, load_jsonl, main, parse_answer, render_conversation, render_target, save_jsonl,
-                  split_blocks, split_completion, stats, task_brief, time_marker, truncate_context, visible_turns,
-                  well_formed)
+from data import (TASKS, DataError, Example, Turn, build_prompt, count_tokens, parse_answer, render_conversation,
+                  render_target, split_blocks, split_completion, task_brief, time_marker, visible_turns, well_formed)
+from dataset import CurriculumConfig, check_example, curriculum, load_jsonl, main, save_jsonl, stats, truncate_context
 
 
 def chat_example(**kw):

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import data
+import dataset
 import demo
 import rewards
 from judge import JudgeConfig
@@ -77,7 +78,7 @@ def test_tokenizer_is_read_as_qwen3_with_chatml(base):
     assert tok.family == "qwen3"
     assert tok.eos_token_ids == [tok.token_id("<|im_end|>"), tok.token_id("<|endoftext|>")]
     assert tok.pad_token_id == tok.token_id("<|endoftext|>")
-    example = data.load_jsonl(base / "data" / "heldout.jsonl")[0]
+    example = dataset.load_jsonl(base / "data" / "heldout.jsonl")[0]
     messages = data.get_task(example.task).messages(example)
     ids = tok.chat_ids(messages)
     assert tok.decode(ids) == tok.chat(messages)  # byte-level: every prompt, Chinese included, round-trips

@@ -244,7 +244,7 @@ def demo_cfg(base, url, *overrides):
 
 
 def slots_of(cfg, names):
-    source = grpo.PromptSource([grpo.data.Segment("scenarios", [scenario(n) for n in names])])
+    source = grpo.PromptSource([grpo.dataset.Segment("scenarios", [scenario(n) for n in names])])
     return source, [grpo.Slot(i, ex, seg) for i, (ex, seg) in enumerate(source.take(len(names)))]
 
 
@@ -259,9 +259,10 @@ def test_trajectory_groups_advantages_and_a_loss_mask_on_assistant_tokens_only(b
         cfg = demo_cfg(base, judge_cfg.base_url, "rollout.group_size=3", "filtering.enabled=false")
         policy, tok = grpo.build_policy(cfg, CPU)
         source, slots = slots_of(cfg, ["p", "q"])
-        groups, counts = grpo.collect_groups(policy, tok, source, slots, cfg, 0, CPU)
+        groups, counts = grpo.collect_groups(dialogue.DialogueSampler(policy, tok, cfg), source, slots, cfg, 0, CPU)
     assert [g.example.id for g in groups] == ["p", "q"] and counts["calls"] > 0
-    sequences, advantages = grpo.training_sequences(groups, cfg)
+    advantages = grpo.advantages_by_group(groups, cfg.loss.adv_eps)
+    sequences = grpo.training_sequences(groups, advantages)
     rows = iter(sequences)
     for g, adv in zip(groups, advantages):
         assert len(g.samples) == len(g.rollouts) == len(g.rewards) == 3
@@ -271,7 +272,8 @@ def test_trajectory_groups_advantages_and_a_loss_mask_on_assistant_tokens_only(b
             assert len(member) == len(rollout.turns) >= 1  # a sample per assistant turn of the episode
             for sample, turn in zip(member, rollout.turns):
                 seq = next(rows)
-                assert seq.advantage == a and seq.member_tokens == sum(len(s.completion) for s in member)
+                share = len(sample.completion) / sum(len(s.completion) for s in member)
+                assert seq.advantage == a and seq.row_weight == share
                 assert seq.ids == sample.prompt + sample.completion
                 assert [seq.ids[t + 1] for t, on in enumerate(seq.mask) if on] == sample.completion
                 assert not any(seq.mask[:len(sample.prompt) - 1])  # the prompt, every user turn in it, untrained
@@ -289,7 +291,7 @@ def test_an_episode_counts_once_in_the_loss_whatever_its_turns():
     old = logp + torch.tensor([[0.1, -0.1, 0.0], [0.0, 0.2, -0.3], [0.05, 0.0, 0.1]])
     mask = torch.tensor([[True, True, False], [True, True, True], [True, True, True]])
     adv = torch.tensor([1.0, 1.0, -0.5])  # rows 0 and 1: one episode of 2 + 3 tokens; row 2: another of 3 tokens
-    loss, _ = grpo.grpo_loss(logp, old, None, adv, mask, beta=0.0, member_tokens=torch.tensor([5, 5, 3]))
+    loss, _ = grpo.grpo_loss(logp, old, None, adv, mask, beta=0.0, row_weight=torch.tensor([2 / 5, 3 / 5, 1.0]))
 
     def term(b, t):
         rho = math.exp(logp[b, t] - old[b, t])
@@ -306,7 +308,7 @@ def test_turn_groups_share_one_rubric_per_state(base, monkeypatch):
         cfg = demo_cfg(base, judge_cfg.base_url, "reward.name=care", "rollout.group_size=3", "dialogue.max_turns=3")
         policy, tok = grpo.build_policy(cfg, CPU)
         source, slots = slots_of(cfg, ["p", "q"])
-        groups, counts = grpo.collect_groups(policy, tok, source, slots, cfg, 0, CPU)
+        groups, counts = grpo.collect_groups(dialogue.DialogueSampler(policy, tok, cfg), source, slots, cfg, 0, CPU)
     played = recorder.of(dialogue.USER_SIMULATOR_SYSTEM)
     assert len(groups) == len(played) >= 4  # a group for every state the two episodes passed
     asked = [section(m, "dialogue") for m in recorder.of(CARE_RUBRIC_SYSTEM)]
@@ -319,7 +321,8 @@ def test_turn_groups_share_one_rubric_per_state(base, monkeypatch):
         prompt = tok.chat_ids(dialogue.policy_messages(g.example, cfg.dialogue))
         assert all(member[0].prompt == prompt for member in g.samples)
         if not g.masked:
-            assert grpo.training_sequences([g], cfg)[1][0] == pytest.approx(hand_advantages(g.rewards), abs=1e-5)
+            advantages = grpo.advantages_by_group([g], cfg.loss.adv_eps)[0]
+            assert advantages == pytest.approx(hand_advantages(g.rewards), abs=1e-5)
     # identical replies: each state is resampled twice, then replaced by another seed's opening, then masked;
     # a resample asks for no new rubric, a replacement (a new state) for its own
     monkeypatch.setattr(dialogue, "local_policy", lambda model, tok, sampling: scripted(lambda row, chat: "cold"))
@@ -329,7 +332,8 @@ def test_turn_groups_share_one_rubric_per_state(base, monkeypatch):
                                  "dialogue.max_turns=2", "filtering.resamples=2", "filtering.replacements=1"],
                           grpo.GRPOConfig)
         source, _ = slots_of(cfg, ["p", "q"])
-        groups, counts = grpo.collect_groups(None, None, source, [grpo.Slot(0, scenario("p"), 0)], cfg, 0, CPU)
+        groups, counts = grpo.collect_groups(dialogue.DialogueSampler(None, None, cfg), source,
+                                             [grpo.Slot(0, scenario("p"), 0)], cfg, 0, CPU)
     assert (counts["resampled"], counts["replaced"], counts["masked"]) == (4, 2, 2) and len(groups) == 2
     assert len(recorder.of(CARE_RUBRIC_SYSTEM)) == 2 + 2 and len(recorder.of(judge.CARE_SCORES_SYSTEM)) == 2 * 4 * 3
 
@@ -357,8 +361,8 @@ def test_trajectory_reward_against_a_hand_computation(monkeypatch):
     with serving(scripted_judge) as judge_cfg:
         cfg = load_config(DEMO, [f"judge.base_url={judge_cfg.base_url}", f"reward.params={json.dumps(params)}",
                                  "dialogue.max_turns=5"], grpo.GRPOConfig)
-        groups = grpo.sample_dialogue_groups(None, None, [scenario("p")], cfg, 0, {})
-        grpo.score_groups(groups, cfg)
+        groups = dialogue.sample_dialogue_groups(None, None, [scenario("p")], cfg, 0, {})
+        grpo.score_groups(groups, cfg, dialogue.DialogueSampler(None, None, cfg).judge)
     slow, kind = groups[0].rollouts
     assert [len(slow.turns), len(kind.turns)] == [3, 1]  # slow: thanked after the third reply; kind: after the first
     assert groups[0].rewards == pytest.approx([r(1) + r(2) + r(3) + 3.0 * (4 - 2) / 4, r(1) + 3.0 * (4 - 2) / 4])
@@ -384,7 +388,7 @@ def test_a_judge_failing_mid_episode_makes_the_reward_none_not_a_crash(monkeypat
                                      f"filtering.enabled={filtering}", "filtering.resamples=1",
                                      "dialogue.max_turns=3"], grpo.GRPOConfig)
             source, slots = slots_of(cfg, ["p"])
-            groups, counts = grpo.collect_groups(None, None, source, slots, cfg, 0, CPU)
+            groups, counts = grpo.collect_groups(dialogue.DialogueSampler(None, None, cfg), source, slots, cfg, 0, CPU)
         assert failed and counts["failures"] >= 1 and groups[0].masked is expect_masked
         if expect_masked:  # the broken-off episode ends on the assistant's reply, without a reward
             broken = [r for r in groups[0].rollouts if r.example.history[-1][0] == "assistant"]
@@ -396,8 +400,8 @@ def test_a_judge_failing_mid_episode_makes_the_reward_none_not_a_crash(monkeypat
     with serving(Recorder(lambda m: m[0]["content"] == dialogue.TURN_SCORES_SYSTEM)) as judge_cfg:
         cfg = load_config(DEMO, [f"judge.base_url={judge_cfg.base_url}", "judge.retries=0",
                                  "filtering.enabled=false"], grpo.GRPOConfig)
-        groups = grpo.sample_dialogue_groups(None, None, [scenario("p")], cfg, 0, {})
-        grpo.score_groups(groups, cfg)
+        groups = dialogue.sample_dialogue_groups(None, None, [scenario("p")], cfg, 0, {})
+        grpo.score_groups(groups, cfg, dialogue.DialogueSampler(None, None, cfg).judge)
     assert groups[0].rewards == [None, None]
 
 

@@ -13,7 +13,8 @@ import pytest
 
 import evaluate as ev
 from config import load_config
-from data import Example, Turn, save_jsonl
+from data import Example, Turn
+from dataset import save_jsonl
 from judge import JudgeConfig
 from judge_server import JudgeServer, rules_backend
 

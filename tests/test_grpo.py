@@ -22,6 +22,7 @@ from safetensors.torch import load_file
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 import data
+import dataset
 import grpo
 import model as M
 import train as T
@@ -197,7 +198,7 @@ def scripted_filtering(monkeypatch, script, enabled=True):
     cfg = load_config(REPO / "configs" / "clue_qwen3_5_9b.yaml", ["rollout.group_size=2"], grpo.GRPOConfig)
     cfg.filtering.enabled = enabled
     examples = [data.Example(f"p{i}", "meld_emotion", [data.Turn("A", "hi")], 0, ["joy"]) for i in range(6)]
-    source = grpo.PromptSource([data.Segment("full", examples[:3]), data.Segment("mixed", examples[3:])])
+    source = grpo.PromptSource([dataset.Segment("full", examples[:3]), dataset.Segment("mixed", examples[3:])])
     seen: dict[str, int] = {}
 
     def fake_sample(policy, tok, batch, cfg, update, seed):
@@ -210,10 +211,10 @@ def scripted_filtering(monkeypatch, script, enabled=True):
         return groups
 
     monkeypatch.setattr(grpo, "sample_groups", fake_sample)
-    monkeypatch.setattr(grpo, "score_groups", lambda groups, cfg: {"calls": 0, "retries": 0, "failures": 0})
+    monkeypatch.setattr(grpo, "score_groups", lambda groups, cfg, judge: {"calls": 0, "retries": 0, "failures": 0})
     slots = [grpo.Slot(i, ex, seg) for i, (ex, seg) in enumerate(source.take(3))]
     where = T.Dist(0, 1, torch.device("cpu"))
-    groups, counts = grpo.collect_groups(None, None, source, slots, cfg, 0, where)
+    groups, counts = grpo.collect_groups(grpo.PromptSampler(None, None, cfg), source, slots, cfg, 0, where)
     return groups, counts, seen
 
 
@@ -281,7 +282,7 @@ def fixed_groups(n_groups=4, k=3, seed=0):
 
 def gradients(cfg, policy, groups, where, micro_batch_size):
     cfg.loss.micro_batch_size = micro_batch_size
-    sequences, _ = grpo.training_sequences(groups, cfg)
+    sequences = grpo.training_sequences(groups, grpo.advantages_by_group(groups, cfg.loss.adv_eps))
     batches = grpo.micro_batches(sequences, micro_batch_size, 0, where.device)
     optimizer = T.build_optimizer(policy, 0.0, 0.0, (0.9, 0.99))
     out = grpo.policy_update(policy, optimizer, batches, cfg, where)
@@ -347,7 +348,8 @@ def test_several_passes_reach_the_clipped_branch(assets):
     base, _ = assets
     cfg, policy = tiny_policy(base)
     cfg.loss.passes, cfg.optim.grad_clip = 4, 1.0
-    sequences, _ = grpo.training_sequences(fixed_groups(), cfg)
+    groups = fixed_groups()
+    sequences = grpo.training_sequences(groups, grpo.advantages_by_group(groups, cfg.loss.adv_eps))
     batches = grpo.micro_batches(sequences, 4, 0, "cpu")
     optimizer = T.build_optimizer(policy, 0.05, 0.0, (0.9, 0.99))
     result = grpo.policy_update(policy, optimizer, batches, cfg, T.Dist(0, 1, torch.device("cpu")))
@@ -359,7 +361,7 @@ def test_nonfinite_loss_skips_the_step_and_keeps_the_weights(assets):
     cfg, policy = tiny_policy(base)
     groups = fixed_groups()
     groups[1].rewards[0] = float("nan")
-    sequences, _ = grpo.training_sequences(groups, cfg)
+    sequences = grpo.training_sequences(groups, grpo.advantages_by_group(groups, cfg.loss.adv_eps))
     optimizer = T.build_optimizer(policy, 0.1, 0.0, (0.9, 0.99))
     before = [p.detach().clone() for p in T.optimizer_parameters(optimizer)]
     result = grpo.policy_update(policy, optimizer, grpo.micro_batches(sequences, 4, 0, "cpu"), cfg,
@@ -452,11 +454,11 @@ def test_sigterm_saves_a_checkpoint_and_stops(tmp_path, assets, judge, monkeypat
     calls = []
     score = grpo.score_groups
 
-    def score_then_signal(groups, cfg):
+    def score_then_signal(groups, cfg, judge):
         calls.append(1)
         if len(calls) == 1:
             os.kill(os.getpid(), signal.SIGTERM)
-        return score(groups, cfg)
+        return score(groups, cfg, judge)
 
     monkeypatch.setattr(grpo, "score_groups", score_then_signal)
     grpo.main([str(run_config(tmp_path, assets, judge.url, updates=4, save_every=10))])

@@ -25,7 +25,8 @@ from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
 import model as M
 import sft
 import train as T
-from data import Example, Turn, example_to_json
+from data import Example, Turn
+from dataset import example_to_json
 from judge_server import JudgeServer
 
 REPO = Path(__file__).resolve().parents[1]

@@ -1,0 +1,320 @@
+"""Datasets: the schema checks of an example, strict JSONL reading and writing (a bad line is one error naming the
+file, the line and the field), the curriculum of the GRPO stage (paper A.2) and a file report. The task contract
+(the registry, prompts, rendering, the completion format) is data.py's.
+
+    python dataset.py stats FILE [--tokenizer PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import math
+import random
+import sys
+from pathlib import Path
+
+from config import atomic_write_text, read_text
+from data import DataError, Example, Turn, build_prompt, count_tokens, get_task, visible_turns
+
+# ----------------------------------------------------------------------------- examples
+
+_TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", list: "a list", dict: "an object"}
+
+
+_REQUIRED = object()
+
+
+def typed_field(raw: dict, key: str, kind, default=_REQUIRED, where: str = ""):
+    """raw[key] checked against `kind` (a type; a missing key or null gives `default`, or an error
+    when the key is required). Integers count as numbers; booleans count as neither."""
+    value = raw.get(key)
+    if value is None:
+        if default is _REQUIRED:
+            raise DataError(f"field '{where}{key}': missing")
+        return default
+    ok = isinstance(value, kind) and not isinstance(value, bool)
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        ok, value = True, float(value)
+    if not ok:
+        raise DataError(f"field '{where}{key}': expected {_TYPE_NAMES[kind]}, got {value!r}")
+    return value
+
+
+def _parse_time(text: str, where: str) -> datetime.datetime:
+    try:
+        return datetime.datetime.fromisoformat(text)
+    except ValueError:
+        raise DataError(f"field '{where}': not an ISO 8601 time: {text!r}") from None
+
+
+def turn_from_json(raw, i: int, extra: tuple[str, ...] = ()) -> Turn:
+    where = f"turns[{i}]."
+    if not isinstance(raw, dict):
+        raise DataError(f"field 'turns[{i}]': expected an object, got {raw!r}")
+    unknown = set(raw) - {"speaker", "text", "time", "reply_to", *extra}
+    if unknown:
+        raise DataError(f"field '{where}{sorted(unknown)[0]}': unknown field")
+    return Turn(typed_field(raw, "speaker", str, where=where), typed_field(raw, "text", str, where=where),
+                typed_field(raw, "time", str, None, where), typed_field(raw, "reply_to", int, None, where))
+
+
+_EXAMPLE_FIELDS = {f.name for f in dataclasses.fields(Example)}
+
+
+def example_from_json(raw) -> Example:
+    """Build and check an Example from a parsed JSON object; errors name the field."""
+    if not isinstance(raw, dict):
+        raise DataError(f"expected a JSON object, got {type(raw).__name__}")
+    unknown = set(raw) - _EXAMPLE_FIELDS
+    if unknown:
+        raise DataError(f"field '{sorted(unknown)[0]}': unknown field (known: {', '.join(sorted(_EXAMPLE_FIELDS))})")
+    turns = typed_field(raw, "turns", list)
+    labels = typed_field(raw, "labels", list)
+    example = Example(
+        id=typed_field(raw, "id", str), task=typed_field(raw, "task", str),
+        turns=[turn_from_json(t, i) for i, t in enumerate(turns)],
+        target=typed_field(raw, "target", int, None), labels=labels,
+        language=typed_field(raw, "language", str, "en"), culture=typed_field(raw, "culture", str, None),
+        dialog_act=typed_field(raw, "dialog_act", str, None), difficulty=typed_field(raw, "difficulty", float, None),
+        meta=typed_field(raw, "meta", dict, {}),
+    )
+    return check_example(example)
+
+
+def check_example(example: Example) -> Example:
+    """Check an example against its task; return it with labels in canonical spelling. Raises
+    DataError naming the field: unknown task, target out of range, label outside the set, ..."""
+    task = get_task(example.task, field="task")
+    n = len(example.turns)
+    aware = set()
+    for i, turn in enumerate(example.turns):
+        if turn.time is not None:
+            aware.add(_parse_time(turn.time, f"turns[{i}].time").tzinfo is not None)
+        if turn.reply_to is not None and not 0 <= turn.reply_to < i:
+            raise DataError(f"field 'turns[{i}].reply_to': {turn.reply_to} is not an earlier turn (0..{i - 1})")
+    if len(aware) > 1:
+        raise DataError("field 'turns': times mix zoned and unzoned values")
+    if task.turn_level and (example.target is None or not 0 <= example.target < n):
+        raise DataError(f"field 'target': task {task.name} needs a turn index in 0..{n - 1}, got {example.target!r}")
+    if not task.turn_level and example.target is not None:
+        raise DataError(f"field 'target': task {task.name} analyzes the whole input; target must be null")
+    allowed = task.labels
+    if task.choices:
+        options = example.meta.get("options")
+        if not (isinstance(options, list) and 2 <= len(options) <= len(task.labels)
+                and all(isinstance(o, str) for o in options)):
+            raise DataError(f"field 'meta.options': expected 2 to {len(task.labels)} strings, got {options!r}")
+        if not isinstance(example.meta.get("question"), str):
+            raise DataError(f"field 'meta.question': expected a string, got {example.meta.get('question')!r}")
+    allowed = task.answer_labels(example)
+    labels = [task.canonical(label) if isinstance(label, str) else None for label in example.labels]
+    for raw, label in zip(example.labels, labels):
+        if label not in allowed:
+            raise DataError(f"field 'labels': {raw!r} is not a label of {task.name} (labels: {', '.join(allowed)})")
+    if not labels or len(set(labels)) != len(labels) or (not task.multi_label and len(labels) != 1):
+        need = "one or more distinct labels" if task.multi_label else "exactly one label"
+        raise DataError(f"field 'labels': task {task.name} needs {need}, got {example.labels!r}")
+    if task.catch_all in labels and len(labels) > 1:
+        raise DataError(f"field 'labels': the catch-all label {task.catch_all!r} cannot be combined with others")
+    if task.dialog_acts and example.dialog_act not in task.dialog_acts:
+        acts = ", ".join(task.dialog_acts)
+        raise DataError(f"field 'dialog_act': task {task.name} needs one of: {acts}; got {example.dialog_act!r}")
+    return dataclasses.replace(example, labels=labels)
+
+
+def example_to_json(example: Example) -> dict:
+    """The JSONL object of an example; turn fields that are null are left out."""
+    raw = dataclasses.asdict(example)
+    raw["turns"] = [{k: v for k, v in t.items() if v is not None} for t in raw["turns"]]
+    return raw
+
+
+def load_jsonl(path) -> list[Example]:
+    """Read examples, one JSON object per line (UTF-8, an optional BOM, blank lines skipped). Any
+    bad line (or a repeated id) raises DataError naming the file, the line number and the field."""
+    examples, ids = [], set()
+    for number, raw in read_jsonl(path):
+        try:
+            examples.append(example_from_json(raw))
+            _check_new_id(examples[-1].id, ids)
+        except DataError as e:
+            raise DataError(f"{path}:{number}: {e}") from None
+    return examples
+
+
+def reject_json_constant(name: str):
+    raise DataError(f"{name} is not valid JSON")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise DataError(f"the number {text[:40]} is out of range")
+    return value
+
+
+def parse_json(text: str, path, line: int | None = None, allow_nan: bool = False):
+    """`text` as strict JSON: NaN and Infinity (NaN is let through with `allow_nan`), numbers past
+    the float range (1e400) and nesting too deep to parse are errors. `text` is the whole file
+    `path`, or its line `line`; every error is a DataError naming the file and the line."""
+    where = f"{path}:{line}" if line is not None else str(path)
+
+    def constant(name: str):
+        return math.nan if allow_nan and name == "NaN" else reject_json_constant(name)
+
+    try:
+        return json.loads(text, parse_constant=constant, parse_float=_finite_float)
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path}:{(line or 1) + e.lineno - 1}: not valid JSON: {e.msg} (column {e.colno})") from None
+    except RecursionError:
+        raise DataError(f"{where}: not valid JSON: nested too deeply") from None
+    except ValueError as e:  # DataError, or an integer with too many digits
+        raise DataError(f"{where}: {e}") from None
+
+
+def read_data_text(path) -> str:
+    """The text of a UTF-8 data file (config.read_text); DataError naming the line of a non-UTF-8 byte."""
+    return read_text(path, DataError)
+
+
+def read_jsonl(path, allow_nan: bool = False):
+    """(line number, parsed value) for each non-blank line of a JSONL file, as `parse_json` reads it."""
+    for number, line in enumerate(read_data_text(path).split("\n"), 1):
+        if line.strip():
+            yield number, parse_json(line, path, number, allow_nan)
+
+
+def _check_new_id(example_id: str, seen: set) -> None:
+    if example_id in seen:
+        raise DataError(f"field 'id': {example_id!r} appears twice")
+    seen.add(example_id)
+
+
+def save_jsonl(examples, path) -> None:
+    """Check every example as `load_jsonl` will read it back (and that ids are unique), then write
+    them atomically, one JSON per line."""
+    lines, ids = [], set()
+    for example in examples:
+        try:
+            _check_new_id(example.id, ids)
+            checked = example_from_json(example_to_json(example))
+            lines.append(json.dumps(example_to_json(checked), ensure_ascii=False, allow_nan=False))
+        except ValueError as e:  # a DataError, or a number JSON cannot hold (NaN in meta)
+            raise DataError(f"example {example.id!r}: {e}") from None
+    atomic_write_text(path, "".join(line + "\n" for line in lines))
+
+# ----------------------------------------------------------------------------- curriculum
+
+
+@dataclasses.dataclass
+class CurriculumConfig:
+    context_turns: tuple[int, ...] = (5, 10, 20)  # preceding turns kept in the shortened contexts
+    seed: int = 0
+
+
+@dataclasses.dataclass
+class Segment:
+    """One stage of the curriculum; replacement prompts are drawn from the same segment."""
+
+    name: str
+    examples: list[Example]
+
+
+def truncate_context(example: Example, n: int) -> Example:
+    """The example with only the target and its preceding `n` turns (unchanged when it has no target
+    or no more turns than that). Reply links and cause indices are shifted; links to dropped turns go."""
+    if example.target is None or example.target <= n:
+        return example
+    start = example.target - n
+
+    def shift(index):
+        return index - start if index is not None and index >= start else None
+
+    turns = [dataclasses.replace(t, reply_to=shift(t.reply_to)) for t in example.turns[start: example.target + 1]]
+    meta = dict(example.meta)
+    if "causes" in meta:
+        meta["causes"] = [c | {"turn": shift(c["turn"])} for c in meta["causes"] if shift(c["turn"]) is not None]
+    return dataclasses.replace(example, id=f"{example.id}/ctx{n}", turns=turns, target=n, meta=meta)
+
+
+def curriculum(examples: list[Example], cfg: CurriculumConfig) -> list[Segment]:
+    """Two segments (paper A.2). "full": full conversations, each task ordered by increasing difficulty
+    (unrated examples last, file order within ties) and the tasks interleaved in proportion to their
+    size. "mixed": every example once more, its context drawn uniformly from the full conversation and
+    the `context_turns` truncations, shuffled. Deterministic for `cfg.seed`."""
+    by_task: dict[str, list[Example]] = {}
+    for example in examples:
+        by_task.setdefault(example.task, []).append(example)
+    ranked = []
+    for group in by_task.values():
+        ordered = sorted(group, key=lambda e: (e.difficulty is None, e.difficulty or 0.0))
+        ranked += [((rank + 0.5) / len(ordered), e) for rank, e in enumerate(ordered)]
+    full = [e for _, e in sorted(ranked, key=lambda pair: pair[0])]
+    rng = random.Random(cfg.seed)
+    choices = (None, *cfg.context_turns)
+    mixed = [e if (n := rng.choice(choices)) is None else truncate_context(e, n) for e in examples]
+    rng.shuffle(mixed)
+    return [Segment("full", full), Segment("mixed", mixed)]
+
+
+# ----------------------------------------------------------------------------- stats
+
+
+def _spread(values: list[int]) -> str:
+    ordered = sorted(values)
+    return (f"min {ordered[0]}, median {ordered[len(ordered) // 2]}, mean {sum(ordered) / len(ordered):.1f}, "
+            f"max {ordered[-1]}")
+
+
+def stats(examples: list[Example], tokenizer=None) -> str:
+    """A report of what a file holds: examples per task and gold label, visible turns per example, and
+    (given a tokenizer) prompt lengths in tokens (the user message; the chat template adds a few)."""
+    lines = [f"{len(examples)} examples"]
+    for name in dict.fromkeys(e.task for e in examples):
+        group = [e for e in examples if e.task == name]
+        counts: dict[str, int] = {}
+        for example in group:
+            for label in example.labels:
+                counts[label] = counts.get(label, 0) + 1
+        lines.append(f"\n{name}: {len(group)} examples")
+        by_count = sorted(counts.items(), key=lambda item: -item[1])
+        lines.append("  labels: " + ", ".join(f"{label} {n}" for label, n in by_count))
+        lines.append("  visible turns: " + _spread([len(visible_turns(e)) for e in group]))
+        if tokenizer is not None:
+            lengths = [count_tokens(build_prompt(e), tokenizer) for e in group]
+            lines.append("  prompt tokens: " + _spread(lengths))
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- command line
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(prog="dataset.py", description="Inspect a JSONL file of examples.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    show = commands.add_parser("stats", help="counts per task and label, turns, prompt lengths")
+    show.add_argument("file")
+    show.add_argument("--tokenizer", help="tokenizer.json, or the model folder holding it")
+    args = parser.parse_args(argv)
+    try:
+        tokenizer = None
+        if args.tokenizer:
+            from tokenizers import Tokenizer
+
+            path = Path(args.tokenizer)
+            path = path / "tokenizer.json" if path.is_dir() else path
+            try:
+                tokenizer = Tokenizer.from_file(str(path))
+            except Exception as e:  # the tokenizers library raises a bare Exception
+                raise DataError(f"{path}: not a readable tokenizer.json: {' '.join(str(e).split())[:200]}") from None
+        print(stats(load_jsonl(args.file), tokenizer))
+    except (DataError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(1) from None
+
+
+if __name__ == "__main__":
+    main()
