@@ -48,8 +48,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from config import ConfigError, MetricsWriter, atomic_write_text, parse_cli, print0, save_resolved_config
-from data import (DataError, Example, load_jsonl, parse_answer, read_jsonl, render_conversation,
-                  split_completion, task_brief)
+from data import DataError, Example, parse_answer, render_conversation, split_completion, task_brief
+from dataset import load_jsonl, read_jsonl
 from evaluate import read_jsonl as read_journal
 from judge import (_DATA_NOTICE, JudgeCall, JudgeConfig, JudgeError, _messages, _section, ask, parse_sip_content,
                    sip_content_request)

@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from config import ConfigError, atomic_write_text, parse_cli, print0
-from data import DataError, read_jsonl
+from data import DataError
+from dataset import read_jsonl
 from judge import (_DATA_NOTICE, CARE_DIMENSIONS, JudgeCall, JudgeConfig, JudgeError, _dialogue_text, _messages,
                    _section, _strict_json_object, _verdict_lines, care_rubric, care_rubric_request,
                    care_scores_request, parse_care_rubric, parse_care_scores)

@@ -15,7 +15,8 @@ import torch
 from safetensors import safe_open
 
 import reward_model as RM
-from data import Example, Turn, example_to_json
+from data import Example, Turn
+from dataset import example_to_json
 import judge
 from judge import JudgeConfig
 from judge_server import JudgeServer, RewardModelBackend
