@@ -196,6 +196,25 @@ def load_reward_model(path, base: str | None = None, device=None, dtype=None, ba
     return ContentRM(rm.eval(), load_tokenizer(base), int(info["max_length"]), batch_size)
 
 
+@dataclass
+class ContentModelSettings:
+    """grpo.py's `content_model:` section: social_r1's R_content from a trained RM instead of the prompted judge."""
+
+    path: str | None = None  # the RM folder, scored in-process on the trainer's device (each rank holds a copy)
+    base: str | None = None  # its base checkpoint (default: the one its reward_model.json names)
+    batch_size: int = 8  # segments scored together
+    endpoint: JudgeConfig | None = None  # or: a served RM (judge_server.py --backend reward_model); then no path
+
+
+def content_scorer(settings: ContentModelSettings | None, device=None, dtype=None):
+    """What rewards.judge_rollouts takes as `content`: None (no RM: the prompted judge), the served RM's endpoint,
+    or a function scoring rollouts in-process, R_content = sigmoid(r(rm_context(example), reasoning))."""
+    if settings is None or settings.endpoint is not None:
+        return None if settings is None else settings.endpoint
+    rm = load_reward_model(settings.path, settings.base, device, dtype, settings.batch_size)
+    return lambda rollouts: rm.scores([(rm_context(r.example), r.reasoning) for r in rollouts])
+
+
 # ----------------------------------------------------------------------------- pair files
 
 SCHEME = {"P0": "S>C", "P1": "A>C", "P2": "A>B", "P3": "B>D", "P4": "late>early"}

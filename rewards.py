@@ -18,7 +18,7 @@ without reference analyses) stops the run there, with one line, instead of maski
 |---|---|---|
 | `iu` | list[int], 1 = GAIN / 0 = NO_GAIN per reasoning block | iu_g, clue |
 | `sip_structure` | float in [0, 1], SIP stage adherence | social_r1, social_r1_reference_free |
-| `sip_content` | float in [0, 1], SIP content against the example's reference analysis | social_r1 |
+| `sip_content` | float in [0, 1], SIP content against the reference analysis (or the content RM's score) | social_r1 |
 | `sip_content_free` | float in [0, 1], SIP content against the conversation alone | social_r1_reference_free |
 | `turn_scores` | {"cognitive", "trace", "lookahead": 1-5, "overthinking": 0-2} for one reply | emollm_turn, emollm |
 | `emotional_state` | int 1-5, the user's state in reply to the turn (an episode's: its opening message) | emollm |
@@ -269,8 +269,9 @@ def social_r1_total(rollout: Rollout, cfg: dict, content: Any) -> float | None:
                "R_struct": judge_output("sip_structure"), "R_content": judge_output("sip_content"),
                "R_len": computed_by("r_len")}, **_SOCIAL_R1)
 def social_r1(rollout, cfg):
-    """Social-R1's R_total (social_r1_total), with R_content = `judged["sip_content"]`, scored against
-    the example's reference SIP analysis in `meta["reference"]` (check_reward_data requires one)."""
+    """Social-R1's R_total (social_r1_total), with R_content = `judged["sip_content"]`: by default the prompted
+    judge against the example's reference SIP analysis in `meta["reference"]` (check_reward_data requires one);
+    with grpo.py's `content_model`, the paper's way, the trained content RM (reward_model.py) without one."""
     return social_r1_total(rollout, cfg, rollout.judged.get("sip_content"))
 
 
@@ -391,10 +392,16 @@ REWARD_DATA = {"social_r1": {"reference": "the reference SIP analysis R_content 
                                           "reward social_r1_reference_free needs none"}}
 
 
-def check_reward_data(spec: RewardSpec, examples: list[data.Example]) -> None:
+# What a trained content RM (reward_model.py) replaces: social_r1's R_content judge, and the reference it needs.
+CONTENT_JUDGE = "sip_content"
+
+
+def check_reward_data(spec: RewardSpec, examples: list[data.Example], content_model: bool = False) -> None:
     """Stop a run whose data cannot feed its reward, before training: raises data.DataError, one line
-    naming the field and the ids of the examples that lack it (the caller adds the file name)."""
-    for key, what in REWARD_DATA.get(spec.name, {}).items():
+    naming the field and the ids of the examples that lack it (the caller adds the file name). With a
+    content RM (`content_model`), social_r1 needs no reference: the RM scores without one."""
+    needed = REWARD_DATA.get(spec.name, {})
+    for key, what in ({k: v for k, v in needed.items() if k != "reference"} if content_model else needed).items():
         missing = [e.id for e in examples if not (isinstance(e.meta.get(key), str) and e.meta[key].strip())]
         if missing:
             ids = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
@@ -418,23 +425,39 @@ def _judge_request(name: str, rollout: Rollout, cfg: judge.JudgeConfig):
     raise ValueError(f"no single-turn judge request for '{name}'")
 
 
-def judge_rollouts(rollouts: list[Rollout], spec: RewardSpec, cfg: judge.JudgeConfig) -> dict[str, Any]:
+def judge_rollouts(rollouts: list[Rollout], spec: RewardSpec, cfg: judge.JudgeConfig,
+                   content: judge.JudgeConfig | Callable[[list[Rollout]], list[float | None]] | None = None
+                   ) -> dict[str, Any]:
     """Ask the judges that reward `spec` reads (REWARD_JUDGES) about every rollout, all calls at once
     through `judge.chat_many`, and store each parsed answer in `rollout.judged[name]`: None where the
     judge failed after its retries or answered out of format, so the reward reports missing feedback.
     Returns chat_many's stats (calls, retries, failures, latency, errors) plus `malformed`, the count
-    of answers the strict parsers rejected. Data the reward cannot use raises (check_reward_data)."""
-    check_reward_data(spec, [rollout.example for rollout in rollouts])
-    pending = []
+    of answers the strict parsers rejected. Data the reward cannot use raises (check_reward_data).
+
+    `content` replaces the prompted R_content judge (CONTENT_JUDGE) with a trained RM: a function scoring the
+    rollouts in-process (reward_model.content_scorer), or a JudgeConfig of a served one (judge_server.py
+    --backend reward_model), asked with the same prompt, without a reference, through the same client."""
+    check_reward_data(spec, [rollout.example for rollout in rollouts], content_model=content is not None)
+    pending, local = [], []
     for rollout in rollouts:
         for name in REWARD_JUDGES.get(spec.name, ()):
             rollout.judged.pop(name, None)
-            request = _judge_request(name, rollout, cfg)
+            if name == CONTENT_JUDGE and callable(content):
+                local.append(rollout)
+                continue
+            served = name == CONTENT_JUDGE and content is not None
+            request = (judge.sip_content_request(rollout.example, rollout.reasoning, None), judge.parse_sip_content) \
+                if served else _judge_request(name, rollout, cfg)
             if request is not None:
-                pending.append((rollout, name, *request))
-    if not pending:
-        return {"calls": 0, "retries": 0, "failures": 0, "malformed": 0}
-    values, stats = judge.ask([(call, parse) for _, _, call, parse in pending], cfg)
-    for (rollout, name, _, _), value in zip(pending, values):
-        rollout.judged[name] = value
+                pending.append((rollout, name, *request, content if served else cfg))
+    for rollout, value in zip(local, content(local) if local else []):
+        rollout.judged[CONTENT_JUDGE] = value
+    stats = {"calls": 0, "retries": 0, "failures": 0, "malformed": 0}
+    for endpoint in [cfg] + ([content] if isinstance(content, judge.JudgeConfig) and content is not cfg else []):
+        mine = [p for p in pending if p[-1] is endpoint]
+        if mine:
+            values, asked = judge.ask([(call, parse) for _, _, call, parse, _ in mine], endpoint)
+            for (rollout, name, *_), value in zip(mine, values):
+                rollout.judged[name] = value
+            stats = asked | {k: stats[k] + asked[k] for k in ("calls", "retries", "failures", "malformed")}
     return stats

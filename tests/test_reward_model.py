@@ -266,3 +266,52 @@ def test_the_paper_config_parses_with_the_papers_values():
     assert cfg.epochs == 2 and cfg.model.endswith("Qwen3-4B-Instruct-2507")
     assert [r.step for r in cfg.build.rollouts] == [30, 90, 120, 180, 270, 360, 420, 510, 570, 600]
     assert (cfg.build.tiers.a_min, cfg.build.tiers.b_min) == (0.8, 0.6) and cfg.build.teacher.api_key_env
+
+
+# ----------------------------------------------------------------------------- social_r1 in GRPO
+
+
+def structure_judge(messages, params):
+    """A scripted SIP-structure judge (the rules backend has none): every stage done."""
+    return "\n".join(f"{stage}: scripted | YES" for stage in judge.SIP_STAGES)
+
+
+@pytest.mark.parametrize("mode", ["in-process", "served"])
+def test_social_r1_takes_r_content_from_the_trained_rm_in_a_grpo_run(tmp_path, mode):
+    import grpo
+    from test_grpo import read_jsonl, run_config, write_checkpoint as grpo_checkpoint, write_examples
+
+    base, examples = grpo_checkpoint(tmp_path / "base"), write_examples(tmp_path / "train.jsonl")  # no references
+    qwen = RM.Qwen.from_pretrained(base)
+    RM.add_lora(qwen)
+    RM.save_reward_model(RM.RewardModel(qwen, seed=5), tmp_path / "rm", str(base), 512)
+    content = RM.load_reward_model(tmp_path / "rm")
+    with JudgeServer(structure_judge).start() as structure, \
+            JudgeServer(RewardModelBackend(str(tmp_path / "rm"))).start() as served:
+        rm = {"path": str(tmp_path / "rm")} if mode == "in-process" else {"endpoint": {"base_url": served.url}}
+        config = run_config(tmp_path, (base, examples), structure.url, updates=2, reward={"name": "social_r1"},
+                            content_model=rm, filtering={"enabled": False})
+        grpo.main([str(config)])
+    by_id = {e.id: e for e in RM.load_jsonl(examples)}
+    records = read_jsonl(tmp_path / "run" / "completions.jsonl")
+    assert len(records) == 2 * 2 * 4 and all(r["R_struct"] == 1.0 for r in records)
+    expected = content.scores([(RM.rm_context(by_id[r["id"]]), RM.rm_segment(r["completion"])) for r in records])
+    got = [r["R_content"] for r in records]
+    assert got == (pytest.approx(expected, abs=1e-6) if mode == "in-process" else [round(e, 2) for e in expected])
+    assert all(r["reward"] is not None for r in records)
+
+
+def test_a_content_model_is_for_social_r1_only_and_must_exist(tmp_path, capsys):
+    import grpo
+    from test_grpo import run_config, write_examples
+
+    examples = write_examples(tmp_path / "train.jsonl")
+    for overrides, message in [({"reward": {"name": "clue"}, "content_model": {"path": str(tmp_path)}},
+                                "'content_model': reward social_r1 only"),
+                               ({"reward": {"name": "social_r1"}, "content_model": {"path": str(tmp_path)}},
+                                f"'content_model.path': {tmp_path} has no reward_model.json")]:
+        config = run_config(tmp_path, (tmp_path, examples), "http://127.0.0.1:9/v1", **overrides)
+        with pytest.raises(SystemExit) as stop:
+            grpo.main([str(config)])
+        err = capsys.readouterr().err.strip()
+        assert stop.value.code == 2 and len(err.splitlines()) == 1 and message in err, err
