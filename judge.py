@@ -701,9 +701,10 @@ def care_rubric(value: Any, rationale: bool = False) -> dict[str, dict[str, Any]
     return rubric
 
 
-def parse_care_rubric(text: str) -> dict[str, dict[str, Any]] | None:
-    """The rubric a judge wrote, as one strict JSON object that care_rubric accepts, or None."""
-    return care_rubric(_strict_json_object(text))
+def parse_care_rubric(text: str, rationale: bool = False) -> dict[str, dict[str, Any]] | None:
+    """The rubric a judge wrote, as one strict JSON object that care_rubric accepts (with `rationale`: a
+    rationale per weight, as the trained generator writes), or None."""
+    return care_rubric(_strict_json_object(text), rationale)
 
 
 def care_scores_request(dialogue: list[tuple[str, str]], rubric: dict[str, dict[str, Any]], reply: str) -> JudgeCall:

@@ -2,6 +2,7 @@
 the human preference pairs its preference RL and its evaluation read, and the chosen-response win rate.
 
     python rubric_generator.py targets config.yaml [key=value ...]   # teacher rubrics, checked, screened -> SFT rows
+    python rubric_generator.py examples config.yaml [key=value ...]  # preference pairs -> grpo.py examples
     python evaluate.py care_winrate config.yaml [key=value ...]      # win rate of a served generator on held-out pairs
 
 The three stages (configs/care_generator_*.yaml):
@@ -29,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from config import ConfigError, atomic_write_text, parse_cli, print0
-from data import DataError
-from dataset import read_jsonl
+from data import DataError, Example, Turn
+from dataset import read_jsonl, save_jsonl
 from judge import (_DATA_NOTICE, CARE_DIMENSIONS, JudgeCall, JudgeConfig, JudgeError, _dialogue_text, _messages,
                    _section, _strict_json_object, _verdict_lines, care_rubric, care_rubric_request,
                    care_scores_request, parse_care_rubric, parse_care_scores)
@@ -81,7 +82,7 @@ def _text(raw: dict, key: str) -> str:
 
 
 @dataclass
-class Turn:
+class Record:
     """A turn record or a preference pair (`chosen` then holds the preferred reply, `rejected` the other)."""
 
     id: str
@@ -91,7 +92,7 @@ class Turn:
     counts: dict[str, int]  # the chosen reply's strategies per dimension
 
 
-def load_turns(path, pairs: bool, strategy_map: dict[str, str | None] | None = None) -> list[Turn]:
+def load_turns(path, pairs: bool, strategy_map: dict[str, str | None] | None = None) -> list[Record]:
     """Turn records (pairs=False) or preference pairs (pairs=True); a bad line raises DataError naming the file,
     line and field."""
     out = []
@@ -105,7 +106,7 @@ def load_turns(path, pairs: bool, strategy_map: dict[str, str | None] | None = N
             strategies = raw.get("strategies")
             if not isinstance(strategies, list):
                 raise DataError("field 'strategies': missing or not a list")
-            turn = Turn(_text(raw, "id"), _dialogue(raw), _text(raw, "chosen" if pairs else "reference"),
+            turn = Record(_text(raw, "id"), _dialogue(raw), _text(raw, "chosen" if pairs else "reference"),
                         _text(raw, "rejected") if pairs else None, dimension_counts(strategies, strategy_map))
             if pairs and turn.chosen.strip() == turn.rejected.strip():
                 raise DataError("field 'rejected': identical to 'chosen'")
@@ -153,7 +154,7 @@ proactive: <short assessment> | PASS or FAIL
 Do not use the character | inside an assessment."""
 
 
-def target_request(turn: Turn) -> JudgeCall:
+def target_request(turn: Record) -> JudgeCall:
     """The teacher call writing the rubric target of one turn record."""
     counts = "\n".join(f"{d}: {n}" for d, n in turn.counts.items())
     return JudgeCall(_messages(_TARGET_SYSTEM, _section("dialogue", _dialogue_text(turn.dialogue)),
@@ -165,7 +166,7 @@ def rubric_listing(rubric: dict[str, dict[str, Any]]) -> str:
                        + "\n".join(f"- {c}" for c in rubric[d]["criteria"]) for d in CARE_DIMENSIONS)
 
 
-def screen_request(turn: Turn, rubric: dict[str, dict[str, Any]]) -> JudgeCall:
+def screen_request(turn: Record, rubric: dict[str, dict[str, Any]]) -> JudgeCall:
     """A screening judge's call: does each dimension pass the turn-specificity, clarity and non-redundancy check?"""
     return JudgeCall(_messages(_SCREEN_SYSTEM, _section("dialogue", _dialogue_text(turn.dialogue)),
                                _section("rubric", rubric_listing(rubric))), 384)
@@ -200,8 +201,17 @@ class WinRateConfig:
 
 
 @dataclass
+class RLDataConfig:
+    """`examples`: preference pairs -> grpo.py examples of task care_rubric (reward care_generator)."""
+
+    pairs: str  # the paper: 2.8K majority-voted pairs
+    out: str = "data/care_generator_rl.jsonl"
+
+
+@dataclass
 class GeneratorDataConfig:
     targets: TargetsConfig | None = None
+    rl: RLDataConfig | None = None
     winrate: WinRateConfig | None = None
     strategy_map: dict[str, str | None] = field(default_factory=dict)  # extra strategy -> dimension names
 
@@ -256,6 +266,22 @@ def build_targets(cfg: GeneratorDataConfig) -> dict[str, int]:
     return counts
 
 
+# ----------------------------------------------------------------------------- preference RL (Section 3.3)
+
+
+def preference_examples(cfg: GeneratorDataConfig) -> list[Example]:
+    """The pairs as grpo.py examples of task care_rubric: the dialogue as turns (speaker = role), the generator's
+    prompt (judge.care_rubric_request, as in SFT and in a CARE run) in meta.prompt, and what care_generator reads:
+    meta chosen, rejected and dimension_counts. Written to `rl.out`."""
+    pairs = load_turns(cfg.rl.pairs, pairs=True, strategy_map=cfg.strategy_map)
+    examples = [Example(p.id, "care_rubric", [Turn(role, text) for role, text in p.dialogue], None, [],
+                        meta={"prompt": care_rubric_request(p.dialogue).messages, "chosen": p.chosen,
+                              "rejected": p.rejected, "dimension_counts": p.counts}) for p in pairs]
+    save_jsonl(examples, cfg.rl.out)
+    print0(f"examples: {len(examples)} preference pairs -> {cfg.rl.out}")
+    return examples
+
+
 # ----------------------------------------------------------------------------- the win rate (Table 4)
 
 
@@ -301,15 +327,18 @@ def win_rate(cfg: GeneratorDataConfig) -> dict[str, Any]:
 
 def main(argv=None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
-    command = argv.pop(0) if argv[:1] in (["targets"], ["care_winrate"]) else None
+    commands = {"targets": ("targets", build_targets), "examples": ("rl", preference_examples),
+                "care_winrate": ("winrate", win_rate)}
+    command = argv.pop(0) if argv[:1] and argv[0] in commands else None
     try:
         if command is None:
-            raise ConfigError("usage: rubric_generator.py targets config.yaml | evaluate.py care_winrate config.yaml")
+            raise ConfigError("usage: rubric_generator.py targets | examples config.yaml, or evaluate.py "
+                              "care_winrate config.yaml")
         cfg = parse_cli(GeneratorDataConfig, argv)
-        section = "targets" if command == "targets" else "winrate"
+        section, run = commands[command]
         if getattr(cfg, section) is None:
             raise ConfigError(f"{argv[0]}: missing section '{section}'")
-        build_targets(cfg) if command == "targets" else win_rate(cfg)
+        run(cfg)
     except (DataError, ConfigError, JudgeError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -1,6 +1,7 @@
-"""rubric_generator.py, CARE's rubric generator data and evaluation, against real local servers (a scripted teacher
-and screeners; the rules backend as generator and evaluator): targets checked by judge.care_rubric and screened, the
-rows sft.py's target objective reads, the chosen-response win rate, the strategy mapping, one-line errors."""
+"""CARE's rubric generator (rubric_generator.py, rewards.care_generator) against real local servers (a scripted
+teacher and screeners; the rules backend as generator and evaluator): targets checked by judge.care_rubric and
+screened, the rows sft.py's target objective reads, the chosen-response win rate, the strategy mapping, one-line
+errors, the generator reward's parts against hand values, and a short generator GRPO run over HTTP."""
 
 import json
 import re
@@ -10,8 +11,10 @@ from pathlib import Path
 import pytest
 
 import judge
+import rewards
 import rubric_generator as G
 import sft
+from data import Example, Turn
 from judge import JudgeConfig
 from judge_server import JudgeServer, rules_backend
 
@@ -134,3 +137,90 @@ def test_the_generator_configs_parse_with_the_papers_values():
     assert data.winrate.evaluator.model == "deepseek-v4-flash"
     stage1 = sft.parse_cli(sft.SFTConfig, [str(root / "care_generator_sft_qwen3_8b.yaml")])
     assert (stage1.objective, stage1.data) == ("target", data.targets.out)
+
+
+# ----------------------------------------------------------------------------- the generator's reward (Section 3.3)
+
+
+def generator_rollout(completion, counts=None, chosen=None, rejected=None):
+    example = Example("p", "care_rubric", [Turn("user", "I am overwhelmed")], None, [],
+                      meta={"prompt": [{"role": "user", "content": "x"}], "chosen": "a", "rejected": "b",
+                            "dimension_counts": counts or {"cognitive": 2, "affective": 1, "proactive": 0}})
+    judged = {"care_chosen_scores": chosen, "care_rejected_scores": rejected}
+    return rewards.Rollout.from_completion(example, completion, n_reasoning_tokens=0, n_completion_tokens=9,
+                                           judged=judged)
+
+
+def test_the_generator_reward_parts_match_hand_values():
+    weights = {"cognitive": 0.5, "affective": 0.3, "proactive": 0.2}
+    # R_pri: pairs the counts order, (clip(dw / 0.3) + 1) / 2 each: (0.2 -> 5/6, 0.3 -> 1, 0.1 -> 2/3) / 3
+    assert rewards.priority_term(weights, {"cognitive": 2, "affective": 1, "proactive": 0}, 0.3) == \
+        pytest.approx((5 / 6 + 1 + 2 / 3) / 3)
+    assert rewards.priority_term(weights, {"cognitive": 0, "affective": 3, "proactive": 0}, 0.3) == \
+        pytest.approx((1 / 6 + 2 / 3) / 2)  # affective over cognitive (-0.2) and over proactive (+0.1)
+    assert rewards.priority_term(weights, dict.fromkeys(weights, 1), 0.3) == 0.5  # no order: no signal
+    # R_cmp = (clip((S_c - S_r) / 0.7) + 1) / 2 on the 0-5 scale
+    assert [rewards.comparison_term(c, r, 0.7) for c, r in [(4, 3.65), (4, 3), (3, 3.7), (3, 3)]] == \
+        pytest.approx([0.75, 1.0, 0.0, 0.5])
+    text = json.dumps(rubric())  # weights 0.5 / 0.3 / 0.2 with rationales
+    chosen = {"cognitive": [4, 4], "affective": [5, 3], "proactive": [2, 2]}  # 0.5 .8 + 0.3 .8 + 0.2 .4 = .72 -> 3.6
+    rejected = {"cognitive": [3, 3], "affective": [3, 3], "proactive": [3, 3]}  # 0.6 -> 3.0
+    r = generator_rollout(text, chosen=chosen, rejected=rejected)
+    parts = {name: part(r, {}) for name, part in rewards.REWARDS["care_generator"].parts.items()}
+    r_cmp, r_pri = (0.6 / 0.7 + 1) / 2, (5 / 6 + 1 + 2 / 3) / 3
+    assert parts == pytest.approx({"R_fmt": 1.0, "R_cmp": r_cmp, "R_pri": r_pri})
+    assert rewards.score(r, rewards.RewardSpec("care_generator")) == pytest.approx(1 + r_cmp + 0.1 * r_pri)
+    assert rewards.score(r, rewards.RewardSpec("care_generator", {"lambda_priority": 0.5, "tau": 1.2})) == \
+        pytest.approx(1 + (0.6 / 1.2 + 1) / 2 + 0.5 * r_pri)
+    # the format term: no rationale, not JSON, or text around it -> 0 (and nothing to score)
+    for bad in (json.dumps(rubric(why=False)), "not a rubric", text + " Hope this helps."):
+        r = generator_rollout(bad, chosen=chosen, rejected=rejected)
+        assert rewards.score(r, rewards.RewardSpec("care_generator")) == 0.0
+        assert rewards.REWARDS["care_generator"].parts["R_fmt"](r, {}) == 0.0
+    assert rewards.score(generator_rollout("<think>\nweighing it\n</think>\n" + text, chosen=chosen,
+                                           rejected=rejected), rewards.RewardSpec("care_generator")) > 1
+    # missing evaluator scores: feedback incomplete, None
+    assert rewards.score(generator_rollout(text, chosen=chosen), rewards.RewardSpec("care_generator")) is None
+
+
+def test_a_short_generator_grpo_run_end_to_end_over_http(tmp_path):
+    """The policy is the generator: its one-token completions are whole rubrics (six valid, two without
+    rationales), the rules backend scores both replies of each pair under them, and every logged part follows
+    the formulas."""
+    import grpo
+    from test_grpo import read_jsonl, run_config, write_checkpoint
+
+    weights = [(0.5, 0.3, 0.2), (0.2, 0.3, 0.5), (0.34, 0.33, 0.33), (0.1, 0.8, 0.1), (0.6, 0.2, 0.2),
+               (0.25, 0.25, 0.5)]
+    rubrics = [json.dumps(rubric(w)) for w in weights] + [json.dumps(rubric(w, why=False)) for w in weights[:2]]
+    base = write_checkpoint(tmp_path / "base", words=rubrics)
+    warm = "I understand, that sounds hard. Try one small step: write a list."
+    pairs = [{"id": f"p{i}", "dialogue": [{"role": "user", "content": f"I am so anxious about {topic}"}],
+              "chosen": warm, "rejected": "Okay.", "strategies": strategies}
+             for i, (topic, strategies) in enumerate([("work", ["Question", "Question", "Reflection of feelings"]),
+                                                      ("exams", ["Providing Suggestions"])])]
+    (tmp_path / "pairs.jsonl").write_text("".join(json.dumps(p) + "\n" for p in pairs))
+    G.preference_examples(G.GeneratorDataConfig(rl=G.RLDataConfig(str(tmp_path / "pairs.jsonl"),
+                                                                  str(tmp_path / "rl.jsonl"))))
+    with JudgeServer(rules_backend).start() as evaluator:
+        config = run_config(tmp_path, (base, tmp_path / "rl.jsonl"), evaluator.url, updates=2,
+                            reward={"name": "care_generator"}, filtering={"enabled": False},
+                            rollout={"prompts_per_update": 2, "group_size": 6, "max_new_tokens": 1})
+        grpo.main([str(config)])
+    records = read_jsonl(tmp_path / "run" / "completions.jsonl")
+    metrics = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    counts = {"p0": {"cognitive": 2, "affective": 1, "proactive": 0}, "p1": {"cognitive": 0, "affective": 0,
+                                                                             "proactive": 1}}
+    valid = [r for r in records if r["R_fmt"] == 1.0]
+    assert len(records) == 24 and valid and len(valid) < 24
+    assert sum(m["judge/calls"] for m in metrics) == 2 * len(valid)  # both replies, valid rubrics only
+    for r in records:
+        if r["R_fmt"] == 0.0:
+            assert r["completion"] in rubrics[6:] or r["completion"] not in rubrics
+            assert r["reward"] == 0.0 and r["R_cmp"] is None and r["R_pri"] is None
+            continue
+        w = dict(zip(judge.CARE_DIMENSIONS, weights[rubrics.index(r["completion"])]))
+        assert r["R_pri"] == pytest.approx(rewards.priority_term(w, counts[r["id"]], 0.3))
+        assert r["R_cmp"] > 0.5  # the warm reply wins under every rubric of the rules backend
+        assert r["reward"] == pytest.approx(1 + r["R_cmp"] + 0.1 * r["R_pri"])
+    assert "rewards/R_cmp/mean" in metrics[0] and (tmp_path / "run" / "adapter" / "adapter_config.json").is_file()
