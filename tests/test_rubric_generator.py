@@ -224,3 +224,17 @@ def test_a_short_generator_grpo_run_end_to_end_over_http(tmp_path):
         assert r["R_cmp"] > 0.5  # the warm reply wins under every rubric of the rules backend
         assert r["reward"] == pytest.approx(1 + r["R_cmp"] + 0.1 * r["R_pri"])
     assert "rewards/R_cmp/mean" in metrics[0] and (tmp_path / "run" / "adapter" / "adapter_config.json").is_file()
+
+
+def test_the_generator_rl_config_and_the_care_run_point_at_each_other():
+    import grpo
+    from config import load_config
+
+    root = Path(__file__).resolve().parents[1] / "configs"
+    rl = load_config(root / "care_generator_qwen3_8b.yaml", [], grpo.GRPOConfig)
+    assert (rl.reward.name, rl.reward.params) == ("care_generator", {"tau": 0.7, "lambda_priority": 0.1, "gamma": 0.3})
+    assert rl.rollout.enable_thinking is False and rl.model.path.startswith("runs/care_generator_sft_qwen3_8b")
+    data = G.parse_cli(G.GeneratorDataConfig, [str(root / "care_generator_data.yaml")])
+    assert rl.train_data == [data.rl.out]
+    care = load_config(root / "care_qwen2_5_7b.yaml", [], grpo.GRPOConfig)
+    assert care.dialogue.rubric_judge.model == data.winrate.generator.model  # the same served generator
