@@ -277,7 +277,8 @@ class PromptSampler:
         self.policy = policy
         self.tok = tok
         self.cfg = cfg
-        self.content = reward_model.content_scorer(cfg.content_model, policy.device, cfg.model.dtype)
+        self.content = cfg.content_model and reward_model.content_scorer(cfg.content_model, policy.device,
+                                                                         cfg.model.dtype)  # social_r1's RM
 
     def segments(self, examples: list[data.Example]) -> list[dataset.Segment]:
         return dataset.curriculum(examples, self.cfg.curriculum)
