@@ -238,3 +238,14 @@ def test_the_generator_rl_config_and_the_care_run_point_at_each_other():
     assert rl.train_data == [data.rl.out]
     care = load_config(root / "care_qwen2_5_7b.yaml", [], grpo.GRPOConfig)
     assert care.dialogue.rubric_judge.model == data.winrate.generator.model  # the same served generator
+
+
+def test_generator_examples_without_usable_counts_or_replies_stop_the_run_before_training():
+    good = generator_rollout("x").example
+    rewards.check_reward_data(rewards.RewardSpec("care_generator"), [good])
+    for meta, field in [({"dimension_counts": {"cognitive": -1, "affective": 0, "proactive": 0}}, "dimension_counts"),
+                        ({"dimension_counts": {"cognitive": 1, "affective": 0}}, "dimension_counts"),
+                        ({"chosen": " "}, "chosen")]:
+        bad = Example("q", "care_rubric", good.turns, None, [], meta=good.meta | meta)
+        with pytest.raises(rewards.data.DataError, match=f"field 'meta.{field}': reward care_generator needs it.*: q"):
+            rewards.check_reward_data(rewards.RewardSpec("care_generator"), [good, bad])
