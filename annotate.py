@@ -32,8 +32,8 @@ from urllib.parse import parse_qs, urlparse
 from config import ConfigError, atomic_write_text, load_config
 from data import DataError, parse_answer, split_blocks, split_completion, task_brief, visible_turns
 from dataset import example_from_json, example_to_json
-from evaluate import (COMPLETIONS, EVAL_JSON, EvalConfig, EvalError, alignment_f1, load_set, matched_lines, mean_sd,
-                      read_jsonl, wilcoxon)
+from evaluate import (COMMANDS, COMPLETIONS, EVAL_JSON, EvalConfig, EvalError, alignment_f1, load_set, matched_lines,
+                      mean_sd, read_jsonl, wilcoxon)
 from verifier import EVIDENCE_CLOSE, EVIDENCE_OPEN
 
 PAGE = Path(__file__).with_name("annotate.html")
@@ -350,6 +350,8 @@ def main(argv: list[str]) -> None:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(1) from None
 
+
+COMMANDS.update(dict.fromkeys(("pairs", "annotate", "annotate-report"), main))  # `python evaluate.py pairs ...`
 
 if __name__ == "__main__":
     main(sys.argv[1:])

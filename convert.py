@@ -2,6 +2,9 @@
 ConvoKit Wikipedia talk pages, MMLU) to our example JSONL, each checked by dataset.py's schema.
 
     python convert.py FORMAT IN OUT [--text FILE] [--task NAME]... [--per-label N] [--seed S]
+
+EmpatheticDialogues and MSDialog become dialogues in ESConv's layout for EmoLLM's Stage I (emollm_data.py), or
+with --seeds the scenario seeds of grpo.py's dialogue mode.
 """
 
 from __future__ import annotations
@@ -12,12 +15,14 @@ import csv
 import functools
 import io
 import itertools
+import json
 import math
 import random
 import re
 import sys
 from pathlib import Path
 
+from config import atomic_write_text
 from data import TASKS, DataError, Example, Turn
 from dataset import load_jsonl, parse_json, read_data_text, read_jsonl, save_jsonl, turn_from_json, typed_field
 
@@ -325,6 +330,80 @@ def convert_mmlu(path) -> list[Example]:
     return examples
 
 
+# EmpatheticDialogues and MSDialog (EmoLLM's SFT/RL sources): dialogues in ESConv's layout, which emollm_data.py
+# reads, or scenario seeds for grpo.py's dialogue mode (`--seeds`). Each dialogue: {"id", "situation"?,
+# "problem_type"?, "emotion_type"?, "dialog": [{"speaker": "seeker" | "supporter", "content"}]}.
+_ED_COLUMNS = ["conv_id", "utterance_idx", "context", "prompt", "speaker_idx", "utterance"]
+
+
+def convert_empathetic_dialogues(path) -> list[dict]:
+    """EmpatheticDialogues CSV (train.csv, valid.csv, test.csv as the release ships them), the layout assumed:
+    a header starting conv_id,utterance_idx,context,prompt,speaker_idx,utterance (selfeval, tags and any further
+    cells are ignored), one row per utterance, commas inside a cell written as `_comma_`, no quoting. A
+    conversation is the rows of one conv_id ordered by utterance_idx; its first speaker told the situation
+    (`prompt`, the situation) and felt the emotion (`context`, the emotion type): the seeker; the other speaker
+    is the supporter."""
+    path, dialogues = Path(path), {}
+    rows = _csv_lines(path, quoting=csv.QUOTE_NONE)
+    if not rows or rows[0][1][:len(_ED_COLUMNS)] != _ED_COLUMNS:
+        raise DataError(f"{path}:1: expected the header {','.join(_ED_COLUMNS)},...")
+    for line, cells in rows[1:]:
+        if len(cells) < len(_ED_COLUMNS):
+            raise DataError(f"{path}:{line}: expected at least {len(_ED_COLUMNS)} fields, got {len(cells)}")
+        row = {k: v.replace("_comma_", ",").strip() for k, v in zip(_ED_COLUMNS, cells)}
+        if not row["utterance"]:
+            raise DataError(f"{path}:{line}: field 'utterance': empty")
+        if not row["utterance_idx"].isdigit():
+            raise DataError(f"{path}:{line}: field 'utterance_idx': expected a number, got {row['utterance_idx']!r}")
+        dialogues.setdefault(row["conv_id"], []).append((int(row["utterance_idx"]), row))
+    out = []
+    for conv_id, turns in dialogues.items():
+        turns.sort(key=lambda x: x[0])
+        first = turns[0][1]
+        dialog = [{"speaker": "seeker" if r["speaker_idx"] == first["speaker_idx"] else "supporter",
+                   "content": r["utterance"]} for _, r in turns]
+        out.append({"id": conv_id, "situation": first["prompt"], "emotion_type": first["context"], "dialog": dialog})
+    return out
+
+
+def convert_msdialog(path) -> list[dict]:
+    """MSDialog JSON (MSDialog-Complete / -Intent), the layout assumed: one object mapping each dialogue id to
+    {"title", "category", "utterances": [{"actor_type": "User" | "Agent", "utterance", ...}]}, utterances in
+    dialogue order. The user asking for help is the seeker, every agent answering the supporter; the title is
+    the situation, the category the problem type."""
+    path, out = Path(path), []
+    for dialog_id, record in _object(parse_json(read_data_text(path), path), str(path)).items():
+        where = f"{path}: dialogue {dialog_id}"
+        with _record(where):
+            utterances = _object(record, where)["utterances"]
+            dialog = []
+            for i, u in enumerate(utterances):
+                actor, text = u["actor_type"], u["utterance"]
+                if actor not in ("User", "Agent") or not isinstance(text, str) or not text.strip():
+                    bad = "actor_type" if actor not in ("User", "Agent") else "utterance"
+                    raise DataError(f"{where}: field 'utterances[{i}].{bad}': {u[bad]!r} (expected "
+                                    f"{'User or Agent' if bad == 'actor_type' else 'non-empty text'})")
+                dialog.append({"speaker": "seeker" if actor == "User" else "supporter", "content": text.strip()})
+            out.append({"id": f"msdialog-{dialog_id}", "situation": str(record["title"]).strip(),
+                        "problem_type": str(record["category"]).strip(), "dialog": dialog})
+    return out
+
+
+def scenario_seeds(dialogues: list[dict]) -> list[dict]:
+    """grpo.py's scenario seeds (dialogue.load_scenarios): the situation (with the emotion, when given) as the
+    scenario the simulated user plays, the seeker's first turn as the opening message."""
+    seeds = []
+    for d in dialogues:
+        opening = next((t["content"] for t in d["dialog"] if t["speaker"] == "seeker"), None)
+        if opening and d.get("situation"):
+            feeling = f" You feel {d['emotion_type']}." if d.get("emotion_type") else ""
+            seeds.append({"id": d["id"], "scenario": d["situation"] + feeling, "initial_prompt": opening})
+    return seeds
+
+
+DIALOGUE_CONVERTERS = {"empathetic_dialogues": convert_empathetic_dialogues, "msdialog": convert_msdialog}
+
+
 def stratified_sample(examples: list[Example], per_label: int, seed: int = 0) -> list[Example]:
     """At most `per_label` examples for each (task, gold label set), drawn with `seed`, in input order."""
     groups: dict[tuple, list[int]] = {}
@@ -372,15 +451,25 @@ def _positive_int(text: str) -> int:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="convert.py", description="Convert a public dataset to our JSONL.")
-    parser.add_argument("format", choices=list(CONVERTERS))
+    parser.add_argument("format", choices=[*CONVERTERS, *DIALOGUE_CONVERTERS])
     parser.add_argument("input", help="the dataset file or folder (ccu: the annotation package folder)")
     parser.add_argument("output", help="the JSONL file to write")
     parser.add_argument("--text", help="ccu: the conversation text JSONL paired with the annotations")
     parser.add_argument("--task", action="append", help="keep only this task (repeatable)")
     parser.add_argument("--per-label", type=_positive_int, help="keep at most N examples per task and gold label")
     parser.add_argument("--seed", type=int, default=0, help="seed for --per-label sampling")
+    parser.add_argument("--seeds", action="store_true", help="empathetic_dialogues, msdialog: write grpo.py's "
+                        "scenario seeds instead of ESConv-layout dialogues")
     args = parser.parse_args(argv)
     try:
+        if args.format in DIALOGUE_CONVERTERS:
+            records = DIALOGUE_CONVERTERS[args.format](args.input)
+            records = scenario_seeds(records) if args.seeds else records
+            if not records:
+                raise DataError(f"{args.input}: no {'scenario seeds' if args.seeds else 'dialogues'} in the input")
+            atomic_write_text(args.output, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+            print(f"wrote {len(records)} {'scenario seeds' if args.seeds else 'dialogues'} to {args.output}")
+            return
         examples = convert(args.format, args.input, args.text)
         if not examples:
             raise DataError(f"{args.input}: no examples in the input")

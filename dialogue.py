@@ -43,8 +43,8 @@ from config import (ConfigError, atomic_write_text, load_config, parse_cli, prin
                     save_resolved_config)
 from data import THINK_END, THINK_START, DataError
 from groups import Group, Sample, Slot
-from judge import (_DATA_NOTICE, JudgeCall, JudgeConfig, JudgeError, _dialogue_text, _messages, _section,
-                   _verdict_lines)
+from judge import (DATA_NOTICE, JudgeCall, JudgeConfig, JudgeError, chat_messages, dialogue_text, section,
+                   verdict_lines)
 
 # ----------------------------------------------------------------------------- config
 
@@ -189,7 +189,7 @@ EMOTIONAL_STATE_SYSTEM = f"""You rate the emotional state that one message of a 
 4 = somewhat positive, reassured or calmer
 5 = clearly positive, relieved or emotionally settled
 You receive <context> (the scenario or the conversation before the message) and <user_text> (the message to rate). \
-Rate the state the message itself expresses, read in its context. {_DATA_NOTICE}
+Rate the state the message itself expresses, read in its context. {DATA_NOTICE}
 
 Output exactly one line and nothing else:
 <short assessment> | <rating 1-5>
@@ -203,7 +203,7 @@ after such a reply (each step one exchange further ahead), and the strategy fina
 reply.
 
 You receive <dialogue> (the conversation up to the person's latest message), <reasoning> (the private reasoning, \
-"(none)" when the assistant wrote none) and <reply>. {_DATA_NOTICE}
+"(none)" when the assistant wrote none) and <reply>. {DATA_NOTICE}
 
 Rate four things:
 - cognitive, 1 to 5: how reliable the reply is: consistent with what the conversation establishes, with no invented \
@@ -229,7 +229,7 @@ TURN_QUALITY_SYSTEM = f"""You rate one assistant turn of an emotionally grounded
 conservative.
 
 You receive <scenario> (who the user is and what they face), <context> (the recent turns), <reply> (the assistant turn \
-to rate) and <follow_up> (what the user said next). {_DATA_NOTICE}
+to rate) and <follow_up> (what the user said next). {DATA_NOTICE}
 
 Rate three things:
 - sr_proxy: 1 only if, with this turn, the conversation has already reached a satisfactory emotional resolution for \
@@ -249,8 +249,8 @@ Do not use the character | inside an assessment."""
 def user_turn_request(scenario: str, dialogue: list[tuple[str, str]], turn_number: int, max_turns: int) -> JudgeCall:
     """The user-simulator call: the user's next message after `dialogue` (the assistant has replied
     `turn_number` times, of at most `max_turns`)."""
-    messages = _messages(USER_SIMULATOR_SYSTEM, _section("scenario", scenario),
-                         _section("dialogue", _dialogue_text(dialogue)),
+    messages = chat_messages(USER_SIMULATOR_SYSTEM, section("scenario", scenario),
+                         section("dialogue", dialogue_text(dialogue)),
                          f"This is turn {turn_number} of at most {max_turns}. Write the user's next message.")
     return JudgeCall(messages, 160)
 
@@ -280,21 +280,21 @@ def user_ends_dialogue(message: str) -> bool:
 def emotional_state_request(context: str, user_text: str) -> JudgeCall:
     """The emotional-state judge call: e_0 (the opening, in the scenario's context), e_T (the last user message, in
     the dialogue's), hence R_emo, ES and EG/Turn."""
-    return JudgeCall(_messages(EMOTIONAL_STATE_SYSTEM, _section("context", context),
-                               _section("user_text", user_text)), 96)
+    return JudgeCall(chat_messages(EMOTIONAL_STATE_SYSTEM, section("context", context),
+                               section("user_text", user_text)), 96)
 
 
 def parse_emotional_state(text: str) -> int | None:
     """The user's emotional state, 1 (distressed) to 5 (settled), from `<assessment> | <1-5>`, or None."""
-    verdict = _verdict_lines(text, [(None, "[1-5]")])
+    verdict = verdict_lines(text, [(None, "[1-5]")])
     return None if verdict is None else int(verdict[0])
 
 
 def turn_scores_request(dialogue: list[tuple[str, str]], reasoning: str, reply: str, lookahead: int) -> JudgeCall:
     """EmoLLM's turn judge (section 3.2.2: one judge, four aspects of the turn) for a `reply` to `dialogue` with its
     private `reasoning`; `lookahead` is the n the policy was allowed."""
-    messages = _messages(TURN_SCORES_SYSTEM, _section("dialogue", _dialogue_text(dialogue)),
-                         _section("reasoning", reasoning.strip() or "(none)"), _section("reply", reply),
+    messages = chat_messages(TURN_SCORES_SYSTEM, section("dialogue", dialogue_text(dialogue)),
+                         section("reasoning", reasoning.strip() or "(none)"), section("reply", reply),
                          f"The assistant was asked for at most {lookahead} lookahead steps.")
     return JudgeCall(messages, 256)
 
@@ -303,15 +303,15 @@ def parse_turn_scores(text: str) -> dict[str, int] | None:
     """{"cognitive", "trace", "lookahead": 1-5, "overthinking": 0-2} (rewards.EMOLLM_SCORES) from the four lines
     in order, or None for any other answer."""
     items = [(name, f"[{low}-{high}]") for name, (low, high) in rewards.EMOLLM_SCORES.items()]
-    verdicts = _verdict_lines(text, items)
+    verdicts = verdict_lines(text, items)
     return None if verdicts is None else {name: int(v) for (name, _), v in zip(items, verdicts)}
 
 
 def turn_quality_request(scenario: str, context: list[tuple[str, str]], reply: str, follow_up: str) -> JudgeCall:
     """The evaluation's turn-quality judge call for one assistant `reply` and the user's `follow_up`."""
-    messages = _messages(TURN_QUALITY_SYSTEM, _section("scenario", scenario),
-                         _section("context", _dialogue_text(context)), _section("reply", reply),
-                         _section("follow_up", follow_up))
+    messages = chat_messages(TURN_QUALITY_SYSTEM, section("scenario", scenario),
+                         section("context", dialogue_text(context)), section("reply", reply),
+                         section("follow_up", follow_up))
     return JudgeCall(messages, 192)
 
 
@@ -319,7 +319,7 @@ def parse_turn_quality(text: str) -> dict[str, float] | None:
     """EmoLLM's evaluation signals for one turn, or None unless the answer is the three lines in order:
     sr_proxy (0/1: this turn already reaches a satisfactory emotional resolution; the first such turn is
     the success turn behind SR and AT), ea (1-5: empathic appropriateness) and fa (0/1: factually reliable)."""
-    verdicts = _verdict_lines(text, [("sr_proxy", "[01]"), ("ea", "[1-5]"), ("fa", "[01]")])
+    verdicts = verdict_lines(text, [("sr_proxy", "[01]"), ("ea", "[1-5]"), ("fa", "[01]")])
     return None if verdicts is None else {key: float(v) for key, v in zip(TURN_QUALITY_KEYS, verdicts)}
 
 
@@ -497,7 +497,7 @@ def judge_groups(groups: list[tuple[State, list[rewards.Rollout]]], spec: reward
             for episode in (r for r in episodes if r.example.history[-1][0] == "user"):
                 *context, (_, last) = episode.example.history
                 asks.append((episode.turns[-1].judged, "emotional_state",
-                             emotional_state_request(_dialogue_text(context), last), parse_emotional_state))
+                             emotional_state_request(dialogue_text(context), last), parse_emotional_state))
                 asks += [_turn_scores_ask(turn, settings) for turn in episode.turns]
     elif spec.name == "emollm_turn":
         asks += [_turn_scores_ask(r, settings) for _, replies in groups for r in replies]
@@ -675,7 +675,7 @@ def judge_episodes(episodes: list[Episode], cfg: DialogueEvalConfig) -> list[dic
                      parse_emotional_state))
         if e.turns and e.state.history[-1][0] == "user":
             *context, (_, last) = e.state.history
-            asks.append((record, "e_T", emotional_state_request(_dialogue_text(context), last), parse_emotional_state))
+            asks.append((record, "e_T", emotional_state_request(dialogue_text(context), last), parse_emotional_state))
         for k, turn in enumerate(e.turns):
             reply = turn.candidates[0]
             row = {"user": turn.state.history[-1][1], "reasoning": reply.reasoning, "reply": reply.reply,
@@ -781,3 +781,6 @@ def main(argv: list[str]) -> None:
     except (DataError, evaluate.EvalError, JudgeError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(1) from None
+
+
+evaluate.COMMANDS["dialogue"] = lambda argv: main(argv[1:])  # `python evaluate.py dialogue config.yaml ...`

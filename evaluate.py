@@ -8,8 +8,7 @@ identification, evidence alignment F1 with a Wilcoxon test, the Table-1 Markdown
     python evaluate.py pairs RUN_A RUN_B --out PAIRS.jsonl [--n 50] [--seed 0]
     python evaluate.py annotate PAIRS.jsonl [--port 8765] [--host 127.0.0.1] [--out ANSWERS.jsonl]
     python evaluate.py annotate-report PAIRS.jsonl ANSWERS.jsonl [ANSWERS.jsonl ...] [--json FILE]
-    python evaluate.py dialogue config.yaml [key=value ...]   # multi-turn role-play (EmoLLM, CARE): dialogue.py
-    python evaluate.py care_winrate config.yaml [key=value ...]  # CARE's generator (Table 4): rubric_generator.py
+    python evaluate.py dialogue | care_winrate config.yaml [key=value ...]  # dialogue.py | rubric_generator.py
 
 An evaluation writes into `output_dir`: config.yaml (resolved), completions.jsonl (one line per
 completion, appended as they come: rerunning the same command resumes), causes.jsonl (cause-judge
@@ -24,7 +23,6 @@ import dataclasses
 import datetime
 import fnmatch
 import hashlib
-import importlib
 import itertools
 import json
 import math
@@ -34,7 +32,7 @@ import time
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Callable, Literal
 
 from config import (ConfigError, atomic_write_text, load_config, parse_cli, print0, read_metrics, redact_secrets,
                     save_resolved_config)
@@ -756,7 +754,7 @@ def _compare(argv: list[str]) -> None:
                                      "with each model's difference to the first.")
     parser.add_argument("evals", nargs="+", help="eval.json files (or the folders holding them)")
     parser.add_argument("--out", help="also write table.md and f1_vs_tokens.png into this folder")
-    args = parser.parse_args(argv)
+    args = parser.parse_args(argv[1:])
     evals = [load_eval(Path(p) / EVAL_JSON if Path(p).is_dir() else p) for p in args.evals]
     print(markdown_tables(evals))
     if args.out:
@@ -768,25 +766,22 @@ def _plot(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="evaluate.py plot", description="Training curves from metrics.jsonl.")
     parser.add_argument("runs", nargs="+", help="run folders holding metrics.jsonl (or the files)")
     parser.add_argument("--out", help="PNG to write (default: training_curves.png in the first run folder)")
-    args = parser.parse_args(argv)
+    args = parser.parse_args(argv[1:])
     first = Path(args.runs[0])
     out = Path(args.out) if args.out else (first if first.is_dir() else first.parent) / "training_curves.png"
     panels = plot_training_curves(args.runs, out)
     print(f"wrote {out} ({', '.join(panels)})")
 
 
+# Subcommands by name, each given the whole argv; annotate, dialogue, rubric_generator add theirs (importing this).
+COMMANDS: dict[str, Callable[[list[str]], None]] = {"compare": _compare, "plot": _plot}
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     try:
-        if argv and argv[0] in ("pairs", "annotate", "annotate-report", "care_winrate"):  # the human evaluation and
-            # CARE's generator win rate: their own modules (annotate, rubric_generator), reached from this command line
-            return importlib.import_module("rubric_generator" if argv[0] == "care_winrate" else "annotate").main(argv)
-        if argv and argv[0] == "dialogue":
-            import dialogue  # the multi-turn evaluation: its own module, reached from this command line
-
-            return dialogue.main(argv[1:])
-        if argv and argv[0] in ("compare", "plot"):
-            return {"compare": _compare, "plot": _plot}[argv[0]](argv[1:])
+        if argv and argv[0] in COMMANDS:
+            return COMMANDS[argv[0]](argv)
         evaluate(parse_cli(EvalConfig, argv))
     except ConfigError as e:
         print(f"config error: {argv[0]}: {e}", file=sys.stderr)
@@ -796,5 +791,10 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(1) from None
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # the script: first the modules that add subcommands, then main of the `evaluate` they load
+    import annotate  # noqa: F401
+    import dialogue  # noqa: F401
+    import evaluate
+    import rubric_generator  # noqa: F401
+
+    evaluate.main()

@@ -387,7 +387,8 @@ def collect_groups(sampler, source: PromptSource, slots: list[Slot], cfg: GRPOCo
     while pending:
         seed = derived_seed(cfg.seed, "sample", update, dist.rank, rounds)
         timed(counts, "generate_s", sample_slots, sampler, pending, update, seed, counts)  # 1. sample
-        judge_stats = timed(counts, "judge_s", score_groups, [s.group for s in pending], cfg, sampler.judge)  # 2.
+        groups = [s.group for s in pending]
+        judge_stats = timed(counts, "judge_s", score_groups, groups, cfg, sampler.judge)  # 2. score
         count_calls(counts, judge_stats)
         decisions = filter_slots(pending, source, cfg, update)  # 3. filter
         count_decisions(counts, decisions)
@@ -586,7 +587,8 @@ def update_metrics(reports: list[dict], step: int, lr: float, beta: float) -> di
                "reward": mean, "reward_std": sum(group_stds) / len(group_stds) if group_stds else None}
     for name in dict.fromkeys(name for r in reports for g in r["parts"] for name in g):
         part_mean, part_std = _mean_std([v for r in reports for g in r["parts"] for v in g[name]])
-        metrics[f"rewards/{name}/mean"], metrics[f"rewards/{name}/std"] = part_mean, part_std
+        metrics[f"rewards/{name}/mean"] = part_mean
+        metrics[f"rewards/{name}/std"] = part_std
     metrics |= {
         "frac_reward_zero_std": zero_std / max(1, len(group_rewards)),
         "groups/masked": total("masked"), "groups/resampled": total("resampled"), "groups/replaced": total("replaced"),

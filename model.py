@@ -226,7 +226,7 @@ def apply_rope(x, cos, sin_signed):
 
 
 @dataclass
-class Step:
+class ForwardState:
     """What every layer of one forward call shares: RoPE tables, the cache (or None), each query's cache slot [B, T]
     and, once the cache holds tokens or a prefix, the additive mask: 0 on the slots each query sees (its row's slots
     0..slot), -inf elsewhere, [B, 1, G*T, S] for the G query heads sharing a KV head (row g*T + t is query t)."""
@@ -245,8 +245,12 @@ class Attention(nn.Module):
 
     def __init__(self, cfg: QwenConfig, layer_idx: int):
         super().__init__()
-        self.layer_idx, self.H, self.Hkv, self.D = layer_idx, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        self.gated, d = cfg.family == "qwen3_5", cfg.hidden_size
+        self.layer_idx = layer_idx
+        self.H = cfg.num_heads
+        self.Hkv = cfg.num_kv_heads
+        self.D = cfg.head_dim
+        self.gated = cfg.family == "qwen3_5"
+        d = cfg.hidden_size
         self.q_proj = Linear(d, self.H * self.D * (2 if self.gated else 1), bias=cfg.qkv_bias)
         self.k_proj = Linear(d, self.Hkv * self.D, bias=cfg.qkv_bias)
         self.v_proj = Linear(d, self.Hkv * self.D, bias=cfg.qkv_bias)
@@ -258,7 +262,7 @@ class Attention(nn.Module):
     def new_state(self, batch: int, max_len: int, dtype, device) -> list:
         return [torch.zeros(batch, self.Hkv, max_len, self.D, dtype=dtype, device=device) for _ in "kv"]
 
-    def forward(self, x, step: Step):
+    def forward(self, x, step: ForwardState):
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.H, -1)
         if self.gated:
@@ -266,13 +270,15 @@ class Attention(nn.Module):
         k = self.k_proj(x).view(B, T, self.Hkv, self.D)
         v = self.v_proj(x).view(B, T, self.Hkv, self.D)
         if hasattr(self, "q_norm"):
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, step.cos, step.sin), apply_rope(k, step.cos, step.sin)
+            q = self.q_norm(q)
+            k = self.k_norm(k)
+        q = apply_rope(q, step.cos, step.sin)
+        k = apply_rope(k, step.cos, step.sin)
         o = attention(q, k, v, step, self.layer_idx).reshape(B, T, self.H * self.D)
         return self.o_proj(o * torch.sigmoid(gate.reshape(B, T, -1)) if self.gated else o)
 
 
-def attention(q, k, v, step: Step, layer_idx: int):
+def attention(q, k, v, step: ForwardState, layer_idx: int):
     """q [B, T, H, D] over k, v [B, T, Hkv, D], causal; returns [B, T, H, D]. With a cache, k and v go to each
     row's step.slots, and the query in slot s sees slots 0..s of its row (and its whole prompt, if shared)."""
     cache = step.cache
@@ -283,13 +289,18 @@ def attention(q, k, v, step: Step, layer_idx: int):
             return flash(q, k_cache.transpose(1, 2), v_cache.transpose(1, 2), k=k, v=v,
                          cache_seqlens=cache.lens.int(), causal=True)
         rows = torch.arange(q.shape[0], device=q.device)[:, None]
-        k_cache[rows, :, step.slots], v_cache[rows, :, step.slots] = k, v
+        k_cache[rows, :, step.slots] = k
+        v_cache[rows, :, step.slots] = v
     if step.mask is None:  # no cache, or an empty one: plain causal attention over these tokens
         return F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v)), is_causal=True,
                                               enable_gqa=True).transpose(1, 2)
-    (B, T, H, D), Hkv, S = q.shape, k.shape[2], cache.width + q.shape[1]
+    B, T, H, D = q.shape
+    Hkv = k.shape[2]
+    S = cache.width + q.shape[1]
     # GQA without copying K/V: the G query heads that share a KV head become G*T query rows.
-    q, keys, values = q.transpose(1, 2).reshape(B, Hkv, H // Hkv * T, D), k_cache[:, :, :S], v_cache[:, :, :S]
+    q = q.transpose(1, 2).reshape(B, Hkv, H // Hkv * T, D)
+    keys = k_cache[:, :, :S]
+    values = v_cache[:, :, :S]
     o = (F.scaled_dot_product_attention(q, keys, values, attn_mask=step.mask) if cache.prefix is None
          else cache.prefix.attend(q, layer_idx, *attend(q, keys, values, step.mask)))
     return o.view(B, H, T, D).transpose(1, 2)
@@ -325,7 +336,8 @@ def delta_rule_chunked(q, k, v, g, beta, state, chunk: int = 64):
     solve (I + A) [u | w] = [beta v | beta k exp(gamma)] with A = tril(beta_i k_i.k_j D_ij, -1); then
     v' = u - w S;  O = (q exp(gamma)) S + ((q k^T) * D) v';  S = exp(gamma_C) S + (k exp(gamma_C - gamma))^T v'.
     Zero padding to a multiple of `chunk` is inert: g = 0 does not decay and beta = 0 writes nothing."""
-    T, dv = q.shape[2], v.shape[-1]
+    T = q.shape[2]
+    dv = v.shape[-1]
     pad = -T % chunk
     q, k, v = (F.pad(x, (0, 0, 0, pad)).unflatten(2, (-1, chunk)) for x in (q, k, v))
     g, beta = (F.pad(x, (0, pad)).unflatten(2, (-1, chunk)) for x in (g, beta))
@@ -337,7 +349,9 @@ def delta_rule_chunked(q, k, v, g, beta, state, chunk: int = 64):
     u, w = torch.linalg.solve_triangular(A, rhs, upper=False, unitriangular=True).split([dv, k.shape[-1]], -1)
     out = []
     for n in range(q.shape[2]):
-        qn, kn, gn = q[:, :, n], k[:, :, n], gamma[:, :, n]
+        qn = q[:, :, n]
+        kn = k[:, :, n]
+        gn = gamma[:, :, n]
         v_new = u[:, :, n] - w[:, :, n] @ state
         out.append((qn * gn[..., None].exp()) @ state + (qn @ kn.transpose(-1, -2) * D[:, :, n]) @ v_new)
         last = gn[..., -1:]
@@ -365,8 +379,12 @@ class GatedDeltaNet(nn.Module):
 
     def __init__(self, cfg: QwenConfig, layer_idx: int):
         super().__init__()
-        self.layer_idx, d = layer_idx, cfg.hidden_size
-        self.Hk, self.Hv, self.dk, self.dv = cfg.linear_k_heads, cfg.linear_v_heads, cfg.linear_k_dim, cfg.linear_v_dim
+        self.layer_idx = layer_idx
+        d = cfg.hidden_size
+        self.Hk = cfg.linear_k_heads
+        self.Hv = cfg.linear_v_heads
+        self.dk = cfg.linear_k_dim
+        self.dv = cfg.linear_v_dim
         self.channels = 2 * self.Hk * self.dk + self.Hv * self.dv
         self.in_proj_qkv = Linear(d, self.channels)
         self.in_proj_z = Linear(d, self.Hv * self.dv)
@@ -383,7 +401,7 @@ class GatedDeltaNet(nn.Module):
         return [torch.zeros(batch, self.channels, K - 1, dtype=dtype, device=device),
                 torch.zeros(batch, self.Hv, self.dk, self.dv, dtype=torch.float32, device=device)]
 
-    def forward(self, x, step: Step):
+    def forward(self, x, step: ForwardState):
         B, T, _ = x.shape
         K = self.conv1d.kernel_size[0]
         state = None if step.cache is None else step.cache.layers[self.layer_idx]
@@ -401,7 +419,8 @@ class GatedDeltaNet(nn.Module):
         beta = self.in_proj_b(x).sigmoid().float()
         g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias.float())
         if step.valid is not None:  # right padding: no decay, no write
-            beta, g = beta * step.valid[..., None], g * step.valid[..., None]
+            beta = beta * step.valid[..., None]
+            g = g * step.valid[..., None]
         initial = torch.zeros(B, self.Hv, self.dk, self.dv, device=x.device) if state is None else state[1]
         o, final = delta_rule(*(t.transpose(1, 2) for t in (q, k, v, g, beta)), initial)
         if state is not None:
@@ -433,7 +452,7 @@ class Block(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, offset)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, step: Step):
+    def forward(self, x, step: ForwardState):
         x = x + getattr(self, self.mixer_name)(self.input_layernorm(x), step)
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -458,27 +477,29 @@ class Cache:
                 layer[i] = t.index_select(0, rows)
         self.lens = self.lens.index_select(0, rows)
         if self.prefix is not None:
-            self.prefix.lens, self.prefix.slot = self.prefix.lens[rows], self.prefix.slot[rows]
+            self.prefix.lens = self.prefix.lens[rows]
+            self.prefix.slot = self.prefix.slot[rows]
 
 
 @dataclass
 class SharedPrefix:
     """U prompts that several rows continue (GRPO groups), their attention K/V [U, Hkv, P, D] kept once per layer
-    in `layers`, `mask` [U, 1, 1, P] hiding their right padding. Row b continues prompt slot[b] // width from
-    position lens[b]; slot[b] is its place in the [U, width] grid where a group's queries meet their prompt."""
+    in `layers`, `mask` [U, 1, 1, P] hiding their right padding. Row b continues prompt slot[b] // group_width from
+    position lens[b]; slot[b] is its place in the [U, group_width] grid where a group's queries meet their prompt."""
     layers: dict
     mask: torch.Tensor
     lens: torch.Tensor
     slot: torch.Tensor
-    width: int
+    group_width: int
 
     def attend(self, q, layer_idx: int, o, lse):
         """Attention of q [B, Hkv, GT, D] over its prompt, merged with `o` over its own slots (log-sum-exp `lse`)."""
         k, v = self.layers[layer_idx]
-        (U, Hkv, _, D), GT = k.shape, q.shape[2]
-        grid = q.new_zeros(U * self.width, Hkv, GT, D).index_copy_(0, self.slot, q)
-        grid = grid.view(U, self.width, Hkv, GT, D).transpose(1, 2).reshape(U, Hkv, self.width * GT, D)
-        po, plse = (t.view(U, Hkv, self.width, GT, -1).transpose(1, 2).flatten(0, 1).index_select(0, self.slot)
+        U, Hkv, _, D = k.shape
+        GT = q.shape[2]
+        grid = q.new_zeros(U * self.group_width, Hkv, GT, D).index_copy_(0, self.slot, q)
+        grid = grid.view(U, self.group_width, Hkv, GT, D).transpose(1, 2).reshape(U, Hkv, self.group_width * GT, D)
+        po, plse = (t.view(U, Hkv, self.group_width, GT, -1).transpose(1, 2).flatten(0, 1).index_select(0, self.slot)
                     for t in attend(grid, k, v, self.mask))
         total = torch.logaddexp(lse, plse)
         return (o * (lse - total).exp() + po * (plse - total).exp()).to(q.dtype)
@@ -578,14 +599,15 @@ class Qwen(nn.Module):
         x = self.embed(input_ids)
         rope = rope_tables(T, cfg.rotary_dim, cfg.rope_theta, x.dtype, x.device) if cache is None else cache.rope
         cos, sin = (table[positions, None] for table in rope)  # [B, T, 1, rot_dim]
-        mask = valid = None
+        mask = None
+        valid = None
         if cache is not None:
             if cache.width > 0 or cache.prefix is not None:
                 mask = (torch.arange(cache.width + T, device=x.device) <= slots[:, :, None]).to(x.dtype).log()
                 mask = (mask if T == 1 else mask.repeat(1, cfg.num_heads // cfg.num_kv_heads, 1))[:, None]
             valid = None if lengths is None else torch.arange(T, device=x.device) < lengths[:, None]
             lengths = torch.full((B,), T, device=x.device) if lengths is None else lengths
-        step = Step(cos, sin, cache, slots, mask, lengths, valid)
+        step = ForwardState(cos, sin, cache, slots, mask, lengths, valid)
         recompute = self.gradient_checkpointing and self.training and torch.is_grad_enabled() and cache is None
         for layer in self.model.layers:
             x = checkpoint(layer, x, step, use_reentrant=False) if recompute else layer(x, step)
@@ -845,9 +867,12 @@ def token_logprobs(model: Qwen, input_ids, mask=None, temperature: float = 1.0, 
     T-1] of each position's temperature-scaled distribution."""
     if temperature <= 0:
         raise ValueError(f"token_logprobs: temperature must be > 0, got {temperature}")
-    h, targets = model.hidden_states(input_ids)[:, :-1], input_ids[:, 1:]
+    h = model.hidden_states(input_ids)[:, :-1]
+    targets = input_ids[:, 1:]
     where = (torch.ones_like(targets, dtype=torch.bool) if mask is None else mask).nonzero(as_tuple=True)
-    h, t, parts = h[where], targets[where], []
+    h = h[where]
+    t = targets[where]
+    parts = []
     rows = model.head_rows if model.rows_enabled else None
     for i in range(0, max(len(t), 1), chunk_size):  # one empty chunk when nothing is selected
         chunk = h[i:i + chunk_size], t[i:i + chunk_size]
@@ -874,12 +899,14 @@ class HeadLogprobs(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h, targets, rows, model, temperature, entropy, grad_enabled):
         z = model.logits(h).float().div_(temperature)
-        p, (top, top_id) = z.softmax(-1), z.max(-1)
+        p = z.softmax(-1)
+        top, top_id = z.max(-1)
         lse = top - p.gather(1, top_id[:, None])[:, 0].log()  # p at the argmax is >= 1 / V, never 0
         logp = z.gather(1, targets[:, None])[:, 0] - lse
         mean_z = z.mul_(p).sum(-1) if entropy else lse  # sum_j p_j z_j; z now holds p_j z_j
         if grad_enabled and any(ctx.needs_input_grad):
-            W, ids = model.head_weight(), model.row_ids
+            W = model.head_weight()
+            ids = model.row_ids
             dz = [z.mul_(-1 / temperature).addcmul_(p, mean_z[:, None] / temperature)] if entropy else []  # dH/dlogits
             ones = torch.full_like(p[:, :1], 1 / temperature)
             dz.insert(0, p.mul_(-1 / temperature).scatter_add_(1, targets[:, None], ones))  # (onehot - p) / T
@@ -963,7 +990,8 @@ def generate(model: Qwen, prompts: list[list[int]], max_new_tokens: int, tempera
     n = max_rows or len(prompts)
     chunks = [generate_rows(model, prompts[i:i + n], uniform[i:i + n].to(model.device), temperature, top_p, top_k,
                             repetition_penalty, eos, return_logprobs, compact_below) for i in range(0, len(prompts), n)]
-    tokens, logps = [t for c in chunks for t in c[0]], [lp for c in chunks for lp in c[1]]
+    tokens = [t for c in chunks for t in c[0]]
+    logps = [lp for c in chunks for lp in c[1]]
     return (tokens, logps) if return_logprobs else tokens
 
 
@@ -971,9 +999,12 @@ def generate_rows(model, prompts, uniform, temperature, top_p, top_k, repetition
                   compact_below):
     """`generate` for rows that share one cache; uniform [rows, max_new_tokens] on the model's device. `rows`: the
     prompt of each cache row (uniform, live, token and seen follow the cache rows)."""
-    device, max_new_tokens, unique = model.device, uniform.shape[1], {}
+    device = model.device
+    max_new_tokens = uniform.shape[1]
+    unique = {}
     group = [unique.setdefault(tuple(p), len(unique)) for p in prompts]
-    row_of, shared = torch.tensor(group, device=device), len(unique) < len(prompts)
+    row_of = torch.tensor(group, device=device)
+    shared = len(unique) < len(prompts)
     lens = torch.tensor([len(p) for p in unique], device=device)
     width = int(lens.max())  # right padding repeats a prompt's first token: harmless, and already "seen"
     ids = torch.tensor([list(p) + [p[0]] * (width - len(p)) for p in unique], device=device)
@@ -986,7 +1017,8 @@ def generate_rows(model, prompts, uniform, temperature, top_p, top_k, repetition
     seen = torch.zeros_like(logits, dtype=torch.bool).scatter_(1, ids[row_of], True) if penalize else None
     out = torch.full((len(prompts), max_new_tokens), -1, dtype=torch.long, device=device)
     out_logp = torch.zeros(out.shape, device=device)
-    rows, live = torch.arange(len(prompts), device=device), torch.ones(len(prompts), dtype=torch.bool, device=device)
+    rows = torch.arange(len(prompts), device=device)
+    live = torch.ones(len(prompts), dtype=torch.bool, device=device)
     for step in range(max_new_tokens):
         if return_logprobs:
             logp = (logits / temperature if temperature > 0 else logits).log_softmax(-1)
@@ -1002,7 +1034,10 @@ def generate_rows(model, prompts, uniform, temperature, top_p, top_k, repetition
             break
         if n_live < compact_below * len(live):
             cache.select(keep := live.nonzero()[:, 0])
-            rows, live, token, uniform = rows[keep], live[keep], token[keep], uniform[keep]
+            rows = rows[keep]
+            live = live[keep]
+            token = token[keep]
+            uniform = uniform[keep]
             seen = seen[keep] if penalize else None
         if penalize:
             seen[torch.arange(len(token), device=device), token] = True
@@ -1015,14 +1050,18 @@ def share_prompts(model: Qwen, cache: Cache, group: list[int], new_slots: int) -
     """The cache of rows that continue the prompts prefilled in `cache` (row b: prompt group[b]): the prompts'
     attention K/V become a SharedPrefix, each row gets `new_slots` slots of its own, and copies of the Gated
     DeltaNet states."""
-    device, P, cfg, width = model.device, cache.width, model.config, max(map(group.count, group))
-    rows, slot = torch.tensor(group, device=device), [u * width + group[:b].count(u) for b, u in enumerate(group)]
+    device = model.device
+    P = cache.width
+    cfg = model.config
+    group_width = max(map(group.count, group))  # the most rows continuing one prompt
+    rows = torch.tensor(group, device=device)
+    slot = [u * group_width + group[:b].count(u) for b, u in enumerate(group)]
     attention = {i: state for i, state in enumerate(cache.layers) if cfg.layer_types[i] == "full_attention"}
     layers = [getattr(layer, layer.mixer_name).new_state(len(group), new_slots, model.dtype, device)
               if i in attention else [t.index_select(0, rows) for t in cache.layers[i]]
               for i, layer in enumerate(model.model.layers)]
     mask = (torch.arange(P, device=device) < cache.lens[:, None]).to(model.dtype).log()[:, None, None]
-    prefix = SharedPrefix(attention, mask, cache.lens[rows], torch.tensor(slot, device=device), width)
+    prefix = SharedPrefix(attention, mask, cache.lens[rows], torch.tensor(slot, device=device), group_width)
     rope = rope_tables(P + new_slots, cfg.rotary_dim, cfg.rope_theta, model.dtype, device)
     return Cache(layers, torch.zeros(len(group), dtype=torch.long, device=device), 0, rope, prefix)
 

@@ -51,7 +51,7 @@ from config import ConfigError, MetricsWriter, atomic_write_text, parse_cli, pri
 from data import DataError, Example, parse_answer, render_conversation, split_completion, task_brief
 from dataset import load_jsonl, read_jsonl
 from evaluate import read_jsonl as read_journal
-from judge import (_DATA_NOTICE, JudgeCall, JudgeConfig, JudgeError, _messages, _section, ask, parse_sip_content,
+from judge import (DATA_NOTICE, JudgeCall, JudgeConfig, JudgeError, ask, chat_messages, parse_sip_content, section,
                    sip_content_request)
 from model import CheckpointError, Qwen, QwenTokenizer, add_lora, load_adapter, load_tokenizer, save_adapter
 from sft import LoraSettings
@@ -359,7 +359,7 @@ _REFERENCE_SYSTEM = f"""You write the reference analysis of a social-reasoning q
 reader would follow to reach the known correct answer, in the four stages of Social Information Processing.
 
 You receive <task> (the question and its options), <conversation> (the story or conversation) and <answer> (the \
-correct answer). {_DATA_NOTICE}
+correct answer). {DATA_NOTICE}
 
 Write one line per stage, in this order:
 Encoding: the cues in the story that matter for the question (who said, did, saw or knows what), and nothing invented.
@@ -373,9 +373,9 @@ _STAGES = ("Encoding", "Interpretation", "Goal", "Response")
 
 def reference_request(example: Example) -> JudgeCall:
     """The teacher call for an instance's reference SIP analysis, written from its gold answer and context."""
-    return JudgeCall(_messages(_REFERENCE_SYSTEM, _section("task", task_brief(example)),
-                               _section("conversation", render_conversation(example)),
-                               _section("answer", ", ".join(example.labels))), 1024)
+    return JudgeCall(chat_messages(_REFERENCE_SYSTEM, section("task", task_brief(example)),
+                               section("conversation", render_conversation(example)),
+                               section("answer", ", ".join(example.labels))), 1024)
 
 
 def parse_reference(text: str) -> str | None:

@@ -128,7 +128,8 @@ def task_correctness(predicted: list[str] | None, gold: list[str], multi_label: 
     """c: single-label 1 if Y_hat = Y* else 0; multi-label the F1 of the two label sets; invalid 0."""
     if predicted is None:
         return 0.0
-    p, g = set(predicted), set(gold)
+    p = set(predicted)
+    g = set(gold)
     if not multi_label:
         return float(p == g)
     return 2 * len(p & g) / (len(p) + len(g)) if p or g else 1.0
@@ -140,7 +141,8 @@ def iu_g_score(verdicts: list[int], quotes_verified: list[list[bool]], n_reasoni
     [a verified quotation exists in r_1..r_j]; 0 without reasoning blocks."""
     if not verdicts:
         return 0.0
-    grounded, gained = False, 0
+    grounded = False
+    gained = 0
     for verdict, verified in zip(verdicts, quotes_verified, strict=True):
         grounded = grounded or any(verified)
         gained += bool(verdict) and all(verified) and grounded

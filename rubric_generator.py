@@ -32,9 +32,10 @@ from typing import Any
 from config import ConfigError, atomic_write_text, parse_cli, print0
 from data import DataError, Example, Turn
 from dataset import read_jsonl, save_jsonl
-from judge import (_DATA_NOTICE, CARE_DIMENSIONS, JudgeCall, JudgeConfig, JudgeError, _dialogue_text, _messages,
-                   _section, _strict_json_object, _verdict_lines, care_rubric, care_rubric_request,
-                   care_scores_request, parse_care_rubric, parse_care_scores)
+import evaluate
+from judge import (CARE_DIMENSIONS, DATA_NOTICE, JudgeCall, JudgeConfig, JudgeError, care_rubric, care_rubric_request,
+                   care_scores_request, chat_messages, dialogue_text, parse_care_rubric, parse_care_scores, section,
+                   strict_json_object, verdict_lines)
 from reward_model import ask_journaled, journal_key, load_journal
 from rewards import care_score
 
@@ -125,7 +126,7 @@ rubric that should score the supporter's next reply at this point of the convers
 
 You receive <dialogue> (the conversation so far, ending with the seeker's latest message), <reply> (the reply a \
 skilled supporter actually gave, for calibration) and <strategies> (how many of that reply's support strategies \
-serve each dimension). {_DATA_NOTICE}
+serve each dimension). {DATA_NOTICE}
 
 The rubric has the three dimensions cognitive (understanding and reframing the seeker's situation), affective \
 (recognizing and validating feelings) and proactive (supporting agency and next steps). Weight them by what this \
@@ -141,7 +142,7 @@ with the weights between 0 and 1, summing to 1."""
 
 _SCREEN_SYSTEM = f"""You check a rubric written to score the supporter's next reply in an emotional-support \
 conversation. You receive <dialogue> (the conversation so far) and <rubric> (each dimension with its weight, the \
-reason for it and its criteria). {_DATA_NOTICE}
+reason for it and its criteria). {DATA_NOTICE}
 
 For each dimension answer PASS only when all three hold: its criteria fit this turn of this conversation rather than \
 any conversation; each criterion is clear enough to be checked in a reply; no criterion repeats another, in this \
@@ -157,8 +158,8 @@ Do not use the character | inside an assessment."""
 def target_request(turn: Record) -> JudgeCall:
     """The teacher call writing the rubric target of one turn record."""
     counts = "\n".join(f"{d}: {n}" for d, n in turn.counts.items())
-    return JudgeCall(_messages(_TARGET_SYSTEM, _section("dialogue", _dialogue_text(turn.dialogue)),
-                               _section("reply", turn.chosen), _section("strategies", counts)), 4096)
+    return JudgeCall(chat_messages(_TARGET_SYSTEM, section("dialogue", dialogue_text(turn.dialogue)),
+                               section("reply", turn.chosen), section("strategies", counts)), 4096)
 
 
 def rubric_listing(rubric: dict[str, dict[str, Any]]) -> str:
@@ -168,13 +169,13 @@ def rubric_listing(rubric: dict[str, dict[str, Any]]) -> str:
 
 def screen_request(turn: Record, rubric: dict[str, dict[str, Any]]) -> JudgeCall:
     """A screening judge's call: does each dimension pass the turn-specificity, clarity and non-redundancy check?"""
-    return JudgeCall(_messages(_SCREEN_SYSTEM, _section("dialogue", _dialogue_text(turn.dialogue)),
-                               _section("rubric", rubric_listing(rubric))), 384)
+    return JudgeCall(chat_messages(_SCREEN_SYSTEM, section("dialogue", dialogue_text(turn.dialogue)),
+                               section("rubric", rubric_listing(rubric))), 384)
 
 
 def parse_screen(text: str) -> bool | None:
     """True when every dimension passes, False when one fails, None for an answer out of format."""
-    verdicts = _verdict_lines(text, [(d, "PASS|FAIL") for d in CARE_DIMENSIONS])
+    verdicts = verdict_lines(text, [(d, "PASS|FAIL") for d in CARE_DIMENSIONS])
     return None if verdicts is None else all(v == "PASS" for v in verdicts)
 
 
@@ -231,7 +232,7 @@ def build_targets(cfg: GeneratorDataConfig) -> dict[str, int]:
     journal = Path(t.journal or t.out + ".journal.jsonl")
     done = load_journal(journal)
     keys = [journal_key("target", x.id, json.dumps(x.dialogue), x.chosen) for x in turns]
-    failures = ask_journaled([(k, target_request(x), _strict_json_object) for k, x in zip(keys, turns)],
+    failures = ask_journaled([(k, target_request(x), strict_json_object) for k, x in zip(keys, turns)],
                              t.teacher, journal, done)["failures"]
     rubrics = [care_rubric(done.get(k), rationale=True) for k in keys]
     checks = []  # (turn index, screener index, what) per screening call
@@ -343,6 +344,8 @@ def main(argv=None) -> None:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
 
+
+evaluate.COMMANDS["care_winrate"] = main  # `python evaluate.py care_winrate config.yaml ...`
 
 if __name__ == "__main__":
     main()

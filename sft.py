@@ -1,7 +1,8 @@
 """Stage 1 (CLUE A.1): supervised fine-tuning on reasoning traces that quote their evidence, and the
 preparation of those traces; also free-form targets and plain text (`objective`, below).
 
-    python sft.py prepare config.yaml [key=value ...]   # sample traces, refine them with a teacher
+    python sft.py prepare config.yaml [key=value ...]   # sample traces, refine them with a teacher (with an
+                                                        # `emollm:` section: EmoLLM's Stage I rows, emollm_data.py)
     python sft.py config.yaml [key=value ...]           # train; the same under torchrun
 
 Data (`data` in the config), one JSON object per line, in either of two shapes:
@@ -42,6 +43,7 @@ off), selection.json (step -> per-task macro F1), merged/ with save_merged=true.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import random
@@ -57,9 +59,10 @@ import torch
 from config import ConfigError, MetricsWriter, atomic_write_text, parse_cli, print0, save_resolved_config
 from data import THINK_END, THINK_START, DataError, Example, get_task, parse_answer, split_completion, visible_turns
 from dataset import example_from_json, example_to_json, load_jsonl, read_jsonl, typed_field
+from emollm_data import EmoLLMData, prepare as prepare_emollm_rows
 from evaluate import SamplingConfig, f1_scores, sample_completions
-from judge import (_DATA_NOTICE, JudgeCall, JudgeConfig, JudgeError, _messages, _section, _strict_json_object,
-                   chat_many)
+from judge import (DATA_NOTICE, JudgeCall, JudgeConfig, JudgeError, chat_many, chat_messages, section,
+                   strict_json_object)
 from model import (LORA_TARGETS, CheckpointError, Qwen, QwenTokenizer, add_lora, add_special_tokens,
                    load_adapter, load_tokenizer, save_adapter, save_merged, token_logprobs, train_token_rows)
 from train import (StopRequest, Progress, all_reduce_sum, broadcast_parameters, build_optimizer, latest_checkpoint,
@@ -122,6 +125,7 @@ class SFTConfig:
     betas: tuple[float, float] = (0.9, 0.999)  # A.1 names none for SFT: AdamW's defaults
     row_lr_scale: float = 10.0  # the <evidence> rows: 10x the LR, no weight decay
     warmup_fraction: float = 0.01
+    warmup_steps: int | None = None  # a warm-up of this many steps instead of warmup_fraction
     epochs: int = 2
     batch_size: int = 1  # examples per device per micro-batch
     grad_accum: int = 4
@@ -141,6 +145,7 @@ class SFTConfig:
     resume: Literal["auto", "none"] = "auto"  # auto: continue from the newest complete checkpoint
     save_merged: bool = False  # also write merged/, a full checkpoint with the adapter folded in
     prepare: PrepareConfig | None = None
+    emollm: EmoLLMData | None = None  # `prepare` builds EmoLLM's Stage I rows instead (emollm_data.py)
 
 
 # ----------------------------------------------------------------------------- rows
@@ -225,8 +230,7 @@ def text_row_from_json(raw, objective: str) -> TextRow:
         raise DataError(f"expected a JSON object, got {type(raw).__name__}")
     key = "target" if objective == "target" else "text"
     fields = {"id", key, "meta"} | ({"prompt"} if objective == "target" else set())
-    unknown = sorted(set(raw) - fields)
-    if unknown:
+    if unknown := sorted(set(raw) - fields):
         raise DataError(f"field '{unknown[0]}': unknown field (a {objective} row has {', '.join(sorted(fields))})")
     text = typed_field(raw, key, str)
     if not text.strip():
@@ -396,9 +400,8 @@ def backward_update(model: Qwen, micro_batches, n_completions: int) -> float:
 def update_norm(samples, update: list[int], cfg: SFTConfig) -> float:
     """N of `sft_loss` for one update: its number of rows when each row shares weight 1 (clue, target with
     target_weighting=row), else its number of weighted tokens (lm, target by token)."""
-    if cfg.objective == "clue" or (cfg.objective == "target" and cfg.target_weighting == "row"):
-        return float(len(update))
-    return float(sum(sum(w > 0 for w in samples[i][1]) for i in update))
+    by_row = cfg.objective == "clue" or (cfg.objective == "target" and cfg.target_weighting == "row")
+    return float(len(update) if by_row else sum(sum(w > 0 for w in samples[i][1]) for i in update))
 
 
 def update_rows(n_rows: int, step: int, group: int, seed: int) -> list[int]:
@@ -477,11 +480,11 @@ def split_rows(cfg: SFTConfig) -> tuple[list[Row], list[Row]]:
 
 def train(cfg: SFTConfig) -> Path:
     """Run SFT as configured; returns the output folder. Data are checked before the model loads."""
-    where = setup_distributed(cfg.device)
+    dist = setup_distributed(cfg.device)
     out = Path(cfg.output_dir)
     kept, heldout = split_rows(cfg)
     tok = load_tokenizer(cfg.model)
-    model = Qwen.from_pretrained(cfg.model, dtype=_dtype(cfg, where.device), device=where.device)
+    model = Qwen.from_pretrained(cfg.model, dtype=_dtype(cfg, dist.device), device=dist.device)
     clue = cfg.objective == "clue"
     tag_ids = add_special_tokens(model, tok, [EVIDENCE_OPEN, EVIDENCE_CLOSE]) if clue else []
     encode = encode_row if clue else encode_text_row
@@ -509,22 +512,22 @@ def train(cfg: SFTConfig) -> Path:
         restore_optimizer(checkpoint, optimizer, meta)
     else:
         broadcast_parameters(params)
-        torch.manual_seed(cfg.seed + where.rank)  # dropout masks differ across ranks
-    group = cfg.batch_size * cfg.grad_accum * where.world_size
+        torch.manual_seed(cfg.seed + dist.rank)  # dropout masks differ across ranks
+    group = cfg.batch_size * cfg.grad_accum * dist.world_size
     per_epoch = math.ceil(len(samples) / group)
     total = cfg.epochs * per_epoch
     save_resolved_config(cfg, out)
-    trim_log(out / "metrics.jsonl", first, where)
+    trim_log(out / "metrics.jsonl", first, dist)
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_ids[0]
     progress = Progress(total, first)
     model.train()
     with MetricsWriter(out / "metrics.jsonl") as metrics, StopRequest() as stop:
         for step in range(first, total):
-            lr = linear_warmup_decay(step, total, cfg.lr, cfg.warmup_fraction)
+            lr = linear_warmup_decay(step, total, cfg.lr, cfg.warmup_fraction, cfg.warmup_steps)
             set_lr(optimizer, lr)
             update = update_rows(len(samples), step, group, cfg.seed)
-            mine = update[where.rank::where.world_size]
-            batches = [collate([samples[i] for i in mine[j:j + cfg.batch_size]], pad, where.device)
+            mine = update[dist.rank::dist.world_size]
+            batches = [collate([samples[i] for i in mine[j:j + cfg.batch_size]], pad, dist.device)
                        for j in range(0, len(mine), cfg.batch_size)]
             optimizer.zero_grad(set_to_none=True)
             loss = backward_update(model, batches, update_norm(samples, update, cfg))
@@ -532,20 +535,20 @@ def train(cfg: SFTConfig) -> Path:
             grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm).item()
             optimizer.step()
             tokens = sum(len(samples[i][0]) for i in update)
-            loss = all_reduce_sum(torch.tensor([loss], dtype=torch.float64, device=where.device)).item()
+            loss = all_reduce_sum(torch.tensor([loss], dtype=torch.float64, device=dist.device)).item()
             done = step + 1
             record = {"step": done, "epoch": done / per_epoch, "loss": loss, "lr": lr, "grad_norm": grad_norm}
             metrics.write(record | progress.log(step, tokens, loss=loss, lr=lr, grad_norm=grad_norm))
             epoch_end = done % per_epoch == 0
             if heldout and (epoch_end or (cfg.selection.every and done % cfg.selection.every == 0)):
-                _select(model, tok, heldout, cfg, where, done, state, metrics)
-            stopping = stop.requested(where.device)
+                _select(model, tok, heldout, cfg, dist, done, state, metrics)
+            stopping = stop.requested(dist.device)
             if stopping or epoch_end or done % cfg.save_every == 0:
                 save_checkpoint(out, done, model, optimizer, state, keep=cfg.keep_checkpoints)
             if stopping:
                 print0(f"stopped after step {done}; run again with resume=auto to continue")
                 return out
-    if where.main:
+    if dist.main:
         if not heldout:
             _save_best(model, out)
         if cfg.save_merged:
@@ -556,16 +559,16 @@ def train(cfg: SFTConfig) -> Path:
     return out
 
 
-def _select(model, tok, heldout, cfg, where, step: int, state: dict, metrics) -> None:
+def _select(model, tok, heldout, cfg, dist, step: int, state: dict, metrics) -> None:
     """Score the held-out targets at `step`, log them, and keep the adapter when it is the best so far."""
-    scores = heldout_macro_f1(model, tok, heldout, cfg, where.rank, where.world_size)
+    scores = heldout_macro_f1(model, tok, heldout, cfg, dist.rank, dist.world_size)
     mean = sum(scores.values()) / len(scores)
     state["selection"].append({"step": step, "macro_f1": scores, "mean_macro_f1": mean})
     metrics.write({"step": step, **{f"eval/{t}/macro_f1": f for t, f in scores.items()}, "eval/mean_macro_f1": mean})
     better = state["best"] is None or mean > state["best"]["mean_macro_f1"]
     if better:
         state["best"] = {"step": step, "mean_macro_f1": mean}
-    if where.main:
+    if dist.main:
         if better:
             _save_best(model, Path(cfg.output_dir))
         table = {"best_step": state["best"]["step"], "steps": state["selection"]}
@@ -587,7 +590,7 @@ You receive:
 - <original_completion>: the trace to refine.
 - <labels>: the reference labels the refined trace must end with. They say where the trace must arrive; they are not
   evidence about the conversation.
-{_DATA_NOTICE}
+{DATA_NOTICE}
 
 How to refine:
 - Edit the original; do not write your own explanation from scratch. Keep its sound sentences word for word and in their
@@ -660,10 +663,10 @@ def refinement_request(example: Example, prompt_messages: list[dict[str, str]], 
     """The trace-refinement call for one sampled `completion` to `prompt_messages` (the task prompt
     it answered), toward the gold `example.labels`. The paper has the refiner copy the prompt back;
     we keep it on our side, so a copying slip cannot corrupt a training row."""
-    messages = _messages(_REFINEMENT_SYSTEM, _section("id", example.id), _section("task_name", example.task),
-                         _section("source_messages", json.dumps(prompt_messages, ensure_ascii=False, indent=1)),
-                         _section("original_completion", completion),
-                         _section("labels", json.dumps(example.labels, ensure_ascii=False)))
+    messages = chat_messages(_REFINEMENT_SYSTEM, section("id", example.id), section("task_name", example.task),
+                         section("source_messages", json.dumps(prompt_messages, ensure_ascii=False, indent=1)),
+                         section("original_completion", completion),
+                         section("labels", json.dumps(example.labels, ensure_ascii=False)))
     return JudgeCall(messages, 8192)
 
 
@@ -700,7 +703,7 @@ def parse_refinement(text: str, example: Example,
     id or task, an answer line that is not exactly the gold labels, an evidence span that is not an
     exact quotation of a turn, a conflict whose reference labels are not the gold ones or whose
     alternatives are not labels of the task."""
-    record = _strict_json_object(text)
+    record = strict_json_object(text)
     if record is None or record.get("id") != example.id or record.get("task") != example.task:
         return None
     if set(record) == {"id", "task", "completion"}:
@@ -769,6 +772,13 @@ def prepare(cfg: SFTConfig) -> dict[str, int]:
     return counts
 
 
+def prepare_emollm(cfg: SFTConfig) -> dict[str, int]:
+    """EmoLLM's Stage I rows for the config's objective (emollm_data.py), each within max_length as encoded here."""
+    tok = functools.cache(lambda: load_tokenizer(cfg.model))  # loaded once the data have been checked
+    fits = lambda prompt, text: len(encode_text_row(tok(), TextRow("", text, prompt), cfg)[0]) <= cfg.max_length
+    return prepare_emollm_rows(cfg.emollm, cfg.objective, cfg.data, fits)
+
+
 # ----------------------------------------------------------------------------- command line
 
 
@@ -777,9 +787,9 @@ def main(argv=None) -> None:
     command = argv.pop(0) if argv[:1] == ["prepare"] else "train"
     cfg = parse_cli(SFTConfig, argv)
     try:
-        if command == "prepare" and cfg.prepare is None:
-            raise ConfigError(f"{argv[0]}: missing section 'prepare' (what `sft.py prepare` builds data from)")
-        prepare(cfg) if command == "prepare" else train(cfg)
+        if command == "prepare" and (cfg.prepare is None) == (cfg.emollm is None):
+            raise ConfigError(f"{argv[0]}: `sft.py prepare` needs one section, 'prepare' (CLUE traces) or 'emollm'")
+        (train if command == "train" else prepare_emollm if cfg.emollm else prepare)(cfg)
     except (DataError, ConfigError, CheckpointError, JudgeError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(1) from None

@@ -137,11 +137,13 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
         group["lr"] = lr * group["lr_scale"]
 
 
-def linear_warmup_decay(step: int, total_steps: int, peak: float, warmup_fraction: float = 0.01) -> float:
+def linear_warmup_decay(step: int, total_steps: int, peak: float, warmup_fraction: float = 0.01,
+                        warmup_steps: int | None = None) -> float:
     """The SFT schedule (CLUE A.1): the LR of optimizer step `step` (0-based) rises linearly to
-    `peak` over the first `warmup_fraction` of the steps (at least one), reaching it at the last
-    warm-up step, then decays linearly, reaching 0 at step `total_steps`."""
-    warmup = max(1, math.ceil(warmup_fraction * total_steps))
+    `peak` over the first `warmup_fraction` of the steps, or the first `warmup_steps` when given
+    (at least one), reaching it at the last warm-up step, then decays linearly, reaching 0 at step
+    `total_steps`."""
+    warmup = max(1, math.ceil(warmup_fraction * total_steps) if warmup_steps is None else warmup_steps)
     if step < warmup:
         return peak * (step + 1) / warmup
     return peak * max(0.0, (total_steps - step) / max(1, total_steps - warmup))
@@ -253,12 +255,12 @@ def restore_optimizer(path, optimizer: torch.optim.Optimizer, meta: dict) -> Non
     optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
 
 
-def trim_log(path, last_step: int, where: Dist) -> None:
+def trim_log(path, last_step: int, ranks: Dist) -> None:
     """On rank 0, drop a JSONL log's records of steps after `last_step` (a resumed run logs them again; a fresh run
     keeps none) and a last line torn by a kill. Lines end at "\n" only: a record's text may hold U+2028 or U+0085,
     line breaks to str.splitlines."""
     path = Path(path)
-    if not where.main or not path.is_file():
+    if not ranks.main or not path.is_file():
         return
     lines = path.read_text(encoding="utf-8").split("\n")[:-1]  # after the last "\n": nothing, or a torn line
     kept = [line + "\n" for line in lines if line.strip() and json.loads(line)["step"] <= last_step]

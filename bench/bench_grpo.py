@@ -9,8 +9,8 @@ rank 16 / alpha 32 on every projection, the same prompts, the same reward functi
 words in the completion), K = 8, up to 64 new tokens at temperature 1, KL weight 0.04 against the
 LoRA-disabled reference, the per-completion mean loss (TRL's loss_type "grpo"), one forward/backward of
 all 64 sequences and one AdamW step per update. Ours is exactly what grpo.py runs for an update:
-`model.generate`, then `training_sequences`, `micro_batches` and `policy_update` (reference pass,
-policy pass, backward, clipping, step). The first update of each side is a warm-up; the median of the
+`model.generate`, then `advantages_by_group`, `training_sequences`, `micro_batches` and `policy_update`
+(reference pass, policy pass, backward, clipping, step). The first update of each side is a warm-up; the median of the
 others is reported, with generation / reward / training split out. The two sides alternate
 update by update, so that load from other processes on a shared machine falls on both alike.
 """
@@ -75,8 +75,8 @@ class Ours:
                                [f"model.path={folder}", "model.sft_adapter=null", "model.dtype=float32",
                                 f"rollout.group_size={args.k}", f"rollout.max_new_tokens={args.new}",
                                 "loss.beta=0.04", f"loss.micro_batch_size={args.prompts * args.k}"], grpo.GRPOConfig)
-        self.where = T.Dist(0, 1, torch.device("cpu"))
-        self.policy, self.tok = grpo.build_policy(self.cfg, self.where)
+        self.dist = T.Dist(0, 1, torch.device("cpu"))
+        self.policy, self.tok = grpo.build_policy(self.cfg, self.dist)
         self.optimizer = T.build_optimizer(self.policy, 1e-5, 0.01, (0.9, 0.99))
         self.prompt_ids = [self.tok.encode(p) for p in prompts]
         self.times = []
@@ -92,9 +92,9 @@ class Ours:
         t2 = time.perf_counter()
         groups = [grpo.Group(None, [[grpo.Sample(p, new[i], logp[i], False)] for i in range(g * k, (g + 1) * k)], [],
                              rewards[g * k:(g + 1) * k]) for g, p in enumerate(self.prompt_ids)]
-        sequences, _ = grpo.training_sequences(groups, self.cfg)
-        batches = grpo.micro_batches(sequences, self.cfg.loss.micro_batch_size, tok.pad_token_id, self.where.device)
-        grpo.policy_update(self.policy, self.optimizer, batches, self.cfg, self.where)
+        sequences = grpo.training_sequences(groups, grpo.advantages_by_group(groups, self.cfg.loss.adv_eps))
+        batches = grpo.micro_batches(sequences, self.cfg.loss.micro_batch_size, tok.pad_token_id, self.dist.device)
+        grpo.policy_update(self.policy, self.optimizer, batches, self.cfg, self.dist)
         t3 = time.perf_counter()
         self.times.append({"generate": t1 - t0, "reward": t2 - t1, "train": t3 - t2, "total": t3 - t0,
                            "length": sum(map(len, new)) / len(new)})

@@ -229,7 +229,7 @@ def grpo_update(model, args, device, peak_flops) -> list[list]:
                                                           return_logprobs=True), device)
         rewards = torch.rand(len(new), generator=torch.Generator().manual_seed(seed))
         advantages = grpo.group_advantages(rewards, args.k).tolist()
-        sequences = [grpo.Sequence(p + c, [False] * (len(p) - 1) + [True] * len(c), a, lp, len(c))
+        sequences = [grpo.Sequence(p + c, [False] * (len(p) - 1) + [True] * len(c), a, lp, 1.0)
                      for p, c, a, lp in zip(group, new, advantages, logp)]
         batches = grpo.micro_batches(sequences, cfg.loss.micro_batch_size, 0, device)
         trained, _ = timed(lambda: grpo.policy_update(model, optimizer, batches, cfg, T.Dist(0, 1, device)), device)

@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from convert import (convert, convert_ccu, convert_dialogue_csv, convert_ecf, convert_mmlu, convert_tombench,
-                     convert_wiki_power, main, stratified_sample)
+import dialogue
+import emollm_data
+from convert import (convert, convert_ccu, convert_dialogue_csv, convert_ecf, convert_empathetic_dialogues,
+                     convert_mmlu, convert_msdialog, convert_tombench, convert_wiki_power, main, stratified_sample)
 from data import DataError, Turn, build_prompt, render_conversation, visible_turns
 from dataset import load_jsonl
 
@@ -358,3 +360,54 @@ def test_stats_names_a_bad_tokenizer_path(tmp_path):
         1, f"error: {tmp_path / 'absent'}: not a readable tokenizer.json: No such file or directory (os error 2)\n")
     result = run_cli("dataset.py", "stats", path, "--tokenizer", path)
     assert result.returncode == 1 and result.stderr.startswith(f"error: {path}: not a readable tokenizer.json: ")
+
+
+# ----------------------------------------------------------------------------- EmpatheticDialogues, MSDialog (EmoLLM)
+
+
+def test_empathetic_dialogues_and_msdialog_become_esconv_layout_dialogues_and_seeds(tmp_path):
+    ed = convert_empathetic_dialogues(FIXTURES / "emollm" / "empathetic_dialogues.csv")
+    assert ed == [
+        {"id": "hit:0_conv:1", "emotion_type": "sentimental",
+         "situation": "I remember going to the fireworks with my best friend, it felt like only us.", "dialog": [
+             {"speaker": "seeker", "content": "I remember going to see the fireworks with my best friend."},
+             {"speaker": "supporter", "content": "Was this a friend you were in love with, or just a best friend?"},
+             {"speaker": "seeker", "content": "This was a best friend. I miss her."}]},
+        {"id": "hit:1_conv:2", "situation": "I heard a noise downstairs at night.", "emotion_type": "afraid",
+         "dialog": [{"speaker": "seeker", "content": "I heard something downstairs last night and I was terrified."},
+                    {"speaker": "supporter", "content": "Did you check what it was?"}]}]  # sorted by utterance_idx
+    ms = convert_msdialog(FIXTURES / "emollm" / "msdialog.json")
+    assert [d["id"] for d in ms] == ["msdialog-9", "msdialog-12"]
+    assert (ms[0]["situation"], ms[0]["problem_type"]) == ("Outlook keeps asking for my password", "Outlook")
+    assert [t["speaker"] for t in ms[0]["dialog"]] == ["seeker", "supporter", "seeker", "seeker", "supporter"]
+    for fmt, source, n in (("empathetic_dialogues", "empathetic_dialogues.csv", 2), ("msdialog", "msdialog.json", 2)):
+        out = tmp_path / f"{fmt}.jsonl"
+        result = run_cli("convert.py", fmt, FIXTURES / "emollm" / source, out)
+        assert (result.returncode, result.stdout) == (0, f"wrote {n} dialogues to {out}\n"), result.stderr
+        assert len(emollm_data.load_dialogues([str(out)])) == n  # what EmoLLM's Stage I reads
+        seeds = tmp_path / f"{fmt}.seeds.jsonl"
+        assert run_cli("convert.py", fmt, FIXTURES / "emollm" / source, seeds, "--seeds").returncode == 0
+        assert len(dialogue.load_scenarios(seeds)) == n  # what grpo.py's dialogue mode reads
+    [first, _] = dialogue.load_scenarios(tmp_path / "empathetic_dialogues.seeds.jsonl")
+    assert first.scenario.endswith("only us. You feel sentimental.") and first.initial_prompt.startswith("I remember")
+    merged = emollm_data.load_dialogues([str(tmp_path / "msdialog.jsonl")])[0]
+    assert merged.turns[2][1] == "Outlook 2016. On Windows 10."  # one user turn of two utterances
+
+
+@pytest.mark.parametrize("fmt, text, error", [
+    ("empathetic_dialogues", "conv_id,utterance_idx,context,prompt,speaker_idx\n", ":1: expected the header"),
+    ("empathetic_dialogues", "conv_id,utterance_idx,context,prompt,speaker_idx,utterance\nc,1,sad,p,1,\n",
+     ":2: field 'utterance': empty"),
+    ("empathetic_dialogues", "conv_id,utterance_idx,context,prompt,speaker_idx,utterance\nc,one,sad,p,1,hi\n",
+     ":2: field 'utterance_idx': expected a number"),
+    ("msdialog", '{"1": {"title": "t", "category": "c", "utterances": [{"actor_type": "Bot", "utterance": "x"}]}}',
+     ": dialogue 1: field 'utterances[0].actor_type'"),
+    ("msdialog", '{"1": {"title": "t", "utterances": [{"actor_type": "User", "utterance": "x"}]}}',
+     ": dialogue 1: field 'category': missing"),
+])
+def test_bad_dialogue_sources_stop_with_one_line(tmp_path, fmt, text, error):
+    source = tmp_path / "in.txt"
+    source.write_text(text)
+    result = run_cli("convert.py", fmt, source, tmp_path / "out.jsonl")
+    assert result.returncode == 1 and result.stderr.startswith(f"error: {source}{error}"), result.stderr
+    assert result.stderr.count("\n") == 1 and not (tmp_path / "out.jsonl").exists()

@@ -208,7 +208,7 @@ def test_episodes_end_by_the_user_or_the_turn_limit_and_reasoning_never_reaches_
     for message in simulated:
         name = section(message, "dialogue").split(":")[1].strip()
         shown = section(message, "dialogue")
-        assert any(shown == judge._dialogue_text(list(finals[name][:n])) for n in range(2, 9, 2)), shown
+        assert any(shown == judge.dialogue_text(list(finals[name][:n])) for n in range(2, 9, 2)), shown
     assert not any("SECRET" in m["content"] for chats in respond.calls for chat in chats for m in chat)
     assert all(t.candidates[0].reasoning.startswith("SECRET") for e in episodes for t in e.turns)
 
@@ -312,7 +312,7 @@ def test_turn_groups_share_one_rubric_per_state(base, monkeypatch):
     played = recorder.of(dialogue.USER_SIMULATOR_SYSTEM)
     assert len(groups) == len(played) >= 4  # a group for every state the two episodes passed
     asked = [section(m, "dialogue") for m in recorder.of(CARE_RUBRIC_SYSTEM)]
-    assert sorted(asked) == sorted(judge._dialogue_text(list(g.example.history)) for g in groups)
+    assert sorted(asked) == sorted(judge.dialogue_text(list(g.example.history)) for g in groups)
     assert len(recorder.of(judge.CARE_SCORES_SYSTEM)) == 3 * len(groups)
     for g in groups:
         rubric = g.example.judged["care_rubric"]

@@ -218,6 +218,22 @@ def scripted_filtering(monkeypatch, script, enabled=True):
     return groups, counts, seen
 
 
+@pytest.mark.parametrize("rewards_, resamples, replacements, enabled, expected", [
+    ([1.0, 0.0], 0, 0, True, "keep"),  # rewards differ: a learning signal
+    ([0.5, 0.5], 0, 0, True, "resample"),  # all equal: sample the prompt again
+    ([1.0, None], 2, 0, True, "resample"),  # a missing judge answer, a resample left (3 allowed)
+    ([0.5, 0.5], 3, 0, True, "replace"),  # resamples spent: another prompt of the segment
+    ([0.5, 0.5], 3, 1, True, "replace"),
+    ([None, None], 3, 2, True, "mask"),  # replacements spent too
+    ([0.0, 0.0], 3, 2, True, "mask"),
+    ([0.5, 0.5], 0, 0, False, "keep"),  # filtering off: equal rewards train with zero advantages
+    ([1.0, None], 0, 0, False, "mask"),  # ... but a missing reward is never read as a number
+])
+def test_filter_decision_by_hand(rewards_, resamples, replacements, enabled, expected):
+    settings = grpo.FilterSettings(enabled=enabled, resamples=3, replacements=2)
+    assert grpo.filter_decision(rewards_, resamples, replacements, settings) == expected
+
+
 def test_group_filtering_resamples_replaces_and_masks(monkeypatch):
     script = {
         "p0": [(1.0, 1.0), (0.0, 1.0), (1.0, 1.0)],  # identical, recovered by the first resample

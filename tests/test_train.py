@@ -60,6 +60,15 @@ def test_sft_schedule_hand_values():
     assert T.linear_warmup_decay(0, 10, 1e-4) == pytest.approx(1e-4)  # at least one warm-up step
 
 
+def test_sft_schedule_with_a_warmup_of_fixed_steps():
+    # EmoLLM D.1: 100 warm-up steps; over 300 steps the LR peaks at step 99, then falls linearly over 200 steps
+    lr = [T.linear_warmup_decay(s, 300, 2e-4, warmup_steps=100) for s in range(300)]
+    assert lr[0] == pytest.approx(2e-6) and lr[49] == pytest.approx(1e-4) and lr[99] == pytest.approx(2e-4)
+    assert lr[100] == pytest.approx(2e-4) and lr[200] == pytest.approx(1e-4) and lr[299] == pytest.approx(1e-6)
+    # fewer steps than the warm-up: the LR is still rising when the run ends
+    assert T.linear_warmup_decay(49, 50, 1e-4, warmup_steps=100) == pytest.approx(0.5e-4)
+
+
 def test_rl_schedule_at_the_papers_landmarks():
     def lr(step):
         return T.warmup_hold_cosine(step, peak=2e-6, floor=5e-7, warmup=19, hold_until=506, total=723)
