@@ -138,6 +138,7 @@ class Task:
     grounded: str = ""   # the claims that must quote evidence; empty: no evidence instruction
     cues: str = ""       # task-specific guidance on what to weigh
     compact: bool = False  # the short prompt of `compact_prompt` (demo.py's toy task, for a model trained on a CPU)
+    own_prompt: bool = False  # a generation task without labels: each example carries its chat prompt in meta.prompt
 
     def canonical(self, label: str) -> str | None:
         """The canonical spelling of `label` (matched case-insensitively, outer spaces ignored), or None."""
@@ -153,7 +154,7 @@ class Task:
         """The chat messages that ask the model to solve `example` (an example of this task)."""
         if example.task != self.name:
             raise DataError(f"example {excerpt(example.id)} is for task {example.task}, not {self.name}")
-        return [{"role": "user", "content": build_prompt(example)}]
+        return example.meta["prompt"] if self.own_prompt else [{"role": "user", "content": build_prompt(example)}]
 
 
 def _emotion_task(name: str, definitions: dict[str, str], **kw) -> Task:
@@ -259,6 +260,9 @@ TASKS: dict[str, Task] = {t.name: t for t in [
         "not what the reader knows."),
     Task("mmlu", ("A", "B", "C", "D"), {}, turn_level=False, choices=True, noun="option",
          question="Answer the multiple-choice question."),
+    Task("care_rubric", (), {}, turn_level=False, own_prompt=True, noun="rubric",  # rubric_generator.py writes them
+         question="Write the rubric that scores the supporter's next reply in this emotional-support conversation "
+         "(CARE's rubric generator; the prompt is judge.care_rubric_request's)."),
     Task("toy_emotion", tuple(_TOY_EMOTIONS), _TOY_EMOTIONS, noun="emotion", compact=True,
          question="Which emotion does the speaker of the turn to analyze feel? Read it in the light of the earlier "
          "turns.",

@@ -102,6 +102,15 @@ def check_example(example: Example) -> Example:
                         f"got {excerpt(example.target)}")
     if not task.turn_level and example.target is not None:
         raise DataError(f"field 'target': task {task.name} analyzes the whole input; target must be null")
+    if task.own_prompt:  # a generation task: its prompt in meta.prompt, no labels
+        prompt = example.meta.get("prompt")
+        if not (isinstance(prompt, list) and prompt and all(
+                isinstance(m, dict) and set(m) == {"role", "content"} and m["role"] in ("system", "user", "assistant")
+                and isinstance(m["content"], str) for m in prompt)):
+            raise DataError(f"field 'meta.prompt': task {task.name} needs its chat prompt, a list of {{role, content}}")
+        if example.labels:
+            raise DataError(f"field 'labels': task {task.name} has no labels, got {example.labels!r}")
+        return example
     allowed = task.labels
     if task.choices:
         options = example.meta.get("options")

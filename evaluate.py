@@ -1,7 +1,6 @@
-"""Evaluation as the CLUE paper reports it (sections 4-5, Appendix B): weighted and macro F1 over
-sampled completions (mean and sample SD), in-domain and out-of-domain averages, relative gains,
-invalid answers, reasoning tokens, cause identification, evidence alignment F1 with a Wilcoxon
-signed-rank test, the Table-1 Markdown, Figures 4 and 5, and the human-evaluation page.
+"""Evaluation as the CLUE paper reports it (sections 4-5, Appendix B): weighted and macro F1 over sampled completions
+(mean and sample SD), in-domain and out-of-domain averages, relative gains, invalid answers, reasoning tokens, cause
+identification, evidence alignment F1 with a Wilcoxon test, the Table-1 Markdown, Figures 4-5, the human evaluation.
 
     python evaluate.py config.yaml [key=value ...]      # a checkpoint in-process, or an endpoint
     python evaluate.py compare A/eval.json B/eval.json ... [--out DIR]
@@ -9,7 +8,7 @@ signed-rank test, the Table-1 Markdown, Figures 4 and 5, and the human-evaluatio
     python evaluate.py pairs RUN_A RUN_B --out PAIRS.jsonl [--n 50] [--seed 0]
     python evaluate.py annotate PAIRS.jsonl [--port 8765] [--host 127.0.0.1] [--out ANSWERS.jsonl]
     python evaluate.py annotate-report PAIRS.jsonl ANSWERS.jsonl [ANSWERS.jsonl ...] [--json FILE]
-    python evaluate.py dialogue config.yaml [key=value ...]   # multi-turn role-play (EmoLLM, CARE): dialogue.py
+    python evaluate.py dialogue | care_winrate config.yaml [key=value ...]  # dialogue.py | rubric_generator.py
 
 An evaluation writes into `output_dir`: config.yaml (resolved), completions.jsonl (one line per
 completion, appended as they come: rerunning the same command resumes), causes.jsonl (cause-judge
@@ -774,7 +773,7 @@ def _plot(argv: list[str]) -> None:
     print(f"wrote {out} ({', '.join(panels)})")
 
 
-# Subcommands by name, each given the whole argv; annotate.py and dialogue.py add theirs (they import this module).
+# Subcommands by name, each given the whole argv; annotate, dialogue, rubric_generator add theirs (importing this).
 COMMANDS: dict[str, Callable[[list[str]], None]] = {"compare": _compare, "plot": _plot}
 
 
@@ -796,5 +795,6 @@ if __name__ == "__main__":  # the script: first the modules that add subcommands
     import annotate  # noqa: F401
     import dialogue  # noqa: F401
     import evaluate
+    import rubric_generator  # noqa: F401
 
     evaluate.main()

@@ -45,6 +45,7 @@ import torch
 import data
 import dataset
 import dialogue
+import reward_model
 import rewards
 from config import ConfigError, MetricsWriter, excerpt, parse_cli, print0, save_resolved_config
 from groups import Group, Sample, Slot, completion_records, rank_report, update_metrics
@@ -141,6 +142,7 @@ class GRPOConfig:
     optim: OptimSettings = field(default_factory=OptimSettings)
     dialogue: dialogue.DialogueSettings | None = None  # set: dialogue RL, train_data holds scenario seeds
     prepare: rewards.ReferenceSettings | None = None  # `grpo.py prepare`: writes train_data[0] with references
+    content_model: reward_model.ContentModelSettings | None = None  # social_r1: R_content from a trained RM
     save_every: int = 50  # updates between checkpoints (one is always written at the end)
     keep_checkpoints: int = 2
     resume: Literal["auto", "none"] = "auto"  # auto: continue from the newest checkpoint in output_dir
@@ -297,6 +299,8 @@ class PromptSampler:
         self.tok = tok
         self.cfg = cfg
         self.engine = None  # train sets the vllm_engine.VLLMEngine of `rollout.engine: vllm`
+        self.content = cfg.content_model and reward_model.content_scorer(cfg.content_model, policy.device,
+                                                                         cfg.model.dtype)  # social_r1's RM
 
     def segments(self, examples: list[data.Example]) -> list[dataset.Segment]:
         return dataset.curriculum(examples, self.cfg.curriculum)
@@ -308,7 +312,8 @@ class PromptSampler:
         return sample_groups(self.policy, self.tok, examples, self.cfg, update, seed, self.engine)
 
     def judge(self, groups: list[Group]) -> dict:
-        return rewards.judge_rollouts([r for g in groups for r in g.rollouts], self.cfg.reward, self.cfg.judge)
+        return rewards.judge_rollouts([r for g in groups for r in g.rollouts], self.cfg.reward, self.cfg.judge,
+                                      self.content)
 
 
 def sampler_for(cfg: GRPOConfig, policy: Qwen, tok):
@@ -579,6 +584,11 @@ def check_inputs(cfg: GRPOConfig, config_path: str) -> list[data.Example] | list
     if unknown:
         known = ", ".join(sorted(rewards.REWARDS[cfg.reward.name].defaults)) or "none"
         raise bad(f"reward.params.{unknown[0]}", f"not a setting of reward {excerpt(cfg.reward.name)} (known: {known})")
+    rm = cfg.content_model
+    if rm is not None and (cfg.reward.name != "social_r1" or (rm.path is None) == (rm.endpoint is None)):
+        raise bad("content_model", "reward social_r1 only, with either a path (in-process) or an endpoint (served)")
+    if rm is not None and rm.path is not None and not (Path(rm.path) / reward_model.RM_INFO).is_file():
+        raise bad("content_model.path", f"{rm.path} has no {reward_model.RM_INFO} (train one: reward_model.py)")
     rollout = cfg.rollout
     loss = cfg.loss
     for key, value, low in (("rollout.group_size", rollout.group_size, 2), ("updates", cfg.updates, 1),
@@ -603,6 +613,7 @@ def check_inputs(cfg: GRPOConfig, config_path: str) -> list[data.Example] | list
         if folder is not None and not (Path(folder) / needed).is_file():
             raise bad(key, f"{folder} has no {needed}")
     judges = {"judge": cfg.judge} if rewards.REWARD_JUDGES.get(cfg.reward.name) or dialogue_cfg else {}
+    judges |= {"content_model.endpoint": rm.endpoint} if rm is not None and rm.endpoint is not None else {}
     judges |= {f"dialogue.{k}": getattr(dialogue_cfg, k) for k in ("simulator", "rubric_judge")
                if dialogue_cfg and getattr(dialogue_cfg, k)}
     for key, judge_cfg in judges.items():
@@ -621,7 +632,7 @@ def check_inputs(cfg: GRPOConfig, config_path: str) -> list[data.Example] | list
             raise bad("train_data", f"{path}: no examples (the file is empty)")
         try:
             if not dialogue_cfg:
-                rewards.check_reward_data(cfg.reward, loaded)
+                rewards.check_reward_data(cfg.reward, loaded, content_model=rm is not None)
         except data.DataError as e:
             raise data.DataError(f"{path}: {e}") from None
         examples += loaded

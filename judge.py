@@ -14,7 +14,7 @@ Judges (builder -> parser -> parsed shape; `rewards.py` reads the parsed value f
 | `sip_structure` | `sip_structure_request` | `parse_sip_structure` | `float` in [0, 1] (SIP stages done in order) |
 | `sip_content` | `sip_content_request` | `parse_sip_content` | `float` in [0, 1] (SIP content against a reference) |
 | `sip_content_free` | `sip_content_request` | `parse_sip_content` | the same, against the conversation alone |
-| `care_rubric` | `care_rubric_request` | `parse_care_rubric` | `{dim: {"weight": float, "criteria": [str, ...]}}` |
+| `care_rubric` | `care_rubric_request` | `parse_care_rubric` | `{dim: {"weight", "rationale"?, "criteria"}}` |
 | `care_scores` | `care_scores_request` | `parse_care_scores` | `{dim: [int 0-5 per criterion]}` |
 
 Every parser returns None on any answer that is not exactly in its format: a missing judgement
@@ -703,15 +703,17 @@ Use exactly three dimensions:
 healthier angle;
 - affective: recognizing, naming and validating the person's feelings, with warmth and without judgment;
 - proactive: strengthening the person's sense of agency and their ability to take a next step.
-Give each dimension a weight that reflects its priority right now (weights are between 0 and 1 and sum to 1), and two \
-to four criteria: specific, checkable statements about what the next reply should do, tailored to this conversation \
-rather than generic advice.
+Give each dimension a weight that reflects its priority right now (weights are between 0 and 1 and sum to 1), a \
+one-sentence rationale for that weight, tied to what the person's latest message needs, and two to four criteria: \
+specific, checkable statements about what the next reply should do, tailored to this conversation rather than generic \
+advice. Use fewer criteria for a dimension that matters less now.
 
 You receive <dialogue>, the conversation so far, ending with the person's latest message. {DATA_NOTICE}
 
 Output exactly one JSON object and nothing else (no code fence, no commentary):
-{{"cognitive": {{"weight": 0.3, "criteria": ["...", "..."]}}, "affective": {{"weight": 0.5, "criteria": ["...", \
-"..."]}}, "proactive": {{"weight": 0.2, "criteria": ["...", "..."]}}}}"""
+{{"cognitive": {{"weight": 0.3, "rationale": "...", "criteria": ["...", "..."]}}, "affective": {{"weight": 0.5, \
+"rationale": "...", "criteria": ["...", "..."]}}, "proactive": {{"weight": 0.2, "rationale": "...", "criteria": \
+["...", "..."]}}}}"""
 
 CARE_SCORES_SYSTEM = f"""You score one reply of an assistant in an emotional-support conversation against a rubric \
 written for this point of the conversation. The rubric has three dimensions (cognitive: understanding and reframing \
@@ -733,30 +735,36 @@ assessment."""
 
 def care_rubric_request(dialogue: list[tuple[str, str]]) -> JudgeCall:
     """The CARE rubric-generator call for the next assistant turn of `dialogue` ((role, text) pairs,
-    ending with the user's message). One rubric is shared by a whole GRPO group."""
-    return JudgeCall(chat_messages(CARE_RUBRIC_SYSTEM, section("dialogue", dialogue_text(dialogue))), 768)
+    ending with the user's message). One rubric is shared by a whole GRPO group. The same messages are the
+    trained generator's prompt (rubric_generator.py): a served generator answers the call unchanged. 2,048 new
+    tokens: the paper's rubrics run to about 970 words."""
+    return JudgeCall(chat_messages(CARE_RUBRIC_SYSTEM, section("dialogue", dialogue_text(dialogue))), 2048)
 
 
-def care_rubric(value: Any) -> dict[str, dict[str, Any]] | None:
+def care_rubric(value: Any, rationale: bool = False) -> dict[str, dict[str, Any]] | None:
     """A CARE rubric checked and normalized, or None: exactly the three CARE_DIMENSIONS, each
-    `{"weight": w_d, "criteria": [...]}` with w_d in [0, 1] and 2-4 distinct non-empty criteria (kept
-    stripped); the weights must sum to 1 within CARE_WEIGHT_TOLERANCE and are then renormalized to sum
-    to exactly 1. The one check of a rubric: parse_care_rubric and rewards.care both call it."""
+    `{"weight": w_d, "rationale": why, "criteria": [...]}` with w_d in [0, 1], an optional non-empty
+    rationale for the weight (required with `rationale=True`: the trained generator's targets, Appendix K)
+    and 2-4 distinct non-empty criteria (texts kept stripped); the weights must sum to 1 within
+    CARE_WEIGHT_TOLERANCE and are then renormalized to sum to exactly 1. The one check of a rubric:
+    parse_care_rubric, rewards.care, rewards.care_generator and rubric_generator.py's targets call it."""
     if not isinstance(value, dict) or set(value) != set(CARE_DIMENSIONS):
         return None
     rubric = {}
     for dim in CARE_DIMENSIONS:
         entry = value[dim]
-        if not isinstance(entry, dict) or set(entry) != {"weight", "criteria"}:
+        allowed = [{"weight", "rationale", "criteria"}] + ([] if rationale else [{"weight", "criteria"}])
+        if not isinstance(entry, dict) or set(entry) not in allowed:
             return None
-        weight, criteria = entry["weight"], entry["criteria"]
+        weight, criteria, why = entry["weight"], entry["criteria"], entry.get("rationale", "")
         if not _is_number(weight) or not 0 <= weight <= 1 or not isinstance(criteria, list) \
-                or not all(isinstance(c, str) and c.strip() for c in criteria):
+                or not all(isinstance(c, str) and c.strip() for c in criteria) or not isinstance(why, str) \
+                or ("rationale" in entry and not why.strip()):
             return None
         criteria = [c.strip() for c in criteria]
         if not 2 <= len(criteria) <= 4 or len(set(criteria)) != len(criteria):
             return None
-        rubric[dim] = {"weight": float(weight), "criteria": criteria}
+        rubric[dim] = {"weight": float(weight), **({"rationale": why.strip()} if why else {}), "criteria": criteria}
     total = sum(d["weight"] for d in rubric.values())
     if abs(total - 1) > CARE_WEIGHT_TOLERANCE:
         return None
@@ -765,9 +773,10 @@ def care_rubric(value: Any) -> dict[str, dict[str, Any]] | None:
     return rubric
 
 
-def parse_care_rubric(text: str) -> dict[str, dict[str, Any]] | None:
-    """The rubric a judge wrote, as one strict JSON object that care_rubric accepts, or None."""
-    return care_rubric(strict_json_object(text))
+def parse_care_rubric(text: str, rationale: bool = False) -> dict[str, dict[str, Any]] | None:
+    """The rubric a judge wrote, as one strict JSON object that care_rubric accepts (with `rationale`: a
+    rationale per weight, as the trained generator writes), or None."""
+    return care_rubric(strict_json_object(text), rationale)
 
 
 def care_scores_request(dialogue: list[tuple[str, str]], rubric: dict[str, dict[str, Any]], reply: str) -> JudgeCall:

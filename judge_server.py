@@ -3,14 +3,16 @@ library's HTTP server, loopback by default, for offline runs, tests and benchmar
 
     python judge_server.py --backend rules --port 8000
     python judge_server.py --backend model --model PATH --port 8000
+    python judge_server.py --backend reward_model --model RM_FOLDER --port 8000
 
 Backend `rules` is a CRUDE LEXICAL STAND-IN, not a judge: it answers the IU_G and cause prompts of
 judge.py deterministically from word overlap and quotation matching, plays a SCRIPTED user and gives
 SCRIPTED scores for the dialogue prompts (dialogue.py's simulator and judges, CARE's rubric and
 scores) from word lists, and refuses anything else.
 Backend `model` answers every prompt with model.py's `generate` from a checkpoint (a self-hosted
-judge without vLLM). Latency, HTTP errors, hangs, dropped connections and malformed answers can be
-injected to exercise the client's retries.
+judge without vLLM). Backend `reward_model` answers the R_content prompt with a trained content RM
+(reward_model.py), in the prompted judge's format. Latency, HTTP errors, hangs, dropped connections and
+malformed answers can be injected to exercise the client's retries.
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ from data import split_blocks
 from dialogue import ARG_SECTIONS
 from dialogue_judges import (EMOTIONAL_STATE_SYSTEM, PREDICTOR_SYSTEM, TURN_QUALITY_SYSTEM, TURN_SCORES_SYSTEM,
                              USER_SIMULATOR_SYSTEM, user_ends_dialogue)
-from judge import CARE_DIMENSIONS, CARE_RUBRIC_SYSTEM, CARE_SCORES_SYSTEM, CAUSE_SYSTEM, IU_SYSTEM, SECTION_TAGS
+from judge import (_SIP_CONTENT_AGAINST_CONVERSATION, _SIP_CONTENT_AGAINST_REFERENCE, CARE_DIMENSIONS,
+                   CARE_RUBRIC_SYSTEM, CARE_SCORES_SYSTEM, CAUSE_SYSTEM, IU_SYSTEM, SECTION_TAGS)
 
 log = logging.getLogger("judge_server")
 # ----------------------------------------------------------------------------- the local server: backends
@@ -308,6 +311,33 @@ class ModelBackend:
         return self.tok.decode([t for t in new_tokens if t not in eos])
 
 
+class RewardModelBackend:
+    """Answers the R_content judge prompts (judge.sip_content_request, with a reference or without) with a trained
+    content RM (reward_model.py) instead of a prompted judge: `<r> | <sigmoid(r), two decimals>`, the prompted
+    judge's own format, so a trainer reaches a served RM through judge.chat and reads it with parse_sip_content,
+    the one HTTP client and the one parser. The RM's context is rebuilt from the request's <task> and
+    <conversation> sections (reward_model.rm_context's layout; the reference, when sent, is not read). Refuses
+    every other prompt."""
+
+    def __init__(self, path: str, base: str | None = None, device: str | None = None):
+        import reward_model  # lazy: only this backend needs torch
+
+        self.rm = reward_model.load_reward_model(path, base, device)
+        self.lock = threading.Lock()
+
+    def __call__(self, messages: list[dict[str, str]], params: dict[str, Any]) -> str:
+        system = messages[0]["content"] if messages and messages[0]["role"] == "system" else ""
+        if system not in (_SIP_CONTENT_AGAINST_REFERENCE, _SIP_CONTENT_AGAINST_CONVERSATION):
+            raise UnsupportedRequest("the reward_model backend answers only the SIP content (R_content) prompt")
+        parts = {m.group(1): m.group(3) for m in _SECTION_RE.finditer(messages[-1]["content"])}
+        if not {"task", "conversation", "reasoning"} <= set(parts):
+            raise UnsupportedRequest("an R_content prompt without its task, conversation or reasoning section")
+        with self.lock:
+            [r] = self.rm.rewards([(f"{parts['task']}\n\n{parts['conversation']}", parts["reasoning"])])
+        score = 1 / (1 + math.exp(-r)) if r >= 0 else math.exp(r) / (1 + math.exp(r))
+        return f"reward model r = {r:.4f} | {score:.2f}"
+
+
 # ----------------------------------------------------------------------------- the local server: HTTP
 
 FAULT_ACTIONS = ("ok", "500", "503", "429", "hang", "drop", "malformed")
@@ -513,9 +543,13 @@ def main(argv: list[str] | None = None) -> None:
                     "deterministically from word overlap and quotation matching, and plays a scripted user and gives "
                     "scripted scores for the dialogue and CARE prompts, for offline runs, tests and benchmarks. "
                     "Backend 'model' answers with model.py's generate from a checkpoint.")
-    parser.add_argument("--backend", choices=("rules", "model"), required=True,
-                       help="rules: lexical stand-in (IU_G, cause, CARE, dialogue); model: the --model checkpoint")
-    parser.add_argument("--model", metavar="PATH", help="Hugging Face checkpoint folder (backend 'model')")
+    parser.add_argument("--backend", choices=("rules", "model", "reward_model"), required=True,
+                       help="rules: lexical stand-in (IU_G, cause, CARE, dialogue); model: the --model checkpoint; "
+                            "reward_model: the R_content prompt scored by the content RM folder --model")
+    parser.add_argument("--model", metavar="PATH", help="Hugging Face checkpoint folder (backend 'model'), or the "
+                                                         "RM folder reward_model.py wrote (backend 'reward_model')")
+    parser.add_argument("--base", metavar="PATH", help="backend 'reward_model': the RM's base checkpoint (default: "
+                                                        "the one its reward_model.json names)")
     parser.add_argument("--device", help="torch device for backend 'model' (default: cpu)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     parser.add_argument("--port", type=int, default=8000, help="port (0 picks a free one)")
@@ -533,14 +567,15 @@ def main(argv: list[str] | None = None) -> None:
     script = tuple(a for a in args.script.split(",") if a)
     if unknown := [a for a in script if a not in FAULT_ACTIONS]:
         parser.error(f"--script: unknown action(s) {unknown}; known: {', '.join(FAULT_ACTIONS)}")
-    if args.backend == "model" and not args.model:
-        parser.error("--backend model needs --model PATH")
+    if args.backend != "rules" and not args.model:
+        parser.error(f"--backend {args.backend} needs --model PATH")
     api_key = os.environ.get(args.api_key_env, "").strip() if args.api_key_env else None
     if args.api_key_env and not api_key:
         parser.error(f"--api-key-env: {args.api_key_env} is not set")
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
     try:
-        backend = rules_backend if args.backend == "rules" else ModelBackend(args.model, args.device)
+        backend = (rules_backend if args.backend == "rules" else ModelBackend(args.model, args.device)
+                   if args.backend == "model" else RewardModelBackend(args.model, args.base, args.device))
     except (OSError, ValueError, RuntimeError) as e:  # no such folder, not a checkpoint, no such device
         parser.exit(1, f"judge_server.py: error: --model {args.model}: {' '.join(str(e).split())}\n")
     faults = Faults(args.latency, args.fail_rate, script, args.retry_after, args.hang, args.seed)

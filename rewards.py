@@ -18,12 +18,13 @@ without reference analyses) stops the run there, with one line, instead of maski
 |---|---|---|
 | `iu` | list[int], 1 = GAIN / 0 = NO_GAIN per reasoning block | iu_g, clue |
 | `sip_structure` | float in [0, 1], SIP stage adherence | social_r1, social_r1_reference_free |
-| `sip_content` | float in [0, 1], SIP content against the example's reference analysis | social_r1 |
+| `sip_content` | float in [0, 1], SIP content against the reference analysis (or the content RM's score) | social_r1 |
 | `sip_content_free` | float in [0, 1], SIP content against the conversation alone | social_r1_reference_free |
 | `turn_scores` | {"cognitive", "trace", "lookahead": 1-5, "overthinking": 0-2} for one reply | emollm_turn, emollm |
 | `emotional_state` | int 1-5, the user's state in reply to the turn (an episode's: its opening message) | emollm |
 | `care_rubric` | {"cognitive" / "affective" / "proactive": {"weight": w, "criteria": [str, ...]}} | care |
 | `care_scores` | {"cognitive" / "affective" / "proactive": [int 0-5 per criterion]} | care |
+| `care_chosen_scores`, `care_rejected_scores` | care_scores of a pair's replies, generated rubric | care_generator |
 """
 
 from __future__ import annotations
@@ -272,8 +273,9 @@ def social_r1_total(rollout: Rollout, cfg: dict, content: Any) -> float | None:
                "R_struct": judge_output("sip_structure"), "R_content": judge_output("sip_content"),
                "R_len": computed_by("r_len")}, **_SOCIAL_R1)
 def social_r1(rollout, cfg):
-    """Social-R1's R_total (social_r1_total), with R_content = `judged["sip_content"]`, scored against
-    the example's reference SIP analysis in `meta["reference"]` (check_reward_data requires one)."""
+    """Social-R1's R_total (social_r1_total), with R_content = `judged["sip_content"]`: by default the prompted
+    judge against the example's reference SIP analysis in `meta["reference"]` (check_reward_data requires one);
+    with grpo.py's `content_model`, the paper's way, the trained content RM (reward_model.py) without one."""
     return social_r1_total(rollout, cfg, rollout.judged.get("sip_content"))
 
 
@@ -380,18 +382,97 @@ def care(rollout, cfg):
     return care_score(rollout.judged.get("care_rubric"), rollout.judged.get("care_scores"))
 
 
+# ----------------------------------------------------------------------------- CARE's rubric generator (3.3)
+
+# Appendix A gives tau = 0.7, lambda = 0.1 and gamma = 0.3 without the formulas; care_generator has our reading.
+_GENERATOR = dict(tau=0.7, lambda_priority=0.1, gamma=0.3)
+
+
+def generated_rubric(completion: str) -> dict[str, dict[str, Any]] | None:
+    """The rubric a generator's completion holds (the text after a final </think>, if any, as one strict JSON
+    object) when judge.care_rubric accepts it with a rationale per weight; else None."""
+    _, after = data.split_completion(completion)
+    return judge.parse_care_rubric(after if data.THINK_END in completion else completion, rationale=True)
+
+
+def _clip(x: float) -> float:
+    return max(-1.0, min(1.0, x))
+
+
+def comparison_term(score_chosen: float, score_rejected: float, tau: float) -> float:
+    """R_cmp = (clip((S_c - S_r) / tau, -1, 1) + 1) / 2 in [0, 1], S the replies' aggregate scores on the 0-5
+    scale: 1 once the chosen reply leads by tau points, 0.5 for a tie, 0 once it trails by tau."""
+    return (_clip((score_chosen - score_rejected) / tau) + 1) / 2
+
+
+def priority_term(weights: dict[str, float], counts: dict[str, int], gamma: float) -> float:
+    """R_pri in [0, 1], the ranking agreement of the rubric's weights with the chosen reply's strategy counts per
+    dimension: the mean over the dimension pairs (i, j) that the counts order (n_i > n_j) of
+    (clip((w_i - w_j) / gamma, -1, 1) + 1) / 2, so a weight gap of gamma in the counts' direction earns full
+    credit and one against it none; 0.5 (no signal) when the counts order no pair."""
+    ordered = [(i, j) for i in judge.CARE_DIMENSIONS for j in judge.CARE_DIMENSIONS if counts[i] > counts[j]]
+    if not ordered:
+        return 0.5
+    return sum((_clip((weights[i] - weights[j]) / gamma) + 1) / 2 for i, j in ordered) / len(ordered)
+
+
+def _reply_scores(rollout: Rollout, rubric: dict) -> tuple[float, float] | None:
+    """(S_chosen, S_rejected) on the 0-5 scale from the evaluator's scores, or None."""
+    sides = [care_score(rubric, rollout.judged.get(key)) for key in ("care_chosen_scores", "care_rejected_scores")]
+    return None if None in sides else (5 * sides[0], 5 * sides[1])
+
+
+def _generator_part(term: str):
+    """One term of care_generator (R_cmp, R_pri), None where it is undefined (no valid rubric, or no scores)."""
+    def part(rollout: Rollout, params: dict) -> float | None:
+        cfg = _GENERATOR | {k: v for k, v in params.items() if k in _GENERATOR}
+        rubric = generated_rubric(rollout.completion)
+        if rubric is None:
+            return None
+        if term == "R_pri":
+            return priority_term({d: rubric[d]["weight"] for d in rubric}, rollout.example.meta["dimension_counts"],
+                                 cfg["gamma"])
+        scores = _reply_scores(rollout, rubric)
+        return None if scores is None else comparison_term(*scores, cfg["tau"])
+    return part
+
+
+@reward(parts={"R_fmt": lambda rollout, params: float(generated_rubric(rollout.completion) is not None),
+               "R_cmp": _generator_part("R_cmp"), "R_pri": _generator_part("R_pri")}, **_GENERATOR)
+def care_generator(rollout, cfg):
+    """CARE's preference-RL reward for the rubric generator (section 3.3; our reading of the formulas, whose
+    values only survive): R = R_fmt (1 + R_cmp + lambda R_pri).
+    - R_fmt in {0, 1}, the format term: the completion is a valid rubric (generated_rubric). Without one nothing
+      else can be scored, so R = 0; with one, R >= 1 beats every invalid rubric.
+    - R_cmp (comparison_term): the frozen evaluator scores the human-chosen and the rejected reply under the
+      rubric (`judged["care_chosen_scores"]`, `["care_rejected_scores"]`); tau = 0.7 points on the 0-5 scale is
+      the margin at which the preference counts in full (a smaller lead earns a share, a tie half).
+    - R_pri (priority_term): priority alignment, a ranking reward between the weights and the chosen reply's
+      strategy counts per dimension (`meta["dimension_counts"]`), gamma = 0.3 the weight gap earning full credit;
+      lambda = 0.1 keeps it a supplement to the comparison, as its ablation (59.4% -> 56.4%) suggests.
+    None when the evaluator's scores are missing or do not fit the rubric."""
+    if generated_rubric(rollout.completion) is None:
+        return 0.0
+    cmp, pri = _generator_part("R_cmp")(rollout, cfg), _generator_part("R_pri")(rollout, cfg)
+    return None if cmp is None else 1 + cmp + cfg["lambda_priority"] * pri
+
+
 # ----------------------------------------------------------------------------- asking the judges
 
 # The judge outputs each reward reads from a single-turn rollout. A judge-backed reward of your own
 # adds its line here. (EmoLLM's and CARE's judges need a role-played dialogue or a rubric shared by
 # a group: dialogue.judge_groups gathers them.)
 REWARD_JUDGES = {"iu_g": ("iu",), "clue": ("iu",), "social_r1": ("sip_structure", "sip_content"),
-                 "social_r1_reference_free": ("sip_structure", "sip_content_free")}
+                 "social_r1_reference_free": ("sip_structure", "sip_content_free"),
+                 "care_generator": ("care_chosen_scores", "care_rejected_scores")}
 
 # The example fields a reward needs beyond the conversation and its labels: meta keys that must hold a
 # non-empty string, with what they are. A reward of your own that reads one adds its line here.
 REWARD_DATA = {"social_r1": {"reference": "the reference SIP analysis R_content is scored against; "
-                                          "reward social_r1_reference_free needs none"}}
+                                          "reward social_r1_reference_free needs none"},
+               "care_generator": {"chosen": "the human-preferred reply", "rejected": "the other reply",
+                                  "dimension_counts": "the chosen reply's strategies per dimension "
+                                                      "(rubric_generator.py writes them)"}}
 
 
 # ----------------------------------------------------------------------------- reference SIP analyses
@@ -459,11 +540,26 @@ def add_references(examples: list[data.Example], teacher: judge.JudgeConfig,
                   "rejected": rejected, "written": len(kept)}
 
 
-def check_reward_data(spec: RewardSpec, examples: list[data.Example]) -> None:
+def _meta_ok(key: str, value: Any) -> bool:
+    """A REWARD_DATA field as its reward reads it: dimension counts (one integer >= 0 per CARE dimension), or
+    else a non-empty string."""
+    if key == "dimension_counts":
+        return isinstance(value, dict) and set(value) == set(judge.CARE_DIMENSIONS) and all(
+            type(n) is int and n >= 0 for n in value.values())
+    return isinstance(value, str) and bool(value.strip())
+
+
+# What a trained content RM (reward_model.py) replaces: social_r1's R_content judge, and the reference it needs.
+CONTENT_JUDGE = "sip_content"
+
+
+def check_reward_data(spec: RewardSpec, examples: list[data.Example], content_model: bool = False) -> None:
     """Stop a run whose data cannot feed its reward, before training: raises data.DataError, one line
-    naming the field and the ids of the examples that lack it (the caller adds the file name)."""
-    for key, what in REWARD_DATA.get(spec.name, {}).items():
-        missing = [e.id for e in examples if not (isinstance(e.meta.get(key), str) and e.meta[key].strip())]
+    naming the field and the ids of the examples that lack it (the caller adds the file name). With a
+    content RM (`content_model`), social_r1 needs no reference: the RM scores without one."""
+    needed = REWARD_DATA.get(spec.name, {})
+    for key, what in ({k: v for k, v in needed.items() if k != "reference"} if content_model else needed).items():
+        missing = [e.id for e in examples if not _meta_ok(key, e.meta.get(key))]
         if missing:
             ids = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
             raise data.DataError(f"field 'meta.{key}': reward {spec.name} needs it in every example ({what}); "
@@ -483,26 +579,50 @@ def _judge_request(name: str, rollout: Rollout, cfg: judge.JudgeConfig):
     if name in ("sip_content", "sip_content_free"):
         reference = example.meta["reference"] if name == "sip_content" else None
         return judge.sip_content_request(example, rollout.reasoning, reference), judge.parse_sip_content
+    if name in ("care_chosen_scores", "care_rejected_scores"):  # the evaluator, under the generated rubric
+        rubric = generated_rubric(rollout.completion)
+        if rubric is None:  # an invalid rubric: nothing to score, care_generator is 0
+            return None
+        reply = example.meta["chosen" if name == "care_chosen_scores" else "rejected"]
+        dialogue = [(turn.speaker, turn.text) for turn in example.turns]
+        return (judge.care_scores_request(dialogue, rubric, reply),
+                lambda text: judge.parse_care_scores(text, rubric))
     raise ValueError(f"no single-turn judge request for '{name}'")
 
 
-def judge_rollouts(rollouts: list[Rollout], spec: RewardSpec, cfg: judge.JudgeConfig) -> dict[str, Any]:
+def judge_rollouts(rollouts: list[Rollout], spec: RewardSpec, cfg: judge.JudgeConfig,
+                   content: judge.JudgeConfig | Callable[[list[Rollout]], list[float | None]] | None = None
+                   ) -> dict[str, Any]:
     """Ask the judges that reward `spec` reads (REWARD_JUDGES) about every rollout, all calls at once
     through `judge.chat_many`, and store each parsed answer in `rollout.judged[name]`: None where the
     judge failed after its retries or answered out of format, so the reward reports missing feedback.
     Returns chat_many's stats (calls, retries, failures, latency, errors) plus `malformed`, the count
-    of answers the strict parsers rejected. Data the reward cannot use raises (check_reward_data)."""
-    check_reward_data(spec, [rollout.example for rollout in rollouts])
-    pending = []
+    of answers the strict parsers rejected. Data the reward cannot use raises (check_reward_data).
+
+    `content` replaces the prompted R_content judge (CONTENT_JUDGE) with a trained RM: a function scoring the
+    rollouts in-process (reward_model.content_scorer), or a JudgeConfig of a served one (judge_server.py
+    --backend reward_model), asked with the same prompt, without a reference, through the same client."""
+    check_reward_data(spec, [rollout.example for rollout in rollouts], content_model=content is not None)
+    pending, local = [], []
     for rollout in rollouts:
         for name in REWARD_JUDGES.get(spec.name, ()):
             rollout.judged.pop(name, None)
-            request = _judge_request(name, rollout, cfg)
+            if name == CONTENT_JUDGE and callable(content):
+                local.append(rollout)
+                continue
+            served = name == CONTENT_JUDGE and content is not None
+            request = (judge.sip_content_request(rollout.example, rollout.reasoning, None), judge.parse_sip_content) \
+                if served else _judge_request(name, rollout, cfg)
             if request is not None:
-                pending.append((rollout, name, *request))
-    if not pending:
-        return {"calls": 0, "retries": 0, "failures": 0, "malformed": 0}
-    values, stats = judge.ask([(call, parse) for _, _, call, parse in pending], cfg)
-    for (rollout, name, _, _), value in zip(pending, values):
-        rollout.judged[name] = value
+                pending.append((rollout, name, *request, content if served else cfg))
+    for rollout, value in zip(local, content(local) if local else []):
+        rollout.judged[CONTENT_JUDGE] = value
+    stats = {"calls": 0, "retries": 0, "failures": 0, "malformed": 0}
+    for endpoint in [cfg] + ([content] if isinstance(content, judge.JudgeConfig) and content is not cfg else []):
+        mine = [p for p in pending if p[-1] is endpoint]
+        if mine:
+            values, asked = judge.ask([(call, parse) for _, _, call, parse, _ in mine], endpoint)
+            for (rollout, name, *_), value in zip(mine, values):
+                rollout.judged[name] = value
+            stats = asked | {k: stats[k] + asked[k] for k in ("calls", "retries", "failures", "malformed")}
     return stats

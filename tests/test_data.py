@@ -207,6 +207,8 @@ def all_task_examples():
                           meta={"question": "Where does Ann look?", "options": ["Drawer", "Box", "Bag"]}),
         "mmlu": Example("q", "mmlu", [], None, ["D"], meta={"question": "2 + 2 = ?", "options": ["1", "2", "3", "4"]}),
         "toy_emotion": Example("toy", "toy_emotion", turns, 1, ["fear"]),
+        "care_rubric": Example("r", "care_rubric", [Turn("user", "I feel stuck.")], None, [], meta={"prompt": [
+            {"role": "system", "content": "Write a rubric."}, {"role": "user", "content": "User: I feel stuck."}]}),
     }
 
 
@@ -214,7 +216,17 @@ def test_every_task_has_an_example_here():
     assert set(all_task_examples()) == set(TASKS)
 
 
-@pytest.mark.parametrize("name", list(TASKS))
+def test_a_generation_task_takes_its_prompt_from_the_example_and_has_no_labels():
+    example = check_example(all_task_examples()["care_rubric"])
+    assert TASKS["care_rubric"].messages(example) == example.meta["prompt"]
+    assert parse_answer("Answer: cognitive", example) is None  # nothing to parse: the completion is the output
+    for change, field in [({"labels": ["cognitive"]}, "labels"), ({"meta": {}}, "meta.prompt"),
+                          ({"meta": {"prompt": [{"role": "user"}]}}, "meta.prompt")]:
+        with pytest.raises(DataError, match=f"field '{field}'"):
+            check_example(dataclasses.replace(example, **change))
+
+
+@pytest.mark.parametrize("name", [name for name, task in TASKS.items() if not task.own_prompt])
 def test_prompt_carries_every_required_element(name):
     example = check_example(all_task_examples()[name])
     task = TASKS[name]

@@ -595,3 +595,18 @@ def test_model_backend_answers_with_greedy_generate_like_transformers(tmp_path):
         cfg = config(server, temperature=0.0, timeout=30)
         texts, stats = judge.chat_many([JudgeCall(messages, 12)], cfg)
     assert stats["failures"] == 0 and texts == [expected]
+
+
+def test_care_rubric_rationales_are_optional_for_a_judge_and_required_of_generator_targets():
+    with_why = json.loads(json.dumps(RUBRIC_JSON))
+    for dim in with_why:
+        with_why[dim]["rationale"] = f"  {dim} matters now  "
+    rubric = judge.care_rubric(with_why, rationale=True)
+    assert rubric["affective"] == {"weight": 0.45, "rationale": "affective matters now",
+                                   "criteria": RUBRIC_JSON["affective"]["criteria"]}
+    assert judge.care_rubric(with_why) == rubric  # a judge may write rationales too
+    assert judge.care_rubric(RUBRIC_JSON, rationale=True) is None and judge.care_rubric(RUBRIC_JSON) is not None
+    for bad in ("", "   ", 3, None):
+        broken = json.loads(json.dumps(with_why))
+        broken["cognitive"]["rationale"] = bad
+        assert judge.care_rubric(broken) is None, bad

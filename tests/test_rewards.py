@@ -50,7 +50,7 @@ def test_rollout_from_completion_parses_reasoning_blocks_and_answer():
 
 def test_registry_holds_every_reward_and_one_convention():
     assert set(REWARDS) == {"correctness", "accuracy_only", "evidence_format", "iu_g", "clue", "r_fmt", "r_len",
-                            "social_r1", "social_r1_reference_free", "emollm_turn", "emollm", "care"}
+                            "social_r1", "social_r1_reference_free", "emollm_turn", "emollm", "care", "care_generator"}
     r = rollout(COMPLETION, judged={"iu": [1, 1, 0, 1]})
     assert score(r, RewardSpec("clue", {"lambda_iu": 1.0})) == pytest.approx(1 + 1.0 * 1.0 * 2 / 4)
     assert REWARDS["accuracy_only"](r, {}) == 1.0
