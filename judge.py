@@ -1,11 +1,9 @@
-"""LLM judges over an OpenAI-compatible HTTP API: the single `chat()` call, concurrent batches
-(`chat_many`, and `ask`, which parses each answer), the single-state judges of the four papers as a
-prompt builder plus a strict parser. The judges that need a whole role-played dialogue (EmoLLM's
-user simulator, emotional state and turn judges) live in dialogue.py. A small local
-OpenAI-compatible server for offline runs, tests and benchmarks lives in judge_server.py.
+"""LLM judges over an OpenAI-compatible HTTP API: the single `chat()` call, concurrent batches (`chat_many`, and
+`ask`, which parses each answer), the single-state judges of the four papers as a prompt builder plus a strict parser.
+The judges that need a whole role-played dialogue live in dialogue_judges.py; a small local OpenAI-compatible server
+for offline runs, tests and benchmarks in judge_server.py.
 
-Judges (builder -> parser -> parsed shape; `rewards.py` reads the parsed value from
-`rollout.judged[name]`):
+Judges (builder -> parser -> parsed shape; `rewards.py` reads the parsed value from `rollout.judged[name]`):
 
 | name | builder | parser | parsed shape |
 |---|---|---|---|
@@ -17,10 +15,10 @@ Judges (builder -> parser -> parsed shape; `rewards.py` reads the parsed value f
 | `care_rubric` | `care_rubric_request` | `parse_care_rubric` | `{dim: {"weight", "rationale"?, "criteria"}}` |
 | `care_scores` | `care_scores_request` | `parse_care_scores` | `{dim: [int 0-5 per criterion]}` |
 
-Every parser returns None on any answer that is not exactly in its format: a missing judgement
-is reported as missing, never guessed. Conversation text, candidate reasoning and model output are
-untrusted data: builders put them inside tagged sections, and any imitation of a section tag in
-that text is defanged (`<` becomes `‹`), so the data can never close its section or open another.
+Every parser returns None on any answer that is not exactly in its format: a missing judgement is reported as
+missing, never guessed. Conversation text, candidate reasoning and model output are untrusted data: builders put them
+inside tagged sections, and any imitation of a section tag in that text is defanged (`<` becomes `‹`), so the data can
+never close its section or open another.
 """
 
 from __future__ import annotations
@@ -44,8 +42,7 @@ import requests
 import urllib3
 from requests.adapters import HTTPAdapter
 
-from data import (EVIDENCE_CLOSE, EVIDENCE_OPEN, Example, render_conversation, render_target, task_brief,
-                  visible_turns)
+from data import EVIDENCE_CLOSE, EVIDENCE_OPEN, Example, render_conversation, render_target, task_brief, visible_turns
 from dataset import reject_json_constant
 
 log = logging.getLogger("judge")
@@ -95,7 +92,6 @@ class JudgeConfig:
 @dataclass
 class JudgeCall:
     """One judge request: the chat messages and the judge's own budget of new tokens."""
-
     messages: list[dict[str, str]]
     max_tokens: int
 
@@ -104,8 +100,8 @@ class JudgeCall:
 
 
 class JudgeError(RuntimeError):
-    """A judge request that failed for good; `retries` counts the retries spent on it. The message
-    never contains the API key."""
+    """A judge request that failed for good; `retries` counts the retries spent on it. The message never contains the
+    API key."""
 
     def __init__(self, message: str, retries: int = 0):
         super().__init__(message)
@@ -246,10 +242,10 @@ def chat(messages, *, base_url, model, api_key=None, timeout=120.0, retries=4, b
          **sampling) -> str:
     """POST one chat completion to `{base_url}/chat/completions` and return the answer text.
 
-    `sampling` fields go into the request body as given (temperature, top_p, max_tokens, and the
-    fields vLLM accepts beyond OpenAI's: top_k, chat_template_kwargs). Connection errors, timeouts,
-    HTTP 429 and 5xx are retried with exponential backoff and jitter, waiting at least as long as a
-    Retry-After asks; any other answer, or running out of retries, raises JudgeError."""
+    `sampling` fields go into the request body as given (temperature, top_p, max_tokens, and the fields vLLM
+    accepts beyond OpenAI's: top_k, chat_template_kwargs). Connection errors, timeouts, HTTP 429 and 5xx are
+    retried with exponential backoff and jitter, waiting at least as long as a Retry-After asks; any other answer,
+    or running out of retries, raises JudgeError."""
     return _chat_with_retries(messages, base_url=base_url, model=model, api_key=api_key, timeout=timeout,
                               retries=retries, backoff=backoff, max_wait=max_wait, sampling=sampling)[0]
 
