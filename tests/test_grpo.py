@@ -247,7 +247,7 @@ def test_social_r1_weight_reaches_one_plus_gamma_at_the_last_update(assets):
     base, _ = assets
     cfg = load_config(REPO / "configs" / "social_r1_qwen3_8b.yaml",
                       [f"model.path={base}", "model.dtype=float32", "model.device=cpu", "lora.rank=4", "lora.alpha=8",
-                       "rollout.group_size=2", "rollout.max_new_tokens=2"], grpo.GRPOConfig)
+                       "finetune=lora", "rollout.group_size=2", "rollout.max_new_tokens=2"], grpo.GRPOConfig)
     policy, tok = grpo.build_policy(cfg, T.Dist(0, 1, torch.device("cpu")))
     story = data.Example("s", "tom_mc", [data.Turn("", "Sam hides the key.")], None, ["A"],
                          meta={"question": "Where?", "options": ["box", "bag"]})
@@ -718,6 +718,7 @@ def test_convert_prepare_references_then_a_social_r1_run(tmp_path, assets):
         overrides = [f"output_dir={tmp_path / 'run'}", f"train_data=[{train_file}]", f"model.path={base}",
                      "model.dtype=float32", "model.device=cpu", "model.gradient_checkpointing=false", "updates=1",
                      "lora.rank=4", "lora.alpha=8", "rollout.prompts_per_update=2", "rollout.group_size=2",
+                     "finetune=lora", "content_model=null",  # the config's LoRA variant with the prompted judge
                      "rollout.max_new_tokens=4", "loss.micro_batch_size=4", f"judge.base_url={server.url}",
                      "judge.retries=0", f"prepare.examples={gold}", f"prepare.teacher.base_url={server.url}",
                      "prepare.teacher.retries=0", "prepare.teacher.concurrency=4"]
