@@ -250,20 +250,26 @@ def test_full_mode_with_a_lora_only_key_stops_with_one_line(checkpoint, tmp_path
     assert err.startswith(f"config error: {path}:") and f"'{key}': a LoRA-only setting" in err, err
 
 
-@pytest.mark.parametrize("first,then", [("lora", "full"), ("full", "lora")])
-def test_resuming_a_checkpoint_of_the_other_mode_stops_with_one_line(checkpoint, tmp_path, capsys, first, then):
-    modes = {"lora": {}, "full": FULL}
-    single_process(config(checkpoint, tmp_path, save_every=1, **modes[first]))
-    capsys.readouterr()
-    path = config_file(checkpoint, tmp_path, save_every=1, epochs=2, **modes[then])
+def refused_resume(path, capsys) -> tuple[int, str]:
+    """sft.main on `path`, which must stop: its exit status and what it printed on stderr (the process group it may
+    have set up is torn down)."""
     with pytest.raises(SystemExit) as stop:
         try:
             sft.main([str(path)])
         finally:
             if dist.is_initialized():
                 dist.destroy_process_group()
-    err = capsys.readouterr().err
-    assert stop.value.code == 2 and len(err.strip().splitlines()) == 1, err
+    return stop.value.code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("first,then", [("lora", "full"), ("full", "lora")])
+def test_resuming_a_checkpoint_of_the_other_mode_stops_with_one_line(checkpoint, tmp_path, capsys, first, then):
+    modes = {"lora": {}, "full": FULL}
+    single_process(config(checkpoint, tmp_path, save_every=1, **modes[first]))
+    capsys.readouterr()
+    path = config_file(checkpoint, tmp_path, save_every=1, epochs=2, **modes[then])
+    code, err = refused_resume(path, capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert f"field 'finetune': the checkpoint is of a {first} run, this run is {then}" in err
 
 
@@ -272,14 +278,8 @@ def test_resuming_a_full_checkpoint_at_another_world_size_stops_with_one_line(ch
     cfg = config(checkpoint, tmp_path, save_every=1, **FULL)
     mp.spawn(_rank_run, args=(_free_port(), cfg), nprocs=2)
     path = config_file(checkpoint, tmp_path, save_every=1, epochs=2, **FULL)
-    with pytest.raises(SystemExit) as stop:
-        try:
-            sft.main([str(path)])
-        finally:
-            if dist.is_initialized():
-                dist.destroy_process_group()
-    err = capsys.readouterr().err
-    assert stop.value.code == 2 and len(err.strip().splitlines()) == 1
+    code, err = refused_resume(path, capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1
     assert "written by 2 rank(s), this run has 1" in err, err
 
 
