@@ -41,6 +41,7 @@ import random
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -55,8 +56,9 @@ from judge import (DATA_NOTICE, JudgeCall, JudgeConfig, JudgeError, ask, chat_me
                    sip_content_request)
 from model import CheckpointError, Qwen, QwenTokenizer, add_lora, load_adapter, load_tokenizer, save_adapter
 from sft import LoraSettings
-from train import (Progress, all_reduce_sum, broadcast_parameters, build_optimizer, linear_warmup_decay, set_lr,
-                   setup_distributed, sync_gradients)
+from train import (Progress, StopRequest, all_reduce_sum, broadcast_parameters, build_optimizer, latest_checkpoint,
+                   linear_warmup_decay, load_checkpoint, restore_optimizer, save_checkpoint, set_lr, setup_distributed,
+                   sync_gradients, trim_log)
 
 HEAD_FILE = "value_head.safetensors"
 HEAD_FORMAT = "clue-mini-value-head/1"
@@ -527,6 +529,9 @@ class RMConfig:
     max_length: int = 4096  # ours: context + segment tokens
     max_grad_norm: float = 1.0
     eval_every: int = 0  # also report held-out accuracy every this many updates (0: at epoch ends only)
+    save_every: int = 200  # updates between checkpoints (also at each epoch end and on a stop request), as sft.py
+    keep_checkpoints: int | None = 2
+    resume: Literal["auto", "none"] = "auto"  # auto: continue from the newest complete checkpoint (exact resume)
     seed: int = 42
     dtype: str | None = None  # None: bfloat16 on GPU, float32 on the CPU; LoRA and the head stay float32
     device: str | None = None
@@ -569,24 +574,38 @@ def train(cfg: RMConfig) -> dict:
     add_lora(qwen, cfg.lora.rank, cfg.lora.alpha, cfg.lora.dropout, cfg.lora.targets)
     qwen.gradient_checkpointing = cfg.gradient_checkpointing
     rm = RewardModel(qwen, cfg.seed)
+    out = Path(cfg.output_dir)
+    checkpoint = latest_checkpoint(out) if cfg.resume == "auto" and out.is_dir() else None
+    if checkpoint is not None:
+        meta = load_checkpoint(checkpoint, qwen)
+        rm.load_head(checkpoint / HEAD_FILE)
+        if meta["trainer"]["training_pairs"] != len(rows):
+            raise DataError(f"{checkpoint}: written for {meta['trainer']['training_pairs']} training pairs, the pair "
+                            f"files now give {len(rows)}; resume needs the same pairs (or resume=none)")
     optimizer = build_optimizer(qwen, cfg.lr, cfg.weight_decay, cfg.betas)
     optimizer.add_param_group({"params": list(rm.head.parameters()), "weight_decay": 0.0,
                                "lr_scale": cfg.head_lr_scale})
     params = [p for g in optimizer.param_groups for p in g["params"]]
-    broadcast_parameters(params)
     group = cfg.batch_size * cfg.grad_accum * where.world_size
     per_epoch = math.ceil(len(rows) / group)
     total = cfg.epochs * per_epoch
-    out = Path(cfg.output_dir)
     save_resolved_config(cfg, out)
-    before = pairwise_accuracy(rm, held, where.rank, where.world_size) if held else None
-    state = {"heldout_pairs": len(held), "heldout_accuracy_before": before, "heldout_accuracy": before}
-    if held:
-        print0(f"held-out pairwise accuracy before training: {before:.4f} ({len(held)} pairs)")
-    progress = Progress(total, 0)
+    if checkpoint is not None:
+        restore_optimizer(checkpoint, optimizer, meta)
+        first, state = meta["step"], meta["trainer"]
+        print0(f"resuming from {checkpoint} (step {first})")
+    else:
+        broadcast_parameters(params)
+        before = pairwise_accuracy(rm, held, where.rank, where.world_size) if held else None
+        first, state = 0, {"training_pairs": len(rows), "heldout_pairs": len(held),
+                           "heldout_accuracy_before": before, "heldout_accuracy": before}
+        if held:
+            print0(f"held-out pairwise accuracy before training: {before:.4f} ({len(held)} pairs)")
+    trim_log(out / "metrics.jsonl", first, where)
+    progress = Progress(total, first)
     rm.train()
-    with MetricsWriter(out / "metrics.jsonl") as metrics:
-        for step in range(total):
+    with MetricsWriter(out / "metrics.jsonl") as metrics, StopRequest() as stop:
+        for step in range(first, total):
             lr = linear_warmup_decay(step, total, cfg.lr, cfg.warmup_fraction)
             set_lr(optimizer, lr)
             epoch, position = divmod(step, per_epoch)
@@ -612,12 +631,20 @@ def train(cfg: RMConfig) -> dict:
             record = {"step": done, "epoch": done / per_epoch, "loss": loss, "train_accuracy": correct / len(update),
                       "lr": lr, "grad_norm": grad_norm}
             metrics.write(record | progress.log(step, tokens, loss=loss, lr=lr, grad_norm=grad_norm))
-            if held and (done % per_epoch == 0 or (cfg.eval_every and done % cfg.eval_every == 0)):
+            epoch_end = done % per_epoch == 0
+            if held and (epoch_end or (cfg.eval_every and done % cfg.eval_every == 0)):
                 state["heldout_accuracy"] = pairwise_accuracy(rm, held, where.rank, where.world_size)
                 metrics.write({"step": done, "eval/heldout_accuracy": state["heldout_accuracy"]})
                 print0(f"held-out pairwise accuracy at step {done}: {state['heldout_accuracy']:.4f}")
+            stopping = stop.requested(where.device)
+            if stopping or epoch_end or done % cfg.save_every == 0:
+                save_checkpoint(out, done, qwen, optimizer, state, keep=cfg.keep_checkpoints,
+                                write_extra=lambda folder: rm.save_head(folder, cfg.model))
+            if stopping:
+                print0(f"stopped after step {done}; run again with resume=auto to continue")
+                return state
     if where.main:
-        save_reward_model(rm, out, cfg.model, cfg.max_length, training_pairs=len(rows), **state)
+        save_reward_model(rm, out, cfg.model, cfg.max_length, **state)
         print0(f"done: {out} (held-out pairwise accuracy {state['heldout_accuracy']})")
     return state
 

@@ -510,9 +510,10 @@ def atomic_folder(final):
 
 
 def save_checkpoint(output_dir, step: int, model: Qwen, optimizer: torch.optim.Optimizer, trainer_state: dict,
-                    keep: int | None = None) -> Path:
+                    keep: int | None = None, write_extra=None) -> Path:
     """Write `ckpt-<step>` atomically; every rank must call it (each saves its own RNG state), rank 0
-    writes the rest. `trainer_state` is the trainer's JSON-able state (its data position, counters).
+    writes the rest. `trainer_state` is the trainer's JSON-able state (its data position, counters);
+    `write_extra(folder)`, on rank 0, adds the trainer's own weights (the reward model's value head).
     With `keep`, only the newest `keep` checkpoints are left. Returns the checkpoint's path."""
     final = checkpoint_path(output_dir, step)
     rank = dist.get_rank() if _distributed() else 0
@@ -529,6 +530,8 @@ def save_checkpoint(output_dir, step: int, model: Qwen, optimizer: torch.optim.O
             tensors = {f"{i}.{name}": t.detach().cpu().contiguous() for i, s in state["state"].items()
                        for name, t in s.items()}
             atomic_write(tmp / "optimizer.safetensors", tensors)
+        if write_extra is not None:
+            write_extra(tmp)
         meta = {"step": step, "world_size": dist.get_world_size() if _distributed() else 1,
                 "finetune": "full" if full else "lora", "param_groups": groups or state["param_groups"],
                 "trainer": trainer_state}

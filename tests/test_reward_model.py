@@ -7,7 +7,11 @@ import json
 import math
 import random
 import re
+import signal
+import subprocess
+import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -20,7 +24,7 @@ from dataset import example_to_json
 import judge
 from judge import JudgeConfig
 from judge_server import JudgeServer, RewardModelBackend
-from test_sft import write_checkpoint
+from test_sft import REPO, metrics, tensors, write_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -94,6 +98,45 @@ def test_a_tiny_rm_learns_to_rank_a_synthetic_preference_set(checkpoint, tmp_pat
     assert wins == pytest.approx(state["heldout_accuracy"])
     scores = content.scores([(held[0].context, held[0].chosen)])
     assert scores[0] == pytest.approx(1 / (1 + math.exp(-rewards[0])), rel=1e-5) and 0 < scores[0] < 1
+
+
+def test_a_killed_rm_run_resumes_to_the_same_model_as_a_run_never_stopped(checkpoint, tmp_path):
+    """SIGKILL (no chance to save) once ckpt-000003 exists, run again (resume: auto): the LoRA, the value head, AdamW
+    and the held-out accuracies equal an uninterrupted run's bitwise, with dropout on, and no step is logged twice."""
+    pairs = write_jsonl(tmp_path / "pairs.jsonl", synthetic_pairs(48))
+
+    def run(name, kill_after=None):
+        folder = tmp_path / name
+        folder.mkdir(exist_ok=True)
+        raw = {"model": str(checkpoint), "pairs": str(pairs), "output_dir": str(folder / "rm"), "epochs": 2,
+               "lr": 3e-3, "batch_size": 4, "grad_accum": 1, "warmup_fraction": 0.0, "heldout_fraction": 0.25,
+               "save_every": 1, "lora": {"rank": 4, "alpha": 8, "dropout": 0.1}}
+        (folder / "rm.yaml").write_text(json.dumps(raw))  # JSON is YAML
+        process = subprocess.Popen([sys.executable, str(REPO / "reward_model.py"), str(folder / "rm.yaml")],
+                                   cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        while kill_after and not (folder / "rm" / f"ckpt-{kill_after:06d}").is_dir():
+            assert process.poll() is None, process.stderr.read()
+            time.sleep(0.005)
+        if kill_after:
+            process.send_signal(signal.SIGKILL)
+        process.wait(timeout=300)
+        return process.returncode, folder / "rm"
+
+    assert run("whole")[0] == 0
+    code, killed = run("killed", kill_after=3)
+    steps = 2 * 9  # 36 training pairs (12 held out) in updates of 4, two epochs
+    assert code == -signal.SIGKILL and not (killed / RM.RM_INFO).exists()
+    assert run("killed")[0] == 0
+    whole = tmp_path / "whole" / "rm"
+    for folder in (f"ckpt-{steps:06d}", "."):
+        for file in ("adapter_model.safetensors", RM.HEAD_FILE) + (("optimizer.safetensors",) if folder != "." else ()):
+            a, b = tensors(whole / folder / file), tensors(killed / folder / file)
+            assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), (folder, file)
+    info = [json.loads((run_dir / RM.RM_INFO).read_text()) for run_dir in (whole, killed)]
+    assert info[0] == info[1] and info[0]["training_pairs"] == 36 and info[0]["heldout_pairs"] == 12
+    drop = ("tokens_per_s", "elapsed_s")
+    logged = [[{k: v for k, v in m.items() if k not in drop} for m in metrics(r)] for r in (whole, killed)]
+    assert logged[0] == logged[1] and [m["step"] for m in logged[0] if "loss" in m] == list(range(1, steps + 1))
 
 
 def test_held_out_pairs_never_share_a_context_with_training_pairs():
