@@ -58,9 +58,9 @@ _EMOTIONS = {
     "anger": "irritation, stress, displeasure, hostility or antagonism aimed at someone or something.",
     "anticipation": "looking forward to something, or expecting that something will happen.",
     "joy": "pleasure, happiness, gladness or delight, often from well-being, success or good luck.",
-    "trust": "belief or hope that someone or something is reliable, dependable, honest and good.",
-    "fear": "being afraid, worried or anxious that something bad or painful will happen.",
-    "surprise": "a reaction to something unexpected, unusual or shocking.",
+    "trust": "confidence that a person or thing can be counted on and is honest and well-meaning.",
+    "fear": "a sense that harm, pain or danger lies ahead, felt as being afraid, worried or anxious.",
+    "surprise": "being caught off guard by something unexpected, unusual or shocking.",
     "sadness": "unhappiness or grief after something unpleasant, a setback or a loss.",
     "disgust": "aversion, disapproval or dislike of something or someone.",
 }
@@ -71,7 +71,8 @@ _CCU_ACTS = {
     "Doing greeting": "acknowledging someone when meeting them, or when seeing them again after time apart, "
                       "to show recognition or welcome.",
     "Doing request": "asking another party to do something.",
-    "Doing persuasion": "giving reasons, examples or support to get someone to accept an idea or do something.",
+    "Doing persuasion": "trying to win someone over to a view or a course of action with arguments, examples "
+                        "or backing.",
     "Doing thanks": "expressing gratitude or appreciation for something someone said or did.",
     "Doing taking leave": "signalling the intention to leave, or to end the conversation or interaction.",
     "Doing admiration": "expressing admiration, respect, approval or praise for someone or something.",
@@ -90,30 +91,30 @@ _CPED_EMOTIONS = {
     "depress": "low spirits: dejected, discouraged or drained, with a heavy, downcast state of mind.",
     "disgust": _EMOTIONS["disgust"],
     "astonished": _EMOTIONS["surprise"],
-    "worried": "anxious concern or unease that something bad may happen or go wrong.",
+    "worried": "nervous, uneasy concern about trouble or a mishap that might lie ahead.",
     "negative-other": "a clearly negative feeling that anger, sadness, fear, depress, disgust, astonished and "
                       "worried do not cover.",
 }
 _CPED_ACTS = {
-    "greeting": "greeting or welcoming someone, usually as an interaction starts.",
-    "question": "asking for information, confirmation or an opinion.",
-    "answer": "directly giving the information, confirmation or opinion a question asked for.",
-    "statement-opinion": "stating a personal opinion, judgment, evaluation or guess.",
-    "statement-non-opinion": "stating facts, a description or a story without a personal judgment.",
-    "apology": "expressing regret or asking forgiveness for a wrong or an inconvenience.",
-    "command": "ordering, instructing or urging the listener to do something.",
-    "agreement": "agreeing with, accepting or consenting to what the other speaker said or proposed.",
-    "disagreement": "disagreeing with, contradicting or objecting to what the other speaker said.",
-    "acknowledge": "briefly showing that what was said was heard or registered, adding nothing new.",
-    "appreciation": "expressing admiration, praise or a positive assessment of someone or something.",
-    "interjection": "an exclamation or outburst that mainly vents feeling rather than conveying content.",
-    "conventional-closing": "a conventional formula that ends the conversation or takes leave.",
-    "thanking": "thanking someone or expressing gratitude.",
-    "quotation": "quoting or reporting words said by someone else or on another occasion.",
-    "reject": "refusing a request, offer, suggestion or invitation.",
-    "irony": "saying the opposite of, or something clearly different from, what is meant; sarcasm or mockery.",
-    "comfort": "comforting, consoling, encouraging or reassuring the other speaker.",
-    "other": "the utterance fits none of the listed dialogue acts, or its function is unclear.",
+    "greeting": "a hello or a welcome, typically at the start of an exchange.",
+    "question": "a request for facts, for confirmation, or for someone's view.",
+    "answer": "a reply that supplies what a preceding question sought: facts, a confirmation or a view.",
+    "statement-opinion": "the speaker's own view, assessment, verdict or guess, put forward as such.",
+    "statement-non-opinion": "facts, descriptions or an account of events, offered without the speaker's verdict.",
+    "apology": "saying sorry: regret for a wrong or an inconvenience, or a plea to be forgiven for it.",
+    "command": "telling, directing or pressing the listener to carry out an action.",
+    "agreement": "going along with the other speaker: accepting, endorsing or consenting to their words or plan.",
+    "disagreement": "pushing back against the other speaker: disputing, contradicting or objecting to their words.",
+    "acknowledge": "a brief signal that what was said has been heard or taken in, with no new content.",
+    "appreciation": "praise, admiration or a favourable evaluation of a person or a thing.",
+    "interjection": "a burst of exclamation that mostly lets feeling out and carries little content.",
+    "conventional-closing": "a set phrase used to say goodbye or to bring the conversation to an end.",
+    "thanking": "saying thanks to someone or showing gratitude.",
+    "quotation": "repeating or relaying what someone else said, or what was said at another time.",
+    "reject": "turning down a request, an offer, a suggestion or an invitation.",
+    "irony": "meaning the reverse of what is said, or something plainly unlike it; this includes sarcasm and mockery.",
+    "comfort": "offering the other speaker solace, encouragement or reassurance.",
+    "other": "none of the acts above fits the utterance, or what it does cannot be told.",
 }
 
 
@@ -175,8 +176,8 @@ _CCU_SOURCES = "a conversation from an instant-messaging platform, a discussion 
 _WEIGH = ("Where the text supports it, weigh the relationship and social distance between the speakers, differences "
           "in power or status, the setting, earlier conflict, cooperation, support or repair, how the emotional "
           "tone has developed, and the obligations, requests, refusals, commitments and expectations in play")
-_SCRIPT_CUES = ("Where the text supports it, weigh what was said to the speaker just before the turn, exclamations, "
-                "insults, endearments, questions the speaker reacts to, and how the other characters respond.")
+_SCRIPT_CUES = ("Where the text supports it, take into account the line the speaker is answering, any exclamations, "
+                "insults or terms of endearment, a question the turn responds to, and the other characters' reactions.")
 
 # The letters a multiple-choice item's options take, in order: an item has 2 to 26 (ToMBench has 2-4, ToMBench-Hard
 # up to six, A-F) and its own options decide which letters are answers (Task.answer_labels).
@@ -187,8 +188,8 @@ TASKS: dict[str, Task] = {t.name: t for t in [
         "ccu_emotion", _CCU_EMOTIONS, multi_label=True, catch_all="None",
         setting="a conversation from an instant-messaging platform or a discussion forum",
         cues=_WEIGH + ", and what the turn responds to (praise, blame, pressure, rejection, an apology, help, "
-        "criticism or reassurance). Judge the emotion conveyed in context, not only the literal words, and do "
-        "not mistake a dialog act or a norm violation for an emotion."),
+        "criticism or reassurance). Read the emotion from the turn in its context rather than from its literal "
+        "words alone; a dialog act or a norm violation is not by itself an emotion."),
     Task(
         "ccu_dialog_act", (*_CCU_ACTS, "None"), _CCU_ACTS | {
             "None": "no dialog act is clear, or none of the listed dialog acts fits the turn."},
@@ -227,30 +228,32 @@ TASKS: dict[str, Task] = {t.name: t for t in [
         setting="a conversation between characters of a Chinese TV series",
         question="Identify the dialogue act of the turn to analyze: the communicative function it performs in "
         "the conversation.",
-        grounded="the conversation, what a speaker intends, what the turn does, or how it relates to earlier "
-        "or later turns",
-        cues="Where the text supports it, weigh whether the turn reacts to a question, request, offer or "
-        "statement, whether it opens or closes the interaction, and how the other characters respond. Judge "
-        "what the turn does in context rather than its words alone, and keep dialogue act apart from emotion."),
+        grounded="the conversation, what a speaker intends, what the turn does, or its link to the turns "
+        "before or after it",
+        cues="Where the text supports it, consider what the turn is responding to (a question, a request, an "
+        "offer, a statement), whether it starts or ends the exchange, and how the other characters take it. "
+        "Judge what the turn does in context rather than its words alone, and keep dialogue act apart from "
+        "emotion."),
     Task(
         "wiki_power", ("A", "B"), {"A": "speaker A has the higher standing.",
                                    "B": "speaker B has the higher standing."},
         turn_level=False, noun="speaker",
         setting="a conversation between two speakers, A and B, from a Wikipedia talk page",
-        question="Decide which speaker has more power in the conversation. Power means standing in the "
-        "setting: the authority to decide, act, permit, protect, close, enforce or evaluate, as an "
-        "administrator, moderator, maintainer or senior member has, as opposed to the one who asks, proposes, "
-        "requests, complies or appeals. That standing is rarely stated: infer it from what the speakers do "
-        "and how they treat each other, using only cues present in the text.",
-        grounded="the conversation, the relationship, the setting, power or status differences, control of "
-        "the interaction, directives, deference, concessions or a speaker's attitude",
-        cues="Signs of the higher standing: the other speaker asks them for help, permission, a review or a "
-        "decision; they give directives or set conditions the other follows; they take or announce actions "
-        "only someone with authority can take (protecting, deleting, closing, restoring, granting); they "
-        "explain or invoke policy as a matter of course; the other thanks them, apologizes, defers or "
-        "justifies themselves to them. Do not decide by who speaks more, raises the issue, argues more or "
-        "proposes the plan: raising an issue, requesting an action and proposing a solution usually mark the "
-        "lower standing."),
+        question="Decide which speaker has more power in the conversation. Here power is a speaker's standing "
+        "on the site: being the one who can make decisions, take actions, give permission, protect or close "
+        "pages, enforce rules or evaluate others' work (as administrators, moderators, maintainers and senior "
+        "members can), rather than the one who asks, proposes, requests, complies or appeals. The text seldom "
+        "says who holds it: work it out from the speakers' actions and the way each treats the other, relying "
+        "only on cues found in the text.",
+        grounded="the conversation, the relationship, the setting, a gap in power or status, who steers the "
+        "exchange, instructions given, deference or concessions, or a speaker's attitude",
+        cues="Signs that a speaker stands higher: the other turns to them for help, permission, a review or a "
+        "ruling; they issue instructions or set conditions that the other accepts; they carry out or announce "
+        "steps that need authority (protecting, deleting, closing, restoring, granting); they cite or explain "
+        "policy routinely; the other thanks them, apologizes, gives way or justifies themselves to them. "
+        "Talking more, bringing up the issue, arguing harder or putting forward the plan does not settle it: "
+        "raising a problem, asking for an action and suggesting a fix usually come from the lower-standing "
+        "speaker."),
     Task(
         "tom_mc", OPTION_LETTERS, {}, turn_level=False, choices=True, noun="option", setting="a short story",
         question="Answer the multiple-choice question about the story. It tests theory of mind: what the "
@@ -371,9 +374,9 @@ def task_brief(example: Example) -> str:
 def _layout_note(example: Example) -> str:
     notes = ["The conversation is written one segment per line as `Speaker: text`."]
     if get_task(example.task).turn_level:
-        notes.append("A speaker often sends several messages in a row that continue one another: where the "
-                     "lines just before the turn to analyze run on into it, read them together with it; where "
-                     "the turn stands alone, read it alone. Let the text decide which.")
+        notes.append("One speaker may post several consecutive lines that form a single thought. If the lines "
+                     "right before the turn to analyze carry on into it, read them as one with the turn; if the "
+                     "turn is self-contained, read it by itself. The text shows which case applies.")
     turns = visible_turns(example)
     if any(len(_post_lines(turns, i)) > 1 for i in range(len(turns))):
         notes.append("A post that spans several lines opens with `Speaker:` and its lines are indented under it.")
@@ -382,8 +385,8 @@ def _layout_note(example: Example) -> str:
                      "same number of `|` are its words, one more `|` marks the post it answered in turn, and "
                      "lines without `|` are the replier's own words.")
     if any(_marker_before(turns, i) for i in range(len(turns))):
-        notes.append("A line such as [22 minutes later] stands between two messages and tells how much time "
-                     "passed; it is not a turn and nobody said it.")
+        notes.append("Bracketed lines like [22 minutes later] give the time that elapsed between the messages "
+                     "around them; no one said them and they are not turns.")
     return " ".join(notes)
 
 
@@ -398,8 +401,8 @@ def _answer_format(task: Task, example: Example) -> str:
     else:
         rule = f'"Answer: <{task.noun}>", where <{task.noun}> is exactly one of: {", ".join(labels)}.'
     return (f"After your reasoning, give the final answer alone on the last line, in exactly this form: {rule} "
-            "Write it in English, spelled exactly as listed, with nothing else on the line. That line must be "
-            "the very last thing you write.")
+            "Write it in English, spelled exactly as listed, with nothing else on the line, and write nothing "
+            "after it.")
 
 
 def build_prompt(example: Example) -> str:
