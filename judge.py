@@ -430,12 +430,12 @@ you.
 Start with nothing credited and go through the blocks in order, comparing each block with every supported contribution \
 credited before it.
 
-GAIN: the block states at least one specific, task-relevant interpretation, distinction, limitation, refinement or \
-correction that is new relative to what is already credited and that rests on quoted evidence: an \
-{EVIDENCE_OPEN}...{EVIDENCE_CLOSE} quotation in this block or an earlier one. Such a contribution can concern what a \
-speaker feels or intends, how the speakers are related, what a turn does in the exchange, an expectation or obligation \
-in play, timing, or what the evidence cannot establish. A plain, direct inference counts when the block says what the \
-quoted words mean for the task.
+GAIN: compared with everything already credited, the block contributes at least one new point that is specific and \
+relevant to the task (an interpretation, a distinction, a limitation, a refinement or a correction), and the point \
+rests on quoted evidence: an {EVIDENCE_OPEN}...{EVIDENCE_CLOSE} quotation in this block or an earlier one. Such a \
+contribution can concern what a speaker feels or intends, how the speakers are related, what a turn does in the \
+exchange, an expectation or obligation in play, timing, or what the evidence cannot establish. A plain, direct \
+inference counts when the block says what the quoted words mean for the task.
 NO_GAIN: nothing of that kind remains. The block only quotes, paraphrases, translates or summarizes; repeats something \
 already credited (in other words, with another quotation, another label name or more confidence); offers generic \
 remarks or definitions; asserts what its quotations do not support; rules out labels that nothing in the evidence made \
@@ -445,13 +445,13 @@ answer, even a corrected one. A quotation alone is never enough.
 Rules:
 1. Judge what the block says. Do not complete or repair an argument on the candidate's behalf.
 2. Check quotations against the conversation: they must be genuine and not cut so as to mislead. A contribution that \
-needs conversation content the candidate never quoted is unsupported, even when the conversation would confirm it. \
-Keep who said what, reported speech, timing and uncertainty as the conversation has them. Plausibility alone does not \
-establish a feeling, intention, relationship or norm.
-3. Evidence may be combined or reused: a block without its own quotation can gain by drawing a new supported point \
-from quotations given earlier.
-4. Weighing labels gains only when it settles a genuinely plausible alternative with a new, evidence-backed \
-distinction under the task's definitions. Listing and excluding labels earns nothing by itself.
+depends on something in the conversation the candidate did not quote counts as unsupported, even if the conversation \
+bears it out. Keep who said what, reported speech, timing and uncertainty as the conversation has them. Being \
+plausible is not enough to establish a feeling, an intention, a relationship or a norm.
+3. Quotations can be reused and combined: a block that quotes nothing itself can still gain when it draws a new, \
+supported point from quotations made earlier.
+4. Comparing labels gains only if it resolves a truly plausible competing label by a new distinction that the \
+evidence backs and the task's definitions make relevant. Listing and excluding labels earns nothing by itself.
 5. Novelty is about meaning, not wording. A supported point stays credited even if the reasoning later wanders; \
 returning to it is not a new gain. An earlier unsupported claim uses up no novelty: a later block that properly \
 supports it can gain.
@@ -511,54 +511,53 @@ def parse_iu_verdicts(text: str, n_blocks: int) -> list[int] | None:
 
 # ----------------------------------------------------------------------------- cause identification (CLUE 5.1, C.4)
 
-CAUSE_SYSTEM = f"""You check one thing: whether a candidate's reasoning uses ONE given turn of a conversation as a \
-reason for the emotion the reasoning concludes.
+CAUSE_SYSTEM = f"""Your single job: decide whether a candidate's reasoning treats ONE specified turn of a conversation \
+as grounds for the emotion that the reasoning arrives at.
 
-You receive:
-- <task>: the question the candidate answered.
-- <conversation>: the turns the candidate saw, numbered [1], [2], ... for you (the candidate saw no numbers). The last \
-turn, marked (TARGET), is the utterance whose emotion the candidate judged.
-- <reasoning>: the candidate's reasoning, verbatim; text between {EVIDENCE_OPEN} and {EVIDENCE_CLOSE} is what the \
-candidate marked as quoted evidence.
-- <answer>: the emotion the candidate concluded.
-- <turn_to_assess>: one turn number.
+Inputs:
+- <task>: the question put to the candidate.
+- <conversation>: the turns shown to the candidate, with numbers [1], [2], ... added for you only (the candidate's \
+copy had none). The final turn, tagged (TARGET), is the utterance whose emotion the candidate assessed.
+- <reasoning>: the candidate's reasoning exactly as written; whatever lies between {EVIDENCE_OPEN} and \
+{EVIDENCE_CLOSE} is what the candidate flagged as quoted evidence.
+- <answer>: the emotion the candidate arrived at.
+- <turn_to_assess>: the number of one turn.
 {DATA_NOTICE}
-Do not decide which emotion is right, and do not decide whether the turn really causes it: judge only the role the \
-assessed turn plays in the reasoning, taking the candidate's answer as the emotion in question.
+Whether that emotion is correct, and whether the turn truly causes it, are not your questions: take the candidate's \
+answer as the emotion at issue and look only at what the reasoning does with the turn being assessed.
 
-YES when the reasoning presents the assessed turn as part of why the speaker feels the concluded emotion, as the main \
-reason or one of several:
-- the speaker reacts to that turn with the concluded emotion ("he is hurt by her remark");
-- the turn is the news, event, remark or situation that triggers the emotion, and the reasoning links it to that \
-emotion;
-- the turn is the speaker's own earlier words, and the reasoning says they already express the emotion or that the \
-emotion is about what they describe.
-NO in every other case:
-- the reasoning never refers to the turn;
-- the turn is only retold, summarized, used to set the scene or name the topic, or named as what the target replies \
-to, without arguing from it to the emotion;
-- the target merely echoes the turn and the reasoning does not say the speaker feels the emotion about it;
-- the turn is only a contrast showing what the target is not;
-- the turn supports only an emotion the reasoning considers and rejects.
+Say YES when the reasoning counts the assessed turn among the grounds (the chief one or one of several) for the \
+speaker having the concluded emotion:
+- the reasoning has the speaker respond to that turn with the concluded emotion ("he is hurt by her remark");
+- the turn carries the news, event, remark or situation that sets off the emotion, and the reasoning connects the two;
+- the turn is something the speaker said earlier, and the reasoning reads it as already showing the emotion or as \
+describing what the emotion is about.
+Say NO otherwise, for instance when:
+- the reasoning never mentions the turn;
+- the reasoning only recounts or sums up the turn, uses it as scene-setting or to name the topic, or notes that the \
+target answers it, with no argument from it to the emotion;
+- the target just repeats the turn, and the reasoning never ties the speaker's emotion to it;
+- the turn serves only as a contrast, showing what the target is not;
+- the turn backs only an emotion that the reasoning weighs and then dismisses.
 
 Decision rules:
-1. The role decides, not the wording: a turn called "background" is still YES if the reasoning says the speaker \
-responds to it with the emotion, and a turn with no causal word is still NO if it is only retold.
-2. Neutral answers: YES only when the reasoning draws the calm from the assessed turn itself (it calls that turn \
-routine, polite, practical or harmless and uses that as part of why the target is neutral); NO when neutrality is read \
-only from the target's own words or tone.
-3. A reference counts only if a reader could tell from the reasoning alone which turn is meant: a quotation, a close \
-paraphrase, or a speaker plus content. Vague references ("the earlier lines", "the context") do not point to any turn. \
-A quotation or paraphrase that fits several turns equally well counts for each of them.
-4. A misquoted or misattributed turn is matched by content to the closest turn.
-5. If the reasoning is cut off, judge what is written. Reasoning in any language is judged the same way.
-6. Do not supply a causal link the reasoning does not make; a quotation alone is not a reason.
+1. Function counts, not vocabulary: a turn called "background" gets YES when the reasoning has the speaker react \
+to it with the emotion, and a turn described with no causal word gets NO when it is merely recounted.
+2. Neutral answers: YES only if the reasoning finds the calm in the assessed turn (calling it routine, polite, \
+practical or harmless, and treating that as a reason the target is neutral); NO if the neutrality is taken only from \
+the target's own wording or tone.
+3. A reference counts only when the reasoning by itself lets a reader identify the turn: by a quotation, a close \
+paraphrase, or a speaker together with what they said. Loose pointers ("the earlier lines", "the context") identify no \
+turn. A quotation or paraphrase matching several turns equally well counts for all of them.
+4. When a turn is misquoted or put in the wrong speaker's mouth, match it by content to the turn it most resembles.
+5. Truncated reasoning is judged on the part that exists; the language it is written in makes no difference.
+6. Never add a causal connection that the reasoning leaves out: quoting a turn does not by itself make it a reason.
 
-Output exactly one line and nothing else:
+Reply with a single line and nothing more:
 <short assessment> | YES
 or
 <short assessment> | NO
-The assessment (at most 20 words) says how the reasoning uses the assessed turn, without the character | in it.
+The assessment (20 words at most) states the role the reasoning gives the assessed turn, without the character |.
 
 An invented example: [1] Kai: Is the coffee machine fixed? [2] Noor: The landlord says we must move out by Friday. [3] \
 (TARGET) Kai: Friday?! We just unpacked.
@@ -580,8 +579,8 @@ def cause_request(example: Example, reasoning: str, answer: str, turn_index: int
     messages = chat_messages(CAUSE_SYSTEM, section("task", task_brief(example)), section("conversation", numbered),
                          section("reasoning", reasoning), section("answer", answer),
                          section("turn_to_assess", f"[{turn_index + 1}]"),
-                         f"Does the reasoning use turn [{turn_index + 1}] as a reason, main or contributing, for the "
-                         "emotion it concludes? Answer with the one required line.")
+                         f"Is turn [{turn_index + 1}] one of the grounds, chief or secondary, that the reasoning "
+                         "gives for the emotion it arrives at? Reply with the single required line.")
     return JudgeCall(messages, 96)
 
 
