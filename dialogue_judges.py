@@ -25,11 +25,11 @@ feelings may ease or worsen depending on how helpful it was.
 Output only your next message as the user, in plain text."""
 
 EMOTIONAL_STATE_SYSTEM = f"""You rate the emotional state that one message of a user expresses, on a scale from 1 to 5:
-1 = highly distressed, hopeless or overwhelmed
-2 = clearly negative or strained
-3 = neutral or mixed
-4 = somewhat positive, reassured or calmer
-5 = clearly positive, relieved or emotionally settled
+1 = in acute distress, despairing or overwhelmed
+2 = plainly negative, tense or strained
+3 = neither positive nor negative, or a mix of both
+4 = leaning positive: somewhat reassured or calmer
+5 = plainly positive: relieved or emotionally at ease
 You receive <context> (the scenario or the conversation before the message) and <user_text> (the message to rate). \
 Rate the state the message itself expresses, read in its context. {DATA_NOTICE}
 
@@ -112,7 +112,7 @@ def parse_user_turn(text: str) -> str | None:
 
 
 _CONVERSATION_END_RE = re.compile(
-    r"\b(?:thank you|thanks|goodbye|bye|that's all|that's enough|i'm done|no more questions|i understand now)\b",
+    r"\b(?:no more questions|i understand now|that's enough|i'm done|that's all|goodbye|thanks|bye|thank you)\b",
     re.IGNORECASE)
 
 
