@@ -633,7 +633,7 @@ A conflict record:
  "reason": "<the specific defining condition the conversation does not meet, or the conflict in the source>",
  "source_evidence": ["<exact relevant span of a turn>"],
  "supported_alternative_labels": ["<a label of the task the conversation does support>"]}}
-Use an empty list when there is no relevant span or no supported alternative; never invent one."""
+Where no span is relevant or no alternative is supported, leave that list empty; never invent one."""
 
 _LABEL_LEAK_RE = re.compile(r"ground[ -]truth|gold label|reference label|supplied label|given label", re.IGNORECASE)
 

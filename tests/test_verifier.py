@@ -43,7 +43,7 @@ JAPANESE = [
 ]
 
 PROMPT_TEXT = [
-    "A feeling of aggravation, stress, displeasure, hostility, or antagonism",
+    "irritation, stress, displeasure, hostility or antagonism aimed at someone or something",
     "Turn to analyze",
     "Choose only from the following list of emotions",
     "[22 minutes later]",
