@@ -15,7 +15,6 @@ torch.distributed's functions (T.CollectiveCounter)."""
 
 import argparse
 import os
-import socket
 import sys
 import tempfile
 import time
@@ -30,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import model as M  # noqa: E402
 import train as T  # noqa: E402
 from common import markdown_table, verdict  # noqa: E402
+from vllm_engine import free_port  # noqa: E402
 
 GOAL = 1.8  # issue 23: per-rank state at 2 ranks at least 1.8x smaller than replicated
 
@@ -86,11 +86,6 @@ def worker(rank: int, world: int, port: int, args, out: Path) -> None:
                 "sharded": sharded / args.new}, out / f"w{world}-r{rank}.pt")
     dist.destroy_process_group()
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main():

@@ -20,7 +20,8 @@ import torch.multiprocessing as mp
 import model as M
 import sft
 import train as T
-from test_sft import _free_port, _rank_run, config, config_file, metrics, sad_row, tensors, write_checkpoint, write_rows
+from test_sft import _rank_run, config, config_file, metrics, sad_row, tensors, write_checkpoint, write_rows
+from vllm_engine import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 FULL = dict(finetune="full", lora=None)
@@ -60,7 +61,7 @@ def test_full_sft_on_two_ranks_and_another_split_equals_one_process(checkpoint, 
         if ranks == 1:
             single_process(cfg)
         else:
-            mp.spawn(_rank_run, args=(_free_port(), cfg), nprocs=2)
+            mp.spawn(_rank_run, args=(free_port(), cfg), nprocs=2)
         runs[name] = tmp_path / name / "run"
     losses = {n: [m["loss"] for m in metrics(r)] for n, r in runs.items()}
     assert len(losses["one"]) == 2 and losses["two"] == pytest.approx(losses["one"], rel=1e-6)
@@ -120,7 +121,7 @@ def _export_worker(rank, port, out, tied):
 def test_the_exported_checkpoint_gives_the_in_memory_logits(tmp_path, tied):
     transformers = pytest.importorskip("transformers")
     out = tmp_path / "export"
-    mp.spawn(_export_worker, args=(_free_port(), out, tied), nprocs=2)
+    mp.spawn(_export_worker, args=(free_port(), out, tied), nprocs=2)
     expected = torch.load(out / "expected.pt")
     assert json.loads((out / "model.safetensors.index.json").read_text())["weight_map"]
     ours = M.Qwen.from_pretrained(out)
@@ -160,7 +161,7 @@ def _rollout_worker(rank, port, out):
 
 def test_a_rollout_under_gathered_runs_no_collective_and_decodes_like_the_unsharded_model(tmp_path):
     """The ranks decode different numbers of tokens: with a collective per token they would hang."""
-    mp.spawn(_rollout_worker, args=(_free_port(), tmp_path), nprocs=2)
+    mp.spawn(_rollout_worker, args=(free_port(), tmp_path), nprocs=2)
     for rank in range(2):
         found = torch.load(tmp_path / f"rank{rank}.pt")
         assert found["during"] == 0 and found["after"] > 0 and found["same"], found
@@ -187,7 +188,7 @@ sft.main(sys.argv[1:])
 def torchrun(script: Path, *argv, cwd: Path) -> subprocess.Popen:
     env = dict(os.environ, OMP_NUM_THREADS="1")
     return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                             "--master_port", str(_free_port()), str(script), *map(str, argv)], cwd=cwd, env=env,
+                             "--master_port", str(free_port()), str(script), *map(str, argv)], cwd=cwd, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
 
 
@@ -276,7 +277,7 @@ def test_resuming_a_checkpoint_of_the_other_mode_stops_with_one_line(checkpoint,
 def test_resuming_a_full_checkpoint_at_another_world_size_stops_with_one_line(checkpoint, tmp_path, capsys):
     """README: a full-parameter checkpoint resumes at the world size that wrote it; at another, the run stops."""
     cfg = config(checkpoint, tmp_path, save_every=1, **FULL)
-    mp.spawn(_rank_run, args=(_free_port(), cfg), nprocs=2)
+    mp.spawn(_rank_run, args=(free_port(), cfg), nprocs=2)
     path = config_file(checkpoint, tmp_path, save_every=1, epochs=2, **FULL)
     code, err = refused_resume(path, capsys)
     assert code == 2 and len(err.strip().splitlines()) == 1
@@ -336,7 +337,7 @@ def test_full_grpo_update_on_two_ranks_and_another_split_equals_one_process(asse
         split = updated_weights(base, fixed_groups(n_groups=3), micro_batch_size=1)
     finally:
         dist.destroy_process_group()
-    mp.spawn(_grpo_worker, args=(_free_port(), base, tmp_path), nprocs=2)
+    mp.spawn(_grpo_worker, args=(free_port(), base, tmp_path), nprocs=2)
     two = torch.load(tmp_path / "two.pt")
     start = weights(base)
     for name, value in one.items():

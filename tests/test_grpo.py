@@ -8,7 +8,6 @@ import json
 import math
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -30,6 +29,7 @@ import train as T
 from config import MetricsWriter, load_config
 from judge import SIP_STAGES
 from judge_server import Faults, JudgeServer, rules_backend
+from vllm_engine import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>", "<evidence>", "</evidence>"]
@@ -397,11 +397,6 @@ def gradients(cfg, policy, groups, where, micro_batch_size):
     return out, [p.grad.clone() for p in T.optimizer_parameters(optimizer)]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def _rank_worker(rank, port, base, agg, out):
     os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
@@ -433,7 +428,7 @@ def test_gradients_equal_for_micro_batch_splits_and_two_ranks(assets, agg):
     if agg != "token-mean":
         return
     out = mp.Manager().dict()
-    mp.spawn(_rank_worker, args=(_free_port(), str(base), agg, out), nprocs=2)
+    mp.spawn(_rank_worker, args=(free_port(), str(base), agg, out), nprocs=2)
     for rank in (0, 1):
         loss, grads = out[rank]
         assert loss == pytest.approx(reference["loss"], abs=1e-7)

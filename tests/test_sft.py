@@ -8,7 +8,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,6 +27,7 @@ import train as T
 from data import Example, Turn
 from dataset import example_to_json
 from judge_server import JudgeServer
+from vllm_engine import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = dict(model_type="qwen3", vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
@@ -200,11 +200,6 @@ def test_one_or_two_accumulation_steps_give_the_same_loss_and_gradients():
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def _rank_run(rank, port, cfg):
     torch.set_num_threads(1)
@@ -223,7 +218,7 @@ def test_two_gloo_ranks_train_like_one_process_with_two_accumulation_steps(check
     single = config(checkpoint, tmp_path / "one", grad_accum=2, output_dir=str(tmp_path / "one/run"), **settings)
     sft.train(single)
     ranks = config(checkpoint, tmp_path / "two", grad_accum=1, output_dir=str(tmp_path / "two/run"), **settings)
-    mp.spawn(_rank_run, args=(_free_port(), ranks), nprocs=2)
+    mp.spawn(_rank_run, args=(free_port(), ranks), nprocs=2)
     runs = [Path(c.output_dir) for c in (single, ranks)]
     losses = [[m["loss"] for m in metrics(run) if "loss" in m] for run in runs]
     assert len(losses[0]) == 4 and losses[0] == pytest.approx(losses[1], rel=1e-5)

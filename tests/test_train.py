@@ -5,7 +5,6 @@ import math
 import os
 import random
 import signal
-import socket
 
 import pytest
 import torch
@@ -13,6 +12,7 @@ import torch.multiprocessing as mp
 
 import model as M
 import train as T
+from vllm_engine import free_port
 
 TINY = dict(model_type="qwen3", vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, head_dim=8, rope_theta=1e4, tie_word_embeddings=False)
@@ -155,11 +155,6 @@ def test_resume_refuses_a_different_world_size(tmp_path):
 # ----------------------------------------------------------------------------- two processes
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def _sync_worker(rank, port, out):
     os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
@@ -181,7 +176,7 @@ def _sync_worker(rank, port, out):
 
 def test_gradients_are_summed_over_two_gloo_ranks():
     out = mp.Manager().dict()
-    mp.spawn(_sync_worker, args=(_free_port(), out), nprocs=2)
+    mp.spawn(_sync_worker, args=(free_port(), out), nprocs=2)
     model = tiny_model(lora_seed=0, dropout=0.0)
     optimizer = T.build_optimizer(model, 1e-2, 0.0, (0.9, 0.99))
     for seed in (10, 11):
