@@ -575,7 +575,7 @@ def train(cfg: RMConfig) -> dict:
     qwen.gradient_checkpointing = cfg.gradient_checkpointing
     rm = RewardModel(qwen, cfg.seed)
     out = Path(cfg.output_dir)
-    checkpoint = latest_checkpoint(out) if cfg.resume == "auto" and out.is_dir() else None
+    checkpoint = latest_checkpoint(out) if cfg.resume == "auto" else None
     if checkpoint is not None:
         meta = load_checkpoint(checkpoint, qwen)
         rm.load_head(checkpoint / HEAD_FILE)

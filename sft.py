@@ -496,7 +496,7 @@ def train(cfg: SFTConfig) -> Path:
     if cfg.finetune == "full":
         shard_model(model, dist.device)
     model.gradient_checkpointing = cfg.gradient_checkpointing
-    checkpoint = latest_checkpoint(out) if cfg.resume == "auto" and out.is_dir() else None
+    checkpoint = latest_checkpoint(out) if cfg.resume == "auto" else None
     first, state = 0, {"rows": len(samples), "selection": [], "best": None}
     if checkpoint is not None:
         meta = load_checkpoint(checkpoint, model)
