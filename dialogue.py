@@ -13,7 +13,7 @@ for the judges but never enters the dialogue; then the simulated user answers al
 (`user_ends_dialogue`), after `max_turns` assistant turns, or when the simulator gives no usable answer
 (a judge failure: the rewards that need the rest of the dialogue are then None).
 
-Grouping: the reward decides it (GROUPING).
+Grouping: the reward decides it (rewards.DIALOGUE_GROUPING).
 - trajectory (`emollm`): G whole episodes from the same seed; R(tau) = sum_t r_t + lambda_emo R_emo. An
   episode's loss covers the tokens of every assistant turn it sampled, each under the prompt it was
   sampled with, and no user token; its mean runs over all of them (each row weighs its share of the episode's
@@ -45,26 +45,12 @@ from data import THINK_END, THINK_START, DataError
 from dialogue_judges import (TURN_QUALITY_KEYS, emotional_state_request, parse_emotional_state, parse_prediction,
                              parse_turn_quality, parse_turn_scores, parse_user_turn, predictor_request,
                              turn_quality_request, turn_scores_request, user_ends_dialogue, user_turn_request)
-from groups import Group, Sample, Slot
+from rewards import DIALOGUE_GROUPING
+from rollout import DialogueSettings, Group, PromptSampler, Sample, Slot
 from judge import JudgeCall, JudgeConfig, JudgeError, dialogue_text
 
 # ----------------------------------------------------------------------------- config
 
-GROUPING = {"emollm": "trajectory", "emollm_turn": "turn", "care": "turn"}  # the rewards a dialogue run trains
-
-
-@dataclass
-class DialogueSettings:
-    """The role-play: how long episodes run, what the policy is asked to write, who plays the user."""
-
-    max_turns: int = 8  # assistant turns per episode at most (EmoLLM D.2, CARE A: 8)
-    arg_scaffold: bool = False  # ask the policy for an ARG trace with lookahead steps (EmoLLM's training prompt)
-    lookahead: int = 3  # n: the reverse-perspective steps the scaffold asks for at most (EmoLLM: 3)
-    simulator: JudgeConfig | None = None  # the user simulator's endpoint and sampling (None: the judge's)
-    rubric_judge: JudgeConfig | None = None  # CARE's rubric generator (None: the judge's)
-    predictor: JudgeConfig | None = None  # EmoLLM's reverse-perspective predictor T (B.1; None: the judge's)
-    context_tokens: int | None = None  # the prompt the policy samples under, cut at turn boundaries (None: whole)
-    update_context_tokens: int | None = None  # the prompt the update's log-probs use, cut the same way (None: whole)
 
 
 # ----------------------------------------------------------------------------- scenario seeds
@@ -391,7 +377,7 @@ def judge_groups(groups: list[tuple[State, list[rewards.Rollout]]], spec: reward
       reply's scores against its state's rubric (none asked where the rubric is missing: the reward is None).
     Returns the summed call statistics."""
     asks, ask_cfg, scored = [], cfg, []
-    if GROUPING[spec.name] == "trajectory":
+    if DIALOGUE_GROUPING[spec.name] == "trajectory":
         for start, episodes in groups:
             if start.judged.get("emotional_state") is None:
                 asks.append((start.judged, "emotional_state",
@@ -411,7 +397,7 @@ def judge_groups(groups: list[tuple[State, list[rewards.Rollout]]], spec: reward
         ask_cfg = settings.rubric_judge or cfg
     stats = predict(scored, settings, cfg)  # the forecasts first: the turn judge scores them
     add_stats(stats, _ask_into(asks + _turn_scores_asks(scored, settings), ask_cfg))
-    if GROUPING[spec.name] == "trajectory":
+    if DIALOGUE_GROUPING[spec.name] == "trajectory":
         for start, episodes in groups:
             for episode in episodes:
                 episode.judged["emotional_state"] = start.judged["emotional_state"]
@@ -454,7 +440,7 @@ def sample_dialogue_groups(policy, tok, items: list, cfg, seed: int, counts: dic
     states = [as_state(item) for item in items]
     k = cfg.rollout.group_size
     respond = local_policy(policy, tok, cfg.rollout, cfg.dialogue)
-    if GROUPING[cfg.reward.name] == "turn":
+    if DIALOGUE_GROUPING[cfg.reward.name] == "turn":
         replies = respond([policy_messages(s, cfg.dialogue) for s in states], k, seed)
         return [_turn_group(s, r) for s, r in zip(states, replies)]
     episodes, simulated = play(respond, [s for s in states for _ in range(k)], cfg.dialogue,
@@ -478,22 +464,16 @@ def played_slots(policy, tok, slots: list[Slot], cfg, seed: int, counts: dict) -
             for slot, episode in zip(slots, episodes) for k, turn in enumerate(episode.turns)]
 
 
-class DialogueSampler:
-    """How grpo.train samples and judges in a dialogue run (its `sampler` when the config has a `dialogue:`
-    section; grpo.PromptSampler is the single-turn one): the scenario seeds as one segment, `open` plays a turn
-    reward's episodes into one slot per state, `sample` draws groups (sample_dialogue_groups), `judge` asks the
-    dialogue judges (judge_groups)."""
-
-    def __init__(self, policy, tok, cfg):
-        self.policy = policy
-        self.tok = tok
-        self.cfg = cfg
+class DialogueSampler(PromptSampler):
+    """Dialogue rollouts (rollout.py's interface; grpo.py's sampler when the config has a `dialogue:` section): the
+    scenario seeds as one segment, `open` plays a turn reward's episodes into one slot per state, `sample` draws
+    groups (sample_dialogue_groups), `judge` asks the dialogue judges (judge_groups)."""
 
     def segments(self, scenarios: list[Scenario]) -> list[dataset.Segment]:
         return [dataset.Segment("scenarios", scenarios)]
 
     def open(self, slots: list[Slot], seed: int, counts: dict) -> list[Slot]:
-        if GROUPING[self.cfg.reward.name] != "turn":
+        if DIALOGUE_GROUPING[self.cfg.reward.name] != "turn":
             return slots
         return played_slots(self.policy, self.tok, slots, self.cfg, seed, counts)
 

@@ -3,8 +3,8 @@
 reference analyses through a teacher (the config's `prepare:` section, `prepare`: Social-R1).
 
 One update (`train`, in this order):
-  1. sample   P prompts from the current curriculum segment, K completions each (`model.generate`, or a vLLM
-              server with `rollout.engine: vllm`: vllm_engine.py), parsed into `rewards.Rollout`s (`sample_groups`);
+  1. sample   P prompts from the current curriculum segment, K completions each, parsed into `rewards.Rollout`s
+              by the run's sampler (rollout.py: `model.generate`; a vLLM server with `rollout.engine: vllm`);
   2. score    the judges the reward needs (`rewards.judge_rollouts`, all calls concurrent), then the
               configured reward R_i (`rewards.score`) and the parts its registration declares (`score_groups`);
   3. filter   (CLUE) a group whose K rewards are all equal or that has a None (missing judge feedback) is resampled
@@ -20,14 +20,14 @@ One update (`train`, in this order):
   6. step     gradients summed over ranks, clipped, AdamW; `loss.passes` steps reuse one rollout batch
               (log-probs of the sampling policy cached from the first pass).
 
-With a `dialogue:` section the same steps train on role-played dialogues: `train` picks dialogue.py's sampler
-once (`sampler_for`), which samples and judges episodes or per-state candidate replies; nothing else changes.
+`train` picks the sampler once (`rollout_sampler`): rollout.PromptSampler, or with a `dialogue:` section
+dialogue.py's, which samples and judges episodes or per-state candidate replies; nothing else changes.
 
 Ranks own whole groups; only LoRA gradients and metrics cross ranks; rank 0 writes. Outputs in `output_dir`:
 config.yaml, metrics.jsonl (one line per update, keys in `update_metrics`), completions.jsonl, `ckpt-<update>`
 checkpoints (exact resume with `resume: auto`), `adapter/` (the RL LoRA in PEFT format, on top of the SFT-merged
 base) and, with `save_merged: true`, `merged/`. With `finetune: full` every weight but embedding and lm_head trains,
-sharded (train.py), against a frozen sharded reference; out: `model/`.
+sharded (fsdp.py), against a frozen sharded reference; out: `model/`.
 """
 
 from __future__ import annotations
@@ -44,19 +44,18 @@ import torch
 
 import data
 import dataset
-import dialogue
-import reward_model
 import rewards
+from checkpoint import atomic_folder, resume, save_checkpoint, save_model, trim_log
 from config import ConfigError, MetricsWriter, excerpt, parse_cli, print0, save_resolved_config
-from groups import Group, Sample, Slot, completion_records, rank_report, update_metrics
+from fsdp import GatheredSampler, is_sharded, pad_batches, shard_model
 from judge import JudgeAuthError, JudgeConfig, JudgeError
-from model import (LORA_TARGETS, CheckpointError, Qwen, add_lora, add_special_tokens, generate, load_adapter,
-                   load_tokenizer, lora_disabled, merge_lora, save_merged, token_logprobs)
-from train import (Dist, Progress, StopRequest, all_reduce_sum, atomic_folder, broadcast_parameters, build_optimizer,
-                   clip_gradients, finetune_settings, gather_json, gathered, is_sharded, latest_checkpoint,
-                   load_checkpoint, optimizer_parameters, pad_batches, restore_optimizer, save_checkpoint, save_model,
-                   set_lr, setup_distributed, shard_model, sync_gradients, trim_log, warmup_hold_cosine)
-from vllm_engine import EngineError, VLLMSettings, guarded, start_engine, stop_run, truncated_is_weights
+from model import (CheckpointError, Qwen, add_lora, add_special_tokens, load_adapter, load_tokenizer, lora_disabled,
+                   merge_lora, save_merged, token_logprobs)
+from rollout import (DialogueSettings, Group, PromptSampler, RolloutError, Slot, VLLMSettings, completion_records,
+                     rank_report, update_metrics)
+from train import (LoraSettings, Progress, Ranks, StopRequest, all_reduce_sum, build_optimizer, clip_gradients,
+                   finetune_settings, gather_json, optimizer_parameters, set_lr, setup_distributed, sync_gradients,
+                   warmup_hold_cosine)
 
 # ----------------------------------------------------------------------------- config
 # CLUE's Table 5 (LoRA, LR peak, rollout length, beta) was lost in extraction: those defaults are ours.
@@ -69,14 +68,6 @@ class ModelSettings:
     dtype: str = "bfloat16"
     device: str | None = None  # default: cuda:LOCAL_RANK when available, else the CPU
     gradient_checkpointing: bool = False
-
-
-@dataclass
-class LoraSettings:  # not in the paper: the common r 16 / alpha 32 on every projection
-    rank: int = 16
-    alpha: int = 32
-    dropout: float = 0.0
-    targets: tuple[str, ...] = LORA_TARGETS
 
 
 @dataclass
@@ -109,7 +100,7 @@ class LossSettings:
     passes: int = 1  # optimizer steps per rollout batch
     micro_batch_size: int = 8  # sequences per forward/backward (memory only: the gradient is the same)
     adv_eps: float = 1e-6
-    tis_cap: float | None = None  # C of the truncated importance-sampling correction (vllm_engine); None: off
+    tis_cap: float | None = None  # C of the truncated importance-sampling correction (tis_weights); None: off
     # the std A_i divides by: unbiased (1 / (G - 1), TRL's and verl's) or population (1 / G, EmoLLM B.2)
     adv_std: Literal["unbiased", "population"] = "unbiased"
 
@@ -134,15 +125,15 @@ class GRPOConfig:
     reward: rewards.RewardSpec = field(default_factory=rewards.RewardSpec)
     judge: JudgeConfig = field(default_factory=JudgeConfig)
     curriculum: dataset.CurriculumConfig = field(default_factory=dataset.CurriculumConfig)
-    finetune: Literal["lora", "full"] = "lora"  # full: every weight but embedding and lm_head, sharded (train.py)
+    finetune: Literal["lora", "full"] = "lora"  # full: every weight but embedding and lm_head, sharded (fsdp.py)
     lora: LoraSettings | None = None  # LoRA runs only; left out: LoraSettings()
     rollout: RolloutSettings = field(default_factory=RolloutSettings)
     filtering: FilterSettings = field(default_factory=FilterSettings)
     loss: LossSettings = field(default_factory=LossSettings)
     optim: OptimSettings = field(default_factory=OptimSettings)
-    dialogue: dialogue.DialogueSettings | None = None  # set: dialogue RL, train_data holds scenario seeds
+    dialogue: DialogueSettings | None = None  # set: dialogue RL, train_data holds scenario seeds
     prepare: rewards.ReferenceSettings | None = None  # `grpo.py prepare`: writes train_data[0] with references
-    content_model: reward_model.ContentModelSettings | None = None  # social_r1: R_content from a trained RM
+    content_model: rewards.ContentModelSettings | None = None  # social_r1: R_content from a trained RM
     save_every: int = 50  # updates between checkpoints (one is always written at the end)
     keep_checkpoints: int = 2
     resume: Literal["auto", "none"] = "auto"  # auto: continue from the newest checkpoint in output_dir
@@ -182,7 +173,7 @@ def grpo_loss(logp, logp_old, logp_ref, advantages, mask, clip_low=0.2, clip_hig
     mean is scaled by it and the count is their sum. A completion split over several rows gives each row its
     share of the completion's tokens, so the completion counts once, as the mean over all its tokens. `is_weight`
     [B, T] multiplies each token's clipped surrogate (not its KL): the truncated importance-sampling correction
-    w = min(pi_old / pi_sampler, C) for rollouts from another engine (vllm_engine.truncated_is_weights).
+    w = min(pi_old / pi_sampler, C) for rollouts from another engine (`tis_weights`).
 
     stats (detached sums over the masked tokens, to be added over pieces): tokens, kl,
     clip_low (tokens with rho < 1 - clip_low and A < 0), clip_high (rho > 1 + clip_high and A > 0)."""
@@ -215,6 +206,18 @@ def grpo_loss(logp, logp_old, logp_ref, advantages, mask, clip_low=0.2, clip_hig
                  "clip_low": (((ratio < 1 - clip_low) & (adv < 0)) * mask).sum(),
                  "clip_high": (((ratio > 1 + clip_high) & (adv > 0)) * mask).sum()}
     return loss, stats
+
+
+def tis_weights(logp_old: torch.Tensor, logp_sampler: torch.Tensor, cap: float | None) -> torch.Tensor | None:
+    """Per-token truncated importance-sampling weights for tokens drawn by a sampler that is not quite the trainer's
+    policy (another engine's kernels and precision, `rollout.engine: vllm`):
+        w_t = min(pi_old(y_t) / pi_sampler(y_t), C) = exp(min(logp_old_t - logp_sampler_t, log C)),
+    pi_old being the trainer's policy before the update (the log-probs it computed itself) and C = `cap`. The
+    clipped surrogate of each token is multiplied by w_t (the KL term is not); w_t carries no gradient. Tokens the
+    sampler over-weights get w < 1; under-weighted ones up to C, which bounds the variance. No cap: None (off)."""
+    if cap is None:
+        return None
+    return torch.exp(torch.clamp(logp_old - logp_sampler, max=math.log(cap))).detach()
 
 
 def lr_at(update: int, optim: OptimSettings, updates: int) -> float:
@@ -258,67 +261,20 @@ class PromptSource:
         return pool[choice]
 
 
-def sample_groups(policy: Qwen, tok, examples: list[data.Example], cfg: GRPOConfig, update: int,
-                  seed: int, engine=None) -> list[Group]:
-    """Step 1: K completions of each example in one batched `generate` call (or one request per example to the
-    vLLM `engine`: prompt ids in, token ids and the sampler's log-probs back), parsed into Rollouts."""
-    rollout = cfg.rollout
-    eos = set(tok.eos_token_ids)
-    prompts = [tok.chat_ids(data.get_task(e.task).messages(e), enable_thinking=rollout.enable_thinking)
-               for e in examples]
-    policy.eval()
-    if engine is not None:
-        new, logp = engine.generate(prompts, rollout.group_size, rollout, seed, tok.eos_token_ids)
+def rollout_sampler(cfg: GRPOConfig, policy: Qwen, tok, ranks: Ranks, out_dir: Path):
+    """The run's sampler (rollout.py's interface), chosen once: role-played dialogues with a `dialogue:` section,
+    a vLLM server with `rollout.engine: vllm`, else rollout.PromptSampler; a sharded policy's gathered whole."""
+    if cfg.dialogue is not None:
+        from dialogue import DialogueSampler
+
+        sampler = DialogueSampler(policy, tok, cfg)
+    elif cfg.rollout.engine == "vllm":
+        from vllm_engine import VLLMSampler
+
+        sampler = VLLMSampler(policy, tok, cfg, ranks, out_dir)
     else:
-        new, logp = generate(policy, [p for p in prompts for _ in range(rollout.group_size)], rollout.max_new_tokens,
-                             temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k,
-                             repetition_penalty=rollout.repetition_penalty, eos_token_ids=tok.eos_token_ids,
-                             seed=seed, return_logprobs=True)
-    groups = []
-    for g, (example, prompt) in enumerate(zip(examples, prompts)):
-        rows = range(g * rollout.group_size, (g + 1) * rollout.group_size)
-        rollouts = []
-        for i in rows:
-            text = tok.decode(new[i][:-1] if new[i] and new[i][-1] in eos else new[i])
-            reasoning, _ = data.split_completion(text)
-            rollouts.append(rewards.Rollout.from_completion(
-                example, text, n_reasoning_tokens=data.count_tokens(reasoning, tok), n_completion_tokens=len(new[i]),
-                step=update + 1, total_steps=cfg.updates))  # t counts from 1: w(t) reaches 1 + gamma at the last
-        groups.append(Group(example, [[Sample(prompt, new[i], logp[i], not new[i] or new[i][-1] not in eos)]
-                                      for i in rows], rollouts))
-    return groups
-
-
-class PromptSampler:
-    """How `train` samples and judges single-turn rewards (dialogue.DialogueSampler is the dialogue mode's): the
-    curriculum's segments, K completions per prompt (`sample_groups`), the judges the reward needs
-    (`rewards.judge_rollouts`)."""
-
-    def __init__(self, policy: Qwen, tok, cfg: GRPOConfig):
-        self.policy = policy
-        self.tok = tok
-        self.cfg = cfg
-        self.engine = None  # train sets the vllm_engine.VLLMEngine of `rollout.engine: vllm`
-        self.content = cfg.content_model and reward_model.content_scorer(cfg.content_model, policy.device,
-                                                                         cfg.model.dtype)  # social_r1's RM
-
-    def segments(self, examples: list[data.Example]) -> list[dataset.Segment]:
-        return dataset.curriculum(examples, self.cfg.curriculum)
-
-    def open(self, slots: list[Slot], seed: int, counts: dict) -> list[Slot]:
-        return slots  # every slot is a prompt to sample
-
-    def sample(self, examples: list[data.Example], update: int, seed: int, counts: dict) -> list[Group]:
-        return sample_groups(self.policy, self.tok, examples, self.cfg, update, seed, self.engine)
-
-    def judge(self, groups: list[Group]) -> dict:
-        return rewards.judge_rollouts([r for g in groups for r in g.rollouts], self.cfg.reward, self.cfg.judge,
-                                      self.content)
-
-
-def sampler_for(cfg: GRPOConfig, policy: Qwen, tok):
-    """The run's sampler, chosen once: role-played dialogues when the config has a `dialogue:` section."""
-    return (PromptSampler if cfg.dialogue is None else dialogue.DialogueSampler)(policy, tok, cfg)
+        sampler = PromptSampler(policy, tok, cfg)
+    return GatheredSampler(sampler, policy) if is_sharded(policy) else sampler
 
 
 def sample_slots(sampler, slots: list[Slot], update: int, seed: int, counts: dict) -> None:
@@ -397,17 +353,17 @@ def count_decisions(counts: dict, decisions: list[str]) -> None:
 
 
 def collect_groups(sampler, source: PromptSource, slots: list[Slot], cfg: GRPOConfig, update: int,
-                   dist: Dist) -> tuple[list[Group], dict]:
+                   ranks: Ranks) -> tuple[list[Group], dict]:
     """Steps 1-3 for this rank's slots: sample, score, filter, again for the slots filtering sends back, until
     every slot holds a usable group or is out of attempts. `sampler.open` may first turn the slots into others (a
     dialogue run with a turn reward: one per state played). Returns the groups and the update's counters."""
     counts = {"resampled": 0, "replaced": 0, "masked": 0, "generate_s": 0.0, "judge_s": 0.0, "train_s": 0.0,
               "calls": 0, "retries": 0, "failures": 0}
-    slots = timed(counts, "generate_s", sampler.open, slots, derived_seed(cfg.seed, "play", update, dist.rank), counts)
+    slots = timed(counts, "generate_s", sampler.open, slots, derived_seed(cfg.seed, "play", update, ranks.rank), counts)
     pending = list(slots)
     rounds = 0
     while pending:
-        seed = derived_seed(cfg.seed, "sample", update, dist.rank, rounds)
+        seed = derived_seed(cfg.seed, "sample", update, ranks.rank, rounds)
         timed(counts, "generate_s", sample_slots, sampler, pending, update, seed, counts)  # 1. sample
         groups = [s.group for s in pending]
         judge_stats = timed(counts, "judge_s", score_groups, groups, cfg, sampler.judge)  # 2. score
@@ -486,6 +442,13 @@ def micro_batches(sequences: list[Sequence], size: int, pad_id: int, device) -> 
     return batches
 
 
+def idle_batch(device) -> MicroBatch:
+    """A micro-batch that weighs nothing in the loss: one all-masked row."""
+    return MicroBatch(torch.zeros(1, 2, dtype=torch.long, device=device),
+                      torch.zeros(1, 1, dtype=torch.bool, device=device),
+                      *(torch.zeros(shape, device=device) for shape in (1, (1, 1), 1)))
+
+
 def reference_logprobs(policy: Qwen, batches: list[MicroBatch], cfg: GRPOConfig,
                        reference: Qwen | None = None) -> list[torch.Tensor | None]:
     """Log-probs under the reference (the policy without its RL LoRA, or full mode's frozen copy); None at beta 0."""
@@ -497,34 +460,34 @@ def reference_logprobs(policy: Qwen, batches: list[MicroBatch], cfg: GRPOConfig,
 
 
 def accumulate_loss(policy: Qwen, batches: list[MicroBatch], old: list, refs: list, normalizer, cfg: GRPOConfig,
-                    dist: Dist, out: dict) -> torch.Tensor:
+                    ranks: Ranks, stats: dict) -> torch.Tensor:
     """Step 5: the loss of every micro-batch, backward into the gradients; returns the loss summed over ranks.
     The first pass's log-probs are the sampling policy's (logp_old, cached into `old` for later passes) and give
-    the entropy and the sampler mismatch; the loss statistics are added into `out`."""
+    the entropy and the sampler mismatch; the loss statistics are added into `stats`."""
     loss_cfg = cfg.loss
     temperature = cfg.rollout.temperature
-    loss_sum = torch.zeros((), device=dist.device)
+    loss_sum = torch.zeros((), device=ranks.device)
     for i, b in enumerate(batches):
         if old[i] is None:  # the sampler mismatch: |logp_old - the sampler's log-probs| (vLLM's with engine vllm)
             logp, entropy = token_logprobs(policy, b.ids, b.mask, temperature, entropy=True)
             old[i] = logp.detach()
             gap = (old[i] - b.sampler_logp).abs()[b.mask]
-            out["entropy"] += entropy[b.mask].sum().item()
-            out["mismatch_sum"] += gap.sum().item()
-            out["mismatch_max"] = max(out["mismatch_max"], gap.max().item() if gap.numel() else 0.0)
+            stats["entropy"] += entropy[b.mask].sum().item()
+            stats["mismatch_sum"] += gap.sum().item()
+            stats["mismatch_max"] = max(stats["mismatch_max"], gap.max().item() if gap.numel() else 0.0)
         else:
             logp = token_logprobs(policy, b.ids, b.mask, temperature)
-        loss, stats = grpo_loss(logp, old[i], refs[i], b.advantages, b.mask, loss_cfg.clip_low, loss_cfg.clip_high,
+        loss, sums = grpo_loss(logp, old[i], refs[i], b.advantages, b.mask, loss_cfg.clip_low, loss_cfg.clip_high,
                                 loss_cfg.beta, loss_cfg.agg, normalizer=normalizer, row_weight=b.row_weight,
-                                is_weight=truncated_is_weights(old[i], b.sampler_logp, loss_cfg.tis_cap))
+                                is_weight=tis_weights(old[i], b.sampler_logp, loss_cfg.tis_cap))
         loss.backward()
         loss_sum += loss.detach()
-        for key, value in stats.items():
-            out[key] += value.item() / loss_cfg.passes
+        for key, value in sums.items():
+            stats[key] += value.item() / loss_cfg.passes
     return all_reduce_sum(loss_sum)
 
 
-def optimizer_step(optimizer, loss_total: torch.Tensor, cfg: GRPOConfig, out: dict) -> None:
+def optimizer_step(optimizer, loss_total: torch.Tensor, cfg: GRPOConfig, stats: dict) -> None:
     """Step 6: gradients summed over ranks, clipped, one AdamW step (skipped, and counted, when not finite)."""
     params = optimizer_parameters(optimizer)
     sync_gradients(params)
@@ -532,41 +495,39 @@ def optimizer_step(optimizer, loss_total: torch.Tensor, cfg: GRPOConfig, out: di
     if torch.isfinite(loss_total) and math.isfinite(grad_norm):
         optimizer.step()
     else:  # never apply a non-finite step: the weights stay as they were
-        out["skipped_nonfinite"] += 1
-    out["loss"] += loss_total.item() / cfg.loss.passes
-    out["grad_norm"] += grad_norm / cfg.loss.passes
+        stats["skipped_nonfinite"] += 1
+    stats["loss"] += loss_total.item() / cfg.loss.passes
+    stats["grad_norm"] += grad_norm / cfg.loss.passes
 
 
-def policy_update(policy: Qwen, optimizer, batches: list[MicroBatch], cfg: GRPOConfig, dist: Dist,
+def policy_update(policy: Qwen, optimizer, batches: list[MicroBatch], cfg: GRPOConfig, ranks: Ranks,
                   reference: Qwen | None = None) -> dict:
     """Steps 5-6, `loss.passes` times over one rollout batch, after the reference pass (beta > 0). The loss is
     normalized by the completion or token count of the whole update over all ranks. Returns the training stats."""
-    d = dist.device  # a full-parameter run pads the ranks to the same micro-batch count with all-masked ones
-    idle = MicroBatch(torch.zeros(1, 2, dtype=torch.long, device=d), torch.zeros(1, 1, dtype=torch.bool, device=d),
-                      *(torch.zeros(shape, device=d) for shape in (1, (1, 1), 1)))
-    batches = pad_batches(policy, batches, idle)
+    if is_sharded(policy):  # every rank runs the same forwards and backwards: pad with batches that weigh nothing
+        batches = pad_batches(batches, idle_batch(ranks.device), ranks.device)
     seq_mean = cfg.loss.agg == "seq-mean-token-mean"  # count completions (weighted rows) or tokens
     local = sum(b.row_weight.sum() if seq_mean else b.mask.sum() for b in batches)
-    normalizer = all_reduce_sum(torch.tensor(float(local), device=dist.device))
-    out = {"loss": 0.0, "grad_norm": 0.0, "skipped_nonfinite": 0, "entropy": 0.0, "mismatch_sum": 0.0,
+    normalizer = all_reduce_sum(torch.tensor(float(local), device=ranks.device))
+    stats = {"loss": 0.0, "grad_norm": 0.0, "skipped_nonfinite": 0, "entropy": 0.0, "mismatch_sum": 0.0,
            "mismatch_max": 0.0, "tokens": 0.0, "kl": 0.0, "clip_low": 0.0, "clip_high": 0.0}
     if normalizer == 0:  # every group of the update masked: nothing to learn from, no step
-        return out
+        return stats
     refs = reference_logprobs(policy, batches, cfg, reference)
     old: list[torch.Tensor | None] = [None] * len(batches)
     policy.train()
     for _ in range(cfg.loss.passes):
         optimizer.zero_grad(set_to_none=True)
-        loss_total = accumulate_loss(policy, batches, old, refs, normalizer, cfg, dist, out)  # 5. loss
-        optimizer_step(optimizer, loss_total, cfg, out)  # 6. step
-    return out
+        loss_total = accumulate_loss(policy, batches, old, refs, normalizer, cfg, ranks, stats)  # 5. loss
+        optimizer_step(optimizer, loss_total, cfg, stats)  # 6. step
+    return stats
 
 
 
 # ----------------------------------------------------------------------------- setup
 
 
-def check_inputs(cfg: GRPOConfig, config_path: str) -> list[data.Example] | list[dialogue.Scenario]:
+def check_inputs(cfg: GRPOConfig, config_path: str) -> list:
     """Everything a user can get wrong, checked before any model loads: settings, the reward and its
     judges, the checkpoint folders, the data files (examples, or a dialogue run's scenario seeds).
     Raises ConfigError / DataError with one line."""
@@ -577,8 +538,8 @@ def check_inputs(cfg: GRPOConfig, config_path: str) -> list[data.Example] | list
     if cfg.reward.name not in rewards.REWARDS:
         known = ", ".join(sorted(rewards.REWARDS))
         raise bad("reward.name", f"unknown reward {excerpt(cfg.reward.name)} (known: {known})")
-    if (dialogue_cfg is not None) != (cfg.reward.name in dialogue.GROUPING):
-        raise bad("dialogue", f"rewards {', '.join(dialogue.GROUPING)} train on role-played dialogues: they, and only "
+    if (dialogue_cfg is not None) != (cfg.reward.name in rewards.DIALOGUE_GROUPING):
+        raise bad("dialogue", f"rewards {', '.join(rewards.DIALOGUE_GROUPING)} train on role-played dialogues: they, and only "
                               f"they, need a 'dialogue' section (reward: {cfg.reward.name})")
     unknown = sorted(set(cfg.reward.params) - set(rewards.REWARDS[cfg.reward.name].defaults))
     if unknown:
@@ -587,8 +548,8 @@ def check_inputs(cfg: GRPOConfig, config_path: str) -> list[data.Example] | list
     rm = cfg.content_model
     if rm is not None and (cfg.reward.name != "social_r1" or (rm.path is None) == (rm.endpoint is None)):
         raise bad("content_model", "reward social_r1 only, with either a path (in-process) or an endpoint (served)")
-    if rm is not None and rm.path is not None and not (Path(rm.path) / reward_model.RM_INFO).is_file():
-        raise bad("content_model.path", f"{rm.path} has no {reward_model.RM_INFO} (train one: reward_model.py)")
+    if rm is not None and rm.path is not None and not (Path(rm.path) / rewards.RM_INFO).is_file():
+        raise bad("content_model.path", f"{rm.path} has no {rewards.RM_INFO} (train one: reward_model.py)")
     rollout = cfg.rollout
     loss = cfg.loss
     for key, value, low in (("rollout.group_size", rollout.group_size, 2), ("updates", cfg.updates, 1),
@@ -623,11 +584,13 @@ def check_inputs(cfg: GRPOConfig, config_path: str) -> list[data.Example] | list
             raise bad(f"{key}.api_key_env", str(e)) from None
     if not cfg.train_data:
         raise bad("train_data", "no data files given")
+    if dialogue_cfg:
+        from dialogue import load_scenarios
     examples = []
     for path in cfg.train_data:
         if not Path(path).is_file():
             raise bad("train_data", f"{path}: file not found")
-        loaded = dialogue.load_scenarios(path) if dialogue_cfg else dataset.load_jsonl(path)
+        loaded = load_scenarios(path) if dialogue_cfg else dataset.load_jsonl(path)
         if not loaded:
             raise bad("train_data", f"{path}: no examples (the file is empty)")
         try:
@@ -639,12 +602,12 @@ def check_inputs(cfg: GRPOConfig, config_path: str) -> list[data.Example] | list
     return examples
 
 
-def build_policy(cfg: GRPOConfig, dist: Dist, like: Qwen | None = None):
+def build_policy(cfg: GRPOConfig, ranks: Ranks, like: Qwen | None = None):
     """The base model with the SFT adapter (and its <evidence> rows) merged in, plus a fresh LoRA: the only trainable
     parameters (embedding and lm_head stay frozen); disabling it gives the reference. `finetune: full`: those weights
     sharded (train.shard_model), all but embedding and lm_head trainable; `like`: the frozen reference of it."""
     tok = load_tokenizer(cfg.model.path)
-    policy = Qwen.from_pretrained(cfg.model.path, dtype=cfg.model.dtype, device=dist.device)
+    policy = Qwen.from_pretrained(cfg.model.path, dtype=cfg.model.dtype, device=ranks.device)
     if cfg.model.sft_adapter:
         add_special_tokens(policy, tok, [data.EVIDENCE_OPEN, data.EVIDENCE_CLOSE])  # the ids the SFT run gave them
         merge_lora(load_adapter(policy, cfg.model.sft_adapter))
@@ -652,7 +615,7 @@ def build_policy(cfg: GRPOConfig, dist: Dist, like: Qwen | None = None):
     if cfg.lora is not None:
         add_lora(policy, cfg.lora.rank, cfg.lora.alpha, cfg.lora.dropout, cfg.lora.targets)
     else:
-        shard_model(policy, dist.device, like)
+        shard_model(policy, ranks.device, like)
     policy.gradient_checkpointing = cfg.model.gradient_checkpointing
     return policy, tok
 
@@ -661,58 +624,53 @@ def build_policy(cfg: GRPOConfig, dist: Dist, like: Qwen | None = None):
 
 
 def train(cfg: GRPOConfig, examples: list[data.Example]) -> None:
-    dist = setup_distributed(cfg.model.device)
-    out = Path(cfg.output_dir)
-    save_resolved_config(cfg, out)
-    policy, tok = build_policy(cfg, dist)
+    ranks = setup_distributed(cfg.model.device)
+    out_dir = Path(cfg.output_dir)
+    save_resolved_config(cfg, out_dir)
+    policy, tok = build_policy(cfg, ranks)
     full_kl = cfg.lora is None and cfg.loss.beta != 0  # a full-parameter run's KL needs a frozen, sharded reference
-    reference = build_policy(cfg, dist, like=policy)[0] if full_kl else None
-    sampler = sampler_for(cfg, policy, tok)
+    reference = build_policy(cfg, ranks, like=policy)[0] if full_kl else None
+    sampler = rollout_sampler(cfg, policy, tok, ranks, out_dir)
     source = PromptSource(sampler.segments(examples))
-    checkpoint = latest_checkpoint(out) if cfg.resume == "auto" else None
+    optimizer, state = resume(out_dir, policy, lambda: build_optimizer(policy, cfg.optim.lr, cfg.optim.weight_decay,
+                                                                       cfg.optim.betas), cfg.resume == "auto")
     start = 0
-    if checkpoint is not None:
-        meta = load_checkpoint(checkpoint, policy)
-        start = meta["trainer"]["update"]
-        source.cursor = tuple(meta["trainer"]["cursor"])
-        print0(f"resuming from {checkpoint} (update {start} of {cfg.updates})")
-    optimizer = build_optimizer(policy, cfg.optim.lr, cfg.optim.weight_decay, cfg.optim.betas)
-    if checkpoint is not None:
-        restore_optimizer(checkpoint, optimizer, meta, policy)
-    else:
-        broadcast_parameters(optimizer_parameters(optimizer))
+    if state is not None:
+        start, source.cursor = state["update"], tuple(state["cursor"])
+        print0(f"resuming from update {start} of {cfg.updates} ({out_dir})")
     for name in ("metrics.jsonl", "completions.jsonl"):
-        trim_log(out / name, start, dist)
+        trim_log(out_dir / name, start, ranks)
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_ids[0]
-    sampler.engine = start_engine(cfg.rollout, policy, tok, out, start, dist)  # None: local rollouts
     progress = Progress(cfg.updates, first_step=start)
-    with MetricsWriter(out / "metrics.jsonl") as metrics_log, \
-            MetricsWriter(out / "completions.jsonl") as completions_log, StopRequest() as stop:
+    with MetricsWriter(out_dir / "metrics.jsonl") as metrics_log, \
+            MetricsWriter(out_dir / "completions.jsonl") as completions_log, StopRequest() as stop:
         for update in range(start, cfg.updates):
             lr = lr_at(update + 1, cfg.optim, cfg.updates)  # `update` counts from 0, the paper's updates from 1
             set_lr(optimizer, lr)
             cursor = source.cursor
             drawn = source.take(cfg.rollout.prompts_per_update)
             slots = [Slot(i, example, segment) for i, (example, segment) in enumerate(drawn)
-                     if i % dist.world_size == dist.rank]  # this rank's share of the update's prompts
+                     if i % ranks.world_size == ranks.rank]  # this rank's share of the update's prompts
             # 1-3. sample, score, filter (collect_groups: the three steps, again for the slots filtering sends back)
             try:
-                with gathered(policy):  # a sharded policy decodes whole: no collective per token
-                    groups, counts = guarded(dist, collect_groups, sampler, source, slots, cfg, update, dist)
-            except EngineError as e:  # nothing of this update is trained: the checkpoint holds the state before it
-                stop_run(e, out, update, policy, optimizer, cursor, cfg.keep_checkpoints)
+                with sampler.rollouts(update):
+                    groups, counts = collect_groups(sampler, source, slots, cfg, update, ranks)
+            except RolloutError as e:  # nothing of this update is trained: the checkpoint holds the state before it
+                save_checkpoint(out_dir, update, policy, optimizer, {"update": update, "cursor": list(cursor)},
+                                keep=cfg.keep_checkpoints)
+                print0(f"error: {e}\nstopped after update {update}: the rollouts failed; checkpoint saved, the same "
+                       f"command resumes from {out_dir}", file=sys.stderr)
+                raise SystemExit(1) from None
             # 4. advantages
             advantages = advantages_by_group(groups, cfg.loss)
             batches = micro_batches(training_sequences(groups, advantages), cfg.loss.micro_batch_size, pad_id,
-                                    dist.device)
+                                    ranks.device)
             # 5-6. loss and step, `loss.passes` times (policy_update: accumulate_loss, then optimizer_step)
-            trained = timed(counts, "train_s", policy_update, policy, optimizer, batches, cfg, dist, reference)
-            if sampler.engine is not None:  # the next update samples from the adapter just trained (or it stops)
-                sampler.engine.sync(policy, update + 1, dist, (out, optimizer, source.cursor, cfg.keep_checkpoints))
-            reports = gather_json(rank_report(groups, counts, trained), dist)
+            trained = timed(counts, "train_s", policy_update, policy, optimizer, batches, cfg, ranks, reference)
+            reports = gather_json(rank_report(groups, counts, trained), ranks)
             metrics = update_metrics(reports, update + 1, lr, cfg.loss.beta)
             records = gather_json(completion_records(groups, advantages, tok, update + 1)
-                                  if cfg.log_completions else [], dist)
+                                  if cfg.log_completions else [], ranks)
             n_tokens = sum(r["prompt_tokens"] + sum(r["lengths"]) for r in reports)
             metrics |= progress.log(update, n_tokens, reward=metrics["reward"] or 0.0, loss=metrics["loss"],
                                     masked=metrics["groups/masked"])
@@ -721,18 +679,18 @@ def train(cfg: GRPOConfig, examples: list[data.Example]) -> None:
             for record in (r for rank_records in records for r in rank_records):
                 completions_log.write(record)
             done = update + 1
-            stopping = stop.requested(dist.device)
+            stopping = stop.requested(ranks.device)
             if done % cfg.save_every == 0 or done == cfg.updates or stopping:
-                save_checkpoint(out, done, policy, optimizer, {"update": done, "cursor": list(source.cursor)},
+                save_checkpoint(out_dir, done, policy, optimizer, {"update": done, "cursor": list(source.cursor)},
                                 keep=cfg.keep_checkpoints)
             if stopping:
-                print0(f"stopped after update {done}; `resume: auto` continues from {out}")
+                print0(f"stopped after update {done}; `resume: auto` continues from {out_dir}")
                 return
-    final = out / ("model" if is_sharded(policy) else "adapter")  # a full-parameter run: a whole checkpoint
+    final = out_dir / ("model" if is_sharded(policy) else "adapter")  # a full-parameter run: a whole checkpoint
     base = None if cfg.model.sft_adapter else cfg.model.path  # else: the SFT-merged base, not on disk
-    save_model(policy, tok, final, dist, base_model_name_or_path=base)
-    if dist.main and cfg.save_merged:
-        with atomic_folder(out / "merged") as tmp:
+    save_model(policy, tok, final, ranks, base_model_name_or_path=base)
+    if ranks.main and cfg.save_merged:
+        with atomic_folder(out_dir / "merged") as tmp:
             save_merged(policy, tok, tmp)
     print0(f"done: {final}")
 
@@ -762,7 +720,7 @@ def main(argv=None) -> None:
     try:
         train(cfg, examples)
     # a refused key; vLLM at start-up (down, other weights, no adapter); a checkpoint of another mode or world size
-    except (JudgeAuthError, EngineError, CheckpointError) as e:
+    except (JudgeAuthError, RolloutError, CheckpointError) as e:
         print0(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
 

@@ -55,14 +55,12 @@ from evaluate import read_jsonl as read_journal
 from judge import (DATA_NOTICE, JudgeCall, JudgeConfig, JudgeError, ask, chat_messages, parse_sip_content, section,
                    sip_content_request)
 from model import CheckpointError, Qwen, QwenTokenizer, add_lora, load_adapter, load_tokenizer, save_adapter
-from sft import LoraSettings
-from train import (Progress, StopRequest, all_reduce_sum, broadcast_parameters, build_optimizer, latest_checkpoint,
-                   linear_warmup_decay, load_checkpoint, restore_optimizer, save_checkpoint, set_lr, setup_distributed,
-                   sync_gradients, trim_log)
+from rewards import RM_INFO, ContentModelSettings
+from train import LoraSettings, Progress, StopRequest, all_reduce_sum, broadcast_parameters, build_optimizer, linear_warmup_decay, set_lr, setup_distributed, sync_gradients
+from checkpoint import latest_checkpoint, load_checkpoint, restore_optimizer, save_checkpoint, trim_log
 
 HEAD_FILE = "value_head.safetensors"
 HEAD_FORMAT = "clue-mini-value-head/1"
-RM_INFO = "reward_model.json"
 
 # ----------------------------------------------------------------------------- the model
 
@@ -196,16 +194,6 @@ def load_reward_model(path, base: str | None = None, device=None, dtype=None, ba
     rm.load_head(path / HEAD_FILE)
     rm.requires_grad_(False)
     return ContentRM(rm.eval(), load_tokenizer(base), int(info["max_length"]), batch_size)
-
-
-@dataclass
-class ContentModelSettings:
-    """grpo.py's `content_model:` section: social_r1's R_content from a trained RM instead of the prompted judge."""
-
-    path: str | None = None  # the RM folder, scored in-process on the trainer's device (each rank holds a copy)
-    base: str | None = None  # its base checkpoint (default: the one its reward_model.json names)
-    batch_size: int = 8  # segments scored together
-    endpoint: JudgeConfig | None = None  # or: a served RM (judge_server.py --backend reward_model); then no path
 
 
 def content_scorer(settings: ContentModelSettings | None, device=None, dtype=None):
@@ -536,7 +524,7 @@ class RMConfig:
     dtype: str | None = None  # None: bfloat16 on GPU, float32 on the CPU; LoRA and the head stay float32
     device: str | None = None
     gradient_checkpointing: bool = False
-    lora: LoraSettings = field(default_factory=LoraSettings)  # sft.py's defaults (r 16, alpha 32): ours
+    lora: LoraSettings = field(default_factory=lambda: LoraSettings(dropout=0.05))  # sft.py's defaults: ours
     build: PairsConfig | None = None  # the `pairs` command's settings
 
 

@@ -551,6 +551,21 @@ def _meta_ok(key: str, value: Any) -> bool:
 
 # What a trained content RM (reward_model.py) replaces: social_r1's R_content judge, and the reference it needs.
 CONTENT_JUDGE = "sip_content"
+RM_INFO = "reward_model.json"  # what marks a folder as a reward model reward_model.py wrote
+
+
+@dataclass
+class ContentModelSettings:
+    """grpo.py's `content_model:` section: social_r1's R_content from a trained RM instead of the prompted judge."""
+
+    path: str | None = None  # the RM folder, scored in-process on the trainer's device (each rank holds a copy)
+    base: str | None = None  # its base checkpoint (default: the one its reward_model.json names)
+    batch_size: int = 8  # segments scored together
+    endpoint: judge.JudgeConfig | None = None  # or: a served RM (judge_server.py --backend reward_model); then no path
+
+
+# The rewards a dialogue run trains (grpo.py with a `dialogue:` section; dialogue.py), and how each groups.
+DIALOGUE_GROUPING = {"emollm": "trajectory", "emollm_turn": "turn", "care": "turn"}
 
 
 def check_reward_data(spec: RewardSpec, examples: list[data.Example], content_model: bool = False) -> None:

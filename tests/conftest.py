@@ -2,6 +2,7 @@
 (default ../shared/data beside the checkout) and skip with a reason where they are absent."""
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the oracles (transformers, peft)
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))  # bench/instruments.py: the test- and bench-only instruments
 
 
 @pytest.fixture(scope="session")

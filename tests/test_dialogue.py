@@ -23,6 +23,7 @@ import grpo
 import judge
 import model as M
 import train as T
+import checkpoint as CK
 from config import load_config
 from data import DataError
 from dialogue import DialogueSettings, PolicyTurn, Scenario, State
@@ -34,7 +35,7 @@ REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "configs" / "dialogue_demo.yaml"
 WORDS = ["user", "assistant", "I", "understand", "sorry", "hear", "you", "try", "one", "step", "Facts:", "Needs:",
          "Appraisal:", "Emotion:", "Strategy:", "Lookahead", "1:", "2:", "Choice:", "worried", "calmer", "the", "plan"]
-CPU = T.Dist(0, 1, torch.device("cpu"))
+CPU = T.Ranks(0, 1, torch.device("cpu"))
 
 
 @pytest.fixture(scope="module")
@@ -603,7 +604,7 @@ def test_a_killed_dialogue_run_resumes_to_the_same_result(tmp_path, reward):
 
         grpo.main(argv("straight"))
         kill_after_checkpoint(argv("killed"), tmp_path / "killed", "ckpt-000001")
-        assert T.latest_checkpoint(tmp_path / "killed").name in ("ckpt-000001", "ckpt-000002", "ckpt-000003")
+        assert CK.latest_checkpoint(tmp_path / "killed").name in ("ckpt-000001", "ckpt-000002", "ckpt-000003")
         grpo.main(argv("killed"))  # resume: auto
     assert_same_run(tmp_path / "straight", tmp_path / "killed")
 

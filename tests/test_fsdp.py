@@ -20,8 +20,11 @@ import torch.multiprocessing as mp
 import model as M
 import sft
 import train as T
+import instruments as INSTR
+import fsdp as FS
+import checkpoint as CK
 from test_sft import _rank_run, config, config_file, metrics, sad_row, tensors, write_checkpoint, write_rows
-from vllm_engine import free_port
+from instruments import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 FULL = dict(finetune="full", lora=None)
@@ -99,7 +102,7 @@ def _export_worker(rank, port, out, tied):
     raw = dict(TIED, tie_word_embeddings=tied)
     model = M.Qwen(M.QwenConfig.from_dict(raw))
     M.train_token_rows(model, [5, 9])
-    T.shard_model(model, where.device)
+    FS.shard_model(model, where.device)
     optimizer = T.build_optimizer(model, lr=1e-2, weight_decay=0.01, betas=(0.9, 0.99), row_lr_scale=10.0)
     ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(1))
     model.train()
@@ -111,7 +114,7 @@ def _export_worker(rank, port, out, tied):
         logits = model(ids)
     tok = M.QwenTokenizer.__new__(M.QwenTokenizer)  # save_merged writes the tokenizer: a stand-in that writes none
     tok.save = lambda folder: None
-    T.export_full(model, tok, out)
+    FS.export_full(model, tok, out)
     if where.main:
         torch.save({"ids": ids, "logits": logits}, out / "expected.pt")
     dist.destroy_process_group()
@@ -144,10 +147,10 @@ def _rollout_worker(rank, port, out):
     model = M.Qwen(M.QwenConfig.from_dict(dict(TIED, tie_word_embeddings=False)))
     reference = M.Qwen(M.QwenConfig.from_dict(dict(TIED, tie_word_embeddings=False)))
     reference.load_state_dict(model.state_dict())
-    T.shard_model(model, where.device)
-    calls = T.CollectiveCounter()
+    FS.shard_model(model, where.device)
+    calls = INSTR.CollectiveCounter()
     with calls:
-        with T.gathered(model):
+        with FS.gathered(model):
             before = calls.count
             tokens = M.generate(model, [[1, 2, 3]] * (rank + 1), max_new_tokens=6 + 3 * rank, temperature=0)
             during = calls.count - before
@@ -220,7 +223,7 @@ def test_a_full_run_killed_resumes_equal_to_an_uninterrupted_one(checkpoint, tmp
     code, killed = run("killed", kill=True)
     assert code != 0
     if moment == "checkpoint write":
-        assert (killed / ".ckpt-000003.tmp").is_dir() and T.latest_checkpoint(killed).name == "ckpt-000002"
+        assert (killed / ".ckpt-000003.tmp").is_dir() and CK.latest_checkpoint(killed).name == "ckpt-000002"
         (killed / "writing").unlink()
     resumed = torchrun(REPO / "sft.py", killed.parent / "config.yaml", cwd=tmp_path)
     assert resumed.wait(timeout=600) == 0, resumed.stderr.read()

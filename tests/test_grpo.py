@@ -25,11 +25,13 @@ import dataset
 import grpo
 import model as M
 import rewards
+import rollout
 import train as T
+import checkpoint as CK
 from config import MetricsWriter, load_config
 from judge import SIP_STAGES
 from judge_server import Faults, JudgeServer, rules_backend
-from vllm_engine import free_port
+from instruments import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>", "<evidence>", "</evidence>"]
@@ -141,7 +143,7 @@ def test_group_advantages_population_std_for_emollm():
     clue = load_config(REPO / "configs" / "clue_qwen3_5_9b.yaml", [], grpo.GRPOConfig)
     assert (emollm.loss.adv_std, clue.loss.adv_std) == ("population", "unbiased")
     example = data.Example("e", "meld_emotion", [data.Turn("A", "hi")], 0, ["joy"])
-    group = grpo.Group(example, [[grpo.Sample([1, 2], [3], [-0.1], False)] for _ in range(4)], [], [0.0, 0.0, 0.0, 1.0])
+    group = rollout.Group(example, [[rollout.Sample([1, 2], [3], [-0.1], False)] for _ in range(4)], [], [0.0, 0.0, 0.0, 1.0])
     emollm.loss.adv_eps = 0.0
     (adv,) = grpo.advantages_by_group([group], emollm.loss)
     assert adv == pytest.approx([-0.57735, -0.57735, -0.57735, 1.73205], abs=1e-5)
@@ -191,14 +193,12 @@ def test_grpo_loss_by_hand():
 def test_truncated_importance_weights_by_hand():
     """w = min(pi_old / pi_sampler, C) per token, and grpo_loss multiplying each token's clipped surrogate by it
     (the KL term unweighted), against the formula evaluated by hand."""
-    from vllm_engine import truncated_is_weights
-
     old = torch.tensor([[-1.0, -2.0, -0.5], [-0.2, -3.0, -1.0]])
     sampler = torch.tensor([[-1.5, -1.7, -3.0], [-0.2, -2.0, -1.1]])
-    w = truncated_is_weights(old, sampler, 2.0)
+    w = grpo.tis_weights(old, sampler, 2.0)
     expected = [[math.exp(0.5), math.exp(-0.3), 2.0], [1.0, math.exp(-1.0), math.exp(0.1)]]  # e^2.5 capped at 2
     torch.testing.assert_close(w, torch.tensor(expected))
-    assert truncated_is_weights(old, sampler, None) is None
+    assert grpo.tis_weights(old, sampler, None) is None
     logp = torch.tensor([[-0.8, -2.1, -0.4], [-0.3, -2.9, -1.2]])
     ref = torch.tensor([[-1.1, -2.0, -0.9], [-0.1, -3.2, -1.0]])
     adv, mask = [0.7, -1.2], [[True, True, True], [True, True, False]]
@@ -248,12 +248,13 @@ def test_social_r1_weight_reaches_one_plus_gamma_at_the_last_update(assets):
     cfg = load_config(REPO / "configs" / "social_r1_qwen3_8b.yaml",
                       [f"model.path={base}", "model.dtype=float32", "model.device=cpu", "lora.rank=4", "lora.alpha=8",
                        "finetune=lora", "rollout.group_size=2", "rollout.max_new_tokens=2"], grpo.GRPOConfig)
-    policy, tok = grpo.build_policy(cfg, T.Dist(0, 1, torch.device("cpu")))
+    cfg.content_model = None  # the rollouts' step counts only: no reward model loaded
+    policy, tok = grpo.build_policy(cfg, T.Ranks(0, 1, torch.device("cpu")))
     story = data.Example("s", "tom_mc", [data.Turn("", "Sam hides the key.")], None, ["A"],
                          meta={"question": "Where?", "options": ["box", "bag"]})
     gamma = cfg.reward.params.get("gamma", rewards.REWARDS[cfg.reward.name].defaults["gamma"])
     for update, weight in ((cfg.updates - 1, 1 + gamma), (0, 1 + gamma / cfg.updates)):
-        (group,) = grpo.sample_groups(policy, tok, [story], cfg, update, seed=0)
+        (group,) = grpo.PromptSampler(policy, tok, cfg).sample([story], update, 0, {})
         assert {(r.step, r.total_steps) for r in group.rollouts} == {(update + 1, cfg.updates)}
         assert rewards.process_weight(group.rollouts[0].step, cfg.updates, gamma) == pytest.approx(weight)
 
@@ -270,19 +271,19 @@ def scripted_filtering(monkeypatch, script, enabled=True, config="clue_qwen3_5_9
     source = grpo.PromptSource([dataset.Segment("full", examples[:3]), dataset.Segment("mixed", examples[3:])])
     seen: dict[str, int] = {}
 
-    def fake_sample(policy, tok, batch, cfg, update, seed, engine=None):
+    def fake_sample(sampler, batch, update, seed, counts):
         groups = []
         for example in batch:
             k = seen[example.id] = seen.get(example.id, 0) + 1
             rewards_ = script[example.id][min(k, len(script[example.id])) - 1]
-            samples = [[grpo.Sample([1], [token], [0.0], False)] for token in (2, 3)]
-            groups.append(grpo.Group(example, samples, [], list(rewards_)))
+            samples = [[rollout.Sample([1], [token], [0.0], False)] for token in (2, 3)]
+            groups.append(rollout.Group(example, samples, [], list(rewards_)))
         return groups
 
-    monkeypatch.setattr(grpo, "sample_groups", fake_sample)
+    monkeypatch.setattr(grpo.PromptSampler, "sample", fake_sample)
     monkeypatch.setattr(grpo, "score_groups", lambda groups, cfg, judge: {"calls": 0, "retries": 0, "failures": 0})
     slots = [grpo.Slot(i, ex, seg) for i, (ex, seg) in enumerate(source.take(3))]
-    where = T.Dist(0, 1, torch.device("cpu"))
+    where = T.Ranks(0, 1, torch.device("cpu"))
     groups, counts = grpo.collect_groups(grpo.PromptSampler(None, None, cfg), source, slots, cfg, 0, where)
     return groups, counts, seen
 
@@ -346,7 +347,7 @@ def tiny_policy(tmp_path_or_base):
                       [f"model.path={tmp_path_or_base}", "model.sft_adapter=null", "model.dtype=float32", "lora.rank=4",
                        "lora.alpha=8",
                        "optim.lr=0.0", "optim.grad_clip=1e9", "seed=3"], grpo.GRPOConfig)
-    policy, tok = grpo.build_policy(cfg, T.Dist(0, 1, torch.device("cpu")))
+    policy, tok = grpo.build_policy(cfg, T.Ranks(0, 1, torch.device("cpu")))
     with torch.no_grad():  # B != 0, so the LoRA path carries gradient into A as well
         for m in M.lora_modules(policy).values():
             m.lora_B.normal_(0, 0.05, generator=torch.Generator().manual_seed(7))
@@ -362,8 +363,8 @@ def fixed_groups(n_groups=4, k=3, seed=0):
         comps = [torch.randint(1, 20, (2 + (i + j) % 4,), generator=g).tolist() for j in range(k)]
         sampler = [(-torch.rand(len(c), generator=g)).tolist() for c in comps]
         ex = data.Example(f"e{i}", "meld_emotion", [data.Turn("A", "hi")], 0, ["joy"])
-        samples = [[grpo.Sample(prompt, c, s, False)] for c, s in zip(comps, sampler)]
-        groups.append(grpo.Group(ex, samples, [], [float((i + j) % 3) for j in range(k)]))
+        samples = [[rollout.Sample(prompt, c, s, False)] for c, s in zip(comps, sampler)]
+        groups.append(rollout.Group(ex, samples, [], [float((i + j) % 3) for j in range(k)]))
     return groups
 
 
@@ -381,7 +382,7 @@ def test_accuracy_only_and_clue_scale_the_same_informative_groups_alike(monkeypa
     assert arms["clue"][1].example.id == arms["accuracy_only"][1].example.id == "p1"
     cfg, policy = tiny_policy(assets[0])
     cfg.loss.beta = 0.0  # the policy-gradient term alone
-    where = T.Dist(0, 1, torch.device("cpu"))
+    where = T.Ranks(0, 1, torch.device("cpu"))
     (_, clue), (_, accuracy_only) = (gradients(cfg, policy, arms[name], where, 4) for name in ("clue", "accuracy_only"))
     assert any(g.abs().sum() > 0 for g in clue)
     for a, b in zip(clue, accuracy_only):
@@ -414,7 +415,7 @@ def _rank_worker(rank, port, base, agg, out):
 @pytest.mark.parametrize("agg", ["seq-mean-token-mean", "token-mean"])
 def test_gradients_equal_for_micro_batch_splits_and_two_ranks(assets, agg):
     base, _ = assets
-    where = T.Dist(0, 1, torch.device("cpu"))
+    where = T.Ranks(0, 1, torch.device("cpu"))
     cfg, policy = tiny_policy(base)
     cfg.loss.agg = agg
     cfg.loss.beta = 0.04
@@ -441,7 +442,7 @@ def test_on_policy_loss_is_zero_but_the_gradient_is_not(assets):
     base, _ = assets
     cfg, policy = tiny_policy(base)
     cfg.loss.beta = 0.0
-    result, grads = gradients(cfg, policy, fixed_groups(), T.Dist(0, 1, torch.device("cpu")), 4)
+    result, grads = gradients(cfg, policy, fixed_groups(), T.Ranks(0, 1, torch.device("cpu")), 4)
     assert abs(result["loss"]) < 1e-6  # ratio 1 and centered advantages: the loss value is ~0 ...
     assert result["grad_norm"] > 1e-3 and max(g.abs().max().item() for g in grads) > 0  # ... the gradient not
     assert result["clip_low"] == result["clip_high"] == 0
@@ -455,7 +456,7 @@ def test_several_passes_reach_the_clipped_branch(assets):
     sequences = grpo.training_sequences(groups, grpo.advantages_by_group(groups, cfg.loss))
     batches = grpo.micro_batches(sequences, 4, 0, "cpu")
     optimizer = T.build_optimizer(policy, 0.05, 0.0, (0.9, 0.99))
-    result = grpo.policy_update(policy, optimizer, batches, cfg, T.Dist(0, 1, torch.device("cpu")))
+    result = grpo.policy_update(policy, optimizer, batches, cfg, T.Ranks(0, 1, torch.device("cpu")))
     assert result["clip_low"] + result["clip_high"] > 0  # later passes move the ratio past 1 +- 0.2
 
 
@@ -468,7 +469,7 @@ def test_nonfinite_loss_skips_the_step_and_keeps_the_weights(assets):
     optimizer = T.build_optimizer(policy, 0.1, 0.0, (0.9, 0.99))
     before = [p.detach().clone() for p in T.optimizer_parameters(optimizer)]
     result = grpo.policy_update(policy, optimizer, grpo.micro_batches(sequences, 4, 0, "cpu"), cfg,
-                                T.Dist(0, 1, torch.device("cpu")))
+                                T.Ranks(0, 1, torch.device("cpu")))
     assert result["skipped_nonfinite"] == 1
     assert all(torch.equal(a, b) for a, b in zip(before, T.optimizer_parameters(optimizer)))
 
@@ -537,7 +538,7 @@ def test_killed_run_resumes_to_the_same_result(tmp_path, assets):
         killed = run_config(tmp_path / "b", assets, server.url)
         run = tmp_path / "b" / "run"
         kill_after_checkpoint([str(killed)], run, "ckpt-000002")
-        assert T.latest_checkpoint(run).name in ("ckpt-000002", "ckpt-000003")
+        assert CK.latest_checkpoint(run).name in ("ckpt-000002", "ckpt-000003")
         grpo.main([str(killed)])  # resume: auto
     assert_same_run(tmp_path / "a" / "run", run)
 
@@ -577,7 +578,7 @@ def test_trim_log_keeps_the_whole_lines_up_to_the_step(tmp_path):
             log.write(record)
     with open(path, "a", encoding="utf-8") as f:
         f.write('{"step": 4, "compl')  # a line torn by a kill mid-write
-    grpo.trim_log(path, 2, T.Dist(0, 1, torch.device("cpu")))
+    grpo.trim_log(path, 2, T.Ranks(0, 1, torch.device("cpu")))
     assert path.read_text(encoding="utf-8") == "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records[:2])
 
 

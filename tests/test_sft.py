@@ -24,10 +24,11 @@ from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
 import model as M
 import sft
 import train as T
+import checkpoint as CK
 from data import Example, Turn
 from dataset import example_to_json
 from judge_server import JudgeServer
-from vllm_engine import free_port
+from instruments import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = dict(model_type="qwen3", vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
@@ -234,7 +235,7 @@ def test_one_step_changes_only_lora_and_the_two_rows_at_ten_times_the_lr_without
     cfg = config(checkpoint, tmp_path, lr=1e-3, weight_decay=0.5, save_merged=True, save_every=1,
                  data=str(write_rows(tmp_path / "one.jsonl", [sad_row(0)])))
     run = sft.train(cfg)
-    ckpt = T.latest_checkpoint(run)
+    ckpt = CK.latest_checkpoint(run)
     base, merged = tensors(checkpoint / "model.safetensors"), {}
     for shard in (run / "merged").glob("*.safetensors"):
         merged |= tensors(shard)
@@ -300,7 +301,7 @@ def test_a_run_killed_after_step_k_resumes_bitwise_equal(checkpoint, tmp_path):
 
     assert run("whole")[0] == 0
     code, killed = run("killed", kill_after=3)
-    assert code == -signal.SIGKILL and 3 <= int(T.latest_checkpoint(killed).name[5:]) < 40
+    assert code == -signal.SIGKILL and 3 <= int(CK.latest_checkpoint(killed).name[5:]) < 40
     assert run("killed")[0] == 0  # resume=auto
     whole = tmp_path / "whole" / "run"
     for file in ("adapter_model.safetensors", "optimizer.safetensors"):  # the LoRA and the <evidence> rows; AdamW

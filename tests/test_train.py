@@ -12,7 +12,8 @@ import torch.multiprocessing as mp
 
 import model as M
 import train as T
-from vllm_engine import free_port
+import checkpoint as CK
+from instruments import free_port
 
 TINY = dict(model_type="qwen3", vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, head_dim=8, rope_theta=1e4, tie_word_embeddings=False)
@@ -111,7 +112,7 @@ def test_resume_is_bitwise_equal_to_an_uninterrupted_run(tmp_path):
     random.seed(1)
     model, optimizer = fresh_run(tmp_path)
     train_steps(model, optimizer, 3)
-    T.save_checkpoint(tmp_path, 3, model, optimizer, {"position": 7})
+    CK.save_checkpoint(tmp_path, 3, model, optimizer, {"position": 7})
     train_steps(model, optimizer, 3, first=3)  # dropout draws from the RNG the checkpoint saved
     after = {k: v.clone() for k, v in model.state_dict().items()}
     expected_draw = random.random()
@@ -119,10 +120,10 @@ def test_resume_is_bitwise_equal_to_an_uninterrupted_run(tmp_path):
     resumed, _ = fresh_run(tmp_path, seed=5)  # different init: everything must come from the checkpoint
     torch.manual_seed(99)
     random.seed(99)
-    path = T.latest_checkpoint(tmp_path)
-    meta = T.load_checkpoint(path, resumed)
+    path = CK.latest_checkpoint(tmp_path)
+    meta = CK.load_checkpoint(path, resumed)
     optimizer2 = T.build_optimizer(resumed, 1e-2, 0.01, (0.9, 0.99), row_lr_scale=10.0)
-    T.restore_optimizer(path, optimizer2, meta)
+    CK.restore_optimizer(path, optimizer2, meta)
     assert meta["step"] == 3 and meta["trainer"] == {"position": 7}
     train_steps(resumed, optimizer2, 3, first=3)
     for name, value in resumed.state_dict().items():
@@ -134,10 +135,10 @@ def test_checkpoints_are_atomic_and_pruned(tmp_path):
     model, optimizer = fresh_run(tmp_path)
     (tmp_path / ".ckpt-000009.tmp").mkdir()  # a save that died half-way is never picked
     for step in (1, 2, 3):
-        T.save_checkpoint(tmp_path, step, model, optimizer, {}, keep=2)
+        CK.save_checkpoint(tmp_path, step, model, optimizer, {}, keep=2)
     assert sorted(p.name for p in tmp_path.glob("ckpt-*")) == ["ckpt-000002", "ckpt-000003"]
-    assert T.latest_checkpoint(tmp_path).name == "ckpt-000003"
-    names = {p.name for p in T.latest_checkpoint(tmp_path).iterdir()}
+    assert CK.latest_checkpoint(tmp_path).name == "ckpt-000003"
+    names = {p.name for p in CK.latest_checkpoint(tmp_path).iterdir()}
     assert {"adapter_config.json", "adapter_model.safetensors", "optimizer.safetensors", "rng-rank0.safetensors",
             "state.json"} <= names
     assert not any(n.endswith((".pt", ".bin", ".pkl")) for n in names)
@@ -145,11 +146,11 @@ def test_checkpoints_are_atomic_and_pruned(tmp_path):
 
 def test_resume_refuses_a_different_world_size(tmp_path):
     model, optimizer = fresh_run(tmp_path)
-    path = T.save_checkpoint(tmp_path, 1, model, optimizer, {})
+    path = CK.save_checkpoint(tmp_path, 1, model, optimizer, {})
     state = (path / "state.json").read_text().replace('"world_size": 1', '"world_size": 2')
     (path / "state.json").write_text(state)
     with pytest.raises(ValueError, match="2 rank"):
-        T.load_checkpoint(path, model)
+        CK.load_checkpoint(path, model)
 
 
 # ----------------------------------------------------------------------------- two processes

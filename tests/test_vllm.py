@@ -25,15 +25,18 @@ import demo
 import evaluate as ev
 import model as M
 from judge import JudgeConfig, chat_many, iu_request
-from train import Dist, checkpoint_path
+from train import Ranks
+from checkpoint import checkpoint_path
 from verifier import EVIDENCE_CLOSE, EVIDENCE_OPEN
-from vllm_engine import EngineError, VLLMEngine, VLLMServer, VLLMSettings, free_port
+from vllm_engine import EngineError, VLLMEngine
+from instruments import VLLMServer, free_port
+from rollout import VLLMSettings
 
 REPO = Path(__file__).resolve().parents[1]
 VENV = Path(os.environ.get("VLLM_VENV", REPO / ".venv-vllm"))
 PYTHON = VENV / "bin" / "python"
 TOL = 1e-4  # float32 on both sides; measured gaps are about 1e-5
-ONE = Dist(0, 1, torch.device("cpu"))  # a single-process run
+ONE = Ranks(0, 1, torch.device("cpu"))  # a single-process run
 
 
 def vllm_missing() -> str | None:
