@@ -2,9 +2,9 @@
 annotation page, and the report (evidence alignment F1 per model, the grounding rate, the Wilcoxon
 test). Reached through evaluate.py's command line; kept apart so that evaluate.py reads in one sitting.
 
-    python evaluate.py pairs RUN_A RUN_B --out PAIRS.jsonl [--n 50] [--seed 0]
-    python evaluate.py annotate PAIRS.jsonl [--port 8765] [--host 127.0.0.1] [--out ANSWERS.jsonl]
-    python evaluate.py annotate-report PAIRS.jsonl ANSWERS.jsonl [ANSWERS.jsonl ...] [--json FILE]
+    python annotate.py pairs RUN_A RUN_B --out PAIRS.jsonl [--n 50] [--seed 0]
+    python annotate.py annotate PAIRS.jsonl [--port 8765] [--host 127.0.0.1] [--out ANSWERS.jsonl]
+    python annotate.py annotate-report PAIRS.jsonl ANSWERS.jsonl [ANSWERS.jsonl ...] [--json FILE]
 
 The page (annotate.html, plain HTML and JavaScript) asks for the annotator's name, then for each item:
 first select the conversation lines needed for the judgment and confirm them (they lock), then rate
@@ -34,7 +34,7 @@ from config import ConfigError, atomic_write_text, load_config
 from config import excerpt as value_excerpt  # a bounded excerpt of an input value (excerpt below: a completion's)
 from data import DataError, parse_answer, split_blocks, split_completion, task_brief, visible_turns
 from dataset import example_from_json, example_to_json
-from evaluate import (COMMANDS, COMPLETIONS, EVAL_JSON, EvalConfig, EvalError, alignment_f1, load_set, matched_lines,
+from evaluate import (COMPLETIONS, EVAL_JSON, EvalConfig, EvalError, alignment_f1, load_set, matched_lines,
                       mean_sd, read_jsonl, wilcoxon)
 from verifier import EVIDENCE_CLOSE, EVIDENCE_OPEN
 
@@ -369,8 +369,8 @@ def report_markdown(report: dict) -> str:
 
 
 def main(argv: list[str]) -> None:
-    """`pairs`, `annotate` and `annotate-report` (argv[0]), as evaluate.py's command line passes them."""
-    parser = argparse.ArgumentParser(prog="evaluate.py", description="The human evaluation (paper 5.2).")
+    """`python annotate.py pairs | annotate | annotate-report ...`: the human evaluation's three steps."""
+    parser = argparse.ArgumentParser(prog="annotate.py", description="The human evaluation (paper 5.2).")
     commands = parser.add_subparsers(dest="command", required=True)
     pairs = commands.add_parser("pairs", help="draw paired items from two evaluation runs")
     pairs.add_argument("runs", nargs=2, help="two evaluation output folders")
@@ -378,7 +378,7 @@ def main(argv: list[str]) -> None:
     pairs.add_argument("--n", type=int, default=50, help="items (default 50, as in the paper)")
     pairs.add_argument("--seed", type=int, default=0)
     serve = commands.add_parser("annotate", help="serve the annotation page")
-    serve.add_argument("pairs", help="PAIRS.jsonl from `evaluate.py pairs`")
+    serve.add_argument("pairs", help="PAIRS.jsonl from `annotate.py pairs`")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     serve.add_argument("--port", type=int, default=8765)
     serve.add_argument("--out", help="answers JSONL (default: PAIRS.answers.jsonl beside the pairs)")
@@ -411,8 +411,6 @@ def main(argv: list[str]) -> None:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(1) from None
 
-
-COMMANDS.update(dict.fromkeys(("pairs", "annotate", "annotate-report"), main))  # `python evaluate.py pairs ...`
 
 if __name__ == "__main__":
     main(sys.argv[1:])

@@ -21,6 +21,10 @@ class DataError(ValueError):
     file) and the field."""
 
 
+def reject_json_constant(name: str):  # json's parse_constant: NaN and Infinity are not JSON
+    raise DataError(f"{name} is not valid JSON")
+
+
 @dataclasses.dataclass
 class Turn:
     """One segment of a conversation. `time` is ISO 8601 (instant messages; gaps become time
@@ -519,3 +523,39 @@ def count_tokens(text: str, tokenizer) -> int:
     post-processor must not add special tokens, as Qwen's does not): e.g. T, the reasoning tokens."""
     encoded = tokenizer.encode(text)
     return len(getattr(encoded, "ids", encoded))
+
+
+# ----------------------------------------------------------------------------- label metrics
+
+
+def f1_scores(gold: list[list[str]], pred: list[list[str] | None], labels: list[str],
+              catch_all: str | None = None) -> dict:
+    """Weighted and macro F1 of predicted label sets against gold ones, as scikit-learn computes them over `labels`
+    (multi-label: per label over the indicator matrix; single-label: one-element sets).
+
+    A None prediction is an invalid answer: it predicts nothing, so it is wrong. Targets whose gold is the catch-all
+    are not scored (paper B: excluded as targets, kept as context) and the catch-all is no class: predicting it only
+    misses the gold label. Per label, F1 = 2 TP / (2 TP + FP + FN); weighted F1 weights it by the label's gold
+    support, macro F1 averages the labels that occur in the scored gold or predictions (an absent label has no
+    defined F1). Returns {"weighted", "macro", "micro", "accuracy" (exact set match), "n" (scored targets),
+    "per_label": {label: {"precision", "recall", "f1", "support"}}}; the averages are None when no target is scored."""
+    rows = [(set(g), set(p or ())) for g, p in zip(gold, pred, strict=True)
+            if catch_all is None or list(g) != [catch_all]]
+    per_label, totals = {}, [0, 0, 0]
+    for label in (label for label in labels if label != catch_all):
+        tp = sum(label in g and label in p for g, p in rows)
+        fp = sum(label not in g and label in p for g, p in rows)
+        fn = sum(label in g and label not in p for g, p in rows)
+        totals = [totals[0] + tp, totals[1] + fp, totals[2] + fn]
+        if tp + fp + fn:
+            per_label[label] = {"precision": tp / (tp + fp) if tp + fp else 0.0,
+                                "recall": tp / (tp + fn) if tp + fn else 0.0,
+                                "f1": 2 * tp / (2 * tp + fp + fn), "support": tp + fn}
+    support = sum(s["support"] for s in per_label.values())
+    if not rows or not support:
+        return {"weighted": None, "macro": None, "micro": None, "accuracy": None, "n": len(rows), "per_label": {}}
+    tp, fp, fn = totals
+    return {"weighted": sum(s["f1"] * s["support"] for s in per_label.values()) / support,
+            "macro": sum(s["f1"] for s in per_label.values()) / len(per_label),
+            "micro": 2 * tp / (2 * tp + fp + fn), "accuracy": sum(g == p for g, p in rows) / len(rows),
+            "n": len(rows), "per_label": per_label}

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from config import atomic_write_text, excerpt, read_text
-from data import DataError, Example, Turn, build_prompt, count_tokens, get_task, visible_turns
+from data import DataError, Example, reject_json_constant, Turn, build_prompt, count_tokens, get_task, visible_turns
 
 # ----------------------------------------------------------------------------- examples
 
@@ -154,10 +154,6 @@ def load_jsonl(path) -> list[Example]:
         except DataError as e:
             raise DataError(f"{path}:{number}: {e}") from None
     return examples
-
-
-def reject_json_constant(name: str):
-    raise DataError(f"{name} is not valid JSON")
 
 
 def _finite_float(text: str) -> float:

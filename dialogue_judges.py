@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 
-import rewards
+import judge
 from data import THINK_END, THINK_START
 from judge import DATA_NOTICE, JudgeCall, chat_messages, dialogue_text, section, verdict_lines
 
@@ -177,9 +177,9 @@ def parse_prediction(text: str) -> str | None:
 
 
 def parse_turn_scores(text: str) -> dict[str, int] | None:
-    """{"cognitive", "trace", "lookahead": 1-5, "overthinking": 0-2} (rewards.EMOLLM_SCORES) from the four lines
+    """{"cognitive", "trace", "lookahead": 1-5, "overthinking": 0-2} (judge.EMOLLM_SCORES) from the four lines
     in order, or None for any other answer."""
-    items = [(name, f"[{low}-{high}]") for name, (low, high) in rewards.EMOLLM_SCORES.items()]
+    items = [(name, f"[{low}-{high}]") for name, (low, high) in judge.EMOLLM_SCORES.items()]
     verdicts = verdict_lines(text, items)
     return None if verdicts is None else {name: int(v) for (name, _), v in zip(items, verdicts)}
 

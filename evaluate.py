@@ -5,10 +5,6 @@ identification, evidence alignment F1 with a Wilcoxon test, the Table-1 Markdown
     python evaluate.py config.yaml [key=value ...]      # a checkpoint in-process, or an endpoint
     python evaluate.py compare A/eval.json B/eval.json ... [--out DIR]
     python evaluate.py plot RUN_DIR ... [--out FILE]    # training curves from metrics.jsonl (Figure 5)
-    python evaluate.py pairs RUN_A RUN_B --out PAIRS.jsonl [--n 50] [--seed 0]
-    python evaluate.py annotate PAIRS.jsonl [--port 8765] [--host 127.0.0.1] [--out ANSWERS.jsonl]
-    python evaluate.py annotate-report PAIRS.jsonl ANSWERS.jsonl [ANSWERS.jsonl ...] [--json FILE]
-    python evaluate.py dialogue | care_winrate config.yaml [key=value ...]  # dialogue.py | rubric_generator.py
 
 An evaluation writes into `output_dir`: config.yaml (resolved), completions.jsonl (one line per
 completion, appended as they come: rerunning the same command resumes), causes.jsonl (cause-judge
@@ -29,15 +25,15 @@ import math
 import re
 import sys
 import time
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Literal
 
 from config import (ConfigError, atomic_write_text, excerpt, load_config, parse_cli, print0, read_metrics,
                     redact_secrets, save_resolved_config)
-from data import DataError, Example, count_tokens, get_task, parse_answer, split_completion, visible_turns
+from data import DataError, Example, count_tokens, f1_scores, get_task, parse_answer, split_completion, visible_turns
 from dataset import load_jsonl
+from sampling import SamplingConfig, endpoint_config, sample_completions
 from judge import JudgeCall, JudgeConfig, JudgeError, cause_request, chat_many, parse_cause_verdict
 from verifier import extract_quotes, locate_quote
 
@@ -45,19 +41,6 @@ COMPLETIONS, CAUSES, EVAL_JSON, TABLE, F1_FIGURE = (
     "completions.jsonl", "causes.jsonl", "eval.json", "table.md", "f1_vs_tokens.png")
 
 # ----------------------------------------------------------------------------- config
-
-
-@dataclass
-class SamplingConfig:
-    """How completions are decoded. The paper's sampling table (Table 7) was lost in extraction: the
-    defaults are Qwen's published thinking-mode settings (temperature 0.6, top-p 0.95, top-k 20)."""
-
-    temperature: float = 0.6
-    top_p: float = 0.95
-    top_k: int = 20  # 0: no top-k truncation
-    repetition_penalty: float = 1.0
-    max_new_tokens: int = 8192
-    enable_thinking: bool | None = None  # None: the chat template's default (Qwen3 and Qwen3.5 think)
 
 
 @dataclass
@@ -122,39 +105,6 @@ def decoding_for(cfg: EvalConfig, task: str) -> tuple[SamplingConfig, int]:
 
 
 # ----------------------------------------------------------------------------- metrics
-
-
-def f1_scores(gold: list[list[str]], pred: list[list[str] | None], labels: list[str],
-              catch_all: str | None = None) -> dict:
-    """Weighted and macro F1 of predicted label sets against gold ones, as scikit-learn computes them over `labels`
-    (multi-label: per label over the indicator matrix; single-label: one-element sets).
-
-    A None prediction is an invalid answer: it predicts nothing, so it is wrong. Targets whose gold is the catch-all
-    are not scored (paper B: excluded as targets, kept as context) and the catch-all is no class: predicting it only
-    misses the gold label. Per label, F1 = 2 TP / (2 TP + FP + FN); weighted F1 weights it by the label's gold
-    support, macro F1 averages the labels that occur in the scored gold or predictions (an absent label has no
-    defined F1). Returns {"weighted", "macro", "micro", "accuracy" (exact set match), "n" (scored targets),
-    "per_label": {label: {"precision", "recall", "f1", "support"}}}; the averages are None when no target is scored."""
-    rows = [(set(g), set(p or ())) for g, p in zip(gold, pred, strict=True)
-            if catch_all is None or list(g) != [catch_all]]
-    per_label, totals = {}, [0, 0, 0]
-    for label in (label for label in labels if label != catch_all):
-        tp = sum(label in g and label in p for g, p in rows)
-        fp = sum(label not in g and label in p for g, p in rows)
-        fn = sum(label in g and label not in p for g, p in rows)
-        totals = [totals[0] + tp, totals[1] + fp, totals[2] + fn]
-        if tp + fp + fn:
-            per_label[label] = {"precision": tp / (tp + fp) if tp + fp else 0.0,
-                                "recall": tp / (tp + fn) if tp + fn else 0.0,
-                                "f1": 2 * tp / (2 * tp + fp + fn), "support": tp + fn}
-    support = sum(s["support"] for s in per_label.values())
-    if not rows or not support:
-        return {"weighted": None, "macro": None, "micro": None, "accuracy": None, "n": len(rows), "per_label": {}}
-    tp, fp, fn = totals
-    return {"weighted": sum(s["f1"] * s["support"] for s in per_label.values()) / support,
-            "macro": sum(s["f1"] for s in per_label.values()) / len(per_label),
-            "micro": 2 * tp / (2 * tp + fp + fn), "accuracy": sum(g == p for g, p in rows) / len(rows),
-            "n": len(rows), "per_label": per_label}
 
 
 def mean_sd(values: list[float | None]) -> dict:
@@ -273,49 +223,7 @@ def cause_identified(verdicts: list[bool | None], answer: list[str] | None) -> b
 # ----------------------------------------------------------------------------- sampling
 
 
-def sample_completions(model, tok, prompts: list[list[dict]], keys: list[str], sampling: SamplingConfig, n: int = 1,
-                       seed: int = 0, batch_size: int = 32, on_batch=None) -> list[list[str]]:
-    """`n` completions of each chat prompt (`tok.chat_ids`) from an in-process model (model.generate),
-    longest prompts first, `batch_size` completions per call; returns them per prompt, special tokens
-    kept, EOS removed. `keys` name the prompts (example ids): a batch's seed comes from its first key,
-    so the samples do not depend on what else is sampled and a resumed run redraws exactly the batches
-    an uninterrupted one would have drawn. `on_batch(indices, completions)` is called after each batch."""
-    from model import generate  # torch only where a model runs
-
-    ids = [tok.chat_ids(messages, enable_thinking=sampling.enable_thinking) for messages in prompts]
-    order = sorted(range(len(prompts)), key=lambda i: (-len(ids[i]), i))
-    eos, per_batch = set(tok.eos_token_ids), max(1, batch_size // n)
-    out: list[list[str]] = [[] for _ in prompts]
-    was_training = model.training
-    model.eval()
-    try:
-        for start in range(0, len(order), per_batch):
-            chunk = order[start:start + per_batch]
-            rows = generate(model, [ids[i] for i in chunk for _ in range(n)], sampling.max_new_tokens,
-                            temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
-                            repetition_penalty=sampling.repetition_penalty, eos_token_ids=tuple(eos),
-                            seed=zlib.crc32(f"{seed}/{keys[chunk[0]]}".encode()))
-            texts = [tok.decode(row[:-1] if row and row[-1] in eos else row) for row in rows]
-            for j, i in enumerate(chunk):
-                out[i] = texts[j * n:(j + 1) * n]
-            if on_batch is not None:
-                on_batch(chunk, [out[i] for i in chunk])
-    finally:
-        model.train(was_training)
-    return out
-
-
-def endpoint_config(endpoint: JudgeConfig, sampling: SamplingConfig) -> JudgeConfig:
-    """The endpoint's connection settings with the evaluation's decoding. No per-request seed: the
-    server's own seed applies (the paper: one engine, seed zero)."""
-    extra = {"chat_template_kwargs": None if sampling.enable_thinking is None else
-             {"enable_thinking": sampling.enable_thinking},
-             "repetition_penalty": None if sampling.repetition_penalty == 1.0 else sampling.repetition_penalty}
-    return dataclasses.replace(endpoint, temperature=sampling.temperature, top_p=sampling.top_p,
-                               top_k=sampling.top_k or None, sampling=extra | endpoint.sampling)
-
-
-class Progress:
+class CompletionProgress:
     """A console line per update: completions done, rate and ETA."""
 
     def __init__(self, label: str, total: int, done: int):
@@ -432,7 +340,7 @@ def generate_missing(cfg: EvalConfig, sets: dict[str, list[Example]], done: dict
                 from model import load_tokenizer
 
                 tok = load_tokenizer(cfg.tokenizer)
-            progress = Progress(s.name, len(examples) * n, len(examples) * n - len(missing))
+            progress = CompletionProgress(s.name, len(examples) * n, len(examples) * n - len(missing))
 
             def write(completed: list[tuple[tuple[Example, int], str]], s=s, progress=progress) -> None:
                 lines = []
@@ -791,10 +699,5 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(1) from None
 
 
-if __name__ == "__main__":  # the script: first the modules that add subcommands, then main of the `evaluate` they load
-    import annotate  # noqa: F401
-    import dialogue  # noqa: F401
-    import evaluate
-    import rubric_generator  # noqa: F401
-
-    evaluate.main()
+if __name__ == "__main__":
+    main()

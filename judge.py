@@ -42,8 +42,7 @@ import requests
 import urllib3
 from requests.adapters import HTTPAdapter
 
-from data import EVIDENCE_CLOSE, EVIDENCE_OPEN, Example, render_conversation, render_target, task_brief, visible_turns
-from dataset import reject_json_constant
+from data import EVIDENCE_CLOSE, EVIDENCE_OPEN, Example, reject_json_constant, render_conversation, render_target, task_brief, visible_turns
 
 log = logging.getLogger("judge")
 
@@ -681,6 +680,9 @@ def parse_sip_content(text: str) -> float | None:
 
 
 # ----------------------------------------------------------------------------- CARE (sections 3.1, 3.4)
+
+# The 1-5 / 0-2 scales of EmoLLM's ARG judge (dialogue_judges.py asks, rewards.py's R_cog, R_ARG, R_RP, R_overthink read).
+EMOLLM_SCORES = {"cognitive": (1, 5), "trace": (1, 5), "lookahead": (1, 5), "overthinking": (0, 2)}
 
 CARE_DIMENSIONS = ("cognitive", "affective", "proactive")
 # A judge writes its weights rounded to two decimals (0.33 / 0.33 / 0.33, 0.4 / 0.35 / 0.24): three roundings move

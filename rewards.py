@@ -293,17 +293,16 @@ def social_r1_reference_free(rollout, cfg):
 # What EmoLLM's turn judge (dialogue_judges.turn_scores_request) rates, with each score's range: cognitive
 # reliability, the ARG trace's quality and the plausibility of the predictor's reverse-perspective forecast (1-5),
 # and overthinking (0 none, 1 some, 2 heavy). dialogue_judges.parse_turn_scores reads exactly these.
-EMOLLM_SCORES = {"cognitive": (1, 5), "trace": (1, 5), "lookahead": (1, 5), "overthinking": (0, 2)}
 EMOLLM_TERMS = ("R_cog", "R_ARG", "R_RP", "R_overthink")
 
 
 def emollm_terms(scores: Any) -> dict[str, float] | None:
     """The four turn terms of EmoLLM (section 3.2.2, Appendix A), each in [0, 1], from the turn judge's scores:
     R_cog = (cognitive - 1) / 4, R_ARG = (trace - 1) / 4, R_RP = (lookahead - 1) / 4, R_overthink = overthinking / 2.
-    None unless `scores` holds exactly the EMOLLM_SCORES, each an integer in its range."""
-    if not isinstance(scores, dict) or set(scores) != set(EMOLLM_SCORES):
+    None unless `scores` holds exactly the judge.EMOLLM_SCORES, each an integer in its range."""
+    if not isinstance(scores, dict) or set(scores) != set(judge.EMOLLM_SCORES):
         return None
-    if not all(type(scores[k]) is int and low <= scores[k] <= high for k, (low, high) in EMOLLM_SCORES.items()):
+    if not all(type(scores[k]) is int and low <= scores[k] <= high for k, (low, high) in judge.EMOLLM_SCORES.items()):
         return None
     return dict(zip(EMOLLM_TERMS, ((scores["cognitive"] - 1) / 4, (scores["trace"] - 1) / 4,
                                    (scores["lookahead"] - 1) / 4, scores["overthinking"] / 2)))

@@ -3,7 +3,7 @@ the human preference pairs its preference RL and its evaluation read, and the ch
 
     python rubric_generator.py targets config.yaml [key=value ...]   # teacher rubrics, checked, screened -> SFT rows
     python rubric_generator.py examples config.yaml [key=value ...]  # preference pairs -> grpo.py examples
-    python evaluate.py care_winrate config.yaml [key=value ...]      # win rate of a served generator on held-out pairs
+    python rubric_generator.py care_winrate config.yaml [key=value ...]      # win rate of a served generator on held-out pairs
 
 The three stages (configs/care_generator_*.yaml):
 1. `targets` writes sft.py rows of the free-form objective (`objective: target`): {"id", "prompt", "target"}, the
@@ -32,7 +32,6 @@ from typing import Any
 from config import ConfigError, atomic_write_text, parse_cli, print0
 from data import DataError, Example, Turn
 from dataset import read_jsonl, save_jsonl
-import evaluate
 from judge import (CARE_DIMENSIONS, DATA_NOTICE, JudgeCall, JudgeConfig, JudgeError, care_rubric, care_rubric_request,
                    care_scores_request, chat_messages, dialogue_text, parse_care_rubric, parse_care_scores, section,
                    strict_json_object, verdict_lines)
@@ -193,7 +192,7 @@ class TargetsConfig:
 
 @dataclass
 class WinRateConfig:
-    """`evaluate.py care_winrate`: the generator writes a rubric per held-out pair, the evaluator scores both."""
+    """`rubric_generator.py care_winrate`: the generator writes a rubric per held-out pair, the evaluator scores both."""
 
     pairs: str  # held-out preference pairs (module docstring); the paper: 166
     generator: JudgeConfig = field(default_factory=JudgeConfig)  # the served generator (vLLM, judge_server.py)
@@ -333,8 +332,7 @@ def main(argv=None) -> None:
     command = argv.pop(0) if argv[:1] and argv[0] in commands else None
     try:
         if command is None:
-            raise ConfigError("usage: rubric_generator.py targets | examples config.yaml, or evaluate.py "
-                              "care_winrate config.yaml")
+            raise ConfigError("usage: rubric_generator.py targets | examples | care_winrate config.yaml")
         cfg = parse_cli(GeneratorDataConfig, argv)
         section, run = commands[command]
         if getattr(cfg, section) is None:
@@ -344,8 +342,6 @@ def main(argv=None) -> None:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
 
-
-evaluate.COMMANDS["care_winrate"] = main  # `python evaluate.py care_winrate config.yaml ...`
 
 if __name__ == "__main__":
     main()

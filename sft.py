@@ -57,10 +57,10 @@ from typing import Literal
 import torch
 
 from config import ConfigError, MetricsWriter, atomic_write_text, excerpt, parse_cli, print0, save_resolved_config
-from data import THINK_END, THINK_START, DataError, Example, get_task, parse_answer, split_completion, visible_turns
+from data import THINK_END, THINK_START, DataError, Example, f1_scores, get_task, parse_answer, split_completion, visible_turns
 from dataset import example_from_json, example_to_json, load_jsonl, read_jsonl, typed_field
 from emollm_data import EmoLLMData, prepare as prepare_emollm_rows
-from evaluate import SamplingConfig, f1_scores, sample_completions
+from sampling import SamplingConfig, sample_completions
 from judge import DATA_NOTICE, JudgeCall, JudgeConfig, JudgeError, chat_many, chat_messages, section, strict_json_object
 from model import (CheckpointError, Qwen, QwenTokenizer, add_lora, add_special_tokens,
                    load_adapter, load_tokenizer, save_merged, token_logprobs, train_token_rows)
@@ -415,8 +415,8 @@ def update_rows(n_rows: int, step: int, group: int, seed: int) -> list[int]:
 
 def heldout_macro_f1(model: Qwen, tok: QwenTokenizer, heldout: list[Row], cfg: SFTConfig, rank: int,
                      world: int) -> dict[str, float]:
-    """Sample every held-out prompt once (each rank its share, evaluate.sample_completions) and score
-    macro F1 per task (evaluate.f1_scores). Predictions travel between ranks as label indicators."""
+    """Sample every held-out prompt once (each rank its share, sampling.sample_completions) and score
+    macro F1 per task (data.f1_scores). Predictions travel between ranks as label indicators."""
     s = cfg.selection
     mine = list(range(rank, len(heldout), world))
     sampling = SamplingConfig(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,

@@ -244,11 +244,11 @@ def test_command_line_report(pairs_file, tmp_path, capsys):
     answers = tmp_path / "a.jsonl"
     answers.write_text(json.dumps({"annotator": "ann", "item": "set/x0", "kind": "rating", "model": "CLUE",
                                    "grounded": True}) + "\n")
-    ev.main(["annotate-report", str(pairs_file), str(answers), "--json", str(tmp_path / "r.json")])
+    annotate.main(["annotate-report", str(pairs_file), str(answers), "--json", str(tmp_path / "r.json")])
     assert "| all | 6 (0) |" in capsys.readouterr().out
     assert json.loads((tmp_path / "r.json").read_text())["domains"]["all"]["grounded"]["CLUE"] == 1.0
     with pytest.raises(SystemExit):
-        ev.main(["annotate-report", str(tmp_path / "missing.jsonl"), str(answers)])
+        annotate.main(["annotate-report", str(tmp_path / "missing.jsonl"), str(answers)])
     assert Path(annotate.PAGE).is_file()
 
 

@@ -18,6 +18,7 @@ import yaml
 
 import dialogue
 import dialogue_judges
+import evaluate_dialogue
 import evaluate
 import grpo
 import judge
@@ -485,14 +486,14 @@ def test_dialogue_metrics_by_hand():
                  "turns": [turn(0, 3, 1, 0.5), turn(1, 4, 1, 0.7), turn(0, 5, 0, None)]},
                 {"n_turns": 2, "e_0": 1, "e_T": 2, "turns": [turn(0, 2, 0, 0.1), turn(0, None, None, 0.3)]},
                 {"n_turns": 2, "e_0": None, "e_T": 3, "turns": [turn(None, 1, 1, None), turn(1, 3, 1, 0.9)]}]
-    m = dialogue.dialogue_metrics(episodes)
+    m = evaluate_dialogue.dialogue_metrics(episodes)
     assert m["success_rate"] == pytest.approx(100 * 1 / 2)  # the third episode's success turn cannot be told
     assert m["avg_turns"] == 2 and m["emotional_state"] == pytest.approx((5 + 2 + 3) / 3)
     assert m["eg_per_turn"] == pytest.approx(((5 - 2) / 3 + (2 - 1) / 2) / 2)
     assert m["ea"] == pytest.approx((3 + 4 + 5 + 2 + 1 + 3) / 6) and m["fa"] == pytest.approx(100 * 4 / 6)
     assert m["care"] == pytest.approx((0.5 + 0.7 + 0.1 + 0.3 + 0.9) / 5)
     assert m["unjudged"] == {"success": 1, "e_0": 1, "e_T": 0, "turns": 1, "care": 2}
-    assert dialogue.dialogue_metrics([])["success_rate"] is None
+    assert evaluate_dialogue.dialogue_metrics([])["success_rate"] is None
 
 
 def test_evaluation_runs_judges_resumes_and_writes_its_table(base, tmp_path, capsys):
@@ -502,10 +503,10 @@ def test_evaluation_runs_judges_resumes_and_writes_its_table(base, tmp_path, cap
             "output_dir": str(tmp_path / "out"), "scenarios": [str(REPO / "configs" / "dialogue_demo_scenarios.jsonl")],
             "checkpoint": str(base), "device": "cpu", "runs": 2, "dialogue": {"max_turns": 3},
             "sampling": {"max_new_tokens": 8}, "judge": {"base_url": judge_cfg.base_url, "retries": 0}}))
-        evaluate.main(["dialogue", str(config)])
+        evaluate_dialogue.main([str(config)])
         episodes = read_jsonl(tmp_path / "out" / "episodes.jsonl")
         summary = json.loads((tmp_path / "out" / "eval.json").read_text())
-        evaluate.main(["dialogue", str(config)])  # resumes: both runs are there, nothing is played again
+        evaluate_dialogue.main([str(config)])  # resumes: both runs are there, nothing is played again
         assert read_jsonl(tmp_path / "out" / "episodes.jsonl") == episodes
     assert len(episodes) == 2 * 6 and {e["run"] for e in episodes} == {0, 1}
     state = {SCRIPTED_USER["ends"]: 5, SCRIPTED_USER["eased"]: 3, SCRIPTED_USER["not eased"]: 1}
@@ -515,12 +516,12 @@ def test_evaluation_runs_judges_resumes_and_writes_its_table(base, tmp_path, cap
         for t in e["turns"]:
             assert t["sr_proxy"] == (t["follow_up"] == SCRIPTED_USER["ends"]) and t["fa"] == (t["reply"] != "")
             assert 0 <= t["care"] <= 1
-    runs = [dialogue.dialogue_metrics([e for e in episodes if e["run"] == r]) for r in (0, 1)]
+    runs = [evaluate_dialogue.dialogue_metrics([e for e in episodes if e["run"] == r]) for r in (0, 1)]
     assert summary["metrics"]["ea"]["mean"] == pytest.approx((runs[0]["ea"] + runs[1]["ea"]) / 2)
     assert "| Model | SR (%) | AT | ES | EG/Turn | EA | FA (%) | CARE |" in (tmp_path / "out" / "table.md").read_text()
     config.write_text(config.read_text().replace("max_turns: 3", "max_turns: 4"))
     with pytest.raises(SystemExit) as stop:
-        evaluate.main(["dialogue", str(config)])
+        evaluate_dialogue.main([str(config)])
     assert stop.value.code == 2 and "holds episodes of another" in capsys.readouterr().err
 
 
@@ -534,7 +535,7 @@ def test_a_served_policy_is_evaluated_through_its_endpoint(tmp_path, capsys):
                   "scenarios": [str(REPO / "configs" / "dialogue_demo_scenarios.jsonl")],
                   "endpoint": {"base_url": policy_cfg.base_url, "retries": 0}, "runs": 1, "care": False,
                   "sampling": {"max_new_tokens": 64}, "judge": {"base_url": judge_cfg.base_url, "retries": 0}}
-        summary = dialogue.evaluate_dialogues(load_config_dict(tmp_path, config))
+        summary = evaluate_dialogue.evaluate_dialogues(load_config_dict(tmp_path, config))
     episodes = read_jsonl(tmp_path / "out" / "episodes.jsonl")
     assert all(e["n_turns"] == 1 and e["ended_by"] == "user" for e in episodes)  # thanked after the first reply
     assert all(e["turns"][0]["reply"] == STYLES["kind"] for e in episodes)
@@ -547,14 +548,14 @@ def test_a_served_policy_is_evaluated_through_its_endpoint(tmp_path, capsys):
         path = tmp_path / "eval2.yaml"
         path.write_text(yaml.safe_dump(config))
         with pytest.raises(SystemExit) as stop:
-            evaluate.main(["dialogue", str(path)])
+            evaluate_dialogue.main([str(path)])
     assert stop.value.code == 1 and "6 requests to the policy at" in capsys.readouterr().err
 
 
 def load_config_dict(tmp_path, raw: dict):
     path = tmp_path / "eval.yaml"
     path.write_text(yaml.safe_dump(raw))
-    return load_config(path, [], dialogue.DialogueEvalConfig)
+    return load_config(path, [], evaluate_dialogue.DialogueEvalConfig)
 
 
 # ----------------------------------------------------------------------------- configs and whole runs

@@ -310,7 +310,7 @@ def test_a_server_failing_mid_run_stops_with_a_checkpoint_and_the_run_resumes(se
         config = grpo_config(tmp_path, served.checkpoint, served.root / "demo" / "data" / "train.jsonl", proxy.url)
         failed = run_grpo(config)
         assert failed.returncode == 1, failed.stdout[-2000:] + failed.stderr[-3000:]
-        assert "stopped after update 1: the vLLM server failed; checkpoint saved" in failed.stderr
+        assert "stopped after update 1: the rollouts failed; checkpoint saved" in failed.stderr
         assert f"vLLM at {proxy.url}/completions: HTTP 503, still failing after 2 attempts" in failed.stderr
         run = tmp_path / "run"
         assert [m["step"] for m in read_jsonl(run / "metrics.jsonl")] == [1]  # nothing of update 2 was trained
