@@ -31,7 +31,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlparse, urlsplit
 
 from config import ConfigError, atomic_write_text, load_config
-from config import excerpt as value_excerpt  # a bounded excerpt of an input value (excerpt below: a completion's)
+from config import excerpt
 from data import DataError, parse_answer, split_blocks, split_completion, task_brief, visible_turns
 from dataset import example_from_json, example_to_json
 from evaluate import (COMPLETIONS, EVAL_JSON, EvalConfig, EvalError, alignment_f1, load_set, matched_lines,
@@ -46,7 +46,7 @@ DISCARD_BYTES = 1 << 26  # a refused body up to this size is read and dropped be
 # ----------------------------------------------------------------------------- pairs
 
 
-def excerpt(completion: str) -> str:
+def completion_excerpt(completion: str) -> str:
     """The fixed excerpt rule, the same for every model: the last block of the reasoning (where it
     usually concludes), cut to its last EXCERPT_CHARS characters (from a word start) when longer, with
     evidence tags shown as plain quotation marks, so that no model is known by its quoting style."""
@@ -70,7 +70,7 @@ def make_pairs(run_dirs: list, n: int, seed: int = 0) -> list[dict]:
         runs.append((name, cfg, {(r["set"], r["id"]): r for r in read_jsonl(d / COMPLETIONS) if r["sample"] == 0}))
     if len({name for name, _, _ in runs}) != 2:
         names = [name for name, _, _ in runs]
-        raise EvalError(f"pairs: two runs of differently named models expected, got {value_excerpt(names)}")
+        raise EvalError(f"pairs: two runs of differently named models expected, got {excerpt(names)}")
     rng = random.Random(seed)
     by_set = []
     for s in (s for s in runs[0][1].sets if s.domain is not None):
@@ -84,7 +84,7 @@ def make_pairs(run_dirs: list, n: int, seed: int = 0) -> list[dict]:
             record = records[(s.name, example.id)]
             text = record["completion"]
             answer = parse_answer(text, example)
-            models[name] = {"completion": text, "answer": answer, "excerpt": excerpt(text),
+            models[name] = {"completion": text, "answer": answer, "excerpt": completion_excerpt(text),
                             "correct": answer is not None and set(answer) == set(example.labels)}
         pairs.append({"id": f"{s.name}/{example.id}", "set": s.name, "domain": s.domain,
                       "example": example_to_json(example), "models": models})
@@ -274,7 +274,7 @@ class _Handler(BaseHTTPRequestHandler):
         if not lengths:
             return 411, "the body needs a Content-Length"
         if not (lengths[0].isascii() and lengths[0].isdigit()):
-            return 400, f"Content-Length must be a number of bytes, got {value_excerpt(lengths[0])}"
+            return 400, f"Content-Length must be a number of bytes, got {excerpt(lengths[0])}"
         if int(lengths[0]) > MAX_EVENT_BYTES:
             return 413, f"an event is at most {MAX_EVENT_BYTES} bytes, this body has {int(lengths[0])}"
         if self.headers.get_content_type() != "application/json":

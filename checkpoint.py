@@ -37,7 +37,8 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 from config import atomic_write_text
 from fsdp import export_full, is_sharded
 from model import CheckpointError, Qwen, atomic_write, load_adapter, save_adapter
-from train import Ranks, barrier, broadcast_parameters, distributed, optimizer_parameters
+from train import optimizer_parameters
+from distributed import Ranks, barrier, broadcast_parameters, is_distributed
 
 _CKPT = "ckpt-"
 
@@ -108,7 +109,7 @@ def save_checkpoint(output_dir, step: int, model: Qwen, optimizer: torch.optim.O
     `write_extra(folder)`, on rank 0, adds the trainer's own weights (the reward model's value head).
     With `keep`, only the newest `keep` checkpoints are left. Returns the checkpoint's path."""
     final = checkpoint_path(output_dir, step)
-    rank = dist.get_rank() if distributed() else 0
+    rank = dist.get_rank() if is_distributed() else 0
     tmp = staging_folder(final, clear=rank == 0)
     barrier()
     _save_rng(tmp, rank)
@@ -124,7 +125,7 @@ def save_checkpoint(output_dir, step: int, model: Qwen, optimizer: torch.optim.O
             atomic_write(tmp / "optimizer.safetensors", tensors)
         if write_extra is not None:
             write_extra(tmp)
-        meta = {"step": step, "world_size": dist.get_world_size() if distributed() else 1,
+        meta = {"step": step, "world_size": dist.get_world_size() if is_distributed() else 1,
                 "finetune": "full" if full else "lora", "param_groups": groups or state["param_groups"],
                 "trainer": trainer_state}
         atomic_write_text(tmp / "state.json", json.dumps(meta, indent=1) + "\n")
@@ -144,7 +145,7 @@ def load_checkpoint(path, model: Qwen) -> dict:
     weights come back there, with the optimizer's state)."""
     path = Path(path)
     meta = json.loads((path / "state.json").read_text(encoding="utf-8"))
-    world = dist.get_world_size() if distributed() else 1
+    world = dist.get_world_size() if is_distributed() else 1
     mode, written = ("full" if is_sharded(model) else "lora"), meta.get("finetune", "lora")
     if written != mode:
         raise CheckpointError(f"{path / 'state.json'}: field 'finetune': the checkpoint is of a {written} run, this "
@@ -154,7 +155,7 @@ def load_checkpoint(path, model: Qwen) -> dict:
                               f"needs the same number (or start afresh with resume=none)")
     if mode == "lora":
         load_adapter(model, path)
-    _load_rng(path, dist.get_rank() if distributed() else 0)
+    _load_rng(path, dist.get_rank() if is_distributed() else 0)
     return meta
 
 

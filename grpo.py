@@ -53,9 +53,8 @@ from model import (CheckpointError, Qwen, add_lora, add_special_tokens, load_ada
                    merge_lora, save_merged, token_logprobs)
 from rollout import (DialogueSettings, Group, PromptSampler, RolloutError, Slot, VLLMSettings, completion_records,
                      rank_report, update_metrics)
-from train import (LoraSettings, Progress, Ranks, StopRequest, all_reduce_sum, build_optimizer, clip_gradients,
-                   finetune_settings, gather_json, optimizer_parameters, set_lr, setup_distributed, sync_gradients,
-                   warmup_hold_cosine)
+from train import LoraSettings, Progress, StopRequest, build_optimizer, clip_gradients, finetune_settings, optimizer_parameters, set_lr, warmup_hold_cosine
+from distributed import Ranks, all_reduce_sum, gather_json, setup_distributed, sync_gradients
 
 # ----------------------------------------------------------------------------- config
 # CLUE's Table 5 (LoRA, LR peak, rollout length, beta) was lost in extraction: those defaults are ours.
@@ -334,10 +333,10 @@ def filter_slots(slots: list[Slot], source: PromptSource, cfg: GRPOConfig, updat
     return decisions
 
 
-def timed(counts: dict, key: str, step, *args):
-    """`step(*args)`, its seconds added to counts[key]: the steps' timing, kept out of the steps."""
+def timed(counts: dict, key: str, fn, *args):
+    """`fn(*args)`, its seconds added to counts[key]: the steps' timing, kept out of the steps."""
     start = time.perf_counter()
-    result = step(*args)
+    result = fn(*args)
     counts[key] += time.perf_counter() - start
     return result
 

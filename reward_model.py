@@ -56,7 +56,8 @@ from judge import (DATA_NOTICE, JudgeCall, JudgeConfig, JudgeError, ask, chat_me
                    sip_content_request)
 from model import CheckpointError, Qwen, QwenTokenizer, add_lora, load_adapter, load_tokenizer, save_adapter
 from rewards import RM_INFO, ContentModelSettings
-from train import LoraSettings, Progress, StopRequest, all_reduce_sum, broadcast_parameters, build_optimizer, linear_warmup_decay, set_lr, setup_distributed, sync_gradients
+from train import LoraSettings, Progress, StopRequest, build_optimizer, linear_warmup_decay, set_lr
+from distributed import all_reduce_sum, broadcast_parameters, setup_distributed, sync_gradients
 from checkpoint import latest_checkpoint, load_checkpoint, restore_optimizer, save_checkpoint, trim_log
 
 HEAD_FILE = "value_head.safetensors"
@@ -282,7 +283,7 @@ class TierRule:
 
 
 @dataclass
-class Segment:
+class RatedSegment:
     """One sampled trajectory's SIP reasoning, with what tiering reads."""
 
     id: str  # the instance (example id)
@@ -296,7 +297,7 @@ class Segment:
         return len(self.text.split())
 
 
-def tier_of(segment: Segment, rule: TierRule) -> str | None:
+def tier_of(segment: RatedSegment, rule: TierRule) -> str | None:
     """A, B, C (correct answer) or D (wrong, score <= d_max); None for a wrong answer scored above d_max or an
     unrated segment: those join no pair."""
     if segment.score is None:
@@ -316,7 +317,7 @@ class SchemeSettings:
     seed: int = 0
 
 
-def instance_pairs(reference: str | None, segments: list[Segment], rule: TierRule, s: SchemeSettings) -> list[dict]:
+def instance_pairs(reference: str | None, segments: list[RatedSegment], rule: TierRule, s: SchemeSettings) -> list[dict]:
     """The pairs of one instance as {chosen, rejected, tiers} by the priority scheme. P0-P3 pair tiers; P4 (our
     reading) pairs a segment of the later half of the checkpoints (step above the instance's median step) with an
     A or B tier over one from the earlier half with at least p4_length_ratio x its words and no higher score, so a
@@ -400,7 +401,7 @@ class PairsConfig:
     scheme: SchemeSettings = field(default_factory=SchemeSettings)
 
 
-def load_segments(p: PairsConfig, examples: dict[str, Example]) -> list[Segment]:
+def load_segments(p: PairsConfig, examples: dict[str, Example]) -> list[RatedSegment]:
     segments = []
     for source in p.rollouts:
         for number, raw in read_jsonl(source.path):
@@ -413,7 +414,7 @@ def load_segments(p: PairsConfig, examples: dict[str, Example]) -> list[Segment]
             answer = parse_answer(raw["completion"], example)
             text = rm_segment(raw["completion"])
             if text:
-                segments.append(Segment(example.id, source.step, text, answer is not None
+                segments.append(RatedSegment(example.id, source.step, text, answer is not None
                                         and set(answer) == set(example.labels)))
     return segments
 

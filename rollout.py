@@ -193,8 +193,8 @@ def rank_report(groups: list[Group], counts: dict, train: dict) -> dict:
             "prompt_tokens": sum(len(s.prompt) for s in samples), **counts, **train}
 
 
-def update_metrics(reports: list[dict], step: int, lr: float, beta: float) -> dict:
-    """One metrics.jsonl line from every rank's report of update `step` (1-based count of updates)."""
+def update_metrics(reports: list[dict], update: int, lr: float, beta: float) -> dict:
+    """One metrics.jsonl line from every rank's report of update `update` (counted from 1; the line's "step")."""
     def total(key):
         return sum(r[key] for r in reports)
 
@@ -208,7 +208,7 @@ def update_metrics(reports: list[dict], step: int, lr: float, beta: float) -> di
     def per_token(key):
         return total(key) / tokens if tokens else None
 
-    metrics = {"step": step, "loss": reports[0]["loss"], "lr": lr, "grad_norm": reports[0]["grad_norm"],
+    metrics = {"step": update, "loss": reports[0]["loss"], "lr": lr, "grad_norm": reports[0]["grad_norm"],
                "reward": mean, "reward_std": sum(group_stds) / len(group_stds) if group_stds else None}
     for name in dict.fromkeys(name for r in reports for g in r["parts"] for name in g):
         part_mean, part_std = _mean_std([v for r in reports for g in r["parts"] for v in g[name]])
@@ -232,13 +232,13 @@ def update_metrics(reports: list[dict], step: int, lr: float, beta: float) -> di
     return metrics
 
 
-def completion_records(groups: list[Group], advantages: list, tok, step: int) -> list[dict]:
+def completion_records(groups: list[Group], advantages: list, tok, update: int) -> list[dict]:
     """completions.jsonl lines: id, prompt, completion, reward and its parts, advantage (None: masked)."""
     records = []
     for g, adv in zip(groups, advantages):
         for k, (member, rollout) in enumerate(zip(g.samples, g.rollouts)):
             prompt = tok.decode(member[0].prompt)  # an episode's: its first turn's (its transcript is the completion)
-            records.append({"step": step, "id": g.example.id, "prompt": prompt, "completion": rollout.completion,
+            records.append({"step": update, "id": g.example.id, "prompt": prompt, "completion": rollout.completion,
                             "reward": g.rewards[k], **{name: v[k] for name, v in g.parts.items()},
                             "advantage": None if adv is None else adv[k]})
     return records

@@ -64,7 +64,8 @@ from sampling import SamplingConfig, sample_completions
 from judge import DATA_NOTICE, JudgeCall, JudgeConfig, JudgeError, chat_many, chat_messages, section, strict_json_object
 from model import (CheckpointError, Qwen, QwenTokenizer, add_lora, add_special_tokens,
                    load_adapter, load_tokenizer, save_merged, token_logprobs, train_token_rows)
-from train import LoraSettings, Progress, StopRequest, all_reduce_sum, broadcast_parameters, build_optimizer, clip_gradients, finetune_settings, linear_warmup_decay, optimizer_parameters, set_lr, setup_distributed, sync_gradients
+from train import LoraSettings, Progress, StopRequest, build_optimizer, clip_gradients, finetune_settings, linear_warmup_decay, optimizer_parameters, set_lr
+from distributed import all_reduce_sum, broadcast_parameters, setup_distributed, sync_gradients
 from checkpoint import atomic_folder, latest_checkpoint, load_checkpoint, restore_optimizer, save_checkpoint, save_model, trim_log
 from fsdp import gathered, is_sharded, pad_batches, shard_model
 from verifier import EVIDENCE_CLOSE, EVIDENCE_OPEN, extract_quotes, format_score, verify_quote

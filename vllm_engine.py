@@ -31,7 +31,7 @@ from config import print0
 from judge import JudgeError, post_json
 from model import Qwen, lora_disabled, save_adapter, token_logprobs
 from rollout import PromptSampler, RolloutError, VLLMSettings
-from train import Ranks, all_reduce_sum
+from distributed import Ranks, all_reduce_sum
 
 log = logging.getLogger("vllm_engine")
 

@@ -28,6 +28,7 @@ from torch.distributed.tensor import DTensor
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import model as M  # noqa: E402
 import train as T
+import distributed as D
 import instruments as INSTR
 import fsdp as FS  # noqa: E402
 from common import markdown_table, verdict  # noqa: E402
@@ -45,7 +46,7 @@ def worker(rank: int, world: int, port: int, args, out: Path) -> None:
     torch.set_num_threads(1)
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
-    where = T.setup_distributed("cpu")
+    where = D.setup_distributed("cpu")
     torch.manual_seed(0)
     raw = dict(model_type="qwen3", vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=4 * args.hidden,
                num_hidden_layers=args.layers, num_attention_heads=args.hidden // 64,

@@ -27,7 +27,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import grpo  # noqa: E402
 import model as M  # noqa: E402
-import train as T  # noqa: E402
+import train as T
+import distributed as D  # noqa: E402
 from common import markdown_table, profile_table, threads, verdict  # noqa: E402
 from config import load_config  # noqa: E402
 
@@ -75,7 +76,7 @@ class Ours:
                                [f"model.path={folder}", "model.sft_adapter=null", "model.dtype=float32",
                                 f"rollout.group_size={args.k}", f"rollout.max_new_tokens={args.new}",
                                 "loss.beta=0.04", f"loss.micro_batch_size={args.prompts * args.k}"], grpo.GRPOConfig)
-        self.dist = T.Ranks(0, 1, torch.device("cpu"))
+        self.dist = D.Ranks(0, 1, torch.device("cpu"))
         self.policy, self.tok = grpo.build_policy(self.cfg, self.dist)
         self.optimizer = T.build_optimizer(self.policy, 1e-5, 0.01, (0.9, 0.99))
         self.prompt_ids = [self.tok.encode(p) for p in prompts]

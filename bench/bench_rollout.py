@@ -32,7 +32,7 @@ import demo  # noqa: E402
 import grpo  # noqa: E402
 import model as M  # noqa: E402
 from common import markdown_table, threads  # noqa: E402
-from train import Ranks  # noqa: E402
+from distributed import Ranks  # noqa: E402
 from vllm_engine import VLLMEngine
 from instruments import VLLMServer
 from rollout import VLLMSettings  # noqa: E402

@@ -44,7 +44,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import grpo  # noqa: E402
 import model as M  # noqa: E402
 import sft  # noqa: E402
-import train as T  # noqa: E402
+import train as T
+import distributed as D  # noqa: E402
 from common import markdown_table  # noqa: E402
 from vllm_engine import VLLMEngine
 from instruments import VLLMServer
@@ -283,7 +284,7 @@ def grpo_update(model, args, device, peak_flops) -> list[list]:
         sequences = [grpo.Sequence(p + c, [False] * (len(p) - 1) + [True] * len(c), a, lp, 1.0)
                      for p, c, a, lp in zip(group, new, advantages, logp)]
         batches = grpo.micro_batches(sequences, cfg.loss.micro_batch_size, 0, device)
-        trained, _ = timed(lambda: grpo.policy_update(model, optimizer, batches, cfg, T.Ranks(0, 1, device)), device)
+        trained, _ = timed(lambda: grpo.policy_update(model, optimizer, batches, cfg, D.Ranks(0, 1, device)), device)
         return generated, trained, [len(s.ids) for s in sequences], sum(map(len, new))
 
     update(0)  # warm-up
@@ -312,7 +313,7 @@ def vllm_rollout(model, args, device) -> list[list]:
                         extra=() if device.type == "cpu" else ("--gpu-memory-utilization", "0.35"))
     with server:
         engine = VLLMEngine(VLLMSettings(base_url=server.url, retries=0), "gpu", folder / "adapters")
-        engine.sync(model, 0, T.Ranks(0, 1, device))
+        engine.sync(model, 0, D.Ranks(0, 1, device))
         model.eval()
         local, (new, _) = timed(lambda: M.generate(model, [p for p in group for _ in range(args.k)], args.new,
                                                    temperature=1.0, seed=1, return_logprobs=True), device)

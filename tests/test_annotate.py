@@ -30,9 +30,9 @@ def pair(i: int, domain="in") -> dict:
     plain = "<think>\nKen sounds tired.\n\nHe gives in.\n</think>\n\nAnswer: sadness"
     e = example(i)
     return {"id": f"set/{e.id}", "set": "set", "domain": domain, "example": example_to_json(e),
-            "models": {"CLUE": {"completion": grounded, "answer": ["anger"], "excerpt": annotate.excerpt(grounded),
+            "models": {"CLUE": {"completion": grounded, "answer": ["anger"], "excerpt": annotate.completion_excerpt(grounded),
                                 "correct": i % 2 == 1},
-                       "Base": {"completion": plain, "answer": ["sadness"], "excerpt": annotate.excerpt(plain),
+                       "Base": {"completion": plain, "answer": ["sadness"], "excerpt": annotate.completion_excerpt(plain),
                                 "correct": i % 2 == 0}}}
 
 
@@ -60,13 +60,13 @@ def serve(pairs_file, tmp_path):
 
 
 def test_excerpt_rule():
-    assert annotate.excerpt("<think>\nFirst block.\n\nLast block here.\n</think>\nAnswer: joy") == "Last block here."
+    assert annotate.completion_excerpt("<think>\nFirst block.\n\nLast block here.\n</think>\nAnswer: joy") == "Last block here."
     long = "<think>\n" + " ".join(f"w{i}" for i in range(400)) + "\n</think>"
-    cut = annotate.excerpt(long)
+    cut = annotate.completion_excerpt(long)
     assert cut.startswith("… w") and cut.endswith("w399") and len(cut) <= annotate.EXCERPT_CHARS + 2
-    assert annotate.excerpt("no reasoning closes") == "no reasoning closes"
+    assert annotate.completion_excerpt("no reasoning closes") == "no reasoning closes"
     tagged = "<think>\nHe says <evidence>I am fine</evidence> twice.\n</think>\nAnswer: joy"
-    assert annotate.excerpt(tagged) == "He says “I am fine” twice."  # no model is known by its tags
+    assert annotate.completion_excerpt(tagged) == "He says “I am fine” twice."  # no model is known by its tags
 
 
 def test_pairs_from_two_runs_alternate_sets(tmp_path):

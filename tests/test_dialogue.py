@@ -19,11 +19,10 @@ import yaml
 import dialogue
 import dialogue_judges
 import evaluate_dialogue
-import evaluate
 import grpo
 import judge
 import model as M
-import train as T
+import distributed as D
 import checkpoint as CK
 from config import load_config
 from data import DataError
@@ -36,7 +35,7 @@ REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "configs" / "dialogue_demo.yaml"
 WORDS = ["user", "assistant", "I", "understand", "sorry", "hear", "you", "try", "one", "step", "Facts:", "Needs:",
          "Appraisal:", "Emotion:", "Strategy:", "Lookahead", "1:", "2:", "Choice:", "worried", "calmer", "the", "plan"]
-CPU = T.Ranks(0, 1, torch.device("cpu"))
+CPU = D.Ranks(0, 1, torch.device("cpu"))
 
 
 @pytest.fixture(scope="module")

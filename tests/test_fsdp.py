@@ -20,6 +20,7 @@ import torch.multiprocessing as mp
 import model as M
 import sft
 import train as T
+import distributed as D
 import instruments as INSTR
 import fsdp as FS
 import checkpoint as CK
@@ -97,7 +98,7 @@ def _export_worker(rank, port, out, tied):
     torch.set_num_threads(1)
     os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
-    where = T.setup_distributed("cpu")
+    where = D.setup_distributed("cpu")
     torch.manual_seed(0)
     raw = dict(TIED, tie_word_embeddings=tied)
     model = M.Qwen(M.QwenConfig.from_dict(raw))
@@ -107,7 +108,7 @@ def _export_worker(rank, port, out, tied):
     ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(1))
     model.train()
     (-M.token_logprobs(model, ids).mean()).backward()
-    T.sync_gradients(T.optimizer_parameters(optimizer))
+    D.sync_gradients(T.optimizer_parameters(optimizer))
     optimizer.step()
     model.eval()
     with torch.no_grad():
@@ -142,7 +143,7 @@ def _rollout_worker(rank, port, out):
     torch.set_num_threads(1)
     os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
-    where = T.setup_distributed("cpu")
+    where = D.setup_distributed("cpu")
     torch.manual_seed(0)
     model = M.Qwen(M.QwenConfig.from_dict(dict(TIED, tie_word_embeddings=False)))
     reference = M.Qwen(M.QwenConfig.from_dict(dict(TIED, tie_word_embeddings=False)))
@@ -302,7 +303,7 @@ def full_policy(base, **overrides):
                 "loss.beta": "0.04", "loss.passes": "2"} | overrides
     cfg = load_config(REPO / "configs" / "clue_qwen3_5_9b.yaml", [f"{k}={v}" for k, v in settings.items()],
                       grpo.GRPOConfig)
-    where = T.setup_distributed("cpu")
+    where = D.setup_distributed("cpu")
     policy, _ = grpo.build_policy(cfg, where)
     reference = grpo.build_policy(cfg, where, like=policy)[0]
     assert reference.model.embed_tokens.weight is policy.model.embed_tokens.weight  # one frozen copy a rank

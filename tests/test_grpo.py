@@ -27,6 +27,7 @@ import model as M
 import rewards
 import rollout
 import train as T
+import distributed as D
 import checkpoint as CK
 from config import MetricsWriter, load_config
 from judge import SIP_STAGES
@@ -249,7 +250,7 @@ def test_social_r1_weight_reaches_one_plus_gamma_at_the_last_update(assets):
                       [f"model.path={base}", "model.dtype=float32", "model.device=cpu", "lora.rank=4", "lora.alpha=8",
                        "finetune=lora", "rollout.group_size=2", "rollout.max_new_tokens=2"], grpo.GRPOConfig)
     cfg.content_model = None  # the rollouts' step counts only: no reward model loaded
-    policy, tok = grpo.build_policy(cfg, T.Ranks(0, 1, torch.device("cpu")))
+    policy, tok = grpo.build_policy(cfg, D.Ranks(0, 1, torch.device("cpu")))
     story = data.Example("s", "tom_mc", [data.Turn("", "Sam hides the key.")], None, ["A"],
                          meta={"question": "Where?", "options": ["box", "bag"]})
     gamma = cfg.reward.params.get("gamma", rewards.REWARDS[cfg.reward.name].defaults["gamma"])
@@ -283,7 +284,7 @@ def scripted_filtering(monkeypatch, script, enabled=True, config="clue_qwen3_5_9
     monkeypatch.setattr(grpo.PromptSampler, "sample", fake_sample)
     monkeypatch.setattr(grpo, "score_groups", lambda groups, cfg, judge: {"calls": 0, "retries": 0, "failures": 0})
     slots = [grpo.Slot(i, ex, seg) for i, (ex, seg) in enumerate(source.take(3))]
-    where = T.Ranks(0, 1, torch.device("cpu"))
+    where = D.Ranks(0, 1, torch.device("cpu"))
     groups, counts = grpo.collect_groups(grpo.PromptSampler(None, None, cfg), source, slots, cfg, 0, where)
     return groups, counts, seen
 
@@ -347,7 +348,7 @@ def tiny_policy(tmp_path_or_base):
                       [f"model.path={tmp_path_or_base}", "model.sft_adapter=null", "model.dtype=float32", "lora.rank=4",
                        "lora.alpha=8",
                        "optim.lr=0.0", "optim.grad_clip=1e9", "seed=3"], grpo.GRPOConfig)
-    policy, tok = grpo.build_policy(cfg, T.Ranks(0, 1, torch.device("cpu")))
+    policy, tok = grpo.build_policy(cfg, D.Ranks(0, 1, torch.device("cpu")))
     with torch.no_grad():  # B != 0, so the LoRA path carries gradient into A as well
         for m in M.lora_modules(policy).values():
             m.lora_B.normal_(0, 0.05, generator=torch.Generator().manual_seed(7))
@@ -382,7 +383,7 @@ def test_accuracy_only_and_clue_scale_the_same_informative_groups_alike(monkeypa
     assert arms["clue"][1].example.id == arms["accuracy_only"][1].example.id == "p1"
     cfg, policy = tiny_policy(assets[0])
     cfg.loss.beta = 0.0  # the policy-gradient term alone
-    where = T.Ranks(0, 1, torch.device("cpu"))
+    where = D.Ranks(0, 1, torch.device("cpu"))
     (_, clue), (_, accuracy_only) = (gradients(cfg, policy, arms[name], where, 4) for name in ("clue", "accuracy_only"))
     assert any(g.abs().sum() > 0 for g in clue)
     for a, b in zip(clue, accuracy_only):
@@ -402,7 +403,7 @@ def gradients(cfg, policy, groups, where, micro_batch_size):
 def _rank_worker(rank, port, base, agg, out):
     os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
-    where = T.setup_distributed("cpu")
+    where = D.setup_distributed("cpu")
     cfg, policy = tiny_policy(base)
     cfg.loss.agg = agg
     mine = [g for i, g in enumerate(fixed_groups()) if i % 2 == rank]  # each rank owns whole groups
@@ -415,7 +416,7 @@ def _rank_worker(rank, port, base, agg, out):
 @pytest.mark.parametrize("agg", ["seq-mean-token-mean", "token-mean"])
 def test_gradients_equal_for_micro_batch_splits_and_two_ranks(assets, agg):
     base, _ = assets
-    where = T.Ranks(0, 1, torch.device("cpu"))
+    where = D.Ranks(0, 1, torch.device("cpu"))
     cfg, policy = tiny_policy(base)
     cfg.loss.agg = agg
     cfg.loss.beta = 0.04
@@ -442,7 +443,7 @@ def test_on_policy_loss_is_zero_but_the_gradient_is_not(assets):
     base, _ = assets
     cfg, policy = tiny_policy(base)
     cfg.loss.beta = 0.0
-    result, grads = gradients(cfg, policy, fixed_groups(), T.Ranks(0, 1, torch.device("cpu")), 4)
+    result, grads = gradients(cfg, policy, fixed_groups(), D.Ranks(0, 1, torch.device("cpu")), 4)
     assert abs(result["loss"]) < 1e-6  # ratio 1 and centered advantages: the loss value is ~0 ...
     assert result["grad_norm"] > 1e-3 and max(g.abs().max().item() for g in grads) > 0  # ... the gradient not
     assert result["clip_low"] == result["clip_high"] == 0
@@ -456,7 +457,7 @@ def test_several_passes_reach_the_clipped_branch(assets):
     sequences = grpo.training_sequences(groups, grpo.advantages_by_group(groups, cfg.loss))
     batches = grpo.micro_batches(sequences, 4, 0, "cpu")
     optimizer = T.build_optimizer(policy, 0.05, 0.0, (0.9, 0.99))
-    result = grpo.policy_update(policy, optimizer, batches, cfg, T.Ranks(0, 1, torch.device("cpu")))
+    result = grpo.policy_update(policy, optimizer, batches, cfg, D.Ranks(0, 1, torch.device("cpu")))
     assert result["clip_low"] + result["clip_high"] > 0  # later passes move the ratio past 1 +- 0.2
 
 
@@ -469,7 +470,7 @@ def test_nonfinite_loss_skips_the_step_and_keeps_the_weights(assets):
     optimizer = T.build_optimizer(policy, 0.1, 0.0, (0.9, 0.99))
     before = [p.detach().clone() for p in T.optimizer_parameters(optimizer)]
     result = grpo.policy_update(policy, optimizer, grpo.micro_batches(sequences, 4, 0, "cpu"), cfg,
-                                T.Ranks(0, 1, torch.device("cpu")))
+                                D.Ranks(0, 1, torch.device("cpu")))
     assert result["skipped_nonfinite"] == 1
     assert all(torch.equal(a, b) for a, b in zip(before, T.optimizer_parameters(optimizer)))
 
@@ -578,7 +579,7 @@ def test_trim_log_keeps_the_whole_lines_up_to_the_step(tmp_path):
             log.write(record)
     with open(path, "a", encoding="utf-8") as f:
         f.write('{"step": 4, "compl')  # a line torn by a kill mid-write
-    grpo.trim_log(path, 2, T.Ranks(0, 1, torch.device("cpu")))
+    grpo.trim_log(path, 2, D.Ranks(0, 1, torch.device("cpu")))
     assert path.read_text(encoding="utf-8") == "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records[:2])
 
 

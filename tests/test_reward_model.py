@@ -150,7 +150,7 @@ def test_held_out_pairs_never_share_a_context_with_training_pairs():
 
 
 def seg(text, step, correct, score):
-    return RM.Segment("x", step, text, correct, score)
+    return RM.RatedSegment("x", step, text, correct, score)
 
 
 def test_tiers_follow_the_papers_boundaries():

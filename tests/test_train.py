@@ -12,6 +12,7 @@ import torch.multiprocessing as mp
 
 import model as M
 import train as T
+import distributed as D
 import checkpoint as CK
 from instruments import free_port
 
@@ -160,14 +161,14 @@ def test_resume_refuses_a_different_world_size(tmp_path):
 def _sync_worker(rank, port, out):
     os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
-    where = T.setup_distributed("cpu")
+    where = D.setup_distributed("cpu")
     model = tiny_model(lora_seed=rank, dropout=0.0)  # different LoRA inits: the broadcast must equalize them
     optimizer = T.build_optimizer(model, 1e-2, 0.0, (0.9, 0.99))
     params = T.optimizer_parameters(optimizer)
-    T.broadcast_parameters(params)
+    D.broadcast_parameters(params)
     logp = M.token_logprobs(model, batch(10 + rank))
     (-logp.sum()).backward()
-    T.sync_gradients(params)
+    D.sync_gradients(params)
     out[rank] = [p.grad.clone() for p in params]
     stop = T.StopRequest()
     stop.flag = rank == 1

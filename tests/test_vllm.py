@@ -25,7 +25,7 @@ import demo
 import evaluate as ev
 import model as M
 from judge import JudgeConfig, chat_many, iu_request
-from train import Ranks
+from distributed import Ranks
 from checkpoint import checkpoint_path
 from verifier import EVIDENCE_CLOSE, EVIDENCE_OPEN
 from vllm_engine import EngineError, VLLMEngine
