@@ -37,8 +37,8 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 from config import atomic_write_text
 from fsdp import export_full, is_sharded
 from model import CheckpointError, Qwen, atomic_write, load_adapter, save_adapter
-from train import optimizer_parameters
 from distributed import Ranks, barrier, broadcast_parameters, is_distributed
+from train import optimizer_parameters
 
 _CKPT = "ckpt-"
 
@@ -172,20 +172,20 @@ def restore_optimizer(path, optimizer: torch.optim.Optimizer, meta: dict, model:
     optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
 
 
-def resume(output_dir, model: Qwen, make_optimizer, enabled: bool = True) -> tuple[torch.optim.Optimizer, dict | None]:
-    """The run's optimizer, and the trainer state it continues from: with `enabled`, the newest checkpoint in
-    `output_dir` is loaded (LoRA and token rows before the optimizer is built, then AdamW's state; a full-parameter
-    run's shards with it; this rank's RNG) and its trainer state returned; else, or with none there, a fresh
-    optimizer whose trainable values are rank 0's on every rank, and None."""
+def resume(output_dir, model: Qwen, make_optimizer, enabled: bool = True):
+    """The run's optimizer and where it continues from, the one resume path of every trainer and both modes: with
+    `enabled`, the newest checkpoint in `output_dir` is loaded (LoRA and token rows before the optimizer is built,
+    then AdamW's state; a full-parameter run's shards with it; this rank's RNG). Returns (optimizer, its state.json,
+    its path); with none, a fresh optimizer whose trainable values are rank 0's on every rank, None, None."""
     path = latest_checkpoint(output_dir) if enabled else None
     if path is None:
         optimizer = make_optimizer()
         broadcast_parameters(optimizer_parameters(optimizer))
-        return optimizer, None
+        return optimizer, None, None
     meta = load_checkpoint(path, model)
     optimizer = make_optimizer()
     restore_optimizer(path, optimizer, meta, model)
-    return optimizer, meta["trainer"]
+    return optimizer, meta, path
 
 
 _OPTIONS = StateDictOptions(strict=False)

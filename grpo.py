@@ -631,12 +631,12 @@ def train(cfg: GRPOConfig, examples: list[data.Example]) -> None:
     reference = build_policy(cfg, ranks, like=policy)[0] if full_kl else None
     sampler = rollout_sampler(cfg, policy, tok, ranks, out_dir)
     source = PromptSource(sampler.segments(examples))
-    optimizer, state = resume(out_dir, policy, lambda: build_optimizer(policy, cfg.optim.lr, cfg.optim.weight_decay,
-                                                                       cfg.optim.betas), cfg.resume == "auto")
+    optimizer, meta, path = resume(out_dir, policy, lambda: build_optimizer(
+        policy, cfg.optim.lr, cfg.optim.weight_decay, cfg.optim.betas), cfg.resume == "auto")
     start = 0
-    if state is not None:
-        start, source.cursor = state["update"], tuple(state["cursor"])
-        print0(f"resuming from update {start} of {cfg.updates} ({out_dir})")
+    if meta is not None:
+        start, source.cursor = meta["trainer"]["update"], tuple(meta["trainer"]["cursor"])
+        print0(f"resuming from {path} (update {start} of {cfg.updates})")
     for name in ("metrics.jsonl", "completions.jsonl"):
         trim_log(out_dir / name, start, ranks)
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_ids[0]

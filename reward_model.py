@@ -57,8 +57,8 @@ from judge import (DATA_NOTICE, JudgeCall, JudgeConfig, JudgeError, ask, chat_me
 from model import CheckpointError, Qwen, QwenTokenizer, add_lora, load_adapter, load_tokenizer, save_adapter
 from rewards import RM_INFO, ContentModelSettings
 from train import LoraSettings, Progress, StopRequest, build_optimizer, linear_warmup_decay, set_lr
-from distributed import all_reduce_sum, broadcast_parameters, setup_distributed, sync_gradients
-from checkpoint import latest_checkpoint, load_checkpoint, restore_optimizer, save_checkpoint, trim_log
+from distributed import all_reduce_sum, setup_distributed, sync_gradients
+from checkpoint import resume, save_checkpoint, trim_log
 
 HEAD_FILE = "value_head.safetensors"
 HEAD_FORMAT = "clue-mini-value-head/1"
@@ -547,7 +547,7 @@ def pairwise_accuracy(rm: RewardModel, rows: list[tuple[list[int], list[int]]], 
 
 def train(cfg: RMConfig) -> dict:
     """Train the RM as configured; returns {heldout_accuracy_before, heldout_accuracy, ...} (also in RM_INFO)."""
-    where = setup_distributed(cfg.device)
+    ranks = setup_distributed(cfg.device)
     pairs = load_pairs(cfg.pairs)
     train_pairs, heldout = ((pairs, load_pairs(cfg.heldout)) if cfg.heldout
                             else split_heldout(pairs, cfg.heldout_fraction, cfg.seed))
@@ -557,40 +557,41 @@ def train(cfg: RMConfig) -> dict:
            f"{len(heldout) - len(held)} longer than max_length={cfg.max_length} skipped)")
     if not rows:
         raise DataError(f"{cfg.pairs}: no training pairs left")
-    dtype = cfg.dtype or ("bfloat16" if where.device.type == "cuda" else "float32")
-    qwen = Qwen.from_pretrained(cfg.model, dtype=dtype, device=where.device)
+    dtype = cfg.dtype or ("bfloat16" if ranks.device.type == "cuda" else "float32")
+    qwen = Qwen.from_pretrained(cfg.model, dtype=dtype, device=ranks.device)
     torch.manual_seed(cfg.seed)
     add_lora(qwen, cfg.lora.rank, cfg.lora.alpha, cfg.lora.dropout, cfg.lora.targets)
     qwen.gradient_checkpointing = cfg.gradient_checkpointing
     rm = RewardModel(qwen, cfg.seed)
     out = Path(cfg.output_dir)
-    checkpoint = latest_checkpoint(out) if cfg.resume == "auto" else None
-    if checkpoint is not None:
-        meta = load_checkpoint(checkpoint, qwen)
+
+    def make_optimizer():
+        optimizer = build_optimizer(qwen, cfg.lr, cfg.weight_decay, cfg.betas)
+        optimizer.add_param_group({"params": list(rm.head.parameters()), "weight_decay": 0.0,
+                                   "lr_scale": cfg.head_lr_scale})
+        return optimizer
+
+    optimizer, meta, checkpoint = resume(out, qwen, make_optimizer, cfg.resume == "auto")
+    if meta is not None:
         rm.load_head(checkpoint / HEAD_FILE)
         if meta["trainer"]["training_pairs"] != len(rows):
             raise DataError(f"{checkpoint}: written for {meta['trainer']['training_pairs']} training pairs, the pair "
                             f"files now give {len(rows)}; resume needs the same pairs (or resume=none)")
-    optimizer = build_optimizer(qwen, cfg.lr, cfg.weight_decay, cfg.betas)
-    optimizer.add_param_group({"params": list(rm.head.parameters()), "weight_decay": 0.0,
-                               "lr_scale": cfg.head_lr_scale})
     params = [p for g in optimizer.param_groups for p in g["params"]]
-    group = cfg.batch_size * cfg.grad_accum * where.world_size
+    group = cfg.batch_size * cfg.grad_accum * ranks.world_size
     per_epoch = math.ceil(len(rows) / group)
     total = cfg.epochs * per_epoch
     save_resolved_config(cfg, out)
-    if checkpoint is not None:
-        restore_optimizer(checkpoint, optimizer, meta)
+    if meta is not None:
         first, state = meta["step"], meta["trainer"]
         print0(f"resuming from {checkpoint} (step {first})")
     else:
-        broadcast_parameters(params)
-        before = pairwise_accuracy(rm, held, where.rank, where.world_size) if held else None
+        before = pairwise_accuracy(rm, held, ranks.rank, ranks.world_size) if held else None
         first, state = 0, {"training_pairs": len(rows), "heldout_pairs": len(held),
                            "heldout_accuracy_before": before, "heldout_accuracy": before}
         if held:
             print0(f"held-out pairwise accuracy before training: {before:.4f} ({len(held)} pairs)")
-    trim_log(out / "metrics.jsonl", first, where)
+    trim_log(out / "metrics.jsonl", first, ranks)
     progress = Progress(total, first)
     rm.train()
     with MetricsWriter(out / "metrics.jsonl") as metrics, StopRequest() as stop:
@@ -600,12 +601,12 @@ def train(cfg: RMConfig) -> dict:
             epoch, position = divmod(step, per_epoch)
             order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(cfg.seed + epoch)).tolist()
             update = order[position * group:(position + 1) * group]
-            mine = update[where.rank::where.world_size]
+            mine = update[ranks.rank::ranks.world_size]
             optimizer.zero_grad(set_to_none=True)
             loss = correct = 0.0
             for j in range(0, len(mine), cfg.batch_size):
                 batch = [rows[i] for i in mine[j:j + cfg.batch_size]]
-                ids, lengths = pad([x for pair in batch for x in pair], tok.pad_token_id or 0, where.device)
+                ids, lengths = pad([x for pair in batch for x in pair], tok.pad_token_id or 0, ranks.device)
                 r = rm(ids, lengths)
                 part = bt_loss(r[0::2], r[1::2], len(update))
                 part.backward()
@@ -614,7 +615,7 @@ def train(cfg: RMConfig) -> dict:
             grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm).item()
             optimizer.step()
             loss, correct = all_reduce_sum(torch.tensor([loss, correct], dtype=torch.float64,
-                                                        device=where.device)).tolist()
+                                                        device=ranks.device)).tolist()
             done = step + 1
             tokens = sum(len(x) for i in update for x in rows[i])
             record = {"step": done, "epoch": done / per_epoch, "loss": loss, "train_accuracy": correct / len(update),
@@ -622,17 +623,17 @@ def train(cfg: RMConfig) -> dict:
             metrics.write(record | progress.log(step, tokens, loss=loss, lr=lr, grad_norm=grad_norm))
             epoch_end = done % per_epoch == 0
             if held and (epoch_end or (cfg.eval_every and done % cfg.eval_every == 0)):
-                state["heldout_accuracy"] = pairwise_accuracy(rm, held, where.rank, where.world_size)
+                state["heldout_accuracy"] = pairwise_accuracy(rm, held, ranks.rank, ranks.world_size)
                 metrics.write({"step": done, "eval/heldout_accuracy": state["heldout_accuracy"]})
                 print0(f"held-out pairwise accuracy at step {done}: {state['heldout_accuracy']:.4f}")
-            stopping = stop.requested(where.device)
+            stopping = stop.requested(ranks.device)
             if stopping or epoch_end or done % cfg.save_every == 0:
                 save_checkpoint(out, done, qwen, optimizer, state, keep=cfg.keep_checkpoints,
                                 write_extra=lambda folder: rm.save_head(folder, cfg.model))
             if stopping:
                 print0(f"stopped after step {done}; run again with resume=auto to continue")
                 return state
-    if where.main:
+    if ranks.main:
         save_reward_model(rm, out, cfg.model, cfg.max_length, **state)
         print0(f"done: {out} (held-out pairwise accuracy {state['heldout_accuracy']})")
     return state

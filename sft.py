@@ -65,8 +65,8 @@ from judge import DATA_NOTICE, JudgeCall, JudgeConfig, JudgeError, chat_many, ch
 from model import (CheckpointError, Qwen, QwenTokenizer, add_lora, add_special_tokens,
                    load_adapter, load_tokenizer, save_merged, token_logprobs, train_token_rows)
 from train import LoraSettings, Progress, StopRequest, build_optimizer, clip_gradients, finetune_settings, linear_warmup_decay, optimizer_parameters, set_lr
-from distributed import all_reduce_sum, broadcast_parameters, setup_distributed, sync_gradients
-from checkpoint import atomic_folder, latest_checkpoint, load_checkpoint, restore_optimizer, save_checkpoint, save_model, trim_log
+from distributed import all_reduce_sum, setup_distributed, sync_gradients
+from checkpoint import atomic_folder, resume, save_checkpoint, save_model, trim_log
 from fsdp import gathered, is_sharded, pad_batches, shard_model
 from verifier import EVIDENCE_CLOSE, EVIDENCE_OPEN, extract_quotes, format_score, verify_quote
 
@@ -490,22 +490,18 @@ def train(cfg: SFTConfig) -> Path:
     if cfg.finetune == "full":
         shard_model(model, ranks.device)
     model.gradient_checkpointing = cfg.gradient_checkpointing
-    checkpoint = latest_checkpoint(out) if cfg.resume == "auto" else None
+    optimizer, meta, checkpoint = resume(out, model, lambda: build_optimizer(
+        model, cfg.lr, cfg.weight_decay, cfg.betas, cfg.row_lr_scale), cfg.resume == "auto")
+    params = optimizer_parameters(optimizer)
     first, state = 0, {"rows": len(samples), "selection": [], "best": None}
-    if checkpoint is not None:
-        meta = load_checkpoint(checkpoint, model)
+    if meta is None:
+        torch.manual_seed(cfg.seed + ranks.rank)  # dropout masks differ across ranks
+    else:
         if meta["trainer"]["rows"] != len(samples):
             raise DataError(f"{checkpoint}: written for {meta['trainer']['rows']} training rows, the data now give "
                             f"{len(samples)}; resume needs the same data (or resume=none)")
         first, state = meta["step"], meta["trainer"]
         print0(f"resuming from {checkpoint} (step {first})")
-    optimizer = build_optimizer(model, cfg.lr, cfg.weight_decay, cfg.betas, cfg.row_lr_scale)
-    params = optimizer_parameters(optimizer)
-    if checkpoint is not None:
-        restore_optimizer(checkpoint, optimizer, meta, model)
-    else:
-        broadcast_parameters(params)
-        torch.manual_seed(cfg.seed + ranks.rank)  # dropout masks differ across ranks
     group = cfg.batch_size * cfg.grad_accum * ranks.world_size
     per_epoch = math.ceil(len(samples) / group)
     total = cfg.epochs * per_epoch

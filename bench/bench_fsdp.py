@@ -46,14 +46,14 @@ def worker(rank: int, world: int, port: int, args, out: Path) -> None:
     torch.set_num_threads(1)
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
-    where = D.setup_distributed("cpu")
+    ranks = D.setup_distributed("cpu")
     torch.manual_seed(0)
     raw = dict(model_type="qwen3", vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=4 * args.hidden,
                num_hidden_layers=args.layers, num_attention_heads=args.hidden // 64,
                num_key_value_heads=args.hidden // 128, head_dim=64, rope_theta=1e6, tie_word_embeddings=False)
     model = M.Qwen(M.QwenConfig.from_dict(raw))
     n_params = sum(p.numel() for p in model.parameters())
-    FS.shard_model(model, where.device)
+    FS.shard_model(model, ranks.device)
     optimizer = T.build_optimizer(model, lr=1e-5, weight_decay=0.01, betas=(0.9, 0.99))
     params = T.optimizer_parameters(optimizer)
     ids = torch.randint(0, args.vocab, (1, args.tokens), generator=torch.Generator().manual_seed(rank))

@@ -98,12 +98,12 @@ def _export_worker(rank, port, out, tied):
     torch.set_num_threads(1)
     os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
-    where = D.setup_distributed("cpu")
+    ranks = D.setup_distributed("cpu")
     torch.manual_seed(0)
     raw = dict(TIED, tie_word_embeddings=tied)
     model = M.Qwen(M.QwenConfig.from_dict(raw))
     M.train_token_rows(model, [5, 9])
-    FS.shard_model(model, where.device)
+    FS.shard_model(model, ranks.device)
     optimizer = T.build_optimizer(model, lr=1e-2, weight_decay=0.01, betas=(0.9, 0.99), row_lr_scale=10.0)
     ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(1))
     model.train()
@@ -116,7 +116,7 @@ def _export_worker(rank, port, out, tied):
     tok = M.QwenTokenizer.__new__(M.QwenTokenizer)  # save_merged writes the tokenizer: a stand-in that writes none
     tok.save = lambda folder: None
     FS.export_full(model, tok, out)
-    if where.main:
+    if ranks.main:
         torch.save({"ids": ids, "logits": logits}, out / "expected.pt")
     dist.destroy_process_group()
 
@@ -143,12 +143,12 @@ def _rollout_worker(rank, port, out):
     torch.set_num_threads(1)
     os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
-    where = D.setup_distributed("cpu")
+    ranks = D.setup_distributed("cpu")
     torch.manual_seed(0)
     model = M.Qwen(M.QwenConfig.from_dict(dict(TIED, tie_word_embeddings=False)))
     reference = M.Qwen(M.QwenConfig.from_dict(dict(TIED, tie_word_embeddings=False)))
     reference.load_state_dict(model.state_dict())
-    FS.shard_model(model, where.device)
+    FS.shard_model(model, ranks.device)
     calls = INSTR.CollectiveCounter()
     with calls:
         with FS.gathered(model):
@@ -303,20 +303,20 @@ def full_policy(base, **overrides):
                 "loss.beta": "0.04", "loss.passes": "2"} | overrides
     cfg = load_config(REPO / "configs" / "clue_qwen3_5_9b.yaml", [f"{k}={v}" for k, v in settings.items()],
                       grpo.GRPOConfig)
-    where = D.setup_distributed("cpu")
-    policy, _ = grpo.build_policy(cfg, where)
-    reference = grpo.build_policy(cfg, where, like=policy)[0]
+    ranks = D.setup_distributed("cpu")
+    policy, _ = grpo.build_policy(cfg, ranks)
+    reference = grpo.build_policy(cfg, ranks, like=policy)[0]
     assert reference.model.embed_tokens.weight is policy.model.embed_tokens.weight  # one frozen copy a rank
-    return cfg, where, policy, reference
+    return cfg, ranks, policy, reference
 
 
 def updated_weights(base, groups, micro_batch_size) -> dict[str, torch.Tensor]:
     """The full weights after one GRPO update (two passes, so two AdamW steps) over `groups` on this rank."""
-    cfg, where, policy, reference = full_policy(base, **{"loss.micro_batch_size": micro_batch_size})
+    cfg, ranks, policy, reference = full_policy(base, **{"loss.micro_batch_size": micro_batch_size})
     sequences = grpo.training_sequences(groups, grpo.advantages_by_group(groups, cfg.loss))
-    batches = grpo.micro_batches(sequences, micro_batch_size, 0, where.device)
+    batches = grpo.micro_batches(sequences, micro_batch_size, 0, ranks.device)
     optimizer = T.build_optimizer(policy, 1e-3, 0.01, (0.9, 0.99))
-    out = grpo.policy_update(policy, optimizer, batches, cfg, where, reference)
+    out = grpo.policy_update(policy, optimizer, batches, cfg, ranks, reference)
     assert out["grad_norm"] > 0 and out["kl"] >= 0
     return {n: p.full_tensor() if hasattr(p, "full_tensor") else p.detach().clone()
             for n, p in policy.named_parameters()}

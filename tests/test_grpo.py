@@ -284,8 +284,8 @@ def scripted_filtering(monkeypatch, script, enabled=True, config="clue_qwen3_5_9
     monkeypatch.setattr(grpo.PromptSampler, "sample", fake_sample)
     monkeypatch.setattr(grpo, "score_groups", lambda groups, cfg, judge: {"calls": 0, "retries": 0, "failures": 0})
     slots = [grpo.Slot(i, ex, seg) for i, (ex, seg) in enumerate(source.take(3))]
-    where = D.Ranks(0, 1, torch.device("cpu"))
-    groups, counts = grpo.collect_groups(grpo.PromptSampler(None, None, cfg), source, slots, cfg, 0, where)
+    ranks = D.Ranks(0, 1, torch.device("cpu"))
+    groups, counts = grpo.collect_groups(grpo.PromptSampler(None, None, cfg), source, slots, cfg, 0, ranks)
     return groups, counts, seen
 
 
@@ -383,19 +383,19 @@ def test_accuracy_only_and_clue_scale_the_same_informative_groups_alike(monkeypa
     assert arms["clue"][1].example.id == arms["accuracy_only"][1].example.id == "p1"
     cfg, policy = tiny_policy(assets[0])
     cfg.loss.beta = 0.0  # the policy-gradient term alone
-    where = D.Ranks(0, 1, torch.device("cpu"))
-    (_, clue), (_, accuracy_only) = (gradients(cfg, policy, arms[name], where, 4) for name in ("clue", "accuracy_only"))
+    ranks = D.Ranks(0, 1, torch.device("cpu"))
+    (_, clue), (_, accuracy_only) = (gradients(cfg, policy, arms[name], ranks, 4) for name in ("clue", "accuracy_only"))
     assert any(g.abs().sum() > 0 for g in clue)
     for a, b in zip(clue, accuracy_only):
         torch.testing.assert_close(a, b)
 
 
-def gradients(cfg, policy, groups, where, micro_batch_size):
+def gradients(cfg, policy, groups, ranks, micro_batch_size):
     cfg.loss.micro_batch_size = micro_batch_size
     sequences = grpo.training_sequences(groups, grpo.advantages_by_group(groups, cfg.loss))
-    batches = grpo.micro_batches(sequences, micro_batch_size, 0, where.device)
+    batches = grpo.micro_batches(sequences, micro_batch_size, 0, ranks.device)
     optimizer = T.build_optimizer(policy, 0.0, 0.0, (0.9, 0.99))
-    out = grpo.policy_update(policy, optimizer, batches, cfg, where)
+    out = grpo.policy_update(policy, optimizer, batches, cfg, ranks)
     return out, [p.grad.clone() for p in T.optimizer_parameters(optimizer)]
 
 
@@ -403,27 +403,27 @@ def gradients(cfg, policy, groups, where, micro_batch_size):
 def _rank_worker(rank, port, base, agg, out):
     os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
-    where = D.setup_distributed("cpu")
+    ranks = D.setup_distributed("cpu")
     cfg, policy = tiny_policy(base)
     cfg.loss.agg = agg
     mine = [g for i, g in enumerate(fixed_groups()) if i % 2 == rank]  # each rank owns whole groups
-    result, grads = gradients(cfg, policy, mine, where, micro_batch_size=2)
+    result, grads = gradients(cfg, policy, mine, ranks, micro_batch_size=2)
     out[rank] = (result["loss"], grads)
-    out[f"gathered{rank}"] = grpo.gather_json({"rank": rank, "text": "é" * (rank + 1)}, where)
+    out[f"gathered{rank}"] = grpo.gather_json({"rank": rank, "text": "é" * (rank + 1)}, ranks)
     torch.distributed.destroy_process_group()
 
 
 @pytest.mark.parametrize("agg", ["seq-mean-token-mean", "token-mean"])
 def test_gradients_equal_for_micro_batch_splits_and_two_ranks(assets, agg):
     base, _ = assets
-    where = D.Ranks(0, 1, torch.device("cpu"))
+    ranks = D.Ranks(0, 1, torch.device("cpu"))
     cfg, policy = tiny_policy(base)
     cfg.loss.agg = agg
     cfg.loss.beta = 0.04
-    reference, ref_grads = gradients(cfg, policy, fixed_groups(), where, micro_batch_size=100)
+    reference, ref_grads = gradients(cfg, policy, fixed_groups(), ranks, micro_batch_size=100)
     assert reference["grad_norm"] > 0
     for size in (1, 5):
-        result, grads = gradients(cfg, policy, fixed_groups(), where, micro_batch_size=size)
+        result, grads = gradients(cfg, policy, fixed_groups(), ranks, micro_batch_size=size)
         assert result["loss"] == pytest.approx(reference["loss"], abs=1e-7)
         for a, b in zip(grads, ref_grads):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)

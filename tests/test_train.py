@@ -161,7 +161,7 @@ def test_resume_refuses_a_different_world_size(tmp_path):
 def _sync_worker(rank, port, out):
     os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
-    where = D.setup_distributed("cpu")
+    ranks = D.setup_distributed("cpu")
     model = tiny_model(lora_seed=rank, dropout=0.0)  # different LoRA inits: the broadcast must equalize them
     optimizer = T.build_optimizer(model, 1e-2, 0.0, (0.9, 0.99))
     params = T.optimizer_parameters(optimizer)
@@ -172,7 +172,7 @@ def _sync_worker(rank, port, out):
     out[rank] = [p.grad.clone() for p in params]
     stop = T.StopRequest()
     stop.flag = rank == 1
-    out[f"stop{rank}"] = stop.requested(where.device)
+    out[f"stop{rank}"] = stop.requested(ranks.device)
     torch.distributed.destroy_process_group()
 
 
