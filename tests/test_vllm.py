@@ -258,7 +258,8 @@ def test_grpo_with_vllm_rollouts_writes_every_output_and_trains(served, tmp_path
     assert any(p.abs().max() > 0 for n, p in trained.named_parameters() if "lora_B" in n)  # B starts at zero
     served_models = [m["id"] for m in requests.get(served.url + "/models", timeout=30).json()["data"]]
     adapters = [name for name in served_models if name.startswith("rl-")]
-    assert len(adapters) == 1 and adapters[0].endswith("-3")  # the last update's adapter; the earlier ones unloaded
+    # the adapter the last update sampled from (after 2 updates; the trained one is run/adapter), the earlier unloaded
+    assert len(adapters) == 1 and adapters[0].endswith("-2")
     assert sorted(p.name for p in (run / "vllm").iterdir()) == adapters
     requests.post(served.url + "/unload_lora_adapter", json={"lora_name": adapters[0]}, timeout=30)
 
