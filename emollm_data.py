@@ -32,7 +32,7 @@ CPT row: {"id", "text": "<think>\\nFacts: ...\\nNeeds: ...\\nAppraisal: ...\\nEm
 sft.py encodes it); a row whose current turn alone does not fit is skipped and counted.
 
 ARG SFT: `contexts` contexts are drawn at random (seed) from all of them, and the teacher (judge.chat, concurrent,
-resumable: judge.chat_many_resumable logs every answer to `<data>.teacher.jsonl`) writes the ARG state in
+resumable: teacher.ask_journaled journals every answer in `<out>.teacher.jsonl`) writes the ARG state in
 Appendix H's order (Facts, Needs, Appraisal, Emotion, Strategy, then optionally up to `lookahead`
 reverse-perspective steps and the strategy chosen after them, as the Stage II scaffold of dialogue.py names
 them), the gating label r_t and the reply. An answer missing a section or the reply, or out of that format, is
@@ -57,8 +57,9 @@ from typing import Callable
 from config import ConfigError, atomic_write_text, excerpt, print0
 from data import THINK_END, THINK_START, DataError
 from dataset import parse_json, read_data_text, reject_json_constant, typed_field
-from dialogue import ARG_SECTIONS
-from judge import DATA_NOTICE, JudgeCall, JudgeConfig, chat_many_resumable, chat_messages, section
+from dialogue_judges import ARG_SECTIONS
+from judge import DATA_NOTICE, JudgeCall, JudgeConfig, chat_messages, section
+from teacher import ask_journaled, load_journal, raw_text, request_key
 
 # ----------------------------------------------------------------------------- config
 
@@ -378,9 +379,13 @@ def arg_rows(dialogues: list[Dialogue], settings: EmoLLMData, cache: Path,
     if settings.contexts is not None:  # a random subset, kept in file order
         pool = [pool[i] for i in sorted(random.Random(settings.seed).sample(range(len(pool)),
                                                                            min(settings.contexts, len(pool))))]
-    answers, stats = chat_many_resumable([arg_request(d, t, settings) for d, t in pool],
-                                         [f"{d.id}/t{t}" for d, t in pool], settings.teacher, cache)
-    rows, counts = [], {"contexts": len(pool), "reused": stats["reused"], "teacher_failures": answers.count(None),
+    calls = [arg_request(d, t, settings) for d, t in pool]
+    keys = [request_key("arg", f"{d.id}/t{t}", settings.teacher, call) for (d, t), call in zip(pool, calls)]
+    done = load_journal(cache)
+    asked = ask_journaled([(k, call, raw_text) for k, call in zip(keys, calls)], settings.teacher, cache, done)
+    answers = [done.get(k) for k in keys]
+    rows, counts = [], {"contexts": len(pool), "reused": len(pool) - asked["asked"],
+                        "teacher_failures": answers.count(None),
                         "missing section": 0, "missing reply": 0, "malformed": 0, "too long": 0}
     for (dialogue, t), answer in zip(pool, answers):
         parsed = None if answer is None else parse_arg(answer, settings.lookahead)
