@@ -100,6 +100,10 @@ class EmoLLMData:
     seed: int = 0
     teacher: JudgeConfig = field(default_factory=JudgeConfig)
 
+    def __post_init__(self):
+        if self.objective == "lm" and self.knowledge is None:
+            raise ConfigError("knowledge: the CPT rows (objective lm) need the knowledge triples")
+
 
 # ----------------------------------------------------------------------------- dialogues
 
@@ -418,9 +422,10 @@ def prepare(settings: EmoLLMData, objective: str, out, fits: Callable[[list | No
     """Write the rows of `objective`'s part to `out` (JSONL) and return the counts it prints. `fits(prompt, text)`:
     whether sft.py's encoding of the row (prompt None for an lm row) is within max_length."""
     if objective not in ("lm", "target"):
-        raise ConfigError(f"emollm: builds rows for objective lm (CPT) or target (ARG SFT), not {excerpt(objective)}")
+        raise ConfigError(f"objective: emollm_data.py builds rows for lm (CPT) or target (ARG SFT), not "
+                          f"{excerpt(objective)}")
     if objective == "lm" and settings.knowledge is None:
-        raise ConfigError("emollm.knowledge: the CPT rows (objective lm) need the knowledge triples")
+        raise ConfigError("knowledge: the CPT rows (objective lm) need the knowledge triples")
     dialogues = load_dialogues(settings.dialogues)
     if objective == "lm":
         knowledge = Knowledge(load_knowledge(settings.knowledge), settings.relations, settings.min_overlap,
