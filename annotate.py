@@ -30,12 +30,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse, urlsplit
 
-from config import ConfigError, atomic_write_text, load_config
+from config import ConfigError, atomic_write_text, load_config, read_log
 from config import excerpt
 from data import DataError, parse_answer, split_blocks, split_completion, task_brief, visible_turns
 from dataset import example_from_json, example_to_json
 from evaluate import (COMPLETIONS, EVAL_JSON, EvalConfig, EvalError, alignment_f1, load_set, matched_lines,
-                      mean_sd, read_jsonl, wilcoxon)
+                      mean_sd, wilcoxon)
 from verifier import EVIDENCE_CLOSE, EVIDENCE_OPEN
 
 PAGE = Path(__file__).with_name("annotate.html")
@@ -67,7 +67,7 @@ def make_pairs(run_dirs: list, n: int, seed: int = 0) -> list[dict]:
     for d in map(Path, run_dirs):
         cfg = load_config(d / "config.yaml", [], EvalConfig)
         name = json.loads((d / EVAL_JSON).read_text(encoding="utf-8"))["name"] if (d / EVAL_JSON).exists() else d.name
-        runs.append((name, cfg, {(r["set"], r["id"]): r for r in read_jsonl(d / COMPLETIONS) if r["sample"] == 0}))
+        runs.append((name, cfg, {(r["set"], r["id"]): r for r in read_log(d / COMPLETIONS, EvalError) if r["sample"] == 0}))
     if len({name for name, _, _ in runs}) != 2:
         names = [name for name, _, _ in runs]
         raise EvalError(f"pairs: two runs of differently named models expected, got {excerpt(names)}")
@@ -94,7 +94,7 @@ def make_pairs(run_dirs: list, n: int, seed: int = 0) -> list[dict]:
 def load_pairs(path) -> list[dict]:
     if not Path(path).is_file():
         raise EvalError(f"{path}: file not found")
-    pairs = read_jsonl(Path(path))
+    pairs = read_log(Path(path), EvalError)
     if not pairs:
         raise EvalError(f"{path}: no pairs")
     for number, pair in enumerate(pairs, 1):
@@ -173,7 +173,7 @@ class AnnotationServer(ThreadingHTTPServer):
         """What the page may see of an item: the lines and the annotator's clicks so far, the excerpts
         (by slot, never by model) only once the lines are confirmed."""
         with self.lock:
-            state = replay(read_jsonl(self.answers), annotator)
+            state = replay(read_log(self.answers, EvalError), annotator)
         blank = {"lines": [], "confirmed": False, "ratings": {}}
         done = [len(state.get((annotator, p["id"]), blank)["ratings"]) == 2 for p in self.pairs]
         if index is None:
@@ -199,7 +199,7 @@ class AnnotationServer(ThreadingHTTPServer):
             raise ValueError("an event needs an annotator name (1-64 printable characters) and a known item")
         pair = self.pairs[self.index[item]]
         with self.lock:
-            mine = replay(read_jsonl(self.answers), annotator).get((annotator, item), {"confirmed": False})
+            mine = replay(read_log(self.answers, EvalError), annotator).get((annotator, item), {"confirmed": False})
             record = {"time": datetime.datetime.now().isoformat(timespec="seconds"), "annotator": annotator,
                       "item": item, "kind": kind}
             n_lines = len(visible_turns(pair["example"]))
@@ -402,7 +402,7 @@ def main(argv: list[str]) -> None:
                 except KeyboardInterrupt:
                     pass
         else:
-            events = [e for path in args.answers for e in read_jsonl(Path(path))]
+            events = [e for path in args.answers for e in read_log(Path(path), EvalError)]
             result = annotation_report(load_pairs(args.pairs), events)
             print(report_markdown(result))
             if args.json:

@@ -1,6 +1,7 @@
 """Configs and run outputs, shared by every script: YAML configs with `key=value` overrides checked
 against a dataclass schema (`python X.py config.yaml [key=value ...]`), rank-0 printing, the
-metrics.jsonl writer and reader, and the resolved config written beside a run's outputs with secrets removed."""
+metrics.jsonl writer and reader, the logs a rerun resumes from (`read_log`, `open_log`), and the resolved
+config written beside a run's outputs with secrets removed."""
 
 from __future__ import annotations
 
@@ -321,6 +322,43 @@ def read_metrics(path) -> list[dict]:
         if isinstance(raw.get("step"), (int, float)):
             records.append({k: v for k, v in raw.items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
     return records
+
+
+def read_log(path, error: type[Exception] = ValueError) -> list:
+    """The records of a JSONL file we append to (a journal, completions.jsonl), or [] when it does not exist.
+    A torn last line (a run killed mid-write) is ignored, and the file is left as it is; any other line that is
+    not JSON raises `error` naming the file and line. Lines end at "\\n" only: a text may hold U+2028."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    lines = re.findall(r"[^\n]*\n|[^\n]+$", path.read_text(encoding="utf-8"))
+    records = []
+    for number, line in enumerate(lines, 1):
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            if number < len(lines) or line.endswith("\n"):
+                raise error(f"{path}:{number}: not valid JSON") from None
+    return records
+
+
+def open_log(path):
+    """`path` opened for appending records (its folder made). A torn last line, which `read_log` ignores, is cut off
+    first, and said so on stderr, so that the next record starts a line of its own; a last record missing only its
+    newline gets one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = path.read_bytes() if path.exists() else b""
+    if data and not data.endswith(b"\n"):
+        cut = data.rfind(b"\n") + 1
+        try:
+            json.loads(data[cut:])
+            with open(path, "ab") as f:
+                f.write(b"\n")
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            os.truncate(path, cut)
+            print(f"{path}: cut off a torn last line ({len(data) - cut} bytes) before appending", file=sys.stderr)
+    return open(path, "a", encoding="utf-8")
 
 
 _SECRET_KEY = re.compile(r"api[_-]?key|secret|password|auth[_-]?token", re.IGNORECASE)

@@ -117,8 +117,6 @@ def as_state(item: Scenario | State) -> State:
 
 # ----------------------------------------------------------------------------- what the policy and the judges read
 
-ARG_SECTIONS = ("Facts", "Needs", "Appraisal", "Emotion", "Strategy")  # the ARG nodes F, N, A, E, S (EmoLLM 3.1)
-
 ARG_SCAFFOLD = """You are talking with someone who may be going through something difficult. Before each reply, \
 think it through privately between <think> and </think>; the person never sees that part. Write one or two short \
 lines per section, in this order:

@@ -1,9 +1,10 @@
 """EmoLLM Stage I data (section 3.2.1, D.1, Appendix H): the rows of its two parts, which sft.py then trains.
 
-    python sft.py prepare configs/emollm_stage1_cpt.yaml   # objective lm: CPT rows with knowledge prefixes
-    python sft.py prepare configs/emollm_stage1_sft.yaml   # objective target: ARG SFT rows from a teacher
+    python emollm_data.py configs/emollm_stage1_cpt_prepare.yaml   # objective lm: CPT rows with knowledge prefixes
+    python emollm_data.py configs/emollm_stage1_sft_prepare.yaml   # objective target: ARG SFT rows from a teacher
 
-The config's `emollm:` section (EmoLLMData) chooses this preparation; its `objective` chooses the part.
+The config (EmoLLMData) names the part by its `objective`, sft.py's objective that trains on the rows, and the
+checkpoint (`model`) whose tokenizer measures `max_length` as sft.py encodes the rows.
 
 Dialogues (`dialogues`: files in ESConv's layout, a JSON array as ESConv.json ships, or JSONL with one
 dialogue per line, as convert.py writes for EmpatheticDialogues and MSDialog): each dialogue is an object with
@@ -32,7 +33,7 @@ CPT row: {"id", "text": "<think>\\nFacts: ...\\nNeeds: ...\\nAppraisal: ...\\nEm
 sft.py encodes it); a row whose current turn alone does not fit is skipped and counted.
 
 ARG SFT: `contexts` contexts are drawn at random (seed) from all of them, and the teacher (judge.chat, concurrent,
-resumable: judge.chat_many_resumable logs every answer to `<data>.teacher.jsonl`) writes the ARG state in
+resumable: teacher.ask_journaled journals every answer in `<out>.teacher.jsonl`) writes the ARG state in
 Appendix H's order (Facts, Needs, Appraisal, Emotion, Strategy, then optionally up to `lookahead`
 reverse-perspective steps and the strategy chosen after them, as the Stage II scaffold of dialogue.py names
 them), the gating label r_t and the reply. An answer missing a section or the reply, or out of that format, is
@@ -47,18 +48,23 @@ written.
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Literal
 
-from config import ConfigError, atomic_write_text, excerpt, print0
+import sft
+from config import ConfigError, atomic_write_text, excerpt, parse_cli, print0
 from data import THINK_END, THINK_START, DataError
 from dataset import parse_json, read_data_text, reject_json_constant, typed_field
-from dialogue import ARG_SECTIONS
-from judge import DATA_NOTICE, JudgeCall, JudgeConfig, chat_many_resumable, chat_messages, section
+from dialogue_judges import ARG_SECTIONS
+from judge import DATA_NOTICE, JudgeCall, JudgeConfig, JudgeError, chat_messages, section
+from model import CheckpointError, load_tokenizer
+from teacher import ask_journaled, load_journal, raw_text, request_key
 
 # ----------------------------------------------------------------------------- config
 
@@ -75,9 +81,14 @@ class Relations:
 
 @dataclass
 class EmoLLMData:
-    """`python sft.py prepare` for EmoLLM's Stage I (module docstring); rows go to the config's `data`."""
+    """`python emollm_data.py` for EmoLLM's Stage I (module docstring); rows go to `out` (sft.py's `data`)."""
 
     dialogues: list[str]  # ESConv-layout files
+    objective: Literal["lm", "target"]  # sft.py's objective for the rows: lm (CPT) or target (ARG SFT)
+    out: str  # the rows written (sft.py's `data`)
+    model: str  # the checkpoint sft.py trains (its tokenizer measures max_length)
+    max_length: int = 16384  # sft.py's max_length: CPT rows are cut to fit, longer ARG rows dropped
+    enable_thinking: bool | None = None  # sft.py's enable_thinking (the chat format the rows are measured in)
     knowledge: str | None = None  # objective lm: the ECoK-layout triples (JSONL)
     relations: Relations = field(default_factory=Relations)
     min_overlap: float = 0.5  # share of a triple head's words that the query must hold
@@ -88,6 +99,10 @@ class EmoLLMData:
     max_tokens: int = 1024  # the teacher's new tokens per answer
     seed: int = 0
     teacher: JudgeConfig = field(default_factory=JudgeConfig)
+
+    def __post_init__(self):
+        if self.objective == "lm" and self.knowledge is None:
+            raise ConfigError("knowledge: the CPT rows (objective lm) need the knowledge triples")
 
 
 # ----------------------------------------------------------------------------- dialogues
@@ -378,9 +393,13 @@ def arg_rows(dialogues: list[Dialogue], settings: EmoLLMData, cache: Path,
     if settings.contexts is not None:  # a random subset, kept in file order
         pool = [pool[i] for i in sorted(random.Random(settings.seed).sample(range(len(pool)),
                                                                            min(settings.contexts, len(pool))))]
-    answers, stats = chat_many_resumable([arg_request(d, t, settings) for d, t in pool],
-                                         [f"{d.id}/t{t}" for d, t in pool], settings.teacher, cache)
-    rows, counts = [], {"contexts": len(pool), "reused": stats["reused"], "teacher_failures": answers.count(None),
+    calls = [arg_request(d, t, settings) for d, t in pool]
+    keys = [request_key("arg", f"{d.id}/t{t}", settings.teacher, call) for (d, t), call in zip(pool, calls)]
+    done = load_journal(cache)
+    asked = ask_journaled([(k, call, raw_text) for k, call in zip(keys, calls)], settings.teacher, cache, done)
+    answers = [done.get(k) for k in keys]
+    rows, counts = [], {"contexts": len(pool), "reused": len(pool) - asked["asked"],
+                        "teacher_failures": answers.count(None),
                         "missing section": 0, "missing reply": 0, "malformed": 0, "too long": 0}
     for (dialogue, t), answer in zip(pool, answers):
         parsed = None if answer is None else parse_arg(answer, settings.lookahead)
@@ -403,9 +422,10 @@ def prepare(settings: EmoLLMData, objective: str, out, fits: Callable[[list | No
     """Write the rows of `objective`'s part to `out` (JSONL) and return the counts it prints. `fits(prompt, text)`:
     whether sft.py's encoding of the row (prompt None for an lm row) is within max_length."""
     if objective not in ("lm", "target"):
-        raise ConfigError(f"emollm: builds rows for objective lm (CPT) or target (ARG SFT), not {excerpt(objective)}")
+        raise ConfigError(f"objective: emollm_data.py builds rows for lm (CPT) or target (ARG SFT), not "
+                          f"{excerpt(objective)}")
     if objective == "lm" and settings.knowledge is None:
-        raise ConfigError("emollm.knowledge: the CPT rows (objective lm) need the knowledge triples")
+        raise ConfigError("knowledge: the CPT rows (objective lm) need the knowledge triples")
     dialogues = load_dialogues(settings.dialogues)
     if objective == "lm":
         knowledge = Knowledge(load_knowledge(settings.knowledge), settings.relations, settings.min_overlap,
@@ -420,3 +440,26 @@ def prepare(settings: EmoLLMData, objective: str, out, fits: Callable[[list | No
     print0(f"emollm {'CPT' if objective == 'lm' else 'ARG SFT'}: " + ", ".join(f"{k} {v}" for k, v in counts.items())
            + f" -> {out}")
     return counts
+
+
+def sft_fits(cfg: EmoLLMData) -> Callable[[list | None, str], bool]:
+    """Whether a row (prompt None for an lm row) is within max_length as sft.py encodes it; the tokenizer is
+    loaded on the first call, once the data have been checked."""
+    trainer = sft.SFTConfig(model=cfg.model, data=cfg.out, objective=cfg.objective, max_length=cfg.max_length,
+                            enable_thinking=cfg.enable_thinking)
+    tok = functools.cache(lambda: load_tokenizer(cfg.model))
+    return lambda prompt, text: len(sft.encode_text_row(tok(), sft.TextRow("", text, prompt), trainer)[0]) \
+        <= cfg.max_length
+
+
+def main(argv=None) -> None:
+    cfg = parse_cli(EmoLLMData, argv)
+    try:
+        prepare(cfg, cfg.objective, cfg.out, sft_fits(cfg))
+    except (DataError, ConfigError, CheckpointError, JudgeError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+if __name__ == "__main__":
+    main()

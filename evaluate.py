@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Literal
 
-from config import (ConfigError, atomic_write_text, excerpt, load_config, parse_cli, print0, read_metrics,
-                    redact_secrets, save_resolved_config)
+from config import (ConfigError, atomic_write_text, excerpt, load_config, open_log, parse_cli, print0, read_log,
+                    read_metrics, redact_secrets, save_resolved_config)
 from data import DataError, Example, count_tokens, f1_scores, get_task, parse_answer, split_completion, visible_turns
 from dataset import load_jsonl
 from sampling import SamplingConfig, endpoint_config, sample_completions
@@ -239,22 +239,6 @@ class CompletionProgress:
 # ----------------------------------------------------------------------------- the evaluation run
 
 
-def read_jsonl(path: Path) -> list[dict]:
-    """Records of a JSONL file we append to; a torn last line (a crash mid-write) is cut off."""
-    if not path.exists():
-        return []
-    lines = re.findall(r"[^\n]*\n|[^\n]+$", path.read_text(encoding="utf-8"))  # "\n" only: a text may hold U+2028
-    records = []
-    for number, line in enumerate(lines, 1):
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            if number < len(lines):
-                raise EvalError(f"{path}:{number}: not valid JSON") from None
-            atomic_write_text(path, "".join(lines[:-1]))
-    return records
-
-
 def load_set(s: EvalSet) -> list[Example]:
     examples = [e for e in load_jsonl(s.path) if s.task is None or e.task == s.task]
     tasks = sorted({e.task for e in examples})
@@ -327,7 +311,7 @@ def generate_missing(cfg: EvalConfig, sets: dict[str, list[Example]], done: dict
     """Sample every completion not yet in `done` (keyed (set, id, sample)), appending each batch to
     `path` as it finishes. The model (or the endpoint's tokenizer) is loaded only if something is missing."""
     model = tok = None
-    with open(path, "a", encoding="utf-8") as f:
+    with open_log(path) as f:
         for s in cfg.sets:
             examples = sets[s.name]
             sampling, n = decoding_for(cfg, examples[0].task)
@@ -384,7 +368,7 @@ def _sample_endpoint(cfg: EvalConfig, sampling: SamplingConfig, units: list[tupl
 def judge_causes(cfg: EvalConfig, sets: dict[str, list[Example]], done: dict, path: Path) -> dict:
     """Cause-judge verdicts {(set, id, sample, turn): bool | None} for every eligible target of the
     sets with `causes` and a valid answer, asking only what `path` does not hold yet."""
-    verdicts = {(r["set"], r["id"], r["sample"], r["turn"]): r["verdict"] for r in read_jsonl(path)}
+    verdicts = {(r["set"], r["id"], r["sample"], r["turn"]): r["verdict"] for r in read_log(path, EvalError)}
     asks = []
     for s in (s for s in cfg.sets if s.causes):
         for example in sets[s.name]:
@@ -398,7 +382,7 @@ def judge_causes(cfg: EvalConfig, sets: dict[str, list[Example]], done: dict, pa
     if asks:
         print0(f"cause judge: {len(asks)} calls to {cfg.judge.base_url}")
         texts, _ = chat_many([call for _, call in asks], cfg.judge)
-        with open(path, "a", encoding="utf-8") as f:
+        with open_log(path) as f:
             for (key, _), text in zip(asks, texts):
                 verdicts[key] = None if text is None else parse_cause_verdict(text)
                 if verdicts[key] is not None:  # a missing verdict is asked again on the next run
@@ -481,7 +465,7 @@ def evaluate(cfg: EvalConfig) -> dict:
     save_resolved_config(cfg, out)
     by_id = {(name, e.id): e for name, examples in sets.items() for e in examples}
     done = {(r["set"], r["id"], r["sample"]): r | {"answer": parse_answer(r["completion"], by_id[r["set"], r["id"]])}
-            for r in read_jsonl(out / COMPLETIONS) if (r["set"], r["id"]) in by_id}
+            for r in read_log(out / COMPLETIONS, EvalError) if (r["set"], r["id"]) in by_id}
     if cfg.endpoint is not None and not cfg.tokenizer:
         print0("no 'tokenizer' for the endpoint: reasoning tokens are not counted")
     generate_missing(cfg, sets, done, out / COMPLETIONS)

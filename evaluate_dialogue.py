@@ -17,7 +17,7 @@ from pathlib import Path
 import evaluate
 import judge
 import rewards
-from config import (ConfigError, atomic_write_text, load_config, parse_cli, print0, redact_secrets,
+from config import (ConfigError, atomic_write_text, load_config, open_log, parse_cli, print0, read_log, redact_secrets,
                     save_resolved_config)
 from data import DataError
 from dialogue import (Episode, PolicyTurn, Respond, as_state, ask_into, load_scenarios, local_policy, play,
@@ -192,7 +192,7 @@ def evaluate_dialogues(cfg: DialogueEvalConfig) -> dict:
                               "use a new output_dir")
     save_resolved_config(cfg, out)
     done: dict[int, list[dict]] = {}
-    for record in evaluate.read_jsonl(out / EPISODES):
+    for record in read_log(out / EPISODES, evaluate.EvalError):
         done.setdefault(record["run"], []).append(record)
     respond = None
     for run in (r for r in range(cfg.runs) if r not in done):
@@ -200,7 +200,7 @@ def evaluate_dialogues(cfg: DialogueEvalConfig) -> dict:
         seed = random.Random(f"{cfg.seed}/run{run}").getrandbits(63)
         episodes, _ = play(respond, scenarios, cfg.dialogue, cfg.dialogue.simulator or cfg.judge, 1, seed)
         done[run] = [record | {"run": run} for record in judge_episodes(episodes, cfg)]
-        with open(out / EPISODES, "a", encoding="utf-8") as f:  # a run's episodes at once: a run is whole or absent
+        with open_log(out / EPISODES) as f:  # a run's episodes at once: a run is whole or absent
             f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in done[run]))
         print0(f"run {run + 1}/{cfg.runs}: {len(episodes)} episodes, ended by "
                + ", ".join(f"{why} {sum(e.ended_by == why for e in episodes)}" for why in ("user", "turn limit",

@@ -1,6 +1,6 @@
 """Stage 2: GRPO with grounded rewards. Run: `torchrun --nproc_per_node=N grpo.py config.yaml [key=value ...]`
-(or `python grpo.py config.yaml` for one process); `python grpo.py prepare config.yaml` first writes the data's
-reference analyses through a teacher (the config's `prepare:` section, `prepare`: Social-R1).
+(or `python grpo.py config.yaml` for one process). Social-R1's reference analyses are written first, through a
+teacher, by `python prepare_references.py config.yaml`.
 
 One update (`train`, in this order):
   1. sample   P prompts from the current curriculum segment, K completions each, parsed into `rewards.Rollout`s
@@ -131,7 +131,6 @@ class GRPOConfig:
     loss: LossSettings = field(default_factory=LossSettings)
     optim: OptimSettings = field(default_factory=OptimSettings)
     dialogue: DialogueSettings | None = None  # set: dialogue RL, train_data holds scenario seeds
-    prepare: rewards.ReferenceSettings | None = None  # `grpo.py prepare`: writes train_data[0] with references
     content_model: rewards.ContentModelSettings | None = None  # social_r1: R_content from a trained RM
     save_every: int = 50  # updates between checkpoints (one is always written at the end)
     keep_checkpoints: int = 2
@@ -694,24 +693,13 @@ def train(cfg: GRPOConfig, examples: list[data.Example]) -> None:
     print0(f"done: {final}")
 
 
-def prepare(cfg: GRPOConfig) -> None:  # `grpo.py prepare`: train_data[0] from prepare.examples, with references
-    out = Path(cfg.train_data[0])
-    examples = dataset.load_jsonl(cfg.prepare.examples)
-    kept, n = rewards.add_references(examples, cfg.prepare.teacher, out.with_suffix(".references.jsonl"))
-    dataset.save_jsonl(kept, out)
-    print(f"prepare: {len(kept)} of {len(examples)} examples with a reference -> {out} ({n['calls']} asked, "
-          f"{n['reused']} logged, {n['failures']} failed, {n['rejected']} rejected)")
-
-
 def main(argv=None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
-    command = argv.pop(0) if argv[:1] == ["prepare"] else "train"
+    if argv[:1] == ["prepare"]:
+        print("`grpo.py prepare` moved: run `python prepare_references.py CFG`", file=sys.stderr)
+        raise SystemExit(2)
     cfg = parse_cli(GRPOConfig, argv)
     try:
-        if command == "prepare":
-            if cfg.prepare is None:
-                raise ConfigError(f"{argv[0]}: missing section 'prepare' (what `grpo.py prepare` builds data from)")
-            return prepare(cfg)
         examples = check_inputs(cfg, argv[0])
     except (ConfigError, data.DataError, JudgeError) as e:
         print(f"error: {e}", file=sys.stderr)

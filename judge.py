@@ -24,7 +24,6 @@ never close its section or open another.
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import logging
 import math
@@ -35,7 +34,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
-from pathlib import Path
 from typing import Any, Callable
 
 import requests
@@ -297,49 +295,6 @@ def ask(requests: list[tuple[JudgeCall, Callable[[str], Any]]], cfg: JudgeConfig
     texts, stats = chat_many([call for call, _ in requests], cfg)
     values = [None if text is None else parse(text) for (_, parse), text in zip(requests, texts)]
     return values, stats | {"malformed": sum(t is not None and v is None for t, v in zip(texts, values))}
-
-
-def chat_many_resumable(calls: list[JudgeCall], keys: list[str], cfg: JudgeConfig,
-                        log_path) -> tuple[list[str | None], dict[str, Any]]:
-    """`chat_many` that a killed run can resume: each answer is appended to `log_path` (JSONL: key, a hash of the
-    request and of the endpoint's model, answer) as soon as its chunk of 4 x concurrency calls is done, and a rerun
-    reuses every logged answer whose key and request are unchanged, asking only for the rest. A failed call is not
-    logged (a rerun asks again); a torn last line of a killed run is dropped. Stats: chat_many's over the calls
-    sent, plus `reused`."""
-    if len(set(keys)) != len(keys):
-        raise ValueError("chat_many_resumable: keys must be unique")
-    path = Path(log_path)
-    text = path.read_text(encoding="utf-8") if path.is_file() else ""
-    if not text.endswith("\n") and text:
-        text = text[:text.rfind("\n") + 1]
-        path.write_text(text, encoding="utf-8")
-    logged = {}
-    for number, line in enumerate(text.split("\n")[:-1], 1):
-        try:
-            record = json.loads(line)
-            logged[record["key"]] = (record["request"], record["answer"])
-        except (ValueError, KeyError, TypeError):
-            raise JudgeError(f"{path}:{number}: not a record of answers (key, request, answer)") from None
-    digests = [hashlib.sha256(json.dumps([cfg.model, c.messages, c.max_tokens]).encode()).hexdigest()[:16]
-               for c in calls]
-    answers = [logged[k][1] if k in logged and logged[k][0] == d else None for k, d in zip(keys, digests)]
-    todo = [i for i, a in enumerate(answers) if a is None]
-    stats = {"calls": 0, "failures": 0, "retries": 0, "reused": len(calls) - len(todo)}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    chunk = 4 * max(1, cfg.concurrency)
-    with path.open("a", encoding="utf-8") as log:
-        for start in range(0, len(todo), chunk):
-            part = todo[start:start + chunk]
-            texts, part_stats = chat_many([calls[i] for i in part], cfg)
-            for i, answer in zip(part, texts):
-                answers[i] = answer
-                if answer is not None:
-                    log.write(json.dumps({"key": keys[i], "request": digests[i], "answer": answer},
-                                         ensure_ascii=False) + "\n")
-            log.flush()
-            for name in ("calls", "failures", "retries"):
-                stats[name] += part_stats[name]
-    return answers, stats
 
 
 # ----------------------------------------------------------------------------- judge plumbing

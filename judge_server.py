@@ -35,9 +35,8 @@ from typing import Any, Callable
 import verifier
 from config import excerpt
 from data import split_blocks
-from dialogue import ARG_SECTIONS
-from dialogue_judges import (EMOTIONAL_STATE_SYSTEM, PREDICTOR_SYSTEM, TURN_QUALITY_SYSTEM, TURN_SCORES_SYSTEM,
-                             USER_SIMULATOR_SYSTEM, user_ends_dialogue)
+from dialogue_judges import (ARG_SECTIONS, EMOTIONAL_STATE_SYSTEM, PREDICTOR_SYSTEM, TURN_QUALITY_SYSTEM,
+                             TURN_SCORES_SYSTEM, USER_SIMULATOR_SYSTEM, user_ends_dialogue)
 from judge import (_SIP_CONTENT_AGAINST_CONVERSATION, _SIP_CONTENT_AGAINST_REFERENCE, CARE_DIMENSIONS,
                    CARE_RUBRIC_SYSTEM, CARE_SCORES_SYSTEM, CAUSE_SYSTEM, IU_SYSTEM, SECTION_TAGS)
 

@@ -34,7 +34,6 @@ and the rules above pair them. Every teacher answer is journaled as it arrives: 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import random
@@ -51,14 +50,14 @@ from safetensors.torch import save_file
 from config import ConfigError, MetricsWriter, atomic_write_text, parse_cli, print0, save_resolved_config
 from data import DataError, Example, parse_answer, render_conversation, split_completion, task_brief
 from dataset import load_jsonl, read_jsonl
-from evaluate import read_jsonl as read_journal
-from judge import (DATA_NOTICE, JudgeCall, JudgeConfig, JudgeError, ask, chat_messages, parse_sip_content, section,
+from judge import (DATA_NOTICE, JudgeCall, JudgeConfig, JudgeError, chat_messages, parse_sip_content, section,
                    sip_content_request)
 from model import CheckpointError, Qwen, QwenTokenizer, add_lora, load_adapter, load_tokenizer, save_adapter
 from rewards import RM_INFO, ContentModelSettings
 from train import LoraSettings, Progress, StopRequest, build_optimizer, linear_warmup_decay, set_lr
 from distributed import all_reduce_sum, setup_distributed, sync_gradients
 from checkpoint import resume, save_checkpoint, trim_log
+from teacher import ask_journaled, journal_key, load_journal
 
 HEAD_FILE = "value_head.safetensors"
 HEAD_FORMAT = "clue-mini-value-head/1"
@@ -417,41 +416,6 @@ def load_segments(p: PairsConfig, examples: dict[str, Example]) -> list[RatedSeg
                 segments.append(RatedSegment(example.id, source.step, text, answer is not None
                                         and set(answer) == set(example.labels)))
     return segments
-
-
-def journal_key(*parts: str) -> str:
-    """A journal entry's key: a hash of what the request depends on."""
-    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
-
-
-def load_journal(path: Path) -> dict:
-    """key -> parsed answer of a journal `ask_journaled` appends to (a torn last line is cut off)."""
-    return {r["key"]: r["value"] for r in read_journal(path)}
-
-
-def ask_journaled(requests: list[tuple[str, JudgeCall, callable]], cfg: JudgeConfig, journal: Path,
-                   done: dict) -> dict[str, int]:
-    """Ask each (key, call, parser) not yet in `done`, in chunks, appending every answer (parsed; None when
-    malformed) to `journal` as its chunk finishes. Failed calls are not journaled: a rerun asks them again."""
-    todo = [r for r in requests if r[0] not in done]
-    counts = {"asked": len(todo), "failures": 0, "malformed": 0}
-    chunk = max(1, cfg.concurrency) * 4
-    with open(journal, "a", encoding="utf-8") as f:
-        for start in range(0, len(todo), chunk):
-            part = todo[start:start + chunk]
-            values, stats = ask([(call, parse) for _, call, parse in part], cfg)
-            counts["failures"] += stats["failures"]
-            counts["malformed"] += stats["malformed"]
-            failed = {int(i) for i in stats["errors"]}
-            lines = []
-            for i, ((key, _, _), value) in enumerate(zip(part, values)):
-                if i not in failed:
-                    done[key] = value
-                    lines.append(json.dumps({"key": key, "value": value}, ensure_ascii=False) + "\n")
-            f.write("".join(lines))
-            f.flush()
-            print0(f"{journal.name}: {min(start + chunk, len(todo))}/{len(todo)} calls answered or failed")
-    return counts
 
 
 def build_pairs(p: PairsConfig) -> dict[str, int]:

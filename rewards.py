@@ -29,7 +29,6 @@ without reference analyses) stops the run there, with one line, instead of maski
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 from dataclasses import dataclass, field
@@ -472,71 +471,6 @@ REWARD_DATA = {"social_r1": {"reference": "the reference SIP analysis R_content 
                "care_generator": {"chosen": "the human-preferred reply", "rejected": "the other reply",
                                   "dimension_counts": "the chosen reply's strategies per dimension "
                                                       "(rubric_generator.py writes them)"}}
-
-
-# ----------------------------------------------------------------------------- reference SIP analyses
-
-# The teacher that writes an example's reference SIP analysis (`meta.reference`, R_content's yardstick): the
-# paper drew its references from a strong model; it is shown the gold option and must reach it.
-SIP_REFERENCE_SYSTEM = f"""You write the reference analysis of a multiple-choice question about a story: a worked \
-model of social reasoning that later answers will be compared with. Reason through the four stages of Social \
-Information Processing, in order, each grounded in the story alone:
-- Encoding: the cues that matter (who did, said, saw or was told what, and when);
-- Interpretation: what those cues mean for each person's beliefs, knowledge, feelings and intentions;
-- Goal: what the people involved want from the situation and from one another;
-- Response: how the correct option follows from the stages before it, and why the nearest other option does not.
-
-You receive <task> (the question and its options), <conversation> (the story) and <labels> (the correct option). \
-{judge.DATA_NOTICE} Do not mention that you were told the correct option.
-
-Output exactly five lines and nothing else:
-Encoding: <one paragraph>
-Interpretation: <one paragraph>
-Goal: <one paragraph>
-Response: <one paragraph>
-Answer: <the correct option's letter>"""
-
-
-def sip_reference_request(example: data.Example) -> judge.JudgeCall:
-    """The teacher call that writes `example`'s reference SIP analysis, toward its gold option."""
-    return judge.JudgeCall(judge.chat_messages(
-        SIP_REFERENCE_SYSTEM, judge.section("task", data.task_brief(example)),
-        judge.section("conversation", data.render_conversation(example)),
-        judge.section("labels", ", ".join(example.labels))), 1024)
-
-
-def parse_sip_reference(text: str, example: data.Example) -> str | None:
-    """The reference analysis (the four stage lines and the answer line, stripped), or None unless the answer
-    is exactly one non-empty line per SIP stage, in order, then `Answer: <the gold option>`."""
-    lines = [line.strip() for line in text.strip().splitlines()]
-    heads = [*judge.SIP_STAGES, "Answer"]
-    if len(lines) != len(heads) or not all(line.startswith(f"{head}:") and line[len(head) + 1:].strip()
-                                           for line, head in zip(lines, heads)):
-        return None
-    return "\n".join(lines) if data.parse_answer(f"</think>\n{lines[-1]}", example) == example.labels else None
-
-
-@dataclass
-class ReferenceSettings:
-    """`python grpo.py prepare config.yaml`: write the config's first `train_data` file from `examples` with
-    each example's reference SIP analysis in `meta.reference`, through a teacher endpoint."""
-    examples: str  # gold examples without references (e.g. convert.py tombench)
-    teacher: judge.JudgeConfig = field(default_factory=judge.JudgeConfig)  # its own endpoint and sampling
-
-
-def add_references(examples: list[data.Example], teacher: judge.JudgeConfig,
-                   progress) -> tuple[list[data.Example], dict[str, int]]:
-    """Ask `teacher` for every example's reference analysis (judge.chat_many_resumable: concurrent, each answer kept
-    in the JSONL log `progress` as it arrives, so a rerun asks only for what failed or was never asked). Returns the
-    examples whose answer parse_sip_reference accepts, with it in `meta.reference`, and the counts (calls, reused,
-    failures, rejected, written)."""
-    texts, stats = judge.chat_many_resumable([sip_reference_request(e) for e in examples], [e.id for e in examples],
-                                             teacher, progress)
-    found = [None if t is None else parse_sip_reference(t, e) for e, t in zip(examples, texts)]
-    kept = [dataclasses.replace(e, meta=e.meta | {"reference": r}) for e, r in zip(examples, found) if r is not None]
-    rejected = sum(t is not None and r is None for t, r in zip(texts, found))
-    return kept, {"calls": stats["calls"], "reused": stats["reused"], "failures": stats["failures"],
-                  "rejected": rejected, "written": len(kept)}
 
 
 def _meta_ok(key: str, value: Any) -> bool:

@@ -35,8 +35,8 @@ from dataset import read_jsonl, save_jsonl
 from judge import (CARE_DIMENSIONS, DATA_NOTICE, JudgeCall, JudgeConfig, JudgeError, care_rubric, care_rubric_request,
                    care_scores_request, chat_messages, dialogue_text, parse_care_rubric, parse_care_scores, section,
                    strict_json_object, verdict_lines)
-from reward_model import ask_journaled, journal_key, load_journal
 from rewards import care_score
+from teacher import ask_journaled, journal_key, load_journal
 
 # Appendix H maps ESConv's and MINT's strategies by their main function: making sense of the seeker's situation is
 # cognitive, attuning to and validating feelings affective, guidance toward action proactive. Its Table 9 did not

@@ -1,8 +1,6 @@
-"""Stage 1 (CLUE A.1): supervised fine-tuning on reasoning traces that quote their evidence, and the
-preparation of those traces; also free-form targets and plain text (`objective`, below).
+"""Stage 1 (CLUE A.1): supervised fine-tuning on reasoning traces that quote their evidence; also free-form targets
+and plain text (`objective`, below). prepare_traces.py writes CLUE's traces, emollm_data.py EmoLLM's Stage I rows.
 
-    python sft.py prepare config.yaml [key=value ...]   # sample traces, refine them with a teacher (with an
-                                                        # `emollm:` section: EmoLLM's Stage I rows, emollm_data.py)
     python sft.py config.yaml [key=value ...]           # train; the same under torchrun
 
 Data (`data` in the config), one JSON object per line, in either of two shapes:
@@ -43,8 +41,6 @@ off), selection.json (step -> per-task macro F1), merged/ with save_merged=true.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import functools
 import json
 import math
 import random
@@ -58,17 +54,15 @@ import torch
 
 from config import ConfigError, MetricsWriter, atomic_write_text, excerpt, parse_cli, print0, save_resolved_config
 from data import THINK_END, THINK_START, DataError, Example, f1_scores, get_task, parse_answer, split_completion, visible_turns
-from dataset import example_from_json, example_to_json, load_jsonl, read_jsonl, typed_field
-from emollm_data import EmoLLMData, prepare as prepare_emollm_rows
+from dataset import example_from_json, load_jsonl, read_jsonl, typed_field
 from sampling import SamplingConfig, sample_completions
-from judge import DATA_NOTICE, JudgeCall, JudgeConfig, JudgeError, chat_many, chat_messages, section, strict_json_object
 from model import (CheckpointError, Qwen, QwenTokenizer, add_lora, add_special_tokens,
                    load_adapter, load_tokenizer, save_merged, token_logprobs, train_token_rows)
 from train import LoraSettings, Progress, StopRequest, build_optimizer, clip_gradients, finetune_settings, linear_warmup_decay, optimizer_parameters, set_lr
 from distributed import all_reduce_sum, setup_distributed, sync_gradients
 from checkpoint import atomic_folder, resume, save_checkpoint, save_model, trim_log
 from fsdp import gathered, is_sharded, pad_batches, shard_model
-from verifier import EVIDENCE_CLOSE, EVIDENCE_OPEN, extract_quotes, format_score, verify_quote
+from verifier import EVIDENCE_CLOSE, EVIDENCE_OPEN
 
 # ----------------------------------------------------------------------------- config
 
@@ -89,26 +83,9 @@ class SelectionConfig:
 
 
 @dataclass
-class PrepareConfig:
-    """`python sft.py prepare`: sample traces from the base model, refine them toward the gold labels
-    with a teacher, and write the accepted ones to the config's `data` file."""
-
-    examples: str  # gold examples (data.py's JSONL)
-    conflicts: str | None = None  # reference-conflict records; default: <data>.conflicts.jsonl
-    samples: int = 1  # traces sampled per example
-    sampler: JudgeConfig | None = None  # an OpenAI-compatible endpoint serving the base model; None: model.py
-    temperature: float = 1.0  # sampling of the traces (also sent to the endpoint)
-    top_p: float = 1.0
-    top_k: int = 0
-    max_new_tokens: int = 8192
-    batch_size: int = 8  # prompts sampled together (model.py only)
-    teacher: JudgeConfig = field(default_factory=JudgeConfig)  # the refiner (its own sampling settings)
-
-
-@dataclass
 class SFTConfig:
     model: str  # base checkpoint folder (Hugging Face layout)
-    data: str  # SFT rows (JSONL); `prepare` writes it
+    data: str  # SFT rows (JSONL); prepare_traces.py or emollm_data.py writes it
     output_dir: str = "runs/sft"
     objective: Literal["clue", "target", "lm"] = "clue"  # the rows and their loss (module docstring)
     target_weighting: Literal["token", "row"] = "token"  # objective=target: each token, or each row, weighs the same
@@ -137,8 +114,6 @@ class SFTConfig:
     keep_checkpoints: int | None = 2
     resume: Literal["auto", "none"] = "auto"  # auto: continue from the newest complete checkpoint
     save_merged: bool = False  # also write merged/, a full checkpoint with the adapter folded in
-    prepare: PrepareConfig | None = None
-    emollm: EmoLLMData | None = None  # `prepare` builds EmoLLM's Stage I rows instead (emollm_data.py)
 
     def __post_init__(self):  # a full-parameter run (train.py) takes no LoRA-only key
         # Table 5 (lost): PEFT's usual small dropout on r 16 / alpha 32, every projection
@@ -570,220 +545,19 @@ def _select(model, tok, heldout, cfg, ranks, step: int, state: dict, metrics) ->
     print0(f"selection at step {step}: mean macro F1 {mean:.4f} ({shown}){' (best so far)' if better else ''}")
 
 
-# ----------------------------------------------------------------------------- trace refinement (CLUE A.1, C.3)
-
-_REFINEMENT_SYSTEM = f"""\
-You refine one reasoning trace written for a social-language classification task, so that it becomes a training example
-that reaches the supplied reference labels honestly, or you report that the labels cannot be supported.
-
-You receive:
-- <id> and <task_name>: identifiers to copy unchanged.
-- <source_messages>: as JSON, the complete messages the trace answered: the task instructions, the label definitions,
-  the conversation and the turn to analyze. They are the only source; use nothing else.
-- <original_completion>: the trace to refine.
-- <labels>: the reference labels the refined trace must end with. They say where the trace must arrive; they are not
-  evidence about the conversation.
-{DATA_NOTICE}
-
-How to refine:
-- Edit the original; do not write your own explanation from scratch. Keep its sound sentences word for word and in their
-  order, in its language, with its paragraphs, valid quotations and useful comparisons. Add what is missing beside the
-  passage that needs it.
-- Where the original commits to a wrong inference or label, keep that commitment as written, then add right after it a
-  correction that reads like someone rereading the exchange: point to the exact inference, check it against the
-  conversation and the label definitions, and say what changes and why. Do not soften the original commitment after the
-  fact. Everything after the correction, and the answer, follows the corrected understanding.
-- Establish each reference label on its own terms, from evidence that meets its definition; rejecting another label does
-  not establish it.
-- Fill the gaps that matter: who the speakers are to each other, the recent thread leading into the target, time gaps
-  that bear on continuity, the cause of the target speaker's state, and what a cue such as punctuation, an interjection
-  or a repetition does in this sequence.
-- Fix mechanical faults (a misquoted span, a wrong speaker for a quote, broken tags) locally, without staging a
-  self-correction. Remove or rebuild a passage that loops or makes no sense. Rewrite from scratch only when nothing
-  coherent survives.
-- If the original is already sound and reaches the labels, leave its reasoning unchanged.
-- Never mention reference labels, that labels were given, an editor, or the editing itself in the trace.
-
-Evidence:
-- Every <evidence>...</evidence> span is non-empty and copies an exact, contiguous piece of a single turn of the
-  conversation: no paraphrase, translation, added ellipsis, joined fragments, or text from the instructions,
-  definitions, speaker names or time markers. Tags are balanced and never nested.
-- Keep no invented quotation anywhere, not even in a rejected line of thought. New concrete claims about the
-  conversation need exact evidence.
-
-When the labels cannot be supported: if the conversation and the definitions do not support the reference labels, do not
-force them and do not substitute another label. Return a conflict record instead; it goes to review, not to training.
-
-Output exactly one JSON object and nothing else (no code fence, no commentary), in one of two forms.
-A refined trace:
-{{"id": "<copied>", "task": "<copied>",
- "completion": "<think>\\n<the full refined reasoning>\\n</think>\\n\\nAnswer: <labels>"}}
-The completion holds exactly one <think> and one </think>; after </think> comes only the line "Answer: " followed by
-exactly the reference labels as spelled in <labels>, separated by a comma and a space.
-A conflict record:
-{{"id": "<copied>", "task": "<copied>", "status": "reference_conflict", "reference_labels": ["<each label as given>"],
- "reason": "<the specific defining condition the conversation does not meet, or the conflict in the source>",
- "source_evidence": ["<exact relevant span of a turn>"],
- "supported_alternative_labels": ["<a label of the task the conversation does support>"]}}
-Where no span is relevant or no alternative is supported, leave that list empty; never invent one."""
-
-_LABEL_LEAK_RE = re.compile(r"ground[ -]truth|gold label|reference label|supplied label|given label", re.IGNORECASE)
-
-
-@dataclass
-class RefinedTrace:
-    """A refined SFT example: the original prompt messages and the refined assistant completion."""
-
-    id: str
-    task: str
-    prompt: list[dict[str, str]]
-    completion: str
-
-
-@dataclass
-class ReferenceConflict:
-    """An audit record: the reference labels could not be supported. Never a training example."""
-
-    id: str
-    task: str
-    reference_labels: list[str]
-    reason: str
-    source_evidence: list[str]
-    supported_alternative_labels: list[str]
-
-
-def refinement_request(example: Example, prompt_messages: list[dict[str, str]], completion: str) -> JudgeCall:
-    """The trace-refinement call for one sampled `completion` to `prompt_messages` (the task prompt
-    it answered), toward the gold `example.labels`. The paper has the refiner copy the prompt back;
-    we keep it on our side, so a copying slip cannot corrupt a training row."""
-    messages = chat_messages(_REFINEMENT_SYSTEM, section("id", example.id), section("task_name", example.task),
-                         section("source_messages", json.dumps(prompt_messages, ensure_ascii=False, indent=1)),
-                         section("original_completion", completion),
-                         section("labels", json.dumps(example.labels, ensure_ascii=False)))
-    return JudgeCall(messages, 8192)
-
-
-def _exact_quotes(spans: list, example: Example) -> bool:
-    """Every span is a string that the verifier finds, without typographical edits, in one visible turn."""
-    texts = [t.text for t in visible_turns(example)]
-    return all(isinstance(s, str) and any(verify_quote(s, text, exact=True) for text in texts) for s in spans)
-
-
-def _distinct_strings(value) -> bool:
-    return isinstance(value, list) and all(isinstance(x, str) for x in value) and len(set(value)) == len(value)
-
-
-def _same_label_set(labels, gold: list[str]) -> bool:
-    return _distinct_strings(labels) and set(labels) == set(gold)
-
-
-def _refined_completion_ok(completion: str, example: Example) -> bool:
-    """One think block whose evidence tags are balanced and unnested around exact quotations, with no
-    mention of reference labels, then only the line `Answer: <gold labels>` in canonical spelling."""
-    completion = completion.strip()
-    reasoning, answer = split_completion(completion)
-    labels = parse_answer(completion, example)
-    return (completion.startswith(THINK_START) and completion.count(THINK_START) == 1
-            and completion.count(THINK_END) == 1 and labels is not None and set(labels) == set(example.labels)
-            and answer.strip() == "Answer: " + ", ".join(labels) and bool(reasoning)
-            and not _LABEL_LEAK_RE.search(reasoning) and format_score(reasoning) == 1.0
-            and _exact_quotes(extract_quotes(reasoning), example))
-
-
-def parse_refinement(text: str, example: Example,
-                     prompt_messages: list[dict[str, str]]) -> RefinedTrace | ReferenceConflict | None:
-    """A refined trace, a conflict record, or None for any answer that is neither exactly: wrong
-    id or task, an answer line that is not exactly the gold labels, an evidence span that is not an
-    exact quotation of a turn, a conflict whose reference labels are not the gold ones or whose
-    alternatives are not labels of the task."""
-    record = strict_json_object(text)
-    if record is None or record.get("id") != example.id or record.get("task") != example.task:
-        return None
-    if set(record) == {"id", "task", "completion"}:
-        completion = record["completion"]
-        if not isinstance(completion, str) or not _refined_completion_ok(completion, example):
-            return None
-        return RefinedTrace(example.id, example.task, prompt_messages, completion.strip())
-    conflict_keys = {"id", "task", "status", "reference_labels", "reason", "source_evidence",
-                     "supported_alternative_labels"}
-    if set(record) != conflict_keys or record["status"] != "reference_conflict":
-        return None
-    reason, evidence, alternatives = record["reason"], record["source_evidence"], record["supported_alternative_labels"]
-    valid = (_same_label_set(record["reference_labels"], example.labels)
-             and isinstance(reason, str) and reason.strip()
-             and isinstance(evidence, list) and _exact_quotes(evidence, example)
-             and _distinct_strings(alternatives)
-             and all(a in get_task(example.task).labels and a not in example.labels for a in alternatives))
-    if not valid:
-        return None
-    return ReferenceConflict(example.id, example.task, list(record["reference_labels"]), reason.strip(),
-                             list(evidence), list(alternatives))
-
-
-def prepare(cfg: SFTConfig) -> dict[str, int]:
-    """Build SFT rows the paper's way (A.1): sample traces of the base model for the gold examples,
-    have the teacher refine each toward the gold labels (C.3), keep the refinements that answer the
-    gold labels with verified quotes, and write them to `cfg.data` (example + prompt + completion),
-    the conflict records beside them. Returns the counts it prints."""
-    p = cfg.prepare
-    examples = load_jsonl(p.examples)
-    if not examples:
-        raise DataError(f"{p.examples}: no examples (the file is empty)")
-    owners = [e for e in examples for _ in range(p.samples)]
-    prompts = [get_task(e.task).messages(e) for e in owners]
-    if p.sampler is None:
-        device = setup_distributed(cfg.device).device
-        tok, model = load_tokenizer(cfg.model), Qwen.from_pretrained(cfg.model, _dtype(cfg, device), device)
-        sampling = SamplingConfig(temperature=p.temperature, top_p=p.top_p, top_k=p.top_k,
-                                  max_new_tokens=p.max_new_tokens, enable_thinking=cfg.enable_thinking)
-        per_example = sample_completions(model, tok, prompts[::p.samples], [e.id for e in examples], sampling,
-                                         n=p.samples, seed=cfg.seed, batch_size=p.batch_size)
-        traces = [t for texts in per_example for t in texts]
-    else:
-        sampler = dataclasses.replace(p.sampler, temperature=p.temperature, top_p=p.top_p, top_k=p.top_k or None,
-                                      enable_thinking=cfg.enable_thinking is not False)
-        traces, _ = chat_many([JudgeCall(m, p.max_new_tokens) for m in prompts], sampler)
-    todo = [(e, m, t) for e, m, t in zip(owners, prompts, traces) if t is not None]
-    answers, _ = chat_many([refinement_request(e, m, t) for e, m, t in todo], p.teacher)
-    rows, conflicts = [], []
-    for (example, messages, _), answer in zip(todo, answers):
-        parsed = None if answer is None else parse_refinement(answer, example, messages)
-        if isinstance(parsed, RefinedTrace):
-            rows.append(example_to_json(example) | {"prompt": parsed.prompt, "completion": parsed.completion})
-        elif isinstance(parsed, ReferenceConflict):
-            conflicts.append(dataclasses.asdict(parsed))
-    conflicts_path = p.conflicts or str(Path(cfg.data).with_suffix(".conflicts.jsonl"))
-    for path, records in ((cfg.data, rows), (conflicts_path, conflicts)):
-        atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
-    counts = {"sampled": len(todo), "sampler_failures": len(prompts) - len(todo), "kept": len(rows),
-              "conflicts": len(conflicts), "teacher_failures": answers.count(None),
-              "rejected": len(todo) - len(rows) - len(conflicts) - answers.count(None)}
-    print0(f"prepare: {counts['sampled']} traces ({counts['sampler_failures']} sampler failures); teacher: "
-           f"{counts['kept']} kept -> {cfg.data}, {counts['conflicts']} conflicts -> {conflicts_path}, "
-           f"{counts['rejected']} rejected (malformed, wrong labels or unverified quotes), "
-           f"{counts['teacher_failures']} teacher failures")
-    return counts
-
-
-def prepare_emollm(cfg: SFTConfig) -> dict[str, int]:
-    """EmoLLM's Stage I rows for the config's objective (emollm_data.py), each within max_length as encoded here."""
-    tok = functools.cache(lambda: load_tokenizer(cfg.model))  # loaded once the data have been checked
-    fits = lambda prompt, text: len(encode_text_row(tok(), TextRow("", text, prompt), cfg)[0]) <= cfg.max_length
-    return prepare_emollm_rows(cfg.emollm, cfg.objective, cfg.data, fits)
-
-
 # ----------------------------------------------------------------------------- command line
 
 
 def main(argv=None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
-    command = argv.pop(0) if argv[:1] == ["prepare"] else "train"
+    if argv[:1] == ["prepare"]:
+        print("`sft.py prepare` moved: run `python prepare_traces.py CFG` (CLUE traces) or "
+              "`python emollm_data.py CFG` (EmoLLM Stage I rows)", file=sys.stderr)
+        raise SystemExit(2)
     cfg = parse_cli(SFTConfig, argv)
     try:
-        if command == "prepare" and (cfg.prepare is None) == (cfg.emollm is None):
-            raise ConfigError(f"{argv[0]}: `sft.py prepare` needs one section, 'prepare' (CLUE traces) or 'emollm'")
-        (train if command == "train" else prepare_emollm if cfg.emollm else prepare)(cfg)
-    except (DataError, ConfigError, CheckpointError, JudgeError, FileNotFoundError) as e:
+        train(cfg)
+    except (DataError, ConfigError, CheckpointError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
 

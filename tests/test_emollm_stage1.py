@@ -1,4 +1,4 @@
-"""EmoLLM Stage I (emollm_data.py through `sft.py prepare`): the ESConv and ECoK layouts, the retrieval behind g_t
+"""EmoLLM Stage I (emollm_data.py, its own command): the ESConv and ECoK layouts, the retrieval behind g_t
 against hand-picked matches, CPT rows cut to max_length, the ARG teacher's parser, ARG rows from a scripted teacher
 on the local judge server (both target forms of the gate, rejections counted, a rerun resumed from the answer
 log), one-line errors for bad input with nothing written, and the chain CPT -> ARG SFT -> grpo.py's dialogue demo
@@ -13,7 +13,6 @@ import yaml
 
 import emollm_data as E
 import grpo
-import judge
 import model as M
 import sft
 from config import load_config
@@ -31,12 +30,21 @@ def base(tmp_path_factory):
     return write_checkpoint(tmp_path_factory.mktemp("emollm") / "base", words=WORDS, hidden=16)
 
 
-def write_config(tmp_path: Path, name: str, **raw) -> Path:
+def write_config(tmp_path: Path, name: str, emollm: dict | None = None, **raw) -> Path:
+    """sft.py's config `<name>.yaml`; with `emollm`, also emollm_data.py's `<name>_prepare.yaml` (`prep`) for the
+    same rows (out = data) measured as that training run encodes them."""
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump({"output_dir": str(tmp_path / name), "lr": 1e-2, "epochs": 1, "batch_size": 2,
                                     "grad_accum": 1, "lora": {"rank": 4, "alpha": 8, "dropout": 0.0},
                                     "device": "cpu", "save_merged": True, **raw}))
+    if emollm is not None:
+        shared = {k: raw[k] for k in ("objective", "model", "max_length") if k in raw}
+        prep(path).write_text(yaml.safe_dump({"out": raw["data"], **shared, **emollm}))
     return path
+
+
+def prep(path: Path) -> Path:
+    return path.with_name(path.stem + "_prepare.yaml")
 
 
 def read_jsonl(path) -> list[dict]:
@@ -74,7 +82,7 @@ def test_retrieval_keeps_the_best_matching_tails_of_each_slot():
 def test_cpt_rows_carry_g_t_and_drop_the_oldest_turns_to_fit(base, tmp_path, capsys):
     path = write_config(tmp_path, "cpt", model=str(base), data=str(tmp_path / "cpt.jsonl"), objective="lm",
                         max_length=67, emollm={"dialogues": [str(ESCONV)], "knowledge": str(ECOK), "fact_words": 4})
-    sft.main(["prepare", str(path)])
+    E.main([str(prep(path))])
     rows = read_jsonl(tmp_path / "cpt.jsonl")
     assert [r["id"] for r in rows] == ["esconv-0/t1", "esconv-0/t3", "esconv-0/t5", "esconv-1/t0", "esconv-1/t2"]
     assert rows[0]["text"] == (
@@ -90,7 +98,8 @@ def test_cpt_rows_carry_g_t_and_drop_the_oldest_turns_to_fit(base, tmp_path, cap
     last = rows[2]["text"].split("</think>\n")[1]  # t5 (101 tokens whole) lost its three oldest turns
     assert last.startswith("User: Yes. I feel like a failure.") and last.endswith("User: Thank you, that helps.")
     assert "esconv-0: " not in capsys.readouterr().out
-    counts = E.prepare(cfg.emollm, "lm", tmp_path / "short.jsonl", lambda prompt, text: len(text) < 150)
+    settings = E.parse_cli(E.EmoLLMData, [str(prep(path))])
+    counts = E.prepare(settings, "lm", tmp_path / "short.jsonl", lambda prompt, text: len(text) < 150)
     assert counts == {"dialogues": 2, "rows": 0, "too long": 5, "with knowledge": 0}  # no g_t fits in 150 characters
 
 
@@ -161,7 +170,7 @@ def test_arg_rows_from_a_scripted_teacher_gate_both_forms_and_resume(base, tmp_p
     teacher = Teacher()
     with JudgeServer(teacher).start() as server:
         path = sft_config(base, tmp_path, server.url)
-        sft.main(["prepare", str(path)])
+        E.main([str(prep(path))])
         assert teacher.calls == 5
         out = capsys.readouterr().out
         assert ("contexts 5, reused 0, teacher_failures 0, missing section 1, missing reply 1, malformed 0, "
@@ -175,31 +184,11 @@ def test_arg_rows_from_a_scripted_teacher_gate_both_forms_and_resume(base, tmp_p
                                      {"role": "user", "content": "Not great. I lost my job last month. Now I worry "
                                                                  "about the rent."}]
         assert rows[2]["prompt"][-1]["role"] == "user" and len(rows[2]["prompt"]) == 1
-        sft.main(["prepare", str(path)])  # a rerun asks only for what is missing: nothing
+        E.main([str(prep(path))])  # a rerun asks only for what is missing: nothing
         assert teacher.calls == 5 and read_jsonl(tmp_path / "arg.jsonl") == rows
         assert "contexts 5, reused 5," in capsys.readouterr().out
-        sft.main(["prepare", str(path), "emollm.contexts=2", "emollm.seed=3", "max_length=40"])
+        E.main([str(prep(path)), "contexts=2", "seed=3", "max_length=40"])
         assert teacher.calls == 5 and "contexts 2, reused 2," in capsys.readouterr().out
-
-
-def test_the_answer_log_survives_a_torn_line_and_a_changed_request(tmp_path):
-    calls = []
-
-    def backend(messages, params):
-        calls.append(messages[-1]["content"])
-        return "answer to " + messages[-1]["content"]
-
-    with JudgeServer(backend).start() as server:
-        cfg = judge.JudgeConfig(base_url=server.url, retries=0, concurrency=1)
-        log = tmp_path / "log.jsonl"
-        ask = [judge.JudgeCall([{"role": "user", "content": x}], 8) for x in ("a", "b", "c")]
-        answers, stats = judge.chat_many_resumable(ask, ["1", "2", "3"], cfg, log)
-        assert answers == ["answer to a", "answer to b", "answer to c"] and stats["reused"] == 0
-        log.write_text(log.read_text()[:-10])  # killed while writing the third record
-        ask[1] = judge.JudgeCall([{"role": "user", "content": "B"}], 8)  # a changed request is asked again
-        answers, stats = judge.chat_many_resumable(ask, ["1", "2", "3"], cfg, log)
-        assert answers == ["answer to a", "answer to B", "answer to c"] and stats["reused"] == 1
-        assert calls == ["a", "b", "c", "B", "c"] and len(read_jsonl(log)) == 4
 
 
 # ----------------------------------------------------------------------------- bad input
@@ -226,7 +215,7 @@ def test_bad_input_stops_with_one_line_and_writes_nothing(tmp_path, capsys, case
     path = write_config(tmp_path, "cpt", model=str(tmp_path / "no-model"), data=str(tmp_path / "out.jsonl"),
                         objective="lm", emollm={"dialogues": [str(tmp_path / "d.json")], "knowledge": knowledge})
     with pytest.raises(SystemExit) as stop:
-        sft.main(["prepare", str(path)])
+        E.main([str(prep(path))])
     err = capsys.readouterr().err
     assert stop.value.code != 0 and len(err.strip().splitlines()) == 1, err
     second = [n for n, line in enumerate((tmp_path / "d.json").read_text().split("\n"), 1) if line == "  {"][1]
@@ -247,9 +236,12 @@ def test_the_stage1_configs_hold_d1s_values():
     arg = sft.parse_cli(sft.SFTConfig, [str(REPO / "configs/emollm_stage1_sft.yaml")])
     assert (arg.objective, arg.lr, arg.batch_size, arg.grad_accum, arg.epochs, arg.max_length) == \
         ("target", 2e-4, 2, 4, 3, 2048)
-    for cfg in (cpt, arg):
+    for name, cfg in (("cpt", cpt), ("sft", arg)):
         assert (cfg.lora.rank, cfg.lora.alpha, cfg.lora.dropout, cfg.warmup_steps, cfg.max_grad_norm) == \
-            (16, 32, 0.1, 100, 1.0) and cfg.save_merged and cfg.emollm is not None
+            (16, 32, 0.1, 100, 1.0) and cfg.save_merged
+        rows = E.parse_cli(E.EmoLLMData, [str(REPO / f"configs/emollm_stage1_{name}_prepare.yaml")])  # its data
+        assert (rows.objective, rows.out, rows.model, rows.max_length, rows.enable_thinking) == \
+            (cfg.objective, cfg.data, cfg.model, cfg.max_length, cfg.enable_thinking)
     assert arg.model == cpt.output_dir + "/merged"
     rl = load_config(REPO / "configs/emollm_qwen3_8b.yaml", [], grpo.GRPOConfig)
     assert rl.model.path == arg.output_dir + "/merged"
@@ -262,11 +254,11 @@ def test_stage1_cpt_then_arg_sft_then_grpo_dialogue_demo_from_the_merged_model(b
     """Each stage starts from the previous one's merged checkpoint; the last is grpo.py's dialogue demo."""
     cpt = write_config(tmp_path, "cpt", model=str(base), data=str(tmp_path / "cpt.jsonl"), objective="lm",
                        max_length=80, emollm={"dialogues": [str(ESCONV)], "knowledge": str(ECOK)})
-    sft.main(["prepare", str(cpt)])
+    E.main([str(prep(cpt))])
     sft.main([str(cpt)])
     with JudgeServer(Teacher()).start() as server:
         arg = sft_config(tmp_path / "cpt" / "merged", tmp_path, server.url)
-        sft.main(["prepare", str(arg)])
+        E.main([str(prep(arg))])
         sft.main([str(arg)])
         stage1 = tmp_path / "sft" / "merged"
         assert [m["step"] for m in read_jsonl(tmp_path / "sft" / "metrics.jsonl")] == [1, 2, 3, 4]  # 3 rows by 2, twice
@@ -276,18 +268,16 @@ def test_stage1_cpt_then_arg_sft_then_grpo_dialogue_demo_from_the_merged_model(b
     assert record["step"] == 1 and record["judge/calls"] > 0
 
 
-@pytest.mark.parametrize("sections", [{}, {"prepare": {"examples": "x.jsonl"}}, {"objective": "clue"},
-                                      {"objective": "lm", "knowledge": None}])
-def test_prepare_needs_one_section_fitting_the_objective(tmp_path, capsys, sections):
-    raw = {}
-    if sections:
-        emollm = {"dialogues": [str(ESCONV)], "knowledge": sections.pop("knowledge", str(ECOK))}
-        raw = {"objective": sections.pop("objective", "lm"), "emollm": emollm, **sections}
-    path = write_config(tmp_path, "cpt", model="none", data=str(tmp_path / "out.jsonl"), **raw)
-    with pytest.raises(SystemExit):
-        sft.main(["prepare", str(path)])
+@pytest.mark.parametrize("case", ["objective clue", "lm without knowledge", "sft.py prepare"])
+def test_the_config_must_name_a_part_it_can_build(tmp_path, capsys, case):
+    emollm = {"dialogues": [str(ESCONV)]} | ({} if case == "lm without knowledge" else {"knowledge": str(ECOK)})
+    path = write_config(tmp_path, "cpt", model="none", data=str(tmp_path / "out.jsonl"),
+                        objective="clue" if case == "objective clue" else "lm", emollm=emollm)
+    with pytest.raises(SystemExit) as stop:
+        (sft.main(["prepare", str(path)]) if case == "sft.py prepare" else E.main([str(prep(path))]))
     err = capsys.readouterr().err
-    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "out.jsonl").exists(), err
-    expected = ("needs one section, 'prepare' (CLUE traces) or 'emollm'" if not raw or "prepare" in raw else
-                "not 'clue'" if raw["objective"] == "clue" else "emollm.knowledge: the CPT rows")
-    assert expected in err, err
+    assert stop.value.code == 2 and len(err.strip().splitlines()) == 1 and not (tmp_path / "out.jsonl").exists(), err
+    expected = {"objective clue": rf"config error: {prep(path)}:\d+: 'objective' must be one of \['lm', 'target'\]",
+                "lm without knowledge": rf"config error: {prep(path)}: 'knowledge': the CPT rows \(objective lm\)",
+                "sft.py prepare": r"`sft.py prepare` moved: run `python prepare_traces.py CFG`"}[case]
+    assert re.match(expected, err), err

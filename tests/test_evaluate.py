@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import evaluate as ev
-from config import load_config
+from config import load_config, open_log, read_log
 from data import Example, Turn
 from dataset import save_jsonl
 from judge import JudgeConfig
@@ -377,15 +377,21 @@ def test_interrupted_evaluation_resumes_to_the_same_completions(tmp_path, tiny_c
         ev.evaluate(eval_config(tmp_path, paths, "cut", causes=False, **(settings | {"seed": 1})))
 
 
-def test_read_jsonl_splits_records_at_newline_only(tmp_path):
-    """A completion may hold U+2028, U+2029 or U+0085 (line breaks to str.splitlines): its record stays whole, and
-    only a torn last line is cut off."""
+def test_read_log_splits_records_at_newline_only(tmp_path):
+    """A completion may hold U+2028, U+2029 or U+0085 (line breaks to str.splitlines): its record stays whole; a
+    torn last line is ignored and the file left as it is, until open_log cuts it off before appending."""
     records = [{"completion": "a\u2028b\x85c"}, {"completion": "d\u2029"}, {"completion": ""}]
     whole = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
     path = tmp_path / "completions.jsonl"
     path.write_text(whole + '{"completion": "e\u2028', encoding="utf-8")
-    assert ev.read_jsonl(path) == records
-    assert path.read_text(encoding="utf-8") == whole
+    assert read_log(path, ev.EvalError) == records
+    assert path.read_text(encoding="utf-8") == whole + '{"completion": "e\u2028'
+    with open_log(path) as f:
+        f.write('{"completion": "f"}\n')
+    assert read_log(path) == [*records, {"completion": "f"}]
+    path.write_text(whole + '{"completion": "e\n' + whole, encoding="utf-8")  # a bad line inside stops the read
+    with pytest.raises(ev.EvalError, match=r"completions.jsonl:4: not valid JSON"):
+        read_log(path, ev.EvalError)
 
 
 # ----------------------------------------------------------------------------- tables, figures, command line

@@ -24,6 +24,7 @@ import data
 import dataset
 import grpo
 import model as M
+import prepare_references
 import rewards
 import rollout
 import train as T
@@ -688,7 +689,7 @@ def social_r1_backend(messages, params):
     """A teacher and the two SIP judges: a reference that reaches the <labels> option, four YES stages, and
     a content score that says whether a reference was shown."""
     system, user = messages[0]["content"], messages[-1]["content"]
-    if system == rewards.SIP_REFERENCE_SYSTEM:
+    if system == prepare_references.SIP_REFERENCE_SYSTEM:
         gold = user.split("<labels>\n")[1].split("\n")[0]
         return "\n".join([f"{stage}: the {stage.lower()} of the story" for stage in SIP_STAGES] + [f"Answer: {gold}"])
     if "Encoding: <short assessment>" in system:
@@ -697,7 +698,7 @@ def social_r1_backend(messages, params):
 
 
 def test_convert_prepare_references_then_a_social_r1_run(tmp_path, assets):
-    # convert.py tombench -> grpo.py prepare (teacher over HTTP, concurrent, resumable) -> grpo.py on the result
+    # convert.py tombench -> prepare_references.py (teacher over HTTP, concurrent, resumable) -> grpo.py on the result
     items = []
     for i, n in enumerate((2, 4, 6)):
         item = {"STORY": f"Story {i}.", "QUESTION": "Where?", "故事": f"故事{i}。", "问题": "哪里？",
@@ -717,12 +718,13 @@ def test_convert_prepare_references_then_a_social_r1_run(tmp_path, assets):
                      "lora.rank=4", "lora.alpha=8", "rollout.prompts_per_update=2", "rollout.group_size=2",
                      "finetune=lora", "content_model=null",  # the config's LoRA variant with the prompted judge
                      "rollout.max_new_tokens=4", "loss.micro_batch_size=4", f"judge.base_url={server.url}",
-                     "judge.retries=0", f"prepare.examples={gold}", f"prepare.teacher.base_url={server.url}",
-                     "prepare.teacher.retries=0", "prepare.teacher.concurrency=4"]
+                     "judge.retries=0"]
         config = str(REPO / "configs" / "social_r1_qwen3_8b.yaml")
-        grpo.main(["prepare", config, *overrides])
+        prep = [str(REPO / "configs" / "social_r1_qwen3_8b_prepare.yaml"), f"examples={gold}", f"out={train_file}",
+                f"teacher.base_url={server.url}", "teacher.retries=0", "teacher.concurrency=4"]
+        prepare_references.main(prep)
         assert len(dataset.load_jsonl(train_file)) == 5 and server.requests_seen == 6  # 6 examples, one call failed
-        grpo.main(["prepare", config, *overrides])  # the rerun asks only for the missing one
+        prepare_references.main(prep)  # the rerun asks only for the missing one
         assert server.requests_seen == 7
         written = dataset.load_jsonl(train_file)
         assert sorted(e.id for e in written) == sorted(e.id for e in dataset.load_jsonl(gold))
@@ -740,7 +742,7 @@ def test_convert_prepare_references_then_a_social_r1_run(tmp_path, assets):
 def test_parse_sip_reference_is_strict():
     item = data.Example("t", "tom_mc", [data.Turn("", "s")], None, ["B"], meta={"question": "q", "options": ["x", "y"]})
     good = "Encoding: a\nInterpretation: b\nGoal: c\nResponse: d\nAnswer: B"
-    assert rewards.parse_sip_reference(good, item) == good
+    assert prepare_references.parse_sip_reference(good, item) == good
     for bad in [good.replace("B", "A"), good.replace("Goal: c\n", ""), good.replace("Goal: c", "Goal:"),
                 good + "\nextra", good.replace("Encoding", "Cues")]:
-        assert rewards.parse_sip_reference(bad, item) is None, bad
+        assert prepare_references.parse_sip_reference(bad, item) is None, bad
