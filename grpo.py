@@ -603,7 +603,7 @@ def check_inputs(cfg: GRPOConfig, config_path: str) -> list:
 def build_policy(cfg: GRPOConfig, ranks: Ranks, like: Qwen | None = None):
     """The base model with the SFT adapter (and its <evidence> rows) merged in, plus a fresh LoRA: the only trainable
     parameters (embedding and lm_head stay frozen); disabling it gives the reference. `finetune: full`: those weights
-    sharded (train.shard_model), all but embedding and lm_head trainable; `like`: the frozen reference of it."""
+    sharded (fsdp.shard_model), all but embedding and lm_head trainable; `like`: the frozen reference of it."""
     tok = load_tokenizer(cfg.model.path)
     policy = Qwen.from_pretrained(cfg.model.path, dtype=cfg.model.dtype, device=ranks.device)
     if cfg.model.sft_adapter:

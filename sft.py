@@ -33,7 +33,7 @@ best/ is the last adapter (the runs they serve, EmoLLM's Stage I, select nothing
             Padded, not packed: each row is its own sequence, so nothing attends across documents without a
             block-diagonal mask in model.py, and prepared rows are cut to max_length already. `meta` is never read.
 
-Outputs in output_dir: config.yaml, metrics.jsonl, ckpt-<step>/ (train.py; exact resume),
+Outputs in output_dir: config.yaml, metrics.jsonl, ckpt-<step>/ (checkpoint.py; exact resume),
 best/ (the selected adapter and `<evidence>` rows in PEFT format; the final ones when selection is
 off), selection.json (step -> per-task macro F1), merged/ with save_merged=true.
 """
@@ -115,7 +115,7 @@ class SFTConfig:
     resume: Literal["auto", "none"] = "auto"  # auto: continue from the newest complete checkpoint
     save_merged: bool = False  # also write merged/, a full checkpoint with the adapter folded in
 
-    def __post_init__(self):  # a full-parameter run (train.py) takes no LoRA-only key
+    def __post_init__(self):  # a full-parameter run (fsdp.py) takes no LoRA-only key
         # Table 5 (lost): PEFT's usual small dropout on r 16 / alpha 32, every projection
         self.lora = finetune_settings(self.finetune, self.lora, self.save_merged, LoraSettings(dropout=0.05))
 

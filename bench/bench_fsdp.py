@@ -1,4 +1,4 @@
-"""Full-parameter training on FSDP2 (train.py) on the CPU, in one run: a random Qwen3-shaped model of about 70M
+"""Full-parameter training on FSDP2 (fsdp.py) on the CPU, in one run: a random Qwen3-shaped model of about 70M
 parameters trained full-parameter at 1 and 2 gloo ranks (one CPU thread each).
 
     python bench/bench_fsdp.py                 # hidden 512, 16 layers, vocab 8192: 71M parameters

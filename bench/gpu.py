@@ -125,10 +125,10 @@ def paper_table(batch: int, context: float) -> str:
 
 
 def memory_plan(ranks: int, rows: int, prompt: int, new: int, micro_batch: int) -> str:
-    """Per-GPU memory of full-parameter GRPO (`finetune: full`, train.py) on `ranks` GPUs, one group of `rows`
+    """Per-GPU memory of full-parameter GRPO (`finetune: full`, fsdp.py) on `ranks` GPUs, one group of `rows`
     samples per GPU: float32 master weights, gradients and AdamW moments sharded over the ranks; the frozen
     embedding and lm_head whole in bf16 (shared with the reference); the reference sharded in bf16; the bf16 rollout
-    copy of everything but embedding and lm_head (train.gathered); the KV cache (the prompt once, each row's `new`
+    copy of everything but embedding and lm_head (fsdp.gathered); the KV cache (the prompt once, each row's `new`
     slots; Qwen3.5: plus each row's float32 DeltaNet state); activations of a micro-batch of `micro_batch`
     sequences under gradient checkpointing (each layer's input kept, one layer's internals recomputed, one lm_head
     chunk of 1,024 positions in float32) and FSDP's buffers (two layers all-gathered in bf16, one layer's float32

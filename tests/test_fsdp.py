@@ -1,4 +1,4 @@
-"""Full-parameter training on FSDP2 (train.py, `finetune: full`) with gloo ranks on the CPU: one SFT update on 2
+"""Full-parameter training on FSDP2 (fsdp.py, `finetune: full`) with gloo ranks on the CPU: one SFT update on 2
 ranks (and with another micro-batch split) gives the weights of 1 process; the exported checkpoint gives the
 in-memory model's logits in transformers and in model.py (tied and untied heads); a full-mode run SIGKILLed during
 training or during a checkpoint write resumes to the uninterrupted result; rollouts under `gathered` run no
@@ -176,15 +176,15 @@ def test_a_rollout_under_gathered_runs_no_collective_and_decodes_like_the_unshar
 
 SLOW_SAVE = """import sys, time
 sys.path.insert(0, {repo!r})
-import sft, train
-save = train.save_sharded
+import checkpoint, sft
+save = checkpoint.save_sharded
 def slow(folder, *args):
     groups = save(folder, *args)
     if folder.name == ".ckpt-000003.tmp":
         (folder.parent / "writing").touch()
         time.sleep(60)  # the test kills the run here, between the shards and the rename
     return groups
-train.save_sharded = slow
+checkpoint.save_sharded = slow
 sft.main(sys.argv[1:])
 """
 
