@@ -92,7 +92,7 @@ class Ours:
         t2 = time.perf_counter()
         groups = [grpo.Group(None, [[grpo.Sample(p, new[i], logp[i], False)] for i in range(g * k, (g + 1) * k)], [],
                              rewards[g * k:(g + 1) * k]) for g, p in enumerate(self.prompt_ids)]
-        sequences = grpo.training_sequences(groups, grpo.advantages_by_group(groups, self.cfg.loss.adv_eps))
+        sequences = grpo.training_sequences(groups, grpo.advantages_by_group(groups, self.cfg.loss))
         batches = grpo.micro_batches(sequences, self.cfg.loss.micro_batch_size, tok.pad_token_id, self.dist.device)
         grpo.policy_update(self.policy, self.optimizer, batches, self.cfg, self.dist)
         t3 = time.perf_counter()
