@@ -63,7 +63,9 @@ for i in "${!benchmarks[@]}"; do
     body+=$'```\n'"$(cat "$logs/$i.out")"$'\n```\n'
   fi
 done
-verdicts=$(cat "$logs"/*.out 2>/dev/null | grep '^target: ' | sed -E 's/^target: (.*) ([0-9.]+x) \(goal >= ([0-9.]+x)\): (met|MISSED)$/| \1 | \2 | >= \3 | \4 |/')
+verdicts=$(cat "$logs"/*.out 2>/dev/null | grep '^target: ' | sed -E \
+  -e 's/^target: (.*) ([0-9.]+x) \(goal >= ([0-9.]+x)\): (met|MISSED)$/| \1 | \2 | >= \3 | \4 |/' \
+  -e 's/^target: (.*) ([0-9.]+) \(goal ([0-9.]+)\): (met|MISSED)$/| \1 | \2 | \3 | \4 |/')
 versions=$(python -c "import importlib.metadata as m, platform; print(f'Python {platform.python_version()}, ' + ', '.join(
     f'{p} {m.version(p)}' for p in ('torch', 'transformers', 'peft', 'trl')))")
 {
