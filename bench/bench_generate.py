@@ -6,6 +6,7 @@ the same prompts and the same settings, in one run; prints the ratio for each ca
     python bench/bench_generate.py --family qwen2 --hidden 512 --layers 8
     python bench/bench_generate.py --family qwen3_5     # hybrid Gated DeltaNet + gated attention
     python bench/bench_generate.py --threads 1 --profile   # one thread; profile our side where a target is missed
+    python bench/bench_generate.py --hidden 64 --ffn 128 --layers 1 --repeats 0 --new 8   # seconds: a smoke test
 
 Cases (batch 8 each; targets from issue 15 as ratios of tokens/s):
   default  prompts of 36-64 tokens, 128 new tokens, greedy
@@ -58,6 +59,7 @@ def hf_config(args):
 def run_case(name, hf, ours, args) -> list:
     """Time both sides on one case; returns its table row."""
     lengths_of, new, temperature, goal = CASES[name]
+    new = args.new or new
     lengths = lengths_of()
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, args.vocab, (n,), generator=g).tolist() for n in lengths]
@@ -108,6 +110,7 @@ def main():
     p.add_argument("--kv-heads", type=int, default=4)
     p.add_argument("--head-dim", type=int, default=32)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--new", type=int, help="new tokens in every case (default: each case's own; a quick check)")
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
     p.add_argument("--profile", action="store_true", help="profile our side of a case that misses its target")
     args = p.parse_args()

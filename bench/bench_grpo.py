@@ -3,6 +3,7 @@
     pip install -r bench/requirements.txt
     python bench/bench_grpo.py                  # 8 prompts x 8 completions, up to 64 new tokens, beta 0.04
     python bench/bench_grpo.py --updates 5 --threads 2
+    python bench/bench_grpo.py --prompts 2 --k 2 --new 8 --vocab 64 --hidden 64 --layers 1 --updates 1  # a smoke test
 
 Both sides: the same tiny random-weight Qwen3 (4 layers, hidden 256, vocab ~1k) in float32, a LoRA of
 rank 16 / alpha 32 on every projection, the same prompts, the same reward function (the share of `w7`
@@ -52,8 +53,9 @@ def write_checkpoint(folder: Path, args):
     hf_tok = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>",
                                                   pad_token="<|endoftext|>")
     hf_tok.save_pretrained(folder)
-    config = transformers.Qwen3Config(vocab_size=len(hf_tok), hidden_size=256, intermediate_size=768,
-                                      num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4,
+    config = transformers.Qwen3Config(vocab_size=len(hf_tok), hidden_size=args.hidden,
+                                      intermediate_size=3 * args.hidden, num_hidden_layers=args.layers,
+                                      num_attention_heads=8, num_key_value_heads=4,
                                       head_dim=32, max_position_embeddings=1024, tie_word_embeddings=True,
                                       eos_token_id=hf_tok.eos_token_id, pad_token_id=hf_tok.pad_token_id)
     torch.manual_seed(0)
@@ -93,7 +95,7 @@ class Ours:
         t2 = time.perf_counter()
         groups = [grpo.Group(None, [[grpo.Sample(p, new[i], logp[i], False)] for i in range(g * k, (g + 1) * k)], [],
                              rewards[g * k:(g + 1) * k]) for g, p in enumerate(self.prompt_ids)]
-        sequences = grpo.training_sequences(groups, grpo.advantages_by_group(groups, self.cfg.loss.adv_eps))
+        sequences = grpo.training_sequences(groups, grpo.advantages_by_group(groups, self.cfg.loss))
         batches = grpo.micro_batches(sequences, self.cfg.loss.micro_batch_size, tok.pad_token_id, self.dist.device)
         grpo.policy_update(self.policy, self.optimizer, batches, self.cfg, self.dist)
         t3 = time.perf_counter()
@@ -165,6 +167,8 @@ def main():
     p.add_argument("--k", type=int, default=8)
     p.add_argument("--new", type=int, default=64)
     p.add_argument("--vocab", type=int, default=1024)
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--layers", type=int, default=4)
     p.add_argument("--updates", type=int, default=3, help="timed updates per side, after one warm-up")
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
     p.add_argument("--profile", action="store_true", help="profile one update of ours where the target is missed")
@@ -179,7 +183,8 @@ def main():
         ours = policy.times[1:]  # before the profiled update below adds its own
         if not verdict("grpo update", median(theirs, "total") / median(ours, "total"), GOAL) and args.profile:
             profile_table(lambda: policy.update(seed=0), "one GRPO update of ours")
-    print(f"\none GRPO update: {args.prompts} prompts x {args.k} completions, up to {args.new} new tokens, beta 0.04, "
+    print(f"\none GRPO update: hidden {args.hidden}, {args.layers} layers, vocab {args.vocab}; {args.prompts} prompts "
+          f"x {args.k} completions, up to {args.new} new tokens, beta 0.04, "
           f"float32, {args.threads} threads, median of {args.updates} updates after a warm-up; torch "
           f"{torch.__version__}, transformers {transformers.__version__}, trl {trl.__version__}\n")
     keys = ["generate", "reward", "train", "total"]

@@ -5,11 +5,14 @@
 #   pip install -r requirements.txt -r bench/requirements.txt
 #   bash bench/run_all.sh                       # NOTE="..." adds a line to the header (a shared machine, say)
 # One torch thread by default (OMP_NUM_THREADS=1): on a machine that other jobs share, a second thread mostly
-# measures waiting for a core. MELD for bench_verifier.py comes from CLUE_DATA_DIR (default ../shared/data).
+# measures waiting for a core. MELD for bench_verifier.py comes from CLUE_DATA_DIR (default ../shared/data);
+# bench_rollout.py's vLLM server from the venv VLLM_VENV names (default .venv-vllm: `bash .ci/vllm_venv.sh`).
+# A benchmark whose input is missing is skipped, and says so in RESULTS.md.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} TRANSFORMERS_VERBOSITY=error HF_HUB_DISABLE_PROGRESS_BARS=1
 export CLUE_DATA_DIR=${CLUE_DATA_DIR:-../shared/data}
+export VLLM_VENV=${VLLM_VENV:-$PWD/.venv-vllm}
 threads=$OMP_NUM_THREADS
 benchmarks=(
   "python bench/bench_generate.py --threads $threads --profile"
@@ -20,6 +23,7 @@ benchmarks=(
   "python bench/bench_verifier_bounds.py"
   "python bench/bench_judge.py"
   "python bench/bench_fsdp.py --layers 12 --repeats 2"
+  "python bench/bench_rollout.py --threads $threads"
   "python bench/gpu.py --paper"
 )
 # The hand-written analysis at the end of RESULTS.md (from its "## Where a target is missed" heading on) is kept.
@@ -33,12 +37,20 @@ for i in "${!benchmarks[@]}"; do
   cmd=${benchmarks[$i]}
   name=$(echo "$cmd" | awk '{print $2}')
   echo "[$((i + 1))/${#benchmarks[@]}] $cmd" >&2
+  skip=""
   if [[ $name == bench/bench_verifier.py && ! -f $CLUE_DATA_DIR/meld/train_sent_emo.csv ]]; then
-    body+=$'\n'"## $name"$'\n\n'"Skipped: MELD not found under CLUE_DATA_DIR=$CLUE_DATA_DIR."$'\n'
+    skip="MELD not found under CLUE_DATA_DIR=$CLUE_DATA_DIR."
+  elif [[ $name == bench/bench_rollout.py ]] && ! "$VLLM_VENV/bin/python" -c \
+      "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)" 2>/dev/null; then
+    skip="no vLLM venv at VLLM_VENV=$VLLM_VENV (build it with \`bash .ci/vllm_venv.sh\`)."
+  fi
+  if [[ -n $skip ]]; then
+    echo "  skipped: $skip" >&2
+    body+=$'\n'"## $name"$'\n\n'"Skipped: $skip"$'\n'
     continue
   fi
   t0=$(date +%s)
-  timeout 400 $cmd >"$logs/$i.out" 2>"$logs/$i.err"
+  timeout 600 $cmd >"$logs/$i.out" 2>"$logs/$i.err"
   rc=$?
   seconds=$(($(date +%s) - t0))
   body+=$'\n'"## $name"$'\n\n'"\`$cmd\` (${seconds} s)"$'\n\n'
@@ -51,7 +63,9 @@ for i in "${!benchmarks[@]}"; do
     body+=$'```\n'"$(cat "$logs/$i.out")"$'\n```\n'
   fi
 done
-verdicts=$(cat "$logs"/*.out 2>/dev/null | grep '^target: ' | sed -E 's/^target: (.*) ([0-9.]+x) \(goal >= ([0-9.]+x)\): (met|MISSED)$/| \1 | \2 | >= \3 | \4 |/')
+verdicts=$(cat "$logs"/*.out 2>/dev/null | grep '^target: ' | sed -E \
+  -e 's/^target: (.*) ([0-9.]+x) \(goal >= ([0-9.]+x)\): (met|MISSED)$/| \1 | \2 | >= \3 | \4 |/' \
+  -e 's/^target: (.*) ([0-9.]+) \(goal ([0-9.]+)\): (met|MISSED)$/| \1 | \2 | \3 | \4 |/')
 versions=$(python -c "import importlib.metadata as m, platform; print(f'Python {platform.python_version()}, ' + ', '.join(
     f'{p} {m.version(p)}' for p in ('torch', 'transformers', 'peft', 'trl')))")
 {

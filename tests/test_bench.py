@@ -1,17 +1,193 @@
-"""bench/gpu.sh, the GPU node's measurements: its decode roofline arithmetic against a hand count of the Qwen3-8B
-shape, and the whole script run end to end on tiny shapes on the CPU (--tiny), so that it cannot rot unseen."""
+"""bench/: every benchmark script run end to end on a tiny shape (a few seconds each, most of it imports), checking
+that it exits 0 and prints the numbers it exists to print (ratios positive and finite, both sides' tables), so that a
+signature that moves in the project breaks this suite rather than the next `bash bench/run_all.sh`; that run_all.sh
+runs every one of them; and bench/gpu.sh, the GPU node's measurements: its decode roofline arithmetic against a hand
+count of the Qwen3-8B shape, and the whole script on tiny shapes on the CPU (--tiny). The numbers of a tiny run mean
+nothing as measurements: only that they are there. bench_rollout.py needs the vLLM venv (VLLM_VENV, default
+.venv-vllm), bench_verifier.py MELD (CLUE_DATA_DIR), bench_grpo.py TRL (bench/requirements.txt): each skips with the
+reason when its input is missing. Run with --runslow."""
 
+import json
+import math
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
+
+pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 import gpu  # noqa: E402
+
+VENV = Path(os.environ.get("VLLM_VENV", REPO / ".venv-vllm"))
+VERDICT = re.compile(r"^target: (.+) ([0-9.]+)x \(goal >= ([0-9.]+)x\): (met|MISSED)$", re.M)
+
+
+def run(script: str, *args: str, timeout: float = 300) -> str:
+    """Run bench/SCRIPT with ARGS on one torch thread; returns its stdout after checking that it exited 0."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", TRANSFORMERS_VERBOSITY="error", HF_HUB_DISABLE_PROGRESS_BARS="1",
+               HF_HUB_OFFLINE="1")
+    result = subprocess.run([sys.executable, str(REPO / "bench" / script), *args], env=env, cwd=REPO,
+                            capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, f"{script} exited {result.returncode}:\n{result.stderr[-3000:]}"
+    return result.stdout
+
+
+def table(text: str, first_header: str) -> list[dict[str, str]]:
+    """The rows of the Markdown table whose first column is headed FIRST_HEADER, as {header: cell}."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"| {first_header} |"))
+    header = [cell.strip() for cell in lines[start].strip("|").split("|")]
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append(dict(zip(header, (cell.strip() for cell in line.strip("|").split("|")))))
+    return rows
+
+
+def number(cell: str) -> float:
+    """A table cell as a float: '**1.35x**', '1,376', '5.25e-06' -> the number; anything else fails the test."""
+    value = float(cell.strip("*").rstrip("x").replace(",", ""))
+    assert math.isfinite(value), cell
+    return value
+
+
+def positive(cell: str) -> float:
+    value = number(cell)
+    assert value > 0, cell
+    return value
+
+
+def verdicts(text: str) -> dict[str, float]:
+    """The `target:` lines run_all.sh collects: name -> the measured ratio (positive and finite)."""
+    found = {m.group(1): float(m.group(2)) for m in VERDICT.finditer(text)}
+    assert all(math.isfinite(v) and v > 0 for v in found.values()), found
+    return found
+
+
+def test_run_all_runs_every_benchmark():
+    script = (REPO / "bench" / "run_all.sh").read_text()
+    listed = set(re.findall(r'^\s+"python (bench/\S+\.py)', script, re.M))
+    scripts = {f"bench/{p.name}" for p in (REPO / "bench").glob("bench_*.py")} | {"bench/gpu.py"}
+    assert listed == scripts
+
+
+def test_bench_generate_tiny():
+    out = run("bench_generate.py", "--vocab", "256", "--hidden", "64", "--ffn", "128", "--layers", "1", "--heads",
+              "2", "--kv-heads", "1", "--repeats", "0", "--new", "8", "--threads", "1")
+    rows = table(out, "case")
+    assert [r["case"] for r in rows] == ["default", "ragged", "group"]
+    for r in rows:
+        assert r["new tokens"] == "8"
+        positive(r["transformers tok/s"]), positive(r["ours tok/s"]), positive(r["ratio"])
+    assert rows[0]["greedy tokens equal"].endswith("%")
+    assert set(verdicts(out)) == {"generate ragged", "generate group"}
+
+
+def test_bench_logprobs_tiny():
+    out = run("bench_logprobs.py", "--tokens", "128", "--vocab", "512", "--hidden", "32", "--repeats", "0",
+              "--methods", "naive", "ours")
+    rows = table(out, "method")
+    assert [(r["method"], r["entropy"]) for r in rows] == [("naive", "off"), ("ours", "off"), ("naive", "on"),
+                                                           ("ours", "on")]
+    for r in rows:
+        positive(r["total s"]), number(r["peak MiB"]), positive(r["speed vs naive"])
+    assert set(verdicts(out)) == {"logprobs peak memory naive/ours, entropy off",
+                                  "logprobs peak memory naive/ours, entropy on"}
+
+
+def test_bench_sft_tiny():
+    out = run("bench_sft.py", "--vocab", "256", "--hidden", "64", "--layers", "1", "--sequences", "2", "--length",
+              "256", "--prompt", "64", "--repeats", "1", "--threads", "1")
+    [row] = table(out, "vocab")
+    positive(row["transformers+peft tok/s"]), positive(row["ours tok/s"]), positive(row["ratio"])
+    number(row["peft peak MiB"]), number(row["ours peak MiB"])
+    theirs, ours = (float(x) for x in row["first-step loss (theirs / ours)"].split(" / "))
+    assert abs(theirs - ours) < 1e-4 * theirs  # the same model, data and loss on both sides
+    assert set(verdicts(out)) == {"sft vocab 256"}
+
+
+def test_bench_grpo_tiny():
+    pytest.importorskip("trl", reason="TRL not installed: pip install -r bench/requirements.txt")
+    out = run("bench_grpo.py", "--prompts", "2", "--k", "2", "--new", "8", "--vocab", "64", "--hidden", "64",
+              "--layers", "1", "--updates", "1", "--threads", "1")
+    rows = {r["side"]: r for r in table(out, "side")}
+    assert set(rows) == {"TRL GRPOTrainer", "ours", "ratio (TRL / ours)"}
+    for side in ("TRL GRPOTrainer", "ours"):
+        positive(rows[side]["generate s"]), positive(rows[side]["train s"]), positive(rows[side]["total s"])
+        assert 0 < number(rows[side]["mean length"]) <= 8
+    ratio = positive(rows["ratio (TRL / ours)"]["total s"])
+    assert verdicts(out) == {"grpo update": pytest.approx(ratio, abs=0.01)}
+
+
+def test_bench_verifier_tiny(shared_data):
+    if not (shared_data / "meld" / "train_sent_emo.csv").is_file():
+        pytest.skip(f"MELD not found under {shared_data}")
+    out = run("bench_verifier.py", "--data", str(shared_data), "--completions", "4", "--turns", "50",
+              "--baseline-completions", "1")
+    assert "batch: 4 completions, 32 quotations" in out
+    assert positive(re.search(r"^speed-up: (\S+)$", out, re.M).group(1))
+    exact = json.loads(re.search(r"exact x5 (\[[\d, ]+\])", out).group(1))
+    assert len(exact) == 5 and all(0 <= n <= 4 for n in exact)
+
+
+def test_bench_verifier_bounds_tiny():
+    report = json.loads(run("bench_verifier_bounds.py", "--turns", "500", "--json"))
+    times = {k: v for k, v in report.items() if k not in ("exact fragments in repetitive", "peak_rss_mb")}
+    assert len(times) == 2 + 6 + 3 and all(math.isfinite(v) and v >= 0 for v in times.values())
+    assert report["exact fragments in repetitive"] is True and report["peak_rss_mb"] > 0
+
+
+def test_bench_judge_tiny():
+    out = run("bench_judge.py", "--n", "8", "--latency", "0.05", "--concurrency", "4", timeout=120)
+    assert positive(re.search(r"measured / ideal = (\S+) \(target <= 1\.5: (met|MISSED)\)", out).group(1))
+    assert "parsed verdict lists: 8/8 and 8/8" in out
+    assert re.search(r"results returned 8/8, parsed 8/8, retries \d+, failures 0", out)
+
+
+def test_bench_fsdp_tiny():
+    out = run("bench_fsdp.py", "--hidden", "128", "--layers", "1", "--vocab", "512", "--tokens", "32", "--new", "4",
+              "--repeats", "1")
+    rows = table(out, "ranks")
+    assert [(r["ranks"], r["rank"]) for r in rows] == [("1", "0"), ("2", "0"), ("2", "1")]
+    for r in rows:
+        positive(r["state MiB"]), positive(r["step s"])
+        assert r["collectives / token (gathered)"] == "0"
+    assert number(rows[1]["(sharded, no gathered)"]) == 2  # one layer + the final norm, each gathered per token
+    assert verdicts(out)["fsdp per-rank state, replicated / 2 ranks"] > 1
+    assert "target: fsdp collectives per decoded token under gathered 0 (goal 0): met" in out
+
+
+def vllm_missing() -> str | None:
+    python = VENV / "bin" / "python"
+    if not python.is_file():
+        return f"no vLLM venv at {VENV} (build it with `bash .ci/vllm_venv.sh`, or point VLLM_VENV at one)"
+    found = subprocess.run([str(python), "-c", "import importlib.util as u; print(u.find_spec('vllm') is not None)"],
+                           capture_output=True, text=True)
+    return None if found.stdout.strip() == "True" else f"{python} cannot import vllm (rebuild: bash .ci/vllm_venv.sh)"
+
+
+def test_bench_rollout_tiny():
+    if reason := vllm_missing():
+        pytest.skip(reason)
+    out = run("bench_rollout.py", "--prompts", "2", "--k", "2", "--new", "8", "--repeats", "1", "--threads", "1",
+              "--vllm-python", str(VENV / "bin" / "python"), timeout=900)
+    timing = table(out, "engine")
+    assert [r["engine"] for r in timing] == ["local", "vllm"]
+    for r in timing:
+        assert r["prompts x K"] == "2 x 2" and 0 < number(r["new tokens"]) <= 2 * 2 * 8
+        positive(r["seconds"]), positive(r["tokens/s"]), positive(r["local / this"])
+    gaps = table(out.split("### Sampler/trainer mismatch")[1], "engine")
+    assert [r["engine"] for r in gaps] == ["local", "vllm"]
+    assert all(number(r["max"]) < 1e-3 for r in gaps)  # float32 on both sides: the same distribution
+    [greedy] = table(out, "prompts")
+    assert greedy["prompts"] == "2" and 0 <= number(greedy["identical"]) <= 2
 
 
 def test_decode_bytes_of_qwen3_8b_equal_a_hand_count():
