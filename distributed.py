@@ -1,6 +1,5 @@
 """The run's processes: this process's place among them from torchrun's environment (`Ranks`), and the few
-collectives the trainers use (sums, JSON gathered from every rank, rank 0's values broadcast, the gradient
-all-reduce of the trainable parameters). A plain `python` run is rank 0 of 1 and every collective a no-op."""
+collectives the trainers use (sums, JSON gathered from every rank, rank 0's values broadcast). A plain `python` run is rank 0 of 1 and every collective a no-op."""
 
 from __future__ import annotations
 
@@ -78,22 +77,3 @@ def broadcast_parameters(params: list[torch.nn.Parameter]) -> None:
         for p in params:
             if not isinstance(p, DTensor):
                 dist.broadcast(p.data, 0)
-
-
-def sync_gradients(params: list[torch.nn.Parameter]) -> None:
-    """Sum the gradients of the trainable parameters over the ranks, in one flat all-reduce. The
-    trainers normalize each loss by counts taken over the whole update on all ranks, so the sum is
-    the gradient of the global loss. The frozen base never has gradients and is never sent; sharded parameters (a
-    full-parameter run) had theirs reduce-scattered by FSDP in backward."""
-    params = [p for p in params if not isinstance(p, DTensor)]
-    if not is_distributed() or not params:
-        return
-    for p in params:
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
-    flat = torch.cat([p.grad.reshape(-1) for p in params])
-    dist.all_reduce(flat)
-    offset = 0
-    for p in params:
-        p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))
-        offset += p.numel()

@@ -53,8 +53,8 @@ from model import (CheckpointError, Qwen, add_lora, add_special_tokens, load_ada
                    merge_lora, save_merged, token_logprobs)
 from rollout import (DialogueSettings, Group, PromptSampler, RolloutError, Slot, VLLMSettings, completion_records,
                      rank_report, update_metrics)
-from train import LoraSettings, Progress, StopRequest, build_optimizer, clip_gradients, finetune_settings, optimizer_parameters, set_lr, warmup_hold_cosine
-from distributed import Ranks, all_reduce_sum, gather_json, setup_distributed, sync_gradients
+from train import LoraSettings, Progress, StopRequest, build_optimizer, clip_gradients, finetune_settings, optimizer_parameters, set_lr, warmup_hold_cosine, sync_gradients
+from distributed import Ranks, all_reduce_sum, gather_json, setup_distributed
 
 # ----------------------------------------------------------------------------- config
 # CLUE's Table 5 (LoRA, LR peak, rollout length, beta) was lost in extraction: those defaults are ours.

@@ -54,8 +54,8 @@ from judge import (DATA_NOTICE, JudgeCall, JudgeConfig, JudgeError, chat_message
                    sip_content_request)
 from model import CheckpointError, Qwen, QwenTokenizer, add_lora, load_adapter, load_tokenizer, save_adapter
 from rewards import RM_INFO, ContentModelSettings
-from train import LoraSettings, Progress, StopRequest, build_optimizer, linear_warmup_decay, set_lr
-from distributed import all_reduce_sum, setup_distributed, sync_gradients
+from train import LoraSettings, Progress, StopRequest, build_optimizer, linear_warmup_decay, set_lr, sync_gradients
+from distributed import all_reduce_sum, setup_distributed
 from checkpoint import resume, save_checkpoint, trim_log
 from teacher import ask_journaled, journal_key, load_journal
 

@@ -58,8 +58,8 @@ from dataset import example_from_json, load_jsonl, read_jsonl, typed_field
 from sampling import SamplingConfig, sample_completions
 from model import (CheckpointError, Qwen, QwenTokenizer, add_lora, add_special_tokens,
                    load_adapter, load_tokenizer, save_merged, token_logprobs, train_token_rows)
-from train import LoraSettings, Progress, StopRequest, build_optimizer, clip_gradients, finetune_settings, linear_warmup_decay, optimizer_parameters, set_lr
-from distributed import all_reduce_sum, setup_distributed, sync_gradients
+from train import LoraSettings, Progress, StopRequest, build_optimizer, clip_gradients, finetune_settings, linear_warmup_decay, optimizer_parameters, set_lr, sync_gradients
+from distributed import all_reduce_sum, setup_distributed
 from checkpoint import atomic_folder, resume, save_checkpoint, save_model, trim_log
 from fsdp import gathered, is_sharded, pad_batches, shard_model
 from verifier import EVIDENCE_CLOSE, EVIDENCE_OPEN

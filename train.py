@@ -1,5 +1,5 @@
-"""What the trainers share, and nothing else: AdamW parameter groups, the learning-rate schedules, gradient
-clipping, the LoRA settings, a clean stop on Ctrl-C / SIGTERM, and the rank-0 progress line. The processes and their
+"""What the trainers share, and nothing else: AdamW parameter groups, the learning-rate schedules, the gradient
+all-reduce and clipping, the LoRA settings, a clean stop on Ctrl-C / SIGTERM, and the rank-0 progress line. The processes and their
 collectives are distributed.py's, sharding fsdp.py's, checkpoints checkpoint.py's."""
 
 from __future__ import annotations
@@ -10,10 +10,11 @@ import time
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from config import ConfigError, print0
-from distributed import all_reduce_sum
+from distributed import all_reduce_sum, is_distributed
 from fsdp import clip_sharded
 from model import LORA_TARGETS, Qwen, lora_modules
 
@@ -42,6 +43,25 @@ def build_optimizer(model: Qwen, lr: float, weight_decay: float, betas: tuple[fl
     if rows:
         groups.append({"params": rows, "weight_decay": 0.0, "lr_scale": row_lr_scale})
     return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), weight_decay=weight_decay)
+
+
+def sync_gradients(params: list[torch.nn.Parameter]) -> None:
+    """Sum the gradients of the trainable parameters over the ranks, in one flat all-reduce. The
+    trainers normalize each loss by counts taken over the whole update on all ranks, so the sum is
+    the gradient of the global loss. The frozen base never has gradients and is never sent; sharded parameters (a
+    full-parameter run) had theirs reduce-scattered by FSDP in backward."""
+    params = [p for p in params if not isinstance(p, DTensor)]
+    if not is_distributed() or not params:
+        return
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    flat = torch.cat([p.grad.reshape(-1) for p in params])
+    dist.all_reduce(flat)
+    offset = 0
+    for p in params:
+        p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))
+        offset += p.numel()
 
 
 def clip_gradients(params: list[torch.nn.Parameter], max_norm: float) -> float:

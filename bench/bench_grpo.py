@@ -28,6 +28,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import grpo  # noqa: E402
 import model as M  # noqa: E402
+import rollout  # noqa: E402
 import train as T
 import distributed as D  # noqa: E402
 from common import markdown_table, profile_table, threads, verdict  # noqa: E402
@@ -78,8 +79,8 @@ class Ours:
                                [f"model.path={folder}", "model.sft_adapter=null", "model.dtype=float32",
                                 f"rollout.group_size={args.k}", f"rollout.max_new_tokens={args.new}",
                                 "loss.beta=0.04", f"loss.micro_batch_size={args.prompts * args.k}"], grpo.GRPOConfig)
-        self.dist = D.Ranks(0, 1, torch.device("cpu"))
-        self.policy, self.tok = grpo.build_policy(self.cfg, self.dist)
+        self.ranks = D.Ranks(0, 1, torch.device("cpu"))
+        self.policy, self.tok = grpo.build_policy(self.cfg, self.ranks)
         self.optimizer = T.build_optimizer(self.policy, 1e-5, 0.01, (0.9, 0.99))
         self.prompt_ids = [self.tok.encode(p) for p in prompts]
         self.times = []
@@ -93,11 +94,11 @@ class Ours:
         t1 = time.perf_counter()
         rewards = reward_fn([tok.decode([t for t in c if t not in eos]) for c in new])
         t2 = time.perf_counter()
-        groups = [grpo.Group(None, [[grpo.Sample(p, new[i], logp[i], False)] for i in range(g * k, (g + 1) * k)], [],
+        groups = [rollout.Group(None, [[rollout.Sample(p, new[i], logp[i], False)] for i in range(g * k, (g + 1) * k)], [],
                              rewards[g * k:(g + 1) * k]) for g, p in enumerate(self.prompt_ids)]
         sequences = grpo.training_sequences(groups, grpo.advantages_by_group(groups, self.cfg.loss))
-        batches = grpo.micro_batches(sequences, self.cfg.loss.micro_batch_size, tok.pad_token_id, self.dist.device)
-        grpo.policy_update(self.policy, self.optimizer, batches, self.cfg, self.dist)
+        batches = grpo.micro_batches(sequences, self.cfg.loss.micro_batch_size, tok.pad_token_id, self.ranks.device)
+        grpo.policy_update(self.policy, self.optimizer, batches, self.cfg, self.ranks)
         t3 = time.perf_counter()
         self.times.append({"generate": t1 - t0, "reward": t2 - t1, "train": t3 - t2, "total": t3 - t0,
                            "length": sum(map(len, new)) / len(new)})

@@ -108,7 +108,7 @@ def _export_worker(rank, port, out, tied):
     ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(1))
     model.train()
     (-M.token_logprobs(model, ids).mean()).backward()
-    D.sync_gradients(T.optimizer_parameters(optimizer))
+    T.sync_gradients(T.optimizer_parameters(optimizer))
     optimizer.step()
     model.eval()
     with torch.no_grad():

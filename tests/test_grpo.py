@@ -284,7 +284,7 @@ def scripted_filtering(monkeypatch, script, enabled=True, config="clue_qwen3_5_9
 
     monkeypatch.setattr(grpo.PromptSampler, "sample", fake_sample)
     monkeypatch.setattr(grpo, "score_groups", lambda groups, cfg, judge: {"calls": 0, "retries": 0, "failures": 0})
-    slots = [grpo.Slot(i, ex, seg) for i, (ex, seg) in enumerate(source.take(3))]
+    slots = [rollout.Slot(i, ex, seg) for i, (ex, seg) in enumerate(source.take(3))]
     ranks = D.Ranks(0, 1, torch.device("cpu"))
     groups, counts = grpo.collect_groups(grpo.PromptSampler(None, None, cfg), source, slots, cfg, 0, ranks)
     return groups, counts, seen

@@ -168,7 +168,7 @@ def _sync_worker(rank, port, out):
     D.broadcast_parameters(params)
     logp = M.token_logprobs(model, batch(10 + rank))
     (-logp.sum()).backward()
-    D.sync_gradients(params)
+    T.sync_gradients(params)
     out[rank] = [p.grad.clone() for p in params]
     stop = T.StopRequest()
     stop.flag = rank == 1
