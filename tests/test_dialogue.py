@@ -21,7 +21,7 @@ import dialogue_judges
 import evaluate_dialogue
 import grpo
 import judge
-import rollout
+from rollout import Slot
 import model as M
 import distributed as D
 import checkpoint as CK
@@ -311,7 +311,7 @@ def demo_cfg(base, url, *overrides):
 
 def slots_of(cfg, names):
     source = grpo.PromptSource([grpo.dataset.Segment("scenarios", [scenario(n) for n in names])])
-    return source, [rollout.Slot(i, ex, seg) for i, (ex, seg) in enumerate(source.take(len(names)))]
+    return source, [Slot(i, ex, seg) for i, (ex, seg) in enumerate(source.take(len(names)))]
 
 
 def hand_advantages(rewards):  # the demo config's loss.adv_std: population, sigma over 1/G as EmoLLM B.2 writes it
@@ -403,7 +403,7 @@ def test_turn_groups_share_one_rubric_per_state(base, monkeypatch):
                           grpo.GRPOConfig)
         source, _ = slots_of(cfg, ["p", "q"])
         groups, counts = grpo.collect_groups(dialogue.DialogueSampler(None, None, cfg), source,
-                                             [rollout.Slot(0, scenario("p"), 0)], cfg, 0, CPU)
+                                             [Slot(0, scenario("p"), 0)], cfg, 0, CPU)
     assert (counts["resampled"], counts["replaced"], counts["masked"]) == (4, 2, 2) and len(groups) == 2
     assert len(recorder.of(CARE_RUBRIC_SYSTEM)) == 2 + 2 and len(recorder.of(judge.CARE_SCORES_SYSTEM)) == 2 * 4 * 3
 
