@@ -28,12 +28,10 @@ from data import DataError
 from dialogue import DialogueSettings, PolicyTurn, Scenario, State
 from judge import CARE_RUBRIC_SYSTEM, JudgeConfig
 from judge_server import SCRIPTED_USER, Faults, JudgeServer, rules_backend
-from test_grpo import assert_same_run, kill_after_checkpoint, read_jsonl, write_checkpoint
+from helpers import DEMO, DIALOGUE_WORDS as WORDS, assert_same_run, kill_after_checkpoint, read_jsonl
+from helpers import grpo_checkpoint as write_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
-DEMO = REPO / "configs" / "dialogue_demo.yaml"
-WORDS = ["user", "assistant", "I", "understand", "sorry", "hear", "you", "try", "one", "step", "Facts:", "Needs:",
-         "Appraisal:", "Emotion:", "Strategy:", "Lookahead", "1:", "2:", "Choice:", "worried", "calmer", "the", "plan"]
 CPU = T.Dist(0, 1, torch.device("cpu"))
 
 

@@ -18,7 +18,7 @@ import model as M
 import sft
 from config import load_config
 from judge_server import JudgeServer, rules_backend
-from test_grpo import write_checkpoint
+from helpers import grpo_checkpoint as write_checkpoint, read_jsonl
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "fixtures" / "emollm"
@@ -37,10 +37,6 @@ def write_config(tmp_path: Path, name: str, **raw) -> Path:
                                     "grad_accum": 1, "lora": {"rank": 4, "alpha": 8, "dropout": 0.0},
                                     "device": "cpu", "save_merged": True, **raw}))
     return path
-
-
-def read_jsonl(path) -> list[dict]:
-    return [json.loads(line) for line in Path(path).read_text().splitlines()]
 
 
 # ----------------------------------------------------------------------------- dialogues, knowledge, G

@@ -6,8 +6,7 @@ import pytest
 import torch
 
 import model as M
-from test_model import close, hf_checkpoint, hf_greedy, ids, randomize
-from test_qwen35 import Q35_TEXT
+from helpers import Q35_TEXT, close, hf_checkpoint, hf_greedy, ids, randomize
 
 transformers = pytest.importorskip("transformers")
 scipy_stats = pytest.importorskip("scipy.stats")

@@ -24,6 +24,7 @@ import dataset
 import demo
 import evaluate as ev
 import model as M
+from helpers import read_jsonl
 from judge import JudgeConfig, chat_many, iu_request
 from train import Dist, checkpoint_path
 from verifier import EVIDENCE_CLOSE, EVIDENCE_OPEN
@@ -233,10 +234,6 @@ def run_grpo(config: Path, timeout=900) -> subprocess.CompletedProcess:
     env = dict(os.environ, OMP_NUM_THREADS="1")
     return subprocess.run([sys.executable, str(REPO / "grpo.py"), str(config)], capture_output=True, text=True,
                           cwd=REPO, timeout=timeout, env=env)
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def test_grpo_with_vllm_rollouts_writes_every_output_and_trains(served, tmp_path):
