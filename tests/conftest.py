@@ -1,5 +1,8 @@
 """Shared test fixtures (the plain helpers are in helpers.py). Tests that read the public datasets find them through
-CLUE_DATA_DIR (default ../shared/data beside the checkout) and skip with a reason where they are absent."""
+CLUE_DATA_DIR (default ../shared/data beside the checkout) and skip with a reason where they are absent.
+
+Two tiers: `python -m pytest -q` runs the fast one; tests marked `slow` (the demo, the vLLM server, torchrun and
+gloo ranks, SIGKILL-and-resume runs, the bench scripts, the heaviest whole runs) skip unless `--runslow` is given."""
 
 import os
 from pathlib import Path
@@ -12,6 +15,19 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the oracles (transformers, peft)
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def pytest_addoption(parser):
+    parser.addoption("--runslow", action="store_true", default=False, help="also run the tests marked slow")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--runslow"):
+        return
+    skip = pytest.mark.skip(reason="slow: run with --runslow")
+    for item in items:
+        if item.get_closest_marker("slow"):
+            item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")
