@@ -111,6 +111,7 @@ def run_demo(out: Path) -> str:
     return done.stdout
 
 
+@pytest.mark.slow
 def test_shortened_demo_runs_end_to_end_and_reruns_the_same(tmp_path):
     """A few steps of each stage: every output is written, the table has the three models, and a
     rerun reuses the built data and model and samples exactly the same completions."""
@@ -145,6 +146,7 @@ def test_shortened_demo_runs_end_to_end_and_reruns_the_same(tmp_path):
 SHORT = ["--heldout", "200"]
 
 
+@pytest.mark.slow
 def test_two_seeds_show_grpo_grounding_its_answers_without_losing_accuracy(tmp_path):
     """`--seeds 0 2` on the demo with a shorter evaluation (seed 2 had the weakest SFT model of issue
     28's four): for each seed, GRPO raises the verified quotes by at least 20 points and the mean

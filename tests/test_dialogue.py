@@ -571,6 +571,7 @@ def test_paper_configs_carry_the_papers_settings():
     assert care.rollout.temperature == 1.0 and care.dialogue.max_turns == 8
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("reward", ["emollm", "care"])
 def test_demo_config_trains_against_the_local_server(base, tmp_path, reward):
     with serving() as judge_cfg:
@@ -586,6 +587,7 @@ def test_demo_config_trains_against_the_local_server(base, tmp_path, reward):
     assert (tmp_path / "run" / "adapter" / "adapter_model.safetensors").is_file()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("reward", ["emollm", "care"])
 def test_a_killed_dialogue_run_resumes_to_the_same_result(tmp_path, reward):
     """Both grouping modes: SIGKILL once the first checkpoint is written, then `resume: auto` ends with the adapter,

@@ -410,6 +410,7 @@ def test_compare_prints_table_one_layout_with_differences(tmp_path):
     assert "Relative gain of CLUE over Base in average weighted F1: In-domain +17.5%, Out-of-domain +10.0%" in lines
 
 
+@pytest.mark.slow
 def test_figures_are_written_with_labelled_axes(tmp_path):
     pytest.importorskip("matplotlib")
     evals = [fake_eval("Base Qwen", 0.40, 0.50, 900, 800), fake_eval("Reasoning SFT", 0.43, 0.48, 500, 450),
@@ -444,6 +445,7 @@ def test_missing_matplotlib_is_one_line(monkeypatch):
         ev._pyplot()
 
 
+@pytest.mark.slow
 def test_bad_configs_are_one_line_errors(tmp_path):
     paths = write_sets(tmp_path)
     config = tmp_path / "c.yaml"

@@ -24,6 +24,7 @@ from helpers import (config, config_file, metrics, rank_run as _rank_run, sad_ro
                      tensors, write_rows)
 from vllm_engine import free_port
 
+pytestmark = pytest.mark.slow  # gloo ranks and torchrun
 REPO = Path(__file__).resolve().parents[1]
 FULL = dict(finetune="full", lora=None)
 

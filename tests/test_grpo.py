@@ -315,6 +315,7 @@ def _rank_worker(rank, port, base, agg, out):
     torch.distributed.destroy_process_group()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("agg", ["seq-mean-token-mean", "token-mean"])
 def test_gradients_equal_for_micro_batch_splits_and_two_ranks(assets, agg):
     base, _ = assets
@@ -409,6 +410,7 @@ def test_three_updates_write_every_output(tmp_path, assets, judge, umask_022):
                if "lora_B" in k)  # the LoRA moved
 
 
+@pytest.mark.slow
 def test_killed_run_resumes_to_the_same_result(tmp_path, assets):
     with JudgeServer(rules_backend, faults=Faults(latency=0.05)).start() as server:
         straight = run_config(tmp_path / "a", assets, server.url)
@@ -434,6 +436,7 @@ runpy.run_path("grpo.py", run_name="__main__")
 """
 
 
+@pytest.mark.slow
 def test_a_kill_during_the_final_save_leaves_no_temporary_in_the_result(tmp_path, assets, judge):
     config = run_config(tmp_path, assets, judge.url, updates=2)
     run = tmp_path / "run"
@@ -541,6 +544,7 @@ def test_bad_inputs_stop_before_any_model_loads(tmp_path, assets, monkeypatch, c
         assert len(err.splitlines()) == 1 and message in err and len(err) < 500, err[:1000]
 
 
+@pytest.mark.slow
 def test_a_learnable_reward_rises(tmp_path):
     """Accuracy-only on a one-token answer: the gold label is `joy` everywhere and the answer tokens are
     three of 27 and the random policy gives it about 7%; GRPO must find and reinforce it."""

@@ -100,6 +100,7 @@ def test_a_tiny_rm_learns_to_rank_a_synthetic_preference_set(checkpoint, tmp_pat
     assert scores[0] == pytest.approx(1 / (1 + math.exp(-rewards[0])), rel=1e-5) and 0 < scores[0] < 1
 
 
+@pytest.mark.slow
 def test_a_killed_rm_run_resumes_to_the_same_model_as_a_run_never_stopped(checkpoint, tmp_path):
     """SIGKILL (no chance to save) once ckpt-000003 exists, run again (resume: auto): the LoRA, the value head, AdamW
     and the held-out accuracies equal an uninterrupted run's bitwise, with dropout on, and no step is logged twice."""

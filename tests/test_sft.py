@@ -125,6 +125,7 @@ def test_one_or_two_accumulation_steps_give_the_same_loss_and_gradients():
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.slow
 def test_two_gloo_ranks_train_like_one_process_with_two_accumulation_steps(checkpoint, tmp_path):
     """One of the four rows is held out: three rows make updates of 2 + 1 completions, so in every
     second update rank 1 has nothing to do. Selection samples on both ranks (the real sampler, with
@@ -186,6 +187,7 @@ def test_one_step_changes_only_lora_and_the_two_rows_at_ten_times_the_lr_without
     assert max(b.abs().max().item() for b in lora_b) == pytest.approx(1e-3, rel=1e-3)  # B starts at 0: |step| <= lr
 
 
+@pytest.mark.slow
 def test_a_tiny_model_overfits_a_few_examples(checkpoint, tmp_path):
     rows = [sad_row(0), sad_row(1, "meld_emotion", "joy"), sad_row(2, "ccu_emotion", "Trust")]
     data = str(write_rows(tmp_path / "three.jsonl", rows))
@@ -198,6 +200,7 @@ def test_a_tiny_model_overfits_a_few_examples(checkpoint, tmp_path):
 # ----------------------------------------------------------------------------- resume, selection, held-out targets
 
 
+@pytest.mark.slow
 def test_a_run_killed_after_step_k_resumes_bitwise_equal(checkpoint, tmp_path):
     """SIGKILL (no chance to save) once ckpt-000003 exists, resume, and compare with a run never stopped."""
     rows = write_rows(tmp_path / "rows8.jsonl", [sad_row(i) for i in range(8)])

@@ -30,6 +30,7 @@ from train import Dist, checkpoint_path
 from verifier import EVIDENCE_CLOSE, EVIDENCE_OPEN
 from vllm_engine import EngineError, VLLMEngine, VLLMServer, VLLMSettings, free_port
 
+pytestmark = pytest.mark.slow  # a real vLLM server, from its own venv
 REPO = Path(__file__).resolve().parents[1]
 VENV = Path(os.environ.get("VLLM_VENV", REPO / ".venv-vllm"))
 PYTHON = VENV / "bin" / "python"
