@@ -1,5 +1,8 @@
-"""Shared test fixtures. Tests that read the public datasets find them through CLUE_DATA_DIR
-(default ../shared/data beside the checkout) and skip with a reason where they are absent."""
+"""Shared test fixtures (the plain helpers are in helpers.py). Tests that read the public datasets find them through
+CLUE_DATA_DIR (default ../shared/data beside the checkout) and skip with a reason where they are absent.
+
+Two tiers: `python -m pytest -q` runs the fast one; tests marked `slow` (the demo, the vLLM server, torchrun and
+gloo ranks, SIGKILL-and-resume runs, the bench scripts, the heaviest whole runs) skip unless `--runslow` is given."""
 
 import os
 import sys
@@ -7,11 +10,26 @@ from pathlib import Path
 
 import pytest
 
+from helpers import grpo_checkpoint, write_examples
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the oracles (transformers, peft) never reach a hub
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))  # bench/instruments.py: the test- and bench-only instruments
+
+
+def pytest_addoption(parser):
+    parser.addoption("--runslow", action="store_true", default=False, help="also run the tests marked slow")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--runslow"):
+        return
+    skip = pytest.mark.skip(reason="slow: run with --runslow")
+    for item in items:
+        if item.get_closest_marker("slow"):
+            item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")
@@ -36,3 +54,19 @@ def umask_022():
 
     yield check
     os.umask(old)
+
+
+@pytest.fixture()
+def judge():
+    """The local rules judge (judge_server.JudgeServer with its rules backend) over real HTTP on 127.0.0.1, an
+    ephemeral port; yields the running server (its .url is the OpenAI-style base URL)."""
+    from judge_server import JudgeServer, rules_backend
+    with JudgeServer(rules_backend).start() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+    """test_grpo's tiny checkpoint (helpers.grpo_checkpoint) and four training examples: (base, train.jsonl)."""
+    root = tmp_path_factory.mktemp("grpo")
+    return grpo_checkpoint(root / "base"), write_examples(root / "train.jsonl")

@@ -200,6 +200,7 @@ def test_decode_bytes_of_qwen3_8b_equal_a_hand_count():
     assert abs(64 * 4.8e12 / (weights + kv_bytes) - 14_507) < 1  # the H200 roofline RESULTS.md states
 
 
+@pytest.mark.slow
 def test_gpu_script_runs_tiny_on_the_cpu(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1")
     result = subprocess.run(["bash", str(REPO / "bench" / "gpu.sh"), str(tmp_path), "--tiny"], env=env,

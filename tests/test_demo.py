@@ -15,7 +15,6 @@ import dataset
 import demo
 import rewards
 from judge import JudgeConfig
-from judge_server import JudgeServer, rules_backend
 from model import Qwen, load_tokenizer
 from verifier import EVIDENCE_OPEN, extract_quotes, verify_quote
 
@@ -43,12 +42,6 @@ def test_only_the_cue_tells_the_label():
         assert len(own) == 1 and own[0] in lang.cues[example.labels[0]]
 
 
-@pytest.fixture(scope="module")
-def judge():
-    with JudgeServer(rules_backend).start() as server:
-        yield JudgeConfig(base_url=server.url, model="rules", retries=0)
-
-
 def test_traces_answer_right_and_only_tagged_quotes_earn_iu_g(judge):
     examples = demo.toy_examples(8, 1, "train")
     rollouts = []
@@ -62,6 +55,7 @@ def test_traces_answer_right_and_only_tagged_quotes_earn_iu_g(judge):
             rollouts.append(rewards.Rollout.from_completion(example, trace, n_reasoning_tokens=60,
                                                             n_completion_tokens=70))
     spec = rewards.RewardSpec("clue", {"lambda_iu": 0.5})
+    judge = JudgeConfig(base_url=judge.url, model="rules", retries=0)  # `judge` (conftest): the rules judge server
     assert rewards.judge_rollouts(rollouts, spec, judge)["failures"] == 0
     assert [r.judged["iu"] for r in rollouts] == [[1, 1], [0, 0]] * len(examples)  # every tagged block is a GAIN
     assert [rewards.score(r, spec) for r in rollouts] == [1.5, 1.0] * len(examples)
@@ -117,6 +111,7 @@ def run_demo(out: Path) -> str:
     return done.stdout
 
 
+@pytest.mark.slow
 def test_shortened_demo_runs_end_to_end_and_reruns_the_same(tmp_path):
     """A few steps of each stage: every output is written, the table has the three models, and a
     rerun reuses the built data and model and samples exactly the same completions."""
@@ -151,6 +146,7 @@ def test_shortened_demo_runs_end_to_end_and_reruns_the_same(tmp_path):
 SHORT = ["--heldout", "200"]
 
 
+@pytest.mark.slow
 def test_two_seeds_show_grpo_grounding_its_answers_without_losing_accuracy(tmp_path):
     """`--seeds 0 2` on the demo with a shorter evaluation (seed 2 had the weakest SFT model of issue
     28's four): for each seed, GRPO raises the verified quotes by at least 20 points and the mean

@@ -30,12 +30,10 @@ from data import DataError
 from dialogue import DialogueSettings, PolicyTurn, Scenario, State
 from judge import CARE_RUBRIC_SYSTEM, JudgeConfig
 from judge_server import SCRIPTED_USER, Faults, JudgeServer, rules_backend
-from test_grpo import assert_same_run, kill_after_checkpoint, read_jsonl, write_checkpoint
+from helpers import DEMO, DIALOGUE_WORDS as WORDS, assert_same_run, kill_after_checkpoint, read_jsonl
+from helpers import grpo_checkpoint as write_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
-DEMO = REPO / "configs" / "dialogue_demo.yaml"
-WORDS = ["user", "assistant", "I", "understand", "sorry", "hear", "you", "try", "one", "step", "Facts:", "Needs:",
-         "Appraisal:", "Emotion:", "Strategy:", "Lookahead", "1:", "2:", "Choice:", "worried", "calmer", "the", "plan"]
 CPU = D.Ranks(0, 1, torch.device("cpu"))
 
 
@@ -575,6 +573,7 @@ def test_paper_configs_carry_the_papers_settings():
     assert care.rollout.temperature == 1.0 and care.dialogue.max_turns == 8
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("reward", ["emollm", "care"])
 def test_demo_config_trains_against_the_local_server(base, tmp_path, reward):
     with serving() as judge_cfg:
@@ -590,6 +589,7 @@ def test_demo_config_trains_against_the_local_server(base, tmp_path, reward):
     assert (tmp_path / "run" / "adapter" / "adapter_model.safetensors").is_file()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("reward", ["emollm", "care"])
 def test_a_killed_dialogue_run_resumes_to_the_same_result(tmp_path, reward):
     """Both grouping modes: SIGKILL once the first checkpoint is written, then `resume: auto` ends with the adapter,

@@ -17,7 +17,7 @@ import model as M
 import sft
 from config import load_config
 from judge_server import JudgeServer, rules_backend
-from test_grpo import write_checkpoint
+from helpers import grpo_checkpoint as write_checkpoint, read_jsonl
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "fixtures" / "emollm"
@@ -45,10 +45,6 @@ def write_config(tmp_path: Path, name: str, emollm: dict | None = None, **raw) -
 
 def prep(path: Path) -> Path:
     return path.with_name(path.stem + "_prepare.yaml")
-
-
-def read_jsonl(path) -> list[dict]:
-    return [json.loads(line) for line in Path(path).read_text().splitlines()]
 
 
 # ----------------------------------------------------------------------------- dialogues, knowledge, G

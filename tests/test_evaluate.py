@@ -15,6 +15,7 @@ import evaluate as ev
 from config import load_config, open_log, read_log
 from data import Example, Turn
 from dataset import save_jsonl
+from helpers import write_tiny_checkpoint
 from judge import JudgeConfig
 from judge_server import JudgeServer, rules_backend
 
@@ -282,30 +283,16 @@ def test_endpoint_evaluation_numbers_by_hand(tmp_path):
 def tiny_checkpoint(tmp_path_factory):
     """A random-weight Qwen3 checkpoint written by transformers, with a word-level tokenizer over the
     words of the tiny sets' prompts and the answer words, so completions vary from prompt to prompt."""
-    transformers = pytest.importorskip("transformers")
-    import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-
     from data import build_prompt
 
     path = tmp_path_factory.mktemp("tiny")
     prompts = " ".join(build_prompt(e) for examples in tiny_sets().values() for e in examples)
     words = list(dict.fromkeys(["[UNK]", "</think>", "Answer:", "Joy", "Anger", "anger", "B", *prompts.split()]))
-    tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
-    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
-    tokenizer.add_special_tokens(["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>"])
-    tokenizer.save(str(path / "tokenizer.json"))
-    (path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>"}))
-    torch.manual_seed(0)
-    hf = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(
-        vocab_size=len(words) + 5, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=8, max_position_embeddings=4096, tie_word_embeddings=False))
-    with torch.no_grad():
-        for p in hf.parameters():
-            p.add_(torch.randn(p.shape) * 0.5)
-    hf.float().save_pretrained(path)
-    return path
+    return write_tiny_checkpoint(
+        path, words, ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>"],
+        dict(vocab_size=len(words) + 5, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, head_dim=8, max_position_embeddings=4096, tie_word_embeddings=False),
+        wordpiece_decoder=True, pad_token=None, weights="transformers")
 
 
 def small_sampling(**kw):
@@ -429,6 +416,7 @@ def test_compare_prints_table_one_layout_with_differences(tmp_path):
     assert "Relative gain of CLUE over Base in average weighted F1: In-domain +17.5%, Out-of-domain +10.0%" in lines
 
 
+@pytest.mark.slow
 def test_figures_are_written_with_labelled_axes(tmp_path):
     pytest.importorskip("matplotlib")
     evals = [fake_eval("Base Qwen", 0.40, 0.50, 900, 800), fake_eval("Reasoning SFT", 0.43, 0.48, 500, 450),
@@ -463,6 +451,7 @@ def test_missing_matplotlib_is_one_line(monkeypatch):
         ev._pyplot()
 
 
+@pytest.mark.slow
 def test_bad_configs_are_one_line_errors(tmp_path):
     paths = write_sets(tmp_path)
     config = tmp_path / "c.yaml"

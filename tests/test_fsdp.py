@@ -24,9 +24,11 @@ import distributed as D
 import instruments as INSTR
 import fsdp as FS
 import checkpoint as CK
-from test_sft import _rank_run, config, config_file, metrics, sad_row, tensors, write_checkpoint, write_rows
+from helpers import (config, config_file, metrics, rank_run as _rank_run, sad_row, sft_checkpoint as write_checkpoint,
+                     tensors, write_rows)
 from instruments import free_port
 
+pytestmark = pytest.mark.slow  # gloo ranks and torchrun
 REPO = Path(__file__).resolve().parents[1]
 FULL = dict(finetune="full", lora=None)
 
@@ -293,7 +295,7 @@ def test_resuming_a_full_checkpoint_at_another_world_size_stops_with_one_line(ch
 import grpo  # noqa: E402
 from config import load_config  # noqa: E402
 from judge_server import JudgeServer, rules_backend  # noqa: E402
-from test_grpo import assets, fixed_groups, read_jsonl, run_config  # noqa: E402,F401
+from helpers import fixed_groups, read_jsonl, run_config  # noqa: E402
 
 
 def full_policy(base, **overrides):
@@ -392,8 +394,7 @@ def test_a_full_grpo_run_on_two_ranks_resumes_after_sigkill_to_the_same_result(t
 def test_a_full_dialogue_run_on_two_ranks_trains_and_exports(tmp_path, reward):
     """The dialogue mode (trajectory groups for emollm, turn groups for care) in full mode on 2 ranks: both updates
     run, the weights move, and the exported model loads."""
-    from test_dialogue import DEMO, WORDS
-    from test_grpo import write_checkpoint as write_grpo_checkpoint
+    from helpers import DEMO, DIALOGUE_WORDS as WORDS, grpo_checkpoint as write_grpo_checkpoint
     base = write_grpo_checkpoint(tmp_path / "base", words=WORDS, hidden=16)
     with JudgeServer(rules_backend).start() as server:
         run = torchrun(REPO / "grpo.py", DEMO, f"model.path={base}", f"output_dir={tmp_path / 'run'}",

@@ -6,8 +6,7 @@ import pytest
 import torch
 
 import model as M
-from test_model import close, hf_checkpoint, hf_greedy, ids, randomize
-from test_qwen35 import Q35_TEXT
+from helpers import Q35_TEXT, close, hf_checkpoint, hf_greedy, ids, randomize
 
 transformers = pytest.importorskip("transformers")
 scipy_stats = pytest.importorskip("scipy.stats")
@@ -16,7 +15,8 @@ scipy_stats = pytest.importorskip("scipy.stats")
 POLICIES = [dict(), dict(compact_below=0.0), dict(compact_below=1.0, max_rows=3), dict(max_rows=1)]
 
 
-@pytest.fixture(scope="module", params=["qwen2", "qwen3_5_text"])
+# qwen3_5_text in the slow tier only: test_qwen35 compares its greedy decode and its cache in the fast one
+@pytest.fixture(scope="module", params=["qwen2", pytest.param("qwen3_5_text", marks=pytest.mark.slow)])
 def pair(request, tmp_path_factory):
     if request.param == "qwen2":  # its greedy paths vary more than the qwen3 fixtures', which soon repeat a token
         hf, path = hf_checkpoint(tmp_path_factory, "qwen2")
@@ -160,7 +160,7 @@ class CacheWatch:
         self.caches, self.peaks, self.copies = [], [], 0
 
 
-@pytest.mark.parametrize("family", ["qwen3", "qwen3_5_text"])
+@pytest.mark.parametrize("family", ["qwen3", pytest.param("qwen3_5_text", marks=pytest.mark.slow)])
 def test_64_rows_ending_at_64_steps_copy_the_cache_log_b_times(family, monkeypatch):
     model = counter_model(family)
     watch = CacheWatch(model, monkeypatch)

@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,6 @@ import torch
 import torch.multiprocessing as mp
 import yaml
 from safetensors.torch import load_file
-from tokenizers import Tokenizer, models, pre_tokenizers
 
 import data
 import dataset
@@ -33,95 +31,16 @@ import checkpoint as CK
 from config import MetricsWriter, load_config
 from judge import SIP_STAGES
 from judge_server import Faults, JudgeServer, rules_backend
+from helpers import (assert_same_run, fixed_groups, kill_after_checkpoint, read_jsonl, run_config, write_examples,
+                     grpo_checkpoint as write_checkpoint)
 from instruments import free_port
 
 REPO = Path(__file__).resolve().parents[1]
-SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>", "<evidence>", "</evidence>"]
-WORDS = ["user", "assistant", "\n\n", "I", "won", "the", "prize", "lost", "my", "keys", "today", "so", "happy",
-         "she", "said", "that"]
-ANSWERS = ["</think>\nAnswer: joy", "</think>\nAnswer: sadness", "</think>\nAnswer: anger"]  # one token each
 METRIC_KEYS = ["step", "loss", "lr", "grad_norm", "reward", "reward_std", "frac_reward_zero_std", "groups/masked",
                "groups/resampled", "groups/replaced", "completions/mean_length", "completions/max_length",
                "completions/clipped_ratio", "kl", "entropy", "clip_ratio/low_mean", "clip_ratio/high_mean",
                "logp_mismatch/mean", "logp_mismatch/max", "time/generate_s", "time/judge_s", "time/train_s",
                "tokens_per_s", "judge/calls", "judge/retries", "judge/failures", "skipped_nonfinite"]
-
-
-# ----------------------------------------------------------------------------- a tiny model, data and runs
-
-
-def write_checkpoint(path: Path, words=WORDS, seed=0, hidden=32) -> Path:
-    """A random Qwen3 checkpoint with a word-level tokenizer: every word of the prompts that is not in
-    `words` is [UNK]; an answer line is a single token."""
-    path.mkdir(parents=True, exist_ok=True)
-    vocab = {w: i for i, w in enumerate(["[UNK]", *words, *ANSWERS])}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.add_special_tokens(SPECIALS)
-    tok.save(str(path / "tokenizer.json"))
-    (path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}))
-    n = tok.get_vocab_size()
-    raw = dict(model_type="qwen3", vocab_size=n, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
-               num_attention_heads=4, num_key_value_heads=2, head_dim=8, rope_theta=1e4, tie_word_embeddings=False)
-    (path / "config.json").write_text(json.dumps(raw))
-    torch.manual_seed(seed)
-    model = M.Qwen(M.QwenConfig.from_dict(raw))
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0, 0.3 if p.dim() > 1 else 0.05).add_(1.0 if p.dim() == 1 else 0.0)
-    M.save_merged(model, M.load_tokenizer(path), path)
-    return path
-
-
-def write_examples(path: Path, n=4) -> Path:
-    texts = ["I won the prize today", "I lost my keys today", "she said that I won", "so happy that I won"]
-    lines = []
-    for i in range(n):
-        turns = [{"speaker": "A", "text": texts[i % 4]}, {"speaker": "B", "text": texts[(i + 1) % 4]}]
-        lines.append(json.dumps({"id": f"ex{i}", "task": "meld_emotion", "turns": turns, "target": 1,
-                                 "labels": ["joy"], "difficulty": i / n}))
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
-@pytest.fixture(scope="module")
-def assets(tmp_path_factory):
-    root = tmp_path_factory.mktemp("grpo")
-    return write_checkpoint(root / "base"), write_examples(root / "train.jsonl")
-
-
-def run_config(tmp_path, assets, judge_url, **overrides) -> Path:
-    base, examples = assets
-    cfg = {"output_dir": str(tmp_path / "run"), "train_data": [str(examples)], "updates": 3, "seed": 1,
-           "model": {"path": str(base), "dtype": "float32", "device": "cpu"},
-           "reward": {"name": "clue"},
-           "judge": {"base_url": judge_url, "concurrency": 8, "retries": 0, "timeout": 10},
-           "lora": {"rank": 4, "alpha": 8},
-           "rollout": {"prompts_per_update": 2, "group_size": 4, "max_new_tokens": 6},
-           "filtering": {"resamples": 1, "replacements": 1},
-           "loss": {"micro_batch_size": 3},
-           "optim": {"lr": 1e-2, "warmup_updates": 1, "hold_until": 100},
-           "save_every": 1}
-    for key, value in overrides.items():
-        *parents, leaf = key.split(".")
-        node = cfg
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    path = tmp_path / "run.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").split("\n") if line.strip()]
-
-
-@pytest.fixture()
-def judge():
-    with JudgeServer(rules_backend).start() as server:
-        yield server
 
 
 # ----------------------------------------------------------------------------- the math by hand
@@ -356,20 +275,6 @@ def tiny_policy(tmp_path_or_base):
     return cfg, policy
 
 
-def fixed_groups(n_groups=4, k=3, seed=0):
-    """Groups of random prompts and completions of different lengths, rewards varying within groups."""
-    g = torch.Generator().manual_seed(seed)
-    groups = []
-    for i in range(n_groups):
-        prompt = torch.randint(1, 20, (3 + i,), generator=g).tolist()
-        comps = [torch.randint(1, 20, (2 + (i + j) % 4,), generator=g).tolist() for j in range(k)]
-        sampler = [(-torch.rand(len(c), generator=g)).tolist() for c in comps]
-        ex = data.Example(f"e{i}", "meld_emotion", [data.Turn("A", "hi")], 0, ["joy"])
-        samples = [[rollout.Sample(prompt, c, s, False)] for c, s in zip(comps, sampler)]
-        groups.append(rollout.Group(ex, samples, [], [float((i + j) % 3) for j in range(k)]))
-    return groups
-
-
 def test_accuracy_only_and_clue_scale_the_same_informative_groups_alike(monkeypatch, assets):
     # The paper's ablation: Accuracy-Only (filtering off) against CLUE (filtering on). Here one group of three is
     # informative and the others stay all-correct or all-wrong through every resampling (no replacements). The old
@@ -400,7 +305,6 @@ def gradients(cfg, policy, groups, ranks, micro_batch_size):
     return out, [p.grad.clone() for p in T.optimizer_parameters(optimizer)]
 
 
-
 def _rank_worker(rank, port, base, agg, out):
     os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
@@ -414,6 +318,7 @@ def _rank_worker(rank, port, base, agg, out):
     torch.distributed.destroy_process_group()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("agg", ["seq-mean-token-mean", "token-mean"])
 def test_gradients_equal_for_micro_batch_splits_and_two_ranks(assets, agg):
     base, _ = assets
@@ -508,31 +413,7 @@ def test_three_updates_write_every_output(tmp_path, assets, judge, umask_022):
                if "lora_B" in k)  # the LoRA moved
 
 
-def kill_after_checkpoint(argv: list[str], run: Path, checkpoint: str) -> None:
-    """Start `python grpo.py *argv` and SIGKILL it as soon as `run` holds `checkpoint`, before the run ends."""
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    proc = subprocess.Popen([sys.executable, str(REPO / "grpo.py"), *argv], cwd=REPO, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.time() + 120
-    while not (run / checkpoint).is_dir() and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.01)
-    assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert not (run / "adapter").exists()
-
-
-def assert_same_run(a: Path, b: Path) -> None:
-    """Two runs' output_dirs hold the same adapter weights, metrics (timings aside) and completions."""
-    adapter_a, adapter_b = (load_file(run / "adapter" / "adapter_model.safetensors") for run in (a, b))
-    assert adapter_a.keys() == adapter_b.keys() and all(torch.equal(adapter_a[k], adapter_b[k]) for k in adapter_a)
-    timing = ("time/", "tokens_per_s")
-    ma, mb = ([{k: v for k, v in m.items() if not k.startswith(timing)} for m in read_jsonl(run / "metrics.jsonl")]
-              for run in (a, b))
-    assert ma == mb
-    assert read_jsonl(a / "completions.jsonl") == read_jsonl(b / "completions.jsonl")
-
-
+@pytest.mark.slow
 def test_killed_run_resumes_to_the_same_result(tmp_path, assets):
     with JudgeServer(rules_backend, faults=Faults(latency=0.05)).start() as server:
         straight = run_config(tmp_path / "a", assets, server.url)
@@ -558,6 +439,7 @@ runpy.run_path("grpo.py", run_name="__main__")
 """
 
 
+@pytest.mark.slow
 def test_a_kill_during_the_final_save_leaves_no_temporary_in_the_result(tmp_path, assets, judge):
     config = run_config(tmp_path, assets, judge.url, updates=2)
     run = tmp_path / "run"
@@ -665,6 +547,7 @@ def test_bad_inputs_stop_before_any_model_loads(tmp_path, assets, monkeypatch, c
         assert len(err.splitlines()) == 1 and message in err and len(err) < 500, err[:1000]
 
 
+@pytest.mark.slow
 def test_a_learnable_reward_rises(tmp_path):
     """Accuracy-only on a one-token answer: the gold label is `joy` everywhere and the answer tokens are
     three of 27 and the random policy gives it about 7%; GRPO must find and reinforce it."""

@@ -23,6 +23,7 @@ from config import load_config, save_resolved_config
 from data import Example, Turn
 import judge_server
 from judge import JudgeCall, JudgeConfig, JudgeError
+from helpers import write_tiny_checkpoint
 from judge_server import Faults, JudgeServer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -562,22 +563,16 @@ def test_every_builder_makes_a_system_and_a_user_message():
 def test_model_backend_answers_with_greedy_generate_like_transformers(tmp_path):
     transformers = pytest.importorskip("transformers")
     import torch
-    from tokenizers import Tokenizer, models, pre_tokenizers
+    from tokenizers import Tokenizer
 
     words = ["[UNK]", "grade", "the", "blocks", "1", "2", ":", "|", "GAIN", "NO_GAIN", "fine", "x"]
-    tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
-    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer.add_special_tokens(["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"])
-    tokenizer.save(str(tmp_path / "tokenizer.json"))
-    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>"}))
-    torch.manual_seed(0)
-    hf = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(
-        vocab_size=len(words) + 5, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=8, max_position_embeddings=256, tie_word_embeddings=False)).float().eval()
-    with torch.no_grad():
-        for p in hf.parameters():
-            p.add_(torch.randn(p.shape) * 0.5)
-    hf.save_pretrained(tmp_path)
+    write_tiny_checkpoint(
+        tmp_path, words, ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"],
+        dict(vocab_size=len(words) + 5, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, head_dim=8, max_position_embeddings=256, tie_word_embeddings=False),
+        pre_tokenizer="whitespace", pad_token=None, weights="transformers")
+    tokenizer = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    hf = transformers.Qwen3ForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
     messages = [{"role": "system", "content": "grade the blocks"},
                 {"role": "user", "content": "1 : fine <|im_end|> <|im_start|> x"}]
     chat_text = ("<|im_start|>system\ngrade the blocks<|im_end|>\n<|im_start|>user\n1 : fine [UNK] [UNK] x"

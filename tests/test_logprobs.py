@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import model as M
-from test_model import close, hf_checkpoint, ids
+from helpers import close, hf_checkpoint, ids
 
 pytest.importorskip("transformers")
 ROWS = [5, 7]  # token ids given trainable rows; they occur in the inputs and as targets

@@ -10,40 +10,11 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 import model as M
+from helpers import CONFIGS, check_cache_against_full_forward, close, hf_checkpoint, hf_greedy, ids, randomize
 from tokenizer import chatml_template
 
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
-
-TEXT = dict(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-6)
-CONFIGS = {
-    "qwen2": lambda: transformers.Qwen2Config(**TEXT, rope_parameters={"rope_type": "default", "rope_theta": 1e6},
-                                             tie_word_embeddings=False),
-    "qwen3_tied": lambda: transformers.Qwen3Config(**TEXT, head_dim=32, tie_word_embeddings=True,
-                                                   rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
-    # odd sizes, 3 query heads per KV head, head_dim unrelated to hidden/heads, attention bias on
-    "qwen3_odd": lambda: transformers.Qwen3Config(**dict(TEXT, vocab_size=211, hidden_size=48, intermediate_size=71,
-                                                         num_attention_heads=6, num_key_value_heads=2), head_dim=24,
-                                                  attention_bias=True, tie_word_embeddings=False,
-                                                  rope_parameters={"rope_type": "default", "rope_theta": 1e4}),
-}
-
-
-def randomize(module, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * (0.2 if p.dim() == 1 else 0.02))
-
-
-def hf_checkpoint(tmp_path_factory, name):
-    path = tmp_path_factory.mktemp(name)
-    torch.manual_seed(0)
-    hf = transformers.AutoModelForCausalLM.from_config(CONFIGS[name]()).float().eval()
-    randomize(hf)
-    hf.save_pretrained(path)
-    return hf, path
 
 
 @pytest.fixture(scope="module", params=list(CONFIGS))
@@ -56,15 +27,6 @@ def pair(request, tmp_path_factory):
 def qwen3(tmp_path_factory):
     hf, path = hf_checkpoint(tmp_path_factory, "qwen3_odd")
     return hf, M.Qwen.from_pretrained(path, dtype="float32"), path
-
-
-def ids(batch, length, vocab=200, seed=1):
-    return torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
-
-
-def close(a, b, tol=1e-4):
-    assert a.shape == b.shape
-    assert (a - b).abs().max().item() < tol, (a - b).abs().max().item()
 
 
 # --- forward, loading, cache ------------------------------------------------------------------
@@ -110,26 +72,6 @@ def test_load_in_bfloat16_keeps_every_tensor_in_bfloat16(qwen3):
         close(bf16(x).float(), ours(x), tol=5e-2)
 
 
-def check_cache_against_full_forward(model, lengths, steps, chunk):
-    """Prefill rows of `lengths` real tokens right-padded with other tokens, decode `steps` single
-    tokens, then one `chunk`-token continuation: every real position's logits must equal those of
-    a full forward of that row alone (so padding never reaches the cache or the state)."""
-    width = max(lengths)
-    seqs = ids(len(lengths), width + steps + chunk, seed=3)
-    padded = torch.where(torch.arange(width) < torch.tensor(lengths)[:, None], seqs[:, :width], ids(1, width, seed=4))
-    with torch.no_grad():
-        cache = model.new_cache(len(lengths), width + steps + chunk)
-        prefill = model(padded, cache, torch.tensor(lengths))
-        decoded = [model(torch.stack([seqs[r, n + i] for r, n in enumerate(lengths)])[:, None], cache)
-                   for i in range(steps)]
-        continued = model(torch.stack([seqs[r, n + steps:n + steps + chunk] for r, n in enumerate(lengths)]), cache)
-        for r, n in enumerate(lengths):
-            ref = model(seqs[r:r + 1, :n + steps + chunk])[0]
-            close(prefill[r, :n], ref[:n])
-            close(torch.stack([d[r, 0] for d in decoded]), ref[n:n + steps])
-            close(continued[r], ref[n + steps:])
-
-
 def test_cached_decode_and_continuation_equal_full_forward(pair):
     check_cache_against_full_forward(pair[1], lengths=[7, 5], steps=4, chunk=4)
 
@@ -147,12 +89,6 @@ def test_right_padded_batch_equals_one_at_a_time(qwen3):
 
 
 # --- generation -------------------------------------------------------------------------------
-
-
-def hf_greedy(hf, prompt, n, eos):
-    out = hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                      max_new_tokens=n, do_sample=False, eos_token_id=eos or None, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
 
 
 def test_greedy_generate_equals_transformers(pair):

@@ -8,17 +8,11 @@ import pytest
 import torch
 
 import model as M
-from test_model import check_cache_against_full_forward, close, hf_greedy, ids, randomize
+from helpers import Q35_TEXT, check_cache_against_full_forward, close, hf_greedy, ids, randomize
 
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
 
-Q35_TEXT = dict(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
-                num_key_value_heads=2, head_dim=32, max_position_embeddings=512, rms_norm_eps=1e-6,
-                linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
-                linear_conv_kernel_dim=4, layer_types=["linear_attention"] * 3 + ["full_attention"],
-                rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25,
-                                 "mrope_section": [2, 1, 1], "mrope_interleaved": True})
 VISION = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
               num_position_embeddings=16, patch_size=16, spatial_merge_size=2, temporal_patch_size=2)
 

@@ -24,7 +24,7 @@ from dataset import example_to_json
 import judge
 from judge import JudgeConfig
 from judge_server import JudgeServer, RewardModelBackend
-from test_sft import REPO, metrics, tensors, write_checkpoint
+from helpers import REPO, metrics, sft_checkpoint as write_checkpoint, tensors
 
 
 @pytest.fixture(scope="module")
@@ -100,6 +100,7 @@ def test_a_tiny_rm_learns_to_rank_a_synthetic_preference_set(checkpoint, tmp_pat
     assert scores[0] == pytest.approx(1 / (1 + math.exp(-rewards[0])), rel=1e-5) and 0 < scores[0] < 1
 
 
+@pytest.mark.slow
 def test_a_killed_rm_run_resumes_to_the_same_model_as_a_run_never_stopped(checkpoint, tmp_path):
     """SIGKILL (no chance to save) once ckpt-000003 exists, run again (resume: auto): the LoRA, the value head, AdamW
     and the held-out accuracies equal an uninterrupted run's bitwise, with dropout on, and no step is logged twice."""
@@ -322,7 +323,7 @@ def structure_judge(messages, params):
 @pytest.mark.parametrize("mode", ["in-process", "served"])
 def test_social_r1_takes_r_content_from_the_trained_rm_in_a_grpo_run(tmp_path, mode):
     import grpo
-    from test_grpo import read_jsonl, run_config, write_checkpoint as grpo_checkpoint, write_examples
+    from helpers import grpo_checkpoint, read_jsonl, run_config, write_examples
 
     base, examples = grpo_checkpoint(tmp_path / "base"), write_examples(tmp_path / "train.jsonl")  # no references
     qwen = RM.Qwen.from_pretrained(base)
@@ -346,7 +347,7 @@ def test_social_r1_takes_r_content_from_the_trained_rm_in_a_grpo_run(tmp_path, m
 
 def test_a_content_model_is_for_social_r1_only_and_must_exist(tmp_path, capsys):
     import grpo
-    from test_grpo import run_config, write_examples
+    from helpers import run_config, write_examples
 
     examples = write_examples(tmp_path / "train.jsonl")
     for overrides, message in [({"reward": {"name": "clue"}, "content_model": {"path": str(tmp_path)}},

@@ -188,7 +188,7 @@ def test_a_short_generator_grpo_run_end_to_end_over_http(tmp_path):
     rationales), the rules backend scores both replies of each pair under them, and every logged part follows
     the formulas."""
     import grpo
-    from test_grpo import read_jsonl, run_config, write_checkpoint
+    from helpers import grpo_checkpoint as write_checkpoint, read_jsonl, run_config
 
     weights = [(0.5, 0.3, 0.2), (0.2, 0.3, 0.5), (0.34, 0.33, 0.33), (0.1, 0.8, 0.1), (0.6, 0.2, 0.2),
                (0.25, 0.25, 0.5)]

@@ -5,7 +5,6 @@ checkpoint selection, held-out exclusion, prepare_traces.py against the local ju
 teacher, one-line errors for bad input, and prepare_traces.py's trace-refinement parser."""
 
 import json
-import os
 import re
 import signal
 import subprocess
@@ -15,11 +14,9 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 import yaml
-from safetensors import safe_open
-from safetensors.torch import save_file
-from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
+import torch.multiprocessing as mp
+from tokenizers import AddedToken
 
 import model as M
 import prepare_traces as P
@@ -29,87 +26,16 @@ import checkpoint as CK
 from data import Example, Turn
 from dataset import example_to_json
 from judge_server import JudgeServer
+from helpers import (SFT_SPECIALS as SPECIAL, SFT_WORDS as WORDS, TINY, config, config_file, conversation, metrics,
+                     rank_run as _rank_run, sad_row, sft_checkpoint as write_checkpoint, tensors, write_rows)
 from instruments import free_port
 
 REPO = Path(__file__).resolve().parents[1]
-TINY = dict(model_type="qwen3", vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, head_dim=8, rope_theta=1e4, tie_word_embeddings=False)
-WORDS = ("[UNK] Answer : , . ! ? Ann Bo Cy Di is sad glad says so the exam I failed again We won bid knew you would "
-         "How did it go today Oh no Whatever hello sadness joy anger neutral Joy Trust").split()
-SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-
-
-def write_checkpoint(path: Path) -> Path:
-    """A random qwen3 model (vocab 64: spare rows for the evidence tags) and a word-level tokenizer
-    whose <think> / </think> are ordinary added tokens and whose ChatML tokens are special, as Qwen's."""
-    path.mkdir(parents=True, exist_ok=True)
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.add_tokens([AddedToken("<think>", special=False, normalized=False),
-                    AddedToken("</think>", special=False, normalized=False)])
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL])
-    tok.save(str(path / "tokenizer.json"))
-    (path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}))
-    (path / "config.json").write_text(json.dumps(TINY))
-    torch.manual_seed(0)
-    model = M.Qwen(M.QwenConfig.from_dict(dict(TINY)))
-    torch.nn.init.normal_(model.lm_head.weight, std=1.0)  # logits wide enough to memorize a few rows
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path / "model.safetensors"))
-    return path
 
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     return write_checkpoint(tmp_path_factory.mktemp("tiny"))
-
-
-def conversation(i: int) -> list[Turn]:
-    return [Turn("Ann", f"How did it go today {'!' * (i + 1)}"), Turn("Bo", "I failed the exam again ."),
-            Turn("Ann", "Oh no ."), Turn("Bo", "Whatever .")]
-
-
-def sad_row(i: int, task="meld_emotion", label="sadness", short_prompt=True) -> dict:
-    """An example with a completion; with short_prompt, a few words stand in for the task's long prompt."""
-    completion = (f"<think>\nBo says <evidence>I failed the exam again</evidence> so Bo is sad .\n</think>\n\n"
-                  f"Answer: {label}")
-    example = Example(id=f"ex-{i}", task=task, turns=conversation(i), target=3, labels=[label])
-    prompt = [{"role": "user", "content": f"How is {WORDS[7 + i % 4]} ?"}] if short_prompt else None
-    return example_to_json(example) | {"completion": completion} | ({"prompt": prompt} if prompt else {})
-
-
-def write_rows(path: Path, rows) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
-
-
-def config_file(checkpoint, tmp_path, **overrides) -> Path:
-    """A config.yaml in tmp_path over four rows, for a short CPU run; `a.b=value` overrides nest."""
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    data = overrides.get("data") or str(write_rows(tmp_path / "rows4.jsonl", [sad_row(i) for i in range(4)]))
-    raw = dict(model=str(checkpoint), data=data, output_dir=str(tmp_path / "run"), lr=1e-2, epochs=1,
-               grad_accum=1, lora={"rank": 4, "alpha": 8, "dropout": 0.0}, selection={"per_task": 0})
-    for key, value in overrides.items():
-        node, *path = key.split(".")
-        if path:
-            raw[node] = {**raw.get(node, {}), path[0]: value}
-        else:
-            raw[node] = value
-    path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    return path
-
-
-def config(checkpoint, tmp_path, **overrides) -> sft.SFTConfig:
-    return sft.parse_cli(sft.SFTConfig, [str(config_file(checkpoint, tmp_path, **overrides))])
-
-
-def tensors(path: Path) -> dict[str, torch.Tensor]:
-    with safe_open(path, framework="pt") as f:
-        return {k: f.get_tensor(k) for k in f.keys()}
-
-
-def metrics(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
 # ----------------------------------------------------------------------------- loss weights
@@ -202,15 +128,7 @@ def test_one_or_two_accumulation_steps_give_the_same_loss_and_gradients():
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
 
 
-
-def _rank_run(rank, port, cfg):
-    torch.set_num_threads(1)
-    os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
-    sft.train(cfg)
-    torch.distributed.destroy_process_group()
-
-
+@pytest.mark.slow
 def test_two_gloo_ranks_train_like_one_process_with_two_accumulation_steps(checkpoint, tmp_path):
     """One of the four rows is held out: three rows make updates of 2 + 1 completions, so in every
     second update rank 1 has nothing to do. Selection samples on both ranks (the real sampler, with
@@ -272,6 +190,7 @@ def test_one_step_changes_only_lora_and_the_two_rows_at_ten_times_the_lr_without
     assert max(b.abs().max().item() for b in lora_b) == pytest.approx(1e-3, rel=1e-3)  # B starts at 0: |step| <= lr
 
 
+@pytest.mark.slow
 def test_a_tiny_model_overfits_a_few_examples(checkpoint, tmp_path):
     rows = [sad_row(0), sad_row(1, "meld_emotion", "joy"), sad_row(2, "ccu_emotion", "Trust")]
     data = str(write_rows(tmp_path / "three.jsonl", rows))
@@ -284,6 +203,7 @@ def test_a_tiny_model_overfits_a_few_examples(checkpoint, tmp_path):
 # ----------------------------------------------------------------------------- resume, selection, held-out targets
 
 
+@pytest.mark.slow
 def test_a_run_killed_after_step_k_resumes_bitwise_equal(checkpoint, tmp_path):
     """SIGKILL (no chance to save) once ckpt-000003 exists, resume, and compare with a run never stopped."""
     rows = write_rows(tmp_path / "rows8.jsonl", [sad_row(i) for i in range(8)])

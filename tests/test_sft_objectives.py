@@ -9,7 +9,7 @@ import torch
 
 import model as M
 import sft
-from test_sft import WORDS, config, config_file, metrics, write_checkpoint, write_rows
+from helpers import SFT_WORDS as WORDS, config, config_file, metrics, sft_checkpoint as write_checkpoint, write_rows
 
 
 @pytest.fixture(scope="module")

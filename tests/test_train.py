@@ -176,6 +176,7 @@ def _sync_worker(rank, port, out):
     torch.distributed.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_gradients_are_summed_over_two_gloo_ranks():
     out = mp.Manager().dict()
     mp.spawn(_sync_worker, args=(free_port(), out), nprocs=2)

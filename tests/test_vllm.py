@@ -24,6 +24,7 @@ import dataset
 import demo
 import evaluate as ev
 import model as M
+from helpers import read_jsonl
 from judge import JudgeConfig, chat_many, iu_request
 from distributed import Ranks
 from checkpoint import checkpoint_path
@@ -32,6 +33,7 @@ from vllm_engine import EngineError, VLLMEngine
 from instruments import VLLMServer, free_port
 from rollout import VLLMSettings
 
+pytestmark = pytest.mark.slow  # a real vLLM server, from its own venv
 REPO = Path(__file__).resolve().parents[1]
 VENV = Path(os.environ.get("VLLM_VENV", REPO / ".venv-vllm"))
 PYTHON = VENV / "bin" / "python"
@@ -236,10 +238,6 @@ def run_grpo(config: Path, timeout=900) -> subprocess.CompletedProcess:
     env = dict(os.environ, OMP_NUM_THREADS="1")
     return subprocess.run([sys.executable, str(REPO / "grpo.py"), str(config)], capture_output=True, text=True,
                           cwd=REPO, timeout=timeout, env=env)
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def test_grpo_with_vllm_rollouts_writes_every_output_and_trains(served, tmp_path):
