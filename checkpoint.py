@@ -1,21 +1,25 @@
-"""Checkpoints with exact resume, for LoRA and full-parameter runs alike, and the run's finished model.
-
+"""Checkpoints with exact resume, for LoRA and full-parameter runs alike, and the run's finished
+model.
 
 A checkpoint is a folder `ckpt-<step>` inside the run's output_dir, written under a temporary name
 and renamed when complete (a folder named `ckpt-*` is always whole):
 
-    adapter_config.json, adapter_model.safetensors   model.save_adapter (LoRA and token rows, PEFT format)   (LoRA)
+    adapter_config.json,      model.save_adapter (LoRA and token rows, PEFT format)      (LoRA)
+      adapter_model.safetensors
     optimizer.safetensors     AdamW state, one tensor per `<parameter index>.<name>`     (LoRA)
-    dcp/                      every rank's shards of the weights and AdamW state          (full: save_sharded)
-    rng-rank<r>.safetensors   rank r's torch (and CUDA) generator state; its Python state as metadata
-    state.json                step, world size, finetune mode, optimizer hyperparameters, the trainer's own state
+    dcp/                      each rank's shards of the weights and AdamW state (full: save_sharded)
+    rng-rank<r>.safetensors   rank r's torch (and CUDA) generator state; its Python state as
+                              metadata
+    state.json                step, world size, finetune mode, optimizer hyperparameters, the
+                              trainer's own state
 
 Only safetensors and JSON are written or read: nothing is unpickled on resume.
 
-A full run's `dcp/` is written by torch.distributed.checkpoint through its safetensors storage (every rank its own
-file of shards, each tensor's offsets in the file's JSON header: no pickle is written or read), holding
-`model.<name>` for every trainable parameter and `optim.<name>.<moment>` for AdamW's state; the optimizer's
-hyperparameters go to state.json. A checkpoint written by N ranks resumes at N ranks.
+A full run's `dcp/` is written by torch.distributed.checkpoint through its safetensors storage
+(every rank its own file of shards, each tensor's offsets in the file's JSON header: no pickle is
+written or read), holding `model.<name>` for every trainable parameter and `optim.<name>.<moment>`
+for AdamW's state; the optimizer's hyperparameters go to state.json. A checkpoint written by N ranks
+resumes at N ranks.
 """
 
 from __future__ import annotations
@@ -35,9 +39,9 @@ from torch.distributed.checkpoint import HuggingFaceStorageReader, HuggingFaceSt
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from config import atomic_write_text
+from distributed import Ranks, barrier, broadcast_parameters, is_distributed
 from fsdp import export_full, is_sharded
 from model import CheckpointError, Qwen, atomic_write, load_adapter, save_adapter
-from distributed import Ranks, barrier, broadcast_parameters, is_distributed
 from train import optimizer_parameters
 
 _CKPT = "ckpt-"
@@ -49,8 +53,12 @@ def checkpoint_path(output_dir, step: int) -> Path:
 
 def latest_checkpoint(output_dir) -> Path | None:
     """The complete checkpoint with the highest step in `output_dir`, or None."""
-    found = [p for p in Path(output_dir).glob(f"{_CKPT}*") if p.is_dir() and p.name[len(_CKPT):].isdigit()]
-    return max(found, key=lambda p: int(p.name[len(_CKPT):]), default=None)
+    found = [
+        p
+        for p in Path(output_dir).glob(f"{_CKPT}*")
+        if p.is_dir() and p.name[len(_CKPT) :].isdigit()
+    ]
+    return max(found, key=lambda p: int(p.name[len(_CKPT) :]), default=None)
 
 
 def _rng_file(folder: Path, rank: int) -> Path:
@@ -76,8 +84,8 @@ def _load_rng(folder: Path, rank: int) -> None:
 
 
 def staging_folder(final, clear: bool = True) -> Path:
-    """Where the result folder `final` is built before `publish_folder` swaps it in: `.<name>.tmp` beside it,
-    never inside it. `clear` empties it first (a killed run may have left one)."""
+    """Where the result folder `final` is built before `publish_folder` swaps it in: `.<name>.tmp`
+    beside it, never inside it. `clear` empties it first (a killed run may have left one)."""
     staging = Path(final).with_name(f".{Path(final).name}.tmp")
     if clear:
         shutil.rmtree(staging, ignore_errors=True)
@@ -92,7 +100,8 @@ def publish_folder(staging: Path, final) -> None:
 
 @contextlib.contextmanager
 def atomic_folder(final):
-    """`with atomic_folder(out / "adapter") as tmp: save_adapter(model, tmp)`: the folder appears whole or never."""
+    """`with atomic_folder(out / "adapter") as tmp: save_adapter(model, tmp)`: the folder appears
+    whole or never."""
     staging = staging_folder(final)
     try:
         yield staging
@@ -102,12 +111,20 @@ def atomic_folder(final):
     publish_folder(staging, final)
 
 
-def save_checkpoint(output_dir, step: int, model: Qwen, optimizer: torch.optim.Optimizer, trainer_state: dict,
-                    keep: int | None = None, write_extra=None) -> Path:
-    """Write `ckpt-<step>` atomically; every rank must call it (each saves its own RNG state), rank 0
-    writes the rest. `trainer_state` is the trainer's JSON-able state (its data position, counters);
-    `write_extra(folder)`, on rank 0, adds the trainer's own weights (the reward model's value head).
-    With `keep`, only the newest `keep` checkpoints are left. Returns the checkpoint's path."""
+def save_checkpoint(
+    output_dir,
+    step: int,
+    model: Qwen,
+    optimizer: torch.optim.Optimizer,
+    trainer_state: dict,
+    keep: int | None = None,
+    write_extra=None,
+) -> Path:
+    """Write `ckpt-<step>` atomically; every rank must call it (each saves its own RNG state), rank
+    0 writes the rest. `trainer_state` is the trainer's JSON-able state (its data position,
+    counters); `write_extra(folder)`, on rank 0, adds the trainer's own weights (the reward model's
+    value head). With `keep`, only the newest `keep` checkpoints are left. Returns the checkpoint's
+    path."""
     final = checkpoint_path(output_dir, step)
     rank = dist.get_rank() if is_distributed() else 0
     tmp = staging_folder(final, clear=rank == 0)
@@ -120,47 +137,64 @@ def save_checkpoint(output_dir, step: int, model: Qwen, optimizer: torch.optim.O
         state = None if full else optimizer.state_dict()
         if not full:
             save_adapter(model, tmp)
-            tensors = {f"{i}.{name}": t.detach().cpu().contiguous() for i, s in state["state"].items()
-                       for name, t in s.items()}
+            tensors = {
+                f"{i}.{name}": t.detach().cpu().contiguous()
+                for i, s in state["state"].items()
+                for name, t in s.items()
+            }
             atomic_write(tmp / "optimizer.safetensors", tensors)
         if write_extra is not None:
             write_extra(tmp)
-        meta = {"step": step, "world_size": dist.get_world_size() if is_distributed() else 1,
-                "finetune": "full" if full else "lora", "param_groups": groups or state["param_groups"],
-                "trainer": trainer_state}
+        meta = {
+            "step": step,
+            "world_size": dist.get_world_size() if is_distributed() else 1,
+            "finetune": "full" if full else "lora",
+            "param_groups": groups or state["param_groups"],
+            "trainer": trainer_state,
+        }
         atomic_write_text(tmp / "state.json", json.dumps(meta, indent=1) + "\n")
         publish_folder(tmp, final)
         if keep is not None:
-            older = sorted(p for p in Path(output_dir).glob(f"{_CKPT}*") if p.is_dir() and p != final)
-            for stale in older[:max(0, len(older) - (keep - 1))]:
+            older = sorted(
+                p for p in Path(output_dir).glob(f"{_CKPT}*") if p.is_dir() and p != final
+            )
+            for stale in older[: max(0, len(older) - (keep - 1))]:
                 shutil.rmtree(stale, ignore_errors=True)
     barrier()
     return final
 
 
 def load_checkpoint(path, model: Qwen) -> dict:
-    """Check that a checkpoint fits this run (the same number of ranks, the same `finetune` mode), load its adapter and
-    token rows into `model` (LoRA: before the optimizer is built, the rows become new parameters) and this rank's RNG
-    state. Returns its state.json; pass it to `restore_optimizer` once the optimizer exists (a full-parameter run's
-    weights come back there, with the optimizer's state)."""
+    """Check that a checkpoint fits this run (the same number of ranks, the same `finetune` mode),
+    load its adapter and token rows into `model` (LoRA: before the optimizer is built, the rows
+    become new parameters) and this rank's RNG state. Returns its state.json; pass it to
+    `restore_optimizer` once the optimizer exists (a full-parameter run's weights come back there,
+    with the optimizer's state)."""
     path = Path(path)
     meta = json.loads((path / "state.json").read_text(encoding="utf-8"))
     world = dist.get_world_size() if is_distributed() else 1
     mode, written = ("full" if is_sharded(model) else "lora"), meta.get("finetune", "lora")
     if written != mode:
-        raise CheckpointError(f"{path / 'state.json'}: field 'finetune': the checkpoint is of a {written} run, this "
-                              f"run is {mode}; resume it with finetune: {written} (or start afresh with resume: none)")
+        raise CheckpointError(
+            f"{path / 'state.json'}: field 'finetune': the checkpoint is of a {written} run, this "
+            f"run is {mode}; resume it with finetune: {written} (or start afresh with resume: none)"
+        )
     if meta["world_size"] != world:
-        raise CheckpointError(f"{path}: written by {meta['world_size']} rank(s), this run has {world}; exact resume "
-                              f"needs the same number (or start afresh with resume=none)")
+        raise CheckpointError(
+            f"{path}: written by {meta['world_size']} rank(s), this run has {world}; exact resume "
+            f"needs the same number (or start afresh with resume=none)"
+        )
     if mode == "lora":
         load_adapter(model, path)
     _load_rng(path, dist.get_rank() if is_distributed() else 0)
     return meta
 
 
-def restore_optimizer(path, optimizer: torch.optim.Optimizer, meta: dict, model: Qwen | None = None) -> None:
-    """Load AdamW's state and hyperparameters saved by `save_checkpoint` (and, for a sharded `model`, its weights)."""
+def restore_optimizer(
+    path, optimizer: torch.optim.Optimizer, meta: dict, model: Qwen | None = None
+) -> None:
+    """Load AdamW's state and hyperparameters saved by `save_checkpoint` (and, for a sharded
+    `model`, its weights)."""
     if model is not None and is_sharded(model):
         load_sharded(Path(path), model, optimizer, meta["param_groups"])
         return
@@ -173,10 +207,11 @@ def restore_optimizer(path, optimizer: torch.optim.Optimizer, meta: dict, model:
 
 
 def resume(output_dir, model: Qwen, make_optimizer, enabled: bool = True):
-    """The run's optimizer and where it continues from, the one resume path of every trainer and both modes: with
-    `enabled`, the newest checkpoint in `output_dir` is loaded (LoRA and token rows before the optimizer is built,
-    then AdamW's state; a full-parameter run's shards with it; this rank's RNG). Returns (optimizer, its state.json,
-    its path); with none, a fresh optimizer whose trainable values are rank 0's on every rank, None, None."""
+    """The run's optimizer and where it continues from, the one resume path of every trainer and
+    both modes: with `enabled`, the newest checkpoint in `output_dir` is loaded (LoRA and token rows
+    before the optimizer is built, then AdamW's state; a full-parameter run's shards with it; this
+    rank's RNG). Returns (optimizer, its state.json, its path); with none, a fresh optimizer whose
+    trainable values are rank 0's on every rank, None, None."""
     path = latest_checkpoint(output_dir) if enabled else None
     if path is None:
         optimizer = make_optimizer()
@@ -192,7 +227,8 @@ _OPTIONS = StateDictOptions(strict=False)
 
 
 def _state(model: Qwen, optimizer: torch.optim.Optimizer) -> tuple[dict, dict, list]:
-    """(trainable model tensors, AdamW tensors, param_groups with parameter names) through get_state_dict."""
+    """(trainable model tensors, AdamW tensors, param_groups with parameter names) through
+    get_state_dict."""
     model_state, optim_state = get_state_dict(model, optimizer, options=_OPTIONS)
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     tensors = {f"model.{n}": t for n, t in model_state.items() if n in trainable}
@@ -201,18 +237,21 @@ def _state(model: Qwen, optimizer: torch.optim.Optimizer) -> tuple[dict, dict, l
 
 
 def save_sharded(folder, model: Qwen, optimizer: torch.optim.Optimizer) -> list[dict]:
-    """Every rank writes its shards of the trainable weights and of AdamW's state to folder/dcp (a collective);
-    returns the param_groups (JSON-able) for state.json."""
+    """Every rank writes its shards of the trainable weights and of AdamW's state to folder/dcp (a
+    collective); returns the param_groups (JSON-able) for state.json."""
     tensors, moments, groups = _state(model, optimizer)
     writer = HuggingFaceStorageWriter(os.fspath(folder / "dcp"), save_distributed=True)
     dcp.save(tensors | moments, storage_writer=writer)
     return [{k: list(v) if isinstance(v, tuple) else v for k, v in g.items()} for g in groups]
 
 
-def load_sharded(folder, model: Qwen, optimizer: torch.optim.Optimizer, param_groups: list[dict]) -> None:
-    """Load what `save_sharded` wrote into `model` and `optimizer` (a collective). The shards may have been written
-    by another number of ranks: DCP reads each tensor's pieces by offset."""
-    tensors, moments, _ = _state(model, optimizer)  # AdamW's state initialized at zero, filled below
+def load_sharded(
+    folder, model: Qwen, optimizer: torch.optim.Optimizer, param_groups: list[dict]
+) -> None:
+    """Load what `save_sharded` wrote into `model` and `optimizer` (a collective). The shards may
+    have been written by another number of ranks: DCP reads each tensor's pieces by offset."""
+    # AdamW's state initialized at zero, filled below
+    tensors, moments, _ = _state(model, optimizer)
     dcp.load(tensors | moments, storage_reader=HuggingFaceStorageReader(os.fspath(folder / "dcp")))
     state: dict[str, dict] = {}
     for key, t in moments.items():
@@ -220,15 +259,27 @@ def load_sharded(folder, model: Qwen, optimizer: torch.optim.Optimizer, param_gr
         state.setdefault(name, {})[moment] = t
     groups = [{k: tuple(v) if k == "betas" else v for k, v in g.items()} for g in param_groups]
     weights = {k.removeprefix("model."): t for k, t in tensors.items()}
-    set_state_dict(model, optimizer, model_state_dict=weights,
-                   optim_state_dict={"state": state, "param_groups": groups}, options=_OPTIONS)
+    set_state_dict(
+        model,
+        optimizer,
+        model_state_dict=weights,
+        optim_state_dict={"state": state, "param_groups": groups},
+        options=_OPTIONS,
+    )
 
 
-def save_model(model: Qwen, tok, folder, ranks: Ranks, base_model_name_or_path: str | None = None,
-               with_tokenizer: bool = False) -> None:
-    """The trained model in `folder`, replaced whole (every rank calls it): a LoRA run's adapter and token rows
-    (model.save_adapter, by rank 0; `with_tokenizer`: the tokenizer beside them), or a full-parameter run's whole
-    Hugging Face checkpoint (export_full). Built in `staging_folder`, swapped in by `publish_folder`."""
+def save_model(
+    model: Qwen,
+    tok,
+    folder,
+    ranks: Ranks,
+    base_model_name_or_path: str | None = None,
+    with_tokenizer: bool = False,
+) -> None:
+    """The trained model in `folder`, replaced whole (every rank calls it): a LoRA run's adapter and
+    token rows (model.save_adapter, by rank 0; `with_tokenizer`: the tokenizer beside them), or a
+    full-parameter run's whole Hugging Face checkpoint (export_full). Built in `staging_folder`,
+    swapped in by `publish_folder`."""
     tmp = staging_folder(folder, clear=ranks.main)
     barrier()
     if is_sharded(model):
@@ -242,12 +293,13 @@ def save_model(model: Qwen, tok, folder, ranks: Ranks, base_model_name_or_path: 
 
 
 def trim_log(path, last_step: int, ranks: Ranks) -> None:
-    """On rank 0, drop a JSONL log's records of steps after `last_step` (a resumed run logs them again; a fresh run
-    keeps none) and a last line torn by a kill. Lines end at "\n" only: a record's text may hold U+2028 or U+0085,
-    line breaks to str.splitlines."""
+    """On rank 0, drop a JSONL log's records of steps after `last_step` (a resumed run logs them
+    again; a fresh run keeps none) and a last line torn by a kill. Lines end at "\n" only: a
+    record's text may hold U+2028 or U+0085, line breaks to str.splitlines."""
     path = Path(path)
     if not ranks.main or not path.is_file():
         return
-    lines = path.read_text(encoding="utf-8").split("\n")[:-1]  # after the last "\n": nothing, or a torn line
+    # after the last "\n": nothing, or a torn line
+    lines = path.read_text(encoding="utf-8").split("\n")[:-1]
     kept = [line + "\n" for line in lines if line.strip() and json.loads(line)["step"] <= last_step]
     atomic_write_text(path, "".join(kept))

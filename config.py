@@ -1,7 +1,7 @@
 """Configs and run outputs, shared by every script: YAML configs with `key=value` overrides checked
 against a dataclass schema (`python X.py config.yaml [key=value ...]`), rank-0 printing, the
-metrics.jsonl writer and reader, the logs a rerun resumes from (`read_log`, `open_log`), and the resolved
-config written beside a run's outputs with secrets removed."""
+metrics.jsonl writer and reader, the logs a rerun resumes from (`read_log`, `open_log`), and the
+resolved config written beside a run's outputs with secrets removed."""
 
 from __future__ import annotations
 
@@ -25,17 +25,20 @@ class ConfigError(ValueError):
     """A bad config: the message is one line naming the file (and line) or override, and the key."""
 
 
-EXCERPT_CHARS = 120  # of an input value quoted in an error message: a path fits, a 50 MB label does not
-_REPR = reprlib.Repr()  # for values other than a string: items, nesting and the strings inside them cut short
+# of an input value quoted in an error message: a path fits, a 50 MB label does not
+EXCERPT_CHARS = 120
+# for values other than a string: items, nesting and the strings inside them cut short
+_REPR = reprlib.Repr()
 _REPR.maxother = _REPR.maxlong = EXCERPT_CHARS
 _REPR.maxstring, _REPR.maxlevel = 40, 3
 _REPR.maxlist = _REPR.maxtuple = _REPR.maxset = _REPR.maxfrozenset = _REPR.maxdict = 6
 
 
 def excerpt(value) -> str:
-    """An input value as an error message quotes it: its repr, cut to a bounded excerpt with the length named,
-    `'aaaa...' (52,428,800 characters)`; a long list or mapping shows its first items and names its size. Every
-    error that echoes a value from a file, a config, a request or the command line goes through here."""
+    """An input value as an error message quotes it: its repr, cut to a bounded excerpt with the
+    length named, `'aaaa...' (52,428,800 characters)`; a long list or mapping shows its first items
+    and names its size. Every error that echoes a value from a file, a config, a request or the
+    command line goes through here."""
     if isinstance(value, str):
         if len(value) <= EXCERPT_CHARS:
             return repr(value)
@@ -46,7 +49,8 @@ def excerpt(value) -> str:
     return f"{shown} ({len(value):,} items)" if cut else shown
 
 
-MAX_YAML_VALUES = 10_000  # a config's size with aliases expanded: refuses "billion laughs" documents
+# a config's size with aliases expanded: refuses "billion laughs" documents
+MAX_YAML_VALUES = 10_000
 
 
 class _YamlLoader(yaml.SafeLoader):
@@ -60,8 +64,12 @@ class _YamlLoader(yaml.SafeLoader):
                 line = key_node.start_mark.line + 1
                 if key_node.value in first_line:
                     raise yaml.constructor.ConstructorError(
-                        None, None, f"duplicate key '{key_node.value}' (first on line {first_line[key_node.value]})",
-                        key_node.start_mark)
+                        None,
+                        None,
+                        f"duplicate key '{key_node.value}' (first on line "
+                        f"{first_line[key_node.value]})",
+                        key_node.start_mark,
+                    )
                 first_line[key_node.value] = line
         return super().construct_mapping(node, deep)
 
@@ -78,9 +86,16 @@ def _expanded_size(node, memo: dict) -> int:
     a node that contains itself counts as too many)."""
     if id(node) not in memo:
         memo[id(node)] = MAX_YAML_VALUES + 1
-        children = (node.value if isinstance(node, yaml.SequenceNode) else
-                    [n for pair in node.value for n in pair] if isinstance(node, yaml.MappingNode) else [])
-        memo[id(node)] = min(MAX_YAML_VALUES + 1, 1 + sum(_expanded_size(child, memo) for child in children))
+        children = (
+            node.value
+            if isinstance(node, yaml.SequenceNode)
+            else [n for pair in node.value for n in pair]
+            if isinstance(node, yaml.MappingNode)
+            else []
+        )
+        memo[id(node)] = min(
+            MAX_YAML_VALUES + 1, 1 + sum(_expanded_size(child, memo) for child in children)
+        )
     return memo[id(node)]
 
 
@@ -115,7 +130,8 @@ def _type_name(tp) -> str:
 
 
 def _coerce(value, tp, key: str, where):
-    """Check `value` against the annotation `tp`; return it (ints widen to float, lists to tuples)."""
+    """Check `value` against the annotation `tp`; return it (ints widen to float, lists to
+    tuples)."""
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if tp is typing.Any:
         return value
@@ -132,10 +148,15 @@ def _coerce(value, tp, key: str, where):
     if origin is typing.Literal:
         if value in args:
             return value
-        raise ConfigError(f"{where(key)}: '{key}' must be one of {list(args)}, got {excerpt(value)}")
+        raise ConfigError(
+            f"{where(key)}: '{key}' must be one of {list(args)}, got {excerpt(value)}"
+        )
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
-            raise ConfigError(f"{where(key)}: '{key}' expects a mapping of {tp.__name__} fields, got {excerpt(value)}")
+            raise ConfigError(
+                f"{where(key)}: '{key}' expects a mapping of {tp.__name__} fields, got "
+                f"{excerpt(value)}"
+            )
         return _build(tp, value, key + ".", where)
     if origin in (list, tuple):
         if not isinstance(value, (list, tuple)):
@@ -154,12 +175,17 @@ def _coerce(value, tp, key: str, where):
         except OverflowError:  # an integer past the float range
             number = math.inf
         if not math.isfinite(number):
-            raise ConfigError(f"{where(key)}: '{key}' expects a finite number, got {excerpt(value)}")
+            raise ConfigError(
+                f"{where(key)}: '{key}' expects a finite number, got {excerpt(value)}"
+            )
         return number
     if tp in (bool, int, float, str):
         if isinstance(value, tp) and not (tp is int and isinstance(value, bool)):
             return value
-        raise ConfigError(f"{where(key)}: '{key}' expects {tp.__name__}, got {type(value).__name__} {excerpt(value)}")
+        raise ConfigError(
+            f"{where(key)}: '{key}' expects {tp.__name__}, got {type(value).__name__} "
+            f"{excerpt(value)}"
+        )
     raise TypeError(f"config schema: unsupported annotation {tp!r} for '{key}'")
 
 
@@ -169,7 +195,9 @@ def _build(schema, raw: dict, prefix: str, where):
     for name in raw:
         if name not in fields:
             known = ", ".join(sorted(fields))
-            raise ConfigError(f"{where(prefix + str(name))}: unknown key '{prefix}{name}' (known keys: {known})")
+            raise ConfigError(
+                f"{where(prefix + str(name))}: unknown key '{prefix}{name}' (known keys: {known})"
+            )
     kwargs = {}
     for name, field in fields.items():
         if name in raw:
@@ -178,7 +206,8 @@ def _build(schema, raw: dict, prefix: str, where):
             raise ConfigError(f"{where(prefix + name)}: missing required key '{prefix}{name}'")
     try:
         return schema(**kwargs)
-    except ConfigError as e:  # a check across keys in the schema's __post_init__, worded "<key>: <problem>"
+    # a check across keys in the schema's __post_init__, worded "<key>: <problem>"
+    except ConfigError as e:
         key, _, problem = str(e).partition(": ")
         raise ConfigError(f"{where(prefix + key)}: '{prefix}{key}': {problem}") from None
 
@@ -224,7 +253,9 @@ def load_config(path, overrides, schema):
     lines = _key_lines(node)
     raw = {} if raw is None else raw
     if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping of keys, got {type(raw).__name__}")
+        raise ConfigError(
+            f"{path}: the top level must be a mapping of keys, got {type(raw).__name__}"
+        )
     from_override = {}
     for override in overrides:
         _apply_override(raw, override)
@@ -241,7 +272,8 @@ def load_config(path, overrides, schema):
 
 
 def parse_cli(schema, argv=None):
-    """`script.py config.yaml [key=value ...]` -> the config; a bad config exits with one error line."""
+    """`script.py config.yaml [key=value ...]` -> the config; a bad config exits with one error
+    line."""
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help"):
         print(f"usage: {Path(sys.argv[0]).name} config.yaml [key=value ...]", file=sys.stderr)
@@ -295,7 +327,9 @@ class MetricsWriter:
 
     def write(self, record: dict) -> None:
         if self._file is not None:
-            self._file.write(json.dumps(_jsonable(record), ensure_ascii=False, allow_nan=False) + "\n")
+            self._file.write(
+                json.dumps(_jsonable(record), ensure_ascii=False, allow_nan=False) + "\n"
+            )
             self._file.flush()
 
     def close(self) -> None:
@@ -311,7 +345,8 @@ class MetricsWriter:
 
 
 def read_metrics(path) -> list[dict]:
-    """metrics.jsonl records, numbers only ("nan"/"inf" strings read as floats); torn lines skipped."""
+    """metrics.jsonl records, numbers only ("nan"/"inf" strings read as floats); torn lines
+    skipped."""
     records = []
     for line in Path(path).read_text(encoding="utf-8").splitlines():
         try:
@@ -320,14 +355,21 @@ def read_metrics(path) -> list[dict]:
             continue
         raw = {k: float(v) if v in ("nan", "inf", "-inf") else v for k, v in raw.items()}
         if isinstance(raw.get("step"), (int, float)):
-            records.append({k: v for k, v in raw.items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
+            records.append(
+                {
+                    k: v
+                    for k, v in raw.items()
+                    if isinstance(v, (int, float)) and not isinstance(v, bool)
+                }
+            )
     return records
 
 
 def read_log(path, error: type[Exception] = ValueError) -> list:
-    """The records of a JSONL file we append to (a journal, completions.jsonl), or [] when it does not exist.
-    A torn last line (a run killed mid-write) is ignored, and the file is left as it is; any other line that is
-    not JSON raises `error` naming the file and line. Lines end at "\\n" only: a text may hold U+2028."""
+    """The records of a JSONL file we append to (a journal, completions.jsonl), or [] when it does
+    not exist. A torn last line (a run killed mid-write) is ignored, and the file is left as it is;
+    any other line that is not JSON raises `error` naming the file and line. Lines end at "\\n"
+    only: a text may hold U+2028."""
     path = Path(path)
     if not path.exists():
         return []
@@ -343,9 +385,9 @@ def read_log(path, error: type[Exception] = ValueError) -> list:
 
 
 def open_log(path):
-    """`path` opened for appending records (its folder made). A torn last line, which `read_log` ignores, is cut off
-    first, and said so on stderr, so that the next record starts a line of its own; a last record missing only its
-    newline gets one."""
+    """`path` opened for appending records (its folder made). A torn last line, which `read_log`
+    ignores, is cut off first, and said so on stderr, so that the next record starts a line of its
+    own; a last record missing only its newline gets one."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     data = path.read_bytes() if path.exists() else b""
@@ -357,7 +399,10 @@ def open_log(path):
                 f.write(b"\n")
         except (json.JSONDecodeError, UnicodeDecodeError):
             os.truncate(path, cut)
-            print(f"{path}: cut off a torn last line ({len(data) - cut} bytes) before appending", file=sys.stderr)
+            print(
+                f"{path}: cut off a torn last line ({len(data) - cut} bytes) before appending",
+                file=sys.stderr,
+            )
     return open(path, "a", encoding="utf-8")
 
 
@@ -406,7 +451,8 @@ def atomic_write_text(path, text: str) -> None:
 
 
 def save_resolved_config(cfg, output_dir) -> Path:
-    """Write the config a run actually used to `output_dir/config.yaml`, secrets removed (rank 0)."""
+    """Write the config a run actually used to `output_dir/config.yaml`, secrets removed (rank
+    0)."""
     path = Path(output_dir) / "config.yaml"
     if is_main_process():
         resolved = redact_secrets(_jsonable(cfg))

@@ -3,8 +3,8 @@ ConvoKit Wikipedia talk pages, MMLU) to our example JSONL, each checked by datas
 
     python convert.py FORMAT IN OUT [--text FILE] [--task NAME]... [--per-label N] [--seed S]
 
-EmpatheticDialogues and MSDialog become dialogues in ESConv's layout for EmoLLM's Stage I (emollm_data.py), or
-with --seeds the scenario seeds of grpo.py's dialogue mode.
+EmpatheticDialogues and MSDialog become dialogues in ESConv's layout for EmoLLM's Stage I
+(emollm_data.py), or with --seeds the scenario seeds of grpo.py's dialogue mode.
 """
 
 from __future__ import annotations
@@ -24,15 +24,23 @@ from pathlib import Path
 
 from config import atomic_write_text, excerpt
 from data import OPTION_LETTERS, TASKS, DataError, Example, Turn
-from dataset import load_jsonl, parse_json, read_data_text, read_jsonl, save_jsonl, turn_from_json, typed_field
+from dataset import (
+    load_jsonl,
+    parse_json,
+    read_data_text,
+    read_jsonl,
+    save_jsonl,
+    turn_from_json,
+    typed_field,
+)
 
 # ----------------------------------------------------------------------------- converters
 
 
 @contextlib.contextmanager
 def _record(where: str):
-    """Report a record of the wrong shape (a missing key, a list where an object belongs, text where a
-    number belongs) as a DataError naming `where`; a DataError passes as it is."""
+    """Report a record of the wrong shape (a missing key, a list where an object belongs, text where
+    a number belongs) as a DataError naming `where`; a DataError passes as it is."""
     try:
         yield
     except DataError:
@@ -49,7 +57,9 @@ def _object(value, where: str) -> dict:
     return value
 
 
-def _csv_lines(path, header: bool = False, width: int | None = None, **fmt) -> list[tuple[int, dict | list]]:
+def _csv_lines(
+    path, header: bool = False, width: int | None = None, **fmt
+) -> list[tuple[int, dict | list]]:
     """(line number, row) pairs of a CSV/TSV, rows as dicts when it has a header; a BOM, CRLF (also
     inside quoted cells, made LF) and quoted newlines are handled; empty rows are skipped. Every row
     must have as many cells as the header (or `width`)."""
@@ -63,7 +73,9 @@ def _csv_lines(path, header: bool = False, width: int | None = None, **fmt) -> l
                 names, width = cells, len(cells)
                 continue
             if width is not None and len(cells) != width:
-                raise DataError(f"{path}:{reader.line_num}: expected {width} fields, got {len(cells)}")
+                raise DataError(
+                    f"{path}:{reader.line_num}: expected {width} fields, got {len(cells)}"
+                )
             cells = [_lf(cell) for cell in cells]
             rows.append((reader.line_num, dict(zip(names, cells)) if header else cells))
     except csv.Error as e:
@@ -88,7 +100,8 @@ def _files(path, pattern: str) -> list[Path]:
     return sorted(path.glob(pattern)) if path.is_dir() else [path]
 
 
-# MELD and CPED: one CSV row per utterance, in dialogue order; the columns holding each task's label.
+# MELD and CPED: one CSV row per utterance, in dialogue
+# order; the columns holding each task's label.
 _DIALOGUE_CSV = {
     "meld": dict(language="en", tasks={"meld_emotion": "Emotion"}),
     "cped": dict(language="zh", tasks={"cped_emotion": "Emotion", "cped_dialog_act": "DA"}),
@@ -96,13 +109,16 @@ _DIALOGUE_CSV = {
 
 
 def convert_dialogue_csv(path, name: str) -> list[Example]:
-    """MELD (`name="meld"`) or CPED (`"cped"`) CSV: one example per utterance and task, the dialogue up to
-    it as context; utterances whose gold label is the task's catch-all stay as context only."""
+    """MELD (`name="meld"`) or CPED (`"cped"`) CSV: one example per utterance and task, the dialogue
+    up to it as context; utterances whose gold label is the task's catch-all stay as context
+    only."""
     spec, path = _DIALOGUE_CSV[name], Path(path)
     dialogues: dict[str, list[tuple[int, dict]]] = {}
     for line, row in _csv_lines(path, header=True):
         with _record(f"{path}:{line}"):
-            dialogues.setdefault(row["Dialogue_ID"], []).append((line, Turn(row["Speaker"], row["Utterance"]), row))
+            dialogues.setdefault(row["Dialogue_ID"], []).append(
+                (line, Turn(row["Speaker"], row["Utterance"]), row)
+            )
     examples = []
     for dialogue, rows in dialogues.items():
         turns = [turn for _, turn, _ in rows]
@@ -112,8 +128,16 @@ def convert_dialogue_csv(path, name: str) -> list[Example]:
                     raw = row[column]
                 label = _label(task, raw, f"{path}:{line}: field '{column}'")
                 if label != TASKS[task].catch_all:
-                    examples.append(Example(f"{path.stem}-{dialogue}-{i}-{task}", task, turns, i, [label],
-                                            language=spec["language"]))
+                    examples.append(
+                        Example(
+                            f"{path.stem}-{dialogue}-{i}-{task}",
+                            task,
+                            turns,
+                            i,
+                            [label],
+                            language=spec["language"],
+                        )
+                    )
     return examples
 
 
@@ -128,14 +152,18 @@ def convert_ecf(path) -> list[Example]:
     path = Path(path)
     conversations = parse_json(read_data_text(path), path)
     if not isinstance(conversations, list):
-        raise DataError(f"{path}: expected a JSON list of conversations, got {type(conversations).__name__}")
+        raise DataError(
+            f"{path}: expected a JSON list of conversations, got {type(conversations).__name__}"
+        )
     examples = []
     for k, conversation in enumerate(conversations):
         where = f"{path}: conversation {k}"
         with _record(where):
             utterances = _object(conversation, where)["conversation"]
             if [u["utterance_ID"] for u in utterances] != list(range(1, len(utterances) + 1)):
-                raise DataError(f"{where}: field 'utterance_ID': expected 1..{len(utterances)} in order")
+                raise DataError(
+                    f"{where}: field 'utterance_ID': expected 1..{len(utterances)} in order"
+                )
             turns = [Turn(u["speaker"], _detokenize(u["text"])) for u in utterances]
             causes: dict[int, list[dict]] = {}
             for emotion, cause in conversation["emotion-cause_pairs"]:
@@ -144,10 +172,20 @@ def convert_ecf(path) -> list[Example]:
                 if cause_turn <= target and record not in causes.setdefault(target, []):
                     causes[target].append(record)
             for i, u in enumerate(utterances):
-                label = _label("meld_emotion", u["emotion"], f"{where}, utterance {i + 1}: field 'emotion'")
+                label = _label(
+                    "meld_emotion", u["emotion"], f"{where}, utterance {i + 1}: field 'emotion'"
+                )
                 meta = {"causes": causes[i]} if causes.get(i) else {}
-                examples.append(Example(f"ecf-{conversation['conversation_ID']}-{i + 1}", "meld_emotion", turns, i,
-                                        [label], meta=meta))
+                examples.append(
+                    Example(
+                        f"ecf-{conversation['conversation_ID']}-{i + 1}",
+                        "meld_emotion",
+                        turns,
+                        i,
+                        [label],
+                        meta=meta,
+                    )
+                )
     return examples
 
 
@@ -159,11 +197,12 @@ _TOMBENCH_KEYS = {"en": ("STORY", "QUESTION", "OPTION-{}"), "zh": ("故事", "�
 
 
 def convert_tombench(path) -> list[Example]:
-    """ToMBench JSONL (a file or a folder of them): two tom_mc examples per item, English and Chinese.
-    Handles the release's quirks: keys with a literal newline ("答案\\nANSWER"), the bare NaN (and NaN
-    for absent options: two-option items), options that repeat their letter ("A. ...") and answers
-    with trailing text ("A. "). Options run from A up to the first absent letter, as many as the item has
-    (ToMBench-Hard's files in the same layout go up to F); one after a gap is an error."""
+    """ToMBench JSONL (a file or a folder of them): two tom_mc examples per item, English and
+    Chinese. Handles the release's quirks: keys with a literal newline ("答案\\nANSWER"), the bare
+    NaN (and NaN for absent options: two-option items), options that repeat their letter ("A. ...")
+    and answers with trailing text ("A. "). Options run from A up to the first absent letter, as
+    many as the item has (ToMBench-Hard's files in the same layout go up to F); one after a gap is
+    an error."""
     examples = []
     for file in _files(path, "*.jsonl"):
         for number, record in read_jsonl(file, allow_nan=True):
@@ -172,27 +211,51 @@ def convert_tombench(path) -> list[Example]:
                 item = {key.split("\n")[-1]: value for key, value in _object(record, where).items()}
                 answer = str(item.get("ANSWER", "")).strip()[:1].upper()
                 for language, (story, question, option) in _TOMBENCH_KEYS.items():
-                    present = [_present(item.get(option.format(letter))) for letter in OPTION_LETTERS]
+                    present = [
+                        _present(item.get(option.format(letter))) for letter in OPTION_LETTERS
+                    ]
                     n = present.index(False) if False in present else len(present)
                     if any(present[n:]):
                         late = OPTION_LETTERS[n + present[n:].index(True)]
-                        raise DataError(f"{where}: field {option.format(late)!r}: an option after the missing "
-                                        f"{option.format(OPTION_LETTERS[n])!r} ({language})")
-                    options = [re.sub(rf"^{letter}\s*[.:：．、)]\s*", "", str(item[option.format(letter)]).strip())
-                               for letter in OPTION_LETTERS[:n]]
+                        raise DataError(
+                            f"{where}: field {option.format(late)!r}: an option after the missing "
+                            f"{option.format(OPTION_LETTERS[n])!r} ({language})"
+                        )
+                    options = [
+                        re.sub(
+                            rf"^{letter}\s*[.:：．、)]\s*",
+                            "",
+                            str(item[option.format(letter)]).strip(),
+                        )
+                        for letter in OPTION_LETTERS[:n]
+                    ]
                     if answer not in OPTION_LETTERS[: len(options)]:
-                        raise DataError(f"{where}: field 'ANSWER': {excerpt(item.get('ANSWER'))} is not one of the "
-                                        f"{len(options)} options ({language})")
+                        raise DataError(
+                            f"{where}: field 'ANSWER': {excerpt(item.get('ANSWER'))} is not one "
+                            f"of the {len(options)} options ({language})"
+                        )
                     ability = item.get("ABILITY") if _present(item.get("ABILITY")) else None
-                    examples.append(Example(
-                        f"tombench-{language}-{file.stem}-{number}", "tom_mc", [Turn("", item[story])], None,
-                        [answer], language=language,
-                        meta={"question": item[question], "options": options, "ability": ability}))
+                    examples.append(
+                        Example(
+                            f"tombench-{language}-{file.stem}-{number}",
+                            "tom_mc",
+                            [Turn("", item[story])],
+                            None,
+                            [answer],
+                            language=language,
+                            meta={
+                                "question": item[question],
+                                "options": options,
+                                "ability": ability,
+                            },
+                        )
+                    )
     return examples
 
 
 def _root(utterance: dict):
-    return utterance.get("conversation_id", utterance.get("root"))  # ConvoKit 2 / ConvoKit 1 spelling
+    # ConvoKit 2 / ConvoKit 1 spelling
+    return utterance.get("conversation_id", utterance.get("root"))
 
 
 def _speaker(utterance: dict):
@@ -200,10 +263,10 @@ def _speaker(utterance: dict):
 
 
 def convert_wiki_power(path, limit: int = 1000) -> list[Example]:
-    """ConvoKit Wikipedia talk pages (`utterances.jsonl`, or the corpus folder): scan utterances in file
-    order, group consecutive ones sharing a root, keep conversations with exactly two speakers of whom
-    exactly one made an `is-admin` utterance (both admins: no power difference to predict), name the
-    speakers A and B by first appearance, and stop after `limit` conversations."""
+    """ConvoKit Wikipedia talk pages (`utterances.jsonl`, or the corpus folder): scan utterances in
+    file order, group consecutive ones sharing a root, keep conversations with exactly two speakers
+    of whom exactly one made an `is-admin` utterance (both admins: no power difference to predict),
+    name the speakers A and B by first appearance, and stop after `limit` conversations."""
     path = Path(path)
     path = path / "utterances.jsonl" if path.is_dir() else path
     utterances = []
@@ -214,8 +277,15 @@ def convert_wiki_power(path, limit: int = 1000) -> list[Example]:
             if _root(utterance) is None or _speaker(utterance) is None:
                 raise DataError(f"{where}: field 'conversation_id' or 'speaker': missing")
             meta = utterance.get("meta") or {}
-            utterances.append((_root(utterance), _speaker(utterance), str(utterance["id"]), utterance["text"],
-                               bool(_object(meta, f"{where}: field 'meta'").get("is-admin"))))
+            utterances.append(
+                (
+                    _root(utterance),
+                    _speaker(utterance),
+                    str(utterance["id"]),
+                    utterance["text"],
+                    bool(_object(meta, f"{where}: field 'meta'").get("is-admin")),
+                )
+            )
     examples = []
     for _, group in itertools.groupby(utterances, key=lambda u: u[0]):
         group = list(group)
@@ -225,39 +295,51 @@ def convert_wiki_power(path, limit: int = 1000) -> list[Example]:
             continue
         letters = dict(zip(speakers, "AB"))
         turns = [Turn(letters[speaker], text) for _, speaker, _, text, _ in group]
-        examples.append(Example(f"wiki-{group[0][2]}", "wiki_power", turns, None, [letters[admins.pop()]]))
+        examples.append(
+            Example(f"wiki-{group[0][2]}", "wiki_power", turns, None, [letters[admins.pop()]])
+        )
         if len(examples) == limit:
             break
     return examples
 
 
-# LDC's CCU norm ids for the ten social acts of the dialog-act and norm tasks; other ids are left out.
-CCU_NORM_ACTS = dict(zip(map(str, range(101, 111)), TASKS["ccu_dialog_act"].labels[:-1]))  # the last label is None
+# LDC's CCU norm ids for the ten social acts of the dialog-act
+# and norm tasks; other ids are left out. the last label is None
+CCU_NORM_ACTS = dict(zip(map(str, range(101, 111)), TASKS["ccu_dialog_act"].labels[:-1]))
 
 
 def _ccu_conversations(text_path) -> dict[str, tuple[dict, list[Turn], dict[str, int]]]:
     """file_id -> (the line's fields, turns, segment_id -> turn index) from the CCU text JSONL: one
-    conversation per line, {"file_id", "language", "culture", "turns": [{..turn.., "segment_id"}]}."""
+    conversation per line, {"file_id", "language", "culture", "turns": [{..turn..,
+    "segment_id"}]}."""
     conversations = {}
     for number, raw in read_jsonl(text_path):
         try:
             unknown = set(_object(raw, "line")) - {"file_id", "language", "culture", "turns"}
             if unknown:
                 raise DataError(f"field '{sorted(unknown)[0]}': unknown field")
-            turns = [turn_from_json(t, i, extra=("segment_id",)) for i, t in enumerate(typed_field(raw, "turns", list))]
-            segments = {t["segment_id"]: i for i, t in enumerate(raw["turns"]) if t.get("segment_id")}
+            turns = [
+                turn_from_json(t, i, extra=("segment_id",))
+                for i, t in enumerate(typed_field(raw, "turns", list))
+            ]
+            segments = {
+                t["segment_id"]: i for i, t in enumerate(raw["turns"]) if t.get("segment_id")
+            }
             conversations[typed_field(raw, "file_id", str)] = (raw, turns, segments)
         except DataError as e:
             raise DataError(f"{text_path}:{number}: {e}") from None
     return conversations
 
 
-def convert_ccu(annotation_dir, text_path, norm_acts: dict[str, str] = CCU_NORM_ACTS) -> list[Example]:
-    """A CCU annotation package (`data/emotions.tab`, `data/norms.tab`) paired with the conversation text
-    (see `_ccu_conversations`; files without text are skipped). Per annotated segment: ccu_emotion keeps
-    the emotions that at least two annotators chose (a segment with one annotator is unscored, none
-    reaching two is the catch-all None); ccu_dialog_act lists the acts of its norms (`norm_acts` maps
-    norm ids to acts; "none" is the catch-all); ccu_norm asks adhere/violate once per act."""
+def convert_ccu(
+    annotation_dir, text_path, norm_acts: dict[str, str] = CCU_NORM_ACTS
+) -> list[Example]:
+    """A CCU annotation package (`data/emotions.tab`, `data/norms.tab`) paired with the conversation
+    text (see `_ccu_conversations`; files without text are skipped). Per annotated segment:
+    ccu_emotion keeps the emotions that at least two annotators chose (a segment with one annotator
+    is unscored, none reaching two is the catch-all None); ccu_dialog_act lists the acts of its
+    norms (`norm_acts` maps norm ids to acts; "none" is the catch-all); ccu_norm asks adhere/violate
+    once per act."""
     conversations = _ccu_conversations(text_path)
     annotation_dir = Path(annotation_dir)
     segments: dict[tuple[str, str], dict] = {}
@@ -266,8 +348,12 @@ def convert_ccu(annotation_dir, text_path, norm_acts: dict[str, str] = CCU_NORM_
         if row["file_id"] not in conversations:
             return None
         if row["segment_id"] not in conversations[row["file_id"]][2]:
-            raise DataError(f"{tab}:{line}: field 'segment_id': {row['segment_id']} has no turn in {text_path}")
-        return segments.setdefault((row["file_id"], row["segment_id"]), {"voters": set(), "votes": {}, "norms": {}})
+            raise DataError(
+                f"{tab}:{line}: field 'segment_id': {row['segment_id']} has no turn in {text_path}"
+            )
+        return segments.setdefault(
+            (row["file_id"], row["segment_id"]), {"voters": set(), "votes": {}, "norms": {}}
+        )
 
     tab = annotation_dir / "data" / "emotions.tab"
     for line, row in _csv_lines(tab, header=True, delimiter="\t", quoting=csv.QUOTE_NONE):
@@ -279,9 +365,15 @@ def convert_ccu(annotation_dir, text_path, norm_acts: dict[str, str] = CCU_NORM_
                     seg["votes"][label] = seg["votes"].get(label, 0) + 1
     tab = annotation_dir / "data" / "norms.tab"
     for line, row in _csv_lines(tab, header=True, delimiter="\t", quoting=csv.QUOTE_NONE):
-        if row["norm"] != "noann" and (seg := segment(tab, line, row)) is not None and row["norm"] in norm_acts:
-            seg["norms"][row["norm"]] = (norm_acts[row["norm"]], _label("ccu_norm", row["status"],
-                                                                         f"{tab}:{line}: field 'status'"))
+        if (
+            row["norm"] != "noann"
+            and (seg := segment(tab, line, row)) is not None
+            and row["norm"] in norm_acts
+        ):
+            seg["norms"][row["norm"]] = (
+                norm_acts[row["norm"]],
+                _label("ccu_norm", row["status"], f"{tab}:{line}: field 'status'"),
+            )
     examples = []
     for file_id, (raw, turns, segment_turns) in conversations.items():
         fields = dict(language=raw.get("language", "en"), culture=raw.get("culture"))
@@ -292,28 +384,65 @@ def convert_ccu(annotation_dir, text_path, norm_acts: dict[str, str] = CCU_NORM_
             meta = {"file_id": file_id, "segment_id": segment_id}
             emotions = [e for e in TASKS["ccu_emotion"].labels if seg["votes"].get(e, 0) >= 2]
             if len(seg["voters"]) >= 2 and emotions:
-                examples.append(Example(f"ccu-{segment_id}-emotion", "ccu_emotion", turns, i, emotions, **fields,
-                                        meta=meta))
-            acts = [a for a in TASKS["ccu_dialog_act"].labels if a in {act for act, _ in seg["norms"].values()}]
+                examples.append(
+                    Example(
+                        f"ccu-{segment_id}-emotion",
+                        "ccu_emotion",
+                        turns,
+                        i,
+                        emotions,
+                        **fields,
+                        meta=meta,
+                    )
+                )
+            acts = [
+                a
+                for a in TASKS["ccu_dialog_act"].labels
+                if a in {act for act, _ in seg["norms"].values()}
+            ]
             if acts:
-                examples.append(Example(f"ccu-{segment_id}-dialog_act", "ccu_dialog_act", turns, i, acts, **fields,
-                                        meta=meta))
+                examples.append(
+                    Example(
+                        f"ccu-{segment_id}-dialog_act",
+                        "ccu_dialog_act",
+                        turns,
+                        i,
+                        acts,
+                        **fields,
+                        meta=meta,
+                    )
+                )
             for norm, (act, status) in seg["norms"].items():
-                examples.append(Example(f"ccu-{segment_id}-norm-{norm}", "ccu_norm", turns, i, [status],
-                                        dialog_act=act, **fields, meta=meta | {"norm": norm}))
+                examples.append(
+                    Example(
+                        f"ccu-{segment_id}-norm-{norm}",
+                        "ccu_norm",
+                        turns,
+                        i,
+                        [status],
+                        dialog_act=act,
+                        **fields,
+                        meta=meta | {"norm": norm},
+                    )
+                )
     return examples
 
 
 def convert_mmlu(path) -> list[Example]:
-    """MMLU: the original header-less CSVs (question, A, B, C, D, answer letter; subject from the file
-    name, e.g. `anatomy_test.csv`), a file or a folder of them, or JSON/JSONL records {question,
-    choices, answer (index or letter), subject}."""
+    """MMLU: the original header-less CSVs (question, A, B, C, D, answer letter; subject from the
+    file name, e.g. `anatomy_test.csv`), a file or a folder of them, or JSON/JSONL records
+    {question, choices, answer (index or letter), subject}."""
     examples = []
     for file in _files(path, "*.csv"):
         if file.suffix == ".csv":
             subject = re.sub(r"_(test|dev|val)$", "", file.stem)
-            records = [(f"{file}:{line}", {"question": r[0], "choices": r[1:5], "answer": r[5], "subject": subject})
-                       for line, r in _csv_lines(file, width=6)]
+            records = [
+                (
+                    f"{file}:{line}",
+                    {"question": r[0], "choices": r[1:5], "answer": r[5], "subject": subject},
+                )
+                for line, r in _csv_lines(file, width=6)
+            ]
         else:
             text = read_data_text(file)
             if text.lstrip().startswith("["):
@@ -324,57 +453,93 @@ def convert_mmlu(path) -> list[Example]:
         for n, (where, record) in enumerate(records):
             with _record(where):
                 answer, choices = _object(record, where)["answer"], list(record["choices"])
-                letter = "ABCD"[answer] if isinstance(answer, int) and 0 <= answer < 4 else str(answer).strip().upper()
+                letter = (
+                    "ABCD"[answer]
+                    if isinstance(answer, int) and 0 <= answer < 4
+                    else str(answer).strip().upper()
+                )
                 if letter not in "ABCD"[: len(choices)] or not letter:
-                    raise DataError(f"{where}: field 'answer': {excerpt(answer)} is not one of {len(choices)} choices")
+                    raise DataError(
+                        f"{where}: field 'answer': {excerpt(answer)} is not one of {len(choices)} "
+                        f"choices"
+                    )
                 subject = record.get("subject") or file.stem
-                examples.append(Example(f"mmlu-{file.stem}-{n}", "mmlu", [], None, [letter],
-                                        meta={"question": record["question"], "options": choices, "subject": subject}))
+                examples.append(
+                    Example(
+                        f"mmlu-{file.stem}-{n}",
+                        "mmlu",
+                        [],
+                        None,
+                        [letter],
+                        meta={
+                            "question": record["question"],
+                            "options": choices,
+                            "subject": subject,
+                        },
+                    )
+                )
     return examples
 
 
-# EmpatheticDialogues and MSDialog (EmoLLM's SFT/RL sources): dialogues in ESConv's layout, which emollm_data.py
-# reads, or scenario seeds for grpo.py's dialogue mode (`--seeds`). Each dialogue: {"id", "situation"?,
-# "problem_type"?, "emotion_type"?, "dialog": [{"speaker": "seeker" | "supporter", "content"}]}.
+# EmpatheticDialogues and MSDialog (EmoLLM's SFT/RL sources): dialogues in
+# ESConv's layout, which emollm_data.py reads, or scenario seeds for grpo.py's
+# dialogue mode (`--seeds`). Each dialogue: {"id", "situation"?, "problem_type"?,
+# "emotion_type"?, "dialog": [{"speaker": "seeker" | "supporter", "content"}]}.
 _ED_COLUMNS = ["conv_id", "utterance_idx", "context", "prompt", "speaker_idx", "utterance"]
 
 
 def convert_empathetic_dialogues(path) -> list[dict]:
-    """EmpatheticDialogues CSV (train.csv, valid.csv, test.csv as the release ships them), the layout assumed:
-    a header starting conv_id,utterance_idx,context,prompt,speaker_idx,utterance (selfeval, tags and any further
-    cells are ignored), one row per utterance, commas inside a cell written as `_comma_`, no quoting. A
-    conversation is the rows of one conv_id ordered by utterance_idx; its first speaker told the situation
-    (`prompt`, the situation) and felt the emotion (`context`, the emotion type): the seeker; the other speaker
-    is the supporter."""
+    """EmpatheticDialogues CSV (train.csv, valid.csv, test.csv as the release ships them), the
+    layout assumed: a header starting conv_id,utterance_idx,context,prompt,speaker_idx,utterance
+    (selfeval, tags and any further cells are ignored), one row per utterance, commas inside a cell
+    written as `_comma_`, no quoting. A conversation is the rows of one conv_id ordered by
+    utterance_idx; its first speaker told the situation (`prompt`, the situation) and felt the
+    emotion (`context`, the emotion type): the seeker; the other speaker is the supporter."""
     path, dialogues = Path(path), {}
     rows = _csv_lines(path, quoting=csv.QUOTE_NONE)
-    if not rows or rows[0][1][:len(_ED_COLUMNS)] != _ED_COLUMNS:
+    if not rows or rows[0][1][: len(_ED_COLUMNS)] != _ED_COLUMNS:
         raise DataError(f"{path}:1: expected the header {','.join(_ED_COLUMNS)},...")
     for line, cells in rows[1:]:
         if len(cells) < len(_ED_COLUMNS):
-            raise DataError(f"{path}:{line}: expected at least {len(_ED_COLUMNS)} fields, got {len(cells)}")
+            raise DataError(
+                f"{path}:{line}: expected at least {len(_ED_COLUMNS)} fields, got {len(cells)}"
+            )
         row = {k: v.replace("_comma_", ",").strip() for k, v in zip(_ED_COLUMNS, cells)}
         if not row["utterance"]:
             raise DataError(f"{path}:{line}: field 'utterance': empty")
         if not row["utterance_idx"].isdigit():
-            raise DataError(f"{path}:{line}: field 'utterance_idx': expected a number, "
-                            f"got {excerpt(row['utterance_idx'])}")
+            raise DataError(
+                f"{path}:{line}: field 'utterance_idx': expected a number, "
+                f"got {excerpt(row['utterance_idx'])}"
+            )
         dialogues.setdefault(row["conv_id"], []).append((int(row["utterance_idx"]), row))
     out = []
     for conv_id, turns in dialogues.items():
         turns.sort(key=lambda x: x[0])
         first = turns[0][1]
-        dialog = [{"speaker": "seeker" if r["speaker_idx"] == first["speaker_idx"] else "supporter",
-                   "content": r["utterance"]} for _, r in turns]
-        out.append({"id": conv_id, "situation": first["prompt"], "emotion_type": first["context"], "dialog": dialog})
+        dialog = [
+            {
+                "speaker": "seeker" if r["speaker_idx"] == first["speaker_idx"] else "supporter",
+                "content": r["utterance"],
+            }
+            for _, r in turns
+        ]
+        out.append(
+            {
+                "id": conv_id,
+                "situation": first["prompt"],
+                "emotion_type": first["context"],
+                "dialog": dialog,
+            }
+        )
     return out
 
 
 def convert_msdialog(path) -> list[dict]:
-    """MSDialog JSON (MSDialog-Complete / -Intent), the layout assumed: one object mapping each dialogue id to
-    {"title", "category", "utterances": [{"actor_type": "User" | "Agent", "utterance", ...}]}, utterances in
-    dialogue order. The user asking for help is the seeker, every agent answering the supporter; the title is
-    the situation, the category the problem type."""
+    """MSDialog JSON (MSDialog-Complete / -Intent), the layout assumed: one object mapping each
+    dialogue id to {"title", "category", "utterances": [{"actor_type": "User" | "Agent",
+    "utterance", ...}]}, utterances in dialogue order. The user asking for help is the seeker, every
+    agent answering the supporter; the title is the situation, the category the problem type."""
     path, out = Path(path), []
     for dialog_id, record in _object(parse_json(read_data_text(path), path), str(path)).items():
         where = f"{path}: dialogue {dialog_id}"
@@ -385,31 +550,51 @@ def convert_msdialog(path) -> list[dict]:
                 actor, text = u["actor_type"], u["utterance"]
                 if actor not in ("User", "Agent") or not isinstance(text, str) or not text.strip():
                     bad = "actor_type" if actor not in ("User", "Agent") else "utterance"
-                    raise DataError(f"{where}: field 'utterances[{i}].{bad}': {excerpt(u[bad])} (expected "
-                                    f"{'User or Agent' if bad == 'actor_type' else 'non-empty text'})")
-                dialog.append({"speaker": "seeker" if actor == "User" else "supporter", "content": text.strip()})
-            out.append({"id": f"msdialog-{dialog_id}", "situation": str(record["title"]).strip(),
-                        "problem_type": str(record["category"]).strip(), "dialog": dialog})
+                    raise DataError(
+                        f"{where}: field 'utterances[{i}].{bad}': {excerpt(u[bad])} (expected "
+                        f"{'User or Agent' if bad == 'actor_type' else 'non-empty text'})"
+                    )
+                dialog.append(
+                    {
+                        "speaker": "seeker" if actor == "User" else "supporter",
+                        "content": text.strip(),
+                    }
+                )
+            out.append(
+                {
+                    "id": f"msdialog-{dialog_id}",
+                    "situation": str(record["title"]).strip(),
+                    "problem_type": str(record["category"]).strip(),
+                    "dialog": dialog,
+                }
+            )
     return out
 
 
 def scenario_seeds(dialogues: list[dict]) -> list[dict]:
-    """grpo.py's scenario seeds (dialogue.load_scenarios): the situation (with the emotion, when given) as the
-    scenario the simulated user plays, the seeker's first turn as the opening message."""
+    """grpo.py's scenario seeds (dialogue.load_scenarios): the situation (with the emotion, when
+    given) as the scenario the simulated user plays, the seeker's first turn as the opening
+    message."""
     seeds = []
     for d in dialogues:
         opening = next((t["content"] for t in d["dialog"] if t["speaker"] == "seeker"), None)
         if opening and d.get("situation"):
             feeling = f" You feel {d['emotion_type']}." if d.get("emotion_type") else ""
-            seeds.append({"id": d["id"], "scenario": d["situation"] + feeling, "initial_prompt": opening})
+            seeds.append(
+                {"id": d["id"], "scenario": d["situation"] + feeling, "initial_prompt": opening}
+            )
     return seeds
 
 
-DIALOGUE_CONVERTERS = {"empathetic_dialogues": convert_empathetic_dialogues, "msdialog": convert_msdialog}
+DIALOGUE_CONVERTERS = {
+    "empathetic_dialogues": convert_empathetic_dialogues,
+    "msdialog": convert_msdialog,
+}
 
 
 def stratified_sample(examples: list[Example], per_label: int, seed: int = 0) -> list[Example]:
-    """At most `per_label` examples for each (task, gold label set), drawn with `seed`, in input order."""
+    """At most `per_label` examples for each (task, gold label set), drawn with `seed`, in input
+    order."""
     groups: dict[tuple, list[int]] = {}
     for i, example in enumerate(examples):
         groups.setdefault((example.task, tuple(example.labels)), []).append(i)
@@ -419,11 +604,14 @@ def stratified_sample(examples: list[Example], per_label: int, seed: int = 0) ->
 
 
 def convert(fmt: str, source, text: str | None = None) -> list[Example]:
-    """Convert `source` from one of CONVERTERS' formats (`ccu` also needs the conversation `text`)."""
+    """Convert `source` from one of CONVERTERS' formats (`ccu` also needs the conversation
+    `text`)."""
     if fmt not in CONVERTERS:
         raise DataError(f"unknown format {excerpt(fmt)} (known: {', '.join(CONVERTERS)})")
     if (fmt == "ccu") != (text is not None):
-        raise DataError("--text (the conversation JSONL) is needed for, and only for, the ccu format")
+        raise DataError(
+            "--text (the conversation JSONL) is needed for, and only for, the ccu format"
+        )
     with _record(str(source)):
         return convert_ccu(source, text) if fmt == "ccu" else CONVERTERS[fmt](source)
 
@@ -454,25 +642,45 @@ def _positive_int(text: str) -> int:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(prog="convert.py", description="Convert a public dataset to our JSONL.")
+    parser = argparse.ArgumentParser(
+        prog="convert.py", description="Convert a public dataset to our JSONL."
+    )
     parser.add_argument("format", choices=[*CONVERTERS, *DIALOGUE_CONVERTERS])
-    parser.add_argument("input", help="the dataset file or folder (ccu: the annotation package folder)")
+    parser.add_argument(
+        "input", help="the dataset file or folder (ccu: the annotation package folder)"
+    )
     parser.add_argument("output", help="the JSONL file to write")
-    parser.add_argument("--text", help="ccu: the conversation text JSONL paired with the annotations")
+    parser.add_argument(
+        "--text", help="ccu: the conversation text JSONL paired with the annotations"
+    )
     parser.add_argument("--task", action="append", help="keep only this task (repeatable)")
-    parser.add_argument("--per-label", type=_positive_int, help="keep at most N examples per task and gold label")
+    parser.add_argument(
+        "--per-label", type=_positive_int, help="keep at most N examples per task and gold label"
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed for --per-label sampling")
-    parser.add_argument("--seeds", action="store_true", help="empathetic_dialogues, msdialog: write grpo.py's "
-                        "scenario seeds instead of ESConv-layout dialogues")
+    parser.add_argument(
+        "--seeds",
+        action="store_true",
+        help="empathetic_dialogues, msdialog: write grpo.py's "
+        "scenario seeds instead of ESConv-layout dialogues",
+    )
     args = parser.parse_args(argv)
     try:
         if args.format in DIALOGUE_CONVERTERS:
             records = DIALOGUE_CONVERTERS[args.format](args.input)
             records = scenario_seeds(records) if args.seeds else records
             if not records:
-                raise DataError(f"{args.input}: no {'scenario seeds' if args.seeds else 'dialogues'} in the input")
-            atomic_write_text(args.output, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
-            print(f"wrote {len(records)} {'scenario seeds' if args.seeds else 'dialogues'} to {args.output}")
+                raise DataError(
+                    f"{args.input}: no {'scenario seeds' if args.seeds else 'dialogues'} in the "
+                    f"input"
+                )
+            atomic_write_text(
+                args.output, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+            )
+            print(
+                f"wrote {len(records)} {'scenario seeds' if args.seeds else 'dialogues'} to "
+                f"{args.output}"
+            )
             return
         examples = convert(args.format, args.input, args.text)
         if not examples:
@@ -480,7 +688,10 @@ def main(argv=None) -> None:
         if args.task:
             unknown = set(args.task) - set(TASKS)
             if unknown:
-                raise DataError(f"--task: unknown task {excerpt(sorted(unknown)[0])} (known: {', '.join(TASKS)})")
+                raise DataError(
+                    f"--task: unknown task {excerpt(sorted(unknown)[0])} (known: "
+                    f"{', '.join(TASKS)})"
+                )
             examples = [e for e in examples if e.task in args.task]
             if not examples:
                 raise DataError(f"{args.input}: no examples of task {', '.join(args.task)}")

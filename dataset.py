@@ -1,6 +1,7 @@
-"""Datasets: the schema checks of an example, strict JSONL reading and writing (a bad line is one error naming the
-file, the line and the field), the curriculum of the GRPO stage (paper A.2) and a file report. The task contract
-(the registry, prompts, rendering, the completion format) is data.py's.
+"""Datasets: the schema checks of an example, strict JSONL reading and writing (a bad line is one
+error naming the file, the line and the field), the curriculum of the GRPO stage (paper A.2) and a
+file report. The task contract (the registry, prompts, rendering, the completion format) is
+data.py's.
 
     python dataset.py stats FILE [--tokenizer PATH]
 """
@@ -17,11 +18,26 @@ import sys
 from pathlib import Path
 
 from config import atomic_write_text, excerpt, read_text
-from data import DataError, Example, reject_json_constant, Turn, build_prompt, count_tokens, get_task, visible_turns
+from data import (
+    DataError,
+    Example,
+    Turn,
+    build_prompt,
+    count_tokens,
+    get_task,
+    reject_json_constant,
+    visible_turns,
+)
 
 # ----------------------------------------------------------------------------- examples
 
-_TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", list: "a list", dict: "an object"}
+_TYPE_NAMES = {
+    str: "a string",
+    int: "an integer",
+    float: "a number",
+    list: "a list",
+    dict: "an object",
+}
 
 
 _REQUIRED = object()
@@ -57,8 +73,12 @@ def turn_from_json(raw, i: int, extra: tuple[str, ...] = ()) -> Turn:
     unknown = set(raw) - {"speaker", "text", "time", "reply_to", *extra}
     if unknown:
         raise DataError(f"field '{where}{sorted(unknown)[0]}': unknown field")
-    return Turn(typed_field(raw, "speaker", str, where=where), typed_field(raw, "text", str, where=where),
-                typed_field(raw, "time", str, None, where), typed_field(raw, "reply_to", int, None, where))
+    return Turn(
+        typed_field(raw, "speaker", str, where=where),
+        typed_field(raw, "text", str, where=where),
+        typed_field(raw, "time", str, None, where),
+        typed_field(raw, "reply_to", int, None, where),
+    )
 
 
 _EXAMPLE_FIELDS = {f.name for f in dataclasses.fields(Example)}
@@ -70,15 +90,22 @@ def example_from_json(raw) -> Example:
         raise DataError(f"expected a JSON object, got {type(raw).__name__}")
     unknown = set(raw) - _EXAMPLE_FIELDS
     if unknown:
-        raise DataError(f"field '{sorted(unknown)[0]}': unknown field (known: {', '.join(sorted(_EXAMPLE_FIELDS))})")
+        raise DataError(
+            f"field '{sorted(unknown)[0]}': unknown field (known: "
+            f"{', '.join(sorted(_EXAMPLE_FIELDS))})"
+        )
     turns = typed_field(raw, "turns", list)
     labels = typed_field(raw, "labels", list)
     example = Example(
-        id=typed_field(raw, "id", str), task=typed_field(raw, "task", str),
+        id=typed_field(raw, "id", str),
+        task=typed_field(raw, "task", str),
         turns=[turn_from_json(t, i) for i, t in enumerate(turns)],
-        target=typed_field(raw, "target", int, None), labels=labels,
-        language=typed_field(raw, "language", str, "en"), culture=typed_field(raw, "culture", str, None),
-        dialog_act=typed_field(raw, "dialog_act", str, None), difficulty=typed_field(raw, "difficulty", float, None),
+        target=typed_field(raw, "target", int, None),
+        labels=labels,
+        language=typed_field(raw, "language", str, "en"),
+        culture=typed_field(raw, "culture", str, None),
+        dialog_act=typed_field(raw, "dialog_act", str, None),
+        difficulty=typed_field(raw, "difficulty", float, None),
         meta=typed_field(raw, "meta", dict, {}),
     )
     return check_example(example)
@@ -94,45 +121,82 @@ def check_example(example: Example) -> Example:
         if turn.time is not None:
             aware.add(_parse_time(turn.time, f"turns[{i}].time").tzinfo is not None)
         if turn.reply_to is not None and not 0 <= turn.reply_to < i:
-            raise DataError(f"field 'turns[{i}].reply_to': {turn.reply_to} is not an earlier turn (0..{i - 1})")
+            raise DataError(
+                f"field 'turns[{i}].reply_to': {turn.reply_to} is not an earlier turn (0..{i - 1})"
+            )
     if len(aware) > 1:
         raise DataError("field 'turns': times mix zoned and unzoned values")
     if task.turn_level and (example.target is None or not 0 <= example.target < n):
-        raise DataError(f"field 'target': task {task.name} needs a turn index in 0..{n - 1}, "
-                        f"got {excerpt(example.target)}")
+        raise DataError(
+            f"field 'target': task {task.name} needs a turn index in 0..{n - 1}, "
+            f"got {excerpt(example.target)}"
+        )
     if not task.turn_level and example.target is not None:
-        raise DataError(f"field 'target': task {task.name} analyzes the whole input; target must be null")
+        raise DataError(
+            f"field 'target': task {task.name} analyzes the whole input; target must be null"
+        )
     if task.own_prompt:  # a generation task: its prompt in meta.prompt, no labels
         prompt = example.meta.get("prompt")
-        if not (isinstance(prompt, list) and prompt and all(
-                isinstance(m, dict) and set(m) == {"role", "content"} and m["role"] in ("system", "user", "assistant")
-                and isinstance(m["content"], str) for m in prompt)):
-            raise DataError(f"field 'meta.prompt': task {task.name} needs its chat prompt, a list of {{role, content}}")
+        if not (
+            isinstance(prompt, list)
+            and prompt
+            and all(
+                isinstance(m, dict)
+                and set(m) == {"role", "content"}
+                and m["role"] in ("system", "user", "assistant")
+                and isinstance(m["content"], str)
+                for m in prompt
+            )
+        ):
+            raise DataError(
+                f"field 'meta.prompt': task {task.name} needs its chat prompt, a list of {{role, "
+                f"content}}"
+            )
         if example.labels:
-            raise DataError(f"field 'labels': task {task.name} has no labels, got {example.labels!r}")
+            raise DataError(
+                f"field 'labels': task {task.name} has no labels, got {example.labels!r}"
+            )
         return example
     allowed = task.labels
     if task.choices:
         options = example.meta.get("options")
-        if not (isinstance(options, list) and 2 <= len(options) <= len(task.labels)
-                and all(isinstance(o, str) for o in options)):
-            raise DataError(f"field 'meta.options': expected 2 to {len(task.labels)} strings, got {excerpt(options)}")
+        if not (
+            isinstance(options, list)
+            and 2 <= len(options) <= len(task.labels)
+            and all(isinstance(o, str) for o in options)
+        ):
+            raise DataError(
+                f"field 'meta.options': expected 2 to {len(task.labels)} strings, got "
+                f"{excerpt(options)}"
+            )
         if not isinstance(example.meta.get("question"), str):
-            raise DataError(f"field 'meta.question': expected a string, got {excerpt(example.meta.get('question'))}")
+            raise DataError(
+                f"field 'meta.question': expected a string, got "
+                f"{excerpt(example.meta.get('question'))}"
+            )
     allowed = task.answer_labels(example)
     labels = [task.canonical(label) if isinstance(label, str) else None for label in example.labels]
     for raw, label in zip(example.labels, labels):
         if label not in allowed:
-            raise DataError(f"field 'labels': {excerpt(raw)} is not a label of {task.name} "
-                            f"(labels: {', '.join(allowed)})")
+            raise DataError(
+                f"field 'labels': {excerpt(raw)} is not a label of {task.name} "
+                f"(labels: {', '.join(allowed)})"
+            )
     if not labels or len(set(labels)) != len(labels) or (not task.multi_label and len(labels) != 1):
         need = "one or more distinct labels" if task.multi_label else "exactly one label"
-        raise DataError(f"field 'labels': task {task.name} needs {need}, got {excerpt(example.labels)}")
+        raise DataError(
+            f"field 'labels': task {task.name} needs {need}, got {excerpt(example.labels)}"
+        )
     if task.catch_all in labels and len(labels) > 1:
-        raise DataError(f"field 'labels': the catch-all label {task.catch_all!r} cannot be combined with others")
+        raise DataError(
+            f"field 'labels': the catch-all label {task.catch_all!r} cannot be combined with others"
+        )
     if task.dialog_acts and example.dialog_act not in task.dialog_acts:
         acts = ", ".join(task.dialog_acts)
-        raise DataError(f"field 'dialog_act': task {task.name} needs one of: {acts}; got {excerpt(example.dialog_act)}")
+        raise DataError(
+            f"field 'dialog_act': task {task.name} needs one of: {acts}; got "
+            f"{excerpt(example.dialog_act)}"
+        )
     return dataclasses.replace(example, labels=labels)
 
 
@@ -175,7 +239,9 @@ def parse_json(text: str, path, line: int | None = None, allow_nan: bool = False
     try:
         return json.loads(text, parse_constant=constant, parse_float=_finite_float)
     except json.JSONDecodeError as e:
-        raise DataError(f"{path}:{(line or 1) + e.lineno - 1}: not valid JSON: {e.msg} (column {e.colno})") from None
+        raise DataError(
+            f"{path}:{(line or 1) + e.lineno - 1}: not valid JSON: {e.msg} (column {e.colno})"
+        ) from None
     except RecursionError:
         raise DataError(f"{where}: not valid JSON: nested too deeply") from None
     except ValueError as e:  # DataError, or an integer with too many digits
@@ -183,12 +249,14 @@ def parse_json(text: str, path, line: int | None = None, allow_nan: bool = False
 
 
 def read_data_text(path) -> str:
-    """The text of a UTF-8 data file (config.read_text); DataError naming the line of a non-UTF-8 byte."""
+    """The text of a UTF-8 data file (config.read_text); DataError naming the line of a non-UTF-8
+    byte."""
     return read_text(path, DataError)
 
 
 def read_jsonl(path, allow_nan: bool = False):
-    """(line number, parsed value) for each non-blank line of a JSONL file, as `parse_json` reads it."""
+    """(line number, parsed value) for each non-blank line of a JSONL file, as `parse_json` reads
+    it."""
     for number, line in enumerate(read_data_text(path).split("\n"), 1):
         if line.strip():
             yield number, parse_json(line, path, number, allow_nan)
@@ -213,6 +281,7 @@ def save_jsonl(examples, path) -> None:
             raise DataError(f"example {excerpt(example.id)}: {e}") from None
     atomic_write_text(path, "".join(line + "\n" for line in lines))
 
+
 # ----------------------------------------------------------------------------- curriculum
 
 
@@ -232,7 +301,8 @@ class Segment:
 
 def truncate_context(example: Example, n: int) -> Example:
     """The example with only the target and its preceding `n` turns (unchanged when it has no target
-    or no more turns than that). Reply links and cause indices are shifted; links to dropped turns go."""
+    or no more turns than that). Reply links and cause indices are shifted; links to dropped turns
+    go."""
     if example.target is None or example.target <= n:
         return example
     start = example.target - n
@@ -240,18 +310,24 @@ def truncate_context(example: Example, n: int) -> Example:
     def shift(index):
         return index - start if index is not None and index >= start else None
 
-    turns = [dataclasses.replace(t, reply_to=shift(t.reply_to)) for t in example.turns[start: example.target + 1]]
+    turns = [
+        dataclasses.replace(t, reply_to=shift(t.reply_to))
+        for t in example.turns[start : example.target + 1]
+    ]
     meta = dict(example.meta)
     if "causes" in meta:
-        meta["causes"] = [c | {"turn": shift(c["turn"])} for c in meta["causes"] if shift(c["turn"]) is not None]
+        meta["causes"] = [
+            c | {"turn": shift(c["turn"])} for c in meta["causes"] if shift(c["turn"]) is not None
+        ]
     return dataclasses.replace(example, id=f"{example.id}/ctx{n}", turns=turns, target=n, meta=meta)
 
 
 def curriculum(examples: list[Example], cfg: CurriculumConfig) -> list[Segment]:
-    """Two segments (paper A.2). "full": full conversations, each task ordered by increasing difficulty
-    (unrated examples last, file order within ties) and the tasks interleaved in proportion to their
-    size. "mixed": every example once more, its context drawn uniformly from the full conversation and
-    the `context_turns` truncations, shuffled. Deterministic for `cfg.seed`."""
+    """Two segments (paper A.2). "full": full conversations, each task ordered by increasing
+    difficulty (unrated examples last, file order within ties) and the tasks interleaved in
+    proportion to their size. "mixed": every example once more, its context drawn uniformly from the
+    full conversation and the `context_turns` truncations, shuffled. Deterministic for
+    `cfg.seed`."""
     by_task: dict[str, list[Example]] = {}
     for example in examples:
         by_task.setdefault(example.task, []).append(example)
@@ -272,13 +348,16 @@ def curriculum(examples: list[Example], cfg: CurriculumConfig) -> list[Segment]:
 
 def _spread(values: list[int]) -> str:
     ordered = sorted(values)
-    return (f"min {ordered[0]}, median {ordered[len(ordered) // 2]}, mean {sum(ordered) / len(ordered):.1f}, "
-            f"max {ordered[-1]}")
+    return (
+        f"min {ordered[0]}, median {ordered[len(ordered) // 2]}, mean "
+        f"{sum(ordered) / len(ordered):.1f}, max {ordered[-1]}"
+    )
 
 
 def stats(examples: list[Example], tokenizer=None) -> str:
-    """A report of what a file holds: examples per task and gold label, visible turns per example, and
-    (given a tokenizer) prompt lengths in tokens (the user message; the chat template adds a few)."""
+    """A report of what a file holds: examples per task and gold label, visible turns per example,
+    and (given a tokenizer) prompt lengths in tokens (the user message; the chat template adds a
+    few)."""
     lines = [f"{len(examples)} examples"]
     for name in dict.fromkeys(e.task for e in examples):
         group = [e for e in examples if e.task == name]
@@ -300,7 +379,9 @@ def stats(examples: list[Example], tokenizer=None) -> str:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(prog="dataset.py", description="Inspect a JSONL file of examples.")
+    parser = argparse.ArgumentParser(
+        prog="dataset.py", description="Inspect a JSONL file of examples."
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     show = commands.add_parser("stats", help="counts per task and label, turns, prompt lengths")
     show.add_argument("file")
@@ -316,7 +397,9 @@ def main(argv=None) -> None:
             try:
                 tokenizer = Tokenizer.from_file(str(path))
             except Exception as e:  # the tokenizers library raises a bare Exception
-                raise DataError(f"{path}: not a readable tokenizer.json: {' '.join(str(e).split())[:200]}") from None
+                raise DataError(
+                    f"{path}: not a readable tokenizer.json: {' '.join(str(e).split())[:200]}"
+                ) from None
         print(stats(load_jsonl(args.file), tokenizer))
     except (DataError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)

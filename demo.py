@@ -1,17 +1,19 @@
-"""The CPU demo: the whole two-stage method on a toy task, on a laptop, in minutes, with nothing from
-outside (no download, no GPU, no API key).
+"""The CPU demo: the whole two-stage method on a toy task, on a laptop, in minutes, with nothing
+from outside (no download, no GPU, no API key).
 
     python demo.py [--out runs/demo] [--seed 0]      # one run
-    python demo.py --seeds 0 1 2 3 4                # one run per seed, then mean ± SD of every column
+    python demo.py --seeds 0 1 2 3 4                # one run per seed, then mean ± SD of every
+                                                      column
 
 The toy task (data.py's `toy_emotion`, a compact prompt). Short conversations between two or three
-people, in English and in Chinese. Early on, the target speaker says something that carries an emotion
-(the cue: "My grandfather passed away on Sunday."); last, they say a noncommittal line that is the same
-for every label ("Well, what can I say."). Only the cue tells the emotion of that last turn, so a model
-that finds and quotes it can answer, and one that does not is at chance (1 in 4). The SFT traces quote
-the cue and the target turn, then answer; half of them mark the quotations with evidence tags, half
-with plain quotation marks. Both answer alike, but the CLUE reward pays IU_G only for tagged quotations
-the verifier finds in the conversation: what GRPO learns here is to mark its evidence.
+people, in English and in Chinese. Early on, the target speaker says something that carries an
+emotion (the cue: "My grandfather passed away on Sunday."); last, they say a noncommittal line that
+is the same for every label ("Well, what can I say."). Only the cue tells the emotion of that last
+turn, so a model that finds and quotes it can answer, and one that does not is at chance (1 in 4).
+The SFT traces quote the cue and the target turn, then answer; half of them mark the quotations with
+evidence tags, half with plain quotation marks. Both answer alike, but the CLUE reward pays IU_G
+only for tagged quotations the verifier finds in the conversation: what GRPO learns here is to mark
+its evidence.
 
 What runs, in order:
   1. build (first run only, cached in --out): the examples (`data/`: SFT rows, RL prompts, held-out
@@ -20,9 +22,9 @@ What runs, in order:
   2. `python sft.py configs/demo_sft.yaml ...`: LoRA SFT with the trainable `<evidence>` rows;
   3. `python grpo.py configs/demo_grpo.yaml ...`: GRPO with the CLUE reward, its IU_G judge served
      over HTTP by the local judge server's rules backend, started here on a free loopback port;
-  4. the held-out evaluation of the random model, the SFT model and the GRPO model: accuracy, invalid
-     answers, verified quotations and the mean CLUE reward, printed as one table and written to
-     `results.md` / `results.json`, with the training curves in `training_curves.png`.
+  4. the held-out evaluation of the random model, the SFT model and the GRPO model: accuracy,
+     invalid answers, verified quotations and the mean CLUE reward, printed as one table and written
+     to `results.md` / `results.json`, with the training curves in `training_curves.png`.
 Extra `key=value` settings reach the stages through --sft and --grpo (the test runs a few steps).
 """
 
@@ -52,12 +54,26 @@ TASK = "toy_emotion"
 # ----------------------------------------------------------------------------- the toy task
 
 _EN_CUES = {
-    "joy": ["I got the job at the museum!", "We won the match last night!", "My sister just had a baby girl!"],
-    "sadness": ["My grandfather passed away on Sunday.", "Our old dog died this morning.", "I failed the exam again."],
-    "anger": ["Someone scratched my car on purpose!", "He lied to me again, right to my face!",
-              "They fired me without any reason!"],
-    "fear": ["I heard someone walking in the attic.", "The doctor wants to see me first thing tomorrow.",
-             "A strange man followed me all the way home."],
+    "joy": [
+        "I got the job at the museum!",
+        "We won the match last night!",
+        "My sister just had a baby girl!",
+    ],
+    "sadness": [
+        "My grandfather passed away on Sunday.",
+        "Our old dog died this morning.",
+        "I failed the exam again.",
+    ],
+    "anger": [
+        "Someone scratched my car on purpose!",
+        "He lied to me again, right to my face!",
+        "They fired me without any reason!",
+    ],
+    "fear": [
+        "I heard someone walking in the attic.",
+        "The doctor wants to see me first thing tomorrow.",
+        "A strange man followed me all the way home.",
+    ],
 }
 _ZH_CUES = {
     "joy": ["我终于拿到驾照了！", "我们队昨天赢了比赛！", "我姐姐生了个女儿！"],
@@ -82,39 +98,70 @@ class Language:
 
 LANGUAGES = {
     "en": Language(
-        ("Anna", "Ben", "Chloe", "David", "Emma", "Frank"), _EN_CUES,
-        ("Did you see the weather report?", "I am making some tea.", "The bus was late again today.",
-         "What time is it now?", "Where did you park?", "Can you pass me the remote?", "I just got back from work.",
-         "Is the kitchen window open?"),
+        ("Anna", "Ben", "Chloe", "David", "Emma", "Frank"),
+        _EN_CUES,
+        (
+            "Did you see the weather report?",
+            "I am making some tea.",
+            "The bus was late again today.",
+            "What time is it now?",
+            "Where did you park?",
+            "Can you pass me the remote?",
+            "I just got back from work.",
+            "Is the kitchen window open?",
+        ),
         ("Oh, really?", "Tell me more.", "Hmm, I see.", "Go on.", "Wait, what?"),
         ("Well, what can I say.", "Anyway, that is how it is.", "I guess it is what it is."),
         "Earlier {speaker} said {cue}, the news behind this turn.",
-        "So {target} hides real feelings of {label}."),
+        "So {target} hides real feelings of {label}.",
+    ),
     "zh": Language(
-        ("小明", "小红", "李雷", "韩梅梅", "王芳", "张伟"), _ZH_CUES,
-        ("你看天气预报了吗？", "我去泡杯茶。", "今天公交车又晚点了。", "现在几点了？", "你把车停哪儿了？", "把遥控器递给我一下。",
-         "我刚下班回来。", "厨房的窗户开着吗？"),
+        ("小明", "小红", "李雷", "韩梅梅", "王芳", "张伟"),
+        _ZH_CUES,
+        (
+            "你看天气预报了吗？",
+            "我去泡杯茶。",
+            "今天公交车又晚点了。",
+            "现在几点了？",
+            "你把车停哪儿了？",
+            "把遥控器递给我一下。",
+            "我刚下班回来。",
+            "厨房的窗户开着吗？",
+        ),
         ("真的吗？", "然后呢？", "嗯，我知道了。", "你接着说。", "啊？"),
         ("唉，我也不知道说什么好。", "反正就这样吧。", "还能怎么样呢。"),
         "{speaker}之前说{cue}，这是背后的原因，也是关键。",
-        "所以{target}藏着真实的情绪：{label}。"),
+        "所以{target}藏着真实的情绪：{label}。",
+    ),
 }
 
 
 def toy_example(rng: random.Random, language: str, example_id: str) -> Example:
-    """One toy conversation: up to two neutral turns, the target speaker's cue, a reaction, up to two
-    more neutral turns, then the target speaker's noncommittal line (the target). The neutral turns and
-    the reaction belong to the others: the target speaker says only the cue and the target. `difficulty`
-    is the number of turns between the reaction and the target, over two."""
+    """One toy conversation: up to two neutral turns, the target speaker's cue, a reaction, up to
+    two more neutral turns, then the target speaker's noncommittal line (the target). The neutral
+    turns and the reaction belong to the others: the target speaker says only the cue and the
+    target. `difficulty` is the number of turns between the reaction and the target, over two."""
     lang = LANGUAGES[language]
     label = rng.choice(sorted(lang.cues))
     speaker, *others = rng.sample(lang.names, rng.choice((2, 3)))
     turns = [Turn(rng.choice(others), rng.choice(lang.fillers)) for _ in range(rng.randint(0, 2))]
-    turns += [Turn(speaker, rng.choice(lang.cues[label])), Turn(rng.choice(others), rng.choice(lang.reactions))]
+    turns += [
+        Turn(speaker, rng.choice(lang.cues[label])),
+        Turn(rng.choice(others), rng.choice(lang.reactions)),
+    ]
     between = [Turn(rng.choice(others), rng.choice(lang.fillers)) for _ in range(rng.randint(0, 2))]
     turns += between + [Turn(speaker, rng.choice(lang.targets))]
-    return check_example(Example(id=example_id, task=TASK, turns=turns, target=len(turns) - 1, labels=[label],
-                                 language=language, difficulty=len(between) / 2))
+    return check_example(
+        Example(
+            id=example_id,
+            task=TASK,
+            turns=turns,
+            target=len(turns) - 1,
+            labels=[label],
+            language=language,
+            difficulty=len(between) / 2,
+        )
+    )
 
 
 def conversation_key(example: Example) -> tuple:
@@ -122,8 +169,9 @@ def conversation_key(example: Example) -> tuple:
 
 
 def toy_examples(n: int, seed: int, split: str, exclude: set[tuple] = frozenset()) -> list[Example]:
-    """`n` toy examples, alternating English and Chinese, deterministic for (seed, split); a conversation
-    in `exclude` (conversation_key) is drawn again, so held-out conversations never occur in training."""
+    """`n` toy examples, alternating English and Chinese, deterministic for (seed, split); a
+    conversation in `exclude` (conversation_key) is drawn again, so held-out conversations never
+    occur in training."""
     rng, examples = random.Random(f"{seed}/{split}"), []
     while len(examples) < n:
         language = ("en", "zh")[len(examples) % 2]
@@ -134,17 +182,22 @@ def toy_examples(n: int, seed: int, split: str, exclude: set[tuple] = frozenset(
 
 
 def toy_trace(example: Example, tagged: bool = True) -> str:
-    """The SFT completion of a toy example: two reasoning blocks that quote the cue and the target turn,
-    `</think>`, the answer line. Tagged, the quotations stand between evidence tags (each block then
-    earns IU_G from the rules judge); untagged, between plain quotation marks, which no verifier reads.
-    A quotation opens with a space, as the line `Speaker: text` has one before the text: byte-level BPE
-    spells " I" and "I" as different tokens, so this way a quotation's tokens are the line's own."""
+    """The SFT completion of a toy example: two reasoning blocks that quote the cue and the target
+    turn, `</think>`, the answer line. Tagged, the quotations stand between evidence tags (each
+    block then earns IU_G from the rules judge); untagged, between plain quotation marks, which no
+    verifier reads. A quotation opens with a space, as the line `Speaker: text` has one before the
+    text: byte-level BPE spells " I" and "I" as different tokens, so this way a quotation's tokens
+    are the line's own."""
     lang, label = LANGUAGES[example.language], example.labels[0]
     target = example.turns[example.target]
-    cue = next(t.text for t in example.turns if t.speaker == target.speaker and t.text in lang.cues[label])
+    cue = next(
+        t.text for t in example.turns if t.speaker == target.speaker and t.text in lang.cues[label]
+    )
     open_, close = (EVIDENCE_OPEN, EVIDENCE_CLOSE) if tagged else ("\u201c", "\u201d")
-    blocks = [lang.earlier.format(speaker=target.speaker, cue=f"{open_} {cue}{close}"),
-              lang.now.format(target=f"{open_} {target.text}{close}", label=label)]
+    blocks = [
+        lang.earlier.format(speaker=target.speaker, cue=f"{open_} {cue}{close}"),
+        lang.now.format(target=f"{open_} {target.text}{close}", label=label),
+    ]
     return f"{THINK_START}\n" + "\n\n".join(blocks) + f"\n{THINK_END}\n\nAnswer: {label}"
 
 
@@ -155,11 +208,11 @@ CHATML = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")  # special tokens, as i
 
 def train_tokenizer(texts: list[str], out_dir: Path, vocab_size: int) -> int:
     """Train a byte-level BPE on `texts` (words split by GPT-2's pattern, as Qwen's tokenizer splits
-    them), add the ChatML tokens (special) and `<think>` / `</think>` (added, not special, as in Qwen3),
-    and write tokenizer.json, tokenizer_config.json (with the chat template of the ChatML model.py writes,
-    so vLLM's chat endpoint serves the checkpoint) and generation_config.json, which `model.load_tokenizer`
-    reads as a Qwen3 tokenizer. The evidence tags are not in it: SFT adds them as special tokens. Returns
-    the vocabulary size."""
+    them), add the ChatML tokens (special) and `<think>` / `</think>` (added, not special, as in
+    Qwen3), and write tokenizer.json, tokenizer_config.json (with the chat template of the ChatML
+    model.py writes, so vLLM's chat endpoint serves the checkpoint) and generation_config.json,
+    which `model.load_tokenizer` reads as a Qwen3 tokenizer. The evidence tags are not in it: SFT
+    adds them as special tokens. Returns the vocabulary size."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     from tokenizer import chatml_template
@@ -167,18 +220,33 @@ def train_tokenizer(texts: list[str], out_dir: Path, vocab_size: int) -> int:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(CHATML), show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tags = re.compile("|".join(map(re.escape, (EVIDENCE_OPEN, EVIDENCE_CLOSE, THINK_START, THINK_END))))
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(CHATML),
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tags = re.compile(
+        "|".join(map(re.escape, (EVIDENCE_OPEN, EVIDENCE_CLOSE, THINK_START, THINK_END)))
+    )
     tok.train_from_iterator((piece for text in texts for piece in tags.split(text)), trainer)
-    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in (THINK_START, THINK_END)])
+    tok.add_tokens(
+        [AddedToken(t, special=False, normalized=False) for t in (THINK_START, THINK_END)]
+    )
     out_dir.mkdir(parents=True, exist_ok=True)
     tok.save(str(out_dir / "tokenizer.json"))
     ids = {t: tok.token_to_id(t) for t in CHATML}
-    files = {"tokenizer_config.json": {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
-                                       "chat_template": chatml_template("qwen3")},
-             "generation_config.json": {"eos_token_id": [ids["<|im_end|>"], ids["<|endoftext|>"]],
-                                        "pad_token_id": ids["<|endoftext|>"]}}
+    files = {
+        "tokenizer_config.json": {
+            "eos_token": "<|im_end|>",
+            "pad_token": "<|endoftext|>",
+            "chat_template": chatml_template("qwen3"),
+        },
+        "generation_config.json": {
+            "eos_token_id": [ids["<|im_end|>"], ids["<|endoftext|>"]],
+            "pad_token_id": ids["<|endoftext|>"],
+        },
+    }
     for name, content in files.items():
         atomic_write_text(out_dir / name, json.dumps(content, indent=2) + "\n")
     return tok.get_vocab_size(with_added_tokens=True)
@@ -186,8 +254,9 @@ def train_tokenizer(texts: list[str], out_dir: Path, vocab_size: int) -> int:
 
 @dataclass
 class ModelSize:
-    """The demo model: a small Qwen3 (GQA attention with q/k norms, SwiGLU MLP), about 0.7M parameters.
-    Two layers learn the toy task under LoRA faster per second of CPU than four (README, the demo)."""
+    """The demo model: a small Qwen3 (GQA attention with q/k norms, SwiGLU MLP), about 0.7M
+    parameters. Two layers learn the toy task under LoRA faster per second of CPU than four (README,
+    the demo)."""
 
     hidden_size: int = 128
     intermediate_size: int = 384
@@ -202,21 +271,34 @@ class ModelSize:
 def init_model(out_dir: Path, size: ModelSize, vocab_size: int, seed: int) -> None:
     """Write a Qwen3 checkpoint folder (config.json + model.safetensors) with seeded random weights:
     matrices from N(0, init_std^2) and norms at one, as Hugging Face initializes Qwen3, except the
-    untied lm_head, drawn at head_std. LoRA keeps the lm_head and the final norm frozen, so the largest
-    logit a unit-RMS hidden state can reach is hidden_size * std: 2.6 at 0.02, too little to ever be
-    confident among a thousand tokens (measured: the SFT loss stalls at 4.5 nats); 38 at 0.3, where
-    sampling at temperature 1 stops drawing stray tokens. The vocabulary is padded to a multiple of 64,
-    leaving spare rows for the evidence tags, as Qwen's is."""
+    untied lm_head, drawn at head_std. LoRA keeps the lm_head and the final norm frozen, so the
+    largest logit a unit-RMS hidden state can reach is hidden_size * std: 2.6 at 0.02, too little to
+    ever be confident among a thousand tokens (measured: the SFT loss stalls at 4.5 nats); 38 at
+    0.3, where sampling at temperature 1 stops drawing stray tokens. The vocabulary is padded to a
+    multiple of 64, leaving spare rows for the evidence tags, as Qwen's is."""
     import torch
 
     from model import Qwen, QwenConfig, atomic_write
 
-    raw = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": -(-(vocab_size + 2) // 64) * 64,
-           "hidden_size": size.hidden_size, "intermediate_size": size.intermediate_size,
-           "num_hidden_layers": size.num_layers, "num_attention_heads": size.num_heads,
-           "num_key_value_heads": size.num_kv_heads, "head_dim": size.head_dim, "hidden_act": "silu",
-           "max_position_embeddings": 4096, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "attention_bias": False,
-           "tie_word_embeddings": False, "initializer_range": size.init_std, "dtype": "float32"}
+    raw = {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "vocab_size": -(-(vocab_size + 2) // 64) * 64,
+        "hidden_size": size.hidden_size,
+        "intermediate_size": size.intermediate_size,
+        "num_hidden_layers": size.num_layers,
+        "num_attention_heads": size.num_heads,
+        "num_key_value_heads": size.num_kv_heads,
+        "head_dim": size.head_dim,
+        "hidden_act": "silu",
+        "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "attention_bias": False,
+        "tie_word_embeddings": False,
+        "initializer_range": size.init_std,
+        "dtype": "float32",
+    }
     generator = torch.Generator().manual_seed(seed)
     state = {}
     for name, tensor in Qwen(QwenConfig.from_dict(raw)).state_dict().items():
@@ -225,7 +307,8 @@ def init_model(out_dir: Path, size: ModelSize, vocab_size: int, seed: int) -> No
             tensor = torch.randn(tensor.shape, generator=generator) * std
         state[name] = tensor.contiguous()
     out_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write(out_dir / "model.safetensors", state)  # the umask's permissions (safetensors' save_file: 0600)
+    # the umask's permissions (safetensors' save_file: 0600)
+    atomic_write(out_dir / "model.safetensors", state)
     atomic_write_text(out_dir / "config.json", json.dumps(raw, indent=2) + "\n")
 
 
@@ -240,49 +323,68 @@ class DemoData:
     train: int = 2400  # conversations: SFT rows (with their traces) and the RL prompts
     tagged: float = 0.5  # the share of SFT traces that mark their quotations as evidence
     heldout: int = 1000  # conversations for the evaluation, none of them in `train`
-    vocab_size: int = 2048  # the BPE's target (the toy text has fewer distinct words: it stops short)
+    # the BPE's target (the toy text has fewer distinct words: it stops short)
+    vocab_size: int = 2048
     model: ModelSize = dataclasses.field(default_factory=ModelSize)
 
 
 def prepare(out: Path, spec: DemoData) -> None:
-    """Build the data, tokenizer and model into `out` unless demo.json says they are there for `spec`."""
+    """Build the data, tokenizer and model into `out` unless demo.json says they are there for
+    `spec`."""
     manifest = out / "demo.json"
-    if manifest.is_file() and json.loads(manifest.read_text(encoding="utf-8")) == dataclasses.asdict(spec):
+    if manifest.is_file() and json.loads(
+        manifest.read_text(encoding="utf-8")
+    ) == dataclasses.asdict(spec):
         print(f"using the toy data and model in {out} (built earlier)")
         return
     start = time.perf_counter()
     train = toy_examples(spec.train, spec.seed, "train")
-    heldout = toy_examples(spec.heldout, spec.seed, "heldout", exclude={conversation_key(e) for e in train})
+    heldout = toy_examples(
+        spec.heldout, spec.seed, "heldout", exclude={conversation_key(e) for e in train}
+    )
     rng = random.Random(f"{spec.seed}/traces")
     traces = [toy_trace(e, tagged=rng.random() < spec.tagged) for e in train]
     (out / "data").mkdir(parents=True, exist_ok=True)
     save_jsonl(train, out / "data" / "train.jsonl")
     save_jsonl(heldout, out / "data" / "heldout.jsonl")
     rows = [example_to_json(e) | {"completion": t} for e, t in zip(train, traces)]
-    atomic_write_text(out / "data" / "sft.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    atomic_write_text(
+        out / "data" / "sft.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+    )
     from data import build_prompt
 
-    vocab = train_tokenizer([build_prompt(e) for e in train] + traces, out / "base", spec.vocab_size)
+    vocab = train_tokenizer(
+        [build_prompt(e) for e in train] + traces, out / "base", spec.vocab_size
+    )
     init_model(out / "base", spec.model, vocab, spec.seed)
     atomic_write_text(manifest, json.dumps(dataclasses.asdict(spec), indent=1) + "\n")
-    print(f"built {len(train)} training and {len(heldout)} held-out conversations, a {vocab}-token BPE and a random "
-          f"Qwen3 ({spec.model.num_layers} layers, hidden {spec.model.hidden_size}) in {out} "
-          f"({time.perf_counter() - start:.0f}s)")
+    print(
+        f"built {len(train)} training and {len(heldout)} held-out conversations, a {vocab}-token "
+        f"BPE and a random Qwen3 ({spec.model.num_layers} layers, hidden "
+        f"{spec.model.hidden_size}) in {out} ({time.perf_counter() - start:.0f}s)"
+    )
 
 
 # ----------------------------------------------------------------------------- evaluation
 
-EVAL_SAMPLING = dict(temperature=0.6, top_p=0.95, top_k=20, max_new_tokens=96)  # evaluate.py's defaults, shorter
-COLUMNS = (("accuracy", "accuracy"), ("invalid", "invalid answers"), ("verified", "verified quotes"),
-           ("reward", "mean reward"))
+# evaluate.py's defaults, shorter
+EVAL_SAMPLING = dict(temperature=0.6, top_p=0.95, top_k=20, max_new_tokens=96)
+COLUMNS = (
+    ("accuracy", "accuracy"),
+    ("invalid", "invalid answers"),
+    ("verified", "verified quotes"),
+    ("reward", "mean reward"),
+)
 
 
-def evaluate_checkpoint(path: Path, examples: list[Example], spec, judge, seed: int) -> tuple[dict, list[dict]]:
-    """Sample one completion per held-out example from the checkpoint at `path` and score it: accuracy,
-    invalid answers (data.parse_answer), verified quotes (the share of completions that quote and whose
-    every quotation the verifier finds in the conversation) and the reward `spec` (rewards.RewardSpec),
-    its judges asked over HTTP as `judge` (a judge.JudgeConfig) says. Returns (the means, one record
-    per completion)."""
+def evaluate_checkpoint(
+    path: Path, examples: list[Example], spec, judge, seed: int
+) -> tuple[dict, list[dict]]:
+    """Sample one completion per held-out example from the checkpoint at `path` and score it:
+    accuracy, invalid answers (data.parse_answer), verified quotes (the share of completions that
+    quote and whose every quotation the verifier finds in the conversation) and the reward `spec`
+    (rewards.RewardSpec), its judges asked over HTTP as `judge` (a judge.JudgeConfig) says. Returns
+    (the means, one record per completion)."""
     import rewards
     from data import count_tokens, get_task, split_completion
     from evaluate import SamplingConfig, sample_completions
@@ -290,34 +392,63 @@ def evaluate_checkpoint(path: Path, examples: list[Example], spec, judge, seed: 
     from verifier import extract_quotes, verify_quote
 
     model, tok = Qwen.from_pretrained(path), load_tokenizer(path)
-    texts = sample_completions(model, tok, [get_task(e.task).messages(e) for e in examples], [e.id for e in examples],
-                               SamplingConfig(**EVAL_SAMPLING), seed=seed, batch_size=64)
-    rollouts = [rewards.Rollout.from_completion(e, text, n_completion_tokens=len(tok.encode(text)),
-                                                n_reasoning_tokens=count_tokens(split_completion(text)[0], tok))
-                for e, [text] in zip(examples, texts)]
+    texts = sample_completions(
+        model,
+        tok,
+        [get_task(e.task).messages(e) for e in examples],
+        [e.id for e in examples],
+        SamplingConfig(**EVAL_SAMPLING),
+        seed=seed,
+        batch_size=64,
+    )
+    rollouts = [
+        rewards.Rollout.from_completion(
+            e,
+            text,
+            n_completion_tokens=len(tok.encode(text)),
+            n_reasoning_tokens=count_tokens(split_completion(text)[0], tok),
+        )
+        for e, [text] in zip(examples, texts)
+    ]
     rewards.judge_rollouts(rollouts, spec, judge)
     records = []
     for r in rollouts:
         quotes = extract_quotes(r.reasoning)
-        records.append({"id": r.example.id, "labels": r.example.labels, "answer": r.answer,
-                        "verified": bool(quotes) and all(verify_quote(q, rewards.conversation_texts(r.example))
-                                                         for q in quotes),
-                        "reward": rewards.score(r, spec), "completion": r.completion})
+        records.append(
+            {
+                "id": r.example.id,
+                "labels": r.example.labels,
+                "answer": r.answer,
+                "verified": bool(quotes)
+                and all(verify_quote(q, rewards.conversation_texts(r.example)) for q in quotes),
+                "reward": rewards.score(r, spec),
+                "completion": r.completion,
+            }
+        )
     missing = sum(r["reward"] is None for r in records)
     if missing:
         raise RuntimeError(f"the judge left {missing} of {len(records)} rewards without feedback")
-    means = {"accuracy": sum(r["answer"] == r["labels"] for r in records) / len(records),
-             "invalid": sum(r["answer"] is None for r in records) / len(records),
-             "verified": sum(r["verified"] for r in records) / len(records),
-             "reward": sum(r["reward"] for r in records) / len(records)}
+    means = {
+        "accuracy": sum(r["answer"] == r["labels"] for r in records) / len(records),
+        "invalid": sum(r["answer"] is None for r in records) / len(records),
+        "verified": sum(r["verified"] for r in records) / len(records),
+        "reward": sum(r["reward"] for r in records) / len(records),
+    }
     return means, records
 
 
 def results_table(results: dict[str, dict]) -> str:
-    """The Markdown table of the stages' means: rates in percent, the reward as it is (0 to 1 + lambda_iu)."""
-    lines = ["| model | " + " | ".join(title for _, title in COLUMNS) + " |", "|---" * (len(COLUMNS) + 1) + "|"]
+    """The Markdown table of the stages' means: rates in percent, the reward as it is (0 to 1 +
+    lambda_iu)."""
+    lines = [
+        "| model | " + " | ".join(title for _, title in COLUMNS) + " |",
+        "|---" * (len(COLUMNS) + 1) + "|",
+    ]
     for stage, means in results.items():
-        cells = [f"{means[key]:.3f}" if key == "reward" else f"{100 * means[key]:.1f}%" for key, _ in COLUMNS]
+        cells = [
+            f"{means[key]:.3f}" if key == "reward" else f"{100 * means[key]:.1f}%"
+            for key, _ in COLUMNS
+        ]
         lines.append(f"| {stage} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -326,8 +457,8 @@ def results_table(results: dict[str, dict]) -> str:
 
 
 def run_stage(name: str, overrides: list[str]) -> None:
-    """`python <name>.py configs/demo_<name>.yaml overrides...` from the repository folder; a failure
-    ends the demo (the stage has printed why)."""
+    """`python <name>.py configs/demo_<name>.yaml overrides...` from the repository folder; a
+    failure ends the demo (the stage has printed why)."""
     script = f"{name}.py"
     command = [sys.executable, script, f"configs/demo_{name}.yaml", *overrides]
     start = time.perf_counter()
@@ -338,21 +469,37 @@ def run_stage(name: str, overrides: list[str]) -> None:
 
 
 def stage_settings(out: Path, seed: int) -> dict[str, list[str]]:
-    """The paths and seed demo.py gives each stage (the configs name runs/demo's, for running by hand)."""
-    return {"sft": [f"model={out / 'base'}", f"data={out / 'data' / 'sft.jsonl'}", f"output_dir={out / 'sft'}",
-                    f"seed={seed}"],
-            "grpo": [f"model.path={out / 'base'}", f"model.sft_adapter={out / 'sft' / 'best'}",
-                     f"train_data=[{out / 'data' / 'train.jsonl'}]", f"output_dir={out / 'grpo'}", f"seed={seed}"]}
+    """The paths and seed demo.py gives each stage (the configs name runs/demo's, for running by
+    hand)."""
+    return {
+        "sft": [
+            f"model={out / 'base'}",
+            f"data={out / 'data' / 'sft.jsonl'}",
+            f"output_dir={out / 'sft'}",
+            f"seed={seed}",
+        ],
+        "grpo": [
+            f"model.path={out / 'base'}",
+            f"model.sft_adapter={out / 'sft' / 'best'}",
+            f"train_data=[{out / 'data' / 'train.jsonl'}]",
+            f"output_dir={out / 'grpo'}",
+            f"seed={seed}",
+        ],
+    }
 
 
-STAGES = (("random init", "base", None), ("after SFT", "sft/merged", "sft"), ("after GRPO", "grpo/merged", "grpo"))
+STAGES = (
+    ("random init", "base", None),
+    ("after SFT", "sft/merged", "sft"),
+    ("after GRPO", "grpo/merged", "grpo"),
+)
 
 
 def run(out: Path, spec: DemoData, settings: dict[str, list[str]], rl) -> dict[str, dict]:
-    """Build (or reuse) the toy data and model, then evaluate the random model, run SFT and evaluate,
-    run GRPO and evaluate, against one local judge server; write the table and the curves, and return
-    the stages' means. `rl` is the resolved GRPO config, whose reward and judge settings the evaluation
-    uses."""
+    """Build (or reuse) the toy data and model, then evaluate the random model, run SFT and
+    evaluate, run GRPO and evaluate, against one local judge server; write the table and the curves,
+    and return the stages' means. `rl` is the resolved GRPO config, whose reward and judge settings
+    the evaluation uses."""
     from dataset import load_jsonl
     from evaluate import PlotUnavailable, plot_training_curves
     from judge_server import JudgeServer, rules_backend
@@ -365,18 +512,32 @@ def run(out: Path, spec: DemoData, settings: dict[str, list[str]], rl) -> dict[s
     (out / "eval").mkdir()
     results = {}
     with JudgeServer(rules_backend).start() as server:
-        print(f"judge: the rules backend at {server.url} (a crude lexical stand-in for the IU_G judge)")
+        print(
+            f"judge: the rules backend at {server.url} (a crude lexical stand-in for the IU_G "
+            f"judge)"
+        )
         judge = dataclasses.replace(rl.judge, base_url=server.url)
         for stage, checkpoint, name in STAGES:
             if name is not None:
-                run_stage(name, settings[name] + ([f"judge.base_url={server.url}"] if name == "grpo" else []))
+                run_stage(
+                    name,
+                    settings[name] + ([f"judge.base_url={server.url}"] if name == "grpo" else []),
+                )
             started = time.perf_counter()
-            means, records = evaluate_checkpoint(out / checkpoint, heldout, rl.reward, judge, spec.seed)
-            atomic_write_text(out / "eval" / f"{stage.split()[-1].lower()}.jsonl",
-                              "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+            means, records = evaluate_checkpoint(
+                out / checkpoint, heldout, rl.reward, judge, spec.seed
+            )
+            atomic_write_text(
+                out / "eval" / f"{stage.split()[-1].lower()}.jsonl",
+                "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records),
+            )
             results[stage] = means
-            print(f"\n{stage}: " + ", ".join(f"{title} {means[key]:.3f}" for key, title in COLUMNS)
-                  + f" (evaluated in {time.perf_counter() - started:.0f}s)", flush=True)
+            print(
+                f"\n{stage}: "
+                + ", ".join(f"{title} {means[key]:.3f}" for key, title in COLUMNS)
+                + f" (evaluated in {time.perf_counter() - started:.0f}s)",
+                flush=True,
+            )
     table = results_table(results)
     atomic_write_text(out / "results.md", table + "\n")
     atomic_write_text(out / "results.json", json.dumps(results, indent=1) + "\n")
@@ -385,9 +546,11 @@ def run(out: Path, spec: DemoData, settings: dict[str, list[str]], rl) -> dict[s
         figure = f", {out / 'training_curves.png'}"
     except PlotUnavailable as e:
         figure = f" (no figure: {e})"
-    print(f"\nheld-out toy conversations ({len(heldout)}, none seen in training; chance accuracy 25%):\n{table}\n"
-          f"\nwritten: {out / 'results.md'}, {out / 'results.json'}{figure}"
-          f"\ndemo done in {time.perf_counter() - start:.0f}s")
+    print(
+        f"\nheld-out toy conversations ({len(heldout)}, none seen in training; chance accuracy "
+        f"25%):\n{table}\n\nwritten: {out / 'results.md'}, {out / 'results.json'}{figure}\ndemo "
+        f"done in {time.perf_counter() - start:.0f}s"
+    )
     return results
 
 
@@ -406,19 +569,37 @@ def seeds_table(per_seed: dict[int, dict[str, dict]]) -> str:
         return f"{scale * m['mean']:.{digits}f}{sd}{unit}"
 
     seeds, stages = sorted(per_seed), list(per_seed[min(per_seed)])
-    lines = [f"| model ({len(seeds)} seeds) | " + " | ".join(title for _, title in COLUMNS) + " |",
-             "|---" * (len(COLUMNS) + 1) + "|"]
-    lines += [f"| {stage} | " + " | ".join(stat(key, [per_seed[s][stage][key] for s in seeds]) for key, _ in COLUMNS)
-              + " |" for stage in stages]
-    lines += ["", "| seed | " + " | ".join(f"{title}, SFT -> GRPO" for _, title in COLUMNS) + " |",
-              "|---" * (len(COLUMNS) + 1) + "|"]
-    lines += [f"| {s} | " + " | ".join(f"{cell(key, per_seed[s]['after SFT'][key])} -> "
-                                       f"{cell(key, per_seed[s]['after GRPO'][key])}" for key, _ in COLUMNS) + " |"
-              for s in seeds]
+    lines = [
+        f"| model ({len(seeds)} seeds) | " + " | ".join(title for _, title in COLUMNS) + " |",
+        "|---" * (len(COLUMNS) + 1) + "|",
+    ]
+    lines += [
+        f"| {stage} | "
+        + " | ".join(stat(key, [per_seed[s][stage][key] for s in seeds]) for key, _ in COLUMNS)
+        + " |"
+        for stage in stages
+    ]
+    lines += [
+        "",
+        "| seed | " + " | ".join(f"{title}, SFT -> GRPO" for _, title in COLUMNS) + " |",
+        "|---" * (len(COLUMNS) + 1) + "|",
+    ]
+    lines += [
+        f"| {s} | "
+        + " | ".join(
+            f"{cell(key, per_seed[s]['after SFT'][key])} -> "
+            f"{cell(key, per_seed[s]['after GRPO'][key])}"
+            for key, _ in COLUMNS
+        )
+        + " |"
+        for s in seeds
+    ]
     return "\n".join(lines)
 
 
-def run_seeds(out: Path, specs: list[DemoData], settings: list[dict[str, list[str]]], configs: list) -> None:
+def run_seeds(
+    out: Path, specs: list[DemoData], settings: list[dict[str, list[str]]], configs: list
+) -> None:
     """`run` once per seed, each into out/seed<N>, with an ETA after each; then the mean ± SD table,
     written to out/results.md and out/results.json (every seed's means)."""
     start, per_seed = time.perf_counter(), {}
@@ -427,30 +608,51 @@ def run_seeds(out: Path, specs: list[DemoData], settings: list[dict[str, list[st
         per_seed[spec.seed] = run(out / f"seed{spec.seed}", spec, setting, rl)
         elapsed = time.perf_counter() - start
         left = elapsed / (i + 1) * (len(specs) - i - 1)
-        print(f"=== {i + 1} of {len(specs)} seeds done in {elapsed / 60:.1f} min"
-              + (f", ETA {left / 60:.1f} min more ===" if left else " ==="), flush=True)
+        print(
+            f"=== {i + 1} of {len(specs)} seeds done in {elapsed / 60:.1f} min"
+            + (f", ETA {left / 60:.1f} min more ===" if left else " ==="),
+            flush=True,
+        )
     table = seeds_table(per_seed)
     atomic_write_text(out / "results.md", table + "\n")
     atomic_write_text(out / "results.json", json.dumps(per_seed, indent=1) + "\n")
-    print(f"\nheld-out toy conversations ({specs[0].heldout} per seed), seeds {' '.join(str(s) for s in per_seed)}:\n"
-          f"{table}\n\nwritten: {out / 'results.md'}, {out / 'results.json'}\n"
-          f"all seeds done in {(time.perf_counter() - start) / 60:.1f} min")
+    print(
+        f"\nheld-out toy conversations ({specs[0].heldout} per seed), seeds "
+        f"{' '.join(str(s) for s in per_seed)}:\n{table}\n\nwritten: {out / 'results.md'}, "
+        f"{out / 'results.json'}\nall seeds done in {(time.perf_counter() - start) / 60:.1f} min"
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="demo.py", description="SFT then GRPO on a toy task, on the CPU.")
+    parser = argparse.ArgumentParser(
+        prog="demo.py", description="SFT then GRPO on a toy task, on the CPU."
+    )
     parser.add_argument("--out", default="runs/demo", help="output folder (default: runs/demo)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the data, the model and both stages")
-    parser.add_argument("--seeds", type=int, nargs="+", metavar="SEED",
-                        help="run the whole demo once per seed, into OUT/seed<N>, and print mean ± SD")
+    parser.add_argument(
+        "--seed", type=int, default=0, help="seed of the data, the model and both stages"
+    )
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        nargs="+",
+        metavar="SEED",
+        help="run the whole demo once per seed, into OUT/seed<N>, and print mean ± SD",
+    )
     parser.add_argument("--train", type=int, default=DemoData.train, help="training conversations")
-    parser.add_argument("--heldout", type=int, default=DemoData.heldout, help="held-out conversations")
-    parser.add_argument("--sft", action="append", default=[], metavar="KEY=VALUE", help="a setting for sft.py")
-    parser.add_argument("--grpo", action="append", default=[], metavar="KEY=VALUE", help="a setting for grpo.py")
+    parser.add_argument(
+        "--heldout", type=int, default=DemoData.heldout, help="held-out conversations"
+    )
+    parser.add_argument(
+        "--sft", action="append", default=[], metavar="KEY=VALUE", help="a setting for sft.py"
+    )
+    parser.add_argument(
+        "--grpo", action="append", default=[], metavar="KEY=VALUE", help="a setting for grpo.py"
+    )
     args = parser.parse_args(argv)
-    # One thread per process unless the user sets OMP_NUM_THREADS (the stages inherit it): the demo's
-    # matrices are small, and on a busy 2-core machine two threads per process measured 14x slower
-    # per SFT step than one (README, the demo). Set before torch is imported, which reads it then.
+    # One thread per process unless the user sets OMP_NUM_THREADS (the stages
+    # inherit it): the demo's matrices are small, and on a busy 2-core machine
+    # two threads per process measured 14x slower per SFT step than one
+    # (README, the demo). Set before torch is imported, which reads it then.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     from config import ConfigError, load_config
     from grpo import GRPOConfig
@@ -460,13 +662,16 @@ def main(argv: list[str] | None = None) -> None:
     seeds = args.seeds or [args.seed]
     folders = [out / f"seed{seed}" if args.seeds else out for seed in seeds]
     settings, configs = [], []
-    for seed, folder in zip(seeds, folders):  # every seed's configs are checked before anything runs
+    # every seed's configs are checked before anything runs
+    for seed, folder in zip(seeds, folders):
         setting = stage_settings(folder, seed)
         setting = {"sft": setting["sft"] + args.sft, "grpo": setting["grpo"] + args.grpo}
         resolved = {}
         for name, schema in (("sft", SFTConfig), ("grpo", GRPOConfig)):
             try:
-                resolved[name] = load_config(REPO / "configs" / f"demo_{name}.yaml", setting[name], schema)
+                resolved[name] = load_config(
+                    REPO / "configs" / f"demo_{name}.yaml", setting[name], schema
+                )
             except ConfigError as e:
                 print(f"config error: {name}: {e}", file=sys.stderr)
                 raise SystemExit(2) from None
@@ -477,6 +682,7 @@ def main(argv: list[str] | None = None) -> None:
         run_seeds(out, specs, settings, configs)
     else:
         run(out, specs[0], settings[0], configs[0])
+
 
 if __name__ == "__main__":
     main()

@@ -1,26 +1,30 @@
-"""Multi-turn dialogue: scenario seeds, the role-play between a policy and a simulated user, asking the judges
-that need a whole dialogue (their prompts and parsers: dialogue_judges.py), the grouping that grpo.py's
-dialogue mode trains with (EmoLLM, CARE); the dialogue evaluation is evaluate_dialogue.py:
+"""Multi-turn dialogue: scenario seeds, the role-play between a policy and a simulated user, asking
+the judges that need a whole dialogue (their prompts and parsers: dialogue_judges.py), the grouping
+that grpo.py's dialogue mode trains with (EmoLLM, CARE); the dialogue evaluation is
+evaluate_dialogue.py:
 
-    python grpo.py configs/emollm_qwen3_8b.yaml                  # training: a GRPO config with a `dialogue:` section
+    python grpo.py configs/emollm_qwen3_8b.yaml                  # training: a GRPO config with a
+                                                                   `dialogue:` section
 
-Role-play (EmoLLM 3.2.2 and Appendix H, CARE 3.4). An episode starts from a scenario seed's opening user
-message. Every turn, the policy answers all live episodes at once (ONE batched `model.generate` call, or
-one `chat_many` batch for a served policy); the reasoning of a reply (the text before `</think>`) is kept
-for the judges but never enters the dialogue; then the simulated user answers all live episodes at once
-(ONE `chat_many` batch). An episode ends when the user's message holds an end-of-conversation phrase
-(`user_ends_dialogue`), after `max_turns` assistant turns, or when the simulator gives no usable answer
-(a judge failure: the rewards that need the rest of the dialogue are then None).
+Role-play (EmoLLM 3.2.2 and Appendix H, CARE 3.4). An episode starts from a scenario seed's opening
+user message. Every turn, the policy answers all live episodes at once (ONE batched `model.generate`
+call, or one `chat_many` batch for a served policy); the reasoning of a reply (the text before
+`</think>`) is kept for the judges but never enters the dialogue; then the simulated user answers
+all live episodes at once (ONE `chat_many` batch). An episode ends when the user's message holds an
+end-of-conversation phrase (`user_ends_dialogue`), after `max_turns` assistant turns, or when the
+simulator gives no usable answer (a judge failure: the rewards that need the rest of the dialogue
+are then None).
 
 Grouping: the reward decides it (rewards.DIALOGUE_GROUPING).
-- trajectory (`emollm`): G whole episodes from the same seed; R(tau) = sum_t r_t + lambda_emo R_emo. An
-  episode's loss covers the tokens of every assistant turn it sampled, each under the prompt it was
-  sampled with, and no user token; its mean runs over all of them (each row weighs its share of the episode's
-  tokens: grpo_loss's `row_weight`).
-- turn (`emollm_turn`, `care`): one episode per seed; at every state the policy draws G candidate replies, the
-  simulated user answers each, and the episode goes on with the first (`play` says why); the G candidates are a
-  group, scored by r_t (its judge sees each candidate's own follow-up) or by CARE's
-  rubric, one rubric written per state and shared by its group (kept on the state for resampling).
+- trajectory (`emollm`): G whole episodes from the same seed; R(tau) = sum_t r_t + lambda_emo R_emo.
+  An episode's loss covers the tokens of every assistant turn it sampled, each under the prompt it
+  was sampled with, and no user token; its mean runs over all of them (each row weighs its share of
+  the episode's tokens: grpo_loss's `row_weight`).
+- turn (`emollm_turn`, `care`): one episode per seed; at every state the policy draws G candidate
+  replies, the simulated user answers each, and the episode goes on with the first (`play` says
+  why); the G candidates are a group, scored by r_t (its judge sees each candidate's own follow-up)
+  or by CARE's rubric, one rubric written per state and shared by its group (kept on the state for
+  resampling).
 """
 
 from __future__ import annotations
@@ -33,17 +37,24 @@ import data
 import dataset
 import judge
 import rewards
-from config import (excerpt)
+from config import excerpt
 from data import THINK_END, THINK_START, DataError
-from dialogue_judges import (emotional_state_request, parse_emotional_state, parse_prediction,
-                             parse_turn_scores, parse_user_turn, predictor_request,
-                             turn_scores_request, user_ends_dialogue, user_turn_request)
+from dialogue_judges import (
+    emotional_state_request,
+    parse_emotional_state,
+    parse_prediction,
+    parse_turn_scores,
+    parse_user_turn,
+    predictor_request,
+    turn_scores_request,
+    user_ends_dialogue,
+    user_turn_request,
+)
+from judge import JudgeCall, JudgeConfig, dialogue_text
 from rewards import DIALOGUE_GROUPING
 from rollout import DialogueSettings, Group, PromptSampler, Sample, Slot
-from judge import JudgeCall, JudgeConfig, dialogue_text
 
 # ----------------------------------------------------------------------------- config
-
 
 
 # ----------------------------------------------------------------------------- scenario seeds
@@ -53,8 +64,8 @@ SCENARIO_FIELDS = ("id", "scenario", "initial_prompt")
 
 @dataclass(frozen=True)
 class Scenario:
-    """A role-play seed (EmoLLM C.3): the situation (the assistant's role and what the user faces) and the
-    user's opening message."""
+    """A role-play seed (EmoLLM C.3): the situation (the assistant's role and what the user faces)
+    and the user's opening message."""
 
     id: str
     scenario: str
@@ -62,16 +73,18 @@ class Scenario:
 
 
 def load_scenarios(path) -> list[Scenario]:
-    """Scenario seeds from JSONL, one `{"id", "scenario", "initial_prompt"}` object per line, each a non-empty
-    string, no other field. A bad line, a repeated id or a file without seeds raises DataError naming the
-    file (the line and the field)."""
+    """Scenario seeds from JSONL, one `{"id", "scenario", "initial_prompt"}` object per line, each a
+    non-empty string, no other field. A bad line, a repeated id or a file without seeds raises
+    DataError naming the file (the line and the field)."""
     scenarios, ids = [], set()
     for number, raw in dataset.read_jsonl(path):
         try:
             if not isinstance(raw, dict):
                 raise DataError(f"expected a JSON object, got {type(raw).__name__}")
             if unknown := sorted(set(raw) - set(SCENARIO_FIELDS)):
-                raise DataError(f"field '{unknown[0]}': unknown field (known: {', '.join(SCENARIO_FIELDS)})")
+                raise DataError(
+                    f"field '{unknown[0]}': unknown field (known: {', '.join(SCENARIO_FIELDS)})"
+                )
             values = [dataset.typed_field(raw, key, str) for key in SCENARIO_FIELDS]
             if empty := [key for key, value in zip(SCENARIO_FIELDS, values) if not value.strip()]:
                 raise DataError(f"field '{empty[0]}': empty")
@@ -88,10 +101,10 @@ def load_scenarios(path) -> list[Scenario]:
 
 @dataclass
 class State:
-    """A point of a dialogue: its scenario and the messages both sides have seen, as (role, text) pairs, usually
-    ending with the user's. Assistant messages are replies only, never reasoning. `judged` keeps what a judge
-    said about the state itself (CARE's rubric; an opening's emotional state), so that a resampled group at the
-    state shares it."""
+    """A point of a dialogue: its scenario and the messages both sides have seen, as (role, text)
+    pairs, usually ending with the user's. Assistant messages are replies only, never reasoning.
+    `judged` keeps what a judge said about the state itself (CARE's rubric; an opening's emotional
+    state), so that a resampled group at the state shares it."""
 
     scenario: Scenario
     history: tuple[tuple[str, str], ...]
@@ -115,47 +128,62 @@ def as_state(item: Scenario | State) -> State:
     return item if isinstance(item, State) else State(item, (("user", item.initial_prompt),))
 
 
-# ----------------------------------------------------------------------------- what the policy and the judges read
+# -------------------------------------------------------------- what the policy and the judges read
 
-ARG_SCAFFOLD = """You are talking with someone who may be going through something difficult. Before each reply, \
-think it through privately between <think> and </think>; the person never sees that part. Write one or two short \
-lines per section, in this order:
+ARG_SCAFFOLD = """You are talking with someone who may be going through something difficult. \
+Before each reply, think it through privately between <think> and </think>; the person never sees \
+that part. Write one or two short lines per section, in this order:
 Facts: what the conversation has established about the person's situation.
 Needs: what the person needs or is trying to achieve right now.
-Appraisal: how the person seems to judge the situation against those needs: does it go with or against their goals, \
-can they influence it, who do they hold responsible.
+Appraisal: how the person seems to judge the situation against those needs: does it go with or \
+against their goals, can they influence it, who do they hold responsible.
 Emotion: the feelings that follow from that appraisal.
 Strategy: how you will respond (tone, and what to focus on) given all of the above.
-Lookahead 1: how the person's needs, appraisal and feelings would likely change after a reply with this strategy.
-Lookahead 2, 3, ...: each one exchange further ahead, at most {n} in all; stop as soon as the prediction settles.
+Lookahead 1: how the person's needs, appraisal and feelings would likely change after a reply with \
+this strategy.
+Lookahead 2, 3, ...: each one exchange further ahead, at most {n} in all; stop as soon as the \
+prediction settles.
 Choice: the strategy you keep, or the change the lookahead calls for.
-After </think>, write only your reply to the person: natural, warm and practical, usually two to five sentences."""
+After </think>, write only your reply to the person: natural, warm and practical, usually two to \
+five sentences."""
 
 
-def fit_context(tok, chat: list[dict[str, str]], max_tokens: int | None, thinking: bool | None) -> list[dict[str, str]]:
-    """`chat` cut to at most `max_tokens` prompt tokens at turn boundaries (EmoLLM D.3 keeps 2,048 in generation and
-    896 in the update): the oldest exchange goes first, a user message with the assistant's reply to it, while the
-    system message and the latest user message always stay; no message is ever cut inside, so a chat whose system
-    message and last message alone are longer is kept at that. None: the whole chat."""
+def fit_context(
+    tok, chat: list[dict[str, str]], max_tokens: int | None, thinking: bool | None
+) -> list[dict[str, str]]:
+    """`chat` cut to at most `max_tokens` prompt tokens at turn boundaries (EmoLLM D.3 keeps 2,048
+    in generation and 896 in the update): the oldest exchange goes first, a user message with the
+    assistant's reply to it, while the system message and the latest user message always stay; no
+    message is ever cut inside, so a chat whose system message and last message alone are longer is
+    kept at that. None: the whole chat."""
     head = chat[:1] if chat and chat[0]["role"] == "system" else []
-    body = chat[len(head):]
-    while max_tokens is not None and len(body) > 1 and len(tok.chat_ids(head + body, enable_thinking=thinking)) \
-            > max_tokens:
+    body = chat[len(head) :]
+    while (
+        max_tokens is not None
+        and len(body) > 1
+        and len(tok.chat_ids(head + body, enable_thinking=thinking)) > max_tokens
+    ):
         body = body[2:]
     return head + body
 
 
 def policy_messages(state: State, settings: DialogueSettings) -> list[dict[str, str]]:
-    """The chat the policy answers: the ARG scaffold as the system message when asked for, then the dialogue."""
-    system = [{"role": "system", "content": ARG_SCAFFOLD.format(n=settings.lookahead)}] if settings.arg_scaffold else []
+    """The chat the policy answers: the ARG scaffold as the system message when asked for, then the
+    dialogue."""
+    system = (
+        [{"role": "system", "content": ARG_SCAFFOLD.format(n=settings.lookahead)}]
+        if settings.arg_scaffold
+        else []
+    )
     return system + [{"role": role, "content": text} for role, text in state.history]
 
 
 def split_reply(text: str, opened: bool) -> tuple[str, str]:
-    """(reasoning, reply) of an assistant turn: the reply is the text after the final `</think>`, the reasoning the
-    text before it (data.split_completion). Without a `</think>`, a turn whose prompt (`opened`) or text opened a
-    think block never finished reasoning: all of it is reasoning and the reply is empty, so none of it can reach
-    the user. A text with no think tag at all is all reply."""
+    """(reasoning, reply) of an assistant turn: the reply is the text after the final `</think>`,
+    the reasoning the text before it (data.split_completion). Without a `</think>`, a turn whose
+    prompt (`opened`) or text opened a think block never finished reasoning: all of it is reasoning
+    and the reply is empty, so none of it can reach the user. A text with no think tag at all is all
+    reply."""
     if THINK_END in text or THINK_START in text or opened:
         reasoning, reply = data.split_completion(text)
         return reasoning, reply.strip()
@@ -167,8 +195,9 @@ def split_reply(text: str, opened: bool) -> tuple[str, str]:
 
 @dataclass
 class PolicyTurn:
-    """One assistant turn the policy sampled: the prompt it answered (token ids), its new tokens with the sampler's
-    log-probabilities (all empty for a served policy), and its text split into reasoning and reply."""
+    """One assistant turn the policy sampled: the prompt it answered (token ids), its new tokens
+    with the sampler's log-probabilities (all empty for a served policy), and its text split into
+    reasoning and reply."""
 
     prompt: list[int]
     completion: list[int]  # ending with EOS unless truncated
@@ -178,44 +207,75 @@ class PolicyTurn:
     reasoning: str  # for the judges only
     reply: str  # what the user sees
     n_reasoning_tokens: int = 0
-    train_prompt: list[int] | None = None  # the prompt the update's log-probs use (update_context_tokens; None: prompt)
-    follow_up: str | None = None  # the simulated user's answer to this reply (play); None: none usable
+    # the prompt the update's log-probs use (update_context_tokens; None: prompt)
+    train_prompt: list[int] | None = None
+    # the simulated user's answer to this reply (play); None: none usable
+    follow_up: str | None = None
 
 
-Respond = Callable[[list[list[dict[str, str]]], int, int], list[list[PolicyTurn]]]  # (chats, samples each, seed)
+# (chats, samples each, seed)
+Respond = Callable[[list[list[dict[str, str]]], int, int], list[list[PolicyTurn]]]
 
 
 def local_policy(model, tok, sampling, settings: DialogueSettings | None = None) -> Respond:
-    """A policy run in-process: each call is ONE batched `model.generate` over every chat, `n` samples each (identical
-    prompts prefilled once). `sampling` holds temperature, top_p, top_k, repetition_penalty, max_new_tokens and
-    enable_thinking (grpo's RolloutSettings, evaluate's SamplingConfig). With `settings`, each chat is cut to its
-    `context_tokens` before sampling and to its `update_context_tokens` for the update (`fit_context`); where the
-    update's cut is shorter, the trainer's log-probs differ from the sampler's, and grpo logs that difference as
+    """A policy run in-process: each call is ONE batched `model.generate` over every chat, `n`
+    samples each (identical prompts prefilled once). `sampling` holds temperature, top_p, top_k,
+    repetition_penalty, max_new_tokens and enable_thinking (grpo's RolloutSettings, evaluate's
+    SamplingConfig). With `settings`, each chat is cut to its `context_tokens` before sampling and
+    to its `update_context_tokens` for the update (`fit_context`); where the update's cut is
+    shorter, the trainer's log-probs differ from the sampler's, and grpo logs that difference as
     logp_mismatch (mean and max per token): the mismatch the setting accepts."""
     from model import generate  # torch only where a model runs
 
     eos, thinking = set(tok.eos_token_ids), sampling.enable_thinking
-    opened = tok.chat([], enable_thinking=thinking).endswith(THINK_START + "\n")  # the template opens <think>
+    # the template opens <think>
+    opened = tok.chat([], enable_thinking=thinking).endswith(THINK_START + "\n")
 
-    limits = (None, None) if settings is None else (settings.context_tokens, settings.update_context_tokens)
+    limits = (
+        (None, None)
+        if settings is None
+        else (settings.context_tokens, settings.update_context_tokens)
+    )
 
     def respond(chats, n, seed):
         shown = [fit_context(tok, chat, limits[0], thinking) for chat in chats]
         prompts = [tok.chat_ids(chat, enable_thinking=thinking) for chat in shown]
-        trained = [tok.chat_ids(fit_context(tok, c, limits[1], thinking), enable_thinking=thinking) for c in shown]
+        trained = [
+            tok.chat_ids(fit_context(tok, c, limits[1], thinking), enable_thinking=thinking)
+            for c in shown
+        ]
         model.eval()
-        new, logp = generate(model, [p for p in prompts for _ in range(n)], sampling.max_new_tokens,
-                             temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
-                             repetition_penalty=sampling.repetition_penalty, eos_token_ids=tok.eos_token_ids,
-                             seed=seed, return_logprobs=True)
+        new, logp = generate(
+            model,
+            [p for p in prompts for _ in range(n)],
+            sampling.max_new_tokens,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k,
+            repetition_penalty=sampling.repetition_penalty,
+            eos_token_ids=tok.eos_token_ids,
+            seed=seed,
+            return_logprobs=True,
+        )
         turns = []
         for i, tokens in enumerate(new):
             ended = bool(tokens) and tokens[-1] in eos
             text = tok.decode(tokens[:-1] if ended else tokens)
             reasoning, reply = split_reply(text, opened)
-            turns.append(PolicyTurn(prompts[i // n], tokens, logp[i], not ended, text, reasoning, reply,
-                                    data.count_tokens(reasoning, tok), trained[i // n]))
-        return [turns[i * n:(i + 1) * n] for i in range(len(prompts))]
+            turns.append(
+                PolicyTurn(
+                    prompts[i // n],
+                    tokens,
+                    logp[i],
+                    not ended,
+                    text,
+                    reasoning,
+                    reply,
+                    data.count_tokens(reasoning, tok),
+                    trained[i // n],
+                )
+            )
+        return [turns[i * n : (i + 1) * n] for i in range(len(prompts))]
 
     return respond
 
@@ -223,13 +283,16 @@ def local_policy(model, tok, sampling, settings: DialogueSettings | None = None)
 @dataclass
 class EpisodeTurn:
     """One assistant turn of an episode."""
+
     state: State  # what the policy answered
-    candidates: list[PolicyTurn]  # the replies drawn there, each with its own follow-up; the episode took the first
+    # the replies drawn there, each with its own follow-up; the episode took the first
+    candidates: list[PolicyTurn]
 
 
 @dataclass
 class Episode:
     """One role-played dialogue, from its start state to its end."""
+
     start: State
     state: State  # the dialogue so far (when the episode is over: as it ended)
     turns: list[EpisodeTurn] = field(default_factory=list)
@@ -248,23 +311,37 @@ def add_stats(total: dict, stats: dict) -> dict:
     return total
 
 
-def play(respond: Respond, starts: list[State], settings: DialogueSettings, simulator: JudgeConfig,
-         candidates: int = 1, seed: int = 0) -> tuple[list[Episode], dict]:
-    """Play an episode from each start state, all at once, until every one has ended (see the module docstring);
-    every turn draws `candidates` replies per live episode in one `respond` call, then the simulator answers every
-    candidate, in one `chat_many` batch (EmoLLM H: each candidate gets its own user reply before the turn rewards).
-    The episode goes on with candidate 0 and its reply: the candidates are exchangeable draws, so the first is a
-    random one and the episode visits the states the policy itself reaches; taking the best-judged would need the
-    turn's rewards before the next turn and steer later states toward what the judge already favours. Returns the
-    episodes and the simulator's call statistics."""
+def play(
+    respond: Respond,
+    starts: list[State],
+    settings: DialogueSettings,
+    simulator: JudgeConfig,
+    candidates: int = 1,
+    seed: int = 0,
+) -> tuple[list[Episode], dict]:
+    """Play an episode from each start state, all at once, until every one has ended (see the module
+    docstring); every turn draws `candidates` replies per live episode in one `respond` call, then
+    the simulator answers every candidate, in one `chat_many` batch (EmoLLM H: each candidate gets
+    its own user reply before the turn rewards). The episode goes on with candidate 0 and its reply:
+    the candidates are exchangeable draws, so the first is a random one and the episode visits the
+    states the policy itself reaches; taking the best-judged would need the turn's rewards before
+    the next turn and steer later states toward what the judge already favours. Returns the episodes
+    and the simulator's call statistics."""
     episodes = [Episode(start, start) for start in starts]
     live, stats = list(episodes), {}
     while live:
         turn_seed = random.Random(f"{seed}/{live[0].state.turn}").getrandbits(63)
         drawn = respond([policy_messages(e.state, settings) for e in live], candidates, turn_seed)
-        calls = [user_turn_request(e.start.scenario.scenario, list(e.state.then("assistant", r.reply).history),
-                                   len(e.turns) + 1, settings.max_turns)
-                 for e, replies in zip(live, drawn) for r in replies]
+        calls = [
+            user_turn_request(
+                e.start.scenario.scenario,
+                list(e.state.then("assistant", r.reply).history),
+                len(e.turns) + 1,
+                settings.max_turns,
+            )
+            for e, replies in zip(live, drawn)
+            for r in replies
+        ]
         messages, asked = judge.ask([(call, parse_user_turn) for call in calls], simulator)
         add_stats(stats, asked)
         answers = iter(messages)
@@ -286,88 +363,158 @@ def play(respond: Respond, starts: list[State], settings: DialogueSettings, simu
     return episodes, stats
 
 
-# ---------------------------------------------------------------------------- training groups (grpo.py's dialogue mode)
+# -------------------------------------------------------- training groups (grpo.py's dialogue mode)
 
 
 def turn_rollout(state: State, turn: PolicyTurn) -> rewards.Rollout:
-    """A reply drawn at `state`, as the rewards read it: `example` is the dialogue the reply closes, and
-    `judged["follow_up"]` the simulated user's answer to it."""
-    return rewards.Rollout(state.then("assistant", turn.reply), turn.text, turn.reasoning,
-                           data.split_blocks(turn.reasoning), None, turn.n_reasoning_tokens, len(turn.completion),
-                           judged={"follow_up": turn.follow_up})
+    """A reply drawn at `state`, as the rewards read it: `example` is the dialogue the reply closes,
+    and `judged["follow_up"]` the simulated user's answer to it."""
+    return rewards.Rollout(
+        state.then("assistant", turn.reply),
+        turn.text,
+        turn.reasoning,
+        data.split_blocks(turn.reasoning),
+        None,
+        turn.n_reasoning_tokens,
+        len(turn.completion),
+        judged={"follow_up": turn.follow_up},
+    )
 
 
 def transcript(episode: Episode) -> str:
-    """The episode as text, each assistant turn with its reasoning (for completions.jsonl; the user never saw it)."""
+    """The episode as text, each assistant turn with its reasoning (for completions.jsonl; the user
+    never saw it)."""
     texts = iter(turn.candidates[0].text for turn in episode.turns)
-    return "\n\n".join(f"{role.capitalize()}: {next(texts) if role == 'assistant' else text}"
-                       for role, text in episode.state.history)
+    return "\n\n".join(
+        f"{role.capitalize()}: {next(texts) if role == 'assistant' else text}"
+        for role, text in episode.state.history
+    )
 
 
 def episode_rollout(episode: Episode) -> rewards.Rollout:
-    """A whole episode for a trajectory reward: `example` is the dialogue as it ended, `turns` its assistant turns."""
+    """A whole episode for a trajectory reward: `example` is the dialogue as it ended, `turns` its
+    assistant turns."""
     turns = [turn_rollout(t.state, t.candidates[0]) for t in episode.turns]
-    return rewards.Rollout(episode.state, transcript(episode), "", [], None, sum(r.n_reasoning_tokens for r in turns),
-                           sum(r.n_completion_tokens for r in turns), turns=turns)
+    return rewards.Rollout(
+        episode.state,
+        transcript(episode),
+        "",
+        [],
+        None,
+        sum(r.n_reasoning_tokens for r in turns),
+        sum(r.n_completion_tokens for r in turns),
+        turns=turns,
+    )
 
 
 def predict(turns: list[rewards.Rollout], settings: DialogueSettings, cfg: JudgeConfig) -> dict:
-    """R_RP's forecast (EmoLLM B.1): n = settings.lookahead steps of the predictor for each turn, s^(1) = T(x, y) and
-    s^(k+1) = T(x, y, s^(k)), step k of every turn in one batch on `settings.predictor` (None: `cfg`, the judge's);
-    s^(n) goes to judged["prediction"] (None when a step failed). Returns the call statistics."""
+    """R_RP's forecast (EmoLLM B.1): n = settings.lookahead steps of the predictor for each turn,
+    s^(1) = T(x, y) and s^(k+1) = T(x, y, s^(k)), step k of every turn in one batch on
+    `settings.predictor` (None: `cfg`, the judge's); s^(n) goes to judged["prediction"] (None when a
+    step failed). Returns the call statistics."""
     stats, live = {}, list(turns)
     for turn in turns:
         turn.judged["prediction"] = None
     for _ in range(max(1, settings.lookahead)):
-        asks = [(t.judged, "prediction", predictor_request(list(t.example.history[:-1]), t.example.history[-1][1],
-                                                           t.judged["prediction"]), parse_prediction) for t in live]
+        asks = [
+            (
+                t.judged,
+                "prediction",
+                predictor_request(
+                    list(t.example.history[:-1]), t.example.history[-1][1], t.judged["prediction"]
+                ),
+                parse_prediction,
+            )
+            for t in live
+        ]
         add_stats(stats, ask_into(asks, settings.predictor or cfg))
         live = [t for t in live if t.judged["prediction"] is not None]
     return stats
 
 
 def _turn_scores_asks(turns: list[rewards.Rollout], settings: DialogueSettings) -> list:
-    """The turn judge's calls for the turns whose forecast arrived (the others keep turn_scores None)."""
+    """The turn judge's calls for the turns whose forecast arrived (the others keep turn_scores
+    None)."""
     asks = []
     for turn in turns:
         turn.judged["turn_scores"] = None
         if turn.judged["prediction"] is not None:
             *context, (_, reply) = turn.example.history
-            asks.append((turn.judged, "turn_scores", turn_scores_request(
-                context, turn.reasoning, reply, settings.lookahead, turn.judged["prediction"],
-                turn.judged.get("follow_up")), parse_turn_scores))
+            asks.append(
+                (
+                    turn.judged,
+                    "turn_scores",
+                    turn_scores_request(
+                        context,
+                        turn.reasoning,
+                        reply,
+                        settings.lookahead,
+                        turn.judged["prediction"],
+                        turn.judged.get("follow_up"),
+                    ),
+                    parse_turn_scores,
+                )
+            )
     return asks
 
 
-def judge_groups(groups: list[tuple[State, list[rewards.Rollout]]], spec: rewards.RewardSpec,
-                 settings: DialogueSettings, cfg: JudgeConfig) -> dict:
-    """Ask the judges that the dialogue reward `spec` reads about every group at once, storing each parsed answer
-    in `judged` (None where missing). A group is (start, rollouts): the episodes played from one opening state (a
-    trajectory reward) or the replies drawn at one state (a turn reward).
-    - emollm: e_0 once per start state, and per episode that ran to its end e_T and each turn's scores (an episode
-      the simulator broke off gets None: its R_emo is unknown);
+def judge_groups(
+    groups: list[tuple[State, list[rewards.Rollout]]],
+    spec: rewards.RewardSpec,
+    settings: DialogueSettings,
+    cfg: JudgeConfig,
+) -> dict:
+    """Ask the judges that the dialogue reward `spec` reads about every group at once, storing each
+    parsed answer in `judged` (None where missing). A group is (start, rollouts): the episodes
+    played from one opening state (a trajectory reward) or the replies drawn at one state (a turn
+    reward).
+    - emollm: e_0 once per start state, and per episode that ran to its end e_T and each turn's
+      scores (an episode the simulator broke off gets None: its R_emo is unknown);
     - emollm_turn: each reply's turn scores;
-    - care: a rubric for each state that has none yet (`settings.rubric_judge`), then, in a second batch, each
-      reply's scores against its state's rubric (none asked where the rubric is missing: the reward is None).
+    - care: a rubric for each state that has none yet (`settings.rubric_judge`), then, in a second
+      batch, each reply's scores against its state's rubric (none asked where the rubric is missing:
+      the reward is None).
     Returns the summed call statistics."""
     asks, ask_cfg, scored = [], cfg, []
     if DIALOGUE_GROUPING[spec.name] == "trajectory":
         for start, episodes in groups:
             if start.judged.get("emotional_state") is None:
-                asks.append((start.judged, "emotional_state",
-                             emotional_state_request(start.scenario.scenario, start.scenario.initial_prompt),
-                             parse_emotional_state))
+                asks.append(
+                    (
+                        start.judged,
+                        "emotional_state",
+                        emotional_state_request(
+                            start.scenario.scenario, start.scenario.initial_prompt
+                        ),
+                        parse_emotional_state,
+                    )
+                )
             for episode in (r for r in episodes if r.example.history[-1][0] == "user"):
                 *context, (_, last) = episode.example.history
-                asks.append((episode.turns[-1].judged, "emotional_state",
-                             emotional_state_request(dialogue_text(context), last), parse_emotional_state))
+                asks.append(
+                    (
+                        episode.turns[-1].judged,
+                        "emotional_state",
+                        emotional_state_request(dialogue_text(context), last),
+                        parse_emotional_state,
+                    )
+                )
                 scored += episode.turns
     elif spec.name == "emollm_turn":
         scored = [r for _, replies in groups for r in replies]
     else:
-        states = {id(state): state for state, _ in groups if state.judged.get("care_rubric") is None}.values()
-        asks += [(s.judged, "care_rubric", judge.care_rubric_request(list(s.history)), judge.parse_care_rubric)
-                 for s in states]
+        states = {
+            id(state): state for state, _ in groups if state.judged.get("care_rubric") is None
+        }.values()
+        asks += [
+            (
+                s.judged,
+                "care_rubric",
+                judge.care_rubric_request(list(s.history)),
+                judge.parse_care_rubric,
+            )
+            for s in states
+        ]
         ask_cfg = settings.rubric_judge or cfg
     stats = predict(scored, settings, cfg)  # the forecasts first: the turn judge scores them
     add_stats(stats, ask_into(asks + _turn_scores_asks(scored, settings), ask_cfg))
@@ -383,8 +530,14 @@ def judge_groups(groups: list[tuple[State, list[rewards.Rollout]]], spec: reward
                 r.judged |= {"care_rubric": rubric, "care_scores": None}
                 if rubric is not None:
                     *context, (_, reply) = r.example.history
-                    scores.append((r.judged, "care_scores", judge.care_scores_request(context, rubric, reply),
-                                   lambda text, rubric=rubric: judge.parse_care_scores(text, rubric)))
+                    scores.append(
+                        (
+                            r.judged,
+                            "care_scores",
+                            judge.care_scores_request(context, rubric, reply),
+                            lambda text, rubric=rubric: judge.parse_care_scores(text, rubric),
+                        )
+                    )
         add_stats(stats, ask_into(scores, cfg))
     return stats
 
@@ -399,7 +552,8 @@ def ask_into(asks: list[tuple[dict, str, JudgeCall, Callable]], cfg: JudgeConfig
     return add_stats({}, stats)
 
 
-def _sample(turn: PolicyTurn) -> Sample:  # trained under the update's context, the sampler's log-probs kept
+# trained under the update's context, the sampler's log-probs kept
+def _sample(turn: PolicyTurn) -> Sample:
     return Sample(turn.train_prompt or turn.prompt, turn.completion, turn.logp, turn.truncated)
 
 
@@ -408,40 +562,66 @@ def _turn_group(state: State, replies: list[PolicyTurn]) -> Group:  # K replies 
 
 
 def sample_dialogue_groups(policy, tok, items: list, cfg, seed: int, counts: dict) -> list[Group]:
-    """grpo.py's step 1 in a dialogue run (`cfg`: its GRPOConfig): K candidate replies at each state (a turn reward),
-    or K episodes played from each seed (a trajectory reward; an episode's samples are its assistant turns). The
-    simulator's calls are added to `counts`."""
+    """grpo.py's step 1 in a dialogue run (`cfg`: its GRPOConfig): K candidate replies at each state
+    (a turn reward), or K episodes played from each seed (a trajectory reward; an episode's samples
+    are its assistant turns). The simulator's calls are added to `counts`."""
     states = [as_state(item) for item in items]
     k = cfg.rollout.group_size
     respond = local_policy(policy, tok, cfg.rollout, cfg.dialogue)
     if DIALOGUE_GROUPING[cfg.reward.name] == "turn":
         replies = respond([policy_messages(s, cfg.dialogue) for s in states], k, seed)
         return [_turn_group(s, r) for s, r in zip(states, replies)]
-    episodes, simulated = play(respond, [s for s in states for _ in range(k)], cfg.dialogue,
-                               cfg.dialogue.simulator or cfg.judge, 1, seed)
+    episodes, simulated = play(
+        respond,
+        [s for s in states for _ in range(k)],
+        cfg.dialogue,
+        cfg.dialogue.simulator or cfg.judge,
+        1,
+        seed,
+    )
     add_stats(counts, simulated)
-    members = [episodes[g * k:(g + 1) * k] for g in range(len(states))]
-    return [Group(s, [[_sample(t.candidates[0]) for t in e.turns] for e in m], [episode_rollout(e) for e in m])
-            for s, m in zip(states, members)]
+    members = [episodes[g * k : (g + 1) * k] for g in range(len(states))]
+    return [
+        Group(
+            s,
+            [[_sample(t.candidates[0]) for t in e.turns] for e in m],
+            [episode_rollout(e) for e in m],
+        )
+        for s, m in zip(states, members)
+    ]
 
 
 def played_slots(policy, tok, slots: list[Slot], cfg, seed: int, counts: dict) -> list[Slot]:
-    """Before step 1 of a dialogue run with a turn reward: one episode from each slot's seed, K candidate replies
-    drawn at each state (the episode goes on with the first). Each state becomes a slot whose first group is
-    those K. The simulator's calls are added to `counts`."""
+    """Before step 1 of a dialogue run with a turn reward: one episode from each slot's seed, K
+    candidate replies drawn at each state (the episode goes on with the first). Each state becomes a
+    slot whose first group is those K. The simulator's calls are added to `counts`."""
     respond = local_policy(policy, tok, cfg.rollout, cfg.dialogue)
-    episodes, simulated = play(respond, [as_state(s.example) for s in slots], cfg.dialogue,
-                               cfg.dialogue.simulator or cfg.judge, cfg.rollout.group_size, seed)
+    episodes, simulated = play(
+        respond,
+        [as_state(s.example) for s in slots],
+        cfg.dialogue,
+        cfg.dialogue.simulator or cfg.judge,
+        cfg.rollout.group_size,
+        seed,
+    )
     add_stats(counts, simulated)
-    return [Slot(slot.index * cfg.dialogue.max_turns + k, turn.state, slot.segment,
-                 group=_turn_group(turn.state, turn.candidates))
-            for slot, episode in zip(slots, episodes) for k, turn in enumerate(episode.turns)]
+    return [
+        Slot(
+            slot.index * cfg.dialogue.max_turns + k,
+            turn.state,
+            slot.segment,
+            group=_turn_group(turn.state, turn.candidates),
+        )
+        for slot, episode in zip(slots, episodes)
+        for k, turn in enumerate(episode.turns)
+    ]
 
 
 class DialogueSampler(PromptSampler):
-    """Dialogue rollouts (rollout.py's interface; grpo.py's sampler when the config has a `dialogue:` section): the
-    scenario seeds as one segment, `open` plays a turn reward's episodes into one slot per state, `sample` draws
-    groups (sample_dialogue_groups), `judge` asks the dialogue judges (judge_groups)."""
+    """Dialogue rollouts (rollout.py's interface; grpo.py's sampler when the config has a
+    `dialogue:` section): the scenario seeds as one segment, `open` plays a turn reward's episodes
+    into one slot per state, `sample` draws groups (sample_dialogue_groups), `judge` asks the
+    dialogue judges (judge_groups)."""
 
     def segments(self, scenarios: list[Scenario]) -> list[dataset.Segment]:
         return [dataset.Segment("scenarios", scenarios)]
@@ -455,5 +635,9 @@ class DialogueSampler(PromptSampler):
         return sample_dialogue_groups(self.policy, self.tok, items, self.cfg, seed, counts)
 
     def judge(self, groups: list[Group]) -> dict:
-        return judge_groups([(g.example, g.rollouts) for g in groups], self.cfg.reward, self.cfg.dialogue,
-                            self.cfg.judge)
+        return judge_groups(
+            [(g.example, g.rollouts) for g in groups],
+            self.cfg.reward,
+            self.cfg.dialogue,
+            self.cfg.judge,
+        )

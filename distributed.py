@@ -1,5 +1,6 @@
-"""The run's processes: this process's place among them from torchrun's environment (`Ranks`), and the few
-collectives the trainers use (sums, JSON gathered from every rank, rank 0's values broadcast). A plain `python` run is rank 0 of 1 and every collective a no-op."""
+"""The run's processes: this process's place among them from torchrun's environment (`Ranks`), and
+the few collectives the trainers use (sums, JSON gathered from every rank, rank 0's values
+broadcast). A plain `python` run is rank 0 of 1 and every collective a no-op."""
 
 from __future__ import annotations
 
@@ -35,7 +36,9 @@ def setup_distributed(device: str | None = None) -> Ranks:
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
     if world > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", device_id=dev if dev.type == "cuda" else None)
+        dist.init_process_group(
+            "nccl" if dev.type == "cuda" else "gloo", device_id=dev if dev.type == "cuda" else None
+        )
     return Ranks(rank, world, dev)
 
 
@@ -60,7 +63,7 @@ def gather_json(value, ranks: Ranks) -> list:
     sizes[ranks.rank] = raw.numel()
     all_reduce_sum(sizes)
     table = torch.zeros(ranks.world_size, int(sizes.max()), dtype=torch.uint8, device=ranks.device)
-    table[ranks.rank, :raw.numel()] = raw
+    table[ranks.rank, : raw.numel()] = raw
     all_reduce_sum(table)
     return [json.loads(bytes(row[:n].tolist())) for row, n in zip(table.cpu(), sizes.tolist())]
 
@@ -71,8 +74,8 @@ def barrier() -> None:
 
 
 def broadcast_parameters(params: list[torch.nn.Parameter]) -> None:
-    """Give every rank rank 0's values (the random LoRA init), so the replicas start equal (sharded parameters of a
-    full-parameter run are left alone: each rank holds its own shard)."""
+    """Give every rank rank 0's values (the random LoRA init), so the replicas start equal (sharded
+    parameters of a full-parameter run are left alone: each rank holds its own shard)."""
     if is_distributed():
         for p in params:
             if not isinstance(p, DTensor):

@@ -1,49 +1,58 @@
-"""EmoLLM Stage I data (section 3.2.1, D.1, Appendix H): the rows of its two parts, which sft.py then trains.
+"""EmoLLM Stage I data (section 3.2.1, D.1, Appendix H): the rows of its two parts, which sft.py
+then trains.
 
-    python emollm_data.py configs/emollm_stage1_cpt_prepare.yaml   # objective lm: CPT rows with knowledge prefixes
-    python emollm_data.py configs/emollm_stage1_sft_prepare.yaml   # objective target: ARG SFT rows from a teacher
+    python emollm_data.py configs/emollm_stage1_cpt_prepare.yaml   # objective lm: CPT rows with
+                                                                     knowledge prefixes
+    python emollm_data.py configs/emollm_stage1_sft_prepare.yaml   # objective target: ARG SFT rows
+                                                                     from a teacher
 
-The config (EmoLLMData) names the part by its `objective`, sft.py's objective that trains on the rows, and the
-checkpoint (`model`) whose tokenizer measures `max_length` as sft.py encodes the rows.
+The config (EmoLLMData) names the part by its `objective`, sft.py's objective that trains on the
+rows, and the checkpoint (`model`) whose tokenizer measures `max_length` as sft.py encodes the rows.
 
-Dialogues (`dialogues`: files in ESConv's layout, a JSON array as ESConv.json ships, or JSONL with one
-dialogue per line, as convert.py writes for EmpatheticDialogues and MSDialog): each dialogue is an object with
-`dialog`, a list of turns {"speaker": "seeker" | "supporter", "content": non-empty text, "annotation"?:
-{"strategy"?: text}}, and optionally "id", "situation", "problem_type", "emotion_type" (ESConv's own fields).
-Consecutive utterances of one speaker make one turn (their texts joined by a space); the seeker is the user,
-the supporter the assistant. A context x_<=t is a dialogue up to one of its user turns. The supporter's
-strategies are checked and kept in each row's `meta` (the strategy of the supporter's next turn); neither G nor
-the teacher reads them, as in the paper.
+Dialogues (`dialogues`: files in ESConv's layout, a JSON array as ESConv.json ships, or JSONL with
+one dialogue per line, as convert.py writes for EmpatheticDialogues and MSDialog): each dialogue is
+an object with `dialog`, a list of turns {"speaker": "seeker" | "supporter", "content": non-empty
+text, "annotation"?: {"strategy"?: text}}, and optionally "id", "situation", "problem_type",
+"emotion_type" (ESConv's own fields). Consecutive utterances of one speaker make one turn (their
+texts joined by a space); the seeker is the user, the supporter the assistant. A context x_<=t is a
+dialogue up to one of its user turns. The supporter's strategies are checked and kept in each row's
+`meta` (the strategy of the supporter's next turn); neither G nor the teacher reads them, as in the
+paper.
 
-Knowledge (`knowledge`, ECoK's triples; its public layout is not certain, so ours is documented): JSONL, one
-{"head", "relation", "tail"} object per line, each a non-empty string. `relations` maps each relation name
-(case-insensitive) to the slot of g_t its tails fill (needs, appraisal or emotion); other relations are unused.
+Knowledge (`knowledge`, ECoK's triples; its public layout is not certain, so ours is documented):
+JSONL, one {"head", "relation", "tail"} object per line, each a non-empty string. `relations` maps
+each relation name (case-insensitive) to the slot of g_t its tails fill (needs, appraisal or
+emotion); other relations are unused.
 
 G(x_<=t, K), our simple retrieval (the paper names what G yields, not how):
-  - words: lower-case runs of letters of at least 3 letters, minus a short stop-word list, a final "s" dropped.
+  - words: lower-case runs of letters of at least 3 letters, minus a short stop-word list, a final
+    "s" dropped.
   - query: the words of the current user turn and of the dialogue's situation.
-  - a triple matches when the share of its head's words found in the query is at least `min_overlap`;
-    matches rank by that share, then by the number of shared words, then by file order; each slot keeps the
-    tails of its first `per_slot` matches (distinct tails).
-  - Facts: the dialogue's problem type and situation when given, and the current user turn (its first
-    `fact_words` words). Emotion: the dialogue's emotion type when given, then the emotion tails.
+  - a triple matches when the share of its head's words found in the query is at least
+    `min_overlap`; matches rank by that share, then by the number of shared words, then by file
+    order; each slot keeps the tails of its first `per_slot` matches (distinct tails).
+  - Facts: the dialogue's problem type and situation when given, and the current user turn (its
+    first `fact_words` words). Emotion: the dialogue's emotion type when given, then the emotion
+    tails.
   - an empty slot reads "(none retrieved)".
-CPT row: {"id", "text": "<think>\\nFacts: ...\\nNeeds: ...\\nAppraisal: ...\\nEmotion: ...\\n</think>\\n" +
-"User: ...\\nAssistant: ...\\nUser: ...", "meta"}; the oldest turns are dropped until the row fits max_length (as
-sft.py encodes it); a row whose current turn alone does not fit is skipped and counted.
+CPT row: {"id", "text": "<think>\\nFacts: ...\\nNeeds: ...\\nAppraisal: ...\\nEmotion:
+...\\n</think>\\n" + "User: ...\\nAssistant: ...\\nUser: ...", "meta"}; the oldest turns are dropped
+until the row fits max_length (as sft.py encodes it); a row whose current turn alone does not fit is
+skipped and counted.
 
-ARG SFT: `contexts` contexts are drawn at random (seed) from all of them, and the teacher (judge.chat, concurrent,
-resumable: teacher.ask_journaled journals every answer in `<out>.teacher.jsonl`) writes the ARG state in
-Appendix H's order (Facts, Needs, Appraisal, Emotion, Strategy, then optionally up to `lookahead`
-reverse-perspective steps and the strategy chosen after them, as the Stage II scaffold of dialogue.py names
-them), the gating label r_t and the reply. An answer missing a section or the reply, or out of that format, is
-rejected and counted. Row: {"id", "prompt": [the context as chat messages], "target", "meta": {"gate", ...}},
-target = "<think>\\n<ARG>\\n</think>\\n\\n<reply>" when r_t = 1, the reply alone when r_t = 0; a row longer than
-max_length is dropped and counted.
+ARG SFT: `contexts` contexts are drawn at random (seed) from all of them, and the teacher
+(judge.chat, concurrent, resumable: teacher.ask_journaled journals every answer in
+`<out>.teacher.jsonl`) writes the ARG state in Appendix H's order (Facts, Needs, Appraisal, Emotion,
+Strategy, then optionally up to `lookahead` reverse-perspective steps and the strategy chosen after
+them, as the Stage II scaffold of dialogue.py names them), the gating label r_t and the reply. An
+answer missing a section or the reply, or out of that format, is rejected and counted. Row: {"id",
+"prompt": [the context as chat messages], "target", "meta": {"gate", ...}}, target =
+"<think>\\n<ARG>\\n</think>\\n\\n<reply>" when r_t = 1, the reply alone when r_t = 0; a row longer
+than max_length is dropped and counted.
 
-Bad input (a turn without speaker or with empty content, a malformed triple) raises DataError naming the file,
-the line (of the record; in a JSON array, the line where the dialogue starts) and the field, before anything is
-written.
+Bad input (a turn without speaker or with empty content, a malformed triple) raises DataError naming
+the file, the line (of the record; in a JSON array, the line where the dialogue starts) and the
+field, before anything is written.
 """
 
 from __future__ import annotations
@@ -71,8 +80,8 @@ from teacher import ask_journaled, load_journal, raw_text, request_key
 
 @dataclass
 class Relations:
-    """ECoK relation names (case-insensitive) whose tails fill each slot of g_t (ours: ATOMIC-style names and
-    plain ones; the paper does not list ECoK's)."""
+    """ECoK relation names (case-insensitive) whose tails fill each slot of g_t (ours: ATOMIC-style
+    names and plain ones; the paper does not list ECoK's)."""
 
     needs: tuple[str, ...] = ("xNeed", "xWant", "xIntent", "need", "want", "goal")
     appraisal: tuple[str, ...] = ("xAttr", "appraisal", "cause", "evaluation")
@@ -81,14 +90,17 @@ class Relations:
 
 @dataclass
 class EmoLLMData:
-    """`python emollm_data.py` for EmoLLM's Stage I (module docstring); rows go to `out` (sft.py's `data`)."""
+    """`python emollm_data.py` for EmoLLM's Stage I (module docstring); rows go to `out` (sft.py's
+    `data`)."""
 
     dialogues: list[str]  # ESConv-layout files
-    objective: Literal["lm", "target"]  # sft.py's objective for the rows: lm (CPT) or target (ARG SFT)
+    # sft.py's objective for the rows: lm (CPT) or target (ARG SFT)
+    objective: Literal["lm", "target"]
     out: str  # the rows written (sft.py's `data`)
     model: str  # the checkpoint sft.py trains (its tokenizer measures max_length)
     max_length: int = 16384  # sft.py's max_length: CPT rows are cut to fit, longer ARG rows dropped
-    enable_thinking: bool | None = None  # sft.py's enable_thinking (the chat format the rows are measured in)
+    # sft.py's enable_thinking (the chat format the rows are measured in)
+    enable_thinking: bool | None = None
     knowledge: str | None = None  # objective lm: the ECoK-layout triples (JSONL)
     relations: Relations = field(default_factory=Relations)
     min_overlap: float = 0.5  # share of a triple head's words that the query must hold
@@ -111,7 +123,8 @@ class EmoLLMData:
 @dataclass(frozen=True)
 class Dialogue:
     id: str
-    turns: tuple[tuple[str, str, tuple[str, ...]], ...]  # (role user/assistant, text, supporter strategies)
+    # (role user/assistant, text, supporter strategies)
+    turns: tuple[tuple[str, str, tuple[str, ...]], ...]
     situation: str | None = None
     problem: str | None = None
     emotion: str | None = None
@@ -124,12 +137,21 @@ _BETWEEN = re.compile(r"[\s,]*")  # what separates the records of a JSON array
 
 
 def _records(path) -> list[tuple[int, object]]:
-    """(line, value) of each record of a JSON array file (the line where it starts) or of a JSONL file."""
+    """(line, value) of each record of a JSON array file (the line where it starts) or of a JSONL
+    file."""
     text = read_data_text(path)
     if not text.lstrip().startswith("["):
-        return [(n, parse_json(line, path, n)) for n, line in enumerate(text.split("\n"), 1) if line.strip()]
+        return [
+            (n, parse_json(line, path, n))
+            for n, line in enumerate(text.split("\n"), 1)
+            if line.strip()
+        ]
     parse_json(text, path)  # the file is strict JSON: the walk below cannot fail
-    decoder, at, records = json.JSONDecoder(parse_constant=reject_json_constant), text.index("[") + 1, []
+    decoder, at, records = (
+        json.JSONDecoder(parse_constant=reject_json_constant),
+        text.index("[") + 1,
+        [],
+    )
     line, counted = 1, 0
     while True:
         at = _BETWEEN.match(text, at).end()
@@ -160,9 +182,13 @@ def dialogue_from_json(raw, default_id: str) -> Dialogue:
             raise DataError(f"field 'dialog[{i}]': expected an object, got {type(turn).__name__}")
         speaker, text = _text(turn, "speaker", where), _text(turn, "content", where)
         if speaker is None or text is None:
-            raise DataError(f"field '{where}{'speaker' if speaker is None else 'content'}': missing")
+            raise DataError(
+                f"field '{where}{'speaker' if speaker is None else 'content'}': missing"
+            )
         if speaker not in _ROLES:
-            raise DataError(f"field '{where}speaker': {excerpt(speaker)} is neither 'seeker' nor 'supporter'")
+            raise DataError(
+                f"field '{where}speaker': {excerpt(speaker)} is neither 'seeker' nor 'supporter'"
+            )
         annotation = typed_field(turn, "annotation", dict, {}, where)
         strategy = _text(annotation, "strategy", where + "annotation.")
         role, strategies = _ROLES[speaker], (strategy,) if strategy else ()
@@ -170,8 +196,13 @@ def dialogue_from_json(raw, default_id: str) -> Dialogue:
             merged[-1] = (role, merged[-1][1] + " " + text.strip(), merged[-1][2] + strategies)
         else:
             merged.append((role, text.strip(), strategies))
-    return Dialogue(_text(raw, "id") or default_id, tuple(merged), _text(raw, "situation"),
-                    _text(raw, "problem_type"), _text(raw, "emotion_type"))
+    return Dialogue(
+        _text(raw, "id") or default_id,
+        tuple(merged),
+        _text(raw, "situation"),
+        _text(raw, "problem_type"),
+        _text(raw, "emotion_type"),
+    )
 
 
 def load_dialogues(paths: list[str]) -> list[Dialogue]:
@@ -222,12 +253,18 @@ def load_knowledge(path) -> list[Triple]:
     for line, raw in _records(path):
         try:
             if not isinstance(raw, dict):
-                raise DataError(f"expected a {{head, relation, tail}} object, got {type(raw).__name__}")
+                raise DataError(
+                    f"expected a {{head, relation, tail}} object, got {type(raw).__name__}"
+                )
             if unknown := sorted(set(raw) - {"head", "relation", "tail"}):
-                raise DataError(f"field '{unknown[0]}': unknown field (a triple has head, relation, tail)")
+                raise DataError(
+                    f"field '{unknown[0]}': unknown field (a triple has head, relation, tail)"
+                )
             values = [_text(raw, key) for key in ("head", "relation", "tail")]
             if None in values:
-                raise DataError(f"field '{('head', 'relation', 'tail')[values.index(None)]}': missing")
+                raise DataError(
+                    f"field '{('head', 'relation', 'tail')[values.index(None)]}': missing"
+                )
         except DataError as e:
             raise DataError(f"{path}:{line}: {e}") from None
         triples.append(Triple(*(v.strip() for v in values)))
@@ -236,25 +273,42 @@ def load_knowledge(path) -> list[Triple]:
     return triples
 
 
-_STOP = set("the and for are but not you your yours with that this have has had was were been being from they them "
-            "their what when where which who whom why how all any can could would should will just about into "
-            "than then there here its it's i'm i've don't can't also very really much more most some such only "
-            "own same too out off over under again once our ours she her hers him his myself yourself itself "
-            "because while does did doing get got feel feeling".split())
+_STOP = set(
+    (
+        "the and for are but not you your yours with that this have has had was were been being "
+        "from they them their what when where which who whom why how all any can could would "
+        "should will just about into than then there here its it's i'm i've don't can't also very "
+        "really much more most some such only own same too out off over under again once our ours "
+        "she her hers him his myself yourself itself because while does did doing get got feel "
+        "feeling"
+    ).split()
+)
 
 
 def words(text: str) -> set[str]:
-    found = (w.removesuffix("s") if len(w) > 3 else w for w in re.findall(r"[a-z]+(?:'[a-z]+)?", text.lower()))
+    found = (
+        w.removesuffix("s") if len(w) > 3 else w
+        for w in re.findall(r"[a-z]+(?:'[a-z]+)?", text.lower())
+    )
     return {w for w in found if len(w) >= 3 and w not in _STOP}
 
 
 class Knowledge:
     """The triples indexed by head word, for `retrieve`."""
 
-    def __init__(self, triples: list[Triple], relations: Relations, min_overlap: float, per_slot: int):
-        slot_of = {r.lower(): slot for slot in ("needs", "appraisal", "emotion") for r in getattr(relations, slot)}
-        self.entries = [(slot_of[t.relation.lower()], words(t.head), t.tail) for t in triples
-                        if t.relation.lower() in slot_of]
+    def __init__(
+        self, triples: list[Triple], relations: Relations, min_overlap: float, per_slot: int
+    ):
+        slot_of = {
+            r.lower(): slot
+            for slot in ("needs", "appraisal", "emotion")
+            for r in getattr(relations, slot)
+        }
+        self.entries = [
+            (slot_of[t.relation.lower()], words(t.head), t.tail)
+            for t in triples
+            if t.relation.lower() in slot_of
+        ]
         self.index: dict[str, list[int]] = {}
         for i, (_, head, _) in enumerate(self.entries):
             for w in head:
@@ -267,8 +321,11 @@ class Knowledge:
         for w in query:
             for i in self.index.get(w, ()):
                 shared[i] = shared.get(i, 0) + 1
-        ranked = sorted((-n / len(self.entries[i][1]), -n, i) for i, n in shared.items()
-                        if n / len(self.entries[i][1]) >= self.min_overlap)
+        ranked = sorted(
+            (-n / len(self.entries[i][1]), -n, i)
+            for i, n in shared.items()
+            if n / len(self.entries[i][1]) >= self.min_overlap
+        )
         found = {"needs": [], "appraisal": [], "emotion": []}
         for _, _, i in ranked:
             slot, _, tail = self.entries[i]
@@ -277,32 +334,48 @@ class Knowledge:
         return found
 
 
-def knowledge_tuple(dialogue: Dialogue, t: int, knowledge: Knowledge,
-                    fact_words: int) -> tuple[list[tuple[str, str]], int]:
-    """(g_t = (facts, needs, appraisal, emotion) for x_<=t as (section name, text) pairs, tails retrieved)."""
+def knowledge_tuple(
+    dialogue: Dialogue, t: int, knowledge: Knowledge, fact_words: int
+) -> tuple[list[tuple[str, str]], int]:
+    """(g_t = (facts, needs, appraisal, emotion) for x_<=t as (section name, text) pairs, tails
+    retrieved)."""
     current = dialogue.turns[t][1]
     found = knowledge.retrieve(words(current) | words(dialogue.situation or ""))
     said = current.split()
     said = " ".join(said[:fact_words]) + (" ..." if len(said) > fact_words else "")
-    facts = [x.strip().rstrip(".") for x in (dialogue.problem, dialogue.situation) if x] + [f"the user says: {said}"]
+    facts = [x.strip().rstrip(".") for x in (dialogue.problem, dialogue.situation) if x] + [
+        f"the user says: {said}"
+    ]
     emotion = ([dialogue.emotion] if dialogue.emotion else []) + found["emotion"]
     values = [facts, found["needs"], found["appraisal"], emotion]
-    return ([(name, "; ".join(v) or "(none retrieved)") for name, v in zip(ARG_SECTIONS[:4], values)],
-            sum(map(len, found.values())))
+    return (
+        [(name, "; ".join(v) or "(none retrieved)") for name, v in zip(ARG_SECTIONS[:4], values)],
+        sum(map(len, found.values())),
+    )
 
 
 def think(sections: list[tuple[str, str]]) -> str:
-    return f"{THINK_START}\n" + "\n".join(f"{name}: {text}" for name, text in sections) + f"\n{THINK_END}"
+    return (
+        f"{THINK_START}\n"
+        + "\n".join(f"{name}: {text}" for name, text in sections)
+        + f"\n{THINK_END}"
+    )
 
 
-def cpt_rows(dialogues: list[Dialogue], knowledge: Knowledge, settings: EmoLLMData,
-             fits: Callable[[list | None, str], bool]) -> tuple[list[dict], int]:
+def cpt_rows(
+    dialogues: list[Dialogue],
+    knowledge: Knowledge,
+    settings: EmoLLMData,
+    fits: Callable[[list | None, str], bool],
+) -> tuple[list[dict], int]:
     """(CPT rows, contexts skipped because even their current turn alone is too long)."""
     rows, skipped = [], 0
     for dialogue in dialogues:
         for t in contexts(dialogue):
             g_t, found = knowledge_tuple(dialogue, t, knowledge, settings.fact_words)
-            texts = (think(g_t) + "\n" + render_context(dialogue.turns[s:t + 1]) for s in range(t + 1))
+            texts = (
+                think(g_t) + "\n" + render_context(dialogue.turns[s : t + 1]) for s in range(t + 1)
+            )
             text = next((x for x in texts if fits(None, x)), None)  # the longest context that fits
             if text is None:
                 skipped += 1
@@ -312,36 +385,41 @@ def cpt_rows(dialogues: list[Dialogue], knowledge: Knowledge, settings: EmoLLMDa
     return rows, skipped
 
 
-# ----------------------------------------------------------------------------- the ARG teacher (Appendix H)
+# --------------------------------------------------------------------- the ARG teacher (Appendix H)
 
 LOOKAHEAD, CHOICE, GATE, REPLY = "Lookahead", "Choice", "Reasoning needed", "Reply"
 
-ARG_TEACHER_SYSTEM = f"""You annotate one turn of a supportive conversation, to train an assistant that works out a \
-person's situation and feelings before it answers. You receive <dialogue>, the conversation so far, and \
-<user_text>, the person's newest message, which the assistant answers next. {DATA_NOTICE}
+ARG_TEACHER_SYSTEM = f"""You annotate one turn of a supportive conversation, to train an assistant \
+that works out a person's situation and feelings before it answers. You receive <dialogue>, the \
+conversation so far, and <user_text>, the person's newest message, which the assistant answers \
+next. {DATA_NOTICE}
 
-Write the assistant's private reasoning in these sections, in this order, each starting on a new line with its name \
-and a colon, one or two specific lines each, grounded in the conversation (invent nothing):
+Write the assistant's private reasoning in these sections, in this order, each starting on a new \
+line with its name and a colon, one or two specific lines each, grounded in the conversation \
+(invent nothing):
 Facts: the events and circumstances the conversation establishes.
 Needs: what the person needs, wants or is worried about right now.
-Appraisal: how the person weighs those facts against those needs: for or against their goals, within their \
-control or not, whose doing.
+Appraisal: how the person weighs those facts against those needs: for or against their goals, \
+within their control or not, whose doing.
 Emotion: the feelings that follow from that appraisal.
-Strategy: how the assistant should answer given all of the above: its tone and what it concentrates on.
-Only when thinking ahead usefully tests the strategy, add up to {{n}} steps, then the choice (never a choice without a \
-step):
+Strategy: how the assistant should answer given all of the above: its tone and what it \
+concentrates on.
+Only when thinking ahead usefully tests the strategy, add up to {{n}} steps, then the choice \
+(never a choice without a step):
 Lookahead 1: how the person would likely react to a reply that follows the strategy.
 Lookahead 2 (and 3): the reaction one exchange further on.
 Choice: the strategy kept, or how the lookahead changes it.
 Then two last sections:
-Reasoning needed: yes when this turn deserves explicit reasoning before the reply (distress, a tangled situation, a \
-choice of approach that matters); no when a direct reply serves as well (a greeting, thanks, a simple question). \
-Write the reasoning sections either way.
-Reply: the assistant's answer to the newest message: natural, warm, specific and practical, with no section names \
-and no tags.
+Reasoning needed: yes when this turn deserves explicit reasoning before the reply (distress, a \
+tangled situation, a choice of approach that matters); no when a direct reply serves as well (a \
+greeting, thanks, a simple question). Write the reasoning sections either way.
+Reply: the assistant's answer to the newest message: natural, warm, specific and practical, with \
+no section names and no tags.
 Output nothing else."""
 
-_HEADER = re.compile(rf"^({'|'.join(ARG_SECTIONS)}|{LOOKAHEAD} \d+|{CHOICE}|{GATE}|{REPLY})[ \t]*:", re.MULTILINE)
+_HEADER = re.compile(
+    rf"^({'|'.join(ARG_SECTIONS)}|{LOOKAHEAD} \d+|{CHOICE}|{GATE}|{REPLY})[ \t]*:", re.MULTILINE
+)
 
 
 @dataclass
@@ -356,28 +434,49 @@ class ArgAnswer:
 
 def arg_request(dialogue: Dialogue, t: int, settings: EmoLLMData) -> JudgeCall:
     history = render_context(dialogue.turns[:t]) or "(no earlier messages)"
-    return JudgeCall(chat_messages(ARG_TEACHER_SYSTEM.format(n=settings.lookahead), section("dialogue", history),
-                               section("user_text", dialogue.turns[t][1])), settings.max_tokens)
+    return JudgeCall(
+        chat_messages(
+            ARG_TEACHER_SYSTEM.format(n=settings.lookahead),
+            section("dialogue", history),
+            section("user_text", dialogue.turns[t][1]),
+        ),
+        settings.max_tokens,
+    )
 
 
 def parse_arg(text: str, lookahead: int) -> ArgAnswer | str:
-    """The teacher's answer, or why it is rejected: "missing section", "missing reply" or "malformed" (a section
-    out of order or repeated, text before the first section, more than `lookahead` steps, a choice without
-    steps or steps without a choice, a gate other than yes/no, a tag in the reply)."""
+    """The teacher's answer, or why it is rejected: "missing section", "missing reply" or
+    "malformed" (a section out of order or repeated, text before the first section, more than
+    `lookahead` steps, a choice without steps or steps without a choice, a gate other than yes/no, a
+    tag in the reply)."""
     heads = list(_HEADER.finditer(text))
-    parts = [(m.group(1), text[m.end():nxt.start() if nxt else len(text)].strip())
-             for m, nxt in zip(heads, heads[1:] + [None])]
+    parts = [
+        (m.group(1), text[m.end() : nxt.start() if nxt else len(text)].strip())
+        for m, nxt in zip(heads, heads[1:] + [None])
+    ]
     present = {name for name, value in parts if value}
     if any(name not in present for name in (*ARG_SECTIONS, GATE)):
         return "missing section"
     if REPLY not in present:
         return "missing reply"
     steps = sum(name.startswith(LOOKAHEAD) for name, _ in parts)
-    order = [*ARG_SECTIONS, *(f"{LOOKAHEAD} {k}" for k in range(1, steps + 1)), *([CHOICE] if steps else []),
-             GATE, REPLY]
+    order = [
+        *ARG_SECTIONS,
+        *(f"{LOOKAHEAD} {k}" for k in range(1, steps + 1)),
+        *([CHOICE] if steps else []),
+        GATE,
+        REPLY,
+    ]
     gate, reply = parts[-2][1].lower().rstrip("."), parts[-1][1]
-    if (text[:heads[0].start()].strip() or [n for n, _ in parts] != order or steps > lookahead
-            or len(present) != len(parts) or gate not in ("yes", "no") or THINK_START in reply or THINK_END in reply):
+    if (
+        text[: heads[0].start()].strip()
+        or [n for n, _ in parts] != order
+        or steps > lookahead
+        or len(present) != len(parts)
+        or gate not in ("yes", "no")
+        or THINK_START in reply
+        or THINK_END in reply
+    ):
         return "malformed"
     return ArgAnswer(parts[:-2], int(gate == "yes"), reply)
 
@@ -386,70 +485,124 @@ def chat_prompt(turns) -> list[dict[str, str]]:
     return [{"role": role, "content": text} for role, text, _ in turns]
 
 
-def arg_rows(dialogues: list[Dialogue], settings: EmoLLMData, cache: Path,
-             fits: Callable[[list | None, str], bool]) -> tuple[list[dict], dict[str, int]]:
-    """(ARG SFT rows, counts): sample the contexts, ask the teacher, keep the answers `parse_arg` accepts."""
+def arg_rows(
+    dialogues: list[Dialogue],
+    settings: EmoLLMData,
+    cache: Path,
+    fits: Callable[[list | None, str], bool],
+) -> tuple[list[dict], dict[str, int]]:
+    """(ARG SFT rows, counts): sample the contexts, ask the teacher, keep the answers `parse_arg`
+    accepts."""
     pool = [(d, t) for d in dialogues for t in contexts(d)]
     if settings.contexts is not None:  # a random subset, kept in file order
-        pool = [pool[i] for i in sorted(random.Random(settings.seed).sample(range(len(pool)),
-                                                                           min(settings.contexts, len(pool))))]
+        pool = [
+            pool[i]
+            for i in sorted(
+                random.Random(settings.seed).sample(
+                    range(len(pool)), min(settings.contexts, len(pool))
+                )
+            )
+        ]
     calls = [arg_request(d, t, settings) for d, t in pool]
-    keys = [request_key("arg", f"{d.id}/t{t}", settings.teacher, call) for (d, t), call in zip(pool, calls)]
+    keys = [
+        request_key("arg", f"{d.id}/t{t}", settings.teacher, call)
+        for (d, t), call in zip(pool, calls)
+    ]
     done = load_journal(cache)
-    asked = ask_journaled([(k, call, raw_text) for k, call in zip(keys, calls)], settings.teacher, cache, done)
+    asked = ask_journaled(
+        [(k, call, raw_text) for k, call in zip(keys, calls)], settings.teacher, cache, done
+    )
     answers = [done.get(k) for k in keys]
-    rows, counts = [], {"contexts": len(pool), "reused": len(pool) - asked["asked"],
-                        "teacher_failures": answers.count(None),
-                        "missing section": 0, "missing reply": 0, "malformed": 0, "too long": 0}
+    rows, counts = (
+        [],
+        {
+            "contexts": len(pool),
+            "reused": len(pool) - asked["asked"],
+            "teacher_failures": answers.count(None),
+            "missing section": 0,
+            "missing reply": 0,
+            "malformed": 0,
+            "too long": 0,
+        },
+    )
     for (dialogue, t), answer in zip(pool, answers):
         parsed = None if answer is None else parse_arg(answer, settings.lookahead)
         if isinstance(parsed, str):
             counts[parsed] += 1
         elif parsed is not None:
-            prompt = chat_prompt(dialogue.turns[:t + 1])
+            prompt = chat_prompt(dialogue.turns[: t + 1])
             if not fits(prompt, parsed.target()):
                 counts["too long"] += 1
                 continue
-            rows.append({"id": f"{dialogue.id}/t{t}", "prompt": prompt, "target": parsed.target(),
-                         "meta": context_meta(dialogue, t) | {"gate": parsed.gate, "arg": think(parsed.sections)}})
+            rows.append(
+                {
+                    "id": f"{dialogue.id}/t{t}",
+                    "prompt": prompt,
+                    "target": parsed.target(),
+                    "meta": context_meta(dialogue, t)
+                    | {"gate": parsed.gate, "arg": think(parsed.sections)},
+                }
+            )
     return rows, counts
 
 
 # ----------------------------------------------------------------------------- the command
 
 
-def prepare(settings: EmoLLMData, objective: str, out, fits: Callable[[list | None, str], bool]) -> dict[str, int]:
-    """Write the rows of `objective`'s part to `out` (JSONL) and return the counts it prints. `fits(prompt, text)`:
-    whether sft.py's encoding of the row (prompt None for an lm row) is within max_length."""
+def prepare(
+    settings: EmoLLMData, objective: str, out, fits: Callable[[list | None, str], bool]
+) -> dict[str, int]:
+    """Write the rows of `objective`'s part to `out` (JSONL) and return the counts it prints.
+    `fits(prompt, text)`: whether sft.py's encoding of the row (prompt None for an lm row) is within
+    max_length."""
     if objective not in ("lm", "target"):
-        raise ConfigError(f"objective: emollm_data.py builds rows for lm (CPT) or target (ARG SFT), not "
-                          f"{excerpt(objective)}")
+        raise ConfigError(
+            f"objective: emollm_data.py builds rows for lm (CPT) or target (ARG SFT), not "
+            f"{excerpt(objective)}"
+        )
     if objective == "lm" and settings.knowledge is None:
         raise ConfigError("knowledge: the CPT rows (objective lm) need the knowledge triples")
     dialogues = load_dialogues(settings.dialogues)
     if objective == "lm":
-        knowledge = Knowledge(load_knowledge(settings.knowledge), settings.relations, settings.min_overlap,
-                              settings.per_slot)
+        knowledge = Knowledge(
+            load_knowledge(settings.knowledge),
+            settings.relations,
+            settings.min_overlap,
+            settings.per_slot,
+        )
         rows, skipped = cpt_rows(dialogues, knowledge, settings, fits)
-        counts = {"dialogues": len(dialogues), "rows": len(rows), "too long": skipped,
-                  "with knowledge": sum(r["meta"]["knowledge"] > 0 for r in rows)}
+        counts = {
+            "dialogues": len(dialogues),
+            "rows": len(rows),
+            "too long": skipped,
+            "with knowledge": sum(r["meta"]["knowledge"] > 0 for r in rows),
+        }
     else:
         rows, counts = arg_rows(dialogues, settings, Path(str(out) + ".teacher.jsonl"), fits)
         counts |= {"rows": len(rows), "reasoned": sum(r["meta"]["gate"] for r in rows)}
     atomic_write_text(out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
-    print0(f"emollm {'CPT' if objective == 'lm' else 'ARG SFT'}: " + ", ".join(f"{k} {v}" for k, v in counts.items())
-           + f" -> {out}")
+    print0(
+        f"emollm {'CPT' if objective == 'lm' else 'ARG SFT'}: "
+        + ", ".join(f"{k} {v}" for k, v in counts.items())
+        + f" -> {out}"
+    )
     return counts
 
 
 def sft_fits(cfg: EmoLLMData) -> Callable[[list | None, str], bool]:
-    """Whether a row (prompt None for an lm row) is within max_length as sft.py encodes it; the tokenizer is
-    loaded on the first call, once the data have been checked."""
-    trainer = sft.SFTConfig(model=cfg.model, data=cfg.out, objective=cfg.objective, max_length=cfg.max_length,
-                            enable_thinking=cfg.enable_thinking)
+    """Whether a row (prompt None for an lm row) is within max_length as sft.py encodes it; the
+    tokenizer is loaded on the first call, once the data have been checked."""
+    trainer = sft.SFTConfig(
+        model=cfg.model,
+        data=cfg.out,
+        objective=cfg.objective,
+        max_length=cfg.max_length,
+        enable_thinking=cfg.enable_thinking,
+    )
     tok = functools.cache(lambda: load_tokenizer(cfg.model))
-    return lambda prompt, text: len(sft.encode_text_row(tok(), sft.TextRow("", text, prompt), trainer)[0]) \
-        <= cfg.max_length
+    return lambda prompt, text: (
+        len(sft.encode_text_row(tok(), sft.TextRow("", text, prompt), trainer)[0]) <= cfg.max_length
+    )
 
 
 def main(argv=None) -> None:

@@ -1,10 +1,12 @@
-"""Evaluation as the CLUE paper reports it (sections 4-5, Appendix B): weighted and macro F1 over sampled completions
-(mean and sample SD), in-domain and out-of-domain averages, relative gains, invalid answers, reasoning tokens, cause
-identification, evidence alignment F1 with a Wilcoxon test, the Table-1 Markdown, Figures 4-5, the human evaluation.
+"""Evaluation as the CLUE paper reports it (sections 4-5, Appendix B): weighted and macro F1 over
+sampled completions (mean and sample SD), in-domain and out-of-domain averages, relative gains,
+invalid answers, reasoning tokens, cause identification, evidence alignment F1 with a Wilcoxon test,
+the Table-1 Markdown, Figures 4-5, the human evaluation.
 
     python evaluate.py config.yaml [key=value ...]      # a checkpoint in-process, or an endpoint
     python evaluate.py compare A/eval.json B/eval.json ... [--out DIR]
-    python evaluate.py plot RUN_DIR ... [--out FILE]    # training curves from metrics.jsonl (Figure 5)
+    python evaluate.py plot RUN_DIR ... [--out FILE]    # training curves from metrics.jsonl (Figure
+                                                          5)
 
 An evaluation writes into `output_dir`: config.yaml (resolved), completions.jsonl (one line per
 completion, appended as they come: rerunning the same command resumes), causes.jsonl (cause-judge
@@ -29,16 +31,41 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Literal
 
-from config import (ConfigError, atomic_write_text, excerpt, load_config, open_log, parse_cli, print0, read_log,
-                    read_metrics, redact_secrets, save_resolved_config)
-from data import DataError, Example, count_tokens, f1_scores, get_task, parse_answer, split_completion, visible_turns
+from config import (
+    ConfigError,
+    atomic_write_text,
+    excerpt,
+    load_config,
+    open_log,
+    parse_cli,
+    print0,
+    read_log,
+    read_metrics,
+    redact_secrets,
+    save_resolved_config,
+)
+from data import (
+    DataError,
+    Example,
+    count_tokens,
+    f1_scores,
+    get_task,
+    parse_answer,
+    split_completion,
+    visible_turns,
+)
 from dataset import load_jsonl
-from sampling import SamplingConfig, endpoint_config, sample_completions
 from judge import JudgeCall, JudgeConfig, JudgeError, cause_request, chat_many, parse_cause_verdict
+from sampling import SamplingConfig, endpoint_config, sample_completions
 from verifier import extract_quotes, locate_quote
 
 COMPLETIONS, CAUSES, EVAL_JSON, TABLE, F1_FIGURE = (
-    "completions.jsonl", "causes.jsonl", "eval.json", "table.md", "f1_vs_tokens.png")
+    "completions.jsonl",
+    "causes.jsonl",
+    "eval.json",
+    "table.md",
+    "f1_vs_tokens.png",
+)
 
 # ----------------------------------------------------------------------------- config
 
@@ -49,34 +76,41 @@ class EvalSet:
 
     name: str
     path: str  # JSONL examples (data.py schema)
-    domain: Literal["in", "out"] | None = None  # the average it enters; None for neither (MMLU, ECF)
+    # the average it enters; None for neither (MMLU, ECF)
+    domain: Literal["in", "out"] | None = None
     task: str | None = None  # keep only this task's examples (needed when the file holds several)
-    causes: bool = False  # also judge cause identification (paper 5.1) where examples have meta["causes"]
+    # also judge cause identification (paper 5.1) where examples have meta["causes"]
+    causes: bool = False
 
 
 @dataclass
 class EvalConfig:
-    """An evaluation: a checkpoint (+ adapter) run in-process with model.generate, or an endpoint."""
+    """An evaluation: a checkpoint (+ adapter) run in-process with model.generate, or an
+    endpoint."""
 
     output_dir: str
     sets: list[EvalSet]
-    name: str | None = None  # the model's name in tables and figures (default: output_dir's folder name)
+    # the model's name in tables and figures (default: output_dir's folder name)
+    name: str | None = None
     checkpoint: str | None = None  # Hugging Face checkpoint folder
     adapter: str | None = None  # LoRA adapter folder, merged into the checkpoint before sampling
     # An OpenAI-compatible server (vLLM serving the merged model or the adapter, a hosted API): its
     # temperature, top_p, top_k and enable_thinking are replaced by `sampling`; serve it without a
     # reasoning parser and keep special tokens (sampling: {skip_special_tokens: false} for vLLM).
     endpoint: JudgeConfig | None = None
-    tokenizer: str | None = None  # counts reasoning tokens; default: the adapter's if it has one, else checkpoint's
+    # counts reasoning tokens; default: the adapter's if it has one, else checkpoint's
+    tokenizer: str | None = None
     device: str | None = None  # default: cuda when available, else cpu
     dtype: str | None = None  # default: bfloat16 on a GPU, float32 on the CPU
     batch_size: int = 32  # completions per generate call (in-process)
     n_samples: int = 3  # sampled completions per instance (paper: three, from one seed)
     seed: int = 0
-    greedy_tasks: list[str] = field(default_factory=lambda: ["mmlu"])  # one greedy completion (paper 4.6)
+    # one greedy completion (paper 4.6)
+    greedy_tasks: list[str] = field(default_factory=lambda: ["mmlu"])
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     judge: JudgeConfig = field(default_factory=JudgeConfig)  # the cause judge (paper 5.1)
-    baseline: str | None = None  # eval.json of the reference model: relative gains, its point in Figure 4
+    # eval.json of the reference model: relative gains, its point in Figure 4
+    baseline: str | None = None
 
 
 class EvalError(RuntimeError):
@@ -87,7 +121,9 @@ def check_config(cfg: EvalConfig) -> None:
     if (cfg.checkpoint is None) == (cfg.endpoint is None):
         raise ConfigError("give exactly one of 'checkpoint' (in-process) and 'endpoint' (a server)")
     if cfg.adapter and not cfg.checkpoint:
-        raise ConfigError("'adapter' needs 'checkpoint' (a served adapter is named by endpoint.model)")
+        raise ConfigError(
+            "'adapter' needs 'checkpoint' (a served adapter is named by endpoint.model)"
+        )
     names = [s.name for s in cfg.sets]
     if not names or len(set(names)) != len(names):
         raise ConfigError(f"'sets' needs at least one set and distinct names, got {excerpt(names)}")
@@ -98,7 +134,8 @@ def check_config(cfg: EvalConfig) -> None:
 
 
 def decoding_for(cfg: EvalConfig, task: str) -> tuple[SamplingConfig, int]:
-    """(sampling settings, completions per instance) for a task: greedy tasks get one greedy completion."""
+    """(sampling settings, completions per instance) for a task: greedy tasks get one greedy
+    completion."""
     if task in cfg.greedy_tasks:
         return dataclasses.replace(cfg.sampling, temperature=0.0), 1
     return cfg.sampling, cfg.n_samples
@@ -113,7 +150,11 @@ def mean_sd(values: list[float | None]) -> dict:
     if not values or any(v is None for v in values):
         return {"mean": None, "sd": None, "runs": list(values)}
     mean = sum(values) / len(values)
-    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else None
+    sd = (
+        math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+        if len(values) > 1
+        else None
+    )
     return {"mean": mean, "sd": sd, "runs": list(values)}
 
 
@@ -133,16 +174,22 @@ def score_runs(examples: list[Example], completions: list[list[str]]) -> list[di
 
 
 def task_scores(examples: list[Example], completions: list[list[str]]) -> dict[str, dict]:
-    """{task: {"weighted", "macro", "invalid", "n"}}: per task, weighted and macro F1 and the invalid-answer rate
-    averaged over the sampled runs; n counts the scored targets. `completions[i]` holds the sampled completions of
-    `examples[i]`. SFT checkpoint selection reads the mean macro F1 over tasks (paper A.1)."""
+    """{task: {"weighted", "macro", "invalid", "n"}}: per task, weighted and macro F1 and the
+    invalid-answer rate averaged over the sampled runs; n counts the scored targets.
+    `completions[i]` holds the sampled completions of `examples[i]`. SFT checkpoint selection reads
+    the mean macro F1 over tasks (paper A.1)."""
     if len(examples) != len(completions):
-        raise ValueError(f"task_scores: {len(examples)} examples but {len(completions)} lists of completions")
+        raise ValueError(
+            f"task_scores: {len(examples)} examples but {len(completions)} lists of completions"
+        )
     scores = {}
     for task in dict.fromkeys(e.task for e in examples):
         rows = [i for i, e in enumerate(examples) if e.task == task]
         runs = score_runs([examples[i] for i in rows], [completions[i] for i in rows])
-        scores[task] = {key: mean_sd([run[key] for run in runs])["mean"] for key in ("weighted", "macro", "invalid")}
+        scores[task] = {
+            key: mean_sd([run[key] for run in runs])["mean"]
+            for key in ("weighted", "macro", "invalid")
+        }
         scores[task]["n"] = runs[0]["n"]
     return scores
 
@@ -151,19 +198,22 @@ EXACT_MAX_N = 50  # the Wilcoxon test is exact up to this many non-zero differen
 
 
 def wilcoxon(x: list[float], y: list[float]) -> dict:
-    """Two-sided Wilcoxon signed-rank test on paired scores. Zero differences are dropped (Wilcoxon's
-    convention); tied |differences| share their average rank. With n <= EXACT_MAX_N non-zero
-    differences the p-value is exact: the null distribution of T+ (the sum of positive ranks) over all
-    2^n sign patterns of the actual ranks, p = min(1, 2 min(P(T+ <= t), P(T+ >= t))). Above that, the
-    normal approximation with the tie-corrected variance n(n+1)(2n+1)/24 - sum(t^3 - t)/48, without
-    continuity correction. Returns {"statistic": min(T+, T-), "p", "n", "method"}."""
+    """Two-sided Wilcoxon signed-rank test on paired scores. Zero differences are dropped
+    (Wilcoxon's convention); tied |differences| share their average rank. With n <= EXACT_MAX_N
+    non-zero differences the p-value is exact: the null distribution of T+ (the sum of positive
+    ranks) over all 2^n sign patterns of the actual ranks, p = min(1, 2 min(P(T+ <= t), P(T+ >=
+    t))). Above that, the normal approximation with the tie-corrected variance n(n+1)(2n+1)/24 -
+    sum(t^3 - t)/48, without continuity correction. Returns {"statistic": min(T+, T-), "p", "n",
+    "method"}."""
     d = [round(a - b, 12) for a, b in zip(x, y, strict=True)]
     d = [v for v in d if v != 0]
     n = len(d)
     order = sorted(range(n), key=lambda i: abs(d[i]))
-    ranks2, ties = [0] * n, []  # doubled average ranks (integers); the size of each group of tied |d|
+    # doubled average ranks (integers); the size of each group of tied |d|
+    ranks2, ties = [0] * n, []
     for _, tied in itertools.groupby(enumerate(order), key=lambda pair: abs(d[pair[1]])):
-        tied = list(tied)  # (rank - 1, index) pairs: the group shares the mean of its first and last rank
+        # (rank - 1, index) pairs: the group shares the mean of its first and last rank
+        tied = list(tied)
         for _, i in tied:
             ranks2[i] = tied[0][0] + tied[-1][0] + 2
         ties.append(len(tied))
@@ -173,12 +223,17 @@ def wilcoxon(x: list[float], y: list[float]) -> dict:
         counts = [1] + [0] * (n * (n + 1))  # counts[s]: sign patterns whose doubled T+ is s
         for r in ranks2:
             counts = [c + (counts[s - r] if s >= r else 0) for s, c in enumerate(counts)]
-        below, above = sum(counts[:t2 + 1]), sum(counts[t2:])
-        p = min(1.0, 2 * min(below, above) / 2 ** n)
+        below, above = sum(counts[: t2 + 1]), sum(counts[t2:])
+        p = min(1.0, 2 * min(below, above) / 2**n)
         return {"statistic": statistic, "p": p, "n": n, "method": "exact"}
-    var = n * (n + 1) * (2 * n + 1) / 24 - sum(t ** 3 - t for t in ties) / 48
+    var = n * (n + 1) * (2 * n + 1) / 24 - sum(t**3 - t for t in ties) / 48
     z = (t2 / 2 - n * (n + 1) / 4) / math.sqrt(var)
-    return {"statistic": statistic, "p": math.erfc(abs(z) / math.sqrt(2)), "n": n, "method": "normal"}
+    return {
+        "statistic": statistic,
+        "p": math.erfc(abs(z) / math.sqrt(2)),
+        "n": n,
+        "method": "normal",
+    }
 
 
 _QUOTED = re.compile(r'"([^"\n]+)"|“([^”\n]+)”|‘([^’\n]+)’|「([^」\n]+)」|『([^』\n]+)』')
@@ -186,19 +241,26 @@ _QUOTED = re.compile(r'"([^"\n]+)"|“([^”\n]+)”|‘([^’\n]+)’|「([^」
 
 def quoted_spans(text: str) -> list[str]:
     """Quotations in any style (paper 5.2 accepts every model's own): <evidence> spans, and text in
-    double quotes, curly quotes or CJK corner brackets. Straight single quotes are mostly apostrophes."""
+    double quotes, curly quotes or CJK corner brackets. Straight single quotes are mostly
+    apostrophes."""
     return extract_quotes(text) + [next(g for g in m.groups() if g) for m in _QUOTED.finditer(text)]
 
 
 def matched_lines(completion: str, example: Example) -> set[int]:
-    """The visible turns (0-based) that the quotations of a completion's reasoning match (verifier)."""
+    """The visible turns (0-based) that the quotations of a completion's reasoning match
+    (verifier)."""
     texts = [t.text for t in visible_turns(example)]
-    return {i for quote in quoted_spans(split_completion(completion)[0]) for i in locate_quote(quote, texts)}
+    return {
+        i
+        for quote in quoted_spans(split_completion(completion)[0])
+        for i in locate_quote(quote, texts)
+    }
 
 
 def alignment_f1(matched: set[int], selected: set[int]) -> float | None:
-    """Evidence alignment F1 = 2 |M & S| / (|M| + |S|) between the lines a completion's quotations match
-    (M) and the lines an annotator selected (S); None when nothing was selected (not scored)."""
+    """Evidence alignment F1 = 2 |M & S| / (|M| + |S|) between the lines a completion's quotations
+    match (M) and the lines an annotator selected (S); None when nothing was selected (not
+    scored)."""
     return 2 * len(matched & selected) / (len(matched) + len(selected)) if selected else None
 
 
@@ -208,13 +270,21 @@ def cause_turns(example: Example) -> list[int]:
     if example.target is None or any(label.casefold() == "neutral" for label in example.labels):
         return []
     causes = example.meta.get("causes") or []
-    return sorted({c["turn"] for c in causes if isinstance(c, dict) and isinstance(c.get("turn"), int)
-                   and 0 <= c["turn"] < example.target})
+    return sorted(
+        {
+            c["turn"]
+            for c in causes
+            if isinstance(c, dict)
+            and isinstance(c.get("turn"), int)
+            and 0 <= c["turn"] < example.target
+        }
+    )
 
 
 def cause_identified(verdicts: list[bool | None], answer: list[str] | None) -> bool | None:
-    """Whether some earlier cause is used in the reasoning: True on any YES; False when every verdict is
-    NO or the answer is invalid (no predicted emotion to explain); None (unknown) when a verdict is missing."""
+    """Whether some earlier cause is used in the reasoning: True on any YES; False when every
+    verdict is NO or the answer is invalid (no predicted emotion to explain); None (unknown) when a
+    verdict is missing."""
     if answer is None or any(v is True for v in verdicts):
         return answer is not None
     return None if None in verdicts else False
@@ -227,7 +297,13 @@ class CompletionProgress:
     """A console line per update: completions done, rate and ETA."""
 
     def __init__(self, label: str, total: int, done: int):
-        self.label, self.total, self.done, self.new, self.start = label, total, done, 0, time.perf_counter()
+        self.label, self.total, self.done, self.new, self.start = (
+            label,
+            total,
+            done,
+            0,
+            time.perf_counter(),
+        )
 
     def update(self, count: int) -> None:
         self.done, self.new = self.done + count, self.new + count
@@ -243,8 +319,11 @@ def load_set(s: EvalSet) -> list[Example]:
     examples = [e for e in load_jsonl(s.path) if s.task is None or e.task == s.task]
     tasks = sorted({e.task for e in examples})
     if len(tasks) != 1:
-        raise ConfigError(f"set '{s.name}': {s.path} holds {'tasks ' + ', '.join(tasks) if tasks else 'no examples'}"
-                          f"{'' if s.task is None else ' of task ' + s.task}; give one 'task' per set")
+        raise ConfigError(
+            f"set '{s.name}': {s.path} holds "
+            f"{'tasks ' + ', '.join(tasks) if tasks else 'no examples'}"
+            f"{'' if s.task is None else ' of task ' + s.task}; give one 'task' per set"
+        )
     return examples
 
 
@@ -256,29 +335,44 @@ def model_identity(cfg: EvalConfig) -> dict:
     """What was evaluated: the endpoint, or the checkpoint and adapter folders with file hashes."""
     if cfg.endpoint is not None:
         return {"endpoint": cfg.endpoint.base_url, "model": cfg.endpoint.model}
-    identity = {"checkpoint": str(Path(cfg.checkpoint).resolve()),
-                "config_sha256": _sha256(Path(cfg.checkpoint) / "config.json")}
+    identity = {
+        "checkpoint": str(Path(cfg.checkpoint).resolve()),
+        "config_sha256": _sha256(Path(cfg.checkpoint) / "config.json"),
+    }
     if cfg.adapter:
-        identity |= {"adapter": str(Path(cfg.adapter).resolve()),
-                     "adapter_sha256": _sha256(Path(cfg.adapter) / "adapter_model.safetensors")}
+        identity |= {
+            "adapter": str(Path(cfg.adapter).resolve()),
+            "adapter_sha256": _sha256(Path(cfg.adapter) / "adapter_model.safetensors"),
+        }
     return identity
 
 
 def _generation_identity(cfg: EvalConfig) -> dict:
     endpoint = None if cfg.endpoint is None else (cfg.endpoint.base_url, cfg.endpoint.model)
-    return {"checkpoint": cfg.checkpoint, "adapter": cfg.adapter, "endpoint": endpoint,
-            "sampling": dataclasses.asdict(cfg.sampling), "seed": cfg.seed, "n_samples": cfg.n_samples,
-            "greedy_tasks": cfg.greedy_tasks}
+    return {
+        "checkpoint": cfg.checkpoint,
+        "adapter": cfg.adapter,
+        "endpoint": endpoint,
+        "sampling": dataclasses.asdict(cfg.sampling),
+        "seed": cfg.seed,
+        "n_samples": cfg.n_samples,
+        "greedy_tasks": cfg.greedy_tasks,
+    }
 
 
 def check_resume(cfg: EvalConfig, out: Path) -> None:
     """Refuse to mix completions of another model or decoding into an output_dir."""
     if not (out / COMPLETIONS).exists() or not (out / "config.yaml").exists():
         return
-    old, new = _generation_identity(load_config(out / "config.yaml", [], EvalConfig)), _generation_identity(cfg)
+    old, new = (
+        _generation_identity(load_config(out / "config.yaml", [], EvalConfig)),
+        _generation_identity(cfg),
+    )
     changed = [key for key in new if old[key] != new[key]]
     if changed:
-        raise ConfigError(f"{out}: holds completions made with other {', '.join(changed)}; use a new output_dir")
+        raise ConfigError(
+            f"{out}: holds completions made with other {', '.join(changed)}; use a new output_dir"
+        )
 
 
 def tokenizer_path(cfg: EvalConfig) -> str | None:
@@ -303,13 +397,19 @@ def load_model(cfg: EvalConfig):
     except qwen.CheckpointError as e:
         raise EvalError(str(e)) from None
     if len(tok) > net.config.vocab_size:
-        raise EvalError(f"{tokenizer_path(cfg)}: {len(tok)} tokens, more than the model's {net.config.vocab_size} rows")
+        raise EvalError(
+            f"{tokenizer_path(cfg)}: {len(tok)} tokens, more than the model's "
+            f"{net.config.vocab_size} rows"
+        )
     return net, tok
 
 
-def generate_missing(cfg: EvalConfig, sets: dict[str, list[Example]], done: dict, path: Path) -> None:
+def generate_missing(
+    cfg: EvalConfig, sets: dict[str, list[Example]], done: dict, path: Path
+) -> None:
     """Sample every completion not yet in `done` (keyed (set, id, sample)), appending each batch to
-    `path` as it finishes. The model (or the endpoint's tokenizer) is loaded only if something is missing."""
+    `path` as it finishes. The model (or the endpoint's tokenizer) is loaded only if something is
+    missing."""
     model = tok = None
     with open_log(path) as f:
         for s in cfg.sets:
@@ -324,16 +424,28 @@ def generate_missing(cfg: EvalConfig, sets: dict[str, list[Example]], done: dict
                 from model import load_tokenizer
 
                 tok = load_tokenizer(cfg.tokenizer)
-            progress = CompletionProgress(s.name, len(examples) * n, len(examples) * n - len(missing))
+            progress = CompletionProgress(
+                s.name, len(examples) * n, len(examples) * n - len(missing)
+            )
 
-            def write(completed: list[tuple[tuple[Example, int], str]], s=s, progress=progress) -> None:
+            def write(
+                completed: list[tuple[tuple[Example, int], str]], s=s, progress=progress
+            ) -> None:
                 lines = []
                 for (example, r), text in completed:
                     if (s.name, example.id, r) in done:  # a sample kept from an earlier, torn batch
                         continue
-                    record = {"set": s.name, "id": example.id, "task": example.task, "sample": r, "completion": text,
-                              "answer": parse_answer(text, example),
-                              "reasoning_tokens": None if tok is None else count_tokens(split_completion(text)[0], tok)}
+                    record = {
+                        "set": s.name,
+                        "id": example.id,
+                        "task": example.task,
+                        "sample": r,
+                        "completion": text,
+                        "answer": parse_answer(text, example),
+                        "reasoning_tokens": None
+                        if tok is None
+                        else count_tokens(split_completion(text)[0], tok),
+                    }
                     done[(s.name, example.id, r)] = record
                     lines.append(json.dumps(record, ensure_ascii=False) + "\n")
                 f.write("".join(lines))
@@ -341,34 +453,55 @@ def generate_missing(cfg: EvalConfig, sets: dict[str, list[Example]], done: dict
                 progress.update(len(lines))
 
             if cfg.endpoint is None:
-                pending = [e for e in examples if any((s.name, e.id, r) not in done for r in range(n))]
-                sample_completions(model, tok, [get_task(e.task).messages(e) for e in pending], [e.id for e in pending],
-                                   sampling, n, cfg.seed, cfg.batch_size,
-                                   lambda batch, texts: write([((pending[i], r), text) for i, row in zip(batch, texts)
-                                                               for r, text in enumerate(row)]))
+                pending = [
+                    e for e in examples if any((s.name, e.id, r) not in done for r in range(n))
+                ]
+                sample_completions(
+                    model,
+                    tok,
+                    [get_task(e.task).messages(e) for e in pending],
+                    [e.id for e in pending],
+                    sampling,
+                    n,
+                    cfg.seed,
+                    cfg.batch_size,
+                    lambda batch, texts: write(
+                        [
+                            ((pending[i], r), text)
+                            for i, row in zip(batch, texts)
+                            for r, text in enumerate(row)
+                        ]
+                    ),
+                )
             else:
                 _sample_endpoint(cfg, sampling, missing, write)
 
 
-def _sample_endpoint(cfg: EvalConfig, sampling: SamplingConfig, units: list[tuple[Example, int]], write) -> None:
+def _sample_endpoint(
+    cfg: EvalConfig, sampling: SamplingConfig, units: list[tuple[Example, int]], write
+) -> None:
     endpoint = endpoint_config(cfg.endpoint, sampling)
     failed, reasons = 0, []
     step = max(1, endpoint.concurrency) * 4
     for start in range(0, len(units), step):
-        chunk = units[start:start + step]
+        chunk = units[start : start + step]
         calls = [JudgeCall(get_task(e.task).messages(e), sampling.max_new_tokens) for e, _ in chunk]
         texts, stats = chat_many(calls, endpoint)
         write([(unit, text) for unit, text in zip(chunk, texts) if text is not None])
         failed, reasons = failed + stats["failures"], reasons + list(stats["errors"].values())
     if failed:
-        raise EvalError(f"{failed} requests to {cfg.endpoint.base_url} failed (first: {reasons[0]}); "
-                        "rerun the same command to resume")
+        raise EvalError(
+            f"{failed} requests to {cfg.endpoint.base_url} failed (first: {reasons[0]}); "
+            "rerun the same command to resume"
+        )
 
 
 def judge_causes(cfg: EvalConfig, sets: dict[str, list[Example]], done: dict, path: Path) -> dict:
     """Cause-judge verdicts {(set, id, sample, turn): bool | None} for every eligible target of the
     sets with `causes` and a valid answer, asking only what `path` does not hold yet."""
-    verdicts = {(r["set"], r["id"], r["sample"], r["turn"]): r["verdict"] for r in read_log(path, EvalError)}
+    verdicts = {
+        (r["set"], r["id"], r["sample"], r["turn"]): r["verdict"] for r in read_log(path, EvalError)
+    }
     asks = []
     for s in (s for s in cfg.sets if s.causes):
         for example in sets[s.name]:
@@ -377,8 +510,14 @@ def judge_causes(cfg: EvalConfig, sets: dict[str, list[Example]], done: dict, pa
                 for turn in cause_turns(example) if record["answer"] is not None else []:
                     if (s.name, example.id, r, turn) not in verdicts:
                         reasoning = split_completion(record["completion"])[0]
-                        asks.append(((s.name, example.id, r, turn),
-                                     cause_request(example, reasoning, ", ".join(record["answer"]), turn)))
+                        asks.append(
+                            (
+                                (s.name, example.id, r, turn),
+                                cause_request(
+                                    example, reasoning, ", ".join(record["answer"]), turn
+                                ),
+                            )
+                        )
     if asks:
         print0(f"cause judge: {len(asks)} calls to {cfg.judge.base_url}")
         texts, _ = chat_many([call for _, call in asks], cfg.judge)
@@ -386,12 +525,18 @@ def judge_causes(cfg: EvalConfig, sets: dict[str, list[Example]], done: dict, pa
             for (key, _), text in zip(asks, texts):
                 verdicts[key] = None if text is None else parse_cause_verdict(text)
                 if verdicts[key] is not None:  # a missing verdict is asked again on the next run
-                    f.write(json.dumps(dict(zip(("set", "id", "sample", "turn"), key), verdict=verdicts[key])) + "\n")
+                    f.write(
+                        json.dumps(
+                            dict(zip(("set", "id", "sample", "turn"), key), verdict=verdicts[key])
+                        )
+                        + "\n"
+                    )
     return verdicts
 
 
 def _domain_average(entries: list[dict], key: str) -> dict:
-    """Each set weighted equally: per run when every set has the same runs, else over the set means."""
+    """Each set weighted equally: per run when every set has the same runs, else over the set
+    means."""
     runs = [e[key]["runs"] for e in entries]
     if len({len(r) for r in runs}) == 1:
         return mean_sd([None if None in col else sum(col) / len(col) for col in zip(*runs)])
@@ -403,7 +548,9 @@ AVERAGED = ("weighted_f1", "macro_f1", "invalid", "reasoning_tokens")
 DOMAINS = {"in": "In-domain", "out": "Out-of-domain"}
 
 
-def summarize(cfg: EvalConfig, sets: dict[str, list[Example]], done: dict, verdicts: dict, name: str) -> dict:
+def summarize(
+    cfg: EvalConfig, sets: dict[str, list[Example]], done: dict, verdicts: dict, name: str
+) -> dict:
     entries = {}
     for s in cfg.sets:
         examples = sets[s.name]
@@ -413,25 +560,56 @@ def summarize(cfg: EvalConfig, sets: dict[str, list[Example]], done: dict, verdi
         tokens = [[recs[r]["reasoning_tokens"] for recs in records] for r in range(n)]
         for run, counts in zip(runs, tokens):
             run["reasoning_tokens"] = None if None in counts else sum(counts) / len(counts)
-        entry = {"task": examples[0].task, "domain": s.domain, "n_examples": len(examples), "n_scored": runs[0]["n"],
-                 "decoding": dataclasses.asdict(sampling) | {"n_samples": n}}
-        entry |= {name: mean_sd([run[key] for run in runs]) for name, key in (
-            ("weighted_f1", "weighted"), ("macro_f1", "macro"), ("accuracy", "accuracy"), ("invalid", "invalid"),
-            ("reasoning_tokens", "reasoning_tokens"))} | {"runs": runs}
+        entry = {
+            "task": examples[0].task,
+            "domain": s.domain,
+            "n_examples": len(examples),
+            "n_scored": runs[0]["n"],
+            "decoding": dataclasses.asdict(sampling) | {"n_samples": n},
+        }
+        entry |= {
+            name: mean_sd([run[key] for run in runs])
+            for name, key in (
+                ("weighted_f1", "weighted"),
+                ("macro_f1", "macro"),
+                ("accuracy", "accuracy"),
+                ("invalid", "invalid"),
+                ("reasoning_tokens", "reasoning_tokens"),
+            )
+        } | {"runs": runs}
         if s.causes:
             targets = [(e, turns) for e in examples if (turns := cause_turns(e))]
-            found = [[cause_identified([verdicts.get((s.name, e.id, r, t)) for t in turns],
-                                       done[(s.name, e.id, r)]["answer"]) for e, turns in targets] for r in range(n)]
-            entry["causes"] = {"n_targets": len(targets), "n_pairs": sum(len(t) for _, t in targets),
-                               "unknown": [run.count(None) for run in found]}
-            entry["cause_rate"] = mean_sd([sum(v is True for v in run) / (len(run) - run.count(None))
-                                           if len(run) > run.count(None) else None for run in found])
+            found = [
+                [
+                    cause_identified(
+                        [verdicts.get((s.name, e.id, r, t)) for t in turns],
+                        done[(s.name, e.id, r)]["answer"],
+                    )
+                    for e, turns in targets
+                ]
+                for r in range(n)
+            ]
+            entry["causes"] = {
+                "n_targets": len(targets),
+                "n_pairs": sum(len(t) for _, t in targets),
+                "unknown": [run.count(None) for run in found],
+            }
+            entry["cause_rate"] = mean_sd(
+                [
+                    sum(v is True for v in run) / (len(run) - run.count(None))
+                    if len(run) > run.count(None)
+                    else None
+                    for run in found
+                ]
+            )
         entries[s.name] = entry
     averages = {}
     for domain in ("in", "out"):
         names = [n for n, e in entries.items() if e["domain"] == domain]
         if names:
-            averages[domain] = {k: _domain_average([entries[n] for n in names], k) for k in AVERAGED} | {"sets": names}
+            averages[domain] = {
+                k: _domain_average([entries[n] for n in names], k) for k in AVERAGED
+            } | {"sets": names}
     return {"name": name, "model": model_identity(cfg), "sets": entries, "averages": averages}
 
 
@@ -440,12 +618,21 @@ def _gain(ours: float | None, base: float | None) -> float | None:
 
 
 def relative_gains(summary: dict, base: dict) -> dict:
-    """Relative gains in percent, 100 (F1 - F1_base) / F1_base, of mean weighted F1 per set and domain."""
-    return {"name": base["name"],
-            "sets": {n: _gain(e["weighted_f1"]["mean"], base["sets"][n]["weighted_f1"]["mean"])
-                     for n, e in summary["sets"].items() if n in base["sets"]},
-            "averages": {d: _gain(a["weighted_f1"]["mean"], base["averages"][d]["weighted_f1"]["mean"])
-                         for d, a in summary["averages"].items() if d in base["averages"]}}
+    """Relative gains in percent, 100 (F1 - F1_base) / F1_base, of mean weighted F1 per set and
+    domain."""
+    return {
+        "name": base["name"],
+        "sets": {
+            n: _gain(e["weighted_f1"]["mean"], base["sets"][n]["weighted_f1"]["mean"])
+            for n, e in summary["sets"].items()
+            if n in base["sets"]
+        },
+        "averages": {
+            d: _gain(a["weighted_f1"]["mean"], base["averages"][d]["weighted_f1"]["mean"])
+            for d, a in summary["averages"].items()
+            if d in base["averages"]
+        },
+    }
 
 
 def load_eval(path) -> dict:
@@ -456,7 +643,8 @@ def load_eval(path) -> dict:
 
 
 def evaluate(cfg: EvalConfig) -> dict:
-    """Run the evaluation of `cfg` (resuming from its output_dir) and write every output; returns eval.json."""
+    """Run the evaluation of `cfg` (resuming from its output_dir) and write every output; returns
+    eval.json."""
     check_config(cfg)
     out = Path(cfg.output_dir)
     check_resume(cfg, out)
@@ -464,8 +652,12 @@ def evaluate(cfg: EvalConfig) -> dict:
     baseline = load_eval(cfg.baseline) if cfg.baseline else None
     save_resolved_config(cfg, out)
     by_id = {(name, e.id): e for name, examples in sets.items() for e in examples}
-    done = {(r["set"], r["id"], r["sample"]): r | {"answer": parse_answer(r["completion"], by_id[r["set"], r["id"]])}
-            for r in read_log(out / COMPLETIONS, EvalError) if (r["set"], r["id"]) in by_id}
+    done = {
+        (r["set"], r["id"], r["sample"]): r
+        | {"answer": parse_answer(r["completion"], by_id[r["set"], r["id"]])}
+        for r in read_log(out / COMPLETIONS, EvalError)
+        if (r["set"], r["id"]) in by_id
+    }
     if cfg.endpoint is not None and not cfg.tokenizer:
         print0("no 'tokenizer' for the endpoint: reasoning tokens are not counted")
     generate_missing(cfg, sets, done, out / COMPLETIONS)
@@ -474,7 +666,9 @@ def evaluate(cfg: EvalConfig) -> dict:
     if baseline is not None:
         summary["baseline"] = {"path": cfg.baseline} | relative_gains(summary, baseline)
     summary["config"] = redact_secrets(dataclasses.asdict(cfg))
-    atomic_write_text(out / EVAL_JSON, json.dumps(summary, indent=1, ensure_ascii=False, allow_nan=False) + "\n")
+    atomic_write_text(
+        out / EVAL_JSON, json.dumps(summary, indent=1, ensure_ascii=False, allow_nan=False) + "\n"
+    )
     evals = [baseline, summary] if baseline else [summary]
     atomic_write_text(out / TABLE, markdown_tables(evals))
     print0(markdown_tables(evals))
@@ -497,9 +691,10 @@ def _cell(stat: dict | None, scale: float, digits: int) -> str:
 
 
 def _columns(evals: list[dict]) -> list[tuple[str, str | None]]:
-    """(kind, set or domain) columns in Table 1's order: in-domain sets and their average, out-of-domain
-    sets and their average, then the sets of neither domain."""
-    domains = {n: s["domain"] for e in evals for n, s in e["sets"].items()}  # every set, in first-seen order
+    """(kind, set or domain) columns in Table 1's order: in-domain sets and their average,
+    out-of-domain sets and their average, then the sets of neither domain."""
+    # every set, in first-seen order
+    domains = {n: s["domain"] for e in evals for n, s in e["sets"].items()}
     columns = []
     for d in ("in", "out"):
         members = [("set", n) for n, domain in domains.items() if domain == d]
@@ -514,15 +709,24 @@ def _stat(e: dict, kind: str, key: str, metric: str) -> dict | None:
 def _table(evals: list[dict], metric: str, title: str, scale: float = 100, digits: int = 2) -> str:
     columns = [c for c in _columns(evals) if any(_stat(e, *c, metric) for e in evals)]
     heads = [key if kind == "set" else f"{DOMAINS[key]} avg" for kind, key in columns]
-    lines = [f"### {title}", "", "| Model | " + " | ".join(heads) + " |", "|---" * (len(heads) + 1) + "|"]
+    lines = [
+        f"### {title}",
+        "",
+        "| Model | " + " | ".join(heads) + " |",
+        "|---" * (len(heads) + 1) + "|",
+    ]
     first = evals[0]
     for e in evals:
         cells = [_cell(_stat(e, *c, metric), scale, digits) for c in columns]
         lines.append(f"| {e['name']} | " + " | ".join(cells) + " |")
         if e is not first:
             pairs = [(_stat(e, *c, metric), _stat(first, *c, metric)) for c in columns]
-            diffs = [f"{(a['mean'] - b['mean']) * scale:+.{digits}f}" if a and b and None not in (a["mean"], b["mean"])
-                     else "–" for a, b in pairs]
+            diffs = [
+                f"{(a['mean'] - b['mean']) * scale:+.{digits}f}"
+                if a and b and None not in (a["mean"], b["mean"])
+                else "–"
+                for a, b in pairs
+            ]
             lines.append(f"| Δ vs {first['name']} | " + " | ".join(diffs) + " |")
     return "\n".join(lines) + "\n"
 
@@ -531,18 +735,33 @@ def markdown_tables(evals: list[dict]) -> str:
     """Tables in the layout of the paper's Table 1 (one row per model, mean ± SD over sampled runs,
     sets grouped by domain with their averages), with each later model's difference to the first."""
     runs = sorted({e["sets"][n]["decoding"]["n_samples"] for e in evals for n in e["sets"]})
-    parts = [_table(evals, "weighted_f1", f"Weighted F1 (%), mean ± sample SD over {'/'.join(map(str, runs))} runs"),
-             _table(evals, "macro_f1", "Macro F1 (%)"),
-             _table(evals, "reasoning_tokens", "Mean reasoning tokens per completion", 1, 0),
-             _table(evals, "invalid", "Invalid answers (%)")]
+    parts = [
+        _table(
+            evals,
+            "weighted_f1",
+            f"Weighted F1 (%), mean ± sample SD over {'/'.join(map(str, runs))} runs",
+        ),
+        _table(evals, "macro_f1", "Macro F1 (%)"),
+        _table(evals, "reasoning_tokens", "Mean reasoning tokens per completion", 1, 0),
+        _table(evals, "invalid", "Invalid answers (%)"),
+    ]
     if any("cause_rate" in s for e in evals for s in e["sets"].values()):
-        parts.append(_table(evals, "cause_rate", "Cause identification (%): targets whose annotated earlier "
-                                                 "cause the reasoning uses"))
+        parts.append(
+            _table(
+                evals,
+                "cause_rate",
+                "Cause identification (%): targets whose annotated earlier "
+                "cause the reasoning uses",
+            )
+        )
     for e in evals[1:]:
         gains = relative_gains(e, evals[0])["averages"]
         shown = ", ".join(f"{DOMAINS[d]} {g:+.1f}%" for d, g in gains.items() if g is not None)
         if shown:
-            parts.append(f"Relative gain of {e['name']} over {evals[0]['name']} in average weighted F1: {shown}\n")
+            parts.append(
+                f"Relative gain of {e['name']} over {evals[0]['name']} in average weighted F1: "
+                f"{shown}\n"
+            )
     return "\n".join(parts)
 
 
@@ -560,16 +779,25 @@ def _pyplot():
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise PlotUnavailable("matplotlib is needed for figures: pip install -r requirements-plot.txt") from None
+        raise PlotUnavailable(
+            "matplotlib is needed for figures: pip install -r requirements-plot.txt"
+        ) from None
     return plt
 
 
 def plot_f1_vs_tokens(evals: list[dict], path) -> bool:
     """Figure 4: average weighted F1 against mean reasoning tokens per completion, a point per model
     (error bar: SD over runs), a panel per domain. False (nothing drawn) without both numbers."""
-    points = {d: [(i, e["name"], a["reasoning_tokens"]["mean"], a["weighted_f1"]) for i, e in enumerate(evals)
-                  if (a := e["averages"].get(d)) and a["reasoning_tokens"]["mean"] is not None
-                  and a["weighted_f1"]["mean"] is not None] for d in ("in", "out")}
+    points = {
+        d: [
+            (i, e["name"], a["reasoning_tokens"]["mean"], a["weighted_f1"])
+            for i, e in enumerate(evals)
+            if (a := e["averages"].get(d))
+            and a["reasoning_tokens"]["mean"] is not None
+            and a["weighted_f1"]["mean"] is not None
+        ]
+        for d in ("in", "out")
+    }
     points = {d: p for d, p in points.items() if p}
     if not points:
         return False
@@ -580,7 +808,11 @@ def plot_f1_vs_tokens(evals: list[dict], path) -> bool:
             y, sd = 100 * f1["mean"], None if f1["sd"] is None else 100 * f1["sd"]
             ax.errorbar(x, y, yerr=sd, fmt="o", ms=8, capsize=4, color=f"C{i}", label=name)
             ax.annotate(name, (x, y), textcoords="offset points", xytext=(7, 7), fontsize=9)
-        ax.set(title=DOMAINS[domain], xlabel="Mean reasoning tokens per completion", ylabel="Average weighted F1 (%)")
+        ax.set(
+            title=DOMAINS[domain],
+            xlabel="Mean reasoning tokens per completion",
+            ylabel="Average weighted F1 (%)",
+        )
         ax.margins(0.25)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=9)
@@ -590,16 +822,23 @@ def plot_f1_vs_tokens(evals: list[dict], path) -> bool:
     return True
 
 
-CURVES = (("Mean reward", "reward", "reward"), ("Reward components", "reward", "rewards/*/mean"),
-          ("Completion length", "tokens", "completions/mean_length"), ("KL to reference", "KL", "kl"),
-          ("Masked groups", "groups", "groups/masked"), ("Learning rate", "LR", "lr"), ("Loss", "loss", "loss"),
-          ("Eval macro F1", "macro F1", "eval/*/macro_f1"))
+CURVES = (
+    ("Mean reward", "reward", "reward"),
+    ("Reward components", "reward", "rewards/*/mean"),
+    ("Completion length", "tokens", "completions/mean_length"),
+    ("KL to reference", "KL", "kl"),
+    ("Masked groups", "groups", "groups/masked"),
+    ("Learning rate", "LR", "lr"),
+    ("Loss", "loss", "loss"),
+    ("Eval macro F1", "macro F1", "eval/*/macro_f1"),
+)
 
 
 def plot_training_curves(run_dirs: list, path) -> list[str]:
     """Figure 5: the training curves of runs (their metrics.jsonl) as one PNG, a panel per quantity
     some run logged (CURVES: mean reward with its SD band, each reward component, completion length,
-    KL, masked groups, LR, loss, evaluation macro F1); a colour per run. Returns the panels drawn."""
+    KL, masked groups, LR, loss, evaluation macro F1); a colour per run. Returns the panels
+    drawn."""
     plt = _pyplot()
     runs = []
     for d in map(Path, run_dirs):
@@ -607,8 +846,15 @@ def plot_training_curves(run_dirs: list, path) -> list[str]:
         if not file.is_file():
             raise EvalError(f"{file}: no metrics.jsonl")
         runs.append((d.name if d.is_dir() else d.parent.name, read_metrics(file)))
-    panels = [(title, ylabel, pattern, keys) for title, ylabel, pattern in CURVES
-              if (keys := sorted({k for _, recs in runs for r in recs for k in r if fnmatch.fnmatch(k, pattern)}))]
+    panels = [
+        (title, ylabel, pattern, keys)
+        for title, ylabel, pattern in CURVES
+        if (
+            keys := sorted(
+                {k for _, recs in runs for r in recs for k in r if fnmatch.fnmatch(k, pattern)}
+            )
+        )
+    ]
     if not panels:
         raise EvalError("none of the runs logged a quantity to plot")
     cols, rows = min(3, len(panels)), math.ceil(len(panels) / 3)
@@ -621,16 +867,23 @@ def plot_training_curves(run_dirs: list, path) -> list[str]:
                     continue
                 part = key.split("/")[1] if "*" in pattern else ""  # the reward component or task
                 label = f"{run}: {part}" if len(runs) > 1 and part else part or run
-                color, style = (f"C{k}", "-") if len(runs) == 1 else (f"C{i}", ("-", "--", ":", "-.")[k % 4])
+                color, style = (
+                    (f"C{k}", "-") if len(runs) == 1 else (f"C{i}", ("-", "--", ":", "-.")[k % 4])
+                )
                 steps, values, sds = zip(*points)
                 ax.plot(steps, values, style, color=color, label=label, lw=1.2)
                 if key == "reward" and None not in sds:
-                    ax.fill_between(steps, [v - d for v, d in zip(values, sds)], [v + d for v, d in zip(values, sds)],
-                                    color=color, alpha=0.15)
+                    ax.fill_between(
+                        steps,
+                        [v - d for v, d in zip(values, sds)],
+                        [v + d for v, d in zip(values, sds)],
+                        color=color,
+                        alpha=0.15,
+                    )
         ax.set(title=title, xlabel="Step", ylabel=ylabel)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    for ax in list(axes.flat)[len(panels):]:
+    for ax in list(axes.flat)[len(panels) :]:
         ax.set_visible(False)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -642,8 +895,11 @@ def plot_training_curves(run_dirs: list, path) -> list[str]:
 
 
 def _compare(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(prog="evaluate.py compare", description="Side-by-side tables of evaluations, "
-                                     "with each model's difference to the first.")
+    parser = argparse.ArgumentParser(
+        prog="evaluate.py compare",
+        description="Side-by-side tables of evaluations, "
+        "with each model's difference to the first.",
+    )
     parser.add_argument("evals", nargs="+", help="eval.json files (or the folders holding them)")
     parser.add_argument("--out", help="also write table.md and f1_vs_tokens.png into this folder")
     args = parser.parse_args(argv[1:])
@@ -655,17 +911,26 @@ def _compare(argv: list[str]) -> None:
 
 
 def _plot(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(prog="evaluate.py plot", description="Training curves from metrics.jsonl.")
+    parser = argparse.ArgumentParser(
+        prog="evaluate.py plot", description="Training curves from metrics.jsonl."
+    )
     parser.add_argument("runs", nargs="+", help="run folders holding metrics.jsonl (or the files)")
-    parser.add_argument("--out", help="PNG to write (default: training_curves.png in the first run folder)")
+    parser.add_argument(
+        "--out", help="PNG to write (default: training_curves.png in the first run folder)"
+    )
     args = parser.parse_args(argv[1:])
     first = Path(args.runs[0])
-    out = Path(args.out) if args.out else (first if first.is_dir() else first.parent) / "training_curves.png"
+    out = (
+        Path(args.out)
+        if args.out
+        else (first if first.is_dir() else first.parent) / "training_curves.png"
+    )
     panels = plot_training_curves(args.runs, out)
     print(f"wrote {out} ({', '.join(panels)})")
 
 
-# Subcommands by name, each given the whole argv; annotate, dialogue, rubric_generator add theirs (importing this).
+# Subcommands by name, each given the whole argv; annotate,
+# dialogue, rubric_generator add theirs (importing this).
 COMMANDS: dict[str, Callable[[list[str]], None]] = {"compare": _compare, "plot": _plot}
 
 

@@ -1,7 +1,8 @@
-"""The dialogue evaluation (EmoLLM Appendix F, CARE): every scenario seed played `runs` times by a checkpoint or
-a served policy against the simulated user (dialogue.play), then scored by the judges:
+"""The dialogue evaluation (EmoLLM Appendix F, CARE): every scenario seed played `runs` times by a
+checkpoint or a served policy against the simulated user (dialogue.play), then scored by the judges:
 
-    python evaluate_dialogue.py config.yaml [key=value ...]    # EmoLLM's metrics and CARE's rubric score
+    python evaluate_dialogue.py config.yaml [key=value ...]    # EmoLLM's metrics and CARE's rubric
+                                                                 score
 
 Writes episodes.jsonl (resumable), eval.json and table.md in output_dir."""
 
@@ -17,138 +18,245 @@ from pathlib import Path
 import evaluate
 import judge
 import rewards
-from config import (ConfigError, atomic_write_text, load_config, open_log, parse_cli, print0, read_log, redact_secrets,
-                    save_resolved_config)
+from config import (
+    ConfigError,
+    atomic_write_text,
+    load_config,
+    open_log,
+    parse_cli,
+    print0,
+    read_log,
+    redact_secrets,
+    save_resolved_config,
+)
 from data import DataError
-from dialogue import (Episode, PolicyTurn, Respond, as_state, ask_into, load_scenarios, local_policy, play,
-                      split_reply)
-from dialogue_judges import (TURN_QUALITY_KEYS, emotional_state_request, parse_emotional_state, parse_turn_quality,
-                             turn_quality_request)
+from dialogue import (
+    Episode,
+    PolicyTurn,
+    Respond,
+    as_state,
+    ask_into,
+    load_scenarios,
+    local_policy,
+    play,
+    split_reply,
+)
+from dialogue_judges import (
+    TURN_QUALITY_KEYS,
+    emotional_state_request,
+    parse_emotional_state,
+    parse_turn_quality,
+    turn_quality_request,
+)
 from judge import JudgeCall, JudgeConfig, JudgeError, dialogue_text
 from rollout import DialogueSettings
 from sampling import SamplingConfig, endpoint_config
 
 
 def endpoint_policy(endpoint: JudgeConfig, sampling: SamplingConfig) -> Respond:
-    """A served policy (vLLM, a hosted API): each call is ONE concurrent `chat_many` batch; a failed request stops
-    the evaluation (EvalError). Serve it without a reasoning parser, so that the reasoning can be split off."""
+    """A served policy (vLLM, a hosted API): each call is ONE concurrent `chat_many` batch; a failed
+    request stops the evaluation (EvalError). Serve it without a reasoning parser, so that the
+    reasoning can be split off."""
     cfg = endpoint_config(endpoint, sampling)
 
     def respond(chats, n, seed):
         calls = [JudgeCall(chat, sampling.max_new_tokens) for chat in chats for _ in range(n)]
         texts, stats = judge.chat_many(calls, cfg)
         if stats["failures"]:
-            raise evaluate.EvalError(f"{stats['failures']} requests to the policy at {endpoint.base_url} failed "
-                                     f"(first: {next(iter(stats['errors'].values()))})")
+            raise evaluate.EvalError(
+                f"{stats['failures']} requests to the policy at {endpoint.base_url} failed "
+                f"(first: {next(iter(stats['errors'].values()))})"
+            )
         turns = [PolicyTurn([], [], [], False, text, *split_reply(text, False)) for text in texts]
-        return [turns[i * n:(i + 1) * n] for i in range(len(chats))]
+        return [turns[i * n : (i + 1) * n] for i in range(len(chats))]
 
     return respond
 
 
-
-# ----------------------------------------------------------------------------- evaluation (EmoLLM Appendix F, CARE)
+# ------------------------------------------------------------- evaluation (EmoLLM Appendix F, CARE)
 
 EPISODES, EVAL_JSON, TABLE = "episodes.jsonl", "eval.json", "table.md"
 
 
 @dataclass
 class DialogueEvalConfig:
-    """A dialogue evaluation: every scenario seed played `runs` times by a checkpoint in-process (with an optional
-    adapter merged in) or by a served policy, against the simulator, then scored by the judges."""
+    """A dialogue evaluation: every scenario seed played `runs` times by a checkpoint in-process
+    (with an optional adapter merged in) or by a served policy, against the simulator, then scored
+    by the judges."""
 
     output_dir: str
     scenarios: list[str]  # JSONL files of scenario seeds
     name: str | None = None  # the model's name in the table (default: output_dir's folder name)
     checkpoint: str | None = None
     adapter: str | None = None
-    endpoint: JudgeConfig | None = None  # a served policy instead of `checkpoint` (evaluate.EvalConfig's endpoint)
+    # a served policy instead of `checkpoint` (evaluate.EvalConfig's endpoint)
+    endpoint: JudgeConfig | None = None
     tokenizer: str | None = None
     device: str | None = None
     dtype: str | None = None
     runs: int = 3  # EmoLLM D.3: results averaged over three runs
     seed: int = 0
     care: bool = True  # also CARE's rubric score (a rubric and a scoring call per turn)
-    dialogue: DialogueSettings = field(default_factory=DialogueSettings)  # the scaffold stays off: EmoLLM H
+    # the scaffold stays off: EmoLLM H
+    dialogue: DialogueSettings = field(default_factory=DialogueSettings)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     judge: JudgeConfig = field(default_factory=JudgeConfig)
 
 
 def dialogue_metrics(episodes: list[dict]) -> dict:
-    """EmoLLM's metrics (Appendix F) and CARE's rubric score over one run's episodes (records of `judge_episodes`):
-    - SR, success rate (%): episodes with a success turn, the first turn the judge rates sr_proxy = 1;
+    """EmoLLM's metrics (Appendix F) and CARE's rubric score over one run's episodes (records of
+    `judge_episodes`):
+    - SR, success rate (%): episodes with a success turn, the first turn the judge rates sr_proxy =
+      1;
     - AT, average turns: the success turn's number (from 1), over the successful episodes;
     - ES, emotional state: the user's final state e_T (1-5);
     - EG/Turn, emotional gain per turn: (e_T - e_0) / T, T the episode's assistant turns;
-    - EA, empathic appropriateness: the judge's 1-5 over all turns; FA, factual accuracy (%): turns rated reliable;
+    - EA, empathic appropriateness: the judge's 1-5 over all turns; FA, factual accuracy (%): turns
+      rated reliable;
     - CARE: the rubric score (rewards.care_score, 0-1) over all turns.
-    A judgement that is missing leaves its episode or turn out of that metric (SR and AT: an episode whose success
-    turn cannot be told), and is counted in `unjudged`. Every metric is None when nothing was judged."""
+    A judgement that is missing leaves its episode or turn out of that metric (SR and AT: an episode
+    whose success turn cannot be told), and is counted in `unjudged`. Every metric is None when
+    nothing was judged."""
+
     def mean(values):
         return sum(values) / len(values) if values else None
 
     judged, success_turns = 0, []
     for e in episodes:
         flags = [t["sr_proxy"] for t in e["turns"]]
-        first = next((k for k, flag in enumerate(flags) if flag != 0), None)  # the first success, or a gap
+        # the first success, or a gap
+        first = next((k for k, flag in enumerate(flags) if flag != 0), None)
         if first is not None and flags[first] is None:
             continue
         judged += 1
         success_turns += [] if first is None else [first + 1]
     turns = [t for e in episodes for t in e["turns"]]
     ends = [e for e in episodes if e["e_T"] is not None]
-    gains = [(e["e_T"] - e["e_0"]) / e["n_turns"] for e in ends if e["e_0"] is not None and e["n_turns"]]
+    gains = [
+        (e["e_T"] - e["e_0"]) / e["n_turns"] for e in ends if e["e_0"] is not None and e["n_turns"]
+    ]
     fa = mean([t["fa"] for t in turns if t["fa"] is not None])
-    return {"success_rate": 100 * len(success_turns) / judged if judged else None, "avg_turns": mean(success_turns),
-            "emotional_state": mean([e["e_T"] for e in ends]), "eg_per_turn": mean(gains),
-            "ea": mean([t["ea"] for t in turns if t["ea"] is not None]), "fa": None if fa is None else 100 * fa,
-            "care": mean([t["care"] for t in turns if t["care"] is not None]), "episodes": len(episodes),
-            "unjudged": {"success": len(episodes) - judged, "e_0": sum(e["e_0"] is None for e in episodes),
-                         "e_T": len(episodes) - len(ends), "turns": sum(t["ea"] is None for t in turns),
-                         "care": sum(t["care"] is None for t in turns)}}
+    return {
+        "success_rate": 100 * len(success_turns) / judged if judged else None,
+        "avg_turns": mean(success_turns),
+        "emotional_state": mean([e["e_T"] for e in ends]),
+        "eg_per_turn": mean(gains),
+        "ea": mean([t["ea"] for t in turns if t["ea"] is not None]),
+        "fa": None if fa is None else 100 * fa,
+        "care": mean([t["care"] for t in turns if t["care"] is not None]),
+        "episodes": len(episodes),
+        "unjudged": {
+            "success": len(episodes) - judged,
+            "e_0": sum(e["e_0"] is None for e in episodes),
+            "e_T": len(episodes) - len(ends),
+            "turns": sum(t["ea"] is None for t in turns),
+            "care": sum(t["care"] is None for t in turns),
+        },
+    }
 
 
 def judge_episodes(episodes: list[Episode], cfg: DialogueEvalConfig) -> list[dict]:
-    """Every judgement the metrics need, each batch at once: e_0 and e_T per episode and each turn's quality
-    (sr_proxy, ea, fa; a turn without a follow-up has none), with `care` each state's rubric (the rubric
-    judge), then each reply's scores. One record per episode: the dialogue and its judgements."""
+    """Every judgement the metrics need, each batch at once: e_0 and e_T per episode and each turn's
+    quality (sr_proxy, ea, fa; a turn without a follow-up has none), with `care` each state's rubric
+    (the rubric judge), then each reply's scores. One record per episode: the dialogue and its
+    judgements."""
     records, asks, rubrics = [], [], []
     for e in episodes:
         scenario = e.start.scenario
-        record = {"id": scenario.id, "ended_by": e.ended_by, "n_turns": len(e.turns), "e_0": None, "e_T": None,
-                  "turns": []}
-        asks.append((record, "e_0", emotional_state_request(scenario.scenario, scenario.initial_prompt),
-                     parse_emotional_state))
+        record = {
+            "id": scenario.id,
+            "ended_by": e.ended_by,
+            "n_turns": len(e.turns),
+            "e_0": None,
+            "e_T": None,
+            "turns": [],
+        }
+        asks.append(
+            (
+                record,
+                "e_0",
+                emotional_state_request(scenario.scenario, scenario.initial_prompt),
+                parse_emotional_state,
+            )
+        )
         if e.turns and e.state.history[-1][0] == "user":
             *context, (_, last) = e.state.history
-            asks.append((record, "e_T", emotional_state_request(dialogue_text(context), last), parse_emotional_state))
+            asks.append(
+                (
+                    record,
+                    "e_T",
+                    emotional_state_request(dialogue_text(context), last),
+                    parse_emotional_state,
+                )
+            )
         for k, turn in enumerate(e.turns):
             reply = turn.candidates[0]
-            row = {"user": turn.state.history[-1][1], "reasoning": reply.reasoning, "reply": reply.reply,
-                   "follow_up": e.follow_up(k), "quality": None, "rubric": None, "scores": None}
+            row = {
+                "user": turn.state.history[-1][1],
+                "reasoning": reply.reasoning,
+                "reply": reply.reply,
+                "follow_up": e.follow_up(k),
+                "quality": None,
+                "rubric": None,
+                "scores": None,
+            }
             if row["follow_up"] is not None:
-                asks.append((row, "quality", turn_quality_request(scenario.scenario, list(turn.state.history),
-                                                                  reply.reply, row["follow_up"]), parse_turn_quality))
+                asks.append(
+                    (
+                        row,
+                        "quality",
+                        turn_quality_request(
+                            scenario.scenario,
+                            list(turn.state.history),
+                            reply.reply,
+                            row["follow_up"],
+                        ),
+                        parse_turn_quality,
+                    )
+                )
             if cfg.care:
-                rubrics.append((row, "rubric", judge.care_rubric_request(list(turn.state.history)),
-                                judge.parse_care_rubric))
+                rubrics.append(
+                    (
+                        row,
+                        "rubric",
+                        judge.care_rubric_request(list(turn.state.history)),
+                        judge.parse_care_rubric,
+                    )
+                )
             record["turns"].append(row)
         records.append(record)
     ask_into(asks, cfg.judge)
     ask_into(rubrics, cfg.dialogue.rubric_judge or cfg.judge)
-    ask_into([(row, "scores", judge.care_scores_request(list(turn.state.history), row["rubric"], row["reply"]),
-                lambda text, rubric=row["rubric"]: judge.parse_care_scores(text, rubric))
-               for e, record in zip(episodes, records) for turn, row in zip(e.turns, record["turns"])
-               if row["rubric"] is not None], cfg.judge)
+    ask_into(
+        [
+            (
+                row,
+                "scores",
+                judge.care_scores_request(list(turn.state.history), row["rubric"], row["reply"]),
+                lambda text, rubric=row["rubric"]: judge.parse_care_scores(text, rubric),
+            )
+            for e, record in zip(episodes, records)
+            for turn, row in zip(e.turns, record["turns"])
+            if row["rubric"] is not None
+        ],
+        cfg.judge,
+    )
     for row in (row for record in records for row in record["turns"]):
-        row |= {key: None if row["quality"] is None else row["quality"][key] for key in TURN_QUALITY_KEYS}
-        row["care"] = None if row["scores"] is None else rewards.care_score(row["rubric"], row["scores"])
+        row |= {
+            key: None if row["quality"] is None else row["quality"][key]
+            for key in TURN_QUALITY_KEYS
+        }
+        row["care"] = (
+            None if row["scores"] is None else rewards.care_score(row["rubric"], row["scores"])
+        )
     return records
 
 
 def _generation_identity(cfg: DialogueEvalConfig) -> dict:
-    return {key: dataclasses.asdict(cfg)[key] for key in ("checkpoint", "adapter", "endpoint", "seed", "sampling",
-                                                          "dialogue")}
+    return {
+        key: dataclasses.asdict(cfg)[key]
+        for key in ("checkpoint", "adapter", "endpoint", "seed", "sampling", "dialogue")
+    }
 
 
 def _policy(cfg: DialogueEvalConfig) -> Respond:
@@ -158,29 +266,51 @@ def _policy(cfg: DialogueEvalConfig) -> Respond:
     return local_policy(model, tok, cfg.sampling, cfg.dialogue)
 
 
-METRICS = (("success_rate", "SR (%)", 1), ("avg_turns", "AT", 2), ("emotional_state", "ES", 2),
-           ("eg_per_turn", "EG/Turn", 3), ("ea", "EA", 2), ("fa", "FA (%)", 1), ("care", "CARE", 3))
+METRICS = (
+    ("success_rate", "SR (%)", 1),
+    ("avg_turns", "AT", 2),
+    ("emotional_state", "ES", 2),
+    ("eg_per_turn", "EG/Turn", 3),
+    ("ea", "EA", 2),
+    ("fa", "FA (%)", 1),
+    ("care", "CARE", 3),
+)
 
 
 def markdown_table(summary: dict) -> str:
-    """One row in the layout of EmoLLM's Table 1, with EG/Turn, FA and CARE beside it: mean ± SD over runs."""
+    """One row in the layout of EmoLLM's Table 1, with EG/Turn, FA and CARE beside it: mean ± SD
+    over runs."""
     cells = []
     for key, _, digits in METRICS:
         stat = summary["metrics"][key]
         sd = "" if stat["sd"] is None else f" ± {stat['sd']:.{digits}f}"
         cells.append("–" if stat["mean"] is None else f"{stat['mean']:.{digits}f}{sd}")
     heads = [head for _, head, _ in METRICS]
-    return "\n".join([f"| Model | {' | '.join(heads)} |", "|---" * (len(heads) + 1) + "|",
-                      f"| {summary['name']} | {' | '.join(cells)} |"]) + "\n"
+    return (
+        "\n".join(
+            [
+                f"| Model | {' | '.join(heads)} |",
+                "|---" * (len(heads) + 1) + "|",
+                f"| {summary['name']} | {' | '.join(cells)} |",
+            ]
+        )
+        + "\n"
+    )
 
 
 def evaluate_dialogues(cfg: DialogueEvalConfig) -> dict:
-    """Play, judge and score `cfg.runs` runs (resuming: a run whose episodes are in output_dir is not replayed), and
-    write episodes.jsonl (every episode with its judgements), eval.json and table.md. Returns eval.json."""
+    """Play, judge and score `cfg.runs` runs (resuming: a run whose episodes are in output_dir is
+    not replayed), and write episodes.jsonl (every episode with its judgements), eval.json and
+    table.md. Returns eval.json."""
     if (cfg.checkpoint is None) == (cfg.endpoint is None):
-        raise ConfigError("give exactly one of 'checkpoint' (in-process) and 'endpoint' (a served policy)")
-    for key, value in (("runs", cfg.runs), ("dialogue.max_turns", cfg.dialogue.max_turns),
-                       ("dialogue.lookahead", cfg.dialogue.lookahead)):
+        raise ConfigError(
+            "give exactly one of 'checkpoint' (in-process) and 'endpoint' (a served policy)"
+        )
+    for key, value in (
+        ("runs", cfg.runs),
+        ("dialogue.max_turns", cfg.dialogue.max_turns),
+        ("dialogue.lookahead", cfg.dialogue.lookahead),
+    ):
         if value < 1:
             raise ConfigError(f"'{key}' must be at least 1, got {value}")
     out = Path(cfg.output_dir)
@@ -188,8 +318,10 @@ def evaluate_dialogues(cfg: DialogueEvalConfig) -> dict:
     if (out / EPISODES).exists() and (out / "config.yaml").exists():
         old = load_config(out / "config.yaml", [], DialogueEvalConfig)
         if _generation_identity(old) != _generation_identity(cfg):
-            raise ConfigError(f"{out}: holds episodes of another model, seed, decoding or role-play; "
-                              "use a new output_dir")
+            raise ConfigError(
+                f"{out}: holds episodes of another model, seed, decoding or role-play; "
+                "use a new output_dir"
+            )
     save_resolved_config(cfg, out)
     done: dict[int, list[dict]] = {}
     for record in read_log(out / EPISODES, evaluate.EvalError):
@@ -198,18 +330,28 @@ def evaluate_dialogues(cfg: DialogueEvalConfig) -> dict:
     for run in (r for r in range(cfg.runs) if r not in done):
         respond = respond or _policy(cfg)
         seed = random.Random(f"{cfg.seed}/run{run}").getrandbits(63)
-        episodes, _ = play(respond, scenarios, cfg.dialogue, cfg.dialogue.simulator or cfg.judge, 1, seed)
+        episodes, _ = play(
+            respond, scenarios, cfg.dialogue, cfg.dialogue.simulator or cfg.judge, 1, seed
+        )
         done[run] = [record | {"run": run} for record in judge_episodes(episodes, cfg)]
         with open_log(out / EPISODES) as f:  # a run's episodes at once: a run is whole or absent
             f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in done[run]))
-        print0(f"run {run + 1}/{cfg.runs}: {len(episodes)} episodes, ended by "
-               + ", ".join(f"{why} {sum(e.ended_by == why for e in episodes)}" for why in ("user", "turn limit",
-                                                                                        "simulator")))
+        print0(
+            f"run {run + 1}/{cfg.runs}: {len(episodes)} episodes, ended by "
+            + ", ".join(
+                f"{why} {sum(e.ended_by == why for e in episodes)}"
+                for why in ("user", "turn limit", "simulator")
+            )
+        )
     runs = [dialogue_metrics(done[r]) for r in range(cfg.runs)]
-    summary = {"name": cfg.name or out.resolve().name, "model": evaluate.model_identity(cfg),
-               "n_scenarios": len(scenarios),
-               "metrics": {key: evaluate.mean_sd([run[key] for run in runs]) for key, _, _ in METRICS},
-               "runs": runs, "config": redact_secrets(dataclasses.asdict(cfg))}
+    summary = {
+        "name": cfg.name or out.resolve().name,
+        "model": evaluate.model_identity(cfg),
+        "n_scenarios": len(scenarios),
+        "metrics": {key: evaluate.mean_sd([run[key] for run in runs]) for key, _, _ in METRICS},
+        "runs": runs,
+        "config": redact_secrets(dataclasses.asdict(cfg)),
+    }
     atomic_write_text(out / EVAL_JSON, json.dumps(summary, indent=1, ensure_ascii=False) + "\n")
     atomic_write_text(out / TABLE, markdown_table(summary))
     print0(markdown_table(summary))
@@ -217,7 +359,8 @@ def evaluate_dialogues(cfg: DialogueEvalConfig) -> dict:
 
 
 def main(argv: list[str]) -> None:
-    """`python evaluate_dialogue.py config.yaml [key=value ...]`: bad input is one line and a nonzero exit."""
+    """`python evaluate_dialogue.py config.yaml [key=value ...]`: bad input is one line and a
+    nonzero exit."""
     cfg = parse_cli(DialogueEvalConfig, argv)
     try:
         evaluate_dialogues(cfg)

@@ -1,30 +1,37 @@
-"""Full-parameter runs (`finetune: full`) on PyTorch's FSDP2, the one place sharding lives: how the model is sharded, how its gradients are
-clipped, how a rollout decodes from it, how its state goes to and comes back from a sharded checkpoint, and how the
-result leaves as one Hugging Face checkpoint.
+"""Full-parameter runs (`finetune: full`) on PyTorch's FSDP2, the one place sharding lives: how the
+model is sharded, how its gradients are clipped, how a rollout decodes from it, how its state goes
+to and comes back from a sharded checkpoint, and how the result leaves as one Hugging Face
+checkpoint.
 
-The sharded model (`shard_model`, over the units `Qwen.shard_units` names), on a 1-D device mesh of every rank (any number of nodes):
-- each decoder layer, and the final norm, is one `fully_shard` unit; the root (the whole Qwen) is one more, owning
-  no parameter: it ties the units into one FSDP state (one lazy initialization, one end-of-backward callback);
-- master weights are float32, sharded along dim 0, and so are their gradients and AdamW's moments; a unit all-gathers
-  its weights in the checkpoint dtype for forward and backward (`MixedPrecisionPolicy(param_dtype=<checkpoint dtype>,
-  reduce_dtype=float32)`), and its gradients are reduce-scattered in float32 as a sum (divide factor 1): the trainers
-  normalize every loss by counts over the whole update on all ranks, as in LoRA mode;
-- the input embedding and the lm_head are frozen (CLUE A.2) and stay whole on every rank in the checkpoint dtype
-  (`ignored_params` of the root): token_logprobs, HeadLogprobs and generate read the head outside any module forward,
-  and tied embeddings are one tensor. Trainable token rows (SFT's `<evidence>` rows) are replicated too, their
-  gradients summed by sync_gradients;
-- model.py calls the layers and the norm as modules (their FSDP hooks run) but enters through `hidden_states`, not
-  the root's forward, so `shard_model` runs one tiny forward through the root to make it the FSDP root.
-Qwen3.5's A_log and dt_bias, kept in float32 by model.py, are computed in the checkpoint dtype here (one
-param_dtype per unit); their master copies stay float32.
+The sharded model (`shard_model`, over the units `Qwen.shard_units` names), on a 1-D device mesh of
+every rank (any number of nodes):
+- each decoder layer, and the final norm, is one `fully_shard` unit; the root (the whole Qwen) is
+  one more, owning no parameter: it ties the units into one FSDP state (one lazy initialization, one
+  end-of-backward callback);
+- master weights are float32, sharded along dim 0, and so are their gradients and AdamW's moments; a
+  unit all-gathers its weights in the checkpoint dtype for forward and backward
+  (`MixedPrecisionPolicy(param_dtype=<checkpoint dtype>, reduce_dtype=float32)`), and its gradients
+  are reduce-scattered in float32 as a sum (divide factor 1): the trainers normalize every loss by
+  counts over the whole update on all ranks, as in LoRA mode;
+- the input embedding and the lm_head are frozen (CLUE A.2) and stay whole on every rank in the
+  checkpoint dtype (`ignored_params` of the root): token_logprobs, HeadLogprobs and generate read
+  the head outside any module forward, and tied embeddings are one tensor. Trainable token rows
+  (SFT's `<evidence>` rows) are replicated too, their gradients summed by sync_gradients;
+- model.py calls the layers and the norm as modules (their FSDP hooks run) but enters through
+  `hidden_states`, not the root's forward, so `shard_model` runs one tiny forward through the root
+  to make it the FSDP root.
+Qwen3.5's A_log and dt_bias, kept in float32 by model.py, are computed in the checkpoint dtype here
+(one param_dtype per unit); their master copies stay float32.
 
-Every rank must run the same sequence of forwards and backwards (each unit's all-gather is a collective): the
-trainers give every rank the same number of micro-batches, padding with ones that weigh 0 (`pad_batches`).
+Every rank must run the same sequence of forwards and backwards (each unit's all-gather is a
+collective): the trainers give every rank the same number of micro-batches, padding with ones that
+weigh 0 (`pad_batches`).
 
-A full run's checkpoint (checkpoint.save_sharded / load_sharded, inside the atomic ckpt-<step>): `dcp/`, written by
-torch.distributed.checkpoint through its safetensors storage (every rank its own file of shards, each tensor's
-offsets in the file's JSON header: no pickle is written or read), holding `model.<name>` for every trainable
-parameter and `optim.<name>.<moment>` for AdamW's state; the optimizer's hyperparameters go to state.json.
+A full run's checkpoint (checkpoint.save_sharded / load_sharded, inside the atomic ckpt-<step>):
+`dcp/`, written by torch.distributed.checkpoint through its safetensors storage (every rank its own
+file of shards, each tensor's offsets in the file's JSON header: no pickle is written or read),
+holding `model.<name>` for every trainable parameter and `optim.<name>.<moment>` for AdamW's state;
+the optimizer's hyperparameters go to state.json.
 """
 
 from __future__ import annotations
@@ -43,8 +50,8 @@ ROWS = ("row_ids", "embed_rows", "head_rows")
 
 
 def device_mesh(device: torch.device) -> DeviceMesh:
-    """The 1-D mesh of all ranks. A plain (non-torchrun) run joins a process group of its own first, so one process
-    trains through the same sharded code as many."""
+    """The 1-D mesh of all ranks. A plain (non-torchrun) run joins a process group of its own first,
+    so one process trains through the same sharded code as many."""
     if not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
@@ -61,15 +68,22 @@ def units(model: Qwen) -> list[FSDPModule]:
 
 
 def frozen_whole(model: Qwen) -> set[torch.nn.Parameter]:
-    """Parameters every rank keeps whole: the frozen embedding and lm_head, and the trainable token rows."""
-    found = [model.model.embed_tokens.weight, model.head_weight(), model.embed_rows, model.head_rows]
+    """Parameters every rank keeps whole: the frozen embedding and lm_head, and the trainable token
+    rows."""
+    found = [
+        model.model.embed_tokens.weight,
+        model.head_weight(),
+        model.embed_rows,
+        model.head_rows,
+    ]
     return {p for p in found if p is not None}
 
 
 def shard_model(model: Qwen, device: torch.device, like: Qwen | None = None) -> Qwen:
-    """Shard `model` (loaded in its checkpoint dtype, token rows already added) as the module docstring says, in
-    place; returns it. With `like` (GRPO's reference of the sharded policy `like`, equal to it at the start): every
-    weight frozen in the checkpoint dtype, the embedding and lm_head those of `like` (one copy on a rank, not two)."""
+    """Shard `model` (loaded in its checkpoint dtype, token rows already added) as the module
+    docstring says, in place; returns it. With `like` (GRPO's reference of the sharded policy
+    `like`, equal to it at the start): every weight frozen in the checkpoint dtype, the embedding
+    and lm_head those of `like` (one copy on a rank, not two)."""
     compute, trainable = model.dtype, like is None
     if like is not None:
         model.model.embed_tokens.weight = like.model.embed_tokens.weight
@@ -80,7 +94,9 @@ def shard_model(model: Qwen, device: torch.device, like: Qwen | None = None) -> 
     model.head_weight().requires_grad_(False)
     model.source_dtypes = {n: p.dtype for n, p in model.named_parameters() if p not in whole}
     mesh = device_mesh(device)
-    policy = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32, cast_forward_inputs=False)
+    policy = MixedPrecisionPolicy(
+        param_dtype=compute, reduce_dtype=torch.float32, cast_forward_inputs=False
+    )
     for module in [*model.model.layers, model.model.norm]:
         if trainable:
             module.float()
@@ -91,13 +107,15 @@ def shard_model(model: Qwen, device: torch.device, like: Qwen | None = None) -> 
         unit.set_gradient_divide_factor(1.0)
         unit.set_force_sum_reduction_for_comms(True)  # a plain SUM (gloo has no PREMUL_SUM)
     with torch.no_grad():
-        model(torch.zeros((1, 1), dtype=torch.long, device=device))  # the root's forward makes it the FSDP root
+        # the root's forward makes it the FSDP root
+        model(torch.zeros((1, 1), dtype=torch.long, device=device))
     return model
 
 
 def pad_batches(batches: list, idle, device: torch.device) -> list:
-    """`batches` plus as many `idle` micro-batches (tensors that weigh nothing in the loss) as the busiest rank has
-    more: every rank of a sharded model must run the same forwards and backwards."""
+    """`batches` plus as many `idle` micro-batches (tensors that weigh nothing in the loss) as the
+    busiest rank has more: every rank of a sharded model must run the same forwards and
+    backwards."""
     count = torch.tensor([len(batches)], device=device)
     if dist.get_world_size() > 1:
         dist.all_reduce(count, op=dist.ReduceOp.MAX)
@@ -106,8 +124,8 @@ def pad_batches(batches: list, idle, device: torch.device) -> list:
 
 @contextlib.contextmanager
 def gathered(model: Qwen):
-    """Every unit's weights all-gathered once (in the compute dtype) and kept through the block, so decoding runs no
-    collective per token; resharded on exit, before training."""
+    """Every unit's weights all-gathered once (in the compute dtype) and kept through the block, so
+    decoding runs no collective per token; resharded on exit, before training."""
     for unit in units(model):
         unit.set_reshard_after_forward(False, recurse=False)
         unit.unshard()
@@ -120,8 +138,9 @@ def gathered(model: Qwen):
 
 
 class GatheredSampler:
-    """A sampler (rollout.py's interface) for a sharded policy: an update's rollouts run with the policy's weights
-    gathered whole (`gathered`), once per update on every rank, however many sampling rounds each rank runs."""
+    """A sampler (rollout.py's interface) for a sharded policy: an update's rollouts run with the
+    policy's weights gathered whole (`gathered`), once per update on every rank, however many
+    sampling rounds each rank runs."""
 
     def __init__(self, sampler, policy: Qwen):
         self.sampler, self.policy = sampler, policy
@@ -136,9 +155,9 @@ class GatheredSampler:
 
 
 def clip_sharded(params: list[torch.nn.Parameter], max_norm: float) -> float:
-    """Scale the gradients of `params` so their global L2 norm is at most `max_norm` (as clip_grad_norm_, whose
-    coefficient this is); returns the norm before clipping. Sharded gradients (DTensors) count every shard once,
-    replicated ones once."""
+    """Scale the gradients of `params` so their global L2 norm is at most `max_norm` (as
+    clip_grad_norm_, whose coefficient this is); returns the norm before clipping. Sharded gradients
+    (DTensors) count every shard once, replicated ones once."""
     grads = [p.grad for p in params if p.grad is not None]
     sharded = [g for g in grads if isinstance(g, DTensor)]
     local = [g for g in grads if not isinstance(g, DTensor)]
@@ -156,9 +175,10 @@ def clip_sharded(params: list[torch.nn.Parameter], max_norm: float) -> float:
 
 
 def export_full(model: Qwen, tok, out_dir) -> None:
-    """Write a sharded model as one Hugging Face checkpoint (model.save_merged's format: safetensors shards + index,
-    config, tokenizer; trainable token rows folded in) in the dtypes it was loaded with. A collective: the tensors are
-    gathered one at a time; rank 0 keeps each on the CPU (one full copy at most), the other ranks keep none."""
+    """Write a sharded model as one Hugging Face checkpoint (model.save_merged's format: safetensors
+    shards + index, config, tokenizer; trainable token rows folded in) in the dtypes it was loaded
+    with. A collective: the tensors are gathered one at a time; rank 0 keeps each on the CPU (one
+    full copy at most), the other ranks keep none."""
     main = dist.get_rank() == 0
     state, rows = {}, {}
     for name, t in model.state_dict().items():
@@ -166,7 +186,9 @@ def export_full(model: Qwen, tok, out_dir) -> None:
             continue
         full = t.full_tensor() if isinstance(t, DTensor) else t
         if main:
-            (rows if name in ROWS else state)[name] = full.detach().to("cpu", model.source_dtypes.get(name, full.dtype))
+            (rows if name in ROWS else state)[name] = full.detach().to(
+                "cpu", model.source_dtypes.get(name, full.dtype)
+            )
         del full
     if main:
         with torch.device("meta"):

@@ -1,33 +1,39 @@
-"""Stage 2: GRPO with grounded rewards. Run: `torchrun --nproc_per_node=N grpo.py config.yaml [key=value ...]`
-(or `python grpo.py config.yaml` for one process). Social-R1's reference analyses are written first, through a
-teacher, by `python prepare_references.py config.yaml`.
+"""Stage 2: GRPO with grounded rewards. Run: `torchrun --nproc_per_node=N grpo.py config.yaml
+[key=value ...]` (or `python grpo.py config.yaml` for one process). Social-R1's reference analyses
+are written first, through a teacher, by `python prepare_references.py config.yaml`.
 
 One update (`train`, in this order):
-  1. sample   P prompts from the current curriculum segment, K completions each, parsed into `rewards.Rollout`s
-              by the run's sampler (rollout.py: `model.generate`; a vLLM server with `rollout.engine: vllm`);
+  1. sample   P prompts from the current curriculum segment, K completions each, parsed into
+              `rewards.Rollout`s by the run's sampler (rollout.py: `model.generate`; a vLLM server
+              with `rollout.engine: vllm`);
   2. score    the judges the reward needs (`rewards.judge_rollouts`, all calls concurrent), then the
-              configured reward R_i (`rewards.score`) and the parts its registration declares (`score_groups`);
-  3. filter   (CLUE) a group whose K rewards are all equal or that has a None (missing judge feedback) is resampled
-              up to 3 times, then replaced by up to 2 other prompts of the same segment; a group still unusable is
-              masked out of the loss and counted (`filter_decision`; with filtering off it is masked at once, so both
-              arms of the Accuracy-Only ablation scale alike);
+              configured reward R_i (`rewards.score`) and the parts its registration declares
+              (`score_groups`);
+  3. filter   (CLUE) a group whose K rewards are all equal or that has a None (missing judge
+              feedback) is resampled up to 3 times, then replaced by up to 2 other prompts of the
+              same segment; a group still unusable is masked out of the loss and counted
+              (`filter_decision`; with filtering off it is masked at once, so both arms of the
+              Accuracy-Only ablation scale alike);
   4. advantages  A_i = (R_i - mean(R)) / (std(R) + eps) within each group of K (`group_advantages`);
-  5. loss     per completion token, rho = exp(logp - logp_old), l = -(min(rho A, clip(rho, 1 - eps_lo, 1 + eps_hi) A)
-              - beta KL_k3), KL_k3 = exp(ref - logp) - (ref - logp) - 1 against the reference policy (the same
-              network with the RL LoRA disabled); averaged over each completion's tokens then over completions
-              (`seq-mean-token-mean`) or over all tokens (`token-mean`), the counts taken over the whole update on
-              every rank, so gradients do not depend on the rank count or micro-batch split;
-  6. step     gradients summed over ranks, clipped, AdamW; `loss.passes` steps reuse one rollout batch
-              (log-probs of the sampling policy cached from the first pass).
+  5. loss     per completion token, rho = exp(logp - logp_old), l = -(min(rho A, clip(rho, 1 -
+              eps_lo, 1 + eps_hi) A) - beta KL_k3), KL_k3 = exp(ref - logp) - (ref - logp) - 1
+              against the reference policy (the same network with the RL LoRA disabled); averaged
+              over each completion's tokens then over completions (`seq-mean-token-mean`) or over
+              all tokens (`token-mean`), the counts taken over the whole update on every rank, so
+              gradients do not depend on the rank count or micro-batch split;
+  6. step     gradients summed over ranks, clipped, AdamW; `loss.passes` steps reuse one rollout
+              batch (log-probs of the sampling policy cached from the first pass).
 
-`train` picks the sampler once (`rollout_sampler`): rollout.PromptSampler, or with a `dialogue:` section
-dialogue.py's, which samples and judges episodes or per-state candidate replies; nothing else changes.
+`train` picks the sampler once (`rollout_sampler`): rollout.PromptSampler, or with a `dialogue:`
+section dialogue.py's, which samples and judges episodes or per-state candidate replies; nothing
+else changes.
 
-Ranks own whole groups; only LoRA gradients and metrics cross ranks; rank 0 writes. Outputs in `output_dir`:
-config.yaml, metrics.jsonl (one line per update, keys in `update_metrics`), completions.jsonl, `ckpt-<update>`
-checkpoints (exact resume with `resume: auto`), `adapter/` (the RL LoRA in PEFT format, on top of the SFT-merged
-base) and, with `save_merged: true`, `merged/`. With `finetune: full` every weight but embedding and lm_head trains,
-sharded (fsdp.py), against a frozen sharded reference; out: `model/`.
+Ranks own whole groups; only LoRA gradients and metrics cross ranks; rank 0 writes. Outputs in
+`output_dir`: config.yaml, metrics.jsonl (one line per update, keys in `update_metrics`),
+completions.jsonl, `ckpt-<update>` checkpoints (exact resume with `resume: auto`), `adapter/` (the
+RL LoRA in PEFT format, on top of the SFT-merged base) and, with `save_merged: true`, `merged/`.
+With `finetune: full` every weight but embedding and lm_head trains, sharded (fsdp.py), against a
+frozen sharded reference; out: `model/`.
 """
 
 from __future__ import annotations
@@ -47,23 +53,55 @@ import dataset
 import rewards
 from checkpoint import atomic_folder, resume, save_checkpoint, save_model, trim_log
 from config import ConfigError, MetricsWriter, excerpt, parse_cli, print0, save_resolved_config
+from distributed import Ranks, all_reduce_sum, gather_json, setup_distributed
 from fsdp import GatheredSampler, is_sharded, pad_batches, shard_model
 from judge import JudgeAuthError, JudgeConfig, JudgeError
-from model import (CheckpointError, Qwen, add_lora, add_special_tokens, load_adapter, load_tokenizer, lora_disabled,
-                   merge_lora, save_merged, token_logprobs)
-from rollout import (DialogueSettings, Group, PromptSampler, RolloutError, Slot, VLLMSettings, completion_records,
-                     rank_report, update_metrics)
-from train import LoraSettings, Progress, StopRequest, build_optimizer, clip_gradients, finetune_settings, optimizer_parameters, set_lr, warmup_hold_cosine, sync_gradients
-from distributed import Ranks, all_reduce_sum, gather_json, setup_distributed
+from model import (
+    CheckpointError,
+    Qwen,
+    add_lora,
+    add_special_tokens,
+    load_adapter,
+    load_tokenizer,
+    lora_disabled,
+    merge_lora,
+    save_merged,
+    token_logprobs,
+)
+from rollout import (
+    DialogueSettings,
+    Group,
+    PromptSampler,
+    RolloutError,
+    Slot,
+    VLLMSettings,
+    completion_records,
+    rank_report,
+    update_metrics,
+)
+from train import (
+    LoraSettings,
+    Progress,
+    StopRequest,
+    build_optimizer,
+    clip_gradients,
+    finetune_settings,
+    optimizer_parameters,
+    set_lr,
+    sync_gradients,
+    warmup_hold_cosine,
+)
 
 # ----------------------------------------------------------------------------- config
-# CLUE's Table 5 (LoRA, LR peak, rollout length, beta) was lost in extraction: those defaults are ours.
+# CLUE's Table 5 (LoRA, LR peak, rollout length, beta)
+# was lost in extraction: those defaults are ours.
 
 
 @dataclass
 class ModelSettings:
     path: str  # the base checkpoint (Hugging Face folder), or an SFT-merged one
-    sft_adapter: str | None = None  # the SFT adapter (with its <evidence> rows), merged into the base first
+    # the SFT adapter (with its <evidence> rows), merged into the base first
+    sft_adapter: str | None = None
     dtype: str = "bfloat16"
     device: str | None = None  # default: cuda:LOCAL_RANK when available, else the CPU
     gradient_checkpointing: bool = False
@@ -79,12 +117,14 @@ class RolloutSettings:  # paper A.2: temperature 1, top-p 1, no top-k, repetitio
     top_k: int = 0
     repetition_penalty: float = 1.0
     enable_thinking: bool | None = None  # None: the chat template's default (Qwen3 / 3.5 think)
-    engine: Literal["local", "vllm"] = "local"  # vllm: sampled by the server in `vllm` (vllm_engine.py), LoRA synced
+    # vllm: sampled by the server in `vllm` (vllm_engine.py), LoRA synced
+    engine: Literal["local", "vllm"] = "local"
     vllm: VLLMSettings = field(default_factory=VLLMSettings)
 
 
+# paper A.2: up to three resampling attempts, then up to two replacement prompts
 @dataclass
-class FilterSettings:  # paper A.2: up to three resampling attempts, then up to two replacement prompts
+class FilterSettings:
     enabled: bool = True
     resamples: int = 3
     replacements: int = 2  # each replacement prompt is sampled once
@@ -97,16 +137,21 @@ class LossSettings:
     clip_high: float = 0.2
     agg: Literal["seq-mean-token-mean", "token-mean"] = "seq-mean-token-mean"
     passes: int = 1  # optimizer steps per rollout batch
-    micro_batch_size: int = 8  # sequences per forward/backward (memory only: the gradient is the same)
+    # sequences per forward/backward (memory only: the gradient is the same)
+    micro_batch_size: int = 8
     adv_eps: float = 1e-6
-    tis_cap: float | None = None  # C of the truncated importance-sampling correction (tis_weights); None: off
-    # the std A_i divides by: unbiased (1 / (G - 1), TRL's and verl's) or population (1 / G, EmoLLM B.2)
+    # C of the truncated importance-sampling correction (tis_weights); None: off
+    tis_cap: float | None = None
+    # the std A_i divides by: unbiased (1 / (G - 1),
+    # TRL's and verl's) or population (1 / G, EmoLLM B.2)
     adv_std: Literal["unbiased", "population"] = "unbiased"
 
 
+# paper A.2: AdamW (0.9, 0.99), wd 0.01; warm-up from 5e-7 over 19 updates, hold to 506, cosine
 @dataclass
-class OptimSettings:  # paper A.2: AdamW (0.9, 0.99), wd 0.01; warm-up from 5e-7 over 19 updates, hold to 506, cosine
-    lr: float = 1e-5  # the peak was lost; a LoRA rate (full fine-tuning rates such as 5e-7 barely move LoRA)
+class OptimSettings:
+    # the peak was lost; a LoRA rate (full fine-tuning rates such as 5e-7 barely move LoRA)
+    lr: float = 1e-5
     lr_floor: float = 5e-7
     warmup_updates: int = 19
     hold_until: int = 506
@@ -124,17 +169,20 @@ class GRPOConfig:
     reward: rewards.RewardSpec = field(default_factory=rewards.RewardSpec)
     judge: JudgeConfig = field(default_factory=JudgeConfig)
     curriculum: dataset.CurriculumConfig = field(default_factory=dataset.CurriculumConfig)
-    finetune: Literal["lora", "full"] = "lora"  # full: every weight but embedding and lm_head, sharded (fsdp.py)
+    # full: every weight but embedding and lm_head, sharded (fsdp.py)
+    finetune: Literal["lora", "full"] = "lora"
     lora: LoraSettings | None = None  # LoRA runs only; left out: LoraSettings()
     rollout: RolloutSettings = field(default_factory=RolloutSettings)
     filtering: FilterSettings = field(default_factory=FilterSettings)
     loss: LossSettings = field(default_factory=LossSettings)
     optim: OptimSettings = field(default_factory=OptimSettings)
     dialogue: DialogueSettings | None = None  # set: dialogue RL, train_data holds scenario seeds
-    content_model: rewards.ContentModelSettings | None = None  # social_r1: R_content from a trained RM
+    # social_r1: R_content from a trained RM
+    content_model: rewards.ContentModelSettings | None = None
     save_every: int = 50  # updates between checkpoints (one is always written at the end)
     keep_checkpoints: int = 2
-    resume: Literal["auto", "none"] = "auto"  # auto: continue from the newest checkpoint in output_dir
+    # auto: continue from the newest checkpoint in output_dir
+    resume: Literal["auto", "none"] = "auto"
     save_merged: bool = False  # also write the merged full checkpoint to output_dir/merged
     log_completions: bool = True
     seed: int = 42
@@ -146,35 +194,53 @@ class GRPOConfig:
 # ----------------------------------------------------------------------------- the math
 
 
-def group_advantages(rewards, group_size: int, eps: float = 1e-6, std: str = "unbiased") -> torch.Tensor:
+def group_advantages(
+    rewards, group_size: int, eps: float = 1e-6, std: str = "unbiased"
+) -> torch.Tensor:
     """A_i = (R_i - mean(R)) / (std(R) + eps) over consecutive groups of `group_size` rewards, std
-    unbiased (Bessel, 1 / (G - 1)) or `population` (1 / G). A group of equal rewards gets zero advantages."""
+    unbiased (Bessel, 1 / (G - 1)) or `population` (1 / G). A group of equal rewards gets zero
+    advantages."""
     r = torch.as_tensor(rewards, dtype=torch.float32).view(-1, group_size)
     spread = r.std(1, keepdim=True, correction=0 if std == "population" else 1)
     return ((r - r.mean(1, keepdim=True)) / (spread + eps)).view(-1)
 
 
-def grpo_loss(logp, logp_old, logp_ref, advantages, mask, clip_low=0.2, clip_high=0.2, beta=0.04,
-              agg="seq-mean-token-mean", *, normalizer=None, row_weight=None, is_weight=None):
+def grpo_loss(
+    logp,
+    logp_old,
+    logp_ref,
+    advantages,
+    mask,
+    clip_low=0.2,
+    clip_high=0.2,
+    beta=0.04,
+    agg="seq-mean-token-mean",
+    *,
+    normalizer=None,
+    row_weight=None,
+    is_weight=None,
+):
     """The clipped GRPO objective with a k3 KL penalty, as a loss to minimize.
 
     logp, logp_old, logp_ref: [B, T] log-probabilities of the sampled tokens under the policy being
     trained, the policy that sampled (no gradient) and the reference (None when beta = 0);
     advantages [B]; mask [B, T], True on the tokens the loss covers. Per token:
-        rho = exp(logp - logp_old),  l = -(min(rho A, clip(rho, 1 - clip_low, 1 + clip_high) A) - beta KL),
+        rho = exp(logp - logp_old),  l = -(min(rho A, clip(rho, 1 - clip_low, 1 + clip_high) A) -
+                                     beta KL),
         KL = exp(d) - d - 1 with d = logp_ref - logp (k3, >= 0; d clamped to +-20 against overflow).
-    agg "seq-mean-token-mean": sum over completions of (mean of l over its tokens) / normalizer;
-    agg "token-mean": sum of l over all tokens / normalizer. The normalizer defaults to this batch's
-    completion (resp. token) count; a trainer that splits one update into micro-batches or ranks passes
-    the count of the whole update, so the pieces' gradients add up to the gradient of the whole. With
-    `row_weight` [B] (seq-mean-token-mean only), row b counts as row_weight[b] of a completion: its token
-    mean is scaled by it and the count is their sum. A completion split over several rows gives each row its
-    share of the completion's tokens, so the completion counts once, as the mean over all its tokens. `is_weight`
-    [B, T] multiplies each token's clipped surrogate (not its KL): the truncated importance-sampling correction
-    w = min(pi_old / pi_sampler, C) for rollouts from another engine (`tis_weights`).
+    agg "seq-mean-token-mean": sum over completions of (mean of l over its tokens) / normalizer; agg
+    "token-mean": sum of l over all tokens / normalizer. The normalizer defaults to this batch's
+    completion (resp. token) count; a trainer that splits one update into micro-batches or ranks
+    passes the count of the whole update, so the pieces' gradients add up to the gradient of the
+    whole. With `row_weight` [B] (seq-mean-token-mean only), row b counts as row_weight[b] of a
+    completion: its token mean is scaled by it and the count is their sum. A completion split over
+    several rows gives each row its share of the completion's tokens, so the completion counts once,
+    as the mean over all its tokens. `is_weight` [B, T] multiplies each token's clipped surrogate
+    (not its KL): the truncated importance-sampling correction w = min(pi_old / pi_sampler, C) for
+    rollouts from another engine (`tis_weights`).
 
-    stats (detached sums over the masked tokens, to be added over pieces): tokens, kl,
-    clip_low (tokens with rho < 1 - clip_low and A < 0), clip_high (rho > 1 + clip_high and A > 0)."""
+    stats (detached sums over the masked tokens, to be added over pieces): tokens, kl, clip_low
+    (tokens with rho < 1 - clip_low and A < 0), clip_high (rho > 1 + clip_high and A > 0)."""
     mask = mask.to(logp.dtype)
     ratio = torch.exp(logp - logp_old)
     adv = advantages.to(logp.dtype)[:, None]
@@ -200,30 +266,39 @@ def grpo_loss(logp, logp_old, logp_ref, advantages, mask, clip_low=0.2, clip_hig
         raise ValueError(f"grpo_loss: unknown agg {excerpt(agg)} (seq-mean-token-mean, token-mean)")
     loss = total / (count if normalizer is None else normalizer)
     with torch.no_grad():
-        stats = {"tokens": mask.sum(), "kl": (kl * mask).sum(),
-                 "clip_low": (((ratio < 1 - clip_low) & (adv < 0)) * mask).sum(),
-                 "clip_high": (((ratio > 1 + clip_high) & (adv > 0)) * mask).sum()}
+        stats = {
+            "tokens": mask.sum(),
+            "kl": (kl * mask).sum(),
+            "clip_low": (((ratio < 1 - clip_low) & (adv < 0)) * mask).sum(),
+            "clip_high": (((ratio > 1 + clip_high) & (adv > 0)) * mask).sum(),
+        }
     return loss, stats
 
 
-def tis_weights(logp_old: torch.Tensor, logp_sampler: torch.Tensor, cap: float | None) -> torch.Tensor | None:
-    """Per-token truncated importance-sampling weights for tokens drawn by a sampler that is not quite the trainer's
-    policy (another engine's kernels and precision, `rollout.engine: vllm`):
+def tis_weights(
+    logp_old: torch.Tensor, logp_sampler: torch.Tensor, cap: float | None
+) -> torch.Tensor | None:
+    """Per-token truncated importance-sampling weights for tokens drawn by a sampler that is not
+    quite the trainer's policy (another engine's kernels and precision, `rollout.engine: vllm`):
         w_t = min(pi_old(y_t) / pi_sampler(y_t), C) = exp(min(logp_old_t - logp_sampler_t, log C)),
-    pi_old being the trainer's policy before the update (the log-probs it computed itself) and C = `cap`. The
-    clipped surrogate of each token is multiplied by w_t (the KL term is not); w_t carries no gradient. Tokens the
-    sampler over-weights get w < 1; under-weighted ones up to C, which bounds the variance. No cap: None (off)."""
+    pi_old being the trainer's policy before the update (the log-probs it computed itself) and C =
+    `cap`. The clipped surrogate of each token is multiplied by w_t (the KL term is not); w_t
+    carries no gradient. Tokens the sampler over-weights get w < 1; under-weighted ones up to C,
+    which bounds the variance. No cap: None (off)."""
     if cap is None:
         return None
     return torch.exp(torch.clamp(logp_old - logp_sampler, max=math.log(cap))).detach()
 
 
 def lr_at(update: int, optim: OptimSettings, updates: int) -> float:
-    """The learning rate of update `update`, counted from 1 (1..updates): paper A.2's warm-up, hold and cosine."""
-    return warmup_hold_cosine(update, optim.lr, optim.lr_floor, optim.warmup_updates, optim.hold_until, updates)
+    """The learning rate of update `update`, counted from 1 (1..updates): paper A.2's warm-up, hold
+    and cosine."""
+    return warmup_hold_cosine(
+        update, optim.lr, optim.lr_floor, optim.warmup_updates, optim.hold_until, updates
+    )
 
 
-# ----------------------------------------------------------------------------- steps 1-3: sample, score, filter
+# ----------------------------------------------------------------- steps 1-3: sample, score, filter
 
 
 def derived_seed(*parts) -> int:
@@ -232,8 +307,8 @@ def derived_seed(*parts) -> int:
 
 
 class PromptSource:
-    """The curriculum walked in order: segment after segment (dataset.curriculum), the last one repeated.
-    `cursor` (segment, position) is the data position saved in checkpoints."""
+    """The curriculum walked in order: segment after segment (dataset.curriculum), the last one
+    repeated. `cursor` (segment, position) is the data position saved in checkpoints."""
 
     def __init__(self, segments: list[dataset.Segment], cursor=(0, 0)):
         self.segments = segments
@@ -251,7 +326,8 @@ class PromptSource:
         return out
 
     def replacement(self, slot: Slot, seed: int) -> data.Example:
-        """Another prompt of the slot's segment, drawn at random (seeded, the same on every rank)."""
+        """Another prompt of the slot's segment, drawn at random (seeded, the same on every
+        rank)."""
         pool = self.segments[slot.segment].examples
         choice = random.Random(seed).randrange(len(pool))
         if pool[choice].id == slot.example.id and len(pool) > 1:
@@ -260,8 +336,9 @@ class PromptSource:
 
 
 def rollout_sampler(cfg: GRPOConfig, policy: Qwen, tok, ranks: Ranks, out_dir: Path):
-    """The run's sampler (rollout.py's interface), chosen once: role-played dialogues with a `dialogue:` section,
-    a vLLM server with `rollout.engine: vllm`, else rollout.PromptSampler; a sharded policy's gathered whole."""
+    """The run's sampler (rollout.py's interface), chosen once: role-played dialogues with a
+    `dialogue:` section, a vLLM server with `rollout.engine: vllm`, else rollout.PromptSampler; a
+    sharded policy's gathered whole."""
     if cfg.dialogue is not None:
         from dialogue import DialogueSampler
 
@@ -276,32 +353,39 @@ def rollout_sampler(cfg: GRPOConfig, policy: Qwen, tok, ranks: Ranks, out_dir: P
 
 
 def sample_slots(sampler, slots: list[Slot], update: int, seed: int, counts: dict) -> None:
-    """Step 1 for the slots that hold no group (a played dialogue state's first group is already sampled)."""
+    """Step 1 for the slots that hold no group (a played dialogue state's first group is already
+    sampled)."""
     fresh = [s for s in slots if s.group is None]
     if fresh:
-        for slot, group in zip(fresh, sampler.sample([s.example for s in fresh], update, seed, counts)):
+        for slot, group in zip(
+            fresh, sampler.sample([s.example for s in fresh], update, seed, counts)
+        ):
             slot.group = group
             slot.example = group.example  # a seed's state: its resamples share its rubric
 
 
 def score_groups(groups: list[Group], cfg: GRPOConfig, judge) -> dict:
-    """Step 2: ask the judges about every rollout at once (`judge`, the sampler's), then compute each reward and
-    the parts its registration declares. Returns the judges' call statistics."""
+    """Step 2: ask the judges about every rollout at once (`judge`, the sampler's), then compute
+    each reward and the parts its registration declares. Returns the judges' call statistics."""
     judge_stats = judge(groups)
     parts = rewards.REWARDS[cfg.reward.name].parts
     for g in groups:
         g.rewards = [rewards.score(r, cfg.reward) for r in g.rollouts]
-        g.parts = {name: [part(r, cfg.reward.params) for r in g.rollouts] for name, part in parts.items()}
+        g.parts = {
+            name: [part(r, cfg.reward.params) for r in g.rollouts] for name, part in parts.items()
+        }
     return judge_stats
 
 
-def filter_decision(group_rewards: list[float | None], resamples: int, replacements: int,
-                    filtering: FilterSettings) -> str:
-    """Step 3's rule for one scored group: "keep", "resample", "replace" (its prompt) or "mask" (out of the loss).
-    With filtering on (CLUE), a group whose rewards hold a None or are all equal is resampled while resampling
-    attempts remain, then replaced while replacements remain, then masked. With filtering off such a group is masked
-    at once: out of the loss and its normalizer in both arms of the Accuracy-Only ablation, so the same informative
-    groups get the same gradient in both (kept in, all-equal groups made Accuracy-Only's step smaller)."""
+def filter_decision(
+    group_rewards: list[float | None], resamples: int, replacements: int, filtering: FilterSettings
+) -> str:
+    """Step 3's rule for one scored group: "keep", "resample", "replace" (its prompt) or "mask" (out
+    of the loss). With filtering on (CLUE), a group whose rewards hold a None or are all equal is
+    resampled while resampling attempts remain, then replaced while replacements remain, then
+    masked. With filtering off such a group is masked at once: out of the loss and its normalizer in
+    both arms of the Accuracy-Only ablation, so the same informative groups get the same gradient in
+    both (kept in, all-equal groups made Accuracy-Only's step smaller)."""
     if None not in group_rewards and len(set(group_rewards)) > 1:
         return "keep"
     if not filtering.enabled:
@@ -313,12 +397,17 @@ def filter_decision(group_rewards: list[float | None], resamples: int, replaceme
     return "mask"
 
 
-def filter_slots(slots: list[Slot], source: PromptSource, cfg: GRPOConfig, update: int) -> list[str]:
-    """Step 3: each slot's `filter_decision`, applied: a resampled slot is emptied, a replaced one gets another
-    prompt of its segment, a masked group is marked. Returns the decisions, in slot order."""
+def filter_slots(
+    slots: list[Slot], source: PromptSource, cfg: GRPOConfig, update: int
+) -> list[str]:
+    """Step 3: each slot's `filter_decision`, applied: a resampled slot is emptied, a replaced one
+    gets another prompt of its segment, a masked group is marked. Returns the decisions, in slot
+    order."""
     decisions = []
     for slot in slots:
-        decision = filter_decision(slot.group.rewards, slot.resamples, slot.replacements, cfg.filtering)
+        decision = filter_decision(
+            slot.group.rewards, slot.resamples, slot.replacements, cfg.filtering
+        )
         slot.group.masked = decision == "mask"
         if decision == "resample":
             slot.resamples += 1
@@ -350,44 +439,73 @@ def count_decisions(counts: dict, decisions: list[str]) -> None:
         counts[key] += decisions.count(decision)
 
 
-def collect_groups(sampler, source: PromptSource, slots: list[Slot], cfg: GRPOConfig, update: int,
-                   ranks: Ranks) -> tuple[list[Group], dict]:
-    """Steps 1-3 for this rank's slots: sample, score, filter, again for the slots filtering sends back, until
-    every slot holds a usable group or is out of attempts. `sampler.open` may first turn the slots into others (a
-    dialogue run with a turn reward: one per state played). Returns the groups and the update's counters."""
-    counts = {"resampled": 0, "replaced": 0, "masked": 0, "generate_s": 0.0, "judge_s": 0.0, "train_s": 0.0,
-              "calls": 0, "retries": 0, "failures": 0}
-    slots = timed(counts, "generate_s", sampler.open, slots, derived_seed(cfg.seed, "play", update, ranks.rank), counts)
+def collect_groups(
+    sampler, source: PromptSource, slots: list[Slot], cfg: GRPOConfig, update: int, ranks: Ranks
+) -> tuple[list[Group], dict]:
+    """Steps 1-3 for this rank's slots: sample, score, filter, again for the slots filtering sends
+    back, until every slot holds a usable group or is out of attempts. `sampler.open` may first turn
+    the slots into others (a dialogue run with a turn reward: one per state played). Returns the
+    groups and the update's counters."""
+    counts = {
+        "resampled": 0,
+        "replaced": 0,
+        "masked": 0,
+        "generate_s": 0.0,
+        "judge_s": 0.0,
+        "train_s": 0.0,
+        "calls": 0,
+        "retries": 0,
+        "failures": 0,
+    }
+    slots = timed(
+        counts,
+        "generate_s",
+        sampler.open,
+        slots,
+        derived_seed(cfg.seed, "play", update, ranks.rank),
+        counts,
+    )
     pending = list(slots)
     rounds = 0
     while pending:
         seed = derived_seed(cfg.seed, "sample", update, ranks.rank, rounds)
-        timed(counts, "generate_s", sample_slots, sampler, pending, update, seed, counts)  # 1. sample
+        # 1. sample
+        timed(counts, "generate_s", sample_slots, sampler, pending, update, seed, counts)
         groups = [s.group for s in pending]
         judge_stats = timed(counts, "judge_s", score_groups, groups, cfg, sampler.judge)  # 2. score
         count_calls(counts, judge_stats)
         decisions = filter_slots(pending, source, cfg, update)  # 3. filter
         count_decisions(counts, decisions)
-        pending = [slot for slot, decision in zip(pending, decisions) if decision in ("resample", "replace")]
+        pending = [
+            slot
+            for slot, decision in zip(pending, decisions)
+            if decision in ("resample", "replace")
+        ]
         rounds += 1
     return [s.group for s in slots], counts
 
 
-# ----------------------------------------------------------------------------- steps 4-6: advantages, loss, step
+# ---------------------------------------------------------------- steps 4-6: advantages, loss, step
 
 
 def advantages_by_group(groups: list[Group], loss: LossSettings) -> list[list[float] | None]:
-    """Step 4: each unmasked group's advantages (`group_advantages` over its K rewards, with `loss.adv_eps` and
-    `loss.adv_std`); None for a masked group."""
-    return [None if g.masked else group_advantages(g.rewards, len(g.rewards), loss.adv_eps, loss.adv_std).tolist()
-            for g in groups]
+    """Step 4: each unmasked group's advantages (`group_advantages` over its K rewards, with
+    `loss.adv_eps` and `loss.adv_std`); None for a masked group."""
+    return [
+        None
+        if g.masked
+        else group_advantages(g.rewards, len(g.rewards), loss.adv_eps, loss.adv_std).tolist()
+        for g in groups
+    ]
 
 
 @dataclass
 class Sequence:
     """One trained sequence: token ids, the positions whose next token the loss covers (`mask[t]`
     True: ids[t + 1] is a policy token), its advantage, the sampler's log-probs on those tokens, and
-    the share of its group member's completion tokens it holds (1 unless the member sampled several rows)."""
+    the share of its group member's completion tokens it holds (1 unless the member sampled several
+    rows)."""
+
     ids: list[int]
     mask: list[bool]
     advantage: float
@@ -396,16 +514,18 @@ class Sequence:
 
 
 def training_sequences(groups: list[Group], advantages: list[list[float] | None]) -> list[Sequence]:
-    """The sequences the loss is computed on: every sample of every unmasked group's members, with the member's
-    advantage. A member sampled in several rows (dialogue.py's episodes: a row per assistant turn, each under its
-    own prompt) gives each row its share of the member's tokens, so the member counts once in the loss."""
+    """The sequences the loss is computed on: every sample of every unmasked group's members, with
+    the member's advantage. A member sampled in several rows (dialogue.py's episodes: a row per
+    assistant turn, each under its own prompt) gives each row its share of the member's tokens, so
+    the member counts once in the loss."""
     sequences = []
     for g, adv in zip(groups, advantages):
         if adv is None:
             continue
         for member, a in zip(g.samples, adv):
             tokens = sum(len(s.completion) for s in member)
-            for s in member:  # the prompt's tokens (the user's turns among them) are never trained on
+            # the prompt's tokens (the user's turns among them) are never trained on
+            for s in member:
                 mask = [False] * (len(s.prompt) - 1) + [True] * len(s.completion)
                 weight = len(s.completion) / max(1, tokens)
                 sequences.append(Sequence(s.prompt + s.completion, mask, a, s.logp, weight))
@@ -424,60 +544,97 @@ class MicroBatch:
 def micro_batches(sequences: list[Sequence], size: int, pad_id: int, device) -> list[MicroBatch]:
     batches = []
     for i in range(0, len(sequences), size):
-        part = sequences[i:i + size]
+        part = sequences[i : i + size]
         width = max(len(s.ids) for s in part)
         ids = torch.full((len(part), width), pad_id, dtype=torch.long)
         mask = torch.zeros(len(part), width - 1, dtype=torch.bool)
         sampler = torch.zeros(len(part), width - 1)
         for row, s in enumerate(part):
-            ids[row, :len(s.ids)] = torch.tensor(s.ids)
-            mask[row, :len(s.mask)] = torch.tensor(s.mask)
+            ids[row, : len(s.ids)] = torch.tensor(s.ids)
+            mask[row, : len(s.mask)] = torch.tensor(s.mask)
             sampler[row, mask[row]] = torch.tensor(s.sampler_logp)
         adv = torch.tensor([s.advantage for s in part])
         weight = torch.tensor([s.row_weight for s in part])
-        batches.append(MicroBatch(ids.to(device), mask.to(device), adv.to(device), sampler.to(device),
-                                  weight.to(device)))
+        batches.append(
+            MicroBatch(
+                ids.to(device),
+                mask.to(device),
+                adv.to(device),
+                sampler.to(device),
+                weight.to(device),
+            )
+        )
     return batches
 
 
 def idle_batch(device) -> MicroBatch:
     """A micro-batch that weighs nothing in the loss: one all-masked row."""
-    return MicroBatch(torch.zeros(1, 2, dtype=torch.long, device=device),
-                      torch.zeros(1, 1, dtype=torch.bool, device=device),
-                      *(torch.zeros(shape, device=device) for shape in (1, (1, 1), 1)))
+    return MicroBatch(
+        torch.zeros(1, 2, dtype=torch.long, device=device),
+        torch.zeros(1, 1, dtype=torch.bool, device=device),
+        *(torch.zeros(shape, device=device) for shape in (1, (1, 1), 1)),
+    )
 
 
-def reference_logprobs(policy: Qwen, batches: list[MicroBatch], cfg: GRPOConfig,
-                       reference: Qwen | None = None) -> list[torch.Tensor | None]:
-    """Log-probs under the reference (the policy without its RL LoRA, or full mode's frozen copy); None at beta 0."""
+def reference_logprobs(
+    policy: Qwen, batches: list[MicroBatch], cfg: GRPOConfig, reference: Qwen | None = None
+) -> list[torch.Tensor | None]:
+    """Log-probs under the reference (the policy without its RL LoRA, or full mode's frozen copy);
+    None at beta 0."""
     if cfg.loss.beta == 0:
         return [None] * len(batches)
     policy.eval()
     with torch.no_grad(), lora_disabled(reference or policy):
-        return [token_logprobs(reference or policy, b.ids, b.mask, cfg.rollout.temperature) for b in batches]
+        return [
+            token_logprobs(reference or policy, b.ids, b.mask, cfg.rollout.temperature)
+            for b in batches
+        ]
 
 
-def accumulate_loss(policy: Qwen, batches: list[MicroBatch], old: list, refs: list, normalizer, cfg: GRPOConfig,
-                    ranks: Ranks, stats: dict) -> torch.Tensor:
-    """Step 5: the loss of every micro-batch, backward into the gradients; returns the loss summed over ranks.
-    The first pass's log-probs are the sampling policy's (logp_old, cached into `old` for later passes) and give
-    the entropy and the sampler mismatch; the loss statistics are added into `stats`."""
+def accumulate_loss(
+    policy: Qwen,
+    batches: list[MicroBatch],
+    old: list,
+    refs: list,
+    normalizer,
+    cfg: GRPOConfig,
+    ranks: Ranks,
+    stats: dict,
+) -> torch.Tensor:
+    """Step 5: the loss of every micro-batch, backward into the gradients; returns the loss summed
+    over ranks. The first pass's log-probs are the sampling policy's (logp_old, cached into `old`
+    for later passes) and give the entropy and the sampler mismatch; the loss statistics are added
+    into `stats`."""
     loss_cfg = cfg.loss
     temperature = cfg.rollout.temperature
     loss_sum = torch.zeros((), device=ranks.device)
     for i, b in enumerate(batches):
-        if old[i] is None:  # the sampler mismatch: |logp_old - the sampler's log-probs| (vLLM's with engine vllm)
+        # the sampler mismatch: |logp_old - the sampler's log-probs| (vLLM's with engine vllm)
+        if old[i] is None:
             logp, entropy = token_logprobs(policy, b.ids, b.mask, temperature, entropy=True)
             old[i] = logp.detach()
             gap = (old[i] - b.sampler_logp).abs()[b.mask]
             stats["entropy"] += entropy[b.mask].sum().item()
             stats["mismatch_sum"] += gap.sum().item()
-            stats["mismatch_max"] = max(stats["mismatch_max"], gap.max().item() if gap.numel() else 0.0)
+            stats["mismatch_max"] = max(
+                stats["mismatch_max"], gap.max().item() if gap.numel() else 0.0
+            )
         else:
             logp = token_logprobs(policy, b.ids, b.mask, temperature)
-        loss, sums = grpo_loss(logp, old[i], refs[i], b.advantages, b.mask, loss_cfg.clip_low, loss_cfg.clip_high,
-                                loss_cfg.beta, loss_cfg.agg, normalizer=normalizer, row_weight=b.row_weight,
-                                is_weight=tis_weights(old[i], b.sampler_logp, loss_cfg.tis_cap))
+        loss, sums = grpo_loss(
+            logp,
+            old[i],
+            refs[i],
+            b.advantages,
+            b.mask,
+            loss_cfg.clip_low,
+            loss_cfg.clip_high,
+            loss_cfg.beta,
+            loss_cfg.agg,
+            normalizer=normalizer,
+            row_weight=b.row_weight,
+            is_weight=tis_weights(old[i], b.sampler_logp, loss_cfg.tis_cap),
+        )
         loss.backward()
         loss_sum += loss.detach()
         for key, value in sums.items():
@@ -486,7 +643,8 @@ def accumulate_loss(policy: Qwen, batches: list[MicroBatch], old: list, refs: li
 
 
 def optimizer_step(optimizer, loss_total: torch.Tensor, cfg: GRPOConfig, stats: dict) -> None:
-    """Step 6: gradients summed over ranks, clipped, one AdamW step (skipped, and counted, when not finite)."""
+    """Step 6: gradients summed over ranks, clipped, one AdamW step (skipped, and counted, when not
+    finite)."""
     params = optimizer_parameters(optimizer)
     sync_gradients(params)
     grad_norm = clip_gradients(params, cfg.optim.grad_clip)
@@ -498,17 +656,35 @@ def optimizer_step(optimizer, loss_total: torch.Tensor, cfg: GRPOConfig, stats: 
     stats["grad_norm"] += grad_norm / cfg.loss.passes
 
 
-def policy_update(policy: Qwen, optimizer, batches: list[MicroBatch], cfg: GRPOConfig, ranks: Ranks,
-                  reference: Qwen | None = None) -> dict:
-    """Steps 5-6, `loss.passes` times over one rollout batch, after the reference pass (beta > 0). The loss is
-    normalized by the completion or token count of the whole update over all ranks. Returns the training stats."""
-    if is_sharded(policy):  # every rank runs the same forwards and backwards: pad with batches that weigh nothing
+def policy_update(
+    policy: Qwen,
+    optimizer,
+    batches: list[MicroBatch],
+    cfg: GRPOConfig,
+    ranks: Ranks,
+    reference: Qwen | None = None,
+) -> dict:
+    """Steps 5-6, `loss.passes` times over one rollout batch, after the reference pass (beta > 0).
+    The loss is normalized by the completion or token count of the whole update over all ranks.
+    Returns the training stats."""
+    # every rank runs the same forwards and backwards: pad with batches that weigh nothing
+    if is_sharded(policy):
         batches = pad_batches(batches, idle_batch(ranks.device), ranks.device)
     seq_mean = cfg.loss.agg == "seq-mean-token-mean"  # count completions (weighted rows) or tokens
     local = sum(b.row_weight.sum() if seq_mean else b.mask.sum() for b in batches)
     normalizer = all_reduce_sum(torch.tensor(float(local), device=ranks.device))
-    stats = {"loss": 0.0, "grad_norm": 0.0, "skipped_nonfinite": 0, "entropy": 0.0, "mismatch_sum": 0.0,
-           "mismatch_max": 0.0, "tokens": 0.0, "kl": 0.0, "clip_low": 0.0, "clip_high": 0.0}
+    stats = {
+        "loss": 0.0,
+        "grad_norm": 0.0,
+        "skipped_nonfinite": 0,
+        "entropy": 0.0,
+        "mismatch_sum": 0.0,
+        "mismatch_max": 0.0,
+        "tokens": 0.0,
+        "kl": 0.0,
+        "clip_low": 0.0,
+        "clip_high": 0.0,
+    }
     if normalizer == 0:  # every group of the update masked: nothing to learn from, no step
         return stats
     refs = reference_logprobs(policy, batches, cfg, reference)
@@ -516,10 +692,10 @@ def policy_update(policy: Qwen, optimizer, batches: list[MicroBatch], cfg: GRPOC
     policy.train()
     for _ in range(cfg.loss.passes):
         optimizer.zero_grad(set_to_none=True)
-        loss_total = accumulate_loss(policy, batches, old, refs, normalizer, cfg, ranks, stats)  # 5. loss
+        # 5. loss
+        loss_total = accumulate_loss(policy, batches, old, refs, normalizer, cfg, ranks, stats)
         optimizer_step(optimizer, loss_total, cfg, stats)  # 6. step
     return stats
-
 
 
 # ----------------------------------------------------------------------------- setup
@@ -529,6 +705,7 @@ def check_inputs(cfg: GRPOConfig, config_path: str) -> list:
     """Everything a user can get wrong, checked before any model loads: settings, the reward and its
     judges, the checkpoint folders, the data files (examples, or a dialogue run's scenario seeds).
     Raises ConfigError / DataError with one line."""
+
     def bad(key, problem):
         return ConfigError(f"{config_path}: '{key}': {problem}")
 
@@ -537,44 +714,88 @@ def check_inputs(cfg: GRPOConfig, config_path: str) -> list:
         known = ", ".join(sorted(rewards.REWARDS))
         raise bad("reward.name", f"unknown reward {excerpt(cfg.reward.name)} (known: {known})")
     if (dialogue_cfg is not None) != (cfg.reward.name in rewards.DIALOGUE_GROUPING):
-        raise bad("dialogue", f"rewards {', '.join(rewards.DIALOGUE_GROUPING)} train on role-played dialogues: they, and only "
-                              f"they, need a 'dialogue' section (reward: {cfg.reward.name})")
+        raise bad(
+            "dialogue",
+            f"rewards {', '.join(rewards.DIALOGUE_GROUPING)} train on role-played dialogues: "
+            f"they, and only they, need a 'dialogue' section (reward: {cfg.reward.name})",
+        )
     unknown = sorted(set(cfg.reward.params) - set(rewards.REWARDS[cfg.reward.name].defaults))
     if unknown:
         known = ", ".join(sorted(rewards.REWARDS[cfg.reward.name].defaults)) or "none"
-        raise bad(f"reward.params.{unknown[0]}", f"not a setting of reward {excerpt(cfg.reward.name)} (known: {known})")
+        raise bad(
+            f"reward.params.{unknown[0]}",
+            f"not a setting of reward {excerpt(cfg.reward.name)} (known: {known})",
+        )
     rm = cfg.content_model
-    if rm is not None and (cfg.reward.name != "social_r1" or (rm.path is None) == (rm.endpoint is None)):
-        raise bad("content_model", "reward social_r1 only, with either a path (in-process) or an endpoint (served)")
+    if rm is not None and (
+        cfg.reward.name != "social_r1" or (rm.path is None) == (rm.endpoint is None)
+    ):
+        raise bad(
+            "content_model",
+            "reward social_r1 only, with either a path (in-process) or an endpoint (served)",
+        )
     if rm is not None and rm.path is not None and not (Path(rm.path) / rewards.RM_INFO).is_file():
-        raise bad("content_model.path", f"{rm.path} has no {rewards.RM_INFO} (train one: reward_model.py)")
+        raise bad(
+            "content_model.path", f"{rm.path} has no {rewards.RM_INFO} (train one: reward_model.py)"
+        )
     rollout = cfg.rollout
     loss = cfg.loss
-    for key, value, low in (("rollout.group_size", rollout.group_size, 2), ("updates", cfg.updates, 1),
-                            ("rollout.prompts_per_update", rollout.prompts_per_update, 1),
-                            ("rollout.max_new_tokens", rollout.max_new_tokens, 1), ("loss.passes", loss.passes, 1),
-                            ("loss.micro_batch_size", loss.micro_batch_size, 1), ("save_every", cfg.save_every, 1),
-                            ("keep_checkpoints", cfg.keep_checkpoints, 1),
-                            *((("dialogue.max_turns", dialogue_cfg.max_turns, 1),
-                               ("dialogue.lookahead", dialogue_cfg.lookahead, 1)) if dialogue_cfg else ())):
+    for key, value, low in (
+        ("rollout.group_size", rollout.group_size, 2),
+        ("updates", cfg.updates, 1),
+        ("rollout.prompts_per_update", rollout.prompts_per_update, 1),
+        ("rollout.max_new_tokens", rollout.max_new_tokens, 1),
+        ("loss.passes", loss.passes, 1),
+        ("loss.micro_batch_size", loss.micro_batch_size, 1),
+        ("save_every", cfg.save_every, 1),
+        ("keep_checkpoints", cfg.keep_checkpoints, 1),
+        *(
+            (
+                ("dialogue.max_turns", dialogue_cfg.max_turns, 1),
+                ("dialogue.lookahead", dialogue_cfg.lookahead, 1),
+            )
+            if dialogue_cfg
+            else ()
+        ),
+    ):
         if value < low:
             raise bad(key, f"must be at least {low}, got {value}")
     if not rollout.temperature > 0:
-        raise bad("rollout.temperature", f"must be > 0 (log-probabilities are taken at it), got {rollout.temperature}")
+        raise bad(
+            "rollout.temperature",
+            f"must be > 0 (log-probabilities are taken at it), got {rollout.temperature}",
+        )
     if loss.tis_cap is not None and not loss.tis_cap >= 1:
-        raise bad("loss.tis_cap", f"must be at least 1 (or null: no correction), got {loss.tis_cap}")
+        raise bad(
+            "loss.tis_cap", f"must be at least 1 (or null: no correction), got {loss.tis_cap}"
+        )
     if rollout.engine == "vllm" and dialogue_cfg:
-        raise bad("rollout.engine", "vllm samples single-turn prompts; dialogue runs sample with 'local'")
+        raise bad(
+            "rollout.engine", "vllm samples single-turn prompts; dialogue runs sample with 'local'"
+        )
     if rollout.engine == "vllm" and cfg.finetune == "full":
-        raise bad("rollout.engine", "vllm syncs a LoRA adapter; a full-parameter run samples with 'local'")
-    for key, folder, needed in (("model.path", cfg.model.path, "config.json"),
-                                ("model.sft_adapter", cfg.model.sft_adapter, "adapter_config.json")):
+        raise bad(
+            "rollout.engine", "vllm syncs a LoRA adapter; a full-parameter run samples with 'local'"
+        )
+    for key, folder, needed in (
+        ("model.path", cfg.model.path, "config.json"),
+        ("model.sft_adapter", cfg.model.sft_adapter, "adapter_config.json"),
+    ):
         if folder is not None and not (Path(folder) / needed).is_file():
             raise bad(key, f"{folder} has no {needed}")
-    judges = {"judge": cfg.judge} if rewards.REWARD_JUDGES.get(cfg.reward.name) or dialogue_cfg else {}
-    judges |= {"content_model.endpoint": rm.endpoint} if rm is not None and rm.endpoint is not None else {}
-    judges |= {f"dialogue.{k}": getattr(dialogue_cfg, k) for k in ("simulator", "rubric_judge")
-               if dialogue_cfg and getattr(dialogue_cfg, k)}
+    judges = (
+        {"judge": cfg.judge} if rewards.REWARD_JUDGES.get(cfg.reward.name) or dialogue_cfg else {}
+    )
+    judges |= (
+        {"content_model.endpoint": rm.endpoint}
+        if rm is not None and rm.endpoint is not None
+        else {}
+    )
+    judges |= {
+        f"dialogue.{k}": getattr(dialogue_cfg, k)
+        for k in ("simulator", "rubric_judge")
+        if dialogue_cfg and getattr(dialogue_cfg, k)
+    }
     for key, judge_cfg in judges.items():
         try:
             judge_cfg.read_api_key()
@@ -601,13 +822,15 @@ def check_inputs(cfg: GRPOConfig, config_path: str) -> list:
 
 
 def build_policy(cfg: GRPOConfig, ranks: Ranks, like: Qwen | None = None):
-    """The base model with the SFT adapter (and its <evidence> rows) merged in, plus a fresh LoRA: the only trainable
-    parameters (embedding and lm_head stay frozen); disabling it gives the reference. `finetune: full`: those weights
-    sharded (fsdp.shard_model), all but embedding and lm_head trainable; `like`: the frozen reference of it."""
+    """The base model with the SFT adapter (and its <evidence> rows) merged in, plus a fresh LoRA:
+    the only trainable parameters (embedding and lm_head stay frozen); disabling it gives the
+    reference. `finetune: full`: those weights sharded (fsdp.shard_model), all but embedding and
+    lm_head trainable; `like`: the frozen reference of it."""
     tok = load_tokenizer(cfg.model.path)
     policy = Qwen.from_pretrained(cfg.model.path, dtype=cfg.model.dtype, device=ranks.device)
     if cfg.model.sft_adapter:
-        add_special_tokens(policy, tok, [data.EVIDENCE_OPEN, data.EVIDENCE_CLOSE])  # the ids the SFT run gave them
+        # the ids the SFT run gave them
+        add_special_tokens(policy, tok, [data.EVIDENCE_OPEN, data.EVIDENCE_CLOSE])
         merge_lora(load_adapter(policy, cfg.model.sft_adapter))
     torch.manual_seed(cfg.seed)
     if cfg.lora is not None:
@@ -626,12 +849,17 @@ def train(cfg: GRPOConfig, examples: list[data.Example]) -> None:
     out_dir = Path(cfg.output_dir)
     save_resolved_config(cfg, out_dir)
     policy, tok = build_policy(cfg, ranks)
-    full_kl = cfg.lora is None and cfg.loss.beta != 0  # a full-parameter run's KL needs a frozen, sharded reference
+    # a full-parameter run's KL needs a frozen, sharded reference
+    full_kl = cfg.lora is None and cfg.loss.beta != 0
     reference = build_policy(cfg, ranks, like=policy)[0] if full_kl else None
     sampler = rollout_sampler(cfg, policy, tok, ranks, out_dir)
     source = PromptSource(sampler.segments(examples))
-    optimizer, meta, path = resume(out_dir, policy, lambda: build_optimizer(
-        policy, cfg.optim.lr, cfg.optim.weight_decay, cfg.optim.betas), cfg.resume == "auto")
+    optimizer, meta, path = resume(
+        out_dir,
+        policy,
+        lambda: build_optimizer(policy, cfg.optim.lr, cfg.optim.weight_decay, cfg.optim.betas),
+        cfg.resume == "auto",
+    )
     start = 0
     if meta is not None:
         start, source.cursor = meta["trainer"]["update"], tuple(meta["trainer"]["cursor"])
@@ -640,38 +868,73 @@ def train(cfg: GRPOConfig, examples: list[data.Example]) -> None:
         trim_log(out_dir / name, start, ranks)
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_ids[0]
     progress = Progress(cfg.updates, first_step=start)
-    with MetricsWriter(out_dir / "metrics.jsonl") as metrics_log, \
-            MetricsWriter(out_dir / "completions.jsonl") as completions_log, StopRequest() as stop:
+    with (
+        MetricsWriter(out_dir / "metrics.jsonl") as metrics_log,
+        MetricsWriter(out_dir / "completions.jsonl") as completions_log,
+        StopRequest() as stop,
+    ):
         for update in range(start, cfg.updates):
-            lr = lr_at(update + 1, cfg.optim, cfg.updates)  # `update` counts from 0, the paper's updates from 1
+            # `update` counts from 0, the paper's updates from 1
+            lr = lr_at(update + 1, cfg.optim, cfg.updates)
             set_lr(optimizer, lr)
             cursor = source.cursor
             drawn = source.take(cfg.rollout.prompts_per_update)
-            slots = [Slot(i, example, segment) for i, (example, segment) in enumerate(drawn)
-                     if i % ranks.world_size == ranks.rank]  # this rank's share of the update's prompts
-            # 1-3. sample, score, filter (collect_groups: the three steps, again for the slots filtering sends back)
+            slots = [
+                Slot(i, example, segment)
+                for i, (example, segment) in enumerate(drawn)
+                # this rank's share of the update's prompts
+                if i % ranks.world_size == ranks.rank
+            ]
+            # 1-3. sample, score, filter (collect_groups: the three
+            # steps, again for the slots filtering sends back)
             try:
                 with sampler.rollouts(update):
                     groups, counts = collect_groups(sampler, source, slots, cfg, update, ranks)
-            except RolloutError as e:  # nothing of this update is trained: the checkpoint holds the state before it
-                save_checkpoint(out_dir, update, policy, optimizer, {"update": update, "cursor": list(cursor)},
-                                keep=cfg.keep_checkpoints)
-                print0(f"error: {e}\nstopped after update {update}: the rollouts failed; checkpoint saved, the same "
-                       f"command resumes from {out_dir}", file=sys.stderr)
+            # nothing of this update is trained: the checkpoint holds the state before it
+            except RolloutError as e:
+                save_checkpoint(
+                    out_dir,
+                    update,
+                    policy,
+                    optimizer,
+                    {"update": update, "cursor": list(cursor)},
+                    keep=cfg.keep_checkpoints,
+                )
+                print0(
+                    f"error: {e}\nstopped after update {update}: the rollouts failed; checkpoint "
+                    f"saved, the same command resumes from {out_dir}",
+                    file=sys.stderr,
+                )
                 raise SystemExit(1) from None
             # 4. advantages
             advantages = advantages_by_group(groups, cfg.loss)
-            batches = micro_batches(training_sequences(groups, advantages), cfg.loss.micro_batch_size, pad_id,
-                                    ranks.device)
-            # 5-6. loss and step, `loss.passes` times (policy_update: accumulate_loss, then optimizer_step)
-            trained = timed(counts, "train_s", policy_update, policy, optimizer, batches, cfg, ranks, reference)
+            batches = micro_batches(
+                training_sequences(groups, advantages),
+                cfg.loss.micro_batch_size,
+                pad_id,
+                ranks.device,
+            )
+            # 5-6. loss and step, `loss.passes` times
+            # (policy_update: accumulate_loss, then optimizer_step)
+            trained = timed(
+                counts, "train_s", policy_update, policy, optimizer, batches, cfg, ranks, reference
+            )
             reports = gather_json(rank_report(groups, counts, trained), ranks)
             metrics = update_metrics(reports, update + 1, lr, cfg.loss.beta)
-            records = gather_json(completion_records(groups, advantages, tok, update + 1)
-                                  if cfg.log_completions else [], ranks)
+            records = gather_json(
+                completion_records(groups, advantages, tok, update + 1)
+                if cfg.log_completions
+                else [],
+                ranks,
+            )
             n_tokens = sum(r["prompt_tokens"] + sum(r["lengths"]) for r in reports)
-            metrics |= progress.log(update, n_tokens, reward=metrics["reward"] or 0.0, loss=metrics["loss"],
-                                    masked=metrics["groups/masked"])
+            metrics |= progress.log(
+                update,
+                n_tokens,
+                reward=metrics["reward"] or 0.0,
+                loss=metrics["loss"],
+                masked=metrics["groups/masked"],
+            )
             metrics.pop("elapsed_s", None)
             metrics_log.write(metrics)
             for record in (r for rank_records in records for r in rank_records):
@@ -679,13 +942,21 @@ def train(cfg: GRPOConfig, examples: list[data.Example]) -> None:
             done = update + 1
             stopping = stop.requested(ranks.device)
             if done % cfg.save_every == 0 or done == cfg.updates or stopping:
-                save_checkpoint(out_dir, done, policy, optimizer, {"update": done, "cursor": list(source.cursor)},
-                                keep=cfg.keep_checkpoints)
+                save_checkpoint(
+                    out_dir,
+                    done,
+                    policy,
+                    optimizer,
+                    {"update": done, "cursor": list(source.cursor)},
+                    keep=cfg.keep_checkpoints,
+                )
             if stopping:
                 print0(f"stopped after update {done}; `resume: auto` continues from {out_dir}")
                 return
-    final = out_dir / ("model" if is_sharded(policy) else "adapter")  # a full-parameter run: a whole checkpoint
-    base = None if cfg.model.sft_adapter else cfg.model.path  # else: the SFT-merged base, not on disk
+    # a full-parameter run: a whole checkpoint
+    final = out_dir / ("model" if is_sharded(policy) else "adapter")
+    # else: the SFT-merged base, not on disk
+    base = None if cfg.model.sft_adapter else cfg.model.path
     save_model(policy, tok, final, ranks, base_model_name_or_path=base)
     if ranks.main and cfg.save_merged:
         with atomic_folder(out_dir / "merged") as tmp:
@@ -706,7 +977,8 @@ def main(argv=None) -> None:
         raise SystemExit(2) from None
     try:
         train(cfg, examples)
-    # a refused key; vLLM at start-up (down, other weights, no adapter); a checkpoint of another mode or world size
+    # a refused key; vLLM at start-up (down, other weights,
+    # no adapter); a checkpoint of another mode or world size
     except (JudgeAuthError, RolloutError, CheckpointError) as e:
         print0(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -8,11 +8,11 @@ library's HTTP server, loopback by default, for offline runs, tests and benchmar
 Backend `rules` is a CRUDE LEXICAL STAND-IN, not a judge: it answers the IU_G and cause prompts of
 judge.py deterministically from word overlap and quotation matching, plays a SCRIPTED user and gives
 SCRIPTED scores for the dialogue prompts (dialogue.py's simulator and judges, CARE's rubric and
-scores) from word lists, and refuses anything else.
-Backend `model` answers every prompt with model.py's `generate` from a checkpoint (a self-hosted
-judge without vLLM). Backend `reward_model` answers the R_content prompt with a trained content RM
-(reward_model.py), in the prompted judge's format. Latency, HTTP errors, hangs, dropped connections and
-malformed answers can be injected to exercise the client's retries.
+scores) from word lists, and refuses anything else. Backend `model` answers every prompt with
+model.py's `generate` from a checkpoint (a self-hosted judge without vLLM). Backend `reward_model`
+answers the R_content prompt with a trained content RM (reward_model.py), in the prompted judge's
+format. Latency, HTTP errors, hangs, dropped connections and malformed answers can be injected to
+exercise the client's retries.
 """
 
 from __future__ import annotations
@@ -35,22 +35,43 @@ from typing import Any, Callable
 import verifier
 from config import excerpt
 from data import split_blocks
-from dialogue_judges import (ARG_SECTIONS, EMOTIONAL_STATE_SYSTEM, PREDICTOR_SYSTEM, TURN_QUALITY_SYSTEM,
-                             TURN_SCORES_SYSTEM, USER_SIMULATOR_SYSTEM, user_ends_dialogue)
-from judge import (_SIP_CONTENT_AGAINST_CONVERSATION, _SIP_CONTENT_AGAINST_REFERENCE, CARE_DIMENSIONS,
-                   CARE_RUBRIC_SYSTEM, CARE_SCORES_SYSTEM, CAUSE_SYSTEM, IU_SYSTEM, SECTION_TAGS)
+from dialogue_judges import (
+    ARG_SECTIONS,
+    EMOTIONAL_STATE_SYSTEM,
+    PREDICTOR_SYSTEM,
+    TURN_QUALITY_SYSTEM,
+    TURN_SCORES_SYSTEM,
+    USER_SIMULATOR_SYSTEM,
+    user_ends_dialogue,
+)
+from judge import (
+    _SIP_CONTENT_AGAINST_CONVERSATION,
+    _SIP_CONTENT_AGAINST_REFERENCE,
+    CARE_DIMENSIONS,
+    CARE_RUBRIC_SYSTEM,
+    CARE_SCORES_SYSTEM,
+    CAUSE_SYSTEM,
+    IU_SYSTEM,
+    SECTION_TAGS,
+)
 
 log = logging.getLogger("judge_server")
-# ----------------------------------------------------------------------------- the local server: backends
+# ----------------------------------------------------------------------- the local server: backends
+
 
 class UnsupportedRequest(ValueError):
     """A request this backend cannot answer; the server replies HTTP 400 with this message."""
 
 
-_SECTION_RE = re.compile(r"<(" + "|".join(SECTION_TAGS) + r")((?: \w+=\"[^\"]*\")*)>\n(.*?)\n</\1>", re.DOTALL)
-_STOPWORDS = frozenset("""about also because been being both could does doing done each from have having here into
-just more most much only other over same should some such than that their them then there these they this those
-very what when where which while will with would your""".split())
+_SECTION_RE = re.compile(
+    r"<(" + "|".join(SECTION_TAGS) + r")((?: \w+=\"[^\"]*\")*)>\n(.*?)\n</\1>", re.DOTALL
+)
+_STOPWORDS = frozenset(
+    """about also because been being both could does doing done each from have having here into
+just more most much only other over same should some such than that their them then there these \
+they this those
+very what when where which while will with would your""".split()
+)
 RULES_MIN_NEW_WORDS = 3
 
 
@@ -59,7 +80,8 @@ def _norm(text: str) -> str:
 
 
 def _content_words(text: str) -> set[str]:
-    """Lower-cased words of four or more letters (minus common function words), and single CJK characters."""
+    """Lower-cased words of four or more letters (minus common function words), and single CJK
+    characters."""
     words = re.findall(r"[^\W\d_]{4,}|[\u3040-\u30ff\u3400-\u9fff]", text.lower())
     return {w for w in words if w not in _STOPWORDS}
 
@@ -103,26 +125,37 @@ def _rules_cause(sections: list[tuple[str, str]], _: str) -> str:
     order, answers = sorted(turns), [_norm(a) for a in parts["answer"].split(",") if a.strip()]
     texts = [turns[n] for n in order]
     for block in split_blocks(parts["reasoning"]):
-        quotes_turn = k in turns and any(order.index(k) in verifier.locate_quote(q, texts)
-                                         for q in verifier.extract_quotes(block))
+        quotes_turn = k in turns and any(
+            order.index(k) in verifier.locate_quote(q, texts)
+            for q in verifier.extract_quotes(block)
+        )
         if quotes_turn and any(a in _norm(block) for a in answers):
             return f"Quotes turn [{k}] in a passage naming the concluded emotion | YES"
     return f"No passage both quotes turn [{k}] and names the concluded emotion | NO"
 
 
-# ----------------------------------------------------------------------------- the rules backend: dialogues
+# --------------------------------------------------------------------- the rules backend: dialogues
 
-# Word lists of the scripted dialogue stand-in. A reply "comforts" with COMFORT words and "acts" with ACTION
-# words; a user message reads as distressed or relieved by DISTRESS and RELIEF words.
-COMFORT = frozenset("understand sorry hear together support breathe valid natural gently listening".split())
+# Word lists of the scripted dialogue stand-in. A reply "comforts" with COMFORT words and "acts"
+# with ACTION words; a user message reads as distressed or relieved by DISTRESS and RELIEF words.
+COMFORT = frozenset(
+    "understand sorry hear together support breathe valid natural gently listening".split()
+)
 ACTION = frozenset("try step plan start next list call write walk rest".split())
-DISTRESS = frozenset("overwhelmed worried anxious scared hopeless alone stuck drained exhausted afraid panic hurt"
-                     .split())
+DISTRESS = frozenset(
+    (
+        "overwhelmed worried anxious scared hopeless alone stuck drained exhausted afraid panic "
+        "hurt"
+    ).split()
+)
 RELIEF = frozenset("thank thanks better calmer relieved helps helped hopeful lighter".split())
-RULES_COMFORT_TO_END = 3  # comfort words over the assistant's replies after which the scripted user says thanks
-SCRIPTED_USER = {"ends": "Thank you, that helps. I feel calmer now.",  # state 5 (and user_ends_dialogue)
-                 "eased": "That helps a little, but I am still worried.",  # state 3
-                 "not eased": "I still feel overwhelmed and stuck."}  # state 1
+# comfort words over the assistant's replies after which the scripted user says thanks
+RULES_COMFORT_TO_END = 3
+SCRIPTED_USER = {
+    "ends": "Thank you, that helps. I feel calmer now.",  # state 5 (and user_ends_dialogue)
+    "eased": "That helps a little, but I am still worried.",  # state 3
+    "not eased": "I still feel overwhelmed and stuck.",
+}  # state 1
 
 
 def _count(text: str, words: frozenset) -> int:
@@ -130,8 +163,8 @@ def _count(text: str, words: frozenset) -> int:
 
 
 def _dialogue(text: str) -> list[tuple[str, str]]:
-    """(role, text) pairs of a dialogue rendered `Role: text`, paragraphs apart (crudely: a paragraph that
-    starts with a role label opens a message)."""
+    """(role, text) pairs of a dialogue rendered `Role: text`, paragraphs apart (crudely: a
+    paragraph that starts with a role label opens a message)."""
     pieces = re.split(r"(?:^|\n\n)(User|Assistant): ", text)
     return [(role.lower(), message) for role, message in zip(pieces[1::2], pieces[2::2])]
 
@@ -152,116 +185,177 @@ def _rules_emotional_state(sections: list[tuple[str, str]], _: str) -> str:
     parts = dict(sections)
     text = parts["user_text"]
     relief, distress = _count(text, RELIEF), _count(text, DISTRESS)
-    return f"{relief} relief and {distress} distress words | {min(5, max(1, 3 + relief - distress))}"
+    return (
+        f"{relief} relief and {distress} distress words | {min(5, max(1, 3 + relief - distress))}"
+    )
 
 
 def _rules_turn_scores(sections: list[tuple[str, str]], message: str) -> str:
     parts = dict(sections)
-    reasoning, reply = ("" if parts["reasoning"] == "(none)" else parts["reasoning"]), parts["reply"]
+    reasoning, reply = (
+        ("" if parts["reasoning"] == "(none)" else parts["reasoning"]),
+        parts["reply"],
+    )
     allowed = int(re.search(r"at most (\d+) lookahead steps", message).group(1))
     asked = _last_user(parts["dialogue"])
     lines = re.MULTILINE | re.IGNORECASE
     present = [name for name in ARG_SECTIONS if re.search(rf"^\s*{name}\s*:", reasoning, lines)]
-    steps = [m.group(1).strip() for m in re.finditer(r"^\s*Lookahead \d+\s*:(.*)$", reasoning, lines)]
+    steps = [
+        m.group(1).strip() for m in re.finditer(r"^\s*Lookahead \d+\s*:(.*)$", reasoning, lines)
+    ]
     cognitive = 1 if not reply.strip() else 4 + bool(_content_words(reply) & _content_words(asked))
-    forecast, follow_up = _count(parts["prediction"], RELIEF) > 0, _count(parts["follow_up"], RELIEF) > 0
-    lookahead = 3 if parts["follow_up"] == "(none)" else 5 if forecast == follow_up else 2  # the forecast came true
-    overthinking = min(2, (bool(reasoning) and len(asked.split()) < 6)
-                       + (len(steps) > allowed or len(set(steps)) < len(steps)))
-    return "\n".join([f"cognitive: reply {'empty' if not reply.strip() else 'given'} | {cognitive}",
-                      f"trace: {len(present)} of {len(ARG_SECTIONS)} sections | {1 + round(4 * len(present) / 5)}",
-                      f"lookahead: forecast {'eased' if forecast else 'strained'} | {lookahead}",
-                      f"overthinking: a {len(asked.split())}-word message, {len(steps)} steps | {overthinking}"])
+    forecast, follow_up = (
+        _count(parts["prediction"], RELIEF) > 0,
+        _count(parts["follow_up"], RELIEF) > 0,
+    )
+    # the forecast came true
+    lookahead = 3 if parts["follow_up"] == "(none)" else 5 if forecast == follow_up else 2
+    overthinking = min(
+        2,
+        (bool(reasoning) and len(asked.split()) < 6)
+        + (len(steps) > allowed or len(set(steps)) < len(steps)),
+    )
+    return "\n".join(
+        [
+            f"cognitive: reply {'empty' if not reply.strip() else 'given'} | {cognitive}",
+            f"trace: {len(present)} of {len(ARG_SECTIONS)} sections | "
+            f"{1 + round(4 * len(present) / 5)}",
+            f"lookahead: forecast {'eased' if forecast else 'strained'} | {lookahead}",
+            f"overthinking: a {len(asked.split())}-word message, {len(steps)} steps | "
+            f"{overthinking}",
+        ]
+    )
 
 
 def _rules_prediction(sections: list[tuple[str, str]], _: str) -> str:
     parts = dict(sections)  # eased by a comforting reply, and once eased, eased further on
     eased = _count(parts["reply"], COMFORT) > 0 or _count(parts.get("previous", ""), RELIEF) > 0
-    return "\n".join([f"Needs: {'a next step' if eased else 'to be heard'}",
-                      f"Appraisal: {'manageable' if eased else 'too much to handle'}",
-                      f"Emotion: {'calmer' if eased else 'worried'}"])
+    return "\n".join(
+        [
+            f"Needs: {'a next step' if eased else 'to be heard'}",
+            f"Appraisal: {'manageable' if eased else 'too much to handle'}",
+            f"Emotion: {'calmer' if eased else 'worried'}",
+        ]
+    )
 
 
 def _rules_turn_quality(sections: list[tuple[str, str]], _: str) -> str:
     parts = dict(sections)
     reply, comfort = parts["reply"], _count(parts["reply"], COMFORT)
-    return "\n".join([f"sr_proxy: follow-up {'closes' if user_ends_dialogue(parts['follow_up']) else 'goes on'} | "
-                      f"{int(user_ends_dialogue(parts['follow_up']))}",
-                      f"ea: {comfort} comfort words | {1 + min(4, comfort)}",
-                      f"fa: reply {'given' if reply.strip() else 'empty'} | {int(bool(reply.strip()))}"])
+    return "\n".join(
+        [
+            f"sr_proxy: follow-up "
+            f"{'closes' if user_ends_dialogue(parts['follow_up']) else 'goes on'} | "
+            f"{int(user_ends_dialogue(parts['follow_up']))}",
+            f"ea: {comfort} comfort words | {1 + min(4, comfort)}",
+            f"fa: reply {'given' if reply.strip() else 'empty'} | {int(bool(reply.strip()))}",
+        ]
+    )
 
 
-_RULES_CRITERIA = {"cognitive": ["Restates the core of what the person described",
-                                 "Connects the feeling to its cause in the person's situation"],
-                   "affective": ["Names the person's feeling", "Validates the feeling without judging it"],
-                   "proactive": ["Suggests one small, concrete next step",
-                                 "Leaves the choice of what to do with the person"]}
+_RULES_CRITERIA = {
+    "cognitive": [
+        "Restates the core of what the person described",
+        "Connects the feeling to its cause in the person's situation",
+    ],
+    "affective": ["Names the person's feeling", "Validates the feeling without judging it"],
+    "proactive": [
+        "Suggests one small, concrete next step",
+        "Leaves the choice of what to do with the person",
+    ],
+}
 
 
 def _rules_care_rubric(sections: list[tuple[str, str]], _: str) -> str:
     parts = dict(sections)
-    weights = (0.3, 0.5, 0.2) if _count(_last_user(parts["dialogue"]), DISTRESS) else (0.4, 0.2, 0.4)
-    return json.dumps({dim: {"weight": weight, "criteria": _RULES_CRITERIA[dim]}
-                       for dim, weight in zip(CARE_DIMENSIONS, weights)})
+    weights = (
+        (0.3, 0.5, 0.2) if _count(_last_user(parts["dialogue"]), DISTRESS) else (0.4, 0.2, 0.4)
+    )
+    return json.dumps(
+        {
+            dim: {"weight": weight, "criteria": _RULES_CRITERIA[dim]}
+            for dim, weight in zip(CARE_DIMENSIONS, weights)
+        }
+    )
 
 
 def _rules_care_scores(sections: list[tuple[str, str]], _: str) -> str:
     parts = dict(sections)
     reply = parts["reply"]
-    scores = {"cognitive": len(_content_words(reply) & _content_words(_last_user(parts["dialogue"]))),
-              "affective": _count(reply, COMFORT), "proactive": _count(reply, ACTION)}
+    scores = {
+        "cognitive": len(_content_words(reply) & _content_words(_last_user(parts["dialogue"]))),
+        "affective": _count(reply, COMFORT),
+        "proactive": _count(reply, ACTION),
+    }
     items = re.findall(r"^(cognitive|affective|proactive) (\d+):", parts["rubric"], re.MULTILINE)
-    return "\n".join(f"{dim} {i}: {scores[dim]} cue words | {min(5, scores[dim])}" for dim, i in items)
+    return "\n".join(
+        f"{dim} {i}: {scores[dim]} cue words | {min(5, scores[dim])}" for dim, i in items
+    )
 
 
 # Each rule answers from the request's (tag, text) sections and its whole user message.
-_RULES = {IU_SYSTEM: _rules_iu, CAUSE_SYSTEM: _rules_cause, USER_SIMULATOR_SYSTEM: _rules_user_turn,
-          EMOTIONAL_STATE_SYSTEM: _rules_emotional_state, TURN_SCORES_SYSTEM: _rules_turn_scores,
-          TURN_QUALITY_SYSTEM: _rules_turn_quality, CARE_RUBRIC_SYSTEM: _rules_care_rubric,
-          CARE_SCORES_SYSTEM: _rules_care_scores, PREDICTOR_SYSTEM: _rules_prediction}
+_RULES = {
+    IU_SYSTEM: _rules_iu,
+    CAUSE_SYSTEM: _rules_cause,
+    USER_SIMULATOR_SYSTEM: _rules_user_turn,
+    EMOTIONAL_STATE_SYSTEM: _rules_emotional_state,
+    TURN_SCORES_SYSTEM: _rules_turn_scores,
+    TURN_QUALITY_SYSTEM: _rules_turn_quality,
+    CARE_RUBRIC_SYSTEM: _rules_care_rubric,
+    CARE_SCORES_SYSTEM: _rules_care_scores,
+    PREDICTOR_SYSTEM: _rules_prediction,
+}
 
 
 def rules_backend(messages: list[dict[str, str]], params: dict[str, Any]) -> str:
-    """A crude lexical stand-in for a judge model, for offline runs, tests and benchmarks; it reads our
-    own prompts and answers them deterministically in the judges' formats:
+    """A crude lexical stand-in for a judge model, for offline runs, tests and benchmarks; it reads
+    our own prompts and answers them deterministically in the judges' formats:
     - IU_G: a block is GAIN when it has a quotation, every quotation verifies (verifier.py) against
       the conversation's lines, and its prose outside quotations brings at least RULES_MIN_NEW_WORDS
       content words not seen in earlier blocks;
-    - cause: YES when one reasoning paragraph both quotes the assessed turn (a quotation the verifier
-      locates there) and names the concluded emotion;
+    - cause: YES when one reasoning paragraph both quotes the assessed turn (a quotation the
+      verifier locates there) and names the concluded emotion;
     - the user simulator: a SCRIPTED user (SCRIPTED_USER) who thanks the assistant, which ends the
       dialogue, once its replies hold RULES_COMFORT_TO_END COMFORT words in all, says it is eased a
       little after a reply with one, and not eased otherwise;
     - emotional state: 3 + RELIEF words - DISTRESS words, within 1-5;
-    - EmoLLM's turn scores: cognitive 1 for an empty reply, else 4, or 5 when it shares a content word
-      with the user's message; trace 1 + 4 x the share of the ARG sections present; lookahead 5 when
-      the forecast and the follow-up agree on easing (a RELIEF word in both or neither), 2 when not, 3
-      without a follow-up; overthinking 1 for reasoning about a message under 6 words, 1 more for
-      repeated or too many steps;
-    - the reverse-perspective predictor: an eased forecast (Emotion: calmer) after a reply with a COMFORT
-      word or from an eased previous step, a strained one (Emotion: worried) otherwise;
-    - turn quality: sr_proxy 1 when the follow-up ends the dialogue, ea 1 + COMFORT words (at most 5),
-      fa 1 for a non-empty reply;
-    - CARE: a fixed rubric (affective first after a DISTRESS word, else cognitive and proactive), and
-      each criterion scored by the reply's cue words for its dimension (content words shared with the
-      user's message, COMFORT, ACTION; at most 5).
+    - EmoLLM's turn scores: cognitive 1 for an empty reply, else 4, or 5 when it shares a content
+      word with the user's message; trace 1 + 4 x the share of the ARG sections present; lookahead 5
+      when the forecast and the follow-up agree on easing (a RELIEF word in both or neither), 2 when
+      not, 3 without a follow-up; overthinking 1 for reasoning about a message under 6 words, 1 more
+      for repeated or too many steps;
+    - the reverse-perspective predictor: an eased forecast (Emotion: calmer) after a reply with a
+      COMFORT word or from an eased previous step, a strained one (Emotion: worried) otherwise;
+    - turn quality: sr_proxy 1 when the follow-up ends the dialogue, ea 1 + COMFORT words (at most
+      5), fa 1 for a non-empty reply;
+    - CARE: a fixed rubric (affective first after a DISTRESS word, else cognitive and proactive),
+      and each criterion scored by the reply's cue words for its dimension (content words shared
+      with the user's message, COMFORT, ACTION; at most 5).
     It understands nothing: it is not a judge, only a deterministic answer in the right format."""
     system = messages[0]["content"] if messages and messages[0]["role"] == "system" else ""
     message = messages[-1]["content"] if messages else ""
     answer = _RULES.get(system)
     if answer is None:
-        raise UnsupportedRequest("the rules backend answers only the IU_G, cause, CARE and dialogue.py prompts")
+        raise UnsupportedRequest(
+            "the rules backend answers only the IU_G, cause, CARE and dialogue.py prompts"
+        )
     try:
         return answer([(m.group(1), m.group(3)) for m in _SECTION_RE.finditer(message)], message)
     except (StopIteration, KeyError, ValueError, AttributeError):
-        raise UnsupportedRequest("a prompt the rules backend answers, with a section missing or malformed") from None
+        raise UnsupportedRequest(
+            "a prompt the rules backend answers, with a section missing or malformed"
+        ) from None
 
 
 MAX_NEW_TOKENS = 32768  # the most new tokens the model backend generates for one request
 _ROLES = ("system", "user", "assistant")
 # Request fields the model backend reads: (default, test, what the field must be).
 _SAMPLING_FIELDS = {
-    "max_tokens": (1024, lambda v: type(v) is int and 1 <= v <= MAX_NEW_TOKENS, f"an integer in 1..{MAX_NEW_TOKENS}"),
+    "max_tokens": (
+        1024,
+        lambda v: type(v) is int and 1 <= v <= MAX_NEW_TOKENS,
+        f"an integer in 1..{MAX_NEW_TOKENS}",
+    ),
     "temperature": (1.0, lambda v: type(v) in (int, float) and 0 <= v < math.inf, "a number >= 0"),
     "top_p": (1.0, lambda v: type(v) in (int, float) and 0 < v <= 1, "a number in (0, 1]"),
     "top_k": (0, lambda v: type(v) is int, "an integer (0 or less: no top-k)"),
@@ -296,27 +390,35 @@ class ModelBackend:
     def __call__(self, messages: list[dict[str, str]], params: dict[str, Any]) -> str:
         settings = sampling_settings(params)
         if roles := [m["role"] for m in messages if m["role"] not in _ROLES]:
-            raise UnsupportedRequest(f"unknown role {excerpt(roles[0])} (known: {', '.join(_ROLES)})")
+            raise UnsupportedRequest(
+                f"unknown role {excerpt(roles[0])} (known: {', '.join(_ROLES)})"
+            )
         thinking = (params.get("chat_template_kwargs") or {}).get("enable_thinking")
-        if self.tok.family == "qwen2":  # no thinking switch in its template, as vLLM ignores it there
+        # no thinking switch in its template, as vLLM ignores it there
+        if self.tok.family == "qwen2":
             thinking = None
         eos = tuple(self.tok.eos_token_ids)
         with self.lock:
             new_tokens = self._generate(
-                self.model, [self.tok.chat_ids(messages, enable_thinking=thinking)],
-                max_new_tokens=settings["max_tokens"], temperature=float(settings["temperature"]),
-                top_p=float(settings["top_p"]), top_k=max(0, settings["top_k"]), eos_token_ids=eos,
-                seed=settings["seed"])[0]
+                self.model,
+                [self.tok.chat_ids(messages, enable_thinking=thinking)],
+                max_new_tokens=settings["max_tokens"],
+                temperature=float(settings["temperature"]),
+                top_p=float(settings["top_p"]),
+                top_k=max(0, settings["top_k"]),
+                eos_token_ids=eos,
+                seed=settings["seed"],
+            )[0]
         return self.tok.decode([t for t in new_tokens if t not in eos])
 
 
 class RewardModelBackend:
-    """Answers the R_content judge prompts (judge.sip_content_request, with a reference or without) with a trained
-    content RM (reward_model.py) instead of a prompted judge: `<r> | <sigmoid(r), two decimals>`, the prompted
-    judge's own format, so a trainer reaches a served RM through judge.chat and reads it with parse_sip_content,
-    the one HTTP client and the one parser. The RM's context is rebuilt from the request's <task> and
-    <conversation> sections (reward_model.rm_context's layout; the reference, when sent, is not read). Refuses
-    every other prompt."""
+    """Answers the R_content judge prompts (judge.sip_content_request, with a reference or without)
+    with a trained content RM (reward_model.py) instead of a prompted judge: `<r> | <sigmoid(r), two
+    decimals>`, the prompted judge's own format, so a trainer reaches a served RM through judge.chat
+    and reads it with parse_sip_content, the one HTTP client and the one parser. The RM's context is
+    rebuilt from the request's <task> and <conversation> sections (reward_model.rm_context's layout;
+    the reference, when sent, is not read). Refuses every other prompt."""
 
     def __init__(self, path: str, base: str | None = None, device: str | None = None):
         import reward_model  # lazy: only this backend needs torch
@@ -327,17 +429,23 @@ class RewardModelBackend:
     def __call__(self, messages: list[dict[str, str]], params: dict[str, Any]) -> str:
         system = messages[0]["content"] if messages and messages[0]["role"] == "system" else ""
         if system not in (_SIP_CONTENT_AGAINST_REFERENCE, _SIP_CONTENT_AGAINST_CONVERSATION):
-            raise UnsupportedRequest("the reward_model backend answers only the SIP content (R_content) prompt")
+            raise UnsupportedRequest(
+                "the reward_model backend answers only the SIP content (R_content) prompt"
+            )
         parts = {m.group(1): m.group(3) for m in _SECTION_RE.finditer(messages[-1]["content"])}
         if not {"task", "conversation", "reasoning"} <= set(parts):
-            raise UnsupportedRequest("an R_content prompt without its task, conversation or reasoning section")
+            raise UnsupportedRequest(
+                "an R_content prompt without its task, conversation or reasoning section"
+            )
         with self.lock:
-            [r] = self.rm.rewards([(f"{parts['task']}\n\n{parts['conversation']}", parts["reasoning"])])
+            [r] = self.rm.rewards(
+                [(f"{parts['task']}\n\n{parts['conversation']}", parts["reasoning"])]
+            )
         score = 1 / (1 + math.exp(-r)) if r >= 0 else math.exp(r) / (1 + math.exp(r))
         return f"reward model r = {r:.4f} | {score:.2f}"
 
 
-# ----------------------------------------------------------------------------- the local server: HTTP
+# --------------------------------------------------------------------------- the local server: HTTP
 
 FAULT_ACTIONS = ("ok", "500", "503", "429", "hang", "drop", "malformed")
 
@@ -348,7 +456,8 @@ class Faults:
     requests, in arrival order, get the scripted actions; later ones fail with HTTP 503 at
     `fail_rate` (seeded). Actions: ok; 500 / 503 / 429 (an error answer, with Retry-After when
     `retry_after` is set); hang (answer only after `hang` seconds); drop (close the connection
-    without answering); malformed (a well-formed completion whose text is not in any judge format)."""
+    without answering); malformed (a well-formed completion whose text is not in any judge
+    format)."""
 
     latency: float = 0.0  # seconds before every chat answer
     fail_rate: float = 0.0
@@ -366,9 +475,18 @@ class JudgeServer(ThreadingHTTPServer):
 
     daemon_threads = True
 
-    def __init__(self, backend: Callable[[list[dict[str, str]], dict[str, Any]], str], *, host: str = "127.0.0.1",
-                 port: int = 0, faults: Faults | None = None, model_name: str = "rules",
-                 api_key: str | None = None, verbose: bool = False, idle_timeout: float = 60.0):
+    def __init__(
+        self,
+        backend: Callable[[list[dict[str, str]], dict[str, Any]], str],
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        faults: Faults | None = None,
+        model_name: str = "rules",
+        api_key: str | None = None,
+        verbose: bool = False,
+        idle_timeout: float = 60.0,
+    ):
         self.backend, self.faults, self.model_name = backend, faults or Faults(), model_name
         self.api_key, self.verbose, self.idle_timeout = api_key, verbose, idle_timeout
         self.requests_seen = 0
@@ -391,7 +509,9 @@ class JudgeServer(ThreadingHTTPServer):
             return "503" if self._rng.random() < self.faults.fail_rate else "ok"
 
     def start(self) -> JudgeServer:
-        self._thread = threading.Thread(target=self.serve_forever, args=(0.05,), name="judge-server", daemon=True)
+        self._thread = threading.Thread(
+            target=self.serve_forever, args=(0.05,), name="judge-server", daemon=True
+        )
         self._thread.start()
         return self
 
@@ -427,13 +547,15 @@ class JudgeServer(ThreadingHTTPServer):
         self.stop()
 
     def handle_error(self, request, client_address) -> None:
-        if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):  # a client gone quiet or away
+        # a client gone quiet or away
+        if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
             super().handle_error(request, client_address)
 
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
-    disable_nagle_algorithm = True  # headers and body go out as two writes: no 40 ms delayed-ACK stall
+    # headers and body go out as two writes: no 40 ms delayed-ACK stall
+    disable_nagle_algorithm = True
     server: JudgeServer
 
     def setup(self) -> None:
@@ -441,13 +563,16 @@ class _Handler(BaseHTTPRequestHandler):
         super().setup()
 
     def handle_one_request(self) -> None:
-        """One request, then with --verbose one log line: method, path (no query), status, milliseconds from
-        the request line to the end of the answer; never a header or a body. A dropped request shows status -."""
+        """One request, then with --verbose one log line: method, path (no query), status,
+        milliseconds from the request line to the end of the answer; never a header or a body. A
+        dropped request shows status -."""
         self._started, self._status = None, "-"
         super().handle_one_request()
         if self.server.verbose and self._started is not None and self.command:
             ms = (time.perf_counter() - self._started) * 1000
-            log.info("%s %s %s %.0f ms", self.command, self.path.split("?")[0][:200], self._status, ms)
+            log.info(
+                "%s %s %s %.0f ms", self.command, self.path.split("?")[0][:200], self._status, ms
+            )
 
     def parse_request(self) -> bool:
         self._started = time.perf_counter()
@@ -456,7 +581,8 @@ class _Handler(BaseHTTPRequestHandler):
     def log_request(self, code="-", size="-") -> None:
         self._status = getattr(code, "value", code)
 
-    def log_message(self, format, *args) -> None:  # the base class's own errors (bad request line, timeout)
+    # the base class's own errors (bad request line, timeout)
+    def log_message(self, format, *args) -> None:
         if self.server.verbose:
             log.warning("%s", format % args)
 
@@ -472,12 +598,21 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _error(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
         kind = "invalid_request_error" if status < 500 else "server_error"
-        self._send_json(status, {"error": {"message": message, "type": kind, "code": status}}, headers)
+        self._send_json(
+            status, {"error": {"message": message, "type": kind, "code": status}}, headers
+        )
 
     def do_GET(self) -> None:
         if self.path.rstrip("/") == "/v1/models":
-            self._send_json(200, {"object": "list", "data": [
-                {"id": self.server.model_name, "object": "model", "owned_by": "clue-mini"}]})
+            self._send_json(
+                200,
+                {
+                    "object": "list",
+                    "data": [
+                        {"id": self.server.model_name, "object": "model", "owned_by": "clue-mini"}
+                    ],
+                },
+            )
         else:
             self._error(404, f"no route for GET {self.path}")
 
@@ -485,16 +620,23 @@ class _Handler(BaseHTTPRequestHandler):
         length = self.headers.get("Content-Length", "0")
         if "Transfer-Encoding" in self.headers or not re.fullmatch(r"[0-9]{1,18}", length):
             self.close_connection = True
-            return self._error(400, f"expected a body with a Content-Length of 0 or more bytes, got {excerpt(length)}")
-        if int(length) > 64 * 2 ** 20:
+            return self._error(
+                400,
+                f"expected a body with a Content-Length of 0 or more bytes, got {excerpt(length)}",
+            )
+        if int(length) > 64 * 2**20:
             self.close_connection = True
             return self._error(413, "request body over 64 MiB")
         body = self.rfile.read(int(length))
         if self.path.rstrip("/") != "/v1/chat/completions":
             return self._error(404, f"no route for POST {self.path}")
         server = self.server
-        if server.api_key is not None and self.headers.get("Authorization") != f"Bearer {server.api_key}":
-            # Like hosted APIs that echo the key they rejected: clients must keep it out of their errors.
+        if (
+            server.api_key is not None
+            and self.headers.get("Authorization") != f"Bearer {server.api_key}"
+        ):
+            # Like hosted APIs that echo the key they rejected:
+            # clients must keep it out of their errors.
             presented = (self.headers.get("Authorization") or "").removeprefix("Bearer ")
             return self._error(401, f"Incorrect API key provided: {presented}")
         action = server.next_action()
@@ -503,8 +645,14 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             return
         if action in ("500", "503", "429"):
-            retry = {} if server.faults.retry_after is None else {"Retry-After": f"{server.faults.retry_after:g}"}
-            return self._error(int(action), f"injected HTTP {action}", retry if action != "500" else None)
+            retry = (
+                {}
+                if server.faults.retry_after is None
+                else {"Retry-After": f"{server.faults.retry_after:g}"}
+            )
+            return self._error(
+                int(action), f"injected HTTP {action}", retry if action != "500" else None
+            )
         if action == "hang":
             server.stopping.wait(server.faults.hang)
         try:
@@ -512,23 +660,49 @@ class _Handler(BaseHTTPRequestHandler):
         except (ValueError, RecursionError):  # not JSON, or nested too deeply to parse
             request = None
         messages = request.get("messages") if isinstance(request, dict) else None
-        if not isinstance(messages, list) or request.get("stream") or not all(
-                isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-                for m in messages):
-            return self._error(400, "expected a JSON chat request {model, messages: [{role, content}], ...}, "
-                                    "without streaming")
+        if (
+            not isinstance(messages, list)
+            or request.get("stream")
+            or not all(
+                isinstance(m, dict)
+                and isinstance(m.get("role"), str)
+                and isinstance(m.get("content"), str)
+                for m in messages
+            )
+        ):
+            return self._error(
+                400,
+                "expected a JSON chat request {model, messages: [{role, content}], ...}, "
+                "without streaming",
+            )
         try:
-            text = "I am not sure; both readings seem possible." if action == "malformed" else \
-                server.backend(messages, request)
+            text = (
+                "I am not sure; both readings seem possible."
+                if action == "malformed"
+                else server.backend(messages, request)
+            )
         except UnsupportedRequest as e:
             return self._error(400, str(e))
-        except Exception as e:  # the backend failed on this request: answer 500 (clients retry), keep serving
+        # the backend failed on this request: answer 500 (clients retry), keep serving
+        except Exception as e:
             log.exception("judge server: backend error")
             return self._error(500, f"backend error: {type(e).__name__}")
-        self._send_json(200, {
-            "id": f"chatcmpl-{time.time_ns()}", "object": "chat.completion", "created": int(time.time()),
-            "model": server.model_name,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}]})
+        self._send_json(
+            200,
+            {
+                "id": f"chatcmpl-{time.time_ns()}",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": server.model_name,
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": text},
+                        "finish_reason": "stop",
+                    }
+                ],
+            },
+        )
 
 
 # ----------------------------------------------------------------------------- CLI
@@ -537,31 +711,71 @@ class _Handler(BaseHTTPRequestHandler):
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="judge_server.py",
-        description="A small OpenAI-compatible judge server (/v1/models, /v1/chat/completions; loopback by default). "
-                    "Backend 'rules' is a CRUDE LEXICAL STAND-IN, not a judge: it answers the IU_G and cause prompts "
-                    "deterministically from word overlap and quotation matching, and plays a scripted user and gives "
-                    "scripted scores for the dialogue and CARE prompts, for offline runs, tests and benchmarks. "
-                    "Backend 'model' answers with model.py's generate from a checkpoint.")
-    parser.add_argument("--backend", choices=("rules", "model", "reward_model"), required=True,
-                       help="rules: lexical stand-in (IU_G, cause, CARE, dialogue); model: the --model checkpoint; "
-                            "reward_model: the R_content prompt scored by the content RM folder --model")
-    parser.add_argument("--model", metavar="PATH", help="Hugging Face checkpoint folder (backend 'model'), or the "
-                                                         "RM folder reward_model.py wrote (backend 'reward_model')")
-    parser.add_argument("--base", metavar="PATH", help="backend 'reward_model': the RM's base checkpoint (default: "
-                                                        "the one its reward_model.json names)")
+        description=(
+            "A small OpenAI-compatible judge server (/v1/models, /v1/chat/completions; loopback "
+            "by default). Backend 'rules' is a CRUDE LEXICAL STAND-IN, not a judge: it answers "
+            "the IU_G and cause prompts deterministically from word overlap and quotation "
+            "matching, and plays a scripted user and gives scripted scores for the dialogue and "
+            "CARE prompts, for offline runs, tests and benchmarks. Backend 'model' answers with "
+            "model.py's generate from a checkpoint."
+        ),
+    )
+    parser.add_argument(
+        "--backend",
+        choices=("rules", "model", "reward_model"),
+        required=True,
+        help=(
+            "rules: lexical stand-in (IU_G, cause, CARE, dialogue); model: the --model "
+            "checkpoint; reward_model: the R_content prompt scored by the content RM folder "
+            "--model"
+        ),
+    )
+    parser.add_argument(
+        "--model",
+        metavar="PATH",
+        help="Hugging Face checkpoint folder (backend 'model'), or the "
+        "RM folder reward_model.py wrote (backend 'reward_model')",
+    )
+    parser.add_argument(
+        "--base",
+        metavar="PATH",
+        help="backend 'reward_model': the RM's base checkpoint (default: "
+        "the one its reward_model.json names)",
+    )
     parser.add_argument("--device", help="torch device for backend 'model' (default: cpu)")
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="address to bind (default: loopback only)"
+    )
     parser.add_argument("--port", type=int, default=8000, help="port (0 picks a free one)")
-    parser.add_argument("--api-key-env", metavar="NAME", help="require the key held in this environment variable")
-    parser.add_argument("--latency", type=float, default=0.0, help="seconds added before every chat answer")
-    parser.add_argument("--fail-rate", type=float, default=0.0, help="fraction of chat requests answered HTTP 503")
-    parser.add_argument("--script", default="",
-                       help=f"actions for the first requests, comma-separated: {', '.join(FAULT_ACTIONS)}")
-    parser.add_argument("--retry-after", type=float, help="Retry-After seconds sent with injected 429 and 503")
-    parser.add_argument("--hang", type=float, default=30.0, help="seconds a 'hang' action waits before answering")
+    parser.add_argument(
+        "--api-key-env", metavar="NAME", help="require the key held in this environment variable"
+    )
+    parser.add_argument(
+        "--latency", type=float, default=0.0, help="seconds added before every chat answer"
+    )
+    parser.add_argument(
+        "--fail-rate", type=float, default=0.0, help="fraction of chat requests answered HTTP 503"
+    )
+    parser.add_argument(
+        "--script",
+        default="",
+        help=f"actions for the first requests, comma-separated: {', '.join(FAULT_ACTIONS)}",
+    )
+    parser.add_argument(
+        "--retry-after", type=float, help="Retry-After seconds sent with injected 429 and 503"
+    )
+    parser.add_argument(
+        "--hang", type=float, default=30.0, help="seconds a 'hang' action waits before answering"
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the injected failures")
-    parser.add_argument("--verbose", action="store_true",
-                        help="one line per request to stderr: method, path, status, milliseconds (no headers, bodies)")
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help=(
+            "one line per request to stderr: method, path, status, milliseconds (no headers, "
+            "bodies)"
+        ),
+    )
     args = parser.parse_args(argv)
     script = tuple(a for a in args.script.split(",") if a)
     if unknown := [a for a in script if a not in FAULT_ACTIONS]:
@@ -571,19 +785,40 @@ def main(argv: list[str] | None = None) -> None:
     api_key = os.environ.get(args.api_key_env, "").strip() if args.api_key_env else None
     if args.api_key_env and not api_key:
         parser.error(f"--api-key-env: {args.api_key_env} is not set")
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s"
+    )
     try:
-        backend = (rules_backend if args.backend == "rules" else ModelBackend(args.model, args.device)
-                   if args.backend == "model" else RewardModelBackend(args.model, args.base, args.device))
-    except (OSError, ValueError, RuntimeError) as e:  # no such folder, not a checkpoint, no such device
-        parser.exit(1, f"judge_server.py: error: --model {args.model}: {' '.join(str(e).split())}\n")
+        backend = (
+            rules_backend
+            if args.backend == "rules"
+            else ModelBackend(args.model, args.device)
+            if args.backend == "model"
+            else RewardModelBackend(args.model, args.base, args.device)
+        )
+    # no such folder, not a checkpoint, no such device
+    except (OSError, ValueError, RuntimeError) as e:
+        parser.exit(
+            1, f"judge_server.py: error: --model {args.model}: {' '.join(str(e).split())}\n"
+        )
     faults = Faults(args.latency, args.fail_rate, script, args.retry_after, args.hang, args.seed)
     name = "rules" if args.backend == "rules" else os.path.basename(os.path.normpath(args.model))
     try:
-        server = JudgeServer(backend, host=args.host, port=args.port, faults=faults, model_name=name, api_key=api_key,
-                             verbose=args.verbose)
+        server = JudgeServer(
+            backend,
+            host=args.host,
+            port=args.port,
+            faults=faults,
+            model_name=name,
+            api_key=api_key,
+            verbose=args.verbose,
+        )
     except OSError as e:  # the port is taken, the host unknown or not ours
-        parser.exit(1, f"judge_server.py: error: cannot listen on {args.host}:{args.port}: {e.strerror or e}\n")
+        parser.exit(
+            1,
+            f"judge_server.py: error: cannot listen on {args.host}:{args.port}: "
+            f"{e.strerror or e}\n",
+        )
     print(f"judge_server.py: backend {args.backend} at {server.url}", flush=True)
     try:
         server.serve_forever()

@@ -1,14 +1,16 @@
-"""CLUE's training traces (A.1, C.3): sample reasoning traces of the base model for gold examples, have a teacher
-refine each toward the gold labels, and keep the refinements that reach them with verified quotes: the rows sft.py
-trains on (its `clue` objective).
+"""CLUE's training traces (A.1, C.3): sample reasoning traces of the base model for gold examples,
+have a teacher refine each toward the gold labels, and keep the refinements that reach them with
+verified quotes: the rows sft.py trains on (its `clue` objective).
 
-    python prepare_traces.py config.yaml [key=value ...]   # examples -> sampled traces -> teacher -> out
+    python prepare_traces.py config.yaml [key=value ...]   # examples -> sampled traces -> teacher
+                                                             -> out
 
-The traces come from `sampler` (an OpenAI-compatible endpoint serving the base model) or, without one, from the
-base checkpoint `model` through model.py. Every endpoint answer, sampled trace and refinement alike, is journaled
-as it arrives in `journal` (teacher.py): a rerun of the same command asks only for what failed or was never asked.
-Written: `out`, one row per kept refinement (the example, its prompt and the refined completion, sft.py's second
-row shape), and `conflicts`, the teacher's reference-conflict records (for review, never for training).
+The traces come from `sampler` (an OpenAI-compatible endpoint serving the base model) or, without
+one, from the base checkpoint `model` through model.py. Every endpoint answer, sampled trace and
+refinement alike, is journaled as it arrives in `journal` (teacher.py): a rerun of the same command
+asks only for what failed or was never asked. Written: `out`, one row per kept refinement (the
+example, its prompt and the refined completion, sft.py's second row shape), and `conflicts`, the
+teacher's reference-conflict records (for review, never for training).
 """
 
 from __future__ import annotations
@@ -21,13 +23,30 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from config import ConfigError, atomic_write_text, parse_cli, print0
-from data import THINK_END, THINK_START, DataError, Example, get_task, parse_answer, split_completion, visible_turns
+from data import (
+    THINK_END,
+    THINK_START,
+    DataError,
+    Example,
+    get_task,
+    parse_answer,
+    split_completion,
+    visible_turns,
+)
 from dataset import example_to_json, load_jsonl
-from sampling import SamplingConfig, sample_completions
-from judge import DATA_NOTICE, JudgeCall, JudgeConfig, JudgeError, chat_messages, section, strict_json_object
-from model import CheckpointError, Qwen, load_tokenizer
-from teacher import ask_journaled, load_journal, raw_text, request_key
 from distributed import setup_distributed
+from judge import (
+    DATA_NOTICE,
+    JudgeCall,
+    JudgeConfig,
+    JudgeError,
+    chat_messages,
+    section,
+    strict_json_object,
+)
+from model import CheckpointError, Qwen, load_tokenizer
+from sampling import SamplingConfig, sample_completions
+from teacher import ask_journaled, load_journal, raw_text, request_key
 from verifier import extract_quotes, format_score, verify_quote
 
 # ----------------------------------------------------------------------------- config
@@ -35,90 +54,121 @@ from verifier import extract_quotes, format_score, verify_quote
 
 @dataclass
 class PrepareConfig:
-    """`python prepare_traces.py`: sample traces from the base model, refine them toward the gold labels
-    with a teacher, and write the accepted ones to `out` (the `data` of sft.py's config)."""
+    """`python prepare_traces.py`: sample traces from the base model, refine them toward the gold
+    labels with a teacher, and write the accepted ones to `out` (the `data` of sft.py's config)."""
 
     examples: str  # gold examples (data.py's JSONL)
     out: str  # the SFT rows written (sft.py's `data`)
-    model: str | None = None  # the base checkpoint sampled through model.py when there is no `sampler`
+    # the base checkpoint sampled through model.py when there is no `sampler`
+    model: str | None = None
     conflicts: str | None = None  # reference-conflict records; default: <out>.conflicts.jsonl
     journal: str | None = None  # endpoint answers so far; default: <out>.journal.jsonl
     samples: int = 1  # traces sampled per example
-    sampler: JudgeConfig | None = None  # an OpenAI-compatible endpoint serving the base model; None: model.py
+    # an OpenAI-compatible endpoint serving the base model; None: model.py
+    sampler: JudgeConfig | None = None
     temperature: float = 1.0  # sampling of the traces (also sent to the endpoint)
     top_p: float = 1.0
     top_k: int = 0
     max_new_tokens: int = 8192
     batch_size: int = 8  # prompts sampled together (model.py only)
-    enable_thinking: bool | None = None  # the chat format's thinking switch; None: the checkpoint's default
+    # the chat format's thinking switch; None: the checkpoint's default
+    enable_thinking: bool | None = None
     seed: int = 42  # model.py's sampling
     dtype: str | None = None  # model.py: None: bfloat16 on GPU, float32 on the CPU
     device: str | None = None  # model.py: None: cuda:LOCAL_RANK when available, else the CPU
-    teacher: JudgeConfig = field(default_factory=JudgeConfig)  # the refiner (its own sampling settings)
+    # the refiner (its own sampling settings)
+    teacher: JudgeConfig = field(default_factory=JudgeConfig)
 
     def __post_init__(self):
         if self.sampler is None and self.model is None:
-            raise ConfigError("model: the traces need a base checkpoint to sample, or a `sampler` endpoint")
+            raise ConfigError(
+                "model: the traces need a base checkpoint to sample, or a `sampler` endpoint"
+            )
 
 
-# ----------------------------------------------------------------------------- trace refinement (CLUE A.1, C.3)
+# ----------------------------------------------------------------- trace refinement (CLUE A.1, C.3)
 
-_REFINEMENT_SYSTEM = f"""\
-You refine one reasoning trace written for a social-language classification task, so that it becomes a training example
-that reaches the supplied reference labels honestly, or you report that the labels cannot be supported.
+_REFINEMENT_SYSTEM = f"""You refine one reasoning trace written for a social-language \
+classification task, so that it becomes a training example
+that reaches the supplied reference labels honestly, or you report that the labels cannot be \
+supported.
 
 You receive:
 - <id> and <task_name>: identifiers to copy unchanged.
-- <source_messages>: as JSON, the complete messages the trace answered: the task instructions, the label definitions,
+- <source_messages>: as JSON, the complete messages the trace answered: the task instructions, the \
+label definitions,
   the conversation and the turn to analyze. They are the only source; use nothing else.
 - <original_completion>: the trace to refine.
-- <labels>: the reference labels the refined trace must end with. They say where the trace must arrive; they are not
+- <labels>: the reference labels the refined trace must end with. They say where the trace must \
+arrive; they are not
   evidence about the conversation.
 {DATA_NOTICE}
 
 How to refine:
-- Edit the original; do not write your own explanation from scratch. Keep its sound sentences word for word and in their
-  order, in its language, with its paragraphs, valid quotations and useful comparisons. Add what is missing beside the
+- Edit the original; do not write your own explanation from scratch. Keep its sound sentences word \
+for word and in their
+  order, in its language, with its paragraphs, valid quotations and useful comparisons. Add what \
+is missing beside the
   passage that needs it.
-- Where the original commits to a wrong inference or label, keep that commitment as written, then add right after it a
-  correction that reads like someone rereading the exchange: point to the exact inference, check it against the
-  conversation and the label definitions, and say what changes and why. Do not soften the original commitment after the
+- Where the original commits to a wrong inference or label, keep that commitment as written, then \
+add right after it a
+  correction that reads like someone rereading the exchange: point to the exact inference, check \
+it against the
+  conversation and the label definitions, and say what changes and why. Do not soften the original \
+commitment after the
   fact. Everything after the correction, and the answer, follows the corrected understanding.
-- Establish each reference label on its own terms, from evidence that meets its definition; rejecting another label does
+- Establish each reference label on its own terms, from evidence that meets its definition; \
+rejecting another label does
   not establish it.
-- Fill the gaps that matter: who the speakers are to each other, the recent thread leading into the target, time gaps
-  that bear on continuity, the cause of the target speaker's state, and what a cue such as punctuation, an interjection
+- Fill the gaps that matter: who the speakers are to each other, the recent thread leading into \
+the target, time gaps
+  that bear on continuity, the cause of the target speaker's state, and what a cue such as \
+punctuation, an interjection
   or a repetition does in this sequence.
-- Fix mechanical faults (a misquoted span, a wrong speaker for a quote, broken tags) locally, without staging a
-  self-correction. Remove or rebuild a passage that loops or makes no sense. Rewrite from scratch only when nothing
+- Fix mechanical faults (a misquoted span, a wrong speaker for a quote, broken tags) locally, \
+without staging a
+  self-correction. Remove or rebuild a passage that loops or makes no sense. Rewrite from scratch \
+only when nothing
   coherent survives.
 - If the original is already sound and reaches the labels, leave its reasoning unchanged.
-- Never mention reference labels, that labels were given, an editor, or the editing itself in the trace.
+- Never mention reference labels, that labels were given, an editor, or the editing itself in the \
+trace.
 
 Evidence:
-- Every <evidence>...</evidence> span is non-empty and copies an exact, contiguous piece of a single turn of the
-  conversation: no paraphrase, translation, added ellipsis, joined fragments, or text from the instructions,
+- Every <evidence>...</evidence> span is non-empty and copies an exact, contiguous piece of a \
+single turn of the
+  conversation: no paraphrase, translation, added ellipsis, joined fragments, or text from the \
+instructions,
   definitions, speaker names or time markers. Tags are balanced and never nested.
-- Keep no invented quotation anywhere, not even in a rejected line of thought. New concrete claims about the
+- Keep no invented quotation anywhere, not even in a rejected line of thought. New concrete claims \
+about the
   conversation need exact evidence.
 
-When the labels cannot be supported: if the conversation and the definitions do not support the reference labels, do not
-force them and do not substitute another label. Return a conflict record instead; it goes to review, not to training.
+When the labels cannot be supported: if the conversation and the definitions do not support the \
+reference labels, do not
+force them and do not substitute another label. Return a conflict record instead; it goes to \
+review, not to training.
 
 Output exactly one JSON object and nothing else (no code fence, no commentary), in one of two forms.
 A refined trace:
 {{"id": "<copied>", "task": "<copied>",
  "completion": "<think>\\n<the full refined reasoning>\\n</think>\\n\\nAnswer: <labels>"}}
-The completion holds exactly one <think> and one </think>; after </think> comes only the line "Answer: " followed by
+The completion holds exactly one <think> and one </think>; after </think> comes only the line \
+"Answer: " followed by
 exactly the reference labels as spelled in <labels>, separated by a comma and a space.
 A conflict record:
-{{"id": "<copied>", "task": "<copied>", "status": "reference_conflict", "reference_labels": ["<each label as given>"],
- "reason": "<the specific defining condition the conversation does not meet, or the conflict in the source>",
+{{"id": "<copied>", "task": "<copied>", "status": "reference_conflict", "reference_labels": \
+["<each label as given>"],
+ "reason": "<the specific defining condition the conversation does not meet, or the conflict in \
+the source>",
  "source_evidence": ["<exact relevant span of a turn>"],
  "supported_alternative_labels": ["<a label of the task the conversation does support>"]}}
-Where no span is relevant or no alternative is supported, leave that list empty; never invent one."""
+Where no span is relevant or no alternative is supported, leave that list empty; never invent \
+one."""
 
-_LABEL_LEAK_RE = re.compile(r"ground[ -]truth|gold label|reference label|supplied label|given label", re.IGNORECASE)
+_LABEL_LEAK_RE = re.compile(
+    r"ground[ -]truth|gold label|reference label|supplied label|given label", re.IGNORECASE
+)
 
 
 @dataclass
@@ -143,25 +193,39 @@ class ReferenceConflict:
     supported_alternative_labels: list[str]
 
 
-def refinement_request(example: Example, prompt_messages: list[dict[str, str]], completion: str) -> JudgeCall:
+def refinement_request(
+    example: Example, prompt_messages: list[dict[str, str]], completion: str
+) -> JudgeCall:
     """The trace-refinement call for one sampled `completion` to `prompt_messages` (the task prompt
     it answered), toward the gold `example.labels`. The paper has the refiner copy the prompt back;
     we keep it on our side, so a copying slip cannot corrupt a training row."""
-    messages = chat_messages(_REFINEMENT_SYSTEM, section("id", example.id), section("task_name", example.task),
-                         section("source_messages", json.dumps(prompt_messages, ensure_ascii=False, indent=1)),
-                         section("original_completion", completion),
-                         section("labels", json.dumps(example.labels, ensure_ascii=False)))
+    messages = chat_messages(
+        _REFINEMENT_SYSTEM,
+        section("id", example.id),
+        section("task_name", example.task),
+        section("source_messages", json.dumps(prompt_messages, ensure_ascii=False, indent=1)),
+        section("original_completion", completion),
+        section("labels", json.dumps(example.labels, ensure_ascii=False)),
+    )
     return JudgeCall(messages, 8192)
 
 
 def _exact_quotes(spans: list, example: Example) -> bool:
-    """Every span is a string that the verifier finds, without typographical edits, in one visible turn."""
+    """Every span is a string that the verifier finds, without typographical edits, in one visible
+    turn."""
     texts = [t.text for t in visible_turns(example)]
-    return all(isinstance(s, str) and any(verify_quote(s, text, exact=True) for text in texts) for s in spans)
+    return all(
+        isinstance(s, str) and any(verify_quote(s, text, exact=True) for text in texts)
+        for s in spans
+    )
 
 
 def _distinct_strings(value) -> bool:
-    return isinstance(value, list) and all(isinstance(x, str) for x in value) and len(set(value)) == len(value)
+    return (
+        isinstance(value, list)
+        and all(isinstance(x, str) for x in value)
+        and len(set(value)) == len(value)
+    )
 
 
 def _same_label_set(labels, gold: list[str]) -> bool:
@@ -169,20 +233,29 @@ def _same_label_set(labels, gold: list[str]) -> bool:
 
 
 def _refined_completion_ok(completion: str, example: Example) -> bool:
-    """One think block whose evidence tags are balanced and unnested around exact quotations, with no
-    mention of reference labels, then only the line `Answer: <gold labels>` in canonical spelling."""
+    """One think block whose evidence tags are balanced and unnested around exact quotations, with
+    no mention of reference labels, then only the line `Answer: <gold labels>` in canonical
+    spelling."""
     completion = completion.strip()
     reasoning, answer = split_completion(completion)
     labels = parse_answer(completion, example)
-    return (completion.startswith(THINK_START) and completion.count(THINK_START) == 1
-            and completion.count(THINK_END) == 1 and labels is not None and set(labels) == set(example.labels)
-            and answer.strip() == "Answer: " + ", ".join(labels) and bool(reasoning)
-            and not _LABEL_LEAK_RE.search(reasoning) and format_score(reasoning) == 1.0
-            and _exact_quotes(extract_quotes(reasoning), example))
+    return (
+        completion.startswith(THINK_START)
+        and completion.count(THINK_START) == 1
+        and completion.count(THINK_END) == 1
+        and labels is not None
+        and set(labels) == set(example.labels)
+        and answer.strip() == "Answer: " + ", ".join(labels)
+        and bool(reasoning)
+        and not _LABEL_LEAK_RE.search(reasoning)
+        and format_score(reasoning) == 1.0
+        and _exact_quotes(extract_quotes(reasoning), example)
+    )
 
 
-def parse_refinement(text: str, example: Example,
-                     prompt_messages: list[dict[str, str]]) -> RefinedTrace | ReferenceConflict | None:
+def parse_refinement(
+    text: str, example: Example, prompt_messages: list[dict[str, str]]
+) -> RefinedTrace | ReferenceConflict | None:
     """A refined trace, a conflict record, or None for any answer that is neither exactly: wrong
     id or task, an answer line that is not exactly the gold labels, an evidence span that is not an
     exact quotation of a turn, a conflict whose reference labels are not the gold ones or whose
@@ -195,41 +268,89 @@ def parse_refinement(text: str, example: Example,
         if not isinstance(completion, str) or not _refined_completion_ok(completion, example):
             return None
         return RefinedTrace(example.id, example.task, prompt_messages, completion.strip())
-    conflict_keys = {"id", "task", "status", "reference_labels", "reason", "source_evidence",
-                     "supported_alternative_labels"}
+    conflict_keys = {
+        "id",
+        "task",
+        "status",
+        "reference_labels",
+        "reason",
+        "source_evidence",
+        "supported_alternative_labels",
+    }
     if set(record) != conflict_keys or record["status"] != "reference_conflict":
         return None
-    reason, evidence, alternatives = record["reason"], record["source_evidence"], record["supported_alternative_labels"]
-    valid = (_same_label_set(record["reference_labels"], example.labels)
-             and isinstance(reason, str) and reason.strip()
-             and isinstance(evidence, list) and _exact_quotes(evidence, example)
-             and _distinct_strings(alternatives)
-             and all(a in get_task(example.task).labels and a not in example.labels for a in alternatives))
+    reason, evidence, alternatives = (
+        record["reason"],
+        record["source_evidence"],
+        record["supported_alternative_labels"],
+    )
+    valid = (
+        _same_label_set(record["reference_labels"], example.labels)
+        and isinstance(reason, str)
+        and reason.strip()
+        and isinstance(evidence, list)
+        and _exact_quotes(evidence, example)
+        and _distinct_strings(alternatives)
+        and all(
+            a in get_task(example.task).labels and a not in example.labels for a in alternatives
+        )
+    )
     if not valid:
         return None
-    return ReferenceConflict(example.id, example.task, list(record["reference_labels"]), reason.strip(),
-                             list(evidence), list(alternatives))
+    return ReferenceConflict(
+        example.id,
+        example.task,
+        list(record["reference_labels"]),
+        reason.strip(),
+        list(evidence),
+        list(alternatives),
+    )
 
 
-
-def sample_traces(cfg: PrepareConfig, examples: list[Example], prompts: list[list[dict]], journal: Path,
-                  done: dict) -> list[str | None]:
-    """`cfg.samples` traces per example (`prompts` holds each example's prompt that many times), in that order;
-    None where the endpoint failed. model.py samples with `cfg.seed`; an endpoint's answers are journaled."""
+def sample_traces(
+    cfg: PrepareConfig,
+    examples: list[Example],
+    prompts: list[list[dict]],
+    journal: Path,
+    done: dict,
+) -> list[str | None]:
+    """`cfg.samples` traces per example (`prompts` holds each example's prompt that many times), in
+    that order; None where the endpoint failed. model.py samples with `cfg.seed`; an endpoint's
+    answers are journaled."""
     if cfg.sampler is None:
         device = setup_distributed(cfg.device).device
         dtype = cfg.dtype or ("bfloat16" if device.type == "cuda" else "float32")
         tok, model = load_tokenizer(cfg.model), Qwen.from_pretrained(cfg.model, dtype, device)
-        sampling = SamplingConfig(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
-                                  max_new_tokens=cfg.max_new_tokens, enable_thinking=cfg.enable_thinking)
-        per_example = sample_completions(model, tok, prompts[::cfg.samples], [e.id for e in examples], sampling,
-                                         n=cfg.samples, seed=cfg.seed, batch_size=cfg.batch_size)
+        sampling = SamplingConfig(
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            top_k=cfg.top_k,
+            max_new_tokens=cfg.max_new_tokens,
+            enable_thinking=cfg.enable_thinking,
+        )
+        per_example = sample_completions(
+            model,
+            tok,
+            prompts[:: cfg.samples],
+            [e.id for e in examples],
+            sampling,
+            n=cfg.samples,
+            seed=cfg.seed,
+            batch_size=cfg.batch_size,
+        )
         return [t for texts in per_example for t in texts]
-    sampler = dataclasses.replace(cfg.sampler, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k or None,
-                                  enable_thinking=cfg.enable_thinking is not False)
+    sampler = dataclasses.replace(
+        cfg.sampler,
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
+        top_k=cfg.top_k or None,
+        enable_thinking=cfg.enable_thinking is not False,
+    )
     calls = [JudgeCall(m, cfg.max_new_tokens) for m in prompts]
-    keys = [request_key("trace", f"{e.id}/{k % cfg.samples}", sampler, c)
-            for k, (e, c) in enumerate(zip((e for e in examples for _ in range(cfg.samples)), calls))]
+    keys = [
+        request_key("trace", f"{e.id}/{k % cfg.samples}", sampler, c)
+        for k, (e, c) in enumerate(zip((e for e in examples for _ in range(cfg.samples)), calls))
+    ]
     ask_journaled([(k, c, raw_text) for k, c in zip(keys, calls)], sampler, journal, done)
     return [done.get(k) for k in keys]
 
@@ -256,19 +377,29 @@ def prepare(cfg: PrepareConfig) -> dict[str, int]:
     for (example, messages, _), answer in zip(todo, answers):
         parsed = None if answer is None else parse_refinement(answer, example, messages)
         if isinstance(parsed, RefinedTrace):
-            rows.append(example_to_json(example) | {"prompt": parsed.prompt, "completion": parsed.completion})
+            rows.append(
+                example_to_json(example)
+                | {"prompt": parsed.prompt, "completion": parsed.completion}
+            )
         elif isinstance(parsed, ReferenceConflict):
             conflicts.append(dataclasses.asdict(parsed))
     conflicts_path = cfg.conflicts or str(Path(cfg.out).with_suffix(".conflicts.jsonl"))
     for path, records in ((cfg.out, rows), (conflicts_path, conflicts)):
         atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
-    counts = {"sampled": len(todo), "sampler_failures": len(prompts) - len(todo), "kept": len(rows),
-              "conflicts": len(conflicts), "teacher_failures": answers.count(None),
-              "rejected": len(todo) - len(rows) - len(conflicts) - answers.count(None)}
-    print0(f"prepare: {counts['sampled']} traces ({counts['sampler_failures']} sampler failures); teacher: "
-           f"{counts['kept']} kept -> {cfg.out}, {counts['conflicts']} conflicts -> {conflicts_path}, "
-           f"{counts['rejected']} rejected (malformed, wrong labels or unverified quotes), "
-           f"{counts['teacher_failures']} teacher failures")
+    counts = {
+        "sampled": len(todo),
+        "sampler_failures": len(prompts) - len(todo),
+        "kept": len(rows),
+        "conflicts": len(conflicts),
+        "teacher_failures": answers.count(None),
+        "rejected": len(todo) - len(rows) - len(conflicts) - answers.count(None),
+    }
+    print0(
+        f"prepare: {counts['sampled']} traces ({counts['sampler_failures']} sampler failures); "
+        f"teacher: {counts['kept']} kept -> {cfg.out}, {counts['conflicts']} conflicts -> "
+        f"{conflicts_path}, {counts['rejected']} rejected (malformed, wrong labels or unverified "
+        f"quotes), {counts['teacher_failures']} teacher failures"
+    )
     return counts
 
 

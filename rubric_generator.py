@@ -1,24 +1,30 @@
-"""CARE's rubric generator (Sections 3.2-3.3, Appendices H-K): the turn-level rubric targets it is fine-tuned on,
-the human preference pairs its preference RL and its evaluation read, and the chosen-response win rate.
+"""CARE's rubric generator (Sections 3.2-3.3, Appendices H-K): the turn-level rubric targets it is
+fine-tuned on, the human preference pairs its preference RL and its evaluation read, and the
+chosen-response win rate.
 
-    python rubric_generator.py targets config.yaml [key=value ...]   # teacher rubrics, checked, screened -> SFT rows
-    python rubric_generator.py examples config.yaml [key=value ...]  # preference pairs -> grpo.py examples
-    python rubric_generator.py care_winrate config.yaml [key=value ...]      # win rate of a served generator on held-out pairs
+    python rubric_generator.py targets config.yaml [key=value ...]       # teacher rubrics, checked,
+                                                                         # screened -> SFT rows
+    python rubric_generator.py examples config.yaml [key=value ...]      # preference pairs ->
+                                                                         # grpo.py examples
+    python rubric_generator.py care_winrate config.yaml [key=value ...]  # win rate of a served
+                                                                         # generator, held-out pairs
 
 The three stages (configs/care_generator_*.yaml):
-1. `targets` writes sft.py rows of the free-form objective (`objective: target`): {"id", "prompt", "target"}, the
-   prompt being judge.care_rubric_request(dialogue) (the very prompt a CARE run sends its rubric judge, so the
-   served generator answers it unchanged) and the target the rubric JSON with a rationale per weight.
-2. Preference RL with grpo.py (reward `care_generator`, rewards.py): the generator's completions are rubrics, scored
-   by how well they let a frozen evaluator prefer the human-chosen reply (`preference_examples` turns the pairs
-   into grpo.py examples of task care_rubric).
-3. The win rate (`win_rate`): under each generated rubric the evaluator scores both replies of a held-out pair; a
-   win is the chosen one scored strictly higher (the paper's Table 4 measure).
+1. `targets` writes sft.py rows of the free-form objective (`objective: target`): {"id", "prompt",
+   "target"}, the prompt being judge.care_rubric_request(dialogue) (the very prompt a CARE run sends
+   its rubric judge, so the served generator answers it unchanged) and the target the rubric JSON
+   with a rationale per weight.
+2. Preference RL with grpo.py (reward `care_generator`, rewards.py): the generator's completions are
+   rubrics, scored by how well they let a frozen evaluator prefer the human-chosen reply
+   (`preference_examples` turns the pairs into grpo.py examples of task care_rubric).
+3. The win rate (`win_rate`): under each generated rubric the evaluator scores both replies of a
+   held-out pair; a win is the chosen one scored strictly higher (the paper's Table 4 measure).
 
-Turn records (`targets` input), JSONL: {"id", "dialogue": [{"role": "user" | "assistant", "content"}, ...] ending
-with the seeker's message, "reference": the supporter's actual next reply, "strategies": [its support strategies]}.
-Preference pairs, JSONL: {"id", "dialogue", "chosen", "rejected", "strategies": [the chosen reply's strategies]}.
-Strategy names map to the three dimensions by `STRATEGY_DIMENSIONS` (Appendix H; extend it with `strategy_map`).
+Turn records (`targets` input), JSONL: {"id", "dialogue": [{"role": "user" | "assistant",
+"content"}, ...] ending with the seeker's message, "reference": the supporter's actual next reply,
+"strategies": [its support strategies]}. Preference pairs, JSONL: {"id", "dialogue", "chosen",
+"rejected", "strategies": [the chosen reply's strategies]}. Strategy names map to the three
+dimensions by `STRATEGY_DIMENSIONS` (Appendix H; extend it with `strategy_map`).
 """
 
 from __future__ import annotations
@@ -32,32 +38,56 @@ from typing import Any
 from config import ConfigError, atomic_write_text, parse_cli, print0
 from data import DataError, Example, Turn
 from dataset import read_jsonl, save_jsonl
-from judge import (CARE_DIMENSIONS, DATA_NOTICE, JudgeCall, JudgeConfig, JudgeError, care_rubric, care_rubric_request,
-                   care_scores_request, chat_messages, dialogue_text, parse_care_rubric, parse_care_scores, section,
-                   strict_json_object, verdict_lines)
+from judge import (
+    CARE_DIMENSIONS,
+    DATA_NOTICE,
+    JudgeCall,
+    JudgeConfig,
+    JudgeError,
+    care_rubric,
+    care_rubric_request,
+    care_scores_request,
+    chat_messages,
+    dialogue_text,
+    parse_care_rubric,
+    parse_care_scores,
+    section,
+    strict_json_object,
+    verdict_lines,
+)
 from rewards import care_score
 from teacher import ask_journaled, journal_key, load_journal
 
-# Appendix H maps ESConv's and MINT's strategies by their main function: making sense of the seeker's situation is
-# cognitive, attuning to and validating feelings affective, guidance toward action proactive. Its Table 9 did not
-# survive in our copy: this is our mapping of ESConv's eight strategies (Liu et al., 2021); "Others" maps to none.
+# Appendix H maps ESConv's and MINT's strategies by their main function: making sense of
+# the seeker's situation is cognitive, attuning to and validating feelings affective,
+# guidance toward action proactive. Its Table 9 did not survive in our copy: this is our
+# mapping of ESConv's eight strategies (Liu et al., 2021); "Others" maps to none.
 STRATEGY_DIMENSIONS = {
-    "question": "cognitive", "restatement or paraphrasing": "cognitive",
-    "reflection of feelings": "affective", "self-disclosure": "affective", "affirmation and reassurance": "affective",
-    "providing suggestions": "proactive", "information": "proactive", "others": None,
+    "question": "cognitive",
+    "restatement or paraphrasing": "cognitive",
+    "reflection of feelings": "affective",
+    "self-disclosure": "affective",
+    "affirmation and reassurance": "affective",
+    "providing suggestions": "proactive",
+    "information": "proactive",
+    "others": None,
 }
 
 
-def dimension_counts(strategies: list[str], extra: dict[str, str | None] | None = None) -> dict[str, int]:
-    """How many of a reply's strategies fall in each dimension. An unknown strategy raises DataError (a typo must
-    not silently drop a count); `extra` adds or overrides names (case-insensitive)."""
+def dimension_counts(
+    strategies: list[str], extra: dict[str, str | None] | None = None
+) -> dict[str, int]:
+    """How many of a reply's strategies fall in each dimension. An unknown strategy raises DataError
+    (a typo must not silently drop a count); `extra` adds or overrides names (case-insensitive)."""
     mapping = STRATEGY_DIMENSIONS | {k.casefold(): v for k, v in (extra or {}).items()}
     counts = dict.fromkeys(CARE_DIMENSIONS, 0)
     for name in strategies:
         key = name.strip().casefold() if isinstance(name, str) else None
         if key not in mapping:
-            raise DataError(f"field 'strategies': unknown strategy {name!r} (known: {', '.join(sorted(mapping))}; "
-                            f"add it under strategy_map)")
+            raise DataError(
+                f"field 'strategies': unknown strategy {name!r} (known: "
+                f"{', '.join(sorted(mapping))}; add it under strategy_map)"
+            )
         if mapping[key] is not None:
             counts[mapping[key]] += 1
     return counts
@@ -65,11 +95,22 @@ def dimension_counts(strategies: list[str], extra: dict[str, str | None] | None 
 
 def _dialogue(raw: dict) -> list[tuple[str, str]]:
     messages = raw.get("dialogue")
-    ok = isinstance(messages, list) and messages and all(
-        isinstance(m, dict) and set(m) == {"role", "content"} and m["role"] in ("user", "assistant")
-        and isinstance(m["content"], str) and m["content"].strip() for m in messages)
+    ok = (
+        isinstance(messages, list)
+        and messages
+        and all(
+            isinstance(m, dict)
+            and set(m) == {"role", "content"}
+            and m["role"] in ("user", "assistant")
+            and isinstance(m["content"], str)
+            and m["content"].strip()
+            for m in messages
+        )
+    )
     if not ok:
-        raise DataError("field 'dialogue': expected a non-empty list of {role: user/assistant, content}")
+        raise DataError(
+            "field 'dialogue': expected a non-empty list of {role: user/assistant, content}"
+        )
     if messages[-1]["role"] != "user":
         raise DataError("field 'dialogue': the last message must be the seeker's (role user)")
     return [(m["role"], m["content"]) for m in messages]
@@ -83,7 +124,8 @@ def _text(raw: dict, key: str) -> str:
 
 @dataclass
 class Record:
-    """A turn record or a preference pair (`chosen` then holds the preferred reply, `rejected` the other)."""
+    """A turn record or a preference pair (`chosen` then holds the preferred reply, `rejected` the
+    other)."""
 
     id: str
     dialogue: list[tuple[str, str]]
@@ -92,22 +134,36 @@ class Record:
     counts: dict[str, int]  # the chosen reply's strategies per dimension
 
 
-def load_turns(path, pairs: bool, strategy_map: dict[str, str | None] | None = None) -> list[Record]:
-    """Turn records (pairs=False) or preference pairs (pairs=True); a bad line raises DataError naming the file,
-    line and field."""
+def load_turns(
+    path, pairs: bool, strategy_map: dict[str, str | None] | None = None
+) -> list[Record]:
+    """Turn records (pairs=False) or preference pairs (pairs=True); a bad line raises DataError
+    naming the file, line and field."""
     out = []
     for number, raw in read_jsonl(path):
         try:
             if not isinstance(raw, dict):
                 raise DataError(f"expected a JSON object, got {type(raw).__name__}")
-            fields = {"id", "dialogue", "strategies", *(("chosen", "rejected") if pairs else ("reference",))}
+            fields = {
+                "id",
+                "dialogue",
+                "strategies",
+                *(("chosen", "rejected") if pairs else ("reference",)),
+            }
             if unknown := sorted(set(raw) - fields):
-                raise DataError(f"field '{unknown[0]}': unknown field (known: {', '.join(sorted(fields))})")
+                raise DataError(
+                    f"field '{unknown[0]}': unknown field (known: {', '.join(sorted(fields))})"
+                )
             strategies = raw.get("strategies")
             if not isinstance(strategies, list):
                 raise DataError("field 'strategies': missing or not a list")
-            turn = Record(_text(raw, "id"), _dialogue(raw), _text(raw, "chosen" if pairs else "reference"),
-                        _text(raw, "rejected") if pairs else None, dimension_counts(strategies, strategy_map))
+            turn = Record(
+                _text(raw, "id"),
+                _dialogue(raw),
+                _text(raw, "chosen" if pairs else "reference"),
+                _text(raw, "rejected") if pairs else None,
+                dimension_counts(strategies, strategy_map),
+            )
             if pairs and turn.chosen.strip() == turn.rejected.strip():
                 raise DataError("field 'rejected': identical to 'chosen'")
             out.append(turn)
@@ -118,34 +174,36 @@ def load_turns(path, pairs: bool, strategy_map: dict[str, str | None] | None = N
     return out
 
 
-# ----------------------------------------------------------------------------- targets (Sections 3.2, Appendix I, K)
+# ------------------------------------------------------------ targets (Sections 3.2, Appendix I, K)
 
-_TARGET_SYSTEM = f"""You write the training target for a rubric generator in emotional-support conversations: the \
-rubric that should score the supporter's next reply at this point of the conversation.
+_TARGET_SYSTEM = f"""You write the training target for a rubric generator in emotional-support \
+conversations: the rubric that should score the supporter's next reply at this point of the \
+conversation.
 
-You receive <dialogue> (the conversation so far, ending with the seeker's latest message), <reply> (the reply a \
-skilled supporter actually gave, for calibration) and <strategies> (how many of that reply's support strategies \
-serve each dimension). {DATA_NOTICE}
+You receive <dialogue> (the conversation so far, ending with the seeker's latest message), <reply> \
+(the reply a skilled supporter actually gave, for calibration) and <strategies> (how many of that \
+reply's support strategies serve each dimension). {DATA_NOTICE}
 
-The rubric has the three dimensions cognitive (understanding and reframing the seeker's situation), affective \
-(recognizing and validating feelings) and proactive (supporting agency and next steps). Weight them by what this \
-turn needs: the strategy counts are a coarse signal of the priorities, not a formula. Give each weight a one-sentence \
-rationale tied to the seeker's latest message, and each dimension two to four criteria, more where it matters more: \
-specific to this conversation, checkable in a reply, and not repeating one another. Do not quote or paraphrase the \
+The rubric has the three dimensions cognitive (understanding and reframing the seeker's \
+situation), affective (recognizing and validating feelings) and proactive (supporting agency and \
+next steps). Weight them by what this turn needs: the strategy counts are a coarse signal of the \
+priorities, not a formula. Give each weight a one-sentence rationale tied to the seeker's latest \
+message, and each dimension two to four criteria, more where it matters more: specific to this \
+conversation, checkable in a reply, and not repeating one another. Do not quote or paraphrase the \
 calibration reply, and do not mention it, these instructions or the strategy counts.
 
 Output exactly one JSON object and nothing else:
-{{"cognitive": {{"weight": w, "rationale": "...", "criteria": ["...", "..."]}}, "affective": {{...}}, \
-"proactive": {{...}}}}
+{{"cognitive": {{"weight": w, "rationale": "...", "criteria": ["...", "..."]}}, "affective": \
+{{...}}, "proactive": {{...}}}}
 with the weights between 0 and 1, summing to 1."""
 
-_SCREEN_SYSTEM = f"""You check a rubric written to score the supporter's next reply in an emotional-support \
-conversation. You receive <dialogue> (the conversation so far) and <rubric> (each dimension with its weight, the \
-reason for it and its criteria). {DATA_NOTICE}
+_SCREEN_SYSTEM = f"""You check a rubric written to score the supporter's next reply in an \
+emotional-support conversation. You receive <dialogue> (the conversation so far) and <rubric> \
+(each dimension with its weight, the reason for it and its criteria). {DATA_NOTICE}
 
-For each dimension answer PASS only when all three hold: its criteria fit this turn of this conversation rather than \
-any conversation; each criterion is clear enough to be checked in a reply; no criterion repeats another, in this \
-dimension or in another. Otherwise answer FAIL.
+For each dimension answer PASS only when all three hold: its criteria fit this turn of this \
+conversation rather than any conversation; each criterion is clear enough to be checked in a \
+reply; no criterion repeats another, in this dimension or in another. Otherwise answer FAIL.
 
 Output exactly three lines, in this order, and nothing else:
 cognitive: <short assessment> | PASS or FAIL
@@ -157,19 +215,36 @@ Do not use the character | inside an assessment."""
 def target_request(turn: Record) -> JudgeCall:
     """The teacher call writing the rubric target of one turn record."""
     counts = "\n".join(f"{d}: {n}" for d, n in turn.counts.items())
-    return JudgeCall(chat_messages(_TARGET_SYSTEM, section("dialogue", dialogue_text(turn.dialogue)),
-                               section("reply", turn.chosen), section("strategies", counts)), 4096)
+    return JudgeCall(
+        chat_messages(
+            _TARGET_SYSTEM,
+            section("dialogue", dialogue_text(turn.dialogue)),
+            section("reply", turn.chosen),
+            section("strategies", counts),
+        ),
+        4096,
+    )
 
 
 def rubric_listing(rubric: dict[str, dict[str, Any]]) -> str:
-    return "\n\n".join(f"{d} (weight {rubric[d]['weight']:.2f}): {rubric[d].get('rationale', '')}\n"
-                       + "\n".join(f"- {c}" for c in rubric[d]["criteria"]) for d in CARE_DIMENSIONS)
+    return "\n\n".join(
+        f"{d} (weight {rubric[d]['weight']:.2f}): {rubric[d].get('rationale', '')}\n"
+        + "\n".join(f"- {c}" for c in rubric[d]["criteria"])
+        for d in CARE_DIMENSIONS
+    )
 
 
 def screen_request(turn: Record, rubric: dict[str, dict[str, Any]]) -> JudgeCall:
-    """A screening judge's call: does each dimension pass the turn-specificity, clarity and non-redundancy check?"""
-    return JudgeCall(chat_messages(_SCREEN_SYSTEM, section("dialogue", dialogue_text(turn.dialogue)),
-                               section("rubric", rubric_listing(rubric))), 384)
+    """A screening judge's call: does each dimension pass the turn-specificity, clarity and
+    non-redundancy check?"""
+    return JudgeCall(
+        chat_messages(
+            _SCREEN_SYSTEM,
+            section("dialogue", dialogue_text(turn.dialogue)),
+            section("rubric", rubric_listing(rubric)),
+        ),
+        384,
+    )
 
 
 def parse_screen(text: str) -> bool | None:
@@ -180,29 +255,35 @@ def parse_screen(text: str) -> bool | None:
 
 @dataclass
 class TargetsConfig:
-    """`targets`: teacher-written rubrics for turn records, kept when the rubric check and every screener pass."""
+    """`targets`: teacher-written rubrics for turn records, kept when the rubric check and every
+    screener pass."""
 
-    turns: str  # turn records (module docstring); the paper: MINT and ESConv, emotion-related dialogues
+    # turn records (module docstring); the paper: MINT and ESConv, emotion-related dialogues
+    turns: str
     out: str = "data/care_rubric_sft.jsonl"
     journal: str | None = None  # default <out>.journal.jsonl
     teacher: JudgeConfig = field(default_factory=JudgeConfig)  # the paper: DeepSeek-V4-Pro
     screeners: list[JudgeConfig] = field(default_factory=list)  # the paper: two judges
-    agreement: float = 0.2  # the screeners' aggregate scores of the reference reply (0-5) differ by at most this
+    # the screeners' aggregate scores of the reference reply (0-5) differ by at most this
+    agreement: float = 0.2
 
 
 @dataclass
 class WinRateConfig:
-    """`rubric_generator.py care_winrate`: the generator writes a rubric per held-out pair, the evaluator scores both."""
+    """`rubric_generator.py care_winrate`: the generator writes a rubric per held-out pair, the
+    evaluator scores both."""
 
     pairs: str  # held-out preference pairs (module docstring); the paper: 166
-    generator: JudgeConfig = field(default_factory=JudgeConfig)  # the served generator (vLLM, judge_server.py)
+    # the served generator (vLLM, judge_server.py)
+    generator: JudgeConfig = field(default_factory=JudgeConfig)
     evaluator: JudgeConfig = field(default_factory=JudgeConfig)  # the paper: DeepSeek-V4-Flash
     output_dir: str = "runs/care_winrate"
 
 
 @dataclass
 class RLDataConfig:
-    """`examples`: preference pairs -> grpo.py examples of task care_rubric (reward care_generator)."""
+    """`examples`: preference pairs -> grpo.py examples of task care_rubric (reward
+    care_generator)."""
 
     pairs: str  # the paper: 2.8K majority-voted pairs
     out: str = "data/care_generator_rl.jsonl"
@@ -213,82 +294,128 @@ class GeneratorDataConfig:
     targets: TargetsConfig | None = None
     rl: RLDataConfig | None = None
     winrate: WinRateConfig | None = None
-    strategy_map: dict[str, str | None] = field(default_factory=dict)  # extra strategy -> dimension names
+    # extra strategy -> dimension names
+    strategy_map: dict[str, str | None] = field(default_factory=dict)
 
 
 def aggregate(rubric: dict, scores: Any) -> float | None:
-    """The reply's rubric score on the 0-5 scale: 5 x rewards.care_score (None when the scores do not fit)."""
+    """The reply's rubric score on the 0-5 scale: 5 x rewards.care_score (None when the scores do
+    not fit)."""
     value = care_score(rubric, scores)
     return None if value is None else 5 * value
 
 
 def build_targets(cfg: GeneratorDataConfig) -> dict[str, int]:
-    """Teacher rubrics -> the rubric check (judge.care_rubric with rationales; failures rejected and counted) ->
-    every screener's PASS on all three dimensions and aggregate scores of the reference reply within `agreement`
-    -> SFT rows in `out`. Every answer is journaled; failed calls stop the run (rerun to continue)."""
+    """Teacher rubrics -> the rubric check (judge.care_rubric with rationales; failures rejected and
+    counted) -> every screener's PASS on all three dimensions and aggregate scores of the reference
+    reply within `agreement` -> SFT rows in `out`. Every answer is journaled; failed calls stop the
+    run (rerun to continue)."""
     t = cfg.targets
     turns = load_turns(t.turns, pairs=False, strategy_map=cfg.strategy_map)
     journal = Path(t.journal or t.out + ".journal.jsonl")
     done = load_journal(journal)
     keys = [journal_key("target", x.id, json.dumps(x.dialogue), x.chosen) for x in turns]
-    failures = ask_journaled([(k, target_request(x), strict_json_object) for k, x in zip(keys, turns)],
-                             t.teacher, journal, done)["failures"]
+    failures = ask_journaled(
+        [(k, target_request(x), strict_json_object) for k, x in zip(keys, turns)],
+        t.teacher,
+        journal,
+        done,
+    )["failures"]
     rubrics = [care_rubric(done.get(k), rationale=True) for k in keys]
     checks = []  # (turn index, screener index, what) per screening call
     for i, (turn, rubric) in enumerate(zip(turns, rubrics)):
         for j, screener in enumerate(t.screeners):
             if rubric is not None:
                 base = journal_key("screen", str(j), screener.model, keys[i])
-                checks += [(i, j, base + "/pass", screen_request(turn, rubric), parse_screen),
-                           (i, j, base + "/score", care_scores_request(turn.dialogue, rubric, turn.chosen),
-                            lambda text, rubric=rubric: parse_care_scores(text, rubric))]
+                checks += [
+                    (i, j, base + "/pass", screen_request(turn, rubric), parse_screen),
+                    (
+                        i,
+                        j,
+                        base + "/score",
+                        care_scores_request(turn.dialogue, rubric, turn.chosen),
+                        lambda text, rubric=rubric: parse_care_scores(text, rubric),
+                    ),
+                ]
     for j, screener in enumerate(t.screeners):
         mine = [(key, call, parse) for _, s, key, call, parse in checks if s == j]
         failures += ask_journaled(mine, screener, journal, done)["failures"]
     if failures:
-        raise JudgeError(f"{failures} calls failed; the answers so far are in {journal}: rerun to ask the rest")
+        raise JudgeError(
+            f"{failures} calls failed; the answers so far are in {journal}: rerun to ask the rest"
+        )
     rows, screened_out = [], 0
     for i, (turn, rubric) in enumerate(zip(turns, rubrics)):
         if rubric is None:
             continue
         mine = [c for c in checks if c[0] == i]
         passes = [done.get(key) for _, _, key, _, _ in mine if key.endswith("/pass")]
-        scores = [aggregate(rubric, done.get(key)) for _, _, key, _, _ in mine if key.endswith("/score")]
-        if not all(p is True for p in passes) or None in scores or (scores and max(scores) - min(scores) > t.agreement):
+        scores = [
+            aggregate(rubric, done.get(key)) for _, _, key, _, _ in mine if key.endswith("/score")
+        ]
+        if (
+            not all(p is True for p in passes)
+            or None in scores
+            or (scores and max(scores) - min(scores) > t.agreement)
+        ):
             screened_out += 1
             continue
-        rows.append({"id": turn.id, "prompt": care_rubric_request(turn.dialogue).messages,
-                     "target": json.dumps(rubric, ensure_ascii=False)})
+        rows.append(
+            {
+                "id": turn.id,
+                "prompt": care_rubric_request(turn.dialogue).messages,
+                "target": json.dumps(rubric, ensure_ascii=False),
+            }
+        )
     atomic_write_text(t.out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
-    counts = {"turns": len(turns), "rubric_check_rejected": rubrics.count(None), "screened_out": screened_out,
-              "kept": len(rows)}
+    counts = {
+        "turns": len(turns),
+        "rubric_check_rejected": rubrics.count(None),
+        "screened_out": screened_out,
+        "kept": len(rows),
+    }
     print0("targets: " + ", ".join(f"{k} {v}" for k, v in counts.items()) + f" -> {t.out}")
     return counts
 
 
-# ----------------------------------------------------------------------------- preference RL (Section 3.3)
+# ---------------------------------------------------------------------- preference RL (Section 3.3)
 
 
 def preference_examples(cfg: GeneratorDataConfig) -> list[Example]:
-    """The pairs as grpo.py examples of task care_rubric: the dialogue as turns (speaker = role), the generator's
-    prompt (judge.care_rubric_request, as in SFT and in a CARE run) in meta.prompt, and what care_generator reads:
-    meta chosen, rejected and dimension_counts. Written to `rl.out`."""
+    """The pairs as grpo.py examples of task care_rubric: the dialogue as turns (speaker = role),
+    the generator's prompt (judge.care_rubric_request, as in SFT and in a CARE run) in meta.prompt,
+    and what care_generator reads: meta chosen, rejected and dimension_counts. Written to
+    `rl.out`."""
     pairs = load_turns(cfg.rl.pairs, pairs=True, strategy_map=cfg.strategy_map)
-    examples = [Example(p.id, "care_rubric", [Turn(role, text) for role, text in p.dialogue], None, [],
-                        meta={"prompt": care_rubric_request(p.dialogue).messages, "chosen": p.chosen,
-                              "rejected": p.rejected, "dimension_counts": p.counts}) for p in pairs]
+    examples = [
+        Example(
+            p.id,
+            "care_rubric",
+            [Turn(role, text) for role, text in p.dialogue],
+            None,
+            [],
+            meta={
+                "prompt": care_rubric_request(p.dialogue).messages,
+                "chosen": p.chosen,
+                "rejected": p.rejected,
+                "dimension_counts": p.counts,
+            },
+        )
+        for p in pairs
+    ]
     save_jsonl(examples, cfg.rl.out)
     print0(f"examples: {len(examples)} preference pairs -> {cfg.rl.out}")
     return examples
 
 
-# ----------------------------------------------------------------------------- the win rate (Table 4)
+# --------------------------------------------------------------------------- the win rate (Table 4)
 
 
 def win_rate(cfg: GeneratorDataConfig) -> dict[str, Any]:
-    """The chosen-response win rate on held-out pairs: the share of pairs whose chosen reply the evaluator scores
-    strictly above the rejected one under the rubric the generator wrote. A pair without a valid rubric or without
-    both scores counts as no win (and is counted). Writes winrate.json in output_dir; answers are journaled there."""
+    """The chosen-response win rate on held-out pairs: the share of pairs whose chosen reply the
+    evaluator scores strictly above the rejected one under the rubric the generator wrote. A pair
+    without a valid rubric or without both scores counts as no win (and is counted). Writes
+    winrate.json in output_dir; answers are journaled there."""
     w = cfg.winrate
     pairs = load_turns(w.pairs, pairs=True, strategy_map=cfg.strategy_map)
     out = Path(w.output_dir)
@@ -296,29 +423,54 @@ def win_rate(cfg: GeneratorDataConfig) -> dict[str, Any]:
     journal = out / "journal.jsonl"
     done = load_journal(journal)
     keys = [journal_key("rubric", w.generator.model, p.id, json.dumps(p.dialogue)) for p in pairs]
-    failures = ask_journaled([(k, care_rubric_request(p.dialogue), parse_care_rubric) for k, p in zip(keys, pairs)],
-                             w.generator, journal, done)["failures"]
-    scoring = [(journal_key("score", w.evaluator.model, k, side), care_scores_request(p.dialogue, done[k], reply),
-                lambda text, rubric=done[k]: parse_care_scores(text, rubric))
-               for k, p in zip(keys, pairs) if done.get(k) for side, reply in (("c", p.chosen), ("r", p.rejected))]
+    failures = ask_journaled(
+        [(k, care_rubric_request(p.dialogue), parse_care_rubric) for k, p in zip(keys, pairs)],
+        w.generator,
+        journal,
+        done,
+    )["failures"]
+    scoring = [
+        (
+            journal_key("score", w.evaluator.model, k, side),
+            care_scores_request(p.dialogue, done[k], reply),
+            lambda text, rubric=done[k]: parse_care_scores(text, rubric),
+        )
+        for k, p in zip(keys, pairs)
+        if done.get(k)
+        for side, reply in (("c", p.chosen), ("r", p.rejected))
+    ]
     failures += ask_journaled(scoring, w.evaluator, journal, done)["failures"]
     if failures:
-        raise JudgeError(f"{failures} calls failed; the answers so far are in {journal}: rerun to ask the rest")
+        raise JudgeError(
+            f"{failures} calls failed; the answers so far are in {journal}: rerun to ask the rest"
+        )
     wins = ties = unscored = 0
     for k, p in zip(keys, pairs):
         rubric = done.get(k)
-        sides = [None if rubric is None else aggregate(rubric, done.get(journal_key("score", w.evaluator.model, k, s)))
-                 for s in "cr"]
+        sides = [
+            None
+            if rubric is None
+            else aggregate(rubric, done.get(journal_key("score", w.evaluator.model, k, s)))
+            for s in "cr"
+        ]
         if None in sides:
             unscored += 1
         else:
             wins, ties = wins + (sides[0] > sides[1]), ties + (sides[0] == sides[1])
-    result = {"pairs": len(pairs), "win_rate": wins / len(pairs), "ties": ties, "unscored": unscored,
-              "invalid_rubrics": sum(done.get(k) is None for k in keys), "generator": w.generator.model,
-              "evaluator": w.evaluator.model}
+    result = {
+        "pairs": len(pairs),
+        "win_rate": wins / len(pairs),
+        "ties": ties,
+        "unscored": unscored,
+        "invalid_rubrics": sum(done.get(k) is None for k in keys),
+        "generator": w.generator.model,
+        "evaluator": w.evaluator.model,
+    }
     atomic_write_text(out / "winrate.json", json.dumps(result, indent=1) + "\n")
-    print0(f"chosen-response win rate {result['win_rate']:.4f} over {len(pairs)} pairs ({ties} ties, {unscored} "
-           f"unscored) -> {out / 'winrate.json'}")
+    print0(
+        f"chosen-response win rate {result['win_rate']:.4f} over {len(pairs)} pairs ({ties} ties, "
+        f"{unscored} unscored) -> {out / 'winrate.json'}"
+    )
     return result
 
 
@@ -327,12 +479,17 @@ def win_rate(cfg: GeneratorDataConfig) -> dict[str, Any]:
 
 def main(argv=None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = {"targets": ("targets", build_targets), "examples": ("rl", preference_examples),
-                "care_winrate": ("winrate", win_rate)}
+    commands = {
+        "targets": ("targets", build_targets),
+        "examples": ("rl", preference_examples),
+        "care_winrate": ("winrate", win_rate),
+    }
     command = argv.pop(0) if argv[:1] and argv[0] in commands else None
     try:
         if command is None:
-            raise ConfigError("usage: rubric_generator.py targets | examples | care_winrate config.yaml")
+            raise ConfigError(
+                "usage: rubric_generator.py targets | examples | care_winrate config.yaml"
+            )
         cfg = parse_cli(GeneratorDataConfig, argv)
         section, run = commands[command]
         if getattr(cfg, section) is None:

@@ -1,5 +1,6 @@
-"""Stage 1 (CLUE A.1): supervised fine-tuning on reasoning traces that quote their evidence; also free-form targets
-and plain text (`objective`, below). prepare_traces.py writes CLUE's traces, emollm_data.py EmoLLM's Stage I rows.
+"""Stage 1 (CLUE A.1): supervised fine-tuning on reasoning traces that quote their evidence; also
+free-form targets and plain text (`objective`, below). prepare_traces.py writes CLUE's traces,
+emollm_data.py EmoLLM's Stage I rows.
 
     python sft.py config.yaml [key=value ...]           # train; the same under torchrun
 
@@ -24,14 +25,17 @@ same id, or the same conversation up to the same target turn) is left out of tra
 epoch end (and every `selection.every` steps) the held-out prompts are sampled and the adapter with
 the best mean macro F1 across tasks is kept.
 
-Objectives (`objective:`): `clue` is the above. `target` and `lm` add no `<evidence>` tokens and select nothing:
-best/ is the last adapter (the runs they serve, EmoLLM's Stage I, select nothing; a held-out loss would cost rows).
-    target  {"id"?, "prompt": [messages], "target", "meta"?}: loss on the target and its end-of-turn. By default
-            (target_weighting=token) each target token of the update weighs the same, -sum log p / (its target
-            tokens): the usual SFT loss, so a long reasoning target counts by its length; `row`: 1 per row, as clue.
-    lm      {"id"?, "text", "meta"?}: the text and `<|endoftext|>`, each token after the first weighing the same.
-            Padded, not packed: each row is its own sequence, so nothing attends across documents without a
-            block-diagonal mask in model.py, and prepared rows are cut to max_length already. `meta` is never read.
+Objectives (`objective:`): `clue` is the above. `target` and `lm` add no `<evidence>` tokens and
+select nothing: best/ is the last adapter (the runs they serve, EmoLLM's Stage I, select nothing; a
+held-out loss would cost rows).
+    target  {"id"?, "prompt": [messages], "target", "meta"?}: loss on the target and its
+            end-of-turn. By default (target_weighting=token) each target token of the update weighs
+            the same, -sum log p / (its target tokens): the usual SFT loss, so a long reasoning
+            target counts by its length; `row`: 1 per row, as clue.
+    lm      {"id"?, "text", "meta"?}: the text and `<|endoftext|>`, each token after the first
+            weighing the same. Padded, not packed: each row is its own sequence, so nothing attends
+            across documents without a block-diagonal mask in model.py, and prepared rows are cut to
+            max_length already. `meta` is never read.
 
 Outputs in output_dir: config.yaml, metrics.jsonl, ckpt-<step>/ (checkpoint.py; exact resume),
 best/ (the selected adapter and `<evidence>` rows in PEFT format; the final ones when selection is
@@ -52,16 +56,55 @@ from typing import Literal
 
 import torch
 
-from config import ConfigError, MetricsWriter, atomic_write_text, excerpt, parse_cli, print0, save_resolved_config
-from data import THINK_END, THINK_START, DataError, Example, f1_scores, get_task, parse_answer, split_completion, visible_turns
-from dataset import example_from_json, load_jsonl, read_jsonl, typed_field
-from sampling import SamplingConfig, sample_completions
-from model import (CheckpointError, Qwen, QwenTokenizer, add_lora, add_special_tokens,
-                   load_adapter, load_tokenizer, save_merged, token_logprobs, train_token_rows)
-from train import LoraSettings, Progress, StopRequest, build_optimizer, clip_gradients, finetune_settings, linear_warmup_decay, optimizer_parameters, set_lr, sync_gradients
-from distributed import all_reduce_sum, setup_distributed
 from checkpoint import atomic_folder, resume, save_checkpoint, save_model, trim_log
+from config import (
+    ConfigError,
+    MetricsWriter,
+    atomic_write_text,
+    excerpt,
+    parse_cli,
+    print0,
+    save_resolved_config,
+)
+from data import (
+    THINK_END,
+    THINK_START,
+    DataError,
+    Example,
+    f1_scores,
+    get_task,
+    parse_answer,
+    split_completion,
+    visible_turns,
+)
+from dataset import example_from_json, load_jsonl, read_jsonl, typed_field
+from distributed import all_reduce_sum, setup_distributed
 from fsdp import gathered, is_sharded, pad_batches, shard_model
+from model import (
+    CheckpointError,
+    Qwen,
+    QwenTokenizer,
+    add_lora,
+    add_special_tokens,
+    load_adapter,
+    load_tokenizer,
+    save_merged,
+    token_logprobs,
+    train_token_rows,
+)
+from sampling import SamplingConfig, sample_completions
+from train import (
+    LoraSettings,
+    Progress,
+    StopRequest,
+    build_optimizer,
+    clip_gradients,
+    finetune_settings,
+    linear_warmup_decay,
+    optimizer_parameters,
+    set_lr,
+    sync_gradients,
+)
 from verifier import EVIDENCE_CLOSE, EVIDENCE_OPEN
 
 # ----------------------------------------------------------------------------- config
@@ -71,8 +114,10 @@ from verifier import EVIDENCE_CLOSE, EVIDENCE_OPEN
 class SelectionConfig:
     """Checkpoint selection on held-out targets, sampled as the paper does (A.2, last paragraph)."""
 
-    per_task: int = 8  # held-out targets per task (the paper: 8 per task, 24 in all); 0 turns selection off
-    data: str | None = None  # examples (data.py's JSONL) to hold targets out from; default: the training rows
+    # held-out targets per task (the paper: 8 per task, 24 in all); 0 turns selection off
+    per_task: int = 8
+    # examples (data.py's JSONL) to hold targets out from; default: the training rows
+    data: str | None = None
     every: int = 0  # also select every this many optimizer steps (0: at epoch ends only)
     temperature: float = 1.0
     top_p: float = 1.0
@@ -87,8 +132,10 @@ class SFTConfig:
     model: str  # base checkpoint folder (Hugging Face layout)
     data: str  # SFT rows (JSONL); prepare_traces.py or emollm_data.py writes it
     output_dir: str = "runs/sft"
-    objective: Literal["clue", "target", "lm"] = "clue"  # the rows and their loss (module docstring)
-    target_weighting: Literal["token", "row"] = "token"  # objective=target: each token, or each row, weighs the same
+    # the rows and their loss (module docstring)
+    objective: Literal["clue", "target", "lm"] = "clue"
+    # objective=target: each token, or each row, weighs the same
+    target_weighting: Literal["token", "row"] = "token"
     lr: float = 1e-4  # Table 5 (lost): the usual peak LR for LoRA SFT at r = 16
     weight_decay: float = 0.01
     betas: tuple[float, float] = (0.9, 0.999)  # A.1 names none for SFT: AdamW's defaults
@@ -99,25 +146,32 @@ class SFTConfig:
     batch_size: int = 1  # examples per device per micro-batch
     grad_accum: int = 4
     seed: int = 42
-    max_length: int = 16384  # Table 5 (lost): prompt + completion tokens; longer rows are skipped and counted
+    # Table 5 (lost): prompt + completion tokens; longer rows are skipped and counted
+    max_length: int = 16384
     label_share: float = 0.15  # loss weight of each completion's final-label tokens ...
     other_share: float = 0.85  # ... and of its other tokens, end-of-turn included
     max_grad_norm: float = 1.0  # not in the paper: the usual clip of the global gradient norm
     gradient_checkpointing: bool = False  # recompute each layer in backward: less memory, more time
-    dtype: str | None = None  # None: bfloat16 on GPU, float32 on the CPU; LoRA factors and rows stay float32
+    # None: bfloat16 on GPU, float32 on the CPU; LoRA factors and rows stay float32
+    dtype: str | None = None
     device: str | None = None  # None: cuda:LOCAL_RANK when available, else the CPU
-    enable_thinking: bool | None = None  # the chat format's thinking switch; None: the checkpoint's default
-    finetune: Literal["lora", "full"] = "lora"  # full: all but embedding and lm_head, sharded; best/ a whole checkpoint
+    # the chat format's thinking switch; None: the checkpoint's default
+    enable_thinking: bool | None = None
+    # full: all but embedding and lm_head, sharded; best/ a whole checkpoint
+    finetune: Literal["lora", "full"] = "lora"
     lora: LoraSettings | None = None  # LoRA runs only; left out: LoraSettings()
     selection: SelectionConfig = field(default_factory=SelectionConfig)
-    save_every: int = 200  # optimizer steps between checkpoints (also at each epoch end and on a stop request)
+    # optimizer steps between checkpoints (also at each epoch end and on a stop request)
+    save_every: int = 200
     keep_checkpoints: int | None = 2
     resume: Literal["auto", "none"] = "auto"  # auto: continue from the newest complete checkpoint
     save_merged: bool = False  # also write merged/, a full checkpoint with the adapter folded in
 
     def __post_init__(self):  # a full-parameter run (fsdp.py) takes no LoRA-only key
         # Table 5 (lost): PEFT's usual small dropout on r 16 / alpha 32, every projection
-        self.lora = finetune_settings(self.finetune, self.lora, self.save_merged, LoraSettings(dropout=0.05))
+        self.lora = finetune_settings(
+            self.finetune, self.lora, self.save_merged, LoraSettings(dropout=0.05)
+        )
 
 
 # ----------------------------------------------------------------------------- rows
@@ -125,8 +179,8 @@ class SFTConfig:
 
 @dataclass
 class Row:
-    """One SFT row. `example`: the example it answers, when the row carries it (then `turns` holds its
-    visible (speaker, text) pairs)."""
+    """One SFT row. `example`: the example it answers, when the row carries it (then `turns` holds
+    its visible (speaker, text) pairs)."""
 
     id: str
     task: str
@@ -148,11 +202,21 @@ def row_from_example(example: Example, completion: str, prompt: list[dict] | Non
 
 
 def _chat_messages(value) -> list[dict[str, str]]:
-    ok = isinstance(value, list) and value and all(
-        isinstance(m, dict) and set(m) == {"role", "content"} and m["role"] in ("system", "user", "assistant")
-        and isinstance(m["content"], str) for m in value)
+    ok = (
+        isinstance(value, list)
+        and value
+        and all(
+            isinstance(m, dict)
+            and set(m) == {"role", "content"}
+            and m["role"] in ("system", "user", "assistant")
+            and isinstance(m["content"], str)
+            for m in value
+        )
+    )
     if not ok:
-        raise DataError("field 'prompt': expected a non-empty list of {role: system/user/assistant, content}")
+        raise DataError(
+            "field 'prompt': expected a non-empty list of {role: system/user/assistant, content}"
+        )
     return value
 
 
@@ -170,27 +234,39 @@ def row_from_json(raw) -> Row:
     else:
         unknown = set(raw) - {"id", "task", "labels"}
         if unknown or prompt is None:
-            raise DataError(f"field '{sorted(unknown)[0]}': unknown field" if unknown else "field 'prompt': missing")
+            raise DataError(
+                f"field '{sorted(unknown)[0]}': unknown field"
+                if unknown
+                else "field 'prompt': missing"
+            )
         task = get_task(typed_field(raw, "task", str), field="task")
         if task.choices:
-            raise DataError(f"field 'turns': a {task.name} row needs its example (turns, meta.options), whose options "
-                            f"decide the valid answer letters")
+            raise DataError(
+                f"field 'turns': a {task.name} row needs its example (turns, meta.options), whose "
+                f"options decide the valid answer letters"
+            )
         given = typed_field(raw, "labels", list)
         labels = [task.canonical(x) if isinstance(x, str) else None for x in given]
         if not labels or None in labels:
             bad = given[labels.index(None)] if labels else "[]"
-            raise DataError(f"field 'labels': {excerpt(bad)} is not a label of {task.name} "
-                            f"(labels: {', '.join(task.labels)})")
+            raise DataError(
+                f"field 'labels': {excerpt(bad)} is not a label of {task.name} "
+                f"(labels: {', '.join(task.labels)})"
+            )
         row = Row(typed_field(raw, "id", str), task.name, prompt, completion, labels)
     answer = row.answer(completion)
     if answer is None or set(answer) != set(row.labels):
-        raise DataError(f"field 'completion': its final Answer line gives {answer}, the row's labels are {row.labels}")
+        raise DataError(
+            f"field 'completion': its final Answer line gives {answer}, the row's labels are "
+            f"{row.labels}"
+        )
     return row
 
 
 @dataclass
 class TextRow:
-    """A `target` row (chat prompt + free-form target) or an `lm` row (plain text as `target`, prompt None)."""
+    """A `target` row (chat prompt + free-form target) or an `lm` row (plain text as `target`,
+    prompt None)."""
 
     id: str
     target: str
@@ -204,7 +280,10 @@ def text_row_from_json(raw, objective: str) -> TextRow:
     key = "target" if objective == "target" else "text"
     fields = {"id", key, "meta"} | ({"prompt"} if objective == "target" else set())
     if unknown := sorted(set(raw) - fields):
-        raise DataError(f"field '{unknown[0]}': unknown field (a {objective} row has {', '.join(sorted(fields))})")
+        raise DataError(
+            f"field '{unknown[0]}': unknown field (a {objective} row has "
+            f"{', '.join(sorted(fields))})"
+        )
     text = typed_field(raw, key, str)
     if not text.strip():
         raise DataError(f"field '{key}': empty")
@@ -220,7 +299,9 @@ def load_rows(path, objective: str = "clue") -> list[Row] | list[TextRow]:
         raise DataError(f"{path}: file not found")
     for number, raw in read_jsonl(path):
         try:
-            rows.append(row_from_json(raw) if objective == "clue" else text_row_from_json(raw, objective))
+            rows.append(
+                row_from_json(raw) if objective == "clue" else text_row_from_json(raw, objective)
+            )
         except DataError as e:
             raise DataError(f"{path}:{number}: {e}") from None
     if not rows:
@@ -253,12 +334,16 @@ def hold_out(pool: list[Row], per_task: int, seed: int) -> list[Row]:
 
 # ----------------------------------------------------------------------------- tokens and the loss
 
+
 def encode_text(tok: QwenTokenizer, text: str) -> tuple[list[int], list[tuple[int, int]]]:
     """Ids of a completion's `text` and each id's character span. The completion format's tags
     (evidence and think) become their tokens where the tokenizer has them, as the model emits them;
     everything else is plain text, so no control token (`<|im_end|>`) can be forged."""
-    tags = "|".join(re.escape(t) for t in (EVIDENCE_OPEN, EVIDENCE_CLOSE, THINK_START, THINK_END)
-                    if tok.tokenizer.token_to_id(t) is not None)
+    tags = "|".join(
+        re.escape(t)
+        for t in (EVIDENCE_OPEN, EVIDENCE_CLOSE, THINK_START, THINK_END)
+        if tok.tokenizer.token_to_id(t) is not None
+    )
     ids, spans, at = [], [], 0
     for tag in [*(re.finditer(tags, text) if tags else ()), None]:
         end = len(text) if tag is None else tag.start()
@@ -278,8 +363,9 @@ def encode_text(tok: QwenTokenizer, text: str) -> tuple[list[int], list[tuple[in
 
 
 def label_spans(completion: str, task: str | Example) -> list[tuple[int, int]] | None:
-    """Character spans of the final labels on the answer line that `data.parse_answer` reads (`task`:
-    the task's name, or the example for a multiple-choice task); None without a valid answer."""
+    """Character spans of the final labels on the answer line that `data.parse_answer` reads
+    (`task`: the task's name, or the example for a multiple-choice task); None without a valid
+    answer."""
     if parse_answer(completion, task) is None:
         return None
     _, answer = split_completion(completion)
@@ -290,25 +376,30 @@ def label_spans(completion: str, task: str | Example) -> list[tuple[int, int]] |
     for at, line in reversed(lines):
         if parse_answer(THINK_END + "\n" + line, task) is not None:
             head = line.index(":") + 1
-            items = re.finditer(r"[^,\s](?:[^,]*[^,\s])?", line[head:])  # each label, outer spaces left out
+            # each label, outer spaces left out
+            items = re.finditer(r"[^,\s](?:[^,]*[^,\s])?", line[head:])
             return [(at + head + m.start(), at + head + m.end()) for m in items]
     return None
 
 
-def completion_weights(n_prompt: int, is_label: list[bool], label_share: float = 0.15,
-                       other_share: float = 0.85) -> list[float]:
+def completion_weights(
+    n_prompt: int, is_label: list[bool], label_share: float = 0.15, other_share: float = 0.85
+) -> list[float]:
     """Loss weight of each token of prompt + completion: 0 on the prompt; over the completion
     (`is_label`, end-of-turn included) the label tokens share `label_share` equally and the others
     `other_share`. Raises ValueError when either group is empty."""
     n_label = sum(is_label)
     if n_label == 0 or n_label == len(is_label):
-        raise ValueError(f"a completion needs label tokens and other tokens, got {n_label} of {len(is_label)}")
+        raise ValueError(
+            f"a completion needs label tokens and other tokens, got {n_label} of {len(is_label)}"
+        )
     label, other = label_share / n_label, other_share / (len(is_label) - n_label)
     return [0.0] * n_prompt + [label if x else other for x in is_label]
 
 
 def _after_prompt(tok: QwenTokenizer, text: str, cfg: SFTConfig) -> str:
-    """The assistant's `text` without its opening `<think>` when the chat format's prompt already opened it."""
+    """The assistant's `text` without its opening `<think>` when the chat format's prompt already
+    opened it."""
     if tok.chat([], enable_thinking=cfg.enable_thinking).endswith(THINK_START + "\n"):
         return text.removeprefix(THINK_START).lstrip("\n")
     return text
@@ -322,16 +413,23 @@ def encode_row(tok: QwenTokenizer, row: Row, cfg: SFTConfig) -> tuple[list[int],
     wanted = label_spans(completion, row.example or row.task) or []
     is_label = [any(a < e and s < b for s, e in wanted) for a, b in spans]
     try:
-        weights = completion_weights(len(prompt), is_label + [False], cfg.label_share, cfg.other_share)
+        weights = completion_weights(
+            len(prompt), is_label + [False], cfg.label_share, cfg.other_share
+        )
     except ValueError:
-        raise DataError(f"row {excerpt(row.id)}: the label tokens of its answer line cannot be located") from None
+        raise DataError(
+            f"row {excerpt(row.id)}: the label tokens of its answer line cannot be located"
+        ) from None
     return prompt + ids + [tok.token_id("<|im_end|>")], weights
 
 
-def encode_text_row(tok: QwenTokenizer, row: TextRow, cfg: SFTConfig) -> tuple[list[int], list[float]]:
-    """(token ids, loss weights) of a `target` row (chat prompt at weight 0, then target + end-of-turn at 1 per
-    token, or 1/n with target_weighting=row) or an `lm` row (text + `<|endoftext|>`, where the vocabulary has it,
-    else the first EOS; 1 on every token after the first, which has nothing to be predicted from)."""
+def encode_text_row(
+    tok: QwenTokenizer, row: TextRow, cfg: SFTConfig
+) -> tuple[list[int], list[float]]:
+    """(token ids, loss weights) of a `target` row (chat prompt at weight 0, then target +
+    end-of-turn at 1 per token, or 1/n with target_weighting=row) or an `lm` row (text +
+    `<|endoftext|>`, where the vocabulary has it, else the first EOS; 1 on every token after the
+    first, which has nothing to be predicted from)."""
     if row.prompt is None:
         end = tok.tokenizer.token_to_id("<|endoftext|>")
         ids = encode_text(tok, row.target)[0] + [tok.eos_token_ids[0] if end is None else end]
@@ -342,20 +440,22 @@ def encode_text_row(tok: QwenTokenizer, row: TextRow, cfg: SFTConfig) -> tuple[l
     return prompt + target, [0.0] * len(prompt) + [each] * len(target)
 
 
-def collate(samples: list[tuple[list[int], list[float]]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+def collate(
+    samples: list[tuple[list[int], list[float]]], pad_id: int, device
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Right-padded ids [B, T] and the weights of each next-token target [B, T-1] (0 on padding)."""
     width = max(len(ids) for ids, _ in samples)
     ids = torch.full((len(samples), width), pad_id, dtype=torch.long)
     weights = torch.zeros(len(samples), width)
     for i, (row_ids, row_weights) in enumerate(samples):
-        ids[i, :len(row_ids)] = torch.tensor(row_ids)
-        weights[i, :len(row_weights)] = torch.tensor(row_weights)
+        ids[i, : len(row_ids)] = torch.tensor(row_ids)
+        weights[i, : len(row_weights)] = torch.tensor(row_weights)
     return ids.to(device), weights[:, 1:].to(device)
 
 
 def sft_loss(logp: torch.Tensor, weights: torch.Tensor, n_completions: float) -> torch.Tensor:
-    """-(1 / N) sum w_t log p_t: this micro-batch's part of the update's loss (N over the whole update: its rows,
-    or its loss tokens when each token weighs the same, `update_norm`)."""
+    """-(1 / N) sum w_t log p_t: this micro-batch's part of the update's loss (N over the whole
+    update: its rows, or its loss tokens when each token weighs the same, `update_norm`)."""
     return -(weights * logp).sum() / n_completions
 
 
@@ -371,34 +471,51 @@ def backward_update(model: Qwen, micro_batches, n_completions: int) -> float:
 
 
 def update_norm(samples, update: list[int], cfg: SFTConfig) -> float:
-    """N of `sft_loss` for one update: its number of rows when each row shares weight 1 (clue, target with
-    target_weighting=row), else its number of weighted tokens (lm, target by token)."""
-    by_row = cfg.objective == "clue" or (cfg.objective == "target" and cfg.target_weighting == "row")
+    """N of `sft_loss` for one update: its number of rows when each row shares weight 1 (clue,
+    target with target_weighting=row), else its number of weighted tokens (lm, target by token)."""
+    by_row = cfg.objective == "clue" or (
+        cfg.objective == "target" and cfg.target_weighting == "row"
+    )
     return float(len(update) if by_row else sum(sum(w > 0 for w in samples[i][1]) for i in update))
 
 
 def update_rows(n_rows: int, step: int, group: int, seed: int) -> list[int]:
-    """Row indices of optimizer update `step`: each epoch a fresh permutation (seed + epoch), cut into
-    consecutive groups of `group` = batch size x accumulation x world size (the last may be short)."""
+    """Row indices of optimizer update `step`: each epoch a fresh permutation (seed + epoch), cut
+    into consecutive groups of `group` = batch size x accumulation x world size (the last may be
+    short)."""
     per_epoch = math.ceil(n_rows / group)
     epoch, position = divmod(step, per_epoch)
     order = torch.randperm(n_rows, generator=torch.Generator().manual_seed(seed + epoch)).tolist()
-    return order[position * group:(position + 1) * group]
+    return order[position * group : (position + 1) * group]
 
 
-# ----------------------------------------------------------------------------- sampling and selection
+# --------------------------------------------------------------------------- sampling and selection
 
 
-def heldout_macro_f1(model: Qwen, tok: QwenTokenizer, heldout: list[Row], cfg: SFTConfig, rank: int,
-                     world: int) -> dict[str, float]:
-    """Sample every held-out prompt once (each rank its share, sampling.sample_completions) and score
-    macro F1 per task (data.f1_scores). Predictions travel between ranks as label indicators."""
+def heldout_macro_f1(
+    model: Qwen, tok: QwenTokenizer, heldout: list[Row], cfg: SFTConfig, rank: int, world: int
+) -> dict[str, float]:
+    """Sample every held-out prompt once (each rank its share, sampling.sample_completions) and
+    score macro F1 per task (data.f1_scores). Predictions travel between ranks as label
+    indicators."""
     s = cfg.selection
     mine = list(range(rank, len(heldout), world))
-    sampling = SamplingConfig(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
-                              max_new_tokens=s.max_new_tokens, enable_thinking=cfg.enable_thinking)
-    texts = sample_completions(model, tok, [heldout[i].prompt for i in mine], [heldout[i].id for i in mine],
-                               sampling, seed=s.seed, batch_size=s.batch_size)
+    sampling = SamplingConfig(
+        temperature=s.temperature,
+        top_p=s.top_p,
+        top_k=s.top_k,
+        max_new_tokens=s.max_new_tokens,
+        enable_thinking=cfg.enable_thinking,
+    )
+    texts = sample_completions(
+        model,
+        tok,
+        [heldout[i].prompt for i in mine],
+        [heldout[i].id for i in mine],
+        sampling,
+        seed=s.seed,
+        batch_size=s.batch_size,
+    )
     width = 1 + max(len(get_task(r.task).labels) for r in heldout)
     found = torch.zeros(len(heldout), width, device=model.device)  # column 0: the answer is valid
     for i, [text] in zip(mine, texts):
@@ -412,8 +529,11 @@ def heldout_macro_f1(model: Qwen, tok: QwenTokenizer, heldout: list[Row], cfg: S
     for task in dict.fromkeys(r.task for r in heldout):
         spec, items = get_task(task), [(r, f) for r, f in zip(heldout, found) if r.task == task]
         pred = [[n for n, x in zip(spec.labels, f[1:]) if x] if f[0] else None for _, f in items]
-        macro = f1_scores([r.labels for r, _ in items], pred, list(spec.labels), spec.catch_all)["macro"]
-        scores[task] = 0.0 if macro is None else macro  # None: every held-out target is the catch-all
+        macro = f1_scores([r.labels for r, _ in items], pred, list(spec.labels), spec.catch_all)[
+            "macro"
+        ]
+        # None: every held-out target is the catch-all
+        scores[task] = 0.0 if macro is None else macro
     return scores
 
 
@@ -426,20 +546,30 @@ def _dtype(cfg: SFTConfig, device: torch.device) -> str:
 
 def split_rows(cfg: SFTConfig) -> tuple[list[Row], list[Row]]:
     """(training rows, held-out targets): the targets are drawn from `selection.data` or the rows,
-    and every row sharing one is left out of training (the count is printed). Objectives other than clue hold
-    nothing out."""
+    and every row sharing one is left out of training (the count is printed). Objectives other than
+    clue hold nothing out."""
     if cfg.objective != "clue":
         print0(f"objective {cfg.objective}: no checkpoint selection, best/ is the last adapter")
         return load_rows(cfg.data, cfg.objective), []
     rows = load_rows(cfg.data)
-    pool = rows if cfg.selection.data is None else [row_from_example(e, "") for e in load_jsonl(cfg.selection.data)]
+    pool = (
+        rows
+        if cfg.selection.data is None
+        else [row_from_example(e, "") for e in load_jsonl(cfg.selection.data)]
+    )
     heldout = hold_out(pool, cfg.selection.per_task, cfg.seed) if cfg.selection.per_task > 0 else []
     kept = [r for r in rows if not any(shares_target(r, h) for h in heldout)]
-    counts = ", ".join(f"{t} {sum(h.task == t for h in heldout)}" for t in dict.fromkeys(h.task for h in heldout))
-    print0(f"held out {len(heldout)} targets ({counts or 'selection off'}); {len(rows) - len(kept)} of {len(rows)} "
-           f"rows share one and are left out of training")
+    counts = ", ".join(
+        f"{t} {sum(h.task == t for h in heldout)}" for t in dict.fromkeys(h.task for h in heldout)
+    )
+    print0(
+        f"held out {len(heldout)} targets ({counts or 'selection off'}); {len(rows) - len(kept)} "
+        f"of {len(rows)} rows share one and are left out of training"
+    )
     if not kept:
-        raise DataError(f"{cfg.data}: every row shares a held-out target; add rows or lower selection.per_task")
+        raise DataError(
+            f"{cfg.data}: every row shares a held-out target; add rows or lower selection.per_task"
+        )
     return kept, heldout
 
 
@@ -454,7 +584,10 @@ def train(cfg: SFTConfig) -> Path:
     tag_ids = add_special_tokens(model, tok, [EVIDENCE_OPEN, EVIDENCE_CLOSE]) if clue else []
     encode = encode_row if clue else encode_text_row
     samples = [s for s in (encode(tok, r, cfg) for r in kept) if len(s[0]) <= cfg.max_length]
-    print0(f"{len(samples)} training rows ({len(kept) - len(samples)} longer than max_length={cfg.max_length} skipped)")
+    print0(
+        f"{len(samples)} training rows ({len(kept) - len(samples)} longer than "
+        f"max_length={cfg.max_length} skipped)"
+    )
     if not samples:
         raise DataError(f"{cfg.data}: no training rows left")
     torch.manual_seed(cfg.seed)
@@ -465,16 +598,22 @@ def train(cfg: SFTConfig) -> Path:
     if cfg.finetune == "full":
         shard_model(model, ranks.device)
     model.gradient_checkpointing = cfg.gradient_checkpointing
-    optimizer, meta, checkpoint = resume(out, model, lambda: build_optimizer(
-        model, cfg.lr, cfg.weight_decay, cfg.betas, cfg.row_lr_scale), cfg.resume == "auto")
+    optimizer, meta, checkpoint = resume(
+        out,
+        model,
+        lambda: build_optimizer(model, cfg.lr, cfg.weight_decay, cfg.betas, cfg.row_lr_scale),
+        cfg.resume == "auto",
+    )
     params = optimizer_parameters(optimizer)
     first, state = 0, {"rows": len(samples), "selection": [], "best": None}
     if meta is None:
         torch.manual_seed(cfg.seed + ranks.rank)  # dropout masks differ across ranks
     else:
         if meta["trainer"]["rows"] != len(samples):
-            raise DataError(f"{checkpoint}: written for {meta['trainer']['rows']} training rows, the data now give "
-                            f"{len(samples)}; resume needs the same data (or resume=none)")
+            raise DataError(
+                f"{checkpoint}: written for {meta['trainer']['rows']} training rows, the data now "
+                f"give {len(samples)}; resume needs the same data (or resume=none)"
+            )
         first, state = meta["step"], meta["trainer"]
         print0(f"resuming from {checkpoint} (step {first})")
     group = cfg.batch_size * cfg.grad_accum * ranks.world_size
@@ -490,21 +629,36 @@ def train(cfg: SFTConfig) -> Path:
             lr = linear_warmup_decay(step, total, cfg.lr, cfg.warmup_fraction, cfg.warmup_steps)
             set_lr(optimizer, lr)
             update = update_rows(len(samples), step, group, cfg.seed)
-            mine = update[ranks.rank::ranks.world_size]
-            batches = [collate([samples[i] for i in mine[j:j + cfg.batch_size]], pad, ranks.device)
-                       for j in range(0, len(mine), cfg.batch_size)]
-            if is_sharded(model):  # every rank runs the same forwards and backwards: pad with ones weighing 0
-                batches = pad_batches(batches, collate([([pad, pad], [0.0, 0.0])], pad, ranks.device), ranks.device)
+            mine = update[ranks.rank :: ranks.world_size]
+            batches = [
+                collate([samples[i] for i in mine[j : j + cfg.batch_size]], pad, ranks.device)
+                for j in range(0, len(mine), cfg.batch_size)
+            ]
+            # every rank runs the same forwards and backwards: pad with ones weighing 0
+            if is_sharded(model):
+                batches = pad_batches(
+                    batches, collate([([pad, pad], [0.0, 0.0])], pad, ranks.device), ranks.device
+                )
             optimizer.zero_grad(set_to_none=True)
             loss = backward_update(model, batches, update_norm(samples, update, cfg))
             sync_gradients(params)
             grad_norm = clip_gradients(params, cfg.max_grad_norm)
             optimizer.step()
             tokens = sum(len(samples[i][0]) for i in update)
-            loss = all_reduce_sum(torch.tensor([loss], dtype=torch.float64, device=ranks.device)).item()
+            loss = all_reduce_sum(
+                torch.tensor([loss], dtype=torch.float64, device=ranks.device)
+            ).item()
             done = step + 1
-            record = {"step": done, "epoch": done / per_epoch, "loss": loss, "lr": lr, "grad_norm": grad_norm}
-            metrics.write(record | progress.log(step, tokens, loss=loss, lr=lr, grad_norm=grad_norm))
+            record = {
+                "step": done,
+                "epoch": done / per_epoch,
+                "loss": loss,
+                "lr": lr,
+                "grad_norm": grad_norm,
+            }
+            metrics.write(
+                record | progress.log(step, tokens, loss=loss, lr=lr, grad_norm=grad_norm)
+            )
             epoch_end = done % per_epoch == 0
             if heldout and (epoch_end or (cfg.selection.every and done % cfg.selection.every == 0)):
                 _select(model, tok, heldout, cfg, ranks, done, state, metrics)
@@ -520,29 +674,44 @@ def train(cfg: SFTConfig) -> Path:
         if cfg.save_merged:
             with atomic_folder(out / "merged") as tmp:
                 save_merged(load_adapter(model, out / "best"), tok, tmp)
-        best = f" (step {state['best']['step']}, mean macro F1 {state['best']['mean_macro_f1']:.4f})" \
-            if state["best"] else ""
+        best = (
+            f" (step {state['best']['step']}, mean macro F1 {state['best']['mean_macro_f1']:.4f})"
+            if state["best"]
+            else ""
+        )
         print0(f"done: {out / 'best'}{best}")
     return out
 
 
 def _select(model, tok, heldout, cfg, ranks, step: int, state: dict, metrics) -> None:
-    """Score the held-out targets at `step`, log them, and keep the adapter when it is the best so far."""
+    """Score the held-out targets at `step`, log them, and keep the adapter when it is the best so
+    far."""
     # a full-parameter run samples from whole weights: no collective per token
     with gathered(model) if is_sharded(model) else contextlib.nullcontext():
         scores = heldout_macro_f1(model, tok, heldout, cfg, ranks.rank, ranks.world_size)
     mean = sum(scores.values()) / len(scores)
     state["selection"].append({"step": step, "macro_f1": scores, "mean_macro_f1": mean})
-    metrics.write({"step": step, **{f"eval/{t}/macro_f1": f for t, f in scores.items()}, "eval/mean_macro_f1": mean})
+    metrics.write(
+        {
+            "step": step,
+            **{f"eval/{t}/macro_f1": f for t, f in scores.items()},
+            "eval/mean_macro_f1": mean,
+        }
+    )
     better = state["best"] is None or mean > state["best"]["mean_macro_f1"]
     if better:
         state["best"] = {"step": step, "mean_macro_f1": mean}
         save_model(model, tok, Path(cfg.output_dir) / "best", ranks, with_tokenizer=True)
     if ranks.main:
         table = {"best_step": state["best"]["step"], "steps": state["selection"]}
-        atomic_write_text(Path(cfg.output_dir) / "selection.json", json.dumps(table, indent=1) + "\n")
+        atomic_write_text(
+            Path(cfg.output_dir) / "selection.json", json.dumps(table, indent=1) + "\n"
+        )
     shown = ", ".join(f"{t} {f:.4f}" for t, f in scores.items())
-    print0(f"selection at step {step}: mean macro F1 {mean:.4f} ({shown}){' (best so far)' if better else ''}")
+    print0(
+        f"selection at step {step}: mean macro F1 {mean:.4f} "
+        f"({shown}){' (best so far)' if better else ''}"
+    )
 
 
 # ----------------------------------------------------------------------------- command line
@@ -551,8 +720,11 @@ def _select(model, tok, heldout, cfg, ranks, step: int, state: dict, metrics) ->
 def main(argv=None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["prepare"]:
-        print("`sft.py prepare` moved: run `python prepare_traces.py CFG` (CLUE traces) or "
-              "`python emollm_data.py CFG` (EmoLLM Stage I rows)", file=sys.stderr)
+        print(
+            "`sft.py prepare` moved: run `python prepare_traces.py CFG` (CLUE traces) or "
+            "`python emollm_data.py CFG` (EmoLLM Stage I rows)",
+            file=sys.stderr,
+        )
         raise SystemExit(2)
     cfg = parse_cli(SFTConfig, argv)
     try:

@@ -1,6 +1,7 @@
-"""What the trainers share, and nothing else: AdamW parameter groups, the learning-rate schedules, the gradient
-all-reduce and clipping, the LoRA settings, a clean stop on Ctrl-C / SIGTERM, and the rank-0 progress line. The processes and their
-collectives are distributed.py's, sharding fsdp.py's, checkpoints checkpoint.py's."""
+"""What the trainers share, and nothing else: AdamW parameter groups, the learning-rate schedules,
+the gradient all-reduce and clipping, the LoRA settings, a clean stop on Ctrl-C / SIGTERM, and the
+rank-0 progress line. The processes and their collectives are distributed.py's, sharding fsdp.py's,
+checkpoints checkpoint.py's."""
 
 from __future__ import annotations
 
@@ -18,23 +19,32 @@ from distributed import all_reduce_sum, is_distributed
 from fsdp import clip_sharded
 from model import LORA_TARGETS, Qwen, lora_modules
 
-# ----------------------------------------------------------------------------- optimizer and schedules
+# -------------------------------------------------------------------------- optimizer and schedules
 
 
 def trainable_groups(model: Qwen) -> tuple[list[torch.nn.Parameter], list[torch.nn.Parameter]]:
-    """(LoRA factors, trainable token rows) of the model, in a fixed order; without LoRA (a full-parameter run) every
-    trainable parameter but the rows takes the LoRA factors' place."""
+    """(LoRA factors, trainable token rows) of the model, in a fixed order; without LoRA (a
+    full-parameter run) every trainable parameter but the rows takes the LoRA factors' place."""
     rows = [] if model.embed_rows is None else [model.embed_rows]
     if model.head_rows is not None and model.head_rows is not model.embed_rows:
         rows.append(model.head_rows)
     rows = [p for p in rows if p.requires_grad]
     if not lora_modules(model):
-        return [p for p in model.parameters() if p.requires_grad and all(p is not r for r in rows)], rows
-    return [p for m in lora_modules(model).values() for p in (m.lora_A, m.lora_B) if p.requires_grad], rows
+        return [
+            p for p in model.parameters() if p.requires_grad and all(p is not r for r in rows)
+        ], rows
+    return [
+        p for m in lora_modules(model).values() for p in (m.lora_A, m.lora_B) if p.requires_grad
+    ], rows
 
 
-def build_optimizer(model: Qwen, lr: float, weight_decay: float, betas: tuple[float, float],
-                    row_lr_scale: float = 1.0) -> torch.optim.AdamW:
+def build_optimizer(
+    model: Qwen,
+    lr: float,
+    weight_decay: float,
+    betas: tuple[float, float],
+    row_lr_scale: float = 1.0,
+) -> torch.optim.AdamW:
     """AdamW over the trainable parameters: the LoRA factors at `lr` with weight decay, the token
     rows (the `<evidence>` rows in SFT) at `row_lr_scale` x `lr` without it. Each group keeps its
     `lr_scale`, which `set_lr` applies."""
@@ -48,8 +58,8 @@ def build_optimizer(model: Qwen, lr: float, weight_decay: float, betas: tuple[fl
 def sync_gradients(params: list[torch.nn.Parameter]) -> None:
     """Sum the gradients of the trainable parameters over the ranks, in one flat all-reduce. The
     trainers normalize each loss by counts taken over the whole update on all ranks, so the sum is
-    the gradient of the global loss. The frozen base never has gradients and is never sent; sharded parameters (a
-    full-parameter run) had theirs reduce-scattered by FSDP in backward."""
+    the gradient of the global loss. The frozen base never has gradients and is never sent; sharded
+    parameters (a full-parameter run) had theirs reduce-scattered by FSDP in backward."""
     params = [p for p in params if not isinstance(p, DTensor)]
     if not is_distributed() or not params:
         return
@@ -60,7 +70,7 @@ def sync_gradients(params: list[torch.nn.Parameter]) -> None:
     dist.all_reduce(flat)
     offset = 0
     for p in params:
-        p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))
+        p.grad.copy_(flat[offset : offset + p.numel()].view_as(p))
         offset += p.numel()
 
 
@@ -81,23 +91,33 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
         group["lr"] = lr * group["lr_scale"]
 
 
-def linear_warmup_decay(step: int, total_steps: int, peak: float, warmup_fraction: float = 0.01,
-                        warmup_steps: int | None = None) -> float:
+def linear_warmup_decay(
+    step: int,
+    total_steps: int,
+    peak: float,
+    warmup_fraction: float = 0.01,
+    warmup_steps: int | None = None,
+) -> float:
     """The SFT schedule (CLUE A.1): the LR of optimizer step `step` (0-based) rises linearly to
     `peak` over the first `warmup_fraction` of the steps, or the first `warmup_steps` when given
     (at least one), reaching it at the last warm-up step, then decays linearly, reaching 0 at step
     `total_steps`."""
-    warmup = max(1, math.ceil(warmup_fraction * total_steps) if warmup_steps is None else warmup_steps)
+    warmup = max(
+        1, math.ceil(warmup_fraction * total_steps) if warmup_steps is None else warmup_steps
+    )
     if step < warmup:
         return peak * (step + 1) / warmup
     return peak * max(0.0, (total_steps - step) / max(1, total_steps - warmup))
 
 
-def warmup_hold_cosine(update: int, peak: float, floor: float, warmup: int, hold_until: int, total: int) -> float:
-    """The RL schedule (CLUE A.2) at `update`, counted from 1 as the paper counts (1..total): update 1
-    runs at `floor`, and the rate rises linearly over `warmup` updates to `peak` at update warmup + 1
-    (warmup = 0: update 1 runs at the peak); it holds through update `hold_until`, then a cosine takes it
-    back to `floor` at update `total`, the last one that runs (507 is the first below the peak)."""
+def warmup_hold_cosine(
+    update: int, peak: float, floor: float, warmup: int, hold_until: int, total: int
+) -> float:
+    """The RL schedule (CLUE A.2) at `update`, counted from 1 as the paper counts (1..total): update
+    1 runs at `floor`, and the rate rises linearly over `warmup` updates to `peak` at update warmup
+    + 1 (warmup = 0: update 1 runs at the peak); it holds through update `hold_until`, then a cosine
+    takes it back to `floor` at update `total`, the last one that runs (507 is the first below the
+    peak)."""
     if update <= warmup:
         return floor + (peak - floor) * (update - 1) / warmup
     if update <= hold_until:
@@ -115,23 +135,27 @@ class LoraSettings:  # not in the papers: the common r 16 / alpha 32 on every pr
 
 
 def finetune_settings(finetune: str, lora, save_merged: bool, defaults):
-    """A trainer config's `lora` section as the run uses it: `defaults` when a LoRA run leaves it out, None in a
-    full-parameter run, which takes no LoRA-only key (a ConfigError naming the key, for config.py to place)."""
+    """A trainer config's `lora` section as the run uses it: `defaults` when a LoRA run leaves it
+    out, None in a full-parameter run, which takes no LoRA-only key (a ConfigError naming the key,
+    for config.py to place)."""
     if finetune == "lora":
         return defaults if lora is None else lora
     for key, given in (("lora", lora is not None), ("save_merged", save_merged)):
         if given:
-            raise ConfigError(f"{key}: a LoRA-only setting, but finetune is full (remove it, or set finetune: lora)")
+            raise ConfigError(
+                f"{key}: a LoRA-only setting, but finetune is full (remove it, or set finetune: "
+                f"lora)"
+            )
     return None
 
 
-# ----------------------------------------------------------------------------- stopping and progress
+# ---------------------------------------------------------------------------- stopping and progress
 
 
 class StopRequest:
-    """Ctrl-C or SIGTERM asks the run to stop instead of killing it: the trainer checks `requested()`
-    after each step, saves a checkpoint and exits. A second Ctrl-C interrupts at once. Under
-    torchrun the flag is agreed over all ranks, so they stop after the same step."""
+    """Ctrl-C or SIGTERM asks the run to stop instead of killing it: the trainer checks
+    `requested()` after each step, saves a checkpoint and exits. A second Ctrl-C interrupts at once.
+    Under torchrun the flag is agreed over all ranks, so they stop after the same step."""
 
     def __init__(self):
         self.flag = False
@@ -141,7 +165,10 @@ class StopRequest:
         if self.flag and signum == signal.SIGINT:
             raise KeyboardInterrupt
         self.flag = True
-        print0(f"\n{signal.Signals(signum).name}: stopping after this step (a checkpoint will be saved)")
+        print0(
+            f"\n{signal.Signals(signum).name}: stopping after this step (a checkpoint will be "
+            f"saved)"
+        )
 
     def __enter__(self) -> StopRequest:
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -178,5 +205,7 @@ class Progress:
         eta = elapsed / max(1, done) * (self.total - step - 1)
         shown = " | ".join(f"{k} {v:.4g}" for k, v in values.items())
         speed = self.tokens / max(elapsed, 1e-9)
-        print0(f"step {step + 1}/{self.total} | {shown} | {speed:,.0f} tok/s | ETA {_duration(eta)}")
+        print0(
+            f"step {step + 1}/{self.total} | {shown} | {speed:,.0f} tok/s | ETA {_duration(eta)}"
+        )
         return {"tokens_per_s": speed, "elapsed_s": elapsed}

@@ -68,9 +68,11 @@ EVIDENCE_OPEN, EVIDENCE_CLOSE = "<evidence>", "</evidence>"  # the evidence tags
 # entries may be single characters or words. Extend a language by adding strings to its sets.
 PROTECTED: dict[str, dict[str, set[str]]] = {
     "negation": {
-        "en": set("not no never nothing nobody none noone nowhere neither nor cannot without hardly "
-                  "barely nope nah dont doesnt didnt isnt arent wasnt werent wont wouldnt cant couldnt "
-                  "shouldnt hasnt havent hadnt aint mustnt neednt shant mightnt".split()),
+        "en": set(
+            "not no never nothing nobody none noone nowhere neither nor cannot without hardly "
+            "barely nope nah dont doesnt didnt isnt arent wasnt werent wont wouldnt cant couldnt "
+            "shouldnt hasnt havent hadnt aint mustnt neednt shant mightnt".split()
+        ),
         "zh": set("不 没 沒 别 別 未 无 無 非 勿 莫 否 甭".split()),
         "ja": set("無い いいえ だめ ダメ 不 無 非 未".split()),
     },
@@ -78,48 +80,91 @@ PROTECTED: dict[str, dict[str, set[str]]] = {
         "ja": set("ない ません なかった ず ぬ じゃない ではない".split()),
     },
     "pronoun": {
-        "en": set("i me my mine myself you your yours yourself yourselves he him his himself she her hers "
-                  "herself it its itself we us our ours ourselves they them their theirs themselves this "
-                  "that these those who whom whose someone somebody everyone everybody anyone anybody "
-                  "im ive id ill youre youve youd youll hes hed shes shed were weve wed well theyre "
-                  "theyve theyd theyll lets".split()),
-        "zh": set("我 你 妳 您 他 她 它 牠 祂 们 們 咱 俺 这 這 那 哪 谁 誰 啥 其 此 自己 人家 大家".split()),
-        "ja": set("私 僕 俺 我 君 彼 貴方 あなた あんた わたし わたくし ぼく おれ きみ 彼女 彼ら 自分 "
-                  "これ それ あれ この その あの ここ そこ あそこ 誰 だれ".split()),
+        "en": set(
+            (
+                "i me my mine myself you your yours yourself yourselves he him his himself she "
+                "her hers herself it its itself we us our ours ourselves they them their theirs "
+                "themselves this that these those who whom whose someone somebody everyone "
+                "everybody anyone anybody im ive id ill youre youve youd youll hes hed shes shed "
+                "were weve wed well theyre theyve theyd theyll lets"
+            ).split()
+        ),
+        "zh": set(
+            (
+                "我 你 妳 您 他 她 它 牠 祂 们 們 咱 俺 这 這 那 哪 谁 誰 啥 其 此 自己 人家 大家"
+            ).split()
+        ),
+        "ja": set(
+            "私 僕 俺 我 君 彼 貴方 あなた あんた わたし わたくし ぼく おれ きみ 彼女 彼ら 自分 "
+            "これ それ あれ この その あの ここ そこ あそこ 誰 だれ".split()
+        ),
     },
     "conjunction": {
-        "en": set("and but or so yet because cause although though if unless while whereas since until "
-                  "till either whether than".split()),
-        "zh": set("和 与 與 跟 及 而 但 却 卻 或 且 并 並 因为 因為 所以 虽然 雖然 但是 可是 不过 不過 "
-                  "如果 要是 而且 或者 还是 還是 然后 然後 于是 於是 既然 即使 尽管 儘管 只要 除非 无论 無論".split()),
-        "ja": set("そして しかし でも だから それで また および または けれども けど ところが なのに ただし "
-                  "つまり".split()),
+        "en": set(
+            "and but or so yet because cause although though if unless while whereas since until "
+            "till either whether than".split()
+        ),
+        "zh": set(
+            (
+                "和 与 與 跟 及 而 但 却 卻 或 且 并 並 因为 因為 所以 虽然 雖然 但是 可是 不过 "
+                "不過 如果 要是 而且 或者 还是 還是 然后 然後 于是 於是 既然 即使 尽管 儘管 只要 "
+                "除非 无论 無論"
+            ).split()
+        ),
+        "ja": set(
+            (
+                "そして しかし でも だから それで また および または けれども けど ところが "
+                "なのに ただし つまり"
+            ).split()
+        ),
     },
     "particle": {
-        "zh": set("了 吗 嗎 呢 吧 啊 呀 的 地 得 着 著 过 過 嘛 啦 哦 喔 么 麼 呗 唄 哇 嘞 咯".split()),
-        "ja": set("は が を に で と も の へ や か ね よ な わ から まで より だけ しか ばかり ほど など "
-                  "って のに ので".split()),
+        "zh": set(
+            "了 吗 嗎 呢 吧 啊 呀 的 地 得 着 著 过 過 嘛 啦 哦 喔 么 麼 呗 唄 哇 嘞 咯".split()
+        ),
+        "ja": set(
+            (
+                "は が を に で と も の へ や か ね よ な わ から まで より だけ しか ばかり "
+                "ほど など って のに ので"
+            ).split()
+        ),
     },
     "numeral": {
-        "en": set("zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen "
-                  "fifteen sixteen seventeen eighteen nineteen twenty thirty forty fifty sixty seventy "
-                  "eighty ninety hundred thousand million billion dozen half once twice first second third "
-                  "fourth fifth sixth seventh eighth ninth tenth".split()),
-        "zh": set("〇 零 一 二 三 四 五 六 七 八 九 十 百 千 万 萬 亿 億 两 兩 壹 贰 貳 叁 參 肆 伍 陆 陸 柒 捌 玖 "
-                  "拾 佰 仟 半 几 幾".split()),
+        "en": set(
+            (
+                "zero one two three four five six seven eight nine ten eleven twelve thirteen "
+                "fourteen fifteen sixteen seventeen eighteen nineteen twenty thirty forty fifty "
+                "sixty seventy eighty ninety hundred thousand million billion dozen half once "
+                "twice first second third fourth fifth sixth seventh eighth ninth tenth"
+            ).split()
+        ),
+        "zh": set(
+            (
+                "〇 零 一 二 三 四 五 六 七 八 九 十 百 千 万 萬 亿 億 两 兩 壹 贰 貳 叁 參 肆 伍 "
+                "陆 陸 柒 捌 玖 拾 佰 仟 半 几 幾"
+            ).split()
+        ),
         "ja": set("〇 一 二 三 四 五 六 七 八 九 十 百 千 万 億 兆 半 幾".split()),
     },
 }
 
-_CJK = ("\u3005\u3007\u3041-\u3096\u309d-\u309f\u30a1-\u30fa\u30fc-\u30ff"  # kana and marks
-        "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0003134f")  # CJK ideographs
+_CJK = (
+    "\u3005\u3007\u3041-\u3096\u309d-\u309f\u30a1-\u30fa\u30fc-\u30ff"  # kana and marks
+    "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0003134f"
+)  # CJK ideographs
 _TOKEN = re.compile(rf"\d+(?:[.,:]\d+)+|[{_CJK}]|(?:(?![{_CJK}])[^\W_])+")
 _IS_CJK = re.compile(rf"[{_CJK}]")
 _APOSTROPHES = re.compile("[\u2018\u2019\u201a\u201b\u2032\u02bc\u02b9`\u00b4\u0091\u0092]")
 _INNER_APOSTROPHE = re.compile(r"(?<=[^\W_])'(?=[^\W_])")
 _ELLIPSIS = re.compile(r"\.(?:\s*\.)+|[\u2026\u22ef\u2025]+|。{2,}|・{2,}|·{2,}|･{2,}")
-_MOJIBAKE = {"\u00e2\u20ac\u2122": "'", "\u00e2\u20ac\u02dc": "'", "\u00e2\u20ac\u0153": '"',
-             "\u00e2\u20ac\u009d": '"', "\u00e2\u20ac\u00a6": "\u2026", "\u00e2\u20ac\u201d": "-"}
+_MOJIBAKE = {
+    "\u00e2\u20ac\u2122": "'",
+    "\u00e2\u20ac\u02dc": "'",
+    "\u00e2\u20ac\u0153": '"',
+    "\u00e2\u20ac\u009d": '"',
+    "\u00e2\u20ac\u00a6": "\u2026",
+    "\u00e2\u20ac\u201d": "-",
+}
 
 
 def _protected_sets(categories) -> tuple[frozenset[str], frozenset[str], re.Pattern | None]:
@@ -146,8 +191,11 @@ def normalize(text: str) -> str:
         text = text.replace(broken, fixed)
     text = _APOSTROPHES.sub("'", text)
     text = unicodedata.normalize("NFKC", text).casefold()
-    text = "".join(str(unicodedata.digit(c)) if unicodedata.category(c) == "Nd" else c
-                   for c in text if unicodedata.category(c) != "Cf")
+    text = "".join(
+        str(unicodedata.digit(c)) if unicodedata.category(c) == "Nd" else c
+        for c in text
+        if unicodedata.category(c) != "Cf"
+    )
     text = _ELLIPSIS.sub("\u2026", text)
     return " ".join(text.split())
 
@@ -167,7 +215,8 @@ def _marks(text: str, protected) -> tuple[list[bool], list[int]]:
             marked[m.start()] = True
     if cjk_words is not None:
         for m in cjk_words.finditer(text):
-            word = word_id[m.start(1)] if word_id[m.start(1)] >= 0 else m.start(1)  # overlapping words are one
+            # overlapping words are one
+            word = word_id[m.start(1)] if word_id[m.start(1)] >= 0 else m.start(1)
             for i in range(m.start(1), m.end(1)):
                 marked[i], word_id[i] = True, word
     return marked, word_id
@@ -175,10 +224,11 @@ def _marks(text: str, protected) -> tuple[list[bool], list[int]]:
 
 @dataclass(frozen=True)
 class _Tokens:
-    """A text as tokens. rigid: protected (never edited, dropped or added). A quotation may not begin
-    at token j when no_start[j], nor end just before it when no_end[j]: the cut would split a
+    """A text as tokens. rigid: protected (never edited, dropped or added). A quotation may not
+    begin at token j when no_start[j], nor end just before it when no_end[j]: the cut would split a
     protected CJK word, or leave out a negation written tight against (no punctuation between) the
     words it negates. turn_of: the utterance each token came from (conversations only)."""
+
     tokens: tuple[str, ...]
     rigid: tuple[bool, ...]
     no_start: tuple[bool, ...]
@@ -200,7 +250,7 @@ def _tokenize(normalized: str) -> _Tokens:
             no_start.append(False)
             no_end.append(False)
         else:
-            tight = not text[previous.end():at].strip()
+            tight = not text[previous.end() : at].strip()
             same_word = word_id[at] >= 0 and word_id[at] == word_id[previous.start()]
             no_start.append(same_word or (tight and negation[previous.start()]))
             no_end.append(same_word or (tight and negation_suffix[at]))
@@ -238,7 +288,13 @@ def _conversation(utterances: tuple[str, ...]) -> _Conversation:
         position += len(token) + 1
         positions.setdefault(token, []).append(index)
     joined = "\0" + "\0".join(tokens) + "\0"
-    text = _Tokens(tuple(tokens), tuple(rigid), tuple(no_start) + (False,), tuple(no_end) + (False,), tuple(turn_of))
+    text = _Tokens(
+        tuple(tokens),
+        tuple(rigid),
+        tuple(no_start) + (False,),
+        tuple(no_end) + (False,),
+        tuple(turn_of),
+    )
     return _Conversation(text, joined, tuple(offsets), positions)
 
 
@@ -292,8 +348,9 @@ class _Work:
             raise _OutOfWork
 
 
-def _candidate_windows(q: _Tokens, conv: _Conversation, start: int, budget: int,
-                       work: _Work) -> list[tuple[int, int]]:
+def _candidate_windows(
+    q: _Tokens, conv: _Conversation, start: int, budget: int, work: _Work
+) -> list[tuple[int, int]]:
     """Conversation token ranges that can hold an alignment of cost <= budget beginning at or after
     `start`. Every edit costs at least 1, so such an alignment leaves at least len(q) - budget quote
     tokens matched exactly, all on diagonals (conversation index - quote index) within `budget` of
@@ -305,7 +362,9 @@ def _candidate_windows(q: _Tokens, conv: _Conversation, start: int, budget: int,
     found = [conv.positions.get(token, []) for token in q.tokens]
     first = [bisect.bisect_left(positions, start) for positions in found]
     work.spend(sum(len(positions) - k for positions, k in zip(found, first)))
-    diagonals = sorted(p - i for i, (positions, k) in enumerate(zip(found, first)) for p in positions[k:])
+    diagonals = sorted(
+        p - i for i, (positions, k) in enumerate(zip(found, first)) for p in positions[k:]
+    )
     windows: list[tuple[int, int]] = []
     right = 0
     for left, d in enumerate(diagonals):
@@ -353,7 +412,8 @@ def _align(q: _Tokens, conv: _Tokens, lo: int, hi: int, budget: int) -> tuple[in
 def _find(q: _Tokens, conv: _Conversation, start: int, work: _Work) -> tuple[int, int] | None:
     """The earliest-ending match of the quote tokens in the conversation at or after token `start`.
     Windows are aligned in pieces that overlap by the longest a match can be (every quote token plus
-    `budget` skipped characters), so each match lies whole in a piece and work is spent as it goes."""
+    `budget` skipped characters), so each match lies whole in a piece and work is spent as it
+    goes."""
     budget = _edit_budget(q.tokens)
     reach = len(q.tokens) + budget
     for lo, hi in _candidate_windows(q, conv, start, budget, work):
@@ -389,9 +449,11 @@ def _locate(q: _Tokens, conv: _Conversation, start: int, work: _Work) -> tuple[i
         return _find_exact(q, conv, start)
 
 
-def _match(quote: str, conversation: list[str] | tuple[str, ...] | str,
-           exact: bool = False) -> list[tuple[int, int]] | None:
-    """Token spans in the conversation that the quotation (or each of its fragments) matched, or None."""
+def _match(
+    quote: str, conversation: list[str] | tuple[str, ...] | str, exact: bool = False
+) -> list[tuple[int, int]] | None:
+    """Token spans in the conversation that the quotation (or each of its fragments) matched, or
+    None."""
     if len(quote) > 16 * MAX_QUOTE_TOKENS:
         return None
     text = normalize(quote)
@@ -405,7 +467,9 @@ def _match(quote: str, conversation: list[str] | tuple[str, ...] | str,
     if exact:
         return None
     fragments = [f for f in map(_tokenize, text.split("\u2026")) if f.tokens]
-    if not 2 <= len(fragments) <= MAX_FRAGMENTS or any(len(f.tokens) < MIN_FRAGMENT_TOKENS for f in fragments):
+    if not 2 <= len(fragments) <= MAX_FRAGMENTS or any(
+        len(f.tokens) < MIN_FRAGMENT_TOKENS for f in fragments
+    ):
         return None
     spans, start, work = [], 0, _Work()
     for fragment in fragments:
@@ -426,18 +490,23 @@ def verify_quote(quote: str, conversation: list[str] | str, exact: bool = False)
 
 
 def locate_quote(quote: str, conversation: list[str] | str) -> list[int]:
-    """Indices of the utterances a verified quotation matched (ascending); [] when it does not verify."""
+    """Indices of the utterances a verified quotation matched (ascending); [] when it does not
+    verify."""
     spans = _match(quote, conversation)
     if spans is None:
         return []
-    turn_of = _conversation((conversation,) if isinstance(conversation, str) else tuple(conversation)).text.turn_of
+    turn_of = _conversation(
+        (conversation,) if isinstance(conversation, str) else tuple(conversation)
+    ).text.turn_of
     return sorted({turn_of[i] for a, b in spans for i in range(a, b)})
 
 
 # ----------------------------------------------------------------------------- evidence tags
 
 _TAG = re.compile(f"{re.escape(EVIDENCE_OPEN)}|{re.escape(EVIDENCE_CLOSE)}")
-_QUOTATION = re.compile(f"{re.escape(EVIDENCE_OPEN)}.*?(?={_TAG.pattern}|\\Z)|{re.escape(EVIDENCE_CLOSE)}", re.DOTALL)
+_QUOTATION = re.compile(
+    f"{re.escape(EVIDENCE_OPEN)}.*?(?={_TAG.pattern}|\\Z)|{re.escape(EVIDENCE_CLOSE)}", re.DOTALL
+)
 
 
 def extract_quotes(text: str) -> list[str]:
@@ -445,19 +514,23 @@ def extract_quotes(text: str) -> list[str]:
     An unclosed quotation is still a quotation: it has to verify like the others, so a broken tag
     cannot hide an invented quote from the verifier."""
     tags = list(_TAG.finditer(text)) + [None]
-    return [text[tag.end():(after.start() if after else len(text))].strip()
-            for tag, after in zip(tags, tags[1:]) if tag.group() == EVIDENCE_OPEN]
+    return [
+        text[tag.end() : (after.start() if after else len(text))].strip()
+        for tag, after in zip(tags, tags[1:])
+        if tag.group() == EVIDENCE_OPEN
+    ]
 
 
 def without_quotes(text: str) -> str:
-    """The writer's own words: the text with its evidence tags and every quotation that extract_quotes
-    reads replaced by a space."""
+    """The writer's own words: the text with its evidence tags and every quotation that
+    extract_quotes reads replaced by a space."""
     return _QUOTATION.sub(" ", text)
 
 
 def format_score(text: str) -> float:
-    """f = n_closed / (n_open + n_stray). An opener is closed when the next evidence tag after it is a
-    closer; a stray closer is one that closes nothing. f = 1 when the text has no evidence tags."""
+    """f = n_closed / (n_open + n_stray). An opener is closed when the next evidence tag after it is
+    a closer; a stray closer is one that closes nothing. f = 1 when the text has no evidence
+    tags."""
     tags = [m.group() for m in _TAG.finditer(text)]
     if not tags:
         return 1.0
@@ -467,6 +540,11 @@ def format_score(text: str) -> float:
     return n_closed / (n_open + n_stray)
 
 
-def quotes_by_block(blocks: list[str], conversation: list[str] | str) -> list[list[tuple[str, bool]]]:
+def quotes_by_block(
+    blocks: list[str], conversation: list[str] | str
+) -> list[list[tuple[str, bool]]]:
     """For each reasoning block, its quotations with V(e, C) for each."""
-    return [[(quote, verify_quote(quote, conversation)) for quote in extract_quotes(block)] for block in blocks]
+    return [
+        [(quote, verify_quote(quote, conversation)) for quote in extract_quotes(block)]
+        for block in blocks
+    ]

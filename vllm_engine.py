@@ -1,23 +1,26 @@
-"""Rollouts through a vLLM server: grpo.py's `rollout.engine: vllm`. The trainer keeps the weights; vLLM serves the
-same base model and, after every optimizer step, the RL LoRA adapter the trainer just wrote. Everything crosses HTTP
-through judge.post_json (retries with backoff, one-line errors):
+"""Rollouts through a vLLM server: grpo.py's `rollout.engine: vllm`. The trainer keeps the weights;
+vLLM serves the same base model and, after every optimizer step, the RL LoRA adapter the trainer
+just wrote. Everything crosses HTTP through judge.post_json (retries with backoff, one-line errors):
 
-    POST {base_url}/completions          a group's prompt token ids, n = K, the rollout's sampling settings and a
-                                         seed; back: each choice's token ids (`return_tokens_as_token_ids`), the
-                                         chosen tokens' log-probabilities and its finish reason
-    POST {base_url}/load_lora_adapter    {lora_name, lora_path} (the server needs VLLM_ALLOW_RUNTIME_LORA_UPDATING=True)
+    POST {base_url}/completions          a group's prompt token ids, n = K, the rollout's sampling
+                                         settings and a seed; back: each choice's token ids
+                                         (`return_tokens_as_token_ids`), the chosen tokens'
+                                         log-probabilities and its finish reason
+    POST {base_url}/load_lora_adapter    {lora_name, lora_path} (the server needs
+                                         VLLM_ALLOW_RUNTIME_LORA_UPDATING=True)
     POST {base_url}/unload_lora_adapter  {lora_name}: the adapter of the previous update
 
-The server must return log-probabilities of the distribution it samples from, at the rollout temperature
-(`--logprobs-mode processed_logprobs`), which equals model.generate's when top-p is 1, top-k off and the repetition
-penalty 1 (the paper's rollout settings). The trainer still computes logp_old itself; grpo.py logs the gap to the
-sampler's as `logp_mismatch/*` and can correct for it (grpo.tis_weights, `loss.tis_cap`).
+The server must return log-probabilities of the distribution it samples from, at the rollout
+temperature (`--logprobs-mode processed_logprobs`), which equals model.generate's when top-p is 1,
+top-k off and the repetition penalty 1 (the paper's rollout settings). The trainer still computes
+logp_old itself; grpo.py logs the gap to the sampler's as `logp_mismatch/*` and can correct for it
+(grpo.tis_weights, `loss.tis_cap`).
 """
 
 from __future__ import annotations
 
-import json
 import contextlib
+import json
 import logging
 import os
 import shutil
@@ -28,10 +31,10 @@ from pathlib import Path
 import torch
 
 from config import print0
+from distributed import Ranks, all_reduce_sum
 from judge import JudgeError, post_json
 from model import Qwen, lora_disabled, save_adapter, token_logprobs
 from rollout import PromptSampler, RolloutError, VLLMSettings
-from distributed import Ranks, all_reduce_sum
 
 log = logging.getLogger("vllm_engine")
 
@@ -43,7 +46,8 @@ class EngineError(RolloutError):
 
 
 class VLLMEngine:
-    """Sampling and adapter updates against one vLLM server. `name` prefixes this run's adapter names."""
+    """Sampling and adapter updates against one vLLM server. `name` prefixes this run's adapter
+    names."""
 
     def __init__(self, settings: VLLMSettings, name: str, adapter_root: Path):
         self.s, self.name, self.root = settings, name, Path(adapter_root)
@@ -51,70 +55,119 @@ class VLLMEngine:
         if settings.api_key_env:
             self.api_key = os.environ.get(settings.api_key_env) or None
             if self.api_key is None:
-                raise EngineError(f"rollout.vllm.api_key_env: the environment variable {settings.api_key_env} "
-                                  f"is not set")
+                raise EngineError(
+                    f"rollout.vllm.api_key_env: the environment variable {settings.api_key_env} "
+                    f"is not set"
+                )
         self.adapter: str | None = None  # the adapter sampled from; None: the base weights
 
     def _post(self, path: str, body: dict, parse, retries: int | None = None):
         url = self.s.base_url.rstrip("/") + path
         try:
-            return post_json(url, body, parse, api_key=self.api_key, timeout=self.s.timeout,
-                             retries=self.s.retries if retries is None else retries, backoff=self.s.backoff,
-                             max_wait=self.s.max_wait, server="vLLM", expected="a vLLM answer")[0]
+            return post_json(
+                url,
+                body,
+                parse,
+                api_key=self.api_key,
+                timeout=self.s.timeout,
+                retries=self.s.retries if retries is None else retries,
+                backoff=self.s.backoff,
+                max_wait=self.s.max_wait,
+                server="vLLM",
+                expected="a vLLM answer",
+            )[0]
         except JudgeError as e:
             raise EngineError(str(e)) from None
 
-    def request(self, prompt: list[int], n: int, sampling, seed: int, eos: list[int], max_tokens: int | None = None,
-                retries: int | None = None) -> list[tuple[list[int], list[float]]]:
-        """n completions of one prompt: (token ids, ending with the EOS id unless cut at max_tokens; their
-        log-probabilities under the distribution sampled from)."""
-        body = {"model": self.adapter or self.s.model, "prompt": prompt, "n": n,
-                "max_tokens": max_tokens or sampling.max_new_tokens, "temperature": sampling.temperature, "top_p": sampling.top_p,
-                "top_k": sampling.top_k or -1, "repetition_penalty": sampling.repetition_penalty, "stop_token_ids": list(eos),
-                "logprobs": 0, "return_tokens_as_token_ids": True, "skip_special_tokens": False}
+    def request(
+        self,
+        prompt: list[int],
+        n: int,
+        sampling,
+        seed: int,
+        eos: list[int],
+        max_tokens: int | None = None,
+        retries: int | None = None,
+    ) -> list[tuple[list[int], list[float]]]:
+        """n completions of one prompt: (token ids, ending with the EOS id unless cut at max_tokens;
+        their log-probabilities under the distribution sampled from)."""
+        body = {
+            "model": self.adapter or self.s.model,
+            "prompt": prompt,
+            "n": n,
+            "max_tokens": max_tokens or sampling.max_new_tokens,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "top_k": sampling.top_k or -1,
+            "repetition_penalty": sampling.repetition_penalty,
+            "stop_token_ids": list(eos),
+            "logprobs": 0,
+            "return_tokens_as_token_ids": True,
+            "skip_special_tokens": False,
+        }
         if self.s.seeded:
             body["seed"] = seed
         return self._post("/completions", body, lambda raw: _choices(raw, n), retries)
 
-    def generate(self, prompts: list[list[int]], k: int, sampling, seed: int, eos: list[int]) -> tuple[list, list]:
-        """K completions of each prompt, flattened group after group as model.generate returns repeated prompts:
-        (tokens, log-probs). One request per group (the server's prefix cache shares its prompt), `concurrency` in
-        flight. A group that still fails after its retries raises EngineError: no caller sees part of a batch."""
+    def generate(
+        self, prompts: list[list[int]], k: int, sampling, seed: int, eos: list[int]
+    ) -> tuple[list, list]:
+        """K completions of each prompt, flattened group after group as model.generate returns
+        repeated prompts: (tokens, log-probs). One request per group (the server's prefix cache
+        shares its prompt), `concurrency` in flight. A group that still fails after its retries
+        raises EngineError: no caller sees part of a batch."""
         with ThreadPoolExecutor(max_workers=max(1, min(self.s.concurrency, len(prompts)))) as pool:
-            groups = list(pool.map(lambda g: self.request(prompts[g], k, sampling, seed + g, eos), range(len(prompts))))
+            groups = list(
+                pool.map(
+                    lambda g: self.request(prompts[g], k, sampling, seed + g, eos),
+                    range(len(prompts)),
+                )
+            )
         rows = [row for group in groups for row in group]
         return [r[0] for r in rows], [r[1] for r in rows]
 
     def probe(self, policy: Qwen, tok, sampling) -> float:
-        """Check that the server serves the trainer's base weights: it samples `probe_tokens` tokens of a fixed
-        prompt at the rollout temperature, the trainer scores them with its LoRA disabled, and a mean |log-prob gap|
-        above `probe_tolerance` is an EngineError. A server that does not answer is one too. Returns the gap."""
-        prompt = tok.chat_ids([{"role": "user", "content": PROBE}], enable_thinking=sampling.enable_thinking)
+        """Check that the server serves the trainer's base weights: it samples `probe_tokens` tokens
+        of a fixed prompt at the rollout temperature, the trainer scores them with its LoRA
+        disabled, and a mean |log-prob gap| above `probe_tolerance` is an EngineError. A server that
+        does not answer is one too. Returns the gap."""
+        prompt = tok.chat_ids(
+            [{"role": "user", "content": PROBE}], enable_thinking=sampling.enable_thinking
+        )
         try:
-            [(tokens, theirs)] = self.request(prompt, 1, sampling, 0, tok.eos_token_ids, self.s.probe_tokens, retries=0)
+            [(tokens, theirs)] = self.request(
+                prompt, 1, sampling, 0, tok.eos_token_ids, self.s.probe_tokens, retries=0
+            )
         except EngineError as e:
-            raise EngineError(f"rollout.vllm.base_url: no usable vLLM server at {self.s.base_url} ({e})") from None
+            raise EngineError(
+                f"rollout.vllm.base_url: no usable vLLM server at {self.s.base_url} ({e})"
+            ) from None
         ids = torch.tensor([prompt + tokens], device=policy.device)
         with torch.no_grad(), lora_disabled(policy):
-            ours = token_logprobs(policy, ids, temperature=sampling.temperature)[0, len(prompt) - 1:].cpu()
+            ours = token_logprobs(policy, ids, temperature=sampling.temperature)[
+                0, len(prompt) - 1 :
+            ].cpu()
         gap = (ours - torch.tensor(theirs)).abs().mean().item()
         if not gap <= self.s.probe_tolerance:
-            raise EngineError(f"rollout.vllm: the server at {self.s.base_url} (model {self.s.model!r}) does not serve "
-                              f"the trainer's base weights: mean |log-prob gap| {gap:.3g} over {len(tokens)} probe "
-                              f"tokens > probe_tolerance {self.s.probe_tolerance:g} (serve model.path, or the "
-                              f"SFT-merged checkpoint when model.sft_adapter is set)")
+            raise EngineError(
+                f"rollout.vllm: the server at {self.s.base_url} (model {self.s.model!r}) does not "
+                f"serve the trainer's base weights: mean |log-prob gap| {gap:.3g} over "
+                f"{len(tokens)} probe tokens > probe_tolerance {self.s.probe_tolerance:g} (serve "
+                f"model.path, or the SFT-merged checkpoint when model.sft_adapter is set)"
+            )
         return gap
 
     def sync(self, policy: Qwen, update: int, ranks: Ranks) -> None:
-        """Serve the policy's current LoRA: rank 0 writes it, has the server load it as `<name>-<update>` and
-        unload the previous one; every rank then samples from the new name. A refusal raises EngineError with the
-        server's message on every rank."""
+        """Serve the policy's current LoRA: rank 0 writes it, has the server load it as
+        `<name>-<update>` and unload the previous one; every rank then samples from the new name. A
+        refusal raises EngineError with the server's message on every rank."""
         name, error = f"{self.name}-{update}", None
         if ranks.main:
             path = (self.root / name).resolve()
             save_adapter(policy, path)
             try:
-                body = {"lora_name": name, "lora_path": str(path), "load_inplace": True}  # a resumed run's may be there
+                # a resumed run's may be there
+                body = {"lora_name": name, "lora_path": str(path), "load_inplace": True}
                 self._post("/load_lora_adapter", body, _any_answer)
             except EngineError as e:
                 error = f"vLLM did not load the adapter {path}: {e}"
@@ -129,18 +182,20 @@ class VLLMEngine:
 
 
 def agree(error: str | None, ranks: Ranks) -> None:
-    """Raise EngineError on every rank when any rank met one (`error`: this rank's message, or None)."""
+    """Raise EngineError on every rank when any rank met one (`error`: this rank's message, or
+    None)."""
     if all_reduce_sum(torch.tensor(float(error is not None), device=ranks.device)).item():
         raise EngineError(error or "another rank's vLLM requests failed (its message is above)")
 
 
 class VLLMSampler(PromptSampler):
-    """rollout.PromptSampler with its completions from a vLLM server (`rollout.engine: vllm`). At construction rank
-    0 probes that the server serves the trainer's base weights (`VLLMEngine.probe`). Each update's rollouts start by
-    serving the policy's adapter as it is then (`VLLMEngine.sync`, named after the update: zero before the first
-    step, a checkpoint's on resume) and end with the ranks agreeing on errors, so that an EngineError on one rank is
-    one on all and no rank trains on an update whose rollouts are incomplete somewhere. Adapters are named after the
-    output folder and written to rollout.vllm.adapter_dir (default <output_dir>/vllm)."""
+    """rollout.PromptSampler with its completions from a vLLM server (`rollout.engine: vllm`). At
+    construction rank 0 probes that the server serves the trainer's base weights
+    (`VLLMEngine.probe`). Each update's rollouts start by serving the policy's adapter as it is then
+    (`VLLMEngine.sync`, named after the update: zero before the first step, a checkpoint's on
+    resume) and end with the ranks agreeing on errors, so that an EngineError on one rank is one on
+    all and no rank trains on an update whose rollouts are incomplete somewhere. Adapters are named
+    after the output folder and written to rollout.vllm.adapter_dir (default <output_dir>/vllm)."""
 
     def __init__(self, policy: Qwen, tok, cfg, ranks: Ranks, out_dir: Path):
         super().__init__(policy, tok, cfg)
@@ -152,7 +207,10 @@ class VLLMSampler(PromptSampler):
         if ranks.main:
             try:
                 gap = self.engine.probe(policy, tok, cfg.rollout)
-                print0(f"vLLM at {settings.base_url} serves the base weights (probe: mean |log-prob gap| {gap:.2g})")
+                print0(
+                    f"vLLM at {settings.base_url} serves the base weights (probe: mean |log-prob "
+                    f"gap| {gap:.2g})"
+                )
             except EngineError as e:
                 error = str(e)
         agree(error, ranks)
@@ -169,7 +227,9 @@ class VLLMSampler(PromptSampler):
             error = str(e)
         agree(error, self.ranks)
 
-    def complete(self, prompts: list[list[int]], seed: int) -> tuple[list[list[int]], list[list[float]]]:
+    def complete(
+        self, prompts: list[list[int]], seed: int
+    ) -> tuple[list[list[int]], list[list[float]]]:
         r = self.cfg.rollout
         return self.engine.generate(prompts, r.group_size, r, seed, self.tok.eos_token_ids)
 

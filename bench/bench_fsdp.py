@@ -1,16 +1,17 @@
-"""Full-parameter training on FSDP2 (fsdp.py) on the CPU, in one run: a random Qwen3-shaped model of about 70M
-parameters trained full-parameter at 1 and 2 gloo ranks (one CPU thread each).
+"""Full-parameter training on FSDP2 (fsdp.py) on the CPU, in one run: a random Qwen3-shaped model of
+about 70M parameters trained full-parameter at 1 and 2 gloo ranks (one CPU thread each).
 
     python bench/bench_fsdp.py                 # hidden 512, 16 layers, vocab 8192: 71M parameters
     python bench/bench_fsdp.py --layers 8      # smaller
 
-Per rank it reports the bytes of the training state after an optimizer step (the peak of the state: parameters,
-gradients and AdamW's two moments, read from the tensors each rank holds: local shards of the sharded float32
-weights plus the whole frozen embedding and lm_head) against a replicated full-parameter run, which holds all of
-it on every rank (the 1-rank figures); the ratio must reach 1.8x at 2 ranks. It also reports the step time (best
-of --repeats after a warm-up, forward + backward + clip + AdamW over one micro-batch of --tokens tokens per rank)
-and, during a rollout, the collectives per decoded token: under FS.gathered (what grpo.py runs) they must be 0;
-without it, each token would all-gather every unit (shown for contrast). Collectives are counted by wrapping
+Per rank it reports the bytes of the training state after an optimizer step (the peak of the state:
+parameters, gradients and AdamW's two moments, read from the tensors each rank holds: local shards
+of the sharded float32 weights plus the whole frozen embedding and lm_head) against a replicated
+full-parameter run, which holds all of it on every rank (the 1-rank figures); the ratio must reach
+1.8x at 2 ranks. It also reports the step time (best of --repeats after a warm-up, forward +
+backward + clip + AdamW over one micro-batch of --tokens tokens per rank) and, during a rollout, the
+collectives per decoded token: under FS.gathered (what grpo.py runs) they must be 0; without it,
+each token would all-gather every unit (shown for contrast). Collectives are counted by wrapping
 torch.distributed's functions (INSTR.CollectiveCounter)."""
 
 import argparse
@@ -26,13 +27,14 @@ import torch.multiprocessing as mp
 from torch.distributed.tensor import DTensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import model as M  # noqa: E402
-import train as T
-import distributed as D
 import instruments as INSTR
-import fsdp as FS  # noqa: E402
 from common import markdown_table, verdict  # noqa: E402
 from instruments import free_port  # noqa: E402
+
+import distributed as D
+import fsdp as FS  # noqa: E402
+import model as M  # noqa: E402
+import train as T
 
 GOAL = 1.8  # issue 23: per-rank state at 2 ranks at least 1.8x smaller than replicated
 
@@ -44,19 +46,35 @@ def local_bytes(t: torch.Tensor) -> int:
 
 def worker(rank: int, world: int, port: int, args, out: Path) -> None:
     torch.set_num_threads(1)
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
     ranks = D.setup_distributed("cpu")
     torch.manual_seed(0)
-    raw = dict(model_type="qwen3", vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=4 * args.hidden,
-               num_hidden_layers=args.layers, num_attention_heads=args.hidden // 64,
-               num_key_value_heads=args.hidden // 128, head_dim=64, rope_theta=1e6, tie_word_embeddings=False)
+    raw = dict(
+        model_type="qwen3",
+        vocab_size=args.vocab,
+        hidden_size=args.hidden,
+        intermediate_size=4 * args.hidden,
+        num_hidden_layers=args.layers,
+        num_attention_heads=args.hidden // 64,
+        num_key_value_heads=args.hidden // 128,
+        head_dim=64,
+        rope_theta=1e6,
+        tie_word_embeddings=False,
+    )
     model = M.Qwen(M.QwenConfig.from_dict(raw))
     n_params = sum(p.numel() for p in model.parameters())
     FS.shard_model(model, ranks.device)
     optimizer = T.build_optimizer(model, lr=1e-5, weight_decay=0.01, betas=(0.9, 0.99))
     params = T.optimizer_parameters(optimizer)
-    ids = torch.randint(0, args.vocab, (1, args.tokens), generator=torch.Generator().manual_seed(rank))
+    ids = torch.randint(
+        0, args.vocab, (1, args.tokens), generator=torch.Generator().manual_seed(rank)
+    )
 
     def step():
         optimizer.zero_grad(set_to_none=True)
@@ -72,9 +90,11 @@ def worker(rank: int, world: int, port: int, args, out: Path) -> None:
         step()
         dist.barrier()
         times.append(time.perf_counter() - start)
-    state = {"params": sum(local_bytes(p) for p in model.parameters()),
-             "grads": sum(local_bytes(p.grad) for p in model.parameters() if p.grad is not None),
-             "optimizer": sum(local_bytes(t) for s in optimizer.state.values() for t in s.values())}
+    state = {
+        "params": sum(local_bytes(p) for p in model.parameters()),
+        "grads": sum(local_bytes(p.grad) for p in model.parameters() if p.grad is not None),
+        "optimizer": sum(local_bytes(t) for s in optimizer.state.values() for t in s.values()),
+    }
     model.eval()
     prompt = [[1 + i for i in range(16)]]
     with INSTR.CollectiveCounter() as calls:
@@ -85,14 +105,23 @@ def worker(rank: int, world: int, port: int, args, out: Path) -> None:
         begin = calls.count
         M.generate(model, prompt, max_new_tokens=args.new, temperature=0)
         sharded = calls.count - begin
-    torch.save({"params_total": n_params, "state": state, "step_s": min(times[1:]), "gathered": gathered / args.new,
-                "sharded": sharded / args.new}, out / f"w{world}-r{rank}.pt")
+    torch.save(
+        {
+            "params_total": n_params,
+            "state": state,
+            "step_s": min(times[1:]),
+            "gathered": gathered / args.new,
+            "sharded": sharded / args.new,
+        },
+        out / f"w{world}-r{rank}.pt",
+    )
     dist.destroy_process_group()
 
 
-
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--hidden", type=int, default=512)
     p.add_argument("--layers", type=int, default=16)
     p.add_argument("--vocab", type=int, default=8192)
@@ -106,25 +135,58 @@ def main():
             mp.spawn(worker, args=(world, free_port(), args, out), nprocs=world)
         found = {w: [torch.load(out / f"w{w}-r{r}.pt") for r in range(w)] for w in (1, 2)}
     n = found[1][0]["params_total"]
-    print(f"model: hidden {args.hidden}, {args.layers} layers, vocab {args.vocab}: {n / 1e6:.1f}M parameters; "
-          f"{args.tokens} tokens per rank per step; float32 on the CPU, one thread per rank\n")
+    print(
+        f"model: hidden {args.hidden}, {args.layers} layers, vocab {args.vocab}: {n / 1e6:.1f}M "
+        f"parameters; {args.tokens} tokens per rank per step; float32 on the CPU, one thread per "
+        f"rank\n"
+    )
     rows, mib = [], 1 << 20
     for world, ranks in found.items():
         for rank, r in enumerate(ranks):
             s = r["state"]
-            rows.append([world, rank, f"{s['params'] / mib:.1f}", f"{s['grads'] / mib:.1f}",
-                         f"{s['optimizer'] / mib:.1f}", f"{sum(s.values()) / mib:.1f}", f"{r['step_s']:.3f}",
-                         f"{r['gathered']:g}", f"{r['sharded']:g}"])
-    print(markdown_table(["ranks", "rank", "params MiB", "grads MiB", "AdamW MiB", "state MiB", "step s",
-                          "collectives / token (gathered)", "(sharded, no gathered)"], rows))
+            rows.append(
+                [
+                    world,
+                    rank,
+                    f"{s['params'] / mib:.1f}",
+                    f"{s['grads'] / mib:.1f}",
+                    f"{s['optimizer'] / mib:.1f}",
+                    f"{sum(s.values()) / mib:.1f}",
+                    f"{r['step_s']:.3f}",
+                    f"{r['gathered']:g}",
+                    f"{r['sharded']:g}",
+                ]
+            )
+    print(
+        markdown_table(
+            [
+                "ranks",
+                "rank",
+                "params MiB",
+                "grads MiB",
+                "AdamW MiB",
+                "state MiB",
+                "step s",
+                "collectives / token (gathered)",
+                "(sharded, no gathered)",
+            ],
+            rows,
+        )
+    )
     replicated = sum(found[1][0]["state"].values())
     worst = max(sum(r["state"].values()) for r in found[2])
-    print(f"\nreplicated full-parameter state per rank: {replicated / mib:.1f} MiB; at 2 ranks: {worst / mib:.1f} MiB "
-          f"(the larger rank); step time 2 ranks / 1 rank: {found[2][0]['step_s'] / found[1][0]['step_s']:.2f}")
+    print(
+        f"\nreplicated full-parameter state per rank: {replicated / mib:.1f} MiB; at 2 ranks: "
+        f"{worst / mib:.1f} MiB (the larger rank); step time 2 ranks / 1 rank: "
+        f"{found[2][0]['step_s'] / found[1][0]['step_s']:.2f}"
+    )
     verdict("fsdp per-rank state, replicated / 2 ranks", replicated / worst, GOAL)
     zero = all(r["gathered"] == 0 for rs in found.values() for r in rs)
-    print(f"target: fsdp collectives per decoded token under gathered "
-          f"{max(r['gathered'] for rs in found.values() for r in rs):g} (goal 0): {'met' if zero else 'MISSED'}")
+    print(
+        f"target: fsdp collectives per decoded token under gathered "
+        f"{max(r['gathered'] for rs in found.values() for r in rs):g} (goal 0): "
+        f"{'met' if zero else 'MISSED'}"
+    )
 
 
 if __name__ == "__main__":

@@ -1,19 +1,22 @@
-"""Tokens/s and peak memory of one SFT optimizer step, sft.py's against transformers + peft, on the same
-random-weight Qwen3-shaped checkpoint, the same data and the same LoRA / token-row settings, in one run
-on the CPU; prints the ratio at each vocabulary size.
+"""Tokens/s and peak memory of one SFT optimizer step, sft.py's against transformers + peft, on the
+same random-weight Qwen3-shaped checkpoint, the same data and the same LoRA / token-row settings, in
+one run on the CPU; prints the ratio at each vocabulary size.
 
-    python bench/bench_sft.py                          # vocab 1k and 32k, hidden 256, 4 layers, 4 x 512 tokens
+    python bench/bench_sft.py                          # vocab 1k and 32k, hidden 256, 4 layers, 4 x
+                                                         512 tokens
     python bench/bench_sft.py --vocab 32768 --repeats 5
-    python bench/bench_sft.py --no-rows                # LoRA alone (peft's trainable tokens left out)
+    python bench/bench_sft.py --no-rows                # LoRA alone (peft's trainable tokens left
+                                                         out)
 
-One step = 4 micro-batches of one 512-token sequence (the paper's 1 example per device x 4 accumulation
-steps), each a forward and backward of the token-weighted loss (prompt 128 tokens at weight 0, label tokens
-15%, the rest 85%), then gradient clipping and AdamW over LoRA (r 16 on every projection) and the two
-trainable token rows at 10x the LR. Ours: sft.backward_update (model.token_logprobs on the completion
-positions). Theirs: peft's LoRA + trainable_token_indices, full logits, per-token cross-entropy times the
-same weights. Timings alternate between the sides (best of --repeats after a warm-up); the peak memory of
-each side is measured alone in a fresh process, as the growth of its peak RSS over one step (Linux).
-Requires transformers and peft (bench/requirements.txt); the project never imports them.
+One step = 4 micro-batches of one 512-token sequence (the paper's 1 example per device x 4
+accumulation steps), each a forward and backward of the token-weighted loss (prompt 128 tokens at
+weight 0, label tokens 15%, the rest 85%), then gradient clipping and AdamW over LoRA (r 16 on every
+projection) and the two trainable token rows at 10x the LR. Ours: sft.backward_update
+(model.token_logprobs on the completion positions). Theirs: peft's LoRA + trainable_token_indices,
+full logits, per-token cross-entropy times the same weights. Timings alternate between the sides
+(best of --repeats after a warm-up); the peak memory of each side is measured alone in a fresh
+process, as the growth of its peak RSS over one step (Linux). Requires transformers and peft
+(bench/requirements.txt); the project never imports them.
 """
 
 import argparse
@@ -29,10 +32,11 @@ import torch.nn.functional as F
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from common import best_times, markdown_table, profile_table, threads, verdict  # noqa: E402
+
 import model as M  # noqa: E402
 import sft  # noqa: E402
 import train as T  # noqa: E402
-from common import best_times, markdown_table, profile_table, threads, verdict  # noqa: E402
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 LR, ROWS = 1e-4, 2
@@ -41,16 +45,26 @@ GOAL = 1.3  # issue 18: ours at least 1.3x their tokens/s at both vocabularies
 
 def write_checkpoint(folder: Path, args, vocab: int) -> None:
     import transformers
-    cfg = transformers.Qwen3Config(vocab_size=vocab, hidden_size=args.hidden, intermediate_size=3 * args.hidden,
-                                   num_hidden_layers=args.layers, num_attention_heads=4, num_key_value_heads=2,
-                                   head_dim=args.hidden // 4, max_position_embeddings=4096, tie_word_embeddings=True,
-                                   rope_parameters={"rope_type": "default", "rope_theta": 1e6})
+
+    cfg = transformers.Qwen3Config(
+        vocab_size=vocab,
+        hidden_size=args.hidden,
+        intermediate_size=3 * args.hidden,
+        num_hidden_layers=args.layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=args.hidden // 4,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+    )
     torch.manual_seed(0)
     transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(folder)
 
 
 def samples(args, vocab: int) -> list[tuple[list[int], list[float]]]:
-    """Random sequences with the loss weights of sft.completion_weights: prompt, completion, 2 label tokens."""
+    """Random sequences with the loss weights of sft.completion_weights: prompt, completion, 2 label
+    tokens."""
     g = torch.Generator().manual_seed(1)
     out = []
     for _ in range(args.sequences):
@@ -77,22 +91,34 @@ def ours(folder: Path, vocab: int, rows: bool):
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
         return loss
+
     return step
 
 
 def theirs(folder: Path, vocab: int, rows: bool):
     import peft
     import transformers
+
     base = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
-    lora = peft.LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=TARGETS,
-                           trainable_token_indices={"embed_tokens": [vocab - 2, vocab - 1]} if rows else None)
+    lora = peft.LoraConfig(
+        r=16,
+        lora_alpha=32,
+        lora_dropout=0.0,
+        target_modules=TARGETS,
+        trainable_token_indices={"embed_tokens": [vocab - 2, vocab - 1]} if rows else None,
+    )
     model = peft.get_peft_model(base, lora)
     model.train()
     trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     rows = [p for n, p in trainable if "trainable_tokens" in n]
     factors = [p for n, p in trainable if "trainable_tokens" not in n]
-    optimizer = torch.optim.AdamW([{"params": factors, "weight_decay": 0.01},
-                                   {"params": rows, "weight_decay": 0.0, "lr": 10 * LR}], lr=LR)
+    optimizer = torch.optim.AdamW(
+        [
+            {"params": factors, "weight_decay": 0.01},
+            {"params": rows, "weight_decay": 0.0, "lr": 10 * LR},
+        ],
+        lr=LR,
+    )
     params = factors + rows
 
     def step(data):
@@ -101,12 +127,15 @@ def theirs(folder: Path, vocab: int, rows: bool):
         for ids, weights in data:
             ids = torch.tensor([ids])
             logits = model(input_ids=ids).logits[0, :-1].float()
-            loss = (F.cross_entropy(logits, ids[0, 1:], reduction="none") * torch.tensor(weights[1:])).sum() / len(data)
+            loss = (
+                F.cross_entropy(logits, ids[0, 1:], reduction="none") * torch.tensor(weights[1:])
+            ).sum() / len(data)
             loss.backward()
             total += loss.item()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
         return total
+
     return step
 
 
@@ -122,7 +151,8 @@ def _peak_child(side, folder, args, vocab, queue):
     step = {"ours": ours, "theirs": theirs}[side](Path(folder), vocab, args.rows)
     data = samples(args, vocab)
     before = _rss_kib("VmRSS")
-    Path("/proc/self/clear_refs").write_text("5")  # reset the peak-RSS mark (VmHWM) to the current RSS
+    # reset the peak-RSS mark (VmHWM) to the current RSS
+    Path("/proc/self/clear_refs").write_text("5")
     step(data)
     queue.put((_rss_kib("VmHWM") - before) / 1024)
 
@@ -138,7 +168,9 @@ def peak_mib(side, folder, args, vocab) -> float:
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--vocab", type=int, nargs="+", default=[1024, 32768])
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--layers", type=int, default=4)
@@ -147,35 +179,75 @@ def main():
     p.add_argument("--prompt", type=int, default=128)
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
-    p.add_argument("--rows", action=argparse.BooleanOptionalAction, default=True,
-                   help="train the two token rows (the SFT setting); --no-rows: LoRA alone on both sides")
-    p.add_argument("--profile", action="store_true", help="profile our step where the target is missed")
+    p.add_argument(
+        "--rows",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="train the two token rows (the SFT setting); --no-rows: LoRA alone on both sides",
+    )
+    p.add_argument(
+        "--profile", action="store_true", help="profile our step where the target is missed"
+    )
     args = p.parse_args()
     threads(args.threads)
     import peft
     import transformers
+
     rows = []
     for vocab in args.vocab:
         with tempfile.TemporaryDirectory() as tmp:
             folder = Path(tmp)
             write_checkpoint(folder, args, vocab)
             data = samples(args, vocab)
-            ours_step, theirs_step = ours(folder, vocab, args.rows), theirs(folder, vocab, args.rows)
-            losses = [ours_step(data), theirs_step(data)]  # the warm-up: both sides start from the same model
-            (t_ours, t_theirs), _ = best_times([lambda: ours_step(data), lambda: theirs_step(data)], args.repeats)
+            ours_step, theirs_step = (
+                ours(folder, vocab, args.rows),
+                theirs(folder, vocab, args.rows),
+            )
+            # the warm-up: both sides start from the same model
+            losses = [ours_step(data), theirs_step(data)]
+            (t_ours, t_theirs), _ = best_times(
+                [lambda: ours_step(data), lambda: theirs_step(data)],  # noqa: F821
+                args.repeats,  # noqa: F821
+            )
             tokens, ratio = args.sequences * args.length, t_theirs / t_ours
             if not verdict(f"sft vocab {vocab}", ratio, GOAL) and args.profile:
-                profile_table(lambda: ours_step(data), f"one SFT step of ours at vocab {vocab}")
+                profile_table(lambda: ours_step(data), f"one SFT step of ours at vocab {vocab}")  # noqa: F821
             del ours_step, theirs_step
             peaks = [peak_mib(name, folder, args, vocab) for name in ("ours", "theirs")]
-        rows.append([vocab, f"{tokens / t_theirs:,.0f}", f"{tokens / t_ours:,.0f}", f"**{ratio:.2f}x**", f">= {GOAL}x",
-                     f"{peaks[1]:,.0f}", f"{peaks[0]:,.0f}", f"{losses[1]:.6f} / {losses[0]:.6f}"])
-    print(f"\nhidden {args.hidden}, {args.layers} layers, {args.sequences} x {args.length} tokens per step, "
-          f"{'LoRA + 2 token rows' if args.rows else 'LoRA only'}, float32, {threads(args.threads)} threads, best of "
-          f"{args.repeats} after a warm-up; torch {torch.__version__}, transformers {transformers.__version__}, "
-          f"peft {peft.__version__}\n")
-    print(markdown_table(["vocab", "transformers+peft tok/s", "ours tok/s", "ratio", "target", "peft peak MiB",
-                          "ours peak MiB", "first-step loss (theirs / ours)"], rows))
+        rows.append(
+            [
+                vocab,
+                f"{tokens / t_theirs:,.0f}",
+                f"{tokens / t_ours:,.0f}",
+                f"**{ratio:.2f}x**",
+                f">= {GOAL}x",
+                f"{peaks[1]:,.0f}",
+                f"{peaks[0]:,.0f}",
+                f"{losses[1]:.6f} / {losses[0]:.6f}",
+            ]
+        )
+    print(
+        f"\nhidden {args.hidden}, {args.layers} layers, {args.sequences} x {args.length} tokens "
+        f"per step, {'LoRA + 2 token rows' if args.rows else 'LoRA only'}, float32, "
+        f"{threads(args.threads)} threads, best of {args.repeats} after a warm-up; torch "
+        f"{torch.__version__}, transformers {transformers.__version__}, peft {peft.__version__}\n"
+    )
+    print(
+        markdown_table(
+            [
+                "vocab",
+                "transformers+peft tok/s",
+                "ours tok/s",
+                "ratio",
+                "target",
+                "peft peak MiB",
+                "ours peak MiB",
+                "first-step loss (theirs / ours)",
+            ],
+            rows,
+        )
+    )
+
 
 if __name__ == "__main__":
     main()

@@ -36,7 +36,7 @@ def words_span(rng, text, most):
     words = text.split()
     n = rng.randint(1, min(most, len(words)))
     start = rng.randrange(len(words) - n + 1)
-    return words[start:start + n]
+    return words[start : start + n]
 
 
 def typo(rng, words):
@@ -45,7 +45,7 @@ def typo(rng, words):
         i = rng.choice(long)
         w = words[i]
         j = rng.randrange(1, len(w) - 2)
-        words = words[:i] + [w[:j] + w[j + 1] + w[j] + w[j + 2:]] + words[i + 1:]
+        words = words[:i] + [w[:j] + w[j + 1] + w[j] + w[j + 2 :]] + words[i + 1 :]
     return " ".join(words)
 
 
@@ -86,7 +86,13 @@ def naive_verify(quote, conversation_text):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", type=Path, default=Path(os.environ.get("CLUE_DATA_DIR", Path(__file__).resolve().parents[2] / "shared" / "data")))
+    parser.add_argument(
+        "--data",
+        type=Path,
+        default=Path(
+            os.environ.get("CLUE_DATA_DIR", Path(__file__).resolve().parents[2] / "shared" / "data")
+        ),
+    )
     parser.add_argument("--completions", type=int, default=64)
     parser.add_argument("--turns", type=int, default=200)
     parser.add_argument("--baseline-completions", type=int, default=4)
@@ -97,31 +103,40 @@ def main():
 
     rng = random.Random(args.seed)
     dialogues = load_meld(args.data)
-    conversation = [u for d in dialogues[:120] for u in d][:args.turns]
+    conversation = [u for d in dialogues[:120] for u in d][: args.turns]
     other = [u for d in dialogues[-200:] for u in d]
     batch = make_batch(rng, conversation, other, args.completions)
     n_quotes = sum(map(len, batch))
-    print(f"conversation: {len(conversation)} turns, {sum(map(len, conversation))} characters; "
-          f"batch: {args.completions} completions, {n_quotes} quotations")
+    print(
+        f"conversation: {len(conversation)} turns, {sum(map(len, conversation))} characters; "
+        f"batch: {args.completions} completions, {n_quotes} quotations"
+    )
 
     verifier._conversation.cache_clear()
     start = time.perf_counter()
     ours = [[verifier.verify_quote(q, conversation) for q in quotes] for quotes in batch]
     ours_s = time.perf_counter() - start
     by_kind = [sum(c[k] for c in ours) for k in range(8)]
-    print(f"ours:  {ours_s * 1000:.1f} ms for the batch (conversation indexing included), "
-          f"{ours_s / n_quotes * 1e6:.0f} us/quotation")
-    print(f"       verified per slot (of {args.completions}): exact x5 {by_kind[:5]}, typo {by_kind[5]}, "
-          f"elided {by_kind[6]}, other conversation {by_kind[7]}")
+    print(
+        f"ours:  {ours_s * 1000:.1f} ms for the batch (conversation indexing included), "
+        f"{ours_s / n_quotes * 1e6:.0f} us/quotation"
+    )
+    print(
+        f"       verified per slot (of {args.completions}): exact x5 {by_kind[:5]}, typo "
+        f"{by_kind[5]}, elided {by_kind[6]}, other conversation {by_kind[7]}"
+    )
 
     conversation_text = naive_normalize(" ".join(conversation))
-    subset = [q for quotes in batch[:args.baseline_completions] for q in quotes]
+    subset = [q for quotes in batch[: args.baseline_completions] for q in quotes]
     start = time.perf_counter()
     naive = [naive_verify(q, conversation_text) for q in subset]
     naive_s = time.perf_counter() - start
     naive_batch_s = naive_s / len(subset) * n_quotes
-    print(f"naive: {naive_s:.2f} s for {len(subset)} quotations, {naive_s / len(subset) * 1e3:.0f} ms/quotation, "
-          f"{naive_batch_s:.1f} s scaled to the batch ({sum(naive)}/{len(subset)} verified)")
+    print(
+        f"naive: {naive_s:.2f} s for {len(subset)} quotations, {naive_s / len(subset) * 1e3:.0f} "
+        f"ms/quotation, {naive_batch_s:.1f} s scaled to the batch ({sum(naive)}/{len(subset)} "
+        f"verified)"
+    )
     print(f"speed-up: {naive_batch_s / ours_s:.0f}x")
 
 

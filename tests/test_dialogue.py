@@ -1,9 +1,10 @@
-"""dialogue.py and grpo.py's dialogue mode, against the local judge server over real HTTP: scenario seeds with
-located errors, the judges' parsers, episodes that end by the user or at the turn limit, reasoning that never
-reaches the simulator, one generate call and one simulator batch per turn, group shapes and advantages in both
-grouping modes, one CARE rubric per state, the trajectory reward against a hand computation, a loss mask on
-assistant tokens only, a judge failing mid-episode, the evaluation metrics (in-process and through a served
-policy), and whole runs of the configs, one killed and resumed."""
+"""dialogue.py and grpo.py's dialogue mode, against the local judge server over real HTTP: scenario
+seeds with located errors, the judges' parsers, episodes that end by the user or at the turn limit,
+reasoning that never reaches the simulator, one generate call and one simulator batch per turn,
+group shapes and advantages in both grouping modes, one CARE rubric per state, the trajectory reward
+against a hand computation, a loss mask on assistant tokens only, a judge failing mid-episode, the
+evaluation metrics (in-process and through a served policy), and whole runs of the configs, one
+killed and resumed."""
 
 import json
 import math
@@ -15,23 +16,31 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from helpers import (
+    DEMO,
+    assert_same_run,
+    kill_after_checkpoint,
+    read_jsonl,
+)
+from helpers import (
+    DIALOGUE_WORDS as WORDS,
+)
+from helpers import grpo_checkpoint as write_checkpoint
 
+import checkpoint as CK
 import dialogue
 import dialogue_judges
+import distributed as D
 import evaluate_dialogue
 import grpo
 import judge
-from rollout import Slot
 import model as M
-import distributed as D
-import checkpoint as CK
 from config import load_config
 from data import DataError
 from dialogue import DialogueSettings, PolicyTurn, Scenario, State
 from judge import CARE_RUBRIC_SYSTEM, JudgeConfig
 from judge_server import SCRIPTED_USER, Faults, JudgeServer, rules_backend
-from helpers import DEMO, DIALOGUE_WORDS as WORDS, assert_same_run, kill_after_checkpoint, read_jsonl
-from helpers import grpo_checkpoint as write_checkpoint
+from rollout import Slot
 
 REPO = Path(__file__).resolve().parents[1]
 CPU = D.Ranks(0, 1, torch.device("cpu"))
@@ -43,7 +52,8 @@ def base(tmp_path_factory):
 
 
 class Recorder:
-    """A judge-server backend: the rules stand-in, every request kept; `fail(messages)` True answers HTTP 500."""
+    """A judge-server backend: the rules stand-in, every request kept; `fail(messages)` True answers
+    HTTP 500."""
 
     def __init__(self, fail=lambda messages: False, answer=rules_backend):
         self.requests, self.fail, self.answer, self.lock = [], fail, answer, threading.Lock()
@@ -70,14 +80,18 @@ def section(text: str, tag: str) -> str:
     return re.search(rf"<{tag}>\n(.*?)\n</{tag}>", text, re.DOTALL).group(1)
 
 
-STYLES = {"kind": "I understand, I am so sorry, I hear you.",  # 3 comfort words: the scripted user thanks at once
-          "slow": "I understand.",  # 1 comfort word a turn: thanks after the third
-          "cold": "Noted."}  # never eased: the turn limit ends it
+STYLES = {
+    # 3 comfort words: the scripted user thanks at once
+    "kind": "I understand, I am so sorry, I hear you.",
+    "slow": "I understand.",  # 1 comfort word a turn: thanks after the third
+    "cold": "Noted.",
+}  # never eased: the turn limit ends it
 
 
 def scripted(style_of_row):
-    """A policy stand-in: a reply in the style of its episode (decided at the first turn by the row index, kept
-    later by the first assistant message) after private reasoning that must never reach the user."""
+    """A policy stand-in: a reply in the style of its episode (decided at the first turn by the row
+    index, kept later by the first assistant message) after private reasoning that must never reach
+    the user."""
     calls = []
 
     def respond(chats, n, seed):
@@ -87,9 +101,17 @@ def scripted(style_of_row):
             first = next((m["content"] for m in chat if m["role"] == "assistant"), None)
             turns = []
             for j in range(n):
-                style = next(k for k, v in STYLES.items() if v == first) if first else style_of_row(i * n + j, chat)
+                style = (
+                    next(k for k, v in STYLES.items() if v == first)
+                    if first
+                    else style_of_row(i * n + j, chat)
+                )
                 text = f"<think>SECRET reasoning {len(chat)}</think>\n{STYLES[style]}"
-                turns.append(PolicyTurn([1], [2, 3], [0.0, 0.0], False, text, *dialogue.split_reply(text, False)))
+                turns.append(
+                    PolicyTurn(
+                        [1], [2, 3], [0.0, 0.0], False, text, *dialogue.split_reply(text, False)
+                    )
+                )
             out.append(turns)
         return out
 
@@ -98,24 +120,35 @@ def scripted(style_of_row):
 
 
 def scenario(name: str) -> Scenario:
-    return Scenario(name, f"Someone who is {name} about a deadline.", f"{name}: I feel overwhelmed by my deadline.")
+    return Scenario(
+        name,
+        f"Someone who is {name} about a deadline.",
+        f"{name}: I feel overwhelmed by my deadline.",
+    )
 
 
-# ----------------------------------------------------------------------------- scenario seeds and parsers
+# ----------------------------------------------------------------------- scenario seeds and parsers
 
 
 def test_scenarios_load_and_every_bad_line_is_located(tmp_path):
     good = {"id": "a", "scenario": "A student before exams.", "initial_prompt": "I cannot sleep."}
     path = tmp_path / "s.jsonl"
     path.write_text(json.dumps(good) + "\n\n" + json.dumps(good | {"id": "b"}) + "\n")
-    assert dialogue.load_scenarios(path) == [Scenario("a", "A student before exams.", "I cannot sleep."),
-                                             Scenario("b", "A student before exams.", "I cannot sleep.")]
-    cases = [({"id": "a", "scenario": "s"}, "field 'initial_prompt': missing"),
-             (good | {"initial_prompt": 3}, "field 'initial_prompt': expected a string, got 3"),
-             (good | {"mood": "low"}, "field 'mood': unknown field (known: id, scenario, initial_prompt)"),
-             (good | {"scenario": "  "}, "field 'scenario': empty"),
-             ([good], "expected a JSON object, got list"),
-             (good, "field 'id': 'a' appears twice")]
+    assert dialogue.load_scenarios(path) == [
+        Scenario("a", "A student before exams.", "I cannot sleep."),
+        Scenario("b", "A student before exams.", "I cannot sleep."),
+    ]
+    cases = [
+        ({"id": "a", "scenario": "s"}, "field 'initial_prompt': missing"),
+        (good | {"initial_prompt": 3}, "field 'initial_prompt': expected a string, got 3"),
+        (
+            good | {"mood": "low"},
+            "field 'mood': unknown field (known: id, scenario, initial_prompt)",
+        ),
+        (good | {"scenario": "  "}, "field 'scenario': empty"),
+        ([good], "expected a JSON object, got list"),
+        (good, "field 'id': 'a' appears twice"),
+    ]
     for bad, message in cases:
         path.write_text(json.dumps(good) + "\n" + json.dumps(bad) + "\n")
         with pytest.raises(DataError) as error:
@@ -130,33 +163,70 @@ def test_scenarios_load_and_every_bad_line_is_located(tmp_path):
 
 
 def test_parsers_take_exactly_their_format():
-    good = "cognitive: Grounded | 4\ntrace: All sections | 5\nlookahead: Plausible | 3\noverthinking: None | 0"
-    assert dialogue_judges.parse_turn_scores(good) == {"cognitive": 4, "trace": 5, "lookahead": 3, "overthinking": 0}
+    good = (
+        "cognitive: Grounded | 4\ntrace: All sections | 5\nlookahead: Plausible | "
+        "3\noverthinking: None | 0"
+    )
+    assert dialogue_judges.parse_turn_scores(good) == {
+        "cognitive": 4,
+        "trace": 5,
+        "lookahead": 3,
+        "overthinking": 0,
+    }
     lines = good.splitlines()
-    for answer in [good.replace("| 0", "| 3"), good.replace("| 4", "| 0"), "\n".join(lines[:3]),
-                   "\n".join([lines[1], lines[0], *lines[2:]]), good + "\nAll fine.", good.replace("| 5", "| 4.5"),
-                   '{"cognitive": 4, "trace": 5, "lookahead": 3, "overthinking": 0}']:
+    for answer in [
+        good.replace("| 0", "| 3"),
+        good.replace("| 4", "| 0"),
+        "\n".join(lines[:3]),
+        "\n".join([lines[1], lines[0], *lines[2:]]),
+        good + "\nAll fine.",
+        good.replace("| 5", "| 4.5"),
+        '{"cognitive": 4, "trace": 5, "lookahead": 3, "overthinking": 0}',
+    ]:
         assert dialogue_judges.parse_turn_scores(answer) is None, answer
     assert dialogue_judges.parse_emotional_state("Relieved after the advice | 4") == 4
     for answer in ["Calm | 0", "Calm | 6", "4", "Calm |", "Calm | 3.5", "Calm | 4\nCalm | 4"]:
         assert dialogue_judges.parse_emotional_state(answer) is None, answer
-    quality = "sr_proxy: User still anxious | 0\nea: Warm and validating | 4\nfa: No invented facts | 1"
+    quality = (
+        "sr_proxy: User still anxious | 0\nea: Warm and validating | 4\nfa: No invented facts | 1"
+    )
     assert dialogue_judges.parse_turn_quality(quality) == {"sr_proxy": 0.0, "ea": 4.0, "fa": 1.0}
-    for answer in [quality.replace("| 4", "| 0"), quality.replace("| 0", "| 2"), "\n".join(quality.splitlines()[:2])]:
+    for answer in [
+        quality.replace("| 4", "| 0"),
+        quality.replace("| 0", "| 2"),
+        "\n".join(quality.splitlines()[:2]),
+    ]:
         assert dialogue_judges.parse_turn_quality(answer) is None, answer
-    assert dialogue_judges.parse_user_turn("  I guess I could try that tonight.  ") == \
-        "I guess I could try that tonight."
-    for answer in ["", "   ", "Assistant: Here is a plan.", "Okay.\nUser: and then?", "<think>hmm</think> ok"]:
+    assert (
+        dialogue_judges.parse_user_turn("  I guess I could try that tonight.  ")
+        == "I guess I could try that tonight."
+    )
+    for answer in [
+        "",
+        "   ",
+        "Assistant: Here is a plan.",
+        "Okay.\nUser: and then?",
+        "<think>hmm</think> ok",
+    ]:
         assert dialogue_judges.parse_user_turn(answer) is None, answer
     assert dialogue_judges.user_ends_dialogue("Thanks, that really helps.")
     assert dialogue_judges.user_ends_dialogue("Okay, I\u2019m done.")
-    assert not dialogue_judges.user_ends_dialogue("I'm thankful you listened, but I still feel lost.")
+    assert not dialogue_judges.user_ends_dialogue(
+        "I'm thankful you listened, but I still feel lost."
+    )
 
 
 def test_split_reply_never_lets_reasoning_into_the_reply():
-    assert dialogue.split_reply("<think>plan</think>\n\nHello there.", False) == ("plan", "Hello there.")
-    assert dialogue.split_reply("plan</think>Hello.", True) == ("plan", "Hello.")  # the template opened <think>
-    assert dialogue.split_reply("<think>still planning, cut off", False) == ("still planning, cut off", "")
+    assert dialogue.split_reply("<think>plan</think>\n\nHello there.", False) == (
+        "plan",
+        "Hello there.",
+    )
+    # the template opened <think>
+    assert dialogue.split_reply("plan</think>Hello.", True) == ("plan", "Hello.")
+    assert dialogue.split_reply("<think>still planning, cut off", False) == (
+        "still planning, cut off",
+        "",
+    )
     assert dialogue.split_reply("still planning, cut off", True) == ("still planning, cut off", "")
     assert dialogue.split_reply("Just a reply.", False) == ("", "Just a reply.")
 
@@ -166,24 +236,64 @@ def test_rules_backend_scripts_the_user_and_the_states():
         return rules_backend(call.messages, {})
 
     dialogue_so_far = [("user", "I feel overwhelmed."), ("assistant", "I understand. I am sorry.")]
-    assert ask(dialogue_judges.user_turn_request("s", dialogue_so_far, 1, 8)) == SCRIPTED_USER["eased"]
-    assert ask(dialogue_judges.user_turn_request("s", dialogue_so_far + [("user", "x"), ("assistant", "I hear you.")],
-                                          2, 8)) == SCRIPTED_USER["ends"]  # three comfort words in all
-    assert ask(dialogue_judges.user_turn_request("s", [("user", "x"), ("assistant", "Noted.")], 1, 8)) == SCRIPTED_USER[
-        "not eased"]
-    states = [dialogue_judges.parse_emotional_state(ask(dialogue_judges.emotional_state_request("ctx",
-                                                                                                 SCRIPTED_USER[k])))
-              for k in ("ends", "eased", "not eased")]
+    assert (
+        ask(dialogue_judges.user_turn_request("s", dialogue_so_far, 1, 8)) == SCRIPTED_USER["eased"]
+    )
+    assert (
+        ask(
+            dialogue_judges.user_turn_request(
+                "s",
+                dialogue_so_far + [("user", "x"), ("assistant", "I hear you.")],
+                # three comfort words in all
+                2,
+                8,
+            )
+        )
+        == SCRIPTED_USER["ends"]
+    )
+    assert (
+        ask(dialogue_judges.user_turn_request("s", [("user", "x"), ("assistant", "Noted.")], 1, 8))
+        == SCRIPTED_USER["not eased"]
+    )
+    states = [
+        dialogue_judges.parse_emotional_state(
+            ask(dialogue_judges.emotional_state_request("ctx", SCRIPTED_USER[k]))
+        )
+        for k in ("ends", "eased", "not eased")
+    ]
     assert states == [5, 3, 1] and dialogue_judges.user_ends_dialogue(SCRIPTED_USER["ends"])
-    trace = "Facts: a deadline.\nNeeds: rest.\nAppraisal: too much.\nEmotion: worried.\nStrategy: calm.\n" \
-            "Lookahead 1: calmer.\nLookahead 2: calmer.\nLookahead 3: calmer.\nChoice: keep."
+    trace = (
+        "Facts: a deadline.\nNeeds: rest.\nAppraisal: too much.\nEmotion: worried.\nStrategy: "
+        "calm.\nLookahead 1: calmer.\nLookahead 2: calmer.\nLookahead 3: calmer.\nChoice: keep."
+    )
     eased = "Needs: a next step\nAppraisal: manageable\nEmotion: calmer"
-    scores = dialogue_judges.parse_turn_scores(ask(dialogue_judges.turn_scores_request(
-        [("user", "My deadline is tomorrow.")], trace, "Your deadline sounds hard.", 2, eased, SCRIPTED_USER["ends"])))
-    # a shared content word (deadline); all five sections; an eased forecast that came true; repeated steps, beyond n
+    scores = dialogue_judges.parse_turn_scores(
+        ask(
+            dialogue_judges.turn_scores_request(
+                [("user", "My deadline is tomorrow.")],
+                trace,
+                "Your deadline sounds hard.",
+                2,
+                eased,
+                SCRIPTED_USER["ends"],
+            )
+        )
+    )
+    # a shared content word (deadline); all five sections; an
+    # eased forecast that came true; repeated steps, beyond n
     assert scores == {"cognitive": 5, "trace": 5, "lookahead": 5, "overthinking": 2}
-    wrong = dialogue_judges.parse_turn_scores(ask(dialogue_judges.turn_scores_request(
-        [("user", "My deadline is tomorrow.")], trace, "Noted.", 2, eased, SCRIPTED_USER["not eased"])))
+    wrong = dialogue_judges.parse_turn_scores(
+        ask(
+            dialogue_judges.turn_scores_request(
+                [("user", "My deadline is tomorrow.")],
+                trace,
+                "Noted.",
+                2,
+                eased,
+                SCRIPTED_USER["not eased"],
+            )
+        )
+    )
     assert wrong["lookahead"] == 2  # the forecast eased, the user did not
     forecast = ask(dialogue_judges.predictor_request(dialogue_so_far[:1], "I understand.", None))
     assert dialogue_judges.parse_prediction(forecast) == eased
@@ -196,23 +306,36 @@ def test_rules_backend_scripts_the_user_and_the_states():
 # ----------------------------------------------------------------------------- the role-play
 
 
-def test_episodes_end_by_the_user_or_the_turn_limit_and_reasoning_never_reaches_the_simulator(monkeypatch):
+def test_episodes_end_by_the_user_or_the_turn_limit_and_reasoning_never_reaches_the_simulator(
+    monkeypatch,
+):
     batches = []
     chat_many = judge.chat_many
-    monkeypatch.setattr(judge, "chat_many", lambda calls, cfg: batches.append(len(calls)) or chat_many(calls, cfg))
+    monkeypatch.setattr(
+        judge, "chat_many", lambda calls, cfg: batches.append(len(calls)) or chat_many(calls, cfg)
+    )
     respond = scripted(lambda row, chat: chat[0]["content"].split(":")[0])
     recorder = Recorder()
     starts = [dialogue.as_state(scenario(name)) for name in ("kind", "slow", "cold")]
     with serving(recorder) as cfg:
         episodes, stats = dialogue.play(respond, starts, DialogueSettings(max_turns=4), cfg)
-    assert [(e.ended_by, len(e.turns)) for e in episodes] == [("user", 1), ("user", 3), ("turn limit", 4)]
-    assert [len(chats) for chats in respond.calls] == [3, 2, 2, 1]  # one policy call per turn, live episodes only
+    assert [(e.ended_by, len(e.turns)) for e in episodes] == [
+        ("user", 1),
+        ("user", 3),
+        ("turn limit", 4),
+    ]
+    # one policy call per turn, live episodes only
+    assert [len(chats) for chats in respond.calls] == [3, 2, 2, 1]
     assert batches == [3, 2, 2, 1] and stats["calls"] == 8  # one simulator batch per turn
     kind, slow, cold = episodes
-    assert kind.state.history == (("user", "kind: I feel overwhelmed by my deadline."),
-                                  ("assistant", STYLES["kind"]), ("user", SCRIPTED_USER["ends"]))
-    assert [m for role, m in slow.state.history if role == "user"][1:] == [SCRIPTED_USER["eased"]] * 2 + [
-        SCRIPTED_USER["ends"]]
+    assert kind.state.history == (
+        ("user", "kind: I feel overwhelmed by my deadline."),
+        ("assistant", STYLES["kind"]),
+        ("user", SCRIPTED_USER["ends"]),
+    )
+    assert [m for role, m in slow.state.history if role == "user"][1:] == [
+        SCRIPTED_USER["eased"]
+    ] * 2 + [SCRIPTED_USER["ends"]]
     assert [cold.follow_up(k) for k in range(4)] == [SCRIPTED_USER["not eased"]] * 4
     # the exact messages the simulator got: the visible dialogue so far, no reasoning
     simulated = recorder.of(dialogue_judges.USER_SIMULATOR_SYSTEM)
@@ -221,90 +344,148 @@ def test_episodes_end_by_the_user_or_the_turn_limit_and_reasoning_never_reaches_
     for message in simulated:
         name = section(message, "dialogue").split(":")[1].strip()
         shown = section(message, "dialogue")
-        assert any(shown == judge.dialogue_text(list(finals[name][:n])) for n in range(2, 9, 2)), shown
-    assert not any("SECRET" in m["content"] for chats in respond.calls for chat in chats for m in chat)
+        assert any(shown == judge.dialogue_text(list(finals[name][:n])) for n in range(2, 9, 2)), (
+            shown
+        )
+    assert not any(
+        "SECRET" in m["content"] for chats in respond.calls for chat in chats for m in chat
+    )
     assert all(t.candidates[0].reasoning.startswith("SECRET") for e in episodes for t in e.turns)
 
 
 def test_every_candidate_gets_its_own_reply_and_its_forecast_is_scored(monkeypatch):
-    # EmoLLM H: at each turn the simulator answers each of the G candidates before the turn rewards; the episode
-    # goes on with candidate 0. B.1: the predictor T, on its own endpoint, forecasts n steps, s(k+1) = T(x, y, s(k)),
-    # and the turn judge scores s(n) (R_RP); here the rules judge checks it against the candidate's own follow-up.
+    # EmoLLM H: at each turn the simulator answers each of the G candidates before the
+    # turn rewards; the episode goes on with candidate 0. B.1: the predictor T, on its
+    # own endpoint, forecasts n steps, s(k+1) = T(x, y, s(k)), and the turn judge scores
+    # s(n) (R_RP); here the rules judge checks it against the candidate's own follow-up.
     respond = scripted(lambda row, chat: ("cold", "kind", "slow")[row % 3])
     settings = DialogueSettings(max_turns=2, lookahead=2)
     judges, predictor = Recorder(), Recorder()
     with serving(judges) as cfg, serving(predictor) as predictor_cfg:
-        (episode,), stats = dialogue.play(respond, [dialogue.as_state(scenario("x"))], settings, cfg, candidates=3)
+        (episode,), stats = dialogue.play(
+            respond, [dialogue.as_state(scenario("x"))], settings, cfg, candidates=3
+        )
         first = episode.turns[0].candidates
-        assert [c.follow_up for c in first] == [SCRIPTED_USER[k] for k in ("not eased", "ends", "eased")]
-        assert episode.state.history[1:3] == (("assistant", STYLES["cold"]), ("user", SCRIPTED_USER["not eased"]))
-        assert len(judges.of(dialogue_judges.USER_SIMULATOR_SYSTEM)) == stats["calls"] == 6  # 3 candidates x 2 turns
+        assert [c.follow_up for c in first] == [
+            SCRIPTED_USER[k] for k in ("not eased", "ends", "eased")
+        ]
+        assert episode.state.history[1:3] == (
+            ("assistant", STYLES["cold"]),
+            ("user", SCRIPTED_USER["not eased"]),
+        )
+        # 3 candidates x 2 turns
+        assert len(judges.of(dialogue_judges.USER_SIMULATOR_SYSTEM)) == stats["calls"] == 6
         replies = [dialogue.turn_rollout(episode.turns[0].state, c) for c in first]
         settings.predictor = predictor_cfg
-        dialogue.judge_groups([(episode.turns[0].state, replies)], grpo.rewards.RewardSpec("emollm_turn"), settings,
-                              cfg)
+        dialogue.judge_groups(
+            [(episode.turns[0].state, replies)],
+            grpo.rewards.RewardSpec("emollm_turn"),
+            settings,
+            cfg,
+        )
     asked = predictor.of(dialogue_judges.PREDICTOR_SYSTEM)
-    assert len(asked) == 6 and not judges.of(dialogue_judges.PREDICTOR_SYSTEM)  # n = 2 steps x 3 candidates, own URL
+    # n = 2 steps x 3 candidates, own URL
+    assert len(asked) == 6 and not judges.of(dialogue_judges.PREDICTOR_SYSTEM)
     assert sum("<previous>" in m for m in asked) == 3  # each second step goes on from its first
     scored = judges.of(dialogue_judges.TURN_SCORES_SYSTEM)
     assert sorted(section(m, "follow_up") for m in scored) == sorted(c.follow_up for c in first)
     for r, c in zip(replies, first):
         eased = "calmer" if c.reply != STYLES["cold"] else "worried"
         assert r.judged["prediction"].endswith(f"Emotion: {eased}")
-        assert r.judged["turn_scores"]["lookahead"] == 5  # each forecast agrees with its own candidate's follow-up
+        # each forecast agrees with its own candidate's follow-up
+        assert r.judged["turn_scores"]["lookahead"] == 5
 
 
 def test_every_policy_turn_is_one_batched_generate_call(base, monkeypatch):
     calls = []
     generate = M.generate
-    monkeypatch.setattr(M, "generate", lambda model, prompts, *a, **k: calls.append(len(prompts)) or
-                        generate(model, prompts, *a, **k))
+    monkeypatch.setattr(
+        M,
+        "generate",
+        lambda model, prompts, *a, **k: (
+            calls.append(len(prompts)) or generate(model, prompts, *a, **k)
+        ),
+    )
     tok, policy = M.load_tokenizer(base), M.Qwen.from_pretrained(base, dtype="float32")
     sampling = grpo.RolloutSettings(max_new_tokens=6)
     settings = DialogueSettings(max_turns=3, arg_scaffold=True, lookahead=2)
     starts = [dialogue.as_state(scenario(name)) for name in ("a", "a", "b")]
     with serving() as cfg:
-        episodes, _ = dialogue.play(dialogue.local_policy(policy, tok, sampling), starts, settings, cfg, 2, seed=3)
+        episodes, _ = dialogue.play(
+            dialogue.local_policy(policy, tok, sampling), starts, settings, cfg, 2, seed=3
+        )
     live = [sum(len(e.turns) > t for e in episodes) for t in range(3)]
-    assert calls == [2 * n for n in live if n]  # two candidates for each live episode, in one call per turn
+    # two candidates for each live episode, in one call per turn
+    assert calls == [2 * n for n in live if n]
     for e in episodes:
         for turn in e.turns:
             assert len(turn.candidates) == 2
-            for c in turn.candidates:  # each sampled under the chat of the visible dialogue, scaffold first
+            # each sampled under the chat of the visible dialogue, scaffold first
+            for c in turn.candidates:
                 assert c.prompt == tok.chat_ids(dialogue.policy_messages(turn.state, settings))
                 assert len(c.completion) == len(c.logp) <= 6
         assert e.state.history[1::2] == tuple(("assistant", t.candidates[0].reply) for t in e.turns)
 
 
 def test_context_is_cut_at_turn_boundaries_for_sampling_and_for_the_update(base):
-    # EmoLLM D.3: 2,048 tokens of dialogue context in generation, 896 in the update. Whole exchanges go, oldest first;
-    # the system message and the latest user message stay; the update's rows use their own (shorter) prompt, whose
-    # log-prob difference to the sampler's is grpo's logp_mismatch
+    # EmoLLM D.3: 2,048 tokens of dialogue context in generation, 896 in the update. Whole exchanges
+    # go, oldest first; the system message and the latest user message stay; the update's rows use
+    # their own (shorter) prompt, whose log-prob difference to the sampler's is grpo's logp_mismatch
     tok = M.load_tokenizer(base)
-    history = [("user", "I feel worried"), ("assistant", "I hear you"), ("user", "sorry"),
-               ("assistant", "try one step"),
-               ("user", "I understand the plan")]
+    history = [
+        ("user", "I feel worried"),
+        ("assistant", "I hear you"),
+        ("user", "sorry"),
+        ("assistant", "try one step"),
+        ("user", "I understand the plan"),
+    ]
     state = State(scenario("x"), tuple(history))
     settings = DialogueSettings(arg_scaffold=True)
     chat = dialogue.policy_messages(state, settings)
-    size = [len(tok.chat_ids(chat[:1] + chat[1 + 2 * k:])) for k in range(3)]  # dropping 0, 1 or 2 exchanges
+    # dropping 0, 1 or 2 exchanges
+    size = [len(tok.chat_ids(chat[:1] + chat[1 + 2 * k :])) for k in range(3)]
     assert size[0] > size[1] > size[2]
-    for limit, kept in ((None, 0), (size[0], 0), (size[0] - 1, 1), (size[1], 1), (size[2], 2), (1, 2)):
-        assert dialogue.fit_context(tok, chat, limit, None) == chat[:1] + chat[1 + 2 * kept:], limit
+    for limit, kept in (
+        (None, 0),
+        (size[0], 0),
+        (size[0] - 1, 1),
+        (size[1], 1),
+        (size[2], 2),
+        (1, 2),
+    ):
+        assert dialogue.fit_context(tok, chat, limit, None) == chat[:1] + chat[1 + 2 * kept :], (
+            limit
+        )
     settings.context_tokens, settings.update_context_tokens = size[1], size[2]
     policy = M.Qwen.from_pretrained(base, dtype="float32")
-    ((turn,),) = dialogue.local_policy(policy, tok, grpo.RolloutSettings(max_new_tokens=3), settings)([chat], 1, 0)
+    ((turn,),) = dialogue.local_policy(
+        policy, tok, grpo.RolloutSettings(max_new_tokens=3), settings
+    )([chat], 1, 0)
     assert turn.prompt == tok.chat_ids(chat[:1] + chat[3:]) and len(turn.prompt) == size[1]
-    assert turn.train_prompt == tok.chat_ids(chat[:1] + chat[5:]) and len(turn.train_prompt) == size[2]
-    assert dialogue._sample(turn).prompt == turn.train_prompt and dialogue._sample(turn).logp == turn.logp
+    assert (
+        turn.train_prompt == tok.chat_ids(chat[:1] + chat[5:]) and len(turn.train_prompt) == size[2]
+    )
+    assert (
+        dialogue._sample(turn).prompt == turn.train_prompt
+        and dialogue._sample(turn).logp == turn.logp
+    )
 
 
 # ----------------------------------------------------------------------------- grpo's dialogue mode
 
 
 def demo_cfg(base, url, *overrides):
-    return load_config(DEMO, [f"model.path={base}", f"judge.base_url={url}", "judge.retries=0",
-                              "rollout.max_new_tokens=8", *overrides], grpo.GRPOConfig)
+    return load_config(
+        DEMO,
+        [
+            f"model.path={base}",
+            f"judge.base_url={url}",
+            "judge.retries=0",
+            "rollout.max_new_tokens=8",
+            *overrides,
+        ],
+        grpo.GRPOConfig,
+    )
 
 
 def slots_of(cfg, names):
@@ -312,7 +493,8 @@ def slots_of(cfg, names):
     return source, [Slot(i, ex, seg) for i, (ex, seg) in enumerate(source.take(len(names)))]
 
 
-def hand_advantages(rewards):  # the demo config's loss.adv_std: population, sigma over 1/G as EmoLLM B.2 writes it
+# the demo config's loss.adv_std: population, sigma over 1/G as EmoLLM B.2 writes it
+def hand_advantages(rewards):
     mean = sum(rewards) / len(rewards)
     std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards))
     return [(r - mean) / (std + 1e-6) for r in rewards]
@@ -323,7 +505,9 @@ def test_trajectory_groups_advantages_and_a_loss_mask_on_assistant_tokens_only(b
         cfg = demo_cfg(base, judge_cfg.base_url, "rollout.group_size=3", "filtering.enabled=false")
         policy, tok = grpo.build_policy(cfg, CPU)
         source, slots = slots_of(cfg, ["p", "q"])
-        groups, counts = grpo.collect_groups(dialogue.DialogueSampler(policy, tok, cfg), source, slots, cfg, 0, CPU)
+        groups, counts = grpo.collect_groups(
+            dialogue.DialogueSampler(policy, tok, cfg), source, slots, cfg, 0, CPU
+        )
     assert [g.example.id for g in groups] == ["p", "q"] and counts["calls"] > 0
     advantages = grpo.advantages_by_group(groups, cfg.loss)
     sequences = grpo.training_sequences(groups, advantages)
@@ -333,14 +517,16 @@ def test_trajectory_groups_advantages_and_a_loss_mask_on_assistant_tokens_only(b
         assert all(r is not None for r in g.rewards) and not g.masked
         assert adv == pytest.approx(hand_advantages(g.rewards), abs=1e-5)
         for member, rollout, a in zip(g.samples, g.rollouts, adv):
-            assert len(member) == len(rollout.turns) >= 1  # a sample per assistant turn of the episode
+            # a sample per assistant turn of the episode
+            assert len(member) == len(rollout.turns) >= 1
             for sample, turn in zip(member, rollout.turns):
                 seq = next(rows)
                 share = len(sample.completion) / sum(len(s.completion) for s in member)
                 assert seq.advantage == a and seq.row_weight == share
                 assert seq.ids == sample.prompt + sample.completion
                 assert [seq.ids[t + 1] for t, on in enumerate(seq.mask) if on] == sample.completion
-                assert not any(seq.mask[:len(sample.prompt) - 1])  # the prompt, every user turn in it, untrained
+                # the prompt, every user turn in it, untrained
+                assert not any(seq.mask[: len(sample.prompt) - 1])
                 *context, (_, reply) = turn.example.history  # the dialogue this turn closed
                 state = State(g.example.scenario, tuple(context))
                 assert sample.prompt == tok.chat_ids(dialogue.policy_messages(state, cfg.dialogue))
@@ -354,8 +540,11 @@ def test_an_episode_counts_once_in_the_loss_whatever_its_turns():
     logp = torch.tensor([[-1.0, -2.0, -0.5], [-0.3, -0.7, -1.1], [-0.2, -0.4, -0.9]])
     old = logp + torch.tensor([[0.1, -0.1, 0.0], [0.0, 0.2, -0.3], [0.05, 0.0, 0.1]])
     mask = torch.tensor([[True, True, False], [True, True, True], [True, True, True]])
-    adv = torch.tensor([1.0, 1.0, -0.5])  # rows 0 and 1: one episode of 2 + 3 tokens; row 2: another of 3 tokens
-    loss, _ = grpo.grpo_loss(logp, old, None, adv, mask, beta=0.0, row_weight=torch.tensor([2 / 5, 3 / 5, 1.0]))
+    # rows 0 and 1: one episode of 2 + 3 tokens; row 2: another of 3 tokens
+    adv = torch.tensor([1.0, 1.0, -0.5])
+    loss, _ = grpo.grpo_loss(
+        logp, old, None, adv, mask, beta=0.0, row_weight=torch.tensor([2 / 5, 3 / 5, 1.0])
+    )
 
     def term(b, t):
         rho = math.exp(logp[b, t] - old[b, t])
@@ -369,14 +558,25 @@ def test_an_episode_counts_once_in_the_loss_whatever_its_turns():
 def test_turn_groups_share_one_rubric_per_state(base, monkeypatch):
     recorder = Recorder()
     with serving(recorder) as judge_cfg:
-        cfg = demo_cfg(base, judge_cfg.base_url, "reward.name=care", "rollout.group_size=3", "dialogue.max_turns=3")
+        cfg = demo_cfg(
+            base,
+            judge_cfg.base_url,
+            "reward.name=care",
+            "rollout.group_size=3",
+            "dialogue.max_turns=3",
+        )
         policy, tok = grpo.build_policy(cfg, CPU)
         source, slots = slots_of(cfg, ["p", "q"])
-        groups, counts = grpo.collect_groups(dialogue.DialogueSampler(policy, tok, cfg), source, slots, cfg, 0, CPU)
+        groups, counts = grpo.collect_groups(
+            dialogue.DialogueSampler(policy, tok, cfg), source, slots, cfg, 0, CPU
+        )
     played = recorder.of(dialogue_judges.USER_SIMULATOR_SYSTEM)
-    assert len(groups) >= 4 and len(played) == 3 * len(groups)  # a group per state, a simulated reply per candidate
+    # a group per state, a simulated reply per candidate
+    assert len(groups) >= 4 and len(played) == 3 * len(groups)
     shown = sorted(section(m, "dialogue") for m in played)
-    assert shown == sorted(judge.dialogue_text(list(r.example.history)) for g in groups for r in g.rollouts)
+    assert shown == sorted(
+        judge.dialogue_text(list(r.example.history)) for g in groups for r in g.rollouts
+    )
     assert all(r.judged["follow_up"] is not None for g in groups for r in g.rollouts)
     asked = [section(m, "dialogue") for m in recorder.of(CARE_RUBRIC_SYSTEM)]
     assert sorted(asked) == sorted(judge.dialogue_text(list(g.example.history)) for g in groups)
@@ -390,73 +590,128 @@ def test_turn_groups_share_one_rubric_per_state(base, monkeypatch):
         if not g.masked:
             advantages = grpo.advantages_by_group([g], cfg.loss)[0]
             assert advantages == pytest.approx(hand_advantages(g.rewards), abs=1e-5)
-    # identical replies: each state is resampled twice, then replaced by another seed's opening, then masked;
-    # a resample asks for no new rubric, a replacement (a new state) for its own
-    monkeypatch.setattr(dialogue, "local_policy",
-                        lambda model, tok, sampling, settings=None: scripted(lambda row, chat: "cold"))
+    # identical replies: each state is resampled twice, then replaced by another seed's opening,
+    # then masked; a resample asks for no new rubric, a replacement (a new state) for its own
+    monkeypatch.setattr(
+        dialogue,
+        "local_policy",
+        lambda model, tok, sampling, settings=None: scripted(lambda row, chat: "cold"),
+    )
     recorder = Recorder()
     with serving(recorder) as judge_cfg:
-        cfg = load_config(DEMO, [f"judge.base_url={judge_cfg.base_url}", "reward.name=care", "rollout.group_size=3",
-                                 "dialogue.max_turns=2", "filtering.resamples=2", "filtering.replacements=1"],
-                          grpo.GRPOConfig)
+        cfg = load_config(
+            DEMO,
+            [
+                f"judge.base_url={judge_cfg.base_url}",
+                "reward.name=care",
+                "rollout.group_size=3",
+                "dialogue.max_turns=2",
+                "filtering.resamples=2",
+                "filtering.replacements=1",
+            ],
+            grpo.GRPOConfig,
+        )
         source, _ = slots_of(cfg, ["p", "q"])
-        groups, counts = grpo.collect_groups(dialogue.DialogueSampler(None, None, cfg), source,
-                                             [Slot(0, scenario("p"), 0)], cfg, 0, CPU)
-    assert (counts["resampled"], counts["replaced"], counts["masked"]) == (4, 2, 2) and len(groups) == 2
-    assert len(recorder.of(CARE_RUBRIC_SYSTEM)) == 2 + 2 and len(recorder.of(judge.CARE_SCORES_SYSTEM)) == 2 * 4 * 3
+        groups, counts = grpo.collect_groups(
+            dialogue.DialogueSampler(None, None, cfg),
+            source,
+            [Slot(0, scenario("p"), 0)],
+            cfg,
+            0,
+            CPU,
+        )
+    assert (counts["resampled"], counts["replaced"], counts["masked"]) == (4, 2, 2) and len(
+        groups
+    ) == 2
+    assert (
+        len(recorder.of(CARE_RUBRIC_SYSTEM)) == 2 + 2
+        and len(recorder.of(judge.CARE_SCORES_SYSTEM)) == 2 * 4 * 3
+    )
 
 
 def scripted_judge(messages, params):
-    """The rules user, and fixed scores: e_0 = 2 (the opening, in the scenario), e_T = 4; at assistant turn t,
-    cognitive min(5, t + 1), trace 6 - t, lookahead 3, overthinking t mod 3."""
+    """The rules user, and fixed scores: e_0 = 2 (the opening, in the scenario), e_T = 4; at
+    assistant turn t, cognitive min(5, t + 1), trace 6 - t, lookahead 3, overthinking t mod 3."""
     system, message = messages[0]["content"], messages[-1]["content"]
     if system == dialogue_judges.EMOTIONAL_STATE_SYSTEM:
         return "opening | 2" if section(message, "context").startswith("Someone") else "final | 4"
     if system == dialogue_judges.TURN_SCORES_SYSTEM:
         t = section(message, "dialogue").count("Assistant: ") + 1
-        return f"cognitive: c | {min(5, t + 1)}\ntrace: t | {6 - t}\nlookahead: l | 3\noverthinking: o | {t % 3}"
+        return (
+            f"cognitive: c | {min(5, t + 1)}\ntrace: t | {6 - t}\nlookahead: l | 3\noverthinking: "
+            f"o | {t % 3}"
+        )
     return rules_backend(messages, params)
 
 
 def test_trajectory_reward_against_a_hand_computation(monkeypatch):
     params = {"l_cog": 2.0, "l_arg": 1.0, "l_rp": 0.5, "l_over": 1.0, "l_emo": 3.0}
     respond = scripted(lambda row, chat: ("slow", "kind")[row])
-    monkeypatch.setattr(dialogue, "local_policy", lambda model, tok, sampling, settings=None: respond)
+    monkeypatch.setattr(
+        dialogue, "local_policy", lambda model, tok, sampling, settings=None: respond
+    )
 
     def r(t):
         return 2.0 * min(4, t) / 4 + 1.0 * (5 - t) / 4 + 0.5 * 2 / 4 - 1.0 * (t % 3) / 2
 
     with serving(scripted_judge) as judge_cfg:
-        cfg = load_config(DEMO, [f"judge.base_url={judge_cfg.base_url}", f"reward.params={json.dumps(params)}",
-                                 "dialogue.max_turns=5"], grpo.GRPOConfig)
+        cfg = load_config(
+            DEMO,
+            [
+                f"judge.base_url={judge_cfg.base_url}",
+                f"reward.params={json.dumps(params)}",
+                "dialogue.max_turns=5",
+            ],
+            grpo.GRPOConfig,
+        )
         groups = dialogue.sample_dialogue_groups(None, None, [scenario("p")], cfg, 0, {})
         grpo.score_groups(groups, cfg, dialogue.DialogueSampler(None, None, cfg).judge)
     slow, kind = groups[0].rollouts
-    assert [len(slow.turns), len(kind.turns)] == [3, 1]  # slow: thanked after the third reply; kind: after the first
-    assert groups[0].rewards == pytest.approx([r(1) + r(2) + r(3) + 3.0 * (4 - 2) / 4, r(1) + 3.0 * (4 - 2) / 4])
+    # slow: thanked after the third reply; kind: after the first
+    assert [len(slow.turns), len(kind.turns)] == [3, 1]
+    assert groups[0].rewards == pytest.approx(
+        [r(1) + r(2) + r(3) + 3.0 * (4 - 2) / 4, r(1) + 3.0 * (4 - 2) / 4]
+    )
     assert groups[0].parts["R_emo"] == pytest.approx([0.5, 0.5])
     assert groups[0].parts["R_cog"] == pytest.approx([(1 / 4 + 2 / 4 + 3 / 4) / 3, 1 / 4])
 
 
 def test_a_judge_failing_mid_episode_makes_the_reward_none_not_a_crash(monkeypatch):
-    respond = scripted(lambda row, chat: ("cold", "slow")[row])  # different episodes: different rewards
-    monkeypatch.setattr(dialogue, "local_policy", lambda model, tok, sampling, settings=None: respond)
+    # different episodes: different rewards
+    respond = scripted(lambda row, chat: ("cold", "slow")[row])
+    monkeypatch.setattr(
+        dialogue, "local_policy", lambda model, tok, sampling, settings=None: respond
+    )
     failed = []
 
-    def second_turn_once(messages):  # the simulator's answer to some episode's second reply, the first time only
-        hit = messages[0]["content"] == dialogue_judges.USER_SIMULATOR_SYSTEM and messages[-1]["content"].count(
-            "Assistant: ") == 2 and not failed
+    # the simulator's answer to some episode's second reply, the first time only
+    def second_turn_once(messages):
+        hit = (
+            messages[0]["content"] == dialogue_judges.USER_SIMULATOR_SYSTEM
+            and messages[-1]["content"].count("Assistant: ") == 2
+            and not failed
+        )
         failed.extend([1] if hit else [])
         return hit
 
     for filtering, expect_masked in (("false", True), ("true", False)):
         failed.clear()
         with serving(Recorder(second_turn_once)) as judge_cfg:
-            cfg = load_config(DEMO, [f"judge.base_url={judge_cfg.base_url}", "judge.retries=0",
-                                     f"filtering.enabled={filtering}", "filtering.resamples=1",
-                                     "dialogue.max_turns=3"], grpo.GRPOConfig)
+            cfg = load_config(
+                DEMO,
+                [
+                    f"judge.base_url={judge_cfg.base_url}",
+                    "judge.retries=0",
+                    f"filtering.enabled={filtering}",
+                    "filtering.resamples=1",
+                    "dialogue.max_turns=3",
+                ],
+                grpo.GRPOConfig,
+            )
             source, slots = slots_of(cfg, ["p"])
-            groups, counts = grpo.collect_groups(dialogue.DialogueSampler(None, None, cfg), source, slots, cfg, 0, CPU)
+            groups, counts = grpo.collect_groups(
+                dialogue.DialogueSampler(None, None, cfg), source, slots, cfg, 0, CPU
+            )
         assert failed and counts["failures"] >= 1 and groups[0].masked is expect_masked
         if expect_masked:  # the broken-off episode ends on the assistant's reply, without a reward
             broken = [r for r in groups[0].rollouts if r.example.history[-1][0] == "assistant"]
@@ -465,9 +720,14 @@ def test_a_judge_failing_mid_episode_makes_the_reward_none_not_a_crash(monkeypat
             assert sum(v is None for v in groups[0].rewards) == 1
         else:
             assert counts["resampled"] == 1 and None not in groups[0].rewards
-    with serving(Recorder(lambda m: m[0]["content"] == dialogue_judges.TURN_SCORES_SYSTEM)) as judge_cfg:
-        cfg = load_config(DEMO, [f"judge.base_url={judge_cfg.base_url}", "judge.retries=0",
-                                 "filtering.enabled=false"], grpo.GRPOConfig)
+    with serving(
+        Recorder(lambda m: m[0]["content"] == dialogue_judges.TURN_SCORES_SYSTEM)
+    ) as judge_cfg:
+        cfg = load_config(
+            DEMO,
+            [f"judge.base_url={judge_cfg.base_url}", "judge.retries=0", "filtering.enabled=false"],
+            grpo.GRPOConfig,
+        )
         groups = dialogue.sample_dialogue_groups(None, None, [scenario("p")], cfg, 0, {})
         grpo.score_groups(groups, cfg, dialogue.DialogueSampler(None, None, cfg).judge)
     assert groups[0].rewards == [None, None]
@@ -480,15 +740,29 @@ def test_dialogue_metrics_by_hand():
     def turn(sr, ea, fa, care):
         return {"sr_proxy": sr, "ea": ea, "fa": fa, "care": care}
 
-    episodes = [{"n_turns": 3, "e_0": 2, "e_T": 5,
-                 "turns": [turn(0, 3, 1, 0.5), turn(1, 4, 1, 0.7), turn(0, 5, 0, None)]},
-                {"n_turns": 2, "e_0": 1, "e_T": 2, "turns": [turn(0, 2, 0, 0.1), turn(0, None, None, 0.3)]},
-                {"n_turns": 2, "e_0": None, "e_T": 3, "turns": [turn(None, 1, 1, None), turn(1, 3, 1, 0.9)]}]
+    episodes = [
+        {
+            "n_turns": 3,
+            "e_0": 2,
+            "e_T": 5,
+            "turns": [turn(0, 3, 1, 0.5), turn(1, 4, 1, 0.7), turn(0, 5, 0, None)],
+        },
+        {"n_turns": 2, "e_0": 1, "e_T": 2, "turns": [turn(0, 2, 0, 0.1), turn(0, None, None, 0.3)]},
+        {
+            "n_turns": 2,
+            "e_0": None,
+            "e_T": 3,
+            "turns": [turn(None, 1, 1, None), turn(1, 3, 1, 0.9)],
+        },
+    ]
     m = evaluate_dialogue.dialogue_metrics(episodes)
-    assert m["success_rate"] == pytest.approx(100 * 1 / 2)  # the third episode's success turn cannot be told
+    # the third episode's success turn cannot be told
+    assert m["success_rate"] == pytest.approx(100 * 1 / 2)
     assert m["avg_turns"] == 2 and m["emotional_state"] == pytest.approx((5 + 2 + 3) / 3)
     assert m["eg_per_turn"] == pytest.approx(((5 - 2) / 3 + (2 - 1) / 2) / 2)
-    assert m["ea"] == pytest.approx((3 + 4 + 5 + 2 + 1 + 3) / 6) and m["fa"] == pytest.approx(100 * 4 / 6)
+    assert m["ea"] == pytest.approx((3 + 4 + 5 + 2 + 1 + 3) / 6) and m["fa"] == pytest.approx(
+        100 * 4 / 6
+    )
     assert m["care"] == pytest.approx((0.5 + 0.7 + 0.1 + 0.3 + 0.9) / 5)
     assert m["unjudged"] == {"success": 1, "e_0": 1, "e_T": 0, "turns": 1, "care": 2}
     assert evaluate_dialogue.dialogue_metrics([])["success_rate"] is None
@@ -497,26 +771,47 @@ def test_dialogue_metrics_by_hand():
 def test_evaluation_runs_judges_resumes_and_writes_its_table(base, tmp_path, capsys):
     with serving() as judge_cfg:
         config = tmp_path / "eval.yaml"
-        config.write_text(yaml.safe_dump({
-            "output_dir": str(tmp_path / "out"), "scenarios": [str(REPO / "configs" / "dialogue_demo_scenarios.jsonl")],
-            "checkpoint": str(base), "device": "cpu", "runs": 2, "dialogue": {"max_turns": 3},
-            "sampling": {"max_new_tokens": 8}, "judge": {"base_url": judge_cfg.base_url, "retries": 0}}))
+        config.write_text(
+            yaml.safe_dump(
+                {
+                    "output_dir": str(tmp_path / "out"),
+                    "scenarios": [str(REPO / "configs" / "dialogue_demo_scenarios.jsonl")],
+                    "checkpoint": str(base),
+                    "device": "cpu",
+                    "runs": 2,
+                    "dialogue": {"max_turns": 3},
+                    "sampling": {"max_new_tokens": 8},
+                    "judge": {"base_url": judge_cfg.base_url, "retries": 0},
+                }
+            )
+        )
         evaluate_dialogue.main([str(config)])
         episodes = read_jsonl(tmp_path / "out" / "episodes.jsonl")
         summary = json.loads((tmp_path / "out" / "eval.json").read_text())
-        evaluate_dialogue.main([str(config)])  # resumes: both runs are there, nothing is played again
+        # resumes: both runs are there, nothing is played again
+        evaluate_dialogue.main([str(config)])
         assert read_jsonl(tmp_path / "out" / "episodes.jsonl") == episodes
     assert len(episodes) == 2 * 6 and {e["run"] for e in episodes} == {0, 1}
     state = {SCRIPTED_USER["ends"]: 5, SCRIPTED_USER["eased"]: 3, SCRIPTED_USER["not eased"]: 1}
-    for e in episodes:  # the rules stand-in as the oracle: each judgement was asked about the right text
+    # the rules stand-in as the oracle: each judgement was asked about the right text
+    for e in episodes:
         assert e["e_T"] == state[e["turns"][-1]["follow_up"]] and e["n_turns"] == len(e["turns"])
-        assert e["ended_by"] == ("user" if e["turns"][-1]["follow_up"] == SCRIPTED_USER["ends"] else "turn limit")
+        assert e["ended_by"] == (
+            "user" if e["turns"][-1]["follow_up"] == SCRIPTED_USER["ends"] else "turn limit"
+        )
         for t in e["turns"]:
-            assert t["sr_proxy"] == (t["follow_up"] == SCRIPTED_USER["ends"]) and t["fa"] == (t["reply"] != "")
+            assert t["sr_proxy"] == (t["follow_up"] == SCRIPTED_USER["ends"]) and t["fa"] == (
+                t["reply"] != ""
+            )
             assert 0 <= t["care"] <= 1
-    runs = [evaluate_dialogue.dialogue_metrics([e for e in episodes if e["run"] == r]) for r in (0, 1)]
+    runs = [
+        evaluate_dialogue.dialogue_metrics([e for e in episodes if e["run"] == r]) for r in (0, 1)
+    ]
     assert summary["metrics"]["ea"]["mean"] == pytest.approx((runs[0]["ea"] + runs[1]["ea"]) / 2)
-    assert "| Model | SR (%) | AT | ES | EG/Turn | EA | FA (%) | CARE |" in (tmp_path / "out" / "table.md").read_text()
+    assert (
+        "| Model | SR (%) | AT | ES | EG/Turn | EA | FA (%) | CARE |"
+        in (tmp_path / "out" / "table.md").read_text()
+    )
     config.write_text(config.read_text().replace("max_turns: 3", "max_turns: 4"))
     with pytest.raises(SystemExit) as stop:
         evaluate_dialogue.main([str(config)])
@@ -524,25 +819,39 @@ def test_evaluation_runs_judges_resumes_and_writes_its_table(base, tmp_path, cap
 
 
 def test_a_served_policy_is_evaluated_through_its_endpoint(tmp_path, capsys):
-    def policy(messages, params):  # a served policy: private reasoning, then a reply with three comfort words
+    # a served policy: private reasoning, then a reply with three comfort words
+    def policy(messages, params):
         assert params["max_tokens"] == 64 and messages[-1]["role"] == "user"
         return f"<think>SECRET plan</think>\n{STYLES['kind']}"
 
     with serving() as judge_cfg, serving(policy) as policy_cfg:
-        config = {"output_dir": str(tmp_path / "out"),
-                  "scenarios": [str(REPO / "configs" / "dialogue_demo_scenarios.jsonl")],
-                  "endpoint": {"base_url": policy_cfg.base_url, "retries": 0}, "runs": 1, "care": False,
-                  "sampling": {"max_new_tokens": 64}, "judge": {"base_url": judge_cfg.base_url, "retries": 0}}
+        config = {
+            "output_dir": str(tmp_path / "out"),
+            "scenarios": [str(REPO / "configs" / "dialogue_demo_scenarios.jsonl")],
+            "endpoint": {"base_url": policy_cfg.base_url, "retries": 0},
+            "runs": 1,
+            "care": False,
+            "sampling": {"max_new_tokens": 64},
+            "judge": {"base_url": judge_cfg.base_url, "retries": 0},
+        }
         summary = evaluate_dialogue.evaluate_dialogues(load_config_dict(tmp_path, config))
     episodes = read_jsonl(tmp_path / "out" / "episodes.jsonl")
-    assert all(e["n_turns"] == 1 and e["ended_by"] == "user" for e in episodes)  # thanked after the first reply
+    # thanked after the first reply
+    assert all(e["n_turns"] == 1 and e["ended_by"] == "user" for e in episodes)
     assert all(e["turns"][0]["reply"] == STYLES["kind"] for e in episodes)
     assert all(e["turns"][0]["reasoning"] == "SECRET plan" for e in episodes)
-    assert summary["metrics"]["success_rate"]["mean"] == 100 and summary["metrics"]["avg_turns"]["mean"] == 1
+    assert (
+        summary["metrics"]["success_rate"]["mean"] == 100
+        and summary["metrics"]["avg_turns"]["mean"] == 1
+    )
     assert summary["metrics"]["care"]["mean"] is None  # not asked
-    with serving() as judge_cfg, serving(Recorder(lambda m: True)) as policy_cfg:  # the policy fails: one line
-        config |= {"output_dir": str(tmp_path / "out2"), "endpoint": {"base_url": policy_cfg.base_url, "retries": 0},
-                   "judge": {"base_url": judge_cfg.base_url, "retries": 0}}
+    # the policy fails: one line
+    with serving() as judge_cfg, serving(Recorder(lambda m: True)) as policy_cfg:
+        config |= {
+            "output_dir": str(tmp_path / "out2"),
+            "endpoint": {"base_url": policy_cfg.base_url, "retries": 0},
+            "judge": {"base_url": judge_cfg.base_url, "retries": 0},
+        }
         path = tmp_path / "eval2.yaml"
         path.write_text(yaml.safe_dump(config))
         with pytest.raises(SystemExit) as stop:
@@ -556,20 +865,40 @@ def load_config_dict(tmp_path, raw: dict):
     return load_config(path, [], evaluate_dialogue.DialogueEvalConfig)
 
 
-# ----------------------------------------------------------------------------- configs and whole runs
+# --------------------------------------------------------------------------- configs and whole runs
 
 
 def test_paper_configs_carry_the_papers_settings():
     emollm = load_config(REPO / "configs" / "emollm_qwen3_8b.yaml", [], grpo.GRPOConfig)
     assert (emollm.lora.rank, emollm.lora.alpha, emollm.lora.dropout) == (16, 32, 0.1)
-    assert (emollm.optim.lr, emollm.rollout.group_size, emollm.loss.beta, emollm.updates) == (1e-5, 4, 0.01, 50)
+    assert (emollm.optim.lr, emollm.rollout.group_size, emollm.loss.beta, emollm.updates) == (
+        1e-5,
+        4,
+        0.01,
+        50,
+    )
     ro = emollm.rollout
-    assert (ro.temperature, ro.top_p, ro.top_k, ro.repetition_penalty, ro.max_new_tokens) == (0.8, 0.9, 50, 1.1, 256)
-    assert emollm.dialogue.max_turns == 8 and emollm.dialogue.lookahead == 3 and emollm.reward.name == "emollm"
+    assert (ro.temperature, ro.top_p, ro.top_k, ro.repetition_penalty, ro.max_new_tokens) == (
+        0.8,
+        0.9,
+        50,
+        1.1,
+        256,
+    )
+    assert (
+        emollm.dialogue.max_turns == 8
+        and emollm.dialogue.lookahead == 3
+        and emollm.reward.name == "emollm"
+    )
     assert grpo.lr_at(1, emollm.optim, 50) == grpo.lr_at(50, emollm.optim, 50) == 1e-5
     care = load_config(REPO / "configs" / "care_qwen2_5_7b.yaml", [], grpo.GRPOConfig)
     assert care.model.path.endswith("Qwen2.5-7B-Instruct") and care.reward.name == "care"
-    assert (care.rollout.prompts_per_update, care.optim.lr, care.updates, care.rollout.group_size) == (8, 2e-6, 100, 6)
+    assert (
+        care.rollout.prompts_per_update,
+        care.optim.lr,
+        care.updates,
+        care.rollout.group_size,
+    ) == (8, 2e-6, 100, 6)
     assert care.rollout.temperature == 1.0 and care.dialogue.max_turns == 8
 
 
@@ -577,53 +906,98 @@ def test_paper_configs_carry_the_papers_settings():
 @pytest.mark.parametrize("reward", ["emollm", "care"])
 def test_demo_config_trains_against_the_local_server(base, tmp_path, reward):
     with serving() as judge_cfg:
-        grpo.main([str(DEMO), f"model.path={base}", f"output_dir={tmp_path / 'run'}",
-                   f"judge.base_url={judge_cfg.base_url}", "updates=2", "rollout.max_new_tokens=8",
-                   f"reward.name={reward}"])
+        grpo.main(
+            [
+                str(DEMO),
+                f"model.path={base}",
+                f"output_dir={tmp_path / 'run'}",
+                f"judge.base_url={judge_cfg.base_url}",
+                "updates=2",
+                "rollout.max_new_tokens=8",
+                f"reward.name={reward}",
+            ]
+        )
     metrics = read_jsonl(tmp_path / "run" / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [1, 2] and all(m["judge/calls"] > 0 for m in metrics)
     if reward == "emollm":
-        assert {"rewards/R_emo/mean", "rewards/R_cog/mean", "rewards/R_overthink/mean"} <= set(metrics[0])
+        assert {"rewards/R_emo/mean", "rewards/R_cog/mean", "rewards/R_overthink/mean"} <= set(
+            metrics[0]
+        )
     records = read_jsonl(tmp_path / "run" / "completions.jsonl")
-    assert records and all(r["completion"].startswith("User: ") for r in records) == (reward == "emollm")
+    assert records and all(r["completion"].startswith("User: ") for r in records) == (
+        reward == "emollm"
+    )
     assert (tmp_path / "run" / "adapter" / "adapter_model.safetensors").is_file()
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("reward", ["emollm", "care"])
 def test_a_killed_dialogue_run_resumes_to_the_same_result(tmp_path, reward):
-    """Both grouping modes: SIGKILL once the first checkpoint is written, then `resume: auto` ends with the adapter,
-    metrics and completions of a run never stopped. Two of the six seeds an update, so a scenario cursor not
-    restored would replay the first two; LoRA dropout draws from the torch generator the checkpoint restores; the
-    policy can write U+2028, a line break to str.splitlines inside a completions.jsonl record."""
+    """Both grouping modes: SIGKILL once the first checkpoint is written, then `resume: auto` ends
+    with the adapter, metrics and completions of a run never stopped. Two of the six seeds an
+    update, so a scenario cursor not restored would replay the first two; LoRA dropout draws from
+    the torch generator the checkpoint restores; the policy can write U+2028, a line break to
+    str.splitlines inside a completions.jsonl record."""
     base = write_checkpoint(tmp_path / "base", words=[*WORDS, "\u2028"], hidden=16)
     with JudgeServer(rules_backend, faults=Faults(latency=0.02)).start() as server:
+
         def argv(name):
-            return [str(DEMO), f"model.path={base}", f"output_dir={tmp_path / name}", f"judge.base_url={server.url}",
-                    f"reward.name={reward}", "updates=3", "save_every=1", "rollout.max_new_tokens=8",
-                    "lora.dropout=0.1"]
+            return [
+                str(DEMO),
+                f"model.path={base}",
+                f"output_dir={tmp_path / name}",
+                f"judge.base_url={server.url}",
+                f"reward.name={reward}",
+                "updates=3",
+                "save_every=1",
+                "rollout.max_new_tokens=8",
+                "lora.dropout=0.1",
+            ]
 
         grpo.main(argv("straight"))
         kill_after_checkpoint(argv("killed"), tmp_path / "killed", "ckpt-000001")
-        assert CK.latest_checkpoint(tmp_path / "killed").name in ("ckpt-000001", "ckpt-000002", "ckpt-000003")
+        assert CK.latest_checkpoint(tmp_path / "killed").name in (
+            "ckpt-000001",
+            "ckpt-000002",
+            "ckpt-000003",
+        )
         grpo.main(argv("killed"))  # resume: auto
     assert_same_run(tmp_path / "straight", tmp_path / "killed")
 
 
 def test_bad_dialogue_inputs_are_one_line(base, tmp_path, capsys):
     bad = tmp_path / "bad.jsonl"
-    bad.write_text('{"id": "a", "scenario": "s", "initial_prompt": "p"}\n{"id": "b", "scenario": "s"}\n')
-    cases = [(["reward.name=clue"], "'dialogue': rewards emollm, emollm_turn, care train on role-played dialogues"),
-             ([f"train_data=[{bad}]"], f"{bad}:2: field 'initial_prompt': missing"),
-             (["dialogue.lookahead=0"], "'dialogue.lookahead': must be at least 1")]
+    bad.write_text(
+        '{"id": "a", "scenario": "s", "initial_prompt": "p"}\n{"id": "b", "scenario": "s"}\n'
+    )
+    cases = [
+        (
+            ["reward.name=clue"],
+            "'dialogue': rewards emollm, emollm_turn, care train on role-played dialogues",
+        ),
+        ([f"train_data=[{bad}]"], f"{bad}:2: field 'initial_prompt': missing"),
+        (["dialogue.lookahead=0"], "'dialogue.lookahead': must be at least 1"),
+    ]
     for overrides, message in cases:
         with pytest.raises(SystemExit) as stop:
-            grpo.main([str(DEMO), f"model.path={base}", f"output_dir={tmp_path / 'run'}", *overrides])
+            grpo.main(
+                [str(DEMO), f"model.path={base}", f"output_dir={tmp_path / 'run'}", *overrides]
+            )
         err = capsys.readouterr().err.strip()
         assert stop.value.code == 2 and len(err.splitlines()) == 1 and message in err, err
     plain = tmp_path / "plain.yaml"
-    plain.write_text(yaml.safe_dump({"output_dir": str(tmp_path / "r"), "train_data": [str(bad)],
-                                     "model": {"path": str(base)}, "reward": {"name": "emollm"}}))
+    plain.write_text(
+        yaml.safe_dump(
+            {
+                "output_dir": str(tmp_path / "r"),
+                "train_data": [str(bad)],
+                "model": {"path": str(base)},
+                "reward": {"name": "emollm"},
+            }
+        )
+    )
     with pytest.raises(SystemExit):
         grpo.main([str(plain)])
-    assert "they, and only they, need a 'dialogue' section (reward: emollm)" in capsys.readouterr().err
+    assert (
+        "they, and only they, need a 'dialogue' section (reward: emollm)" in capsys.readouterr().err
+    )

@@ -1,8 +1,9 @@
-"""EmoLLM Stage I (emollm_data.py, its own command): the ESConv and ECoK layouts, the retrieval behind g_t
-against hand-picked matches, CPT rows cut to max_length, the ARG teacher's parser, ARG rows from a scripted teacher
-on the local judge server (both target forms of the gate, rejections counted, a rerun resumed from the answer
-log), one-line errors for bad input with nothing written, and the chain CPT -> ARG SFT -> grpo.py's dialogue demo
-from the merged Stage I model against the rules judge, all on the CPU."""
+"""EmoLLM Stage I (emollm_data.py, its own command): the ESConv and ECoK layouts, the retrieval
+behind g_t against hand-picked matches, CPT rows cut to max_length, the ARG teacher's parser, ARG
+rows from a scripted teacher on the local judge server (both target forms of the gate, rejections
+counted, a rerun resumed from the answer log), one-line errors for bad input with nothing written,
+and the chain CPT -> ARG SFT -> grpo.py's dialogue demo from the merged Stage I model against the
+rules judge, all on the CPU."""
 
 import json
 import re
@@ -10,6 +11,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import grpo_checkpoint as write_checkpoint
+from helpers import read_jsonl
 
 import emollm_data as E
 import grpo
@@ -17,12 +20,13 @@ import model as M
 import sft
 from config import load_config
 from judge_server import JudgeServer, rules_backend
-from helpers import grpo_checkpoint as write_checkpoint, read_jsonl
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "fixtures" / "emollm"
 ESCONV, ECOK = FIXTURES / "esconv.json", FIXTURES / "ecok.jsonl"
-WORDS = "user assistant User: Assistant: I my job lost the rent Thank you Facts: Needs: Emotion: yes".split()
+WORDS = (
+    "user assistant User: Assistant: I my job lost the rent Thank you Facts: Needs: Emotion: yes"
+).split()
 
 
 @pytest.fixture(scope="module")
@@ -31,12 +35,24 @@ def base(tmp_path_factory):
 
 
 def write_config(tmp_path: Path, name: str, emollm: dict | None = None, **raw) -> Path:
-    """sft.py's config `<name>.yaml`; with `emollm`, also emollm_data.py's `<name>_prepare.yaml` (`prep`) for the
-    same rows (out = data) measured as that training run encodes them."""
+    """sft.py's config `<name>.yaml`; with `emollm`, also emollm_data.py's `<name>_prepare.yaml`
+    (`prep`) for the same rows (out = data) measured as that training run encodes them."""
     path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump({"output_dir": str(tmp_path / name), "lr": 1e-2, "epochs": 1, "batch_size": 2,
-                                    "grad_accum": 1, "lora": {"rank": 4, "alpha": 8, "dropout": 0.0},
-                                    "device": "cpu", "save_merged": True, **raw}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "output_dir": str(tmp_path / name),
+                "lr": 1e-2,
+                "epochs": 1,
+                "batch_size": 2,
+                "grad_accum": 1,
+                "lora": {"rank": 4, "alpha": 8, "dropout": 0.0},
+                "device": "cpu",
+                "save_merged": True,
+                **raw,
+            }
+        )
+    )
     if emollm is not None:
         shared = {k: raw[k] for k in ("objective", "model", "max_length") if k in raw}
         prep(path).write_text(yaml.safe_dump({"out": raw["data"], **shared, **emollm}))
@@ -47,63 +63,107 @@ def prep(path: Path) -> Path:
     return path.with_name(path.stem + "_prepare.yaml")
 
 
-# ----------------------------------------------------------------------------- dialogues, knowledge, G
+# -------------------------------------------------------------------------- dialogues, knowledge, G
 
 
 def test_the_esconv_layout_is_read_with_same_speaker_turns_merged():
     first, second = E.load_dialogues([str(ESCONV)])
     assert first.id == "esconv-0" and (first.problem, first.emotion) == ("job crisis", "anxiety")
-    assert [role for role, _, _ in first.turns] == ["assistant", "user", "assistant", "user", "assistant", "user"]
+    assert [role for role, _, _ in first.turns] == [
+        "assistant",
+        "user",
+        "assistant",
+        "user",
+        "assistant",
+        "user",
+    ]
     assert first.turns[1][1] == "Not great. I lost my job last month. Now I worry about the rent."
     assert first.turns[2][2] == ("Reflection of feelings",) and E.contexts(first) == [1, 3, 5]
     assert E.contexts(second) == [0, 2] and second.turns[0][0] == "user"
-    assert E.context_meta(first, 1) == {"source": "esconv-0", "turn": 1, "next_strategy": ["Reflection of feelings"]}
+    assert E.context_meta(first, 1) == {
+        "source": "esconv-0",
+        "turn": 1,
+        "next_strategy": ["Reflection of feelings"],
+    }
 
 
 def test_retrieval_keeps_the_best_matching_tails_of_each_slot():
-    triples = [E.Triple("lose job", "xReact", "worried"), E.Triple("lose a good job", "xReact", "sad"),
-               E.Triple("lose job", "XNEED", "to find work"), E.Triple("rent due", "xWant", "money"),
-               E.Triple("lose job", "isAfter", "fired"), E.Triple("job", "xReact", "worried")]
+    triples = [
+        E.Triple("lose job", "xReact", "worried"),
+        E.Triple("lose a good job", "xReact", "sad"),
+        E.Triple("lose job", "XNEED", "to find work"),
+        E.Triple("rent due", "xWant", "money"),
+        E.Triple("lose job", "isAfter", "fired"),
+        E.Triple("job", "xReact", "worried"),
+    ]
     knowledge = E.Knowledge(triples, E.Relations(), min_overlap=0.5, per_slot=2)
-    query = E.words("I lost my job and the rent")  # lost, job, rent (a final s dropped, stop words out)
+    # lost, job, rent (a final s dropped, stop words out)
+    query = E.words("I lost my job and the rent")
     assert query == {"lost", "job", "rent"}
-    # "lose job": 1 of 2 head words (job) = 0.5; "lose a good job": lose, good, job -> 1/3 < 0.5; "rent due": 0.5;
-    # "job": 1/1 ranks first; isAfter fills no slot; the second "worried" is a repeat
-    assert knowledge.retrieve(query) == {"needs": ["to find work", "money"], "appraisal": [],
-                                         "emotion": ["worried"]}
+    # "lose job": 1 of 2 head words (job) = 0.5; "lose a good job":
+    # lose, good, job -> 1/3 < 0.5; "rent due": 0.5; "job": 1/1 ranks
+    # first; isAfter fills no slot; the second "worried" is a repeat
+    assert knowledge.retrieve(query) == {
+        "needs": ["to find work", "money"],
+        "appraisal": [],
+        "emotion": ["worried"],
+    }
     assert E.Knowledge(triples, E.Relations(), 0.6, 2).retrieve(query)["emotion"] == ["worried"]
     assert E.Knowledge(triples, E.Relations(), 0.5, 1).retrieve(query)["needs"] == ["to find work"]
 
 
 def test_cpt_rows_carry_g_t_and_drop_the_oldest_turns_to_fit(base, tmp_path, capsys):
-    path = write_config(tmp_path, "cpt", model=str(base), data=str(tmp_path / "cpt.jsonl"), objective="lm",
-                        max_length=67, emollm={"dialogues": [str(ESCONV)], "knowledge": str(ECOK), "fact_words": 4})
+    path = write_config(
+        tmp_path,
+        "cpt",
+        model=str(base),
+        data=str(tmp_path / "cpt.jsonl"),
+        objective="lm",
+        max_length=67,
+        emollm={"dialogues": [str(ESCONV)], "knowledge": str(ECOK), "fact_words": 4},
+    )
     E.main([str(prep(path))])
     rows = read_jsonl(tmp_path / "cpt.jsonl")
-    assert [r["id"] for r in rows] == ["esconv-0/t1", "esconv-0/t3", "esconv-0/t5", "esconv-1/t0", "esconv-1/t2"]
+    assert [r["id"] for r in rows] == [
+        "esconv-0/t1",
+        "esconv-0/t3",
+        "esconv-0/t5",
+        "esconv-1/t0",
+        "esconv-1/t2",
+    ]
     assert rows[0]["text"] == (
-        "<think>\nFacts: job crisis; I lost my job last month and I worry about paying the rent; the user says: Not "
-        "great. I lost ...\nNeeds: to have financial security; to find a new job\nAppraisal: unlucky and out of "
-        "control\nEmotion: anxiety; worried\n</think>\nAssistant: Hi, how are you today?\nUser: Not great. I lost my "
-        "job last month. Now I worry about the rent.")
+        "<think>\nFacts: job crisis; I lost my job last month and I worry about paying the rent; "
+        "the user says: Not great. I lost ...\nNeeds: to have financial security; to find a new "
+        "job\nAppraisal: unlucky and out of control\nEmotion: anxiety; "
+        "worried\n</think>\nAssistant: Hi, how are you today?\nUser: Not great. I lost my job "
+        "last month. Now I worry about the rent."
+    )
     assert rows[3]["text"].endswith("</think>\nUser: My partner left me and I cannot stop crying.")
     assert "Appraisal: (none retrieved)" in rows[3]["text"] and rows[3]["meta"]["knowledge"] == 2
     tok, cfg = M.load_tokenizer(base), sft.parse_cli(sft.SFTConfig, [str(path)])
     lengths = [len(sft.encode_text_row(tok, sft.TextRow("", r["text"]), cfg)[0]) for r in rows]
     assert max(lengths) == 67 and lengths[0] == 67  # t1 fits whole, with 67 tokens
-    last = rows[2]["text"].split("</think>\n")[1]  # t5 (101 tokens whole) lost its three oldest turns
-    assert last.startswith("User: Yes. I feel like a failure.") and last.endswith("User: Thank you, that helps.")
+    # t5 (101 tokens whole) lost its three oldest turns
+    last = rows[2]["text"].split("</think>\n")[1]
+    assert last.startswith("User: Yes. I feel like a failure.") and last.endswith(
+        "User: Thank you, that helps."
+    )
     assert "esconv-0: " not in capsys.readouterr().out
     settings = E.parse_cli(E.EmoLLMData, [str(prep(path))])
-    counts = E.prepare(settings, "lm", tmp_path / "short.jsonl", lambda prompt, text: len(text) < 150)
-    assert counts == {"dialogues": 2, "rows": 0, "too long": 5, "with knowledge": 0}  # no g_t fits in 150 characters
+    counts = E.prepare(
+        settings, "lm", tmp_path / "short.jsonl", lambda prompt, text: len(text) < 150
+    )
+    # no g_t fits in 150 characters
+    assert counts == {"dialogues": 2, "rows": 0, "too long": 5, "with knowledge": 0}
 
 
 # ----------------------------------------------------------------------------- the ARG teacher
 
 
-ARG = ("Facts: The user lost a job.\nNeeds: Security.\nAppraisal: Out of their control.\nEmotion: Anxious.\n"
-       "Strategy: Validate, then one small step.")
+ARG = (
+    "Facts: The user lost a job.\nNeeds: Security.\nAppraisal: Out of their control.\nEmotion: "
+    "Anxious.\nStrategy: Validate, then one small step."
+)
 LOOK = "\nLookahead 1: The user calms a little.\nChoice: Keep the strategy."
 
 
@@ -114,21 +174,43 @@ def answer(arg=ARG, gate="yes", reply="That sounds hard. What worries you most?"
 def test_parse_arg_accepts_the_format_and_names_each_rejection():
     parsed = E.parse_arg(answer(ARG + LOOK), lookahead=3)
     assert parsed.gate == 1 and parsed.reply == "That sounds hard. What worries you most?"
-    assert [n for n, _ in parsed.sections] == ["Facts", "Needs", "Appraisal", "Emotion", "Strategy", "Lookahead 1",
-                                               "Choice"]
-    assert parsed.target() == ("<think>\n" + ARG + LOOK + "\n</think>\n\nThat sounds hard. What worries you most?")
+    assert [n for n, _ in parsed.sections] == [
+        "Facts",
+        "Needs",
+        "Appraisal",
+        "Emotion",
+        "Strategy",
+        "Lookahead 1",
+        "Choice",
+    ]
+    assert parsed.target() == (
+        "<think>\n" + ARG + LOOK + "\n</think>\n\nThat sounds hard. What worries you most?"
+    )
     short = E.parse_arg(answer(gate="No."), 3)
     assert short.gate == 0 and short.target() == "That sounds hard. What worries you most?"
     assert E.parse_arg(answer(reply="Line one.\nLine two."), 3).reply == "Line one.\nLine two."
     rejected = {
-        "missing section": [answer(ARG.replace("Strategy: Validate, then one small step.", "")),
-                            answer(ARG.replace("Needs: Security.\n", "")), f"{ARG}\nReply: Hi."],
+        "missing section": [
+            answer(ARG.replace("Strategy: Validate, then one small step.", "")),
+            answer(ARG.replace("Needs: Security.\n", "")),
+            f"{ARG}\nReply: Hi.",
+        ],
         "missing reply": [answer(reply=""), f"{ARG}\nReasoning needed: yes"],
-        "malformed": [answer(ARG + LOOK.replace("Lookahead 1", "Lookahead 2")), answer(ARG + "\nChoice: Keep."),
-                      answer(ARG + "\nLookahead 1: Calmer."), answer(gate="maybe"), "Sure!\n" + answer(),
-                      answer(ARG + LOOK.replace("\nChoice", "\nLookahead 2: a.\nLookahead 3: b.\nLookahead 4: c."
-                                                "\nChoice")),
-                      answer(reply="</think> Hi"), answer("\n".join(reversed(ARG.split("\n"))))],
+        "malformed": [
+            answer(ARG + LOOK.replace("Lookahead 1", "Lookahead 2")),
+            answer(ARG + "\nChoice: Keep."),
+            answer(ARG + "\nLookahead 1: Calmer."),
+            answer(gate="maybe"),
+            "Sure!\n" + answer(),
+            answer(
+                ARG
+                + LOOK.replace(
+                    "\nChoice", "\nLookahead 2: a.\nLookahead 3: b.\nLookahead 4: c.\nChoice"
+                )
+            ),
+            answer(reply="</think> Hi"),
+            answer("\n".join(reversed(ARG.split("\n")))),
+        ],
     }
     for reason, texts in rejected.items():
         for text in texts:
@@ -136,7 +218,8 @@ def test_parse_arg_accepts_the_format_and_names_each_rejection():
 
 
 class Teacher:
-    """The scripted ARG teacher (told apart by its system prompt); every other call goes to the rules judge."""
+    """The scripted ARG teacher (told apart by its system prompt); every other call goes to the
+    rules judge."""
 
     def __init__(self):
         self.calls = 0
@@ -145,7 +228,9 @@ class Teacher:
         if not messages[0]["content"].startswith(E.ARG_TEACHER_SYSTEM[:60]):
             return rules_backend(messages, params)
         self.calls += 1
-        current = re.search(r"<user_text>\n(.*?)\n</user_text>", messages[-1]["content"], re.DOTALL).group(1)
+        current = re.search(
+            r"<user_text>\n(.*?)\n</user_text>", messages[-1]["content"], re.DOTALL
+        ).group(1)
         if "Thank you" in current:
             return answer(gate="no", reply="You are welcome.")
         if "Hello?" in current:
@@ -156,10 +241,22 @@ class Teacher:
 
 
 def sft_config(base, tmp_path, url, **raw) -> Path:
-    emollm = {"dialogues": [str(ESCONV)], "lookahead": 2,
-              "teacher": {"base_url": url, "model": "teacher", "retries": 0, "timeout": 20}, **raw.pop("emollm", {})}
-    return write_config(tmp_path, "sft", model=str(base), data=str(tmp_path / "arg.jsonl"), objective="target",
-                        epochs=2, emollm=emollm, **raw)
+    emollm = {
+        "dialogues": [str(ESCONV)],
+        "lookahead": 2,
+        "teacher": {"base_url": url, "model": "teacher", "retries": 0, "timeout": 20},
+        **raw.pop("emollm", {}),
+    }
+    return write_config(
+        tmp_path,
+        "sft",
+        model=str(base),
+        data=str(tmp_path / "arg.jsonl"),
+        objective="target",
+        epochs=2,
+        emollm=emollm,
+        **raw,
+    )
 
 
 def test_arg_rows_from_a_scripted_teacher_gate_both_forms_and_resume(base, tmp_path, capsys):
@@ -169,16 +266,30 @@ def test_arg_rows_from_a_scripted_teacher_gate_both_forms_and_resume(base, tmp_p
         E.main([str(prep(path))])
         assert teacher.calls == 5
         out = capsys.readouterr().out
-        assert ("contexts 5, reused 0, teacher_failures 0, missing section 1, missing reply 1, malformed 0, "
-                "too long 0, rows 3, reasoned 2") in out
+        assert (
+            "contexts 5, reused 0, teacher_failures 0, missing section 1, missing reply 1, "
+            "malformed 0, too long 0, rows 3, reasoned 2"
+        ) in out
         rows = read_jsonl(tmp_path / "arg.jsonl")
-        assert [(r["id"], r["meta"]["gate"]) for r in rows] == [("esconv-0/t1", 1), ("esconv-0/t5", 0),
-                                                                 ("esconv-1/t0", 1)]
-        assert rows[0]["target"] == f"<think>\n{ARG}{LOOK}\n</think>\n\nI lost my job too once. You are not alone."
-        assert rows[1]["target"] == "You are welcome." and rows[1]["meta"]["arg"].startswith("<think>\nFacts:")
-        assert rows[0]["prompt"] == [{"role": "assistant", "content": "Hi, how are you today?"},
-                                     {"role": "user", "content": "Not great. I lost my job last month. Now I worry "
-                                                                 "about the rent."}]
+        assert [(r["id"], r["meta"]["gate"]) for r in rows] == [
+            ("esconv-0/t1", 1),
+            ("esconv-0/t5", 0),
+            ("esconv-1/t0", 1),
+        ]
+        assert (
+            rows[0]["target"]
+            == f"<think>\n{ARG}{LOOK}\n</think>\n\nI lost my job too once. You are not alone."
+        )
+        assert rows[1]["target"] == "You are welcome." and rows[1]["meta"]["arg"].startswith(
+            "<think>\nFacts:"
+        )
+        assert rows[0]["prompt"] == [
+            {"role": "assistant", "content": "Hi, how are you today?"},
+            {
+                "role": "user",
+                "content": "Not great. I lost my job last month. Now I worry about the rent.",
+            },
+        ]
         assert rows[2]["prompt"][-1]["role"] == "user" and len(rows[2]["prompt"]) == 1
         E.main([str(prep(path))])  # a rerun asks only for what is missing: nothing
         assert teacher.calls == 5 and read_jsonl(tmp_path / "arg.jsonl") == rows
@@ -190,8 +301,17 @@ def test_arg_rows_from_a_scripted_teacher_gate_both_forms_and_resume(base, tmp_p
 # ----------------------------------------------------------------------------- bad input
 
 
-@pytest.mark.parametrize("case", ["no speaker", "empty content", "bad speaker", "triple without tail",
-                                  "triple not an object", "no knowledge file"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "no speaker",
+        "empty content",
+        "bad speaker",
+        "triple without tail",
+        "triple not an object",
+        "no knowledge file",
+    ],
+)
 def test_bad_input_stops_with_one_line_and_writes_nothing(tmp_path, capsys, case):
     dialogues = json.loads(ESCONV.read_text())
     triples = ECOK.read_text().splitlines()
@@ -208,36 +328,74 @@ def test_bad_input_stops_with_one_line_and_writes_nothing(tmp_path, capsys, case
     (tmp_path / "d.json").write_text(json.dumps(dialogues, indent=2))
     (tmp_path / "k.jsonl").write_text("\n".join(triples) + "\n")
     knowledge = str(tmp_path / ("missing.jsonl" if case == "no knowledge file" else "k.jsonl"))
-    path = write_config(tmp_path, "cpt", model=str(tmp_path / "no-model"), data=str(tmp_path / "out.jsonl"),
-                        objective="lm", emollm={"dialogues": [str(tmp_path / "d.json")], "knowledge": knowledge})
+    path = write_config(
+        tmp_path,
+        "cpt",
+        model=str(tmp_path / "no-model"),
+        data=str(tmp_path / "out.jsonl"),
+        objective="lm",
+        emollm={"dialogues": [str(tmp_path / "d.json")], "knowledge": knowledge},
+    )
     with pytest.raises(SystemExit) as stop:
         E.main([str(prep(path))])
     err = capsys.readouterr().err
     assert stop.value.code != 0 and len(err.strip().splitlines()) == 1, err
-    second = [n for n, line in enumerate((tmp_path / "d.json").read_text().split("\n"), 1) if line == "  {"][1]
-    expected = {"no speaker": rf"{tmp_path}/d.json:{second}: field 'dialog\[2\].speaker': missing",  # its start
-                "empty content": rf"{tmp_path}/d.json:2: field 'dialog\[4\].content': empty",
-                "bad speaker": rf"{tmp_path}/d.json:2: field 'dialog\[0\].speaker': 'helper' is neither",
-                "triple without tail": rf"{tmp_path}/k.jsonl:4: field 'tail': missing",
-                "triple not an object": rf"{tmp_path}/k.jsonl:4: expected a \{{head, relation, tail\}} object",
-                "no knowledge file": rf"{tmp_path}/missing.jsonl: file not found"}[case]
+    second = [
+        n
+        for n, line in enumerate((tmp_path / "d.json").read_text().split("\n"), 1)
+        if line == "  {"
+    ][1]
+    expected = {
+        # its start
+        "no speaker": rf"{tmp_path}/d.json:{second}: field 'dialog\[2\].speaker': missing",
+        "empty content": rf"{tmp_path}/d.json:2: field 'dialog\[4\].content': empty",
+        "bad speaker": rf"{tmp_path}/d.json:2: field 'dialog\[0\].speaker': 'helper' is neither",
+        "triple without tail": rf"{tmp_path}/k.jsonl:4: field 'tail': missing",
+        "triple not an object": (
+            rf"{tmp_path}/k.jsonl:4: expected a \{{head, relation, tail\}} object"
+        ),
+        "no knowledge file": rf"{tmp_path}/missing.jsonl: file not found",
+    }[case]
     assert re.match("error: " + expected, err), err
     assert not (tmp_path / "out.jsonl").exists()
 
 
 def test_the_stage1_configs_hold_d1s_values():
     cpt = sft.parse_cli(sft.SFTConfig, [str(REPO / "configs/emollm_stage1_cpt.yaml")])
-    assert (cpt.objective, cpt.lr, cpt.batch_size, cpt.grad_accum, cpt.epochs, cpt.max_length) == \
-        ("lm", 1e-4, 16, 2, 1, 320)
+    assert (cpt.objective, cpt.lr, cpt.batch_size, cpt.grad_accum, cpt.epochs, cpt.max_length) == (
+        "lm",
+        1e-4,
+        16,
+        2,
+        1,
+        320,
+    )
     arg = sft.parse_cli(sft.SFTConfig, [str(REPO / "configs/emollm_stage1_sft.yaml")])
-    assert (arg.objective, arg.lr, arg.batch_size, arg.grad_accum, arg.epochs, arg.max_length) == \
-        ("target", 2e-4, 2, 4, 3, 2048)
+    assert (arg.objective, arg.lr, arg.batch_size, arg.grad_accum, arg.epochs, arg.max_length) == (
+        "target",
+        2e-4,
+        2,
+        4,
+        3,
+        2048,
+    )
     for name, cfg in (("cpt", cpt), ("sft", arg)):
-        assert (cfg.lora.rank, cfg.lora.alpha, cfg.lora.dropout, cfg.warmup_steps, cfg.max_grad_norm) == \
-            (16, 32, 0.1, 100, 1.0) and cfg.save_merged
-        rows = E.parse_cli(E.EmoLLMData, [str(REPO / f"configs/emollm_stage1_{name}_prepare.yaml")])  # its data
-        assert (rows.objective, rows.out, rows.model, rows.max_length, rows.enable_thinking) == \
-            (cfg.objective, cfg.data, cfg.model, cfg.max_length, cfg.enable_thinking)
+        assert (
+            cfg.lora.rank,
+            cfg.lora.alpha,
+            cfg.lora.dropout,
+            cfg.warmup_steps,
+            cfg.max_grad_norm,
+        ) == (16, 32, 0.1, 100, 1.0) and cfg.save_merged
+        # its data
+        rows = E.parse_cli(E.EmoLLMData, [str(REPO / f"configs/emollm_stage1_{name}_prepare.yaml")])
+        assert (rows.objective, rows.out, rows.model, rows.max_length, rows.enable_thinking) == (
+            cfg.objective,
+            cfg.data,
+            cfg.model,
+            cfg.max_length,
+            cfg.enable_thinking,
+        )
     assert arg.model == cpt.output_dir + "/merged"
     rl = load_config(REPO / "configs/emollm_qwen3_8b.yaml", [], grpo.GRPOConfig)
     assert rl.model.path == arg.output_dir + "/merged"
@@ -247,9 +405,17 @@ def test_the_stage1_configs_hold_d1s_values():
 
 
 def test_stage1_cpt_then_arg_sft_then_grpo_dialogue_demo_from_the_merged_model(base, tmp_path):
-    """Each stage starts from the previous one's merged checkpoint; the last is grpo.py's dialogue demo."""
-    cpt = write_config(tmp_path, "cpt", model=str(base), data=str(tmp_path / "cpt.jsonl"), objective="lm",
-                       max_length=80, emollm={"dialogues": [str(ESCONV)], "knowledge": str(ECOK)})
+    """Each stage starts from the previous one's merged checkpoint; the last is grpo.py's dialogue
+    demo."""
+    cpt = write_config(
+        tmp_path,
+        "cpt",
+        model=str(base),
+        data=str(tmp_path / "cpt.jsonl"),
+        objective="lm",
+        max_length=80,
+        emollm={"dialogues": [str(ESCONV)], "knowledge": str(ECOK)},
+    )
     E.main([str(prep(cpt))])
     sft.main([str(cpt)])
     with JudgeServer(Teacher()).start() as server:
@@ -257,23 +423,55 @@ def test_stage1_cpt_then_arg_sft_then_grpo_dialogue_demo_from_the_merged_model(b
         E.main([str(prep(arg))])
         sft.main([str(arg)])
         stage1 = tmp_path / "sft" / "merged"
-        assert [m["step"] for m in read_jsonl(tmp_path / "sft" / "metrics.jsonl")] == [1, 2, 3, 4]  # 3 rows by 2, twice
-        grpo.main([str(REPO / "configs/dialogue_demo.yaml"), f"model.path={stage1}", f"output_dir={tmp_path / 'rl'}",
-                   f"judge.base_url={server.url}", "judge.retries=0", "updates=1", "rollout.max_new_tokens=6"])
+        # 3 rows by 2, twice
+        assert [m["step"] for m in read_jsonl(tmp_path / "sft" / "metrics.jsonl")] == [1, 2, 3, 4]
+        grpo.main(
+            [
+                str(REPO / "configs/dialogue_demo.yaml"),
+                f"model.path={stage1}",
+                f"output_dir={tmp_path / 'rl'}",
+                f"judge.base_url={server.url}",
+                "judge.retries=0",
+                "updates=1",
+                "rollout.max_new_tokens=6",
+            ]
+        )
     [record] = read_jsonl(tmp_path / "rl" / "metrics.jsonl")
     assert record["step"] == 1 and record["judge/calls"] > 0
 
 
 @pytest.mark.parametrize("case", ["objective clue", "lm without knowledge", "sft.py prepare"])
 def test_the_config_must_name_a_part_it_can_build(tmp_path, capsys, case):
-    emollm = {"dialogues": [str(ESCONV)]} | ({} if case == "lm without knowledge" else {"knowledge": str(ECOK)})
-    path = write_config(tmp_path, "cpt", model="none", data=str(tmp_path / "out.jsonl"),
-                        objective="clue" if case == "objective clue" else "lm", emollm=emollm)
+    emollm = {"dialogues": [str(ESCONV)]} | (
+        {} if case == "lm without knowledge" else {"knowledge": str(ECOK)}
+    )
+    path = write_config(
+        tmp_path,
+        "cpt",
+        model="none",
+        data=str(tmp_path / "out.jsonl"),
+        objective="clue" if case == "objective clue" else "lm",
+        emollm=emollm,
+    )
     with pytest.raises(SystemExit) as stop:
-        (sft.main(["prepare", str(path)]) if case == "sft.py prepare" else E.main([str(prep(path))]))
+        (
+            sft.main(["prepare", str(path)])
+            if case == "sft.py prepare"
+            else E.main([str(prep(path))])
+        )
     err = capsys.readouterr().err
-    assert stop.value.code == 2 and len(err.strip().splitlines()) == 1 and not (tmp_path / "out.jsonl").exists(), err
-    expected = {"objective clue": rf"config error: {prep(path)}:\d+: 'objective' must be one of \['lm', 'target'\]",
-                "lm without knowledge": rf"config error: {prep(path)}: 'knowledge': the CPT rows \(objective lm\)",
-                "sft.py prepare": r"`sft.py prepare` moved: run `python prepare_traces.py CFG`"}[case]
+    assert (
+        stop.value.code == 2
+        and len(err.strip().splitlines()) == 1
+        and not (tmp_path / "out.jsonl").exists()
+    ), err
+    expected = {
+        "objective clue": (
+            rf"config error: {prep(path)}:\d+: 'objective' must be one of \['lm', 'target'\]"
+        ),
+        "lm without knowledge": (
+            rf"config error: {prep(path)}: 'knowledge': the CPT rows \(objective lm\)"
+        ),
+        "sft.py prepare": r"`sft.py prepare` moved: run `python prepare_traces.py CFG`",
+    }[case]
     assert re.match(expected, err), err

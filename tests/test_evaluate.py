@@ -1,7 +1,8 @@
-"""evaluate.py: F1 against scikit-learn, the Wilcoxon test against scipy, mean and sample SD, catch-all
-exclusion, cause identification and evidence alignment on hand-made cases; then whole evaluations:
-an endpoint (the local judge server, scripted answers and a tiny random checkpoint) against the same
-checkpoint in-process, resume after an interruption, the Markdown tables and both figures."""
+"""evaluate.py: F1 against scikit-learn, the Wilcoxon test against scipy, mean and sample SD,
+catch-all exclusion, cause identification and evidence alignment on hand-made cases; then whole
+evaluations: an endpoint (the local judge server, scripted answers and a tiny random checkpoint)
+against the same checkpoint in-process, resume after an interruption, the Markdown tables and both
+figures."""
 
 import json
 import random
@@ -10,26 +11,29 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import write_tiny_checkpoint
 
 import evaluate as ev
 from config import load_config, open_log, read_log
 from data import Example, Turn
 from dataset import save_jsonl
-from helpers import write_tiny_checkpoint
 from judge import JudgeConfig
 from judge_server import JudgeServer, rules_backend
 
 REPO = Path(__file__).resolve().parents[1]
 
-# ----------------------------------------------------------------------------- F1 against scikit-learn
+# -------------------------------------------------------------------------- F1 against scikit-learn
 
 
 def sk_scores(gold, pred, labels, multi):
-    """The oracle: scikit-learn's weighted and macro F1 over the labels present in gold or predictions."""
+    """The oracle: scikit-learn's weighted and macro F1 over the labels present in gold or
+    predictions."""
     metrics = pytest.importorskip("sklearn.metrics")
     from sklearn.preprocessing import MultiLabelBinarizer
 
-    present = [lab for lab in labels if any(lab in g for g in gold) or any(lab in (p or ()) for p in pred)]
+    present = [
+        lab for lab in labels if any(lab in g for g in gold) or any(lab in (p or ()) for p in pred)
+    ]
     if multi:
         binarize = MultiLabelBinarizer(classes=present)
         y_true = binarize.fit_transform([set(g) & set(present) for g in gold])
@@ -38,7 +42,10 @@ def sk_scores(gold, pred, labels, multi):
     else:
         y_true, y_pred = [g[0] for g in gold], [p[0] if p else "<invalid>" for p in pred]
         kw = {"labels": present}
-    return tuple(metrics.f1_score(y_true, y_pred, average=avg, zero_division=0, **kw) for avg in ("weighted", "macro"))
+    return tuple(
+        metrics.f1_score(y_true, y_pred, average=avg, zero_division=0, **kw)
+        for avg in ("weighted", "macro")
+    )
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -48,7 +55,9 @@ def test_single_label_f1_matches_sklearn(seed):
     gold = [[rng.choice(labels[:4])] for _ in range(60)]  # fear never gold: predicted-only label
     pred = [None if rng.random() < 0.15 else [rng.choice(labels)] for _ in gold]
     ours = ev.f1_scores(gold, pred, labels)
-    assert (ours["weighted"], ours["macro"]) == pytest.approx(sk_scores(gold, pred, labels, multi=False), abs=1e-12)
+    assert (ours["weighted"], ours["macro"]) == pytest.approx(
+        sk_scores(gold, pred, labels, multi=False), abs=1e-12
+    )
     assert ours["n"] == 60
     assert ours["accuracy"] == pytest.approx(sum(p == g for g, p in zip(gold, pred)) / 60)
 
@@ -60,7 +69,9 @@ def test_multi_label_f1_matches_sklearn(seed):
     gold = [rng.sample(labels, rng.randint(1, 3)) for _ in range(50)]
     pred = [None if rng.random() < 0.1 else rng.sample(labels, rng.randint(1, 3)) for _ in gold]
     ours = ev.f1_scores(gold, pred, labels)
-    assert (ours["weighted"], ours["macro"]) == pytest.approx(sk_scores(gold, pred, labels, multi=True), abs=1e-12)
+    assert (ours["weighted"], ours["macro"]) == pytest.approx(
+        sk_scores(gold, pred, labels, multi=True), abs=1e-12
+    )
 
 
 def test_catch_all_targets_are_context_not_scored():
@@ -81,7 +92,8 @@ def test_catch_all_targets_are_context_not_scored():
 
 def test_mean_and_sample_sd():
     stat = ev.mean_sd([0.5, 0.7, 0.9])
-    assert stat["mean"] == pytest.approx(0.7) and stat["sd"] == pytest.approx(0.2)  # sqrt((0.04+0+0.04)/2)
+    # sqrt((0.04+0+0.04)/2)
+    assert stat["mean"] == pytest.approx(0.7) and stat["sd"] == pytest.approx(0.2)
     assert ev.mean_sd([0.4])["sd"] is None and ev.mean_sd([0.4, None])["mean"] is None
 
 
@@ -89,20 +101,26 @@ def test_task_scores_average_runs_per_task():
     def ex(i, task, labels, **kw):
         return Example(f"e{i}", task, [Turn("A", "hi")], 0, labels, **kw)
 
-    examples = [ex(0, "meld_emotion", ["joy"]), ex(1, "meld_emotion", ["anger"]), ex(2, "ccu_emotion", ["Joy"])]
-    completions = [["</think>\nAnswer: joy", "</think>\nAnswer: anger"],
-                   ["</think>\nAnswer: anger", "no answer"],
-                   ["</think>\nAnswer: Joy", "</think>\nAnswer: Joy, Trust"]]
+    examples = [
+        ex(0, "meld_emotion", ["joy"]),
+        ex(1, "meld_emotion", ["anger"]),
+        ex(2, "ccu_emotion", ["Joy"]),
+    ]
+    completions = [
+        ["</think>\nAnswer: joy", "</think>\nAnswer: anger"],
+        ["</think>\nAnswer: anger", "no answer"],
+        ["</think>\nAnswer: Joy", "</think>\nAnswer: Joy, Trust"],
+    ]
     scores = ev.task_scores(examples, completions)
-    # meld run 0: both right (1, 1); run 1: joy missed, anger predicted where joy was gold, anger invalid:
-    # joy F1 0, anger F1 0 -> (0, 0). Means 0.5 / 0.5, invalid (0 + 0.5) / 2.
+    # meld run 0: both right (1, 1); run 1: joy missed, anger predicted where joy was gold,
+    # anger invalid: joy F1 0, anger F1 0 -> (0, 0). Means 0.5 / 0.5, invalid (0 + 0.5) / 2.
     assert scores["meld_emotion"] == {"weighted": 0.5, "macro": 0.5, "invalid": 0.25, "n": 2}
     # ccu run 1: Joy TP, Trust FP: weighted = Joy's F1 1 (Trust has no support), macro (1 + 0) / 2.
     assert scores["ccu_emotion"]["weighted"] == pytest.approx(1.0)
     assert scores["ccu_emotion"]["macro"] == pytest.approx(0.75)
 
 
-# ----------------------------------------------------------------------------- Wilcoxon against scipy
+# --------------------------------------------------------------------------- Wilcoxon against scipy
 
 
 def test_wilcoxon_exact_matches_scipy_without_ties():
@@ -114,7 +132,9 @@ def test_wilcoxon_exact_matches_scipy_without_ties():
         y = [v + rng.gauss(0.1, 0.3) for v in x]
         ours, ref = ev.wilcoxon(x, y), stats.wilcoxon(x, y, method="exact")
         assert ours["method"] == "exact" and ours["n"] == n
-        assert ours["statistic"] == pytest.approx(ref.statistic) and ours["p"] == pytest.approx(ref.pvalue, rel=1e-9)
+        assert ours["statistic"] == pytest.approx(ref.statistic) and ours["p"] == pytest.approx(
+            ref.pvalue, rel=1e-9
+        )
 
 
 def test_wilcoxon_with_ties_and_zeros_matches_scipy_permutation():
@@ -129,7 +149,8 @@ def test_wilcoxon_with_ties_and_zeros_matches_scipy_permutation():
         assert ours["n"] == len(nonzero)
         if len(nonzero) < 2:
             continue
-        # All 2^n sign patterns enumerated (n <= 13 < log2(9999)): scipy's permutation p is exact too.
+        # All 2^n sign patterns enumerated (n <= 13 <
+        # log2(9999)): scipy's permutation p is exact too.
         ref = stats.wilcoxon(*zip(*nonzero), method=stats.PermutationMethod(n_resamples=9999))
         assert ours["statistic"] == pytest.approx(ref.statistic)
         assert ours["p"] == pytest.approx(ref.pvalue, rel=1e-9)
@@ -139,7 +160,8 @@ def test_wilcoxon_normal_approximation_above_50_matches_scipy():
     stats = pytest.importorskip("scipy.stats")
     for seed in range(5):
         rng = random.Random(seed)
-        x = [rng.choice([0.0, 0.25, 0.5, 0.75, 1.0]) for _ in range(120)]  # exact in binary: exact ties
+        # exact in binary: exact ties
+        x = [rng.choice([0.0, 0.25, 0.5, 0.75, 1.0]) for _ in range(120)]
         y = [rng.choice([0.0, 0.25, 0.5, 0.75, 1.0]) for _ in range(120)]
         ours, ref = ev.wilcoxon(x, y), stats.wilcoxon(x, y, method="asymptotic")
         assert ours["method"] == "normal" and ours["n"] > 50
@@ -147,26 +169,47 @@ def test_wilcoxon_normal_approximation_above_50_matches_scipy():
 
 
 def test_wilcoxon_by_hand():
-    # d = (1, 2, -3): T+ = 1 + 2 = 3 of 6; of the 8 sign patterns, T+ <= 3 in 5 -> p = min(1, 2 * 5/8) = 1.
-    assert ev.wilcoxon([1, 2, 0], [0, 0, 3]) == {"statistic": 3.0, "p": 1.0, "n": 3, "method": "exact"}
+    # d = (1, 2, -3): T+ = 1 + 2 = 3 of 6; of the 8 sign
+    # patterns, T+ <= 3 in 5 -> p = min(1, 2 * 5/8) = 1.
+    assert ev.wilcoxon([1, 2, 0], [0, 0, 3]) == {
+        "statistic": 3.0,
+        "p": 1.0,
+        "n": 3,
+        "method": "exact",
+    }
     # Five positive differences: only one pattern has T+ = 15 -> p = 2 / 32.
     assert ev.wilcoxon([1, 2, 3, 4, 5], [0, 0, 0, 0, 0])["p"] == pytest.approx(2 / 32)
-    assert ev.wilcoxon([0.5, 0.5], [0.5, 0.5]) == {"statistic": 0.0, "p": 1.0, "n": 0, "method": "exact"}
+    assert ev.wilcoxon([0.5, 0.5], [0.5, 0.5]) == {
+        "statistic": 0.0,
+        "p": 1.0,
+        "n": 0,
+        "method": "exact",
+    }
 
 
 # ----------------------------------------------------------------------------- causes and alignment
 
 
 def ecf_example(labels=("anger",), causes=((1, "you broke my phone"),), target=2) -> Example:
-    turns = [Turn("Ross", "Hey, how was the trip?"), Turn("Joey", "I think you broke my phone, man."),
-             Turn("Ross", "What? I never touched it!")]
-    return Example("ecf-1", "meld_emotion", turns, target, list(labels),
-                   meta={"causes": [{"turn": t, "span": s} for t, s in causes]})
+    turns = [
+        Turn("Ross", "Hey, how was the trip?"),
+        Turn("Joey", "I think you broke my phone, man."),
+        Turn("Ross", "What? I never touched it!"),
+    ]
+    return Example(
+        "ecf-1",
+        "meld_emotion",
+        turns,
+        target,
+        list(labels),
+        meta={"causes": [{"turn": t, "span": s} for t, s in causes]},
+    )
 
 
 def test_cause_turns_keep_earlier_causes_of_non_neutral_targets():
-    assert ev.cause_turns(ecf_example(causes=((1, "x"), (2, "y"), (1, "z")))) == [1]  # the target itself is no
-    assert ev.cause_turns(ecf_example(labels=("neutral",))) == []                    # earlier cause
+    # the target itself is no
+    assert ev.cause_turns(ecf_example(causes=((1, "x"), (2, "y"), (1, "z")))) == [1]
+    assert ev.cause_turns(ecf_example(labels=("neutral",))) == []  # earlier cause
     assert ev.cause_turns(ecf_example(causes=((2, "self"),))) == []
     assert ev.cause_identified([False, True], ["anger"]) is True
     assert ev.cause_identified([False, None], ["anger"]) is None
@@ -176,10 +219,15 @@ def test_cause_turns_keep_earlier_causes_of_non_neutral_targets():
 
 def test_alignment_lines_from_any_quotation_style():
     example = ecf_example()
-    completion = ("<think>Joey says <evidence>you broke my phone</evidence>. Ross answers “I never touched it”, "
-                  "and \"how was the trip\" is small talk. 'phone' alone is no quotation.</think>\nAnswer: anger")
+    completion = (
+        "<think>Joey says <evidence>you broke my phone</evidence>. Ross answers “I never touched "
+        "it”, and \"how was the trip\" is small talk. 'phone' alone is no "
+        "quotation.</think>\nAnswer: anger"
+    )
     assert ev.matched_lines(completion, example) == {0, 1, 2}
-    assert ev.matched_lines("<think>He says 「never touched it」 and “a made-up line”.</think>", example) == {2}
+    assert ev.matched_lines(
+        "<think>He says 「never touched it」 and “a made-up line”.</think>", example
+    ) == {2}
     assert ev.alignment_f1({1, 2}, {2}) == pytest.approx(2 * 1 / 3)
     assert ev.alignment_f1(set(), {0}) == 0.0 and ev.alignment_f1({0}, set()) is None
 
@@ -188,13 +236,34 @@ def test_alignment_lines_from_any_quotation_style():
 
 
 def tiny_sets() -> dict[str, list[Example]]:
-    """Tiny sets: ccu_emotion (multi-label, one catch-all target), meld_emotion with ECF causes, mmlu."""
-    ccu = [Example(f"ccu-{i}", "ccu_emotion", [Turn("A", "Hello there"), Turn("B", text)], 1, labels)
-           for i, (text, labels) in enumerate([("say Joy", ["Joy"]), ("say Anger", ["Anger"]),
-                                               ("say None", ["None"]), ("say Joy", ["Joy", "Trust"])])]
-    meld = [ecf_example(), Example("ecf-2", "meld_emotion", [Turn("A", "It is sunny."), Turn("B", "say neutral")],
-                                   1, ["neutral"])]
-    mmlu = [Example("mmlu-0", "mmlu", [], None, ["B"], meta={"question": "2 + 2 = ?", "options": ["3", "4"]})]
+    """Tiny sets: ccu_emotion (multi-label, one catch-all target), meld_emotion with ECF causes,
+    mmlu."""
+    ccu = [
+        Example(f"ccu-{i}", "ccu_emotion", [Turn("A", "Hello there"), Turn("B", text)], 1, labels)
+        for i, (text, labels) in enumerate(
+            [
+                ("say Joy", ["Joy"]),
+                ("say Anger", ["Anger"]),
+                ("say None", ["None"]),
+                ("say Joy", ["Joy", "Trust"]),
+            ]
+        )
+    ]
+    meld = [
+        ecf_example(),
+        Example(
+            "ecf-2",
+            "meld_emotion",
+            [Turn("A", "It is sunny."), Turn("B", "say neutral")],
+            1,
+            ["neutral"],
+        ),
+    ]
+    mmlu = [
+        Example(
+            "mmlu-0", "mmlu", [], None, ["B"], meta={"question": "2 + 2 = ?", "options": ["3", "4"]}
+        )
+    ]
     return {"ccu": ccu, "meld": meld, "mmlu": mmlu}
 
 
@@ -207,22 +276,27 @@ def write_sets(folder: Path) -> dict[str, Path]:
 
 
 def scripted_model(messages, params):
-    """A fake model behind the endpoint: answers what the turn to analyze says ("say X"), and for the
-    ECF target quotes the cause turn; for MMLU answers B. Deterministic, so runs agree."""
+    """A fake model behind the endpoint: answers what the turn to analyze says ("say X"), and for
+    the ECF target quotes the cause turn; for MMLU answers B. Deterministic, so runs agree."""
     prompt = messages[-1]["content"]
     if "Question: 2 + 2" in prompt:
         return "<think>\nFour is option B.\n</think>\n\nAnswer: B"
     target = prompt.rsplit("Turn to analyze:\n", 1)[1].splitlines()[0]
     if "never touched" in target:
-        return ("<think>\nJoey says <evidence>you broke my phone</evidence>, so Ross feels anger at the blame."
-                "\n</think>\n\nAnswer: anger")
+        return (
+            "<think>\nJoey says <evidence>you broke my phone</evidence>, so Ross feels anger at "
+            "the blame.\n</think>\n\nAnswer: anger"
+        )
     label = target.split("say ", 1)[1]
     return f"<think>\nThe turn says <evidence>say {label}</evidence>.\n</think>\n\nAnswer: {label}"
 
 
 def eval_config(tmp_path, paths, out, causes=True, **overrides) -> ev.EvalConfig:
-    sets = [ev.EvalSet("ccu", str(paths["ccu"]), "in"), ev.EvalSet("meld", str(paths["meld"]), "out", causes=causes),
-            ev.EvalSet("mmlu", str(paths["mmlu"]))]
+    sets = [
+        ev.EvalSet("ccu", str(paths["ccu"]), "in"),
+        ev.EvalSet("meld", str(paths["meld"]), "out", causes=causes),
+        ev.EvalSet("mmlu", str(paths["mmlu"])),
+    ]
     return ev.EvalConfig(output_dir=str(tmp_path / out), sets=sets, **overrides)
 
 
@@ -234,18 +308,38 @@ def test_endpoint_evaluation_numbers_by_hand(tmp_path):
         seen.append(params)
         return scripted_model(messages, params)
 
-    with JudgeServer(model, port=0).start() as server, JudgeServer(rules_backend, port=0).start() as judge_server:
-        endpoint = JudgeConfig(base_url=server.url, model="scripted", timeout=10, retries=0, concurrency=2)
+    with (
+        JudgeServer(model, port=0).start() as server,
+        JudgeServer(rules_backend, port=0).start() as judge_server,
+    ):
+        endpoint = JudgeConfig(
+            base_url=server.url, model="scripted", timeout=10, retries=0, concurrency=2
+        )
         judge = JudgeConfig(base_url=judge_server.url, model="rules", timeout=10, retries=0)
-        result = ev.evaluate(eval_config(tmp_path, paths, "run", endpoint=endpoint, judge=judge, name="scripted"))
+        result = ev.evaluate(
+            eval_config(tmp_path, paths, "run", endpoint=endpoint, judge=judge, name="scripted")
+        )
         requests_made = list(seen)
-        config = tmp_path / "eval.yaml"  # the same evaluation from the command line, with an override
+        # the same evaluation from the command line, with an override
+        config = tmp_path / "eval.yaml"
         sets = [("ccu", "in", "false"), ("meld", "out", "true"), ("mmlu", "null", "false")]
-        config.write_text(f"output_dir: {tmp_path / 'cli'}\nendpoint: {{base_url: '{server.url}', model: scripted}}\n"
-                          f"judge: {{base_url: '{judge_server.url}'}}\nsets:\n" + "".join(
-                              f"  - {{name: {n}, path: '{paths[n]}', domain: {d}, causes: {c}}}\n" for n, d, c in sets))
-        cli = subprocess.run([sys.executable, str(REPO / "evaluate.py"), str(config), "name=scripted"],
-                             capture_output=True, text=True, cwd=REPO, timeout=300)
+        config.write_text(
+            (
+                f"output_dir: {tmp_path / 'cli'}\nendpoint: {{base_url: '{server.url}', model: "
+                f"scripted}}\njudge: {{base_url: '{judge_server.url}'}}\nsets:\n"
+            )
+            + "".join(
+                f"  - {{name: {n}, path: '{paths[n]}', domain: {d}, causes: {c}}}\n"
+                for n, d, c in sets
+            )
+        )
+        cli = subprocess.run(
+            [sys.executable, str(REPO / "evaluate.py"), str(config), "name=scripted"],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            timeout=300,
+        )
         assert cli.returncode == 0, cli.stderr
         assert "ETA" in cli.stdout and "| scripted |" in cli.stdout
         assert json.loads((tmp_path / "cli" / "eval.json").read_text())["sets"] == result["sets"]
@@ -257,23 +351,38 @@ def test_endpoint_evaluation_numbers_by_hand(tmp_path):
     ccu = result["sets"]["ccu"]
     # ccu scored targets 0, 1, 3 (2 is the catch-all): Joy TP 2, Anger TP 1, Trust FN 1 ->
     # weighted (1*2 + 1*1 + 0*1) / 4 = 0.75, macro (1 + 1 + 0) / 3.
-    assert ccu["n_scored"] == 3 and ccu["weighted_f1"] == {"mean": 0.75, "sd": 0.0, "runs": [0.75] * 3}
+    assert ccu["n_scored"] == 3 and ccu["weighted_f1"] == {
+        "mean": 0.75,
+        "sd": 0.0,
+        "runs": [0.75] * 3,
+    }
     assert ccu["macro_f1"]["mean"] == pytest.approx(2 / 3) and ccu["invalid"]["mean"] == 0.0
     meld = result["sets"]["meld"]
     assert meld["weighted_f1"]["mean"] == 1.0
     assert meld["causes"] == {"n_targets": 1, "n_pairs": 1, "unknown": [0, 0, 0]}
     assert meld["cause_rate"] == {"mean": 1.0, "sd": 0.0, "runs": [1.0, 1.0, 1.0]}
-    assert result["sets"]["mmlu"]["decoding"]["n_samples"] == 1 and result["sets"]["mmlu"]["weighted_f1"]["sd"] is None
-    assert result["averages"]["in"]["weighted_f1"]["mean"] == 0.75 and result["averages"]["out"]["sets"] == ["meld"]
+    assert (
+        result["sets"]["mmlu"]["decoding"]["n_samples"] == 1
+        and result["sets"]["mmlu"]["weighted_f1"]["sd"] is None
+    )
+    assert result["averages"]["in"]["weighted_f1"]["mean"] == 0.75 and result["averages"]["out"][
+        "sets"
+    ] == ["meld"]
     assert result["sets"]["ccu"]["reasoning_tokens"]["mean"] is None  # no tokenizer for an endpoint
     out = tmp_path / "run"
     saved = json.loads((out / "eval.json").read_text())
-    assert saved["sets"]["ccu"]["weighted_f1"]["mean"] == 0.75 and saved["model"]["endpoint"] == endpoint.base_url
+    assert (
+        saved["sets"]["ccu"]["weighted_f1"]["mean"] == 0.75
+        and saved["model"]["endpoint"] == endpoint.base_url
+    )
     assert saved["config"]["endpoint"]["base_url"] == endpoint.base_url
     assert len((out / "completions.jsonl").read_text().splitlines()) == 19
     assert load_config(out / "config.yaml", [], ev.EvalConfig).endpoint.model == "scripted"
     table = (out / "table.md").read_text()
-    assert "| scripted | 75.00 ± 0.00 | 75.00 ± 0.00 | 100.00 ± 0.00 | 100.00 ± 0.00 | 100.00 |" in table
+    assert (
+        "| scripted | 75.00 ± 0.00 | 75.00 ± 0.00 | 100.00 ± 0.00 | 100.00 ± 0.00 | 100.00 |"
+        in table
+    )
 
 
 # ----------------------------------------------------------------------------- tiny checkpoint
@@ -281,18 +390,37 @@ def test_endpoint_evaluation_numbers_by_hand(tmp_path):
 
 @pytest.fixture(scope="module")
 def tiny_checkpoint(tmp_path_factory):
-    """A random-weight Qwen3 checkpoint written by transformers, with a word-level tokenizer over the
-    words of the tiny sets' prompts and the answer words, so completions vary from prompt to prompt."""
+    """A random-weight Qwen3 checkpoint written by transformers, with a word-level tokenizer over
+    the words of the tiny sets' prompts and the answer words, so completions vary from prompt to
+    prompt."""
     from data import build_prompt
 
     path = tmp_path_factory.mktemp("tiny")
     prompts = " ".join(build_prompt(e) for examples in tiny_sets().values() for e in examples)
-    words = list(dict.fromkeys(["[UNK]", "</think>", "Answer:", "Joy", "Anger", "anger", "B", *prompts.split()]))
+    words = list(
+        dict.fromkeys(
+            ["[UNK]", "</think>", "Answer:", "Joy", "Anger", "anger", "B", *prompts.split()]
+        )
+    )
     return write_tiny_checkpoint(
-        path, words, ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>"],
-        dict(vocab_size=len(words) + 5, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, head_dim=8, max_position_embeddings=4096, tie_word_embeddings=False),
-        wordpiece_decoder=True, pad_token=None, weights="transformers")
+        path,
+        words,
+        ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>"],
+        dict(
+            vocab_size=len(words) + 5,
+            hidden_size=32,
+            intermediate_size=48,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=8,
+            max_position_embeddings=4096,
+            tie_word_embeddings=False,
+        ),
+        wordpiece_decoder=True,
+        pad_token=None,
+        weights="transformers",
+    )
 
 
 def small_sampling(**kw):
@@ -300,41 +428,75 @@ def small_sampling(**kw):
 
 
 def test_endpoint_and_in_process_greedy_agree(tmp_path, tiny_checkpoint):
-    """The same checkpoint evaluated greedily in-process and behind judge_server's model backend gives the
-    same completions and the same numbers."""
+    """The same checkpoint evaluated greedily in-process and behind judge_server's model backend
+    gives the same completions and the same numbers."""
     import judge_server
 
     paths = write_sets(tmp_path)
     common = dict(sampling=small_sampling(temperature=0.0), n_samples=2, name="tiny")
-    with JudgeServer(judge_server.ModelBackend(str(tiny_checkpoint)), port=0).start() as server, \
-            JudgeServer(rules_backend, port=0).start() as judge:
+    with (
+        JudgeServer(judge_server.ModelBackend(str(tiny_checkpoint)), port=0).start() as server,
+        JudgeServer(rules_backend, port=0).start() as judge,
+    ):
         common["judge"] = JudgeConfig(base_url=judge.url, timeout=30, retries=0)
-        local = ev.evaluate(eval_config(tmp_path, paths, "local", checkpoint=str(tiny_checkpoint), device="cpu",
-                                        batch_size=3, **common))  # the model backend runs on the CPU too
-        served = ev.evaluate(eval_config(
-            tmp_path, paths, "served", endpoint=JudgeConfig(base_url=server.url, model="tiny", timeout=60, retries=0),
-            tokenizer=str(tiny_checkpoint), **common))
+        local = ev.evaluate(
+            eval_config(
+                tmp_path,
+                paths,
+                "local",
+                checkpoint=str(tiny_checkpoint),
+                device="cpu",
+                # the model backend runs on the CPU too
+                batch_size=3,
+                **common,
+            )
+        )
+        served = ev.evaluate(
+            eval_config(
+                tmp_path,
+                paths,
+                "served",
+                endpoint=JudgeConfig(base_url=server.url, model="tiny", timeout=60, retries=0),
+                tokenizer=str(tiny_checkpoint),
+                **common,
+            )
+        )
 
     def records(run):
-        return {(r["set"], r["id"], r["sample"]): r for r in map(json.loads, (tmp_path / run / "completions.jsonl")
-                                                                    .read_text().splitlines())}
+        return {
+            (r["set"], r["id"], r["sample"]): r
+            for r in map(
+                json.loads, (tmp_path / run / "completions.jsonl").read_text().splitlines()
+            )
+        }
 
     a, b = records("local"), records("served")
     assert a == b and len(a) == (4 + 2) * 2 + 1
-    assert len({r["completion"] for r in a.values()}) > 3  # the prompts lead to different completions
+    # the prompts lead to different completions
+    assert len({r["completion"] for r in a.values()}) > 3
     from tokenizers import Tokenizer
 
     words = Tokenizer.from_file(str(tiny_checkpoint / "tokenizer.json"))
     assert all("</think>" not in r["completion"] for r in a.values())  # all of it is reasoning
-    assert [r["reasoning_tokens"] for r in a.values()] == [len(words.encode(r["completion"]).ids) for r in a.values()]
+    assert [r["reasoning_tokens"] for r in a.values()] == [
+        len(words.encode(r["completion"]).ids) for r in a.values()
+    ]
     assert local["sets"] == served["sets"] and local["averages"] == served["averages"]
 
 
-def test_interrupted_evaluation_resumes_to_the_same_completions(tmp_path, tiny_checkpoint, monkeypatch):
+def test_interrupted_evaluation_resumes_to_the_same_completions(
+    tmp_path, tiny_checkpoint, monkeypatch
+):
     import model as qwen
 
     paths = write_sets(tmp_path)
-    settings = dict(checkpoint=str(tiny_checkpoint), device="cpu", sampling=small_sampling(), batch_size=3, n_samples=3)
+    settings = dict(
+        checkpoint=str(tiny_checkpoint),
+        device="cpu",
+        sampling=small_sampling(),
+        batch_size=3,
+        n_samples=3,
+    )
     ev.evaluate(eval_config(tmp_path, paths, "whole", causes=False, **settings))
     real, calls = qwen.generate, []
 
@@ -360,13 +522,15 @@ def test_interrupted_evaluation_resumes_to_the_same_completions(tmp_path, tiny_c
 
     assert records("cut") == records("whole") and len(records("cut")) == 19
     assert len({json.loads(r)["completion"] for r in records("cut")}) > 3  # sampled, not all alike
-    with pytest.raises(ev.ConfigError, match="seed"):  # another decoding in the same output_dir is refused
+    # another decoding in the same output_dir is refused
+    with pytest.raises(ev.ConfigError, match="seed"):
         ev.evaluate(eval_config(tmp_path, paths, "cut", causes=False, **(settings | {"seed": 1})))
 
 
 def test_read_log_splits_records_at_newline_only(tmp_path):
-    """A completion may hold U+2028, U+2029 or U+0085 (line breaks to str.splitlines): its record stays whole; a
-    torn last line is ignored and the file left as it is, until open_log cuts it off before appending."""
+    """A completion may hold U+2028, U+2029 or U+0085 (line breaks to str.splitlines): its record
+    stays whole; a torn last line is ignored and the file left as it is, until open_log cuts it off
+    before appending."""
     records = [{"completion": "a\u2028b\x85c"}, {"completion": "d\u2029"}, {"completion": ""}]
     whole = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
     path = tmp_path / "completions.jsonl"
@@ -376,12 +540,13 @@ def test_read_log_splits_records_at_newline_only(tmp_path):
     with open_log(path) as f:
         f.write('{"completion": "f"}\n')
     assert read_log(path) == [*records, {"completion": "f"}]
-    path.write_text(whole + '{"completion": "e\n' + whole, encoding="utf-8")  # a bad line inside stops the read
+    # a bad line inside stops the read
+    path.write_text(whole + '{"completion": "e\n' + whole, encoding="utf-8")
     with pytest.raises(ev.EvalError, match=r"completions.jsonl:4: not valid JSON"):
         read_log(path, ev.EvalError)
 
 
-# ----------------------------------------------------------------------------- tables, figures, command line
+# -------------------------------------------------------------------- tables, figures, command line
 
 
 def fake_eval(name, f1_in, f1_out, tokens_in, tokens_out, sd=0.01):
@@ -389,11 +554,23 @@ def fake_eval(name, f1_in, f1_out, tokens_in, tokens_out, sd=0.01):
         return {"mean": mean, "sd": sd if runs > 1 else None, "runs": [mean] * runs}
 
     def entry(domain, f1, tokens):
-        return {"domain": domain, "decoding": {"n_samples": 3}, "weighted_f1": stat(f1), "macro_f1": stat(f1 - 0.05),
-                "invalid": stat(0.02), "reasoning_tokens": stat(tokens)}
+        return {
+            "domain": domain,
+            "decoding": {"n_samples": 3},
+            "weighted_f1": stat(f1),
+            "macro_f1": stat(f1 - 0.05),
+            "invalid": stat(0.02),
+            "reasoning_tokens": stat(tokens),
+        }
 
-    sets = {"ccu_zh_emotion": entry("in", f1_in, tokens_in), "meld": entry("out", f1_out, tokens_out)}
-    averages = {d: {k: s[k] for k in ev.AVERAGED} for d, s in (("in", sets["ccu_zh_emotion"]), ("out", sets["meld"]))}
+    sets = {
+        "ccu_zh_emotion": entry("in", f1_in, tokens_in),
+        "meld": entry("out", f1_out, tokens_out),
+    }
+    averages = {
+        d: {k: s[k] for k in ev.AVERAGED}
+        for d, s in (("in", sets["ccu_zh_emotion"]), ("out", sets["meld"]))
+    }
     return {"name": name, "sets": sets, "averages": averages}
 
 
@@ -402,9 +579,21 @@ def test_compare_prints_table_one_layout_with_differences(tmp_path):
     for name, e in (("base", base), ("clue", clue)):
         (tmp_path / name).mkdir()
         (tmp_path / name / "eval.json").write_text(json.dumps(e))
-    result = subprocess.run([sys.executable, str(REPO / "evaluate.py"), "compare", str(tmp_path / "base"),
-                             str(tmp_path / "clue" / "eval.json"), "--out", str(tmp_path / "cmp")],
-                            capture_output=True, text=True, cwd=REPO, timeout=120)
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "evaluate.py"),
+            "compare",
+            str(tmp_path / "base"),
+            str(tmp_path / "clue" / "eval.json"),
+            "--out",
+            str(tmp_path / "cmp"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert "| Model | ccu_zh_emotion | In-domain avg | meld | Out-of-domain avg |" in lines
@@ -413,36 +602,68 @@ def test_compare_prints_table_one_layout_with_differences(tmp_path):
     assert "| CLUE | 400 ± 0 | 400 ± 0 | 350 ± 0 | 350 ± 0 |" in lines
     assert (tmp_path / "cmp" / "table.md").read_text() == ev.markdown_tables([base, clue])
     assert (tmp_path / "cmp" / "f1_vs_tokens.png").stat().st_size > 10_000
-    assert "Relative gain of CLUE over Base in average weighted F1: In-domain +17.5%, Out-of-domain +10.0%" in lines
+    assert (
+        "Relative gain of CLUE over Base in average weighted F1: In-domain +17.5%, "
+        "Out-of-domain +10.0%"
+    ) in lines
 
 
 @pytest.mark.slow
 def test_figures_are_written_with_labelled_axes(tmp_path):
     pytest.importorskip("matplotlib")
-    evals = [fake_eval("Base Qwen", 0.40, 0.50, 900, 800), fake_eval("Reasoning SFT", 0.43, 0.48, 500, 450),
-             fake_eval("CLUE", 0.47, 0.55, 400, 350)]
+    evals = [
+        fake_eval("Base Qwen", 0.40, 0.50, 900, 800),
+        fake_eval("Reasoning SFT", 0.43, 0.48, 500, 450),
+        fake_eval("CLUE", 0.47, 0.55, 400, 350),
+    ]
     ev.plot_f1_vs_tokens(evals, tmp_path / "f1.png")
     run = tmp_path / "grpo-run"
     run.mkdir()
     with open(run / "metrics.jsonl", "w") as f:
         for step in range(40):
-            record = {"step": step, "reward": 0.5 + step / 100, "reward_std": 0.2, "rewards/accuracy/mean": step / 50,
-                      "rewards/iu/mean": 0.3, "completions/mean_length": 900 - 10 * step, "kl": 0.001 * step,
-                      "groups/masked": step % 3, "lr": 1e-6 * min(1, step / 5), "loss": "nan" if step == 7 else 0.1,
-                      "eval/ccu_emotion/macro_f1": 0.3 + step / 200, "eval/ccu_norm/macro_f1": 0.5}
+            record = {
+                "step": step,
+                "reward": 0.5 + step / 100,
+                "reward_std": 0.2,
+                "rewards/accuracy/mean": step / 50,
+                "rewards/iu/mean": 0.3,
+                "completions/mean_length": 900 - 10 * step,
+                "kl": 0.001 * step,
+                "groups/masked": step % 3,
+                "lr": 1e-6 * min(1, step / 5),
+                "loss": "nan" if step == 7 else 0.1,
+                "eval/ccu_emotion/macro_f1": 0.3 + step / 200,
+                "eval/ccu_norm/macro_f1": 0.5,
+            }
             f.write(json.dumps(record) + "\n")
         f.write('{"step": 40, "rew')  # a torn last line
     other = tmp_path / "acc-only"
     other.mkdir()
-    (other / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "reward": 0.4, "lr": 1e-6}) + "\n"
-                                                 for s in range(30)))
+    (other / "metrics.jsonl").write_text(
+        "".join(json.dumps({"step": s, "reward": 0.4, "lr": 1e-6}) + "\n" for s in range(30))
+    )
     panels = ev.plot_training_curves([run, other], tmp_path / "curves.png")
-    cli = subprocess.run([sys.executable, str(REPO / "evaluate.py"), "plot", str(run)], capture_output=True, text=True,
-                         cwd=REPO, timeout=120)
+    cli = subprocess.run(
+        [sys.executable, str(REPO / "evaluate.py"), "plot", str(run)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
     assert cli.returncode == 0 and (run / "training_curves.png").is_file(), cli.stderr
-    assert panels == ["Mean reward", "Reward components", "Completion length", "KL to reference",
-                      "Masked groups", "Learning rate", "Loss", "Eval macro F1"]
-    assert (tmp_path / "f1.png").stat().st_size > 10_000 and (tmp_path / "curves.png").stat().st_size > 10_000
+    assert panels == [
+        "Mean reward",
+        "Reward components",
+        "Completion length",
+        "KL to reference",
+        "Masked groups",
+        "Learning rate",
+        "Loss",
+        "Eval macro F1",
+    ]
+    assert (tmp_path / "f1.png").stat().st_size > 10_000 and (
+        tmp_path / "curves.png"
+    ).stat().st_size > 10_000
 
 
 def test_missing_matplotlib_is_one_line(monkeypatch):
@@ -455,13 +676,28 @@ def test_missing_matplotlib_is_one_line(monkeypatch):
 def test_bad_configs_are_one_line_errors(tmp_path):
     paths = write_sets(tmp_path)
     config = tmp_path / "c.yaml"
-    config.write_text(f"output_dir: {tmp_path / 'o'}\nsets:\n  - name: ccu\n    path: {paths['ccu']}\n")
-    for extra, message in (("", "exactly one of 'checkpoint'"), ("checkpoint: x\nn_samples: 0", "at least 1"),
-                           ("checkpoint: x\nsamples: 3", "unknown key 'samples'")):
-        config.write_text(f"output_dir: {tmp_path / 'o'}\nsets:\n  - name: ccu\n    path: {paths['ccu']}\n{extra}\n")
-        result = subprocess.run([sys.executable, str(REPO / "evaluate.py"), str(config)], capture_output=True,
-                                text=True, cwd=REPO, timeout=120)
-        assert result.returncode != 0 and message in result.stderr and "Traceback" not in result.stderr
+    config.write_text(
+        f"output_dir: {tmp_path / 'o'}\nsets:\n  - name: ccu\n    path: {paths['ccu']}\n"
+    )
+    for extra, message in (
+        ("", "exactly one of 'checkpoint'"),
+        ("checkpoint: x\nn_samples: 0", "at least 1"),
+        ("checkpoint: x\nsamples: 3", "unknown key 'samples'"),
+    ):
+        config.write_text(
+            f"output_dir: {tmp_path / 'o'}\nsets:\n  - name: ccu\n    path: "
+            f"{paths['ccu']}\n{extra}\n"
+        )
+        result = subprocess.run(
+            [sys.executable, str(REPO / "evaluate.py"), str(config)],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            timeout=120,
+        )
+        assert (
+            result.returncode != 0 and message in result.stderr and "Traceback" not in result.stderr
+        )
         assert len(result.stderr.strip().splitlines()) == 1
 
 
@@ -489,5 +725,8 @@ def test_cause_targets_on_ecf_match_a_count_from_the_raw_file(shared_data):
                 targets.setdefault((conversation["conversation_ID"], t), set()).add(c)
     examples = convert.convert_ecf(path)
     ours = {(e.id, tuple(turns)) for e in examples if (turns := ev.cause_turns(e))}
-    expected = {(f"ecf-{conv}-{t}", tuple(sorted(c - 1 for c in causes))) for (conv, t), causes in targets.items()}
+    expected = {
+        (f"ecf-{conv}-{t}", tuple(sorted(c - 1 for c in causes)))
+        for (conv, t), causes in targets.items()
+    }
     assert ours == expected and len(ours) > 1000

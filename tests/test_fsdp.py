@@ -1,8 +1,9 @@
-"""Full-parameter training on FSDP2 (fsdp.py, `finetune: full`) with gloo ranks on the CPU: one SFT update on 2
-ranks (and with another micro-batch split) gives the weights of 1 process; the exported checkpoint gives the
-in-memory model's logits in transformers and in model.py (tied and untied heads); a full-mode run SIGKILLed during
-training or during a checkpoint write resumes to the uninterrupted result; rollouts under `gathered` run no
-collective; bad input stops with one line and exit status 2."""
+"""Full-parameter training on FSDP2 (fsdp.py, `finetune: full`) with gloo ranks on the CPU: one SFT
+update on 2 ranks (and with another micro-batch split) gives the weights of 1 process; the exported
+checkpoint gives the in-memory model's logits in transformers and in model.py (tied and untied
+heads); a full-mode run SIGKILLed during training or during a checkpoint write resumes to the
+uninterrupted result; rollouts under `gathered` run no collective; bad input stops with one line and
+exit status 2."""
 
 import json
 import os
@@ -12,21 +13,33 @@ import sys
 import time
 from pathlib import Path
 
+import instruments as INSTR
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from helpers import (
+    config,
+    config_file,
+    metrics,
+    sad_row,
+    tensors,
+    write_rows,
+)
+from helpers import (
+    rank_run as _rank_run,
+)
+from helpers import (
+    sft_checkpoint as write_checkpoint,
+)
+from instruments import free_port
 
+import checkpoint as CK
+import distributed as D
+import fsdp as FS
 import model as M
 import sft
 import train as T
-import distributed as D
-import instruments as INSTR
-import fsdp as FS
-import checkpoint as CK
-from helpers import (config, config_file, metrics, rank_run as _rank_run, sad_row, sft_checkpoint as write_checkpoint,
-                     tensors, write_rows)
-from instruments import free_port
 
 pytestmark = pytest.mark.slow  # gloo ranks and torchrun
 REPO = Path(__file__).resolve().parents[1]
@@ -53,17 +66,27 @@ def single_process(cfg) -> Path:
             dist.destroy_process_group()
 
 
-# ----------------------------------------------------------------------------- the same update on 1 and 2 ranks
+# ----------------------------------------------------------------- the same update on 1 and 2 ranks
 
 
 def test_full_sft_on_two_ranks_and_another_split_equals_one_process(checkpoint, tmp_path):
-    """Five rows, 4 completions an update: the second update has one, so rank 1 runs an idle micro-batch there.
-    Stated tolerance: rtol 1e-5, atol 1e-6 on every weight after two AdamW steps (float32 on the CPU)."""
+    """Five rows, 4 completions an update: the second update has one, so rank 1 runs an idle
+    micro-batch there. Stated tolerance: rtol 1e-5, atol 1e-6 on every weight after two AdamW steps
+    (float32 on the CPU)."""
     data = str(write_rows(tmp_path / "rows5.jsonl", [sad_row(i) for i in range(5)]))
     runs = {}
     for name, ranks, batch, accum in (("one", 1, 1, 4), ("two", 2, 1, 2), ("split", 2, 2, 1)):
-        cfg = config(checkpoint, tmp_path / name, data=data, batch_size=batch, grad_accum=accum, lr=1e-3,
-                     output_dir=str(tmp_path / name / "run"), gradient_checkpointing=name == "split", **FULL)
+        cfg = config(
+            checkpoint,
+            tmp_path / name,
+            data=data,
+            batch_size=batch,
+            grad_accum=accum,
+            lr=1e-3,
+            output_dir=str(tmp_path / name / "run"),
+            gradient_checkpointing=name == "split",
+            **FULL,
+        )
         if ranks == 1:
             single_process(cfg)
         else:
@@ -77,36 +100,59 @@ def test_full_sft_on_two_ranks_and_another_split_equals_one_process(checkpoint, 
         assert final[name].keys() == final["one"].keys()
         for key, value in final["one"].items():
             torch.testing.assert_close(final[name][key], value, rtol=1e-5, atol=1e-6, msg=key)
-    tags = [M.load_tokenizer(runs["one"] / "best").token_id(t) for t in ("<evidence>", "</evidence>")]
+    tags = [
+        M.load_tokenizer(runs["one"] / "best").token_id(t) for t in ("<evidence>", "</evidence>")
+    ]
     for key, value in final["two"].items():
-        if key in ("model.embed_tokens.weight", "lm_head.weight"):  # frozen but for the <evidence> rows
+        # frozen but for the <evidence> rows
+        if key in ("model.embed_tokens.weight", "lm_head.weight"):
             others = [i for i in range(len(value)) if i not in tags]
-            assert torch.equal(value[others], base[key][others]) and not torch.equal(value[tags], base[key][tags])
+            assert torch.equal(value[others], base[key][others]) and not torch.equal(
+                value[tags], base[key][tags]
+            )
         else:
             assert not torch.equal(value, base[key]), key  # every other weight trained
     state = json.loads((runs["two"] / "ckpt-000002" / "state.json").read_text())
-    assert state["finetune"] == "full" and [g["lr_scale"] for g in state["param_groups"]] == [1.0, 10.0]
+    assert state["finetune"] == "full" and [g["lr_scale"] for g in state["param_groups"]] == [
+        1.0,
+        10.0,
+    ]
 
 
 # ----------------------------------------------------------------------------- export
 
 
-TIED = dict(model_type="qwen3", vocab_size=64, hidden_size=32,
-            intermediate_size=48, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-            rope_theta=1e4)
+TIED = dict(
+    model_type="qwen3",
+    vocab_size=64,
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=8,
+    rope_theta=1e4,
+)
 
 
 def _export_worker(rank, port, out, tied):
     torch.set_num_threads(1)
-    os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE="2",
+        LOCAL_RANK=str(rank),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
     ranks = D.setup_distributed("cpu")
     torch.manual_seed(0)
     raw = dict(TIED, tie_word_embeddings=tied)
     model = M.Qwen(M.QwenConfig.from_dict(raw))
     M.train_token_rows(model, [5, 9])
     FS.shard_model(model, ranks.device)
-    optimizer = T.build_optimizer(model, lr=1e-2, weight_decay=0.01, betas=(0.9, 0.99), row_lr_scale=10.0)
+    optimizer = T.build_optimizer(
+        model, lr=1e-2, weight_decay=0.01, betas=(0.9, 0.99), row_lr_scale=10.0
+    )
     ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(1))
     model.train()
     (-M.token_logprobs(model, ids).mean()).backward()
@@ -115,7 +161,8 @@ def _export_worker(rank, port, out, tied):
     model.eval()
     with torch.no_grad():
         logits = model(ids)
-    tok = M.QwenTokenizer.__new__(M.QwenTokenizer)  # save_merged writes the tokenizer: a stand-in that writes none
+    # save_merged writes the tokenizer: a stand-in that writes none
+    tok = M.QwenTokenizer.__new__(M.QwenTokenizer)
     tok.save = lambda folder: None
     FS.export_full(model, tok, out)
     if ranks.main:
@@ -134,17 +181,24 @@ def test_the_exported_checkpoint_gives_the_in_memory_logits(tmp_path, tied):
     hf = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
     with torch.no_grad():
         torch.testing.assert_close(ours(expected["ids"]), expected["logits"], rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(hf(expected["ids"]).logits, expected["logits"], rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(
+            hf(expected["ids"]).logits, expected["logits"], rtol=1e-4, atol=1e-4
+        )
     assert ours.lm_head is None if tied else ours.lm_head is not None
 
 
-# ----------------------------------------------------------------------------- no collective per decoded token
+# ------------------------------------------------------------------ no collective per decoded token
 
 
 def _rollout_worker(rank, port, out):
     torch.set_num_threads(1)
-    os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE="2",
+        LOCAL_RANK=str(rank),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
     ranks = D.setup_distributed("cpu")
     torch.manual_seed(0)
     model = M.Qwen(M.QwenConfig.from_dict(dict(TIED, tie_word_embeddings=False)))
@@ -155,13 +209,19 @@ def _rollout_worker(rank, port, out):
     with calls:
         with FS.gathered(model):
             before = calls.count
-            tokens = M.generate(model, [[1, 2, 3]] * (rank + 1), max_new_tokens=6 + 3 * rank, temperature=0)
+            tokens = M.generate(
+                model, [[1, 2, 3]] * (rank + 1), max_new_tokens=6 + 3 * rank, temperature=0
+            )
             during = calls.count - before
         with torch.no_grad():
             model(torch.tensor([[1, 2, 3]]))  # resharded: a forward all-gathers again
-    expected = M.generate(reference, [[1, 2, 3]] * (rank + 1), max_new_tokens=6 + 3 * rank, temperature=0)
-    torch.save({"during": during, "after": calls.count - before - during, "same": tokens == expected},
-               out / f"rank{rank}.pt")
+    expected = M.generate(
+        reference, [[1, 2, 3]] * (rank + 1), max_new_tokens=6 + 3 * rank, temperature=0
+    )
+    torch.save(
+        {"during": during, "after": calls.count - before - during, "same": tokens == expected},
+        out / f"rank{rank}.pt",
+    )
     dist.destroy_process_group()
 
 
@@ -193,9 +253,24 @@ sft.main(sys.argv[1:])
 
 def torchrun(script: Path, *argv, cwd: Path) -> subprocess.Popen:
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                             "--master_port", str(free_port()), str(script), *map(str, argv)], cwd=cwd, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "--master_port",
+            str(free_port()),
+            str(script),
+            *map(str, argv),
+        ],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
 
 
 @pytest.mark.parametrize("moment", ["training", "checkpoint write"])
@@ -205,10 +280,20 @@ def test_a_full_run_killed_resumes_equal_to_an_uninterrupted_one(checkpoint, tmp
     script.write_text(SLOW_SAVE.format(repo=str(REPO)))
 
     def run(name, kill=False):
-        path = config_file(checkpoint, tmp_path / name, data=str(rows), epochs=4, grad_accum=1, save_every=1,
-                           keep_checkpoints=None, **FULL)
+        path = config_file(
+            checkpoint,
+            tmp_path / name,
+            data=str(rows),
+            epochs=4,
+            grad_accum=1,
+            save_every=1,
+            keep_checkpoints=None,
+            **FULL,
+        )
         folder = tmp_path / name / "run"
-        process = torchrun(script if moment == "checkpoint write" else REPO / "sft.py", path, cwd=tmp_path)
+        process = torchrun(
+            script if moment == "checkpoint write" else REPO / "sft.py", path, cwd=tmp_path
+        )
         marker = folder / ("writing" if moment == "checkpoint write" else "ckpt-000003")
         while kill and not marker.exists():
             assert process.poll() is None, process.stderr.read()
@@ -219,14 +304,27 @@ def test_a_full_run_killed_resumes_equal_to_an_uninterrupted_one(checkpoint, tmp
         return code, folder
 
     whole = tmp_path / "whole" / "run"
-    reference = torchrun(REPO / "sft.py", config_file(checkpoint, tmp_path / "whole", data=str(rows), epochs=4,
-                                                       grad_accum=1, save_every=1, keep_checkpoints=None, **FULL),
-                         cwd=tmp_path)
+    reference = torchrun(
+        REPO / "sft.py",
+        config_file(
+            checkpoint,
+            tmp_path / "whole",
+            data=str(rows),
+            epochs=4,
+            grad_accum=1,
+            save_every=1,
+            keep_checkpoints=None,
+            **FULL,
+        ),
+        cwd=tmp_path,
+    )
     assert reference.wait(timeout=600) == 0, reference.stderr.read()
     code, killed = run("killed", kill=True)
     assert code != 0
     if moment == "checkpoint write":
-        assert (killed / ".ckpt-000003.tmp").is_dir() and CK.latest_checkpoint(killed).name == "ckpt-000002"
+        assert (killed / ".ckpt-000003.tmp").is_dir() and CK.latest_checkpoint(
+            killed
+        ).name == "ckpt-000002"
         (killed / "writing").unlink()
     resumed = torchrun(REPO / "sft.py", killed.parent / "config.yaml", cwd=tmp_path)
     assert resumed.wait(timeout=600) == 0, resumed.stderr.read()
@@ -238,8 +336,9 @@ def test_a_full_run_killed_resumes_equal_to_an_uninterrupted_one(checkpoint, tmp
         a, b = tensors(shard), tensors(killed / "ckpt-000012" / "dcp" / shard.name)
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), shard.name
     drop = ("tokens_per_s", "elapsed_s")
-    assert [{k: v for k, v in m.items() if k not in drop} for m in metrics(whole)] == \
-        [{k: v for k, v in m.items() if k not in drop} for m in metrics(killed)]
+    assert [{k: v for k, v in m.items() if k not in drop} for m in metrics(whole)] == [
+        {k: v for k, v in m.items() if k not in drop} for m in metrics(killed)
+    ]
 
 
 # ----------------------------------------------------------------------------- bad input
@@ -258,8 +357,8 @@ def test_full_mode_with_a_lora_only_key_stops_with_one_line(checkpoint, tmp_path
 
 
 def refused_resume(path, capsys) -> tuple[int, str]:
-    """sft.main on `path`, which must stop: its exit status and what it printed on stderr (the process group it may
-    have set up is torn down)."""
+    """sft.main on `path`, which must stop: its exit status and what it printed on stderr (the
+    process group it may have set up is torn down)."""
     with pytest.raises(SystemExit) as stop:
         try:
             sft.main([str(path)])
@@ -270,7 +369,9 @@ def refused_resume(path, capsys) -> tuple[int, str]:
 
 
 @pytest.mark.parametrize("first,then", [("lora", "full"), ("full", "lora")])
-def test_resuming_a_checkpoint_of_the_other_mode_stops_with_one_line(checkpoint, tmp_path, capsys, first, then):
+def test_resuming_a_checkpoint_of_the_other_mode_stops_with_one_line(
+    checkpoint, tmp_path, capsys, first, then
+):
     modes = {"lora": {}, "full": FULL}
     single_process(config(checkpoint, tmp_path, save_every=1, **modes[first]))
     capsys.readouterr()
@@ -280,8 +381,11 @@ def test_resuming_a_checkpoint_of_the_other_mode_stops_with_one_line(checkpoint,
     assert f"field 'finetune': the checkpoint is of a {first} run, this run is {then}" in err
 
 
-def test_resuming_a_full_checkpoint_at_another_world_size_stops_with_one_line(checkpoint, tmp_path, capsys):
-    """README: a full-parameter checkpoint resumes at the world size that wrote it; at another, the run stops."""
+def test_resuming_a_full_checkpoint_at_another_world_size_stops_with_one_line(
+    checkpoint, tmp_path, capsys
+):
+    """README: a full-parameter checkpoint resumes at the world size that wrote it; at another, the
+    run stops."""
     cfg = config(checkpoint, tmp_path, save_every=1, **FULL)
     mp.spawn(_rank_run, args=(free_port(), cfg), nprocs=2)
     path = config_file(checkpoint, tmp_path, save_every=1, epochs=2, **FULL)
@@ -292,42 +396,65 @@ def test_resuming_a_full_checkpoint_at_another_world_size_stops_with_one_line(ch
 
 # ----------------------------------------------------------------------------- GRPO in full mode
 
+from helpers import fixed_groups, read_jsonl, run_config  # noqa: E402
+
 import grpo  # noqa: E402
 from config import load_config  # noqa: E402
 from judge_server import JudgeServer, rules_backend  # noqa: E402
-from helpers import fixed_groups, read_jsonl, run_config  # noqa: E402
 
 
 def full_policy(base, **overrides):
-    """A full-parameter GRPO policy and its reference on the tiny checkpoint; returns (cfg, policy, reference)."""
-    settings = {"finetune": "full", "lora": "null", "save_merged": "false", "model.sft_adapter": "null",
-                "model.path": str(base), "model.dtype": "float32", "optim.grad_clip": "1e9", "seed": "3",
-                "loss.beta": "0.04", "loss.passes": "2"} | overrides
-    cfg = load_config(REPO / "configs" / "clue_qwen3_5_9b.yaml", [f"{k}={v}" for k, v in settings.items()],
-                      grpo.GRPOConfig)
+    """A full-parameter GRPO policy and its reference on the tiny checkpoint; returns (cfg, policy,
+    reference)."""
+    settings = {
+        "finetune": "full",
+        "lora": "null",
+        "save_merged": "false",
+        "model.sft_adapter": "null",
+        "model.path": str(base),
+        "model.dtype": "float32",
+        "optim.grad_clip": "1e9",
+        "seed": "3",
+        "loss.beta": "0.04",
+        "loss.passes": "2",
+    } | overrides
+    cfg = load_config(
+        REPO / "configs" / "clue_qwen3_5_9b.yaml",
+        [f"{k}={v}" for k, v in settings.items()],
+        grpo.GRPOConfig,
+    )
     ranks = D.setup_distributed("cpu")
     policy, _ = grpo.build_policy(cfg, ranks)
     reference = grpo.build_policy(cfg, ranks, like=policy)[0]
-    assert reference.model.embed_tokens.weight is policy.model.embed_tokens.weight  # one frozen copy a rank
+    # one frozen copy a rank
+    assert reference.model.embed_tokens.weight is policy.model.embed_tokens.weight
     return cfg, ranks, policy, reference
 
 
 def updated_weights(base, groups, micro_batch_size) -> dict[str, torch.Tensor]:
-    """The full weights after one GRPO update (two passes, so two AdamW steps) over `groups` on this rank."""
+    """The full weights after one GRPO update (two passes, so two AdamW steps) over `groups` on this
+    rank."""
     cfg, ranks, policy, reference = full_policy(base, **{"loss.micro_batch_size": micro_batch_size})
     sequences = grpo.training_sequences(groups, grpo.advantages_by_group(groups, cfg.loss))
     batches = grpo.micro_batches(sequences, micro_batch_size, 0, ranks.device)
     optimizer = T.build_optimizer(policy, 1e-3, 0.01, (0.9, 0.99))
     out = grpo.policy_update(policy, optimizer, batches, cfg, ranks, reference)
     assert out["grad_norm"] > 0 and out["kl"] >= 0
-    return {n: p.full_tensor() if hasattr(p, "full_tensor") else p.detach().clone()
-            for n, p in policy.named_parameters()}
+    return {
+        n: p.full_tensor() if hasattr(p, "full_tensor") else p.detach().clone()
+        for n, p in policy.named_parameters()
+    }
 
 
 def _grpo_worker(rank, port, base, out):
     torch.set_num_threads(1)
-    os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE="2",
+        LOCAL_RANK=str(rank),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
     mine = [g for i, g in enumerate(fixed_groups(n_groups=3)) if i % 2 == rank]  # 6 and 3 sequences
     found = updated_weights(base, mine, micro_batch_size=2)  # rank 1 runs an idle micro-batch
     if rank == 0:
@@ -336,7 +463,8 @@ def _grpo_worker(rank, port, base, out):
 
 
 def test_full_grpo_update_on_two_ranks_and_another_split_equals_one_process(assets, tmp_path):
-    """With the sharded reference (beta 0.04) and loss.passes 2. Stated tolerance: rtol 1e-5, atol 1e-6."""
+    """With the sharded reference (beta 0.04) and loss.passes 2. Stated tolerance: rtol 1e-5, atol
+    1e-6."""
     base, _ = assets
     try:
         one = updated_weights(base, fixed_groups(n_groups=3), micro_batch_size=100)
@@ -358,13 +486,22 @@ def grpo_torchrun(config: Path) -> subprocess.Popen:
 
 
 def test_a_full_grpo_run_on_two_ranks_resumes_after_sigkill_to_the_same_result(tmp_path, assets):
-    """Filtering on, micro-batches of 3, the sharded reference; the killed run resumes to the same exported
-    checkpoint, metrics (timings aside) and completions; the export loads in transformers and model.py alike."""
+    """Filtering on, micro-batches of 3, the sharded reference; the killed run resumes to the same
+    exported checkpoint, metrics (timings aside) and completions; the export loads in transformers
+    and model.py alike."""
     transformers = pytest.importorskip("transformers")
     with JudgeServer(rules_backend).start() as server:
+
         def config(name):
-            return run_config(tmp_path / name, assets, server.url, finetune="full", lora=None,
-                              **{"loss.beta": 0.04})
+            return run_config(
+                tmp_path / name,
+                assets,
+                server.url,
+                finetune="full",
+                lora=None,
+                **{"loss.beta": 0.04},
+            )
+
         straight = grpo_torchrun(config("a"))
         assert straight.wait(timeout=600) == 0, straight.stderr.read().decode()[-3000:]
         run = tmp_path / "b" / "run"
@@ -380,29 +517,59 @@ def test_a_full_grpo_run_on_two_ranks_resumes_after_sigkill_to_the_same_result(t
     a, b = weights(tmp_path / "a" / "run" / "model"), weights(run / "model")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     timing = ("time/", "tokens_per_s")
-    ma, mb = ([{k: v for k, v in m.items() if not k.startswith(timing)} for m in read_jsonl(r / "metrics.jsonl")]
-              for r in (tmp_path / "a" / "run", run))
+    ma, mb = (
+        [
+            {k: v for k, v in m.items() if not k.startswith(timing)}
+            for m in read_jsonl(r / "metrics.jsonl")
+        ]
+        for r in (tmp_path / "a" / "run", run)
+    )
     assert ma == mb and len(ma) == 3
-    assert read_jsonl(tmp_path / "a" / "run" / "completions.jsonl") == read_jsonl(run / "completions.jsonl")
+    assert read_jsonl(tmp_path / "a" / "run" / "completions.jsonl") == read_jsonl(
+        run / "completions.jsonl"
+    )
     ids = torch.tensor([[1, 5, 7, 9, 2]])
-    hf = transformers.AutoModelForCausalLM.from_pretrained(run / "model", dtype=torch.float32).eval()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        run / "model", dtype=torch.float32
+    ).eval()
     with torch.no_grad():
-        torch.testing.assert_close(hf(ids).logits, M.Qwen.from_pretrained(run / "model")(ids), rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(
+            hf(ids).logits, M.Qwen.from_pretrained(run / "model")(ids), rtol=1e-4, atol=1e-4
+        )
 
 
 @pytest.mark.parametrize("reward", ["emollm", "care"])
 def test_a_full_dialogue_run_on_two_ranks_trains_and_exports(tmp_path, reward):
-    """The dialogue mode (trajectory groups for emollm, turn groups for care) in full mode on 2 ranks: both updates
-    run, the weights move, and the exported model loads."""
-    from helpers import DEMO, DIALOGUE_WORDS as WORDS, grpo_checkpoint as write_grpo_checkpoint
+    """The dialogue mode (trajectory groups for emollm, turn groups for care) in full mode on 2
+    ranks: both updates run, the weights move, and the exported model loads."""
+    from helpers import DEMO
+    from helpers import DIALOGUE_WORDS as WORDS
+    from helpers import grpo_checkpoint as write_grpo_checkpoint
+
     base = write_grpo_checkpoint(tmp_path / "base", words=WORDS, hidden=16)
     with JudgeServer(rules_backend).start() as server:
-        run = torchrun(REPO / "grpo.py", DEMO, f"model.path={base}", f"output_dir={tmp_path / 'run'}",
-                       f"judge.base_url={server.url}", f"reward.name={reward}", "updates=2",
-                       "rollout.max_new_tokens=8", "finetune=full", "lora=null", cwd=REPO)
+        run = torchrun(
+            REPO / "grpo.py",
+            DEMO,
+            f"model.path={base}",
+            f"output_dir={tmp_path / 'run'}",
+            f"judge.base_url={server.url}",
+            f"reward.name={reward}",
+            "updates=2",
+            "rollout.max_new_tokens=8",
+            "finetune=full",
+            "lora=null",
+            cwd=REPO,
+        )
         assert run.wait(timeout=600) == 0, run.stderr.read().decode()[-3000:]
     found = read_jsonl(tmp_path / "run" / "metrics.jsonl")
-    assert [m["step"] for m in found] == [1, 2] and all(m["skipped_nonfinite"] == 0 for m in found), found
+    assert [m["step"] for m in found] == [1, 2] and all(
+        m["skipped_nonfinite"] == 0 for m in found
+    ), found
     exported = M.Qwen.from_pretrained(tmp_path / "run" / "model")
-    assert not all(torch.equal(a, b) for a, b in zip(exported.state_dict().values(),
-                                                     M.Qwen.from_pretrained(base).state_dict().values()))
+    assert not all(
+        torch.equal(a, b)
+        for a, b in zip(
+            exported.state_dict().values(), M.Qwen.from_pretrained(base).state_dict().values()
+        )
+    )

@@ -4,9 +4,9 @@ generation, a hand-built model whose outputs are known in advance, and the sampl
 
 import pytest
 import torch
+from helpers import Q35_TEXT, close, hf_checkpoint, hf_greedy, ids, randomize
 
 import model as M
-from helpers import Q35_TEXT, close, hf_checkpoint, hf_greedy, ids, randomize
 
 transformers = pytest.importorskip("transformers")
 scipy_stats = pytest.importorskip("scipy.stats")
@@ -15,15 +15,21 @@ scipy_stats = pytest.importorskip("scipy.stats")
 POLICIES = [dict(), dict(compact_below=0.0), dict(compact_below=1.0, max_rows=3), dict(max_rows=1)]
 
 
-# qwen3_5_text in the slow tier only: test_qwen35 compares its greedy decode and its cache in the fast one
-@pytest.fixture(scope="module", params=["qwen2", pytest.param("qwen3_5_text", marks=pytest.mark.slow)])
+# qwen3_5_text in the slow tier only: test_qwen35 compares
+# its greedy decode and its cache in the fast one
+@pytest.fixture(
+    scope="module", params=["qwen2", pytest.param("qwen3_5_text", marks=pytest.mark.slow)]
+)
 def pair(request, tmp_path_factory):
-    if request.param == "qwen2":  # its greedy paths vary more than the qwen3 fixtures', which soon repeat a token
+    # its greedy paths vary more than the qwen3 fixtures', which soon repeat a token
+    if request.param == "qwen2":
         hf, path = hf_checkpoint(tmp_path_factory, "qwen2")
     else:
         path = tmp_path_factory.mktemp("qwen3_5_text")
         torch.manual_seed(0)
-        hf = transformers.Qwen3_5ForCausalLM(transformers.Qwen3_5TextConfig(**Q35_TEXT, tie_word_embeddings=False))
+        hf = transformers.Qwen3_5ForCausalLM(
+            transformers.Qwen3_5TextConfig(**Q35_TEXT, tie_word_embeddings=False)
+        )
         randomize(hf.float().eval())
         hf.save_pretrained(path)
     return hf, M.Qwen.from_pretrained(path, dtype="float32")
@@ -38,8 +44,10 @@ def eos_apart(free: list[list[int]], n: int) -> list[int]:
     """EOS ids, picked greedily from the rows' free-running outputs, under which the rows end at as
     many different steps as possible while some row never ends. The result is asserted, so a changed
     fixture cannot quietly test less."""
+
     def ends(eos):
         return [next((i + 1 for i, t in enumerate(row) if t in eos), n) for row in free]
+
     eos = []
     for t in sorted({t for row in free for t in row}):
         if n in ends(eos + [t]) and len(set(ends(eos + [t]))) > len(set(ends(eos))):
@@ -55,7 +63,9 @@ def test_greedy_with_eos_equals_transformers_under_every_compaction_policy(pair)
     eos = eos_apart(M.generate(ours, prompts, max_new_tokens=n, temperature=0), n)
     expected = {tuple(p): hf_greedy(hf, p, n, eos) for p in prompts}
     for policy in POLICIES:
-        got = M.generate(ours, prompts, max_new_tokens=n, temperature=0, eos_token_ids=eos, **policy)
+        got = M.generate(
+            ours, prompts, max_new_tokens=n, temperature=0, eos_token_ids=eos, **policy
+        )
         assert got == [expected[tuple(p)] for p in prompts]
 
 
@@ -64,7 +74,8 @@ def test_repetition_penalty_and_logprobs_survive_compaction(pair):
     prompts, n = ragged_prompts(), 20
     kw = dict(max_new_tokens=n, temperature=0, repetition_penalty=1.3, return_logprobs=True)
     kw["eos_token_ids"] = eos_apart(M.generate(ours, prompts, **kw)[0], n)
-    tokens, logps = M.generate(ours, prompts, **kw, max_rows=1)  # one row at a time: nothing to compact
+    # one row at a time: nothing to compact
+    tokens, logps = M.generate(ours, prompts, **kw, max_rows=1)
     for policy in POLICIES[:-1]:
         got = M.generate(ours, prompts, **kw, **policy)
         assert got[0] == tokens
@@ -79,10 +90,11 @@ def test_seeded_sampling_is_repeatable_and_independent_of_the_batch(pair):
     kw["eos_token_ids"] = eos = eos_apart(free, n)
     first = M.generate(ours, prompts, **kw)
     # a row draws with its own uniforms, so an EOS only cuts it short
-    assert first == [row[:next((i + 1 for i, t in enumerate(row) if t in eos), n)] for row in free]
+    assert first == [row[: next((i + 1 for i, t in enumerate(row) if t in eos), n)] for row in free]
     for policy in POLICIES[1:]:
         assert M.generate(ours, prompts, **kw, **policy) == first
-    assert M.generate(ours, prompts[:4] + [[1, 2, 3]], **kw)[:4] == first[:4]  # row i depends on row i only
+    # row i depends on row i only
+    assert M.generate(ours, prompts[:4] + [[1, 2, 3]], **kw)[:4] == first[:4]
     assert M.generate(ours, prompts, **dict(kw, seed=4)) != first
     group = M.generate(ours, [prompts[0]] * 6, **kw)
     assert len({tuple(t) for t in group}) > 1  # the rows of a group draw independently
@@ -92,10 +104,24 @@ def counter_model(family: str) -> M.Qwen:
     """A model whose greedy next token is (previous token + 1) mod 128: every layer's output
     projection is zero, so the residual stream is the one-hot embedding of the last token, and
     lm_head row j is the embedding of j - 1. Layers still run and fill the cache as usual."""
-    raw = dict(model_type=family, vocab_size=128, hidden_size=128, intermediate_size=64, num_hidden_layers=2,
-               num_attention_heads=4, num_key_value_heads=2, head_dim=16, rope_theta=1e6, tie_word_embeddings=False,
-               linear_conv_kernel_dim=4, linear_key_head_dim=8, linear_value_head_dim=8, linear_num_key_heads=2,
-               linear_num_value_heads=4, layer_types=["linear_attention", "full_attention"])
+    raw = dict(
+        model_type=family,
+        vocab_size=128,
+        hidden_size=128,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        rope_theta=1e6,
+        tie_word_embeddings=False,
+        linear_conv_kernel_dim=4,
+        linear_key_head_dim=8,
+        linear_value_head_dim=8,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        layer_types=["linear_attention", "full_attention"],
+    )
     model = M.Qwen(M.QwenConfig.from_dict(raw, "counter"))
     randomize(model)
     with torch.no_grad():
@@ -109,18 +135,23 @@ def counter_model(family: str) -> M.Qwen:
 
 
 def cache_bytes_per_row(cfg: M.QwenConfig, slots: int) -> int:
-    """By hand: float32 K and V per attention layer; conv inputs and the delta-rule state per Gated DeltaNet layer."""
+    """By hand: float32 K and V per attention layer; conv inputs and the delta-rule state per Gated
+    DeltaNet layer."""
     n_full = cfg.layer_types.count("full_attention")
     channels = 2 * cfg.linear_k_heads * cfg.linear_k_dim + cfg.linear_v_heads * cfg.linear_v_dim
-    linear = channels * (cfg.conv_kernel - 1) + cfg.linear_v_heads * cfg.linear_k_dim * cfg.linear_v_dim
-    return 4 * (n_full * 2 * cfg.num_kv_heads * slots * cfg.head_dim + (cfg.num_layers - n_full) * linear)
+    linear = (
+        channels * (cfg.conv_kernel - 1) + cfg.linear_v_heads * cfg.linear_k_dim * cfg.linear_v_dim
+    )
+    return 4 * (
+        n_full * 2 * cfg.num_kv_heads * slots * cfg.head_dim + (cfg.num_layers - n_full) * linear
+    )
 
 
 class CacheWatch:
-    """Watches the caches that generate allocates (new_cache, and share_prompts for a group's rows), from
-    outside: the most bytes a cache's tensors held at once (each layer's state list is swapped for one that
-    records, before any tensor is replaced, the bytes of every tensor then held, a shared prefix's included,
-    plus the new one) and the number of Cache.select calls."""
+    """Watches the caches that generate allocates (new_cache, and share_prompts for a group's rows),
+    from outside: the most bytes a cache's tensors held at once (each layer's state list is swapped
+    for one that records, before any tensor is replaced, the bytes of every tensor then held, a
+    shared prefix's included, plus the new one) and the number of Cache.select calls."""
 
     def __init__(self, model, monkeypatch):
         self.caches, self.peaks, self.copies = [], [], 0
@@ -143,8 +174,14 @@ class CacheWatch:
     @staticmethod
     def held(cache) -> int:
         assert all(isinstance(layer, CacheWatch.Layer) for layer in cache.layers)  # still watched
-        shared = [] if cache.prefix is None else [t for layer in cache.prefix.layers.values() for t in layer]
-        return sum(t.nbytes for layer in cache.layers for t in layer) + sum(t.nbytes for t in shared)
+        shared = (
+            []
+            if cache.prefix is None
+            else [t for layer in cache.prefix.layers.values() for t in layer]
+        )
+        return sum(t.nbytes for layer in cache.layers for t in layer) + sum(
+            t.nbytes for t in shared
+        )
 
     class Layer(list):
         def __init__(self, tensors, watch, index):
@@ -153,7 +190,9 @@ class CacheWatch:
 
         def __setitem__(self, i, tensor):
             peaks = self.watch.peaks
-            peaks[self.index] = max(peaks[self.index], self.watch.held(self.watch.caches[self.index]) + tensor.nbytes)
+            peaks[self.index] = max(
+                peaks[self.index], self.watch.held(self.watch.caches[self.index]) + tensor.nbytes
+            )
             super().__setitem__(i, tensor)
 
     def reset(self):
@@ -164,31 +203,54 @@ class CacheWatch:
 def test_64_rows_ending_at_64_steps_copy_the_cache_log_b_times(family, monkeypatch):
     model = counter_model(family)
     watch = CacheWatch(model, monkeypatch)
-    prompts = [[5, 63 + r] for r in range(64)]  # row r emits 64 + r, 65 + r, ... and ends on 127 at step 63 - r
+    # row r emits 64 + r, 65 + r, ... and ends on 127 at step 63 - r
+    prompts = [[5, 63 + r] for r in range(64)]
     expected = [list(range(64 + r, 128)) for r in range(64)]
     need = 64 * cache_bytes_per_row(model.config, 2 + 64)
-    # a copy adds one tensor of at most compact_below x its rows, and K (or V) is at most half the cache;
-    # the hybrid's recurrent state, replaced at every step, adds one layer's state
+    # a copy adds one tensor of at most compact_below x its rows, and K (or V) is at most half
+    # the cache; the hybrid's recurrent state, replaced at every step, adds one layer's state
     checks = 64 // M.FINISHED_CHECK_EVERY
-    for policy, most_copies, most_bytes in (({}, 6, 1.25), (dict(compact_below=1.0), checks, 1.5),
-                                            (dict(compact_below=0.0), 0, 1.1)):
+    for policy, most_copies, most_bytes in (
+        ({}, 6, 1.25),
+        (dict(compact_below=1.0), checks, 1.5),
+        (dict(compact_below=0.0), 0, 1.1),
+    ):
         watch.reset()
-        assert M.generate(model, prompts, max_new_tokens=64, temperature=0, eos_token_ids=[127], **policy) == expected
+        assert (
+            M.generate(
+                model, prompts, max_new_tokens=64, temperature=0, eos_token_ids=[127], **policy
+            )
+            == expected
+        )
         assert len(watch.caches) == 1 and watch.copies <= most_copies
         assert need <= watch.peaks[0] <= most_bytes * need
     watch.reset()
-    assert M.generate(model, prompts, max_new_tokens=64, temperature=0, eos_token_ids=[127], max_rows=16) == expected
-    assert len(watch.caches) == 4 and all(need / 4 <= peak <= 1.25 * need / 4 for peak in watch.peaks)
+    assert (
+        M.generate(
+            model, prompts, max_new_tokens=64, temperature=0, eos_token_ids=[127], max_rows=16
+        )
+        == expected
+    )
+    assert len(watch.caches) == 4 and all(
+        need / 4 <= peak <= 1.25 * need / 4 for peak in watch.peaks
+    )
     watch.reset()
     prompt = [5] * 30 + [100]
     group = M.generate(model, [prompt] * 8, max_new_tokens=40, temperature=0, eos_token_ids=[127])
     assert group == [list(range(101, 128))] * 8 and watch.copies == 0 and len(watch.caches) == 2
-    # the prompt is prefilled once and its K/V kept once (copies per row would add 8 x 31 slots); each row
-    # holds its 40 new tokens (and its own DeltaNet states, the recurrent one briefly twice when replaced)
+    # the prompt is prefilled once and its K/V kept once (copies per row
+    # would add 8 x 31 slots); each row holds its 40 new tokens (and its
+    # own DeltaNet states, the recurrent one briefly twice when replaced)
     cfg = model.config
     once, rows = cache_bytes_per_row(cfg, len(prompt)), 8 * cache_bytes_per_row(cfg, 40)
-    state = 4 * cfg.linear_v_heads * cfg.linear_k_dim * cfg.linear_v_dim if family == "qwen3_5_text" else 0
-    assert once <= watch.peaks[0] <= once + state and rows < watch.peaks[1] <= once + rows + 8 * state
+    state = (
+        4 * cfg.linear_v_heads * cfg.linear_k_dim * cfg.linear_v_dim
+        if family == "qwen3_5_text"
+        else 0
+    )
+    assert (
+        once <= watch.peaks[0] <= once + state and rows < watch.peaks[1] <= once + rows + 8 * state
+    )
 
 
 def test_host_reads_come_every_few_steps_not_every_token(monkeypatch):
@@ -198,14 +260,19 @@ def test_host_reads_come_every_few_steps_not_every_token(monkeypatch):
     reads = []
     for name in ("__bool__", "__int__", "__float__", "item", "tolist"):
         method = getattr(torch.Tensor, name)
-        monkeypatch.setattr(torch.Tensor, name, lambda t, *a, _m=method, _n=name: reads.append(_n) or _m(t, *a))
+        monkeypatch.setattr(
+            torch.Tensor, name, lambda t, *a, _m=method, _n=name: reads.append(_n) or _m(t, *a)
+        )
     prompts = [[5, 63 + r] for r in range(64)]
-    assert M.generate(model, prompts, max_new_tokens=64, temperature=0, eos_token_ids=[127])[0] == list(range(64, 128))
+    assert M.generate(model, prompts, max_new_tokens=64, temperature=0, eos_token_ids=[127])[
+        0
+    ] == list(range(64, 128))
     assert 64 // M.FINISHED_CHECK_EVERY <= len(reads) <= 64 // M.FINISHED_CHECK_EVERY + 4, reads
 
 
 def test_sampler_draws_from_the_filtered_softmax():
     from transformers.generation import TopKLogitsWarper, TopPLogitsWarper
+
     logits = torch.tensor([[2.0, 1.5, 0.3, -1.0, 1.0, 0.0, -3.0, 1.9]])
     for temperature, top_k, top_p in ((1.0, 0, 1.0), (0.7, 5, 1.0), (1.3, 0, 0.8), (1.0, 6, 0.9)):
         scaled = logits / temperature
@@ -224,7 +291,12 @@ def test_sampler_draws_from_the_filtered_softmax():
         # inverse CDF: the first token whose cumulative probability exceeds u
         for u in (0.0, 0.3, 0.999999):
             first = int((probs.cumsum(0) > u).nonzero()[0])
-            assert M.sample_next(logits, temperature, top_k, top_p, torch.tensor([u], dtype=torch.float64)) == first
+            assert (
+                M.sample_next(
+                    logits, temperature, top_k, top_p, torch.tensor([u], dtype=torch.float64)
+                )
+                == first
+            )
 
 
 def test_bad_chunk_settings_are_clear_errors():

@@ -16,55 +16,98 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 import yaml
+from helpers import (
+    assert_same_run,
+    fixed_groups,
+    kill_after_checkpoint,
+    read_jsonl,
+    run_config,
+    write_examples,
+)
+from helpers import (
+    grpo_checkpoint as write_checkpoint,
+)
+from instruments import free_port
 from safetensors.torch import load_file
 
+import checkpoint as CK
 import data
 import dataset
+import distributed as D
 import grpo
 import model as M
 import prepare_references
 import rewards
 import rollout
 import train as T
-import distributed as D
-import checkpoint as CK
 from config import MetricsWriter, load_config
 from judge import SIP_STAGES
 from judge_server import Faults, JudgeServer, rules_backend
-from helpers import (assert_same_run, fixed_groups, kill_after_checkpoint, read_jsonl, run_config, write_examples,
-                     grpo_checkpoint as write_checkpoint)
-from instruments import free_port
 
 REPO = Path(__file__).resolve().parents[1]
-METRIC_KEYS = ["step", "loss", "lr", "grad_norm", "reward", "reward_std", "frac_reward_zero_std", "groups/masked",
-               "groups/resampled", "groups/replaced", "completions/mean_length", "completions/max_length",
-               "completions/clipped_ratio", "kl", "entropy", "clip_ratio/low_mean", "clip_ratio/high_mean",
-               "logp_mismatch/mean", "logp_mismatch/max", "time/generate_s", "time/judge_s", "time/train_s",
-               "tokens_per_s", "judge/calls", "judge/retries", "judge/failures", "skipped_nonfinite"]
+METRIC_KEYS = [
+    "step",
+    "loss",
+    "lr",
+    "grad_norm",
+    "reward",
+    "reward_std",
+    "frac_reward_zero_std",
+    "groups/masked",
+    "groups/resampled",
+    "groups/replaced",
+    "completions/mean_length",
+    "completions/max_length",
+    "completions/clipped_ratio",
+    "kl",
+    "entropy",
+    "clip_ratio/low_mean",
+    "clip_ratio/high_mean",
+    "logp_mismatch/mean",
+    "logp_mismatch/max",
+    "time/generate_s",
+    "time/judge_s",
+    "time/train_s",
+    "tokens_per_s",
+    "judge/calls",
+    "judge/retries",
+    "judge/failures",
+    "skipped_nonfinite",
+]
 
 
 # ----------------------------------------------------------------------------- the math by hand
 
 
 def test_group_advantages_by_hand():
-    adv = grpo.group_advantages([1.0, 0.0, 0.0, 0.0, 2.0, 2.0, 2.0, 2.0], group_size=4, eps=0.0 + 1e-6)
-    std = math.sqrt((0.75 ** 2 + 3 * 0.25 ** 2) / 3)  # unbiased std of (1, 0, 0, 0)
+    adv = grpo.group_advantages(
+        [1.0, 0.0, 0.0, 0.0, 2.0, 2.0, 2.0, 2.0], group_size=4, eps=0.0 + 1e-6
+    )
+    std = math.sqrt((0.75**2 + 3 * 0.25**2) / 3)  # unbiased std of (1, 0, 0, 0)
     expected = [0.75 / (std + 1e-6)] + [-0.25 / (std + 1e-6)] * 3 + [0.0] * 4
     torch.testing.assert_close(adv, torch.tensor(expected))
 
 
 def test_group_advantages_population_std_for_emollm():
-    # EmoLLM (B.2) divides by sigma_R = sqrt(1/G sum (R - mu)^2): for [0, 0, 0, 1], mu = 0.25 and sigma = sqrt(3) / 4,
-    # so A = [-1/sqrt(3)] * 3 + [sqrt(3)] = [-0.577, -0.577, -0.577, 1.732]; the unbiased std gives [-0.5 x3, 1.5]
+    # EmoLLM (B.2) divides by sigma_R = sqrt(1/G sum (R - mu)^2): for [0, 0, 0,
+    # 1], mu = 0.25 and sigma = sqrt(3) / 4, so A = [-1/sqrt(3)] * 3 + [sqrt(3)]
+    # = [-0.577, -0.577, -0.577, 1.732]; the unbiased std gives [-0.5 x3, 1.5]
     population = grpo.group_advantages([0.0, 0.0, 0.0, 1.0], 4, eps=0.0, std="population")
-    torch.testing.assert_close(population, torch.tensor([-0.57735, -0.57735, -0.57735, 1.73205]), atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        population, torch.tensor([-0.57735, -0.57735, -0.57735, 1.73205]), atol=1e-5, rtol=0
+    )
     unbiased = grpo.group_advantages([0.0, 0.0, 0.0, 1.0], 4, eps=0.0)
     torch.testing.assert_close(unbiased, torch.tensor([-0.5, -0.5, -0.5, 1.5]))
     emollm = load_config(REPO / "configs" / "emollm_qwen3_8b.yaml", [], grpo.GRPOConfig)
     clue = load_config(REPO / "configs" / "clue_qwen3_5_9b.yaml", [], grpo.GRPOConfig)
     assert (emollm.loss.adv_std, clue.loss.adv_std) == ("population", "unbiased")
     example = data.Example("e", "meld_emotion", [data.Turn("A", "hi")], 0, ["joy"])
-    group = rollout.Group(example, [[rollout.Sample([1, 2], [3], [-0.1], False)] for _ in range(4)], [], [0.0, 0.0, 0.0, 1.0])
+    group = rollout.Group(
+        example,
+        [[rollout.Sample([1, 2], [3], [-0.1], False)] for _ in range(4)],
+        [],
+        [0.0, 0.0, 0.0, 1.0],
+    )
     emollm.loss.adv_eps = 0.0
     (adv,) = grpo.advantages_by_group([group], emollm.loss)
     assert adv == pytest.approx([-0.57735, -0.57735, -0.57735, 1.73205], abs=1e-5)
@@ -96,35 +139,74 @@ def test_grpo_loss_by_hand():
     mask = [[True, True, True, False], [True, True, True, True]]
     adv = [1.5, -0.5]
     for agg in ("seq-mean-token-mean", "token-mean"):
-        loss, stats = grpo.grpo_loss(torch.tensor(logp), torch.tensor(old), torch.tensor(ref), torch.tensor(adv),
-                                     torch.tensor(mask), clip_low=0.2, clip_high=0.28, beta=0.1, agg=agg)
-        assert loss.item() == pytest.approx(hand_loss(logp, old, ref, adv, mask, 0.2, 0.28, 0.1, agg), rel=1e-6)
-    # rho: row 0 = e^0.5 (> 1.28, A > 0: high-clipped), e^-0.1, 1; row 1 = e^0.7 (A < 0: not counted), 1, e^-0.7
-    # (< 0.8, A < 0: low-clipped), 1
+        loss, stats = grpo.grpo_loss(
+            torch.tensor(logp),
+            torch.tensor(old),
+            torch.tensor(ref),
+            torch.tensor(adv),
+            torch.tensor(mask),
+            clip_low=0.2,
+            clip_high=0.28,
+            beta=0.1,
+            agg=agg,
+        )
+        assert loss.item() == pytest.approx(
+            hand_loss(logp, old, ref, adv, mask, 0.2, 0.28, 0.1, agg), rel=1e-6
+        )
+    # rho: row 0 = e^0.5 (> 1.28, A > 0: high-clipped), e^-0.1, 1; row 1 =
+    # e^0.7 (A < 0: not counted), 1, e^-0.7 (< 0.8, A < 0: low-clipped), 1
     assert stats["tokens"] == 7 and stats["clip_high"] == 1 and stats["clip_low"] == 1
-    kl = sum(math.exp(r - p) - (r - p) - 1 for rr, pp, mm in zip(ref, logp, mask) for r, p, m in zip(rr, pp, mm) if m)
+    kl = sum(
+        math.exp(r - p) - (r - p) - 1
+        for rr, pp, mm in zip(ref, logp, mask)
+        for r, p, m in zip(rr, pp, mm)
+        if m
+    )
     assert stats["kl"].item() == pytest.approx(kl, rel=1e-6)
     # a normalizer replaces the batch's own count: 2 completions here, 10 in the whole update
-    loss10, _ = grpo.grpo_loss(torch.tensor(logp), torch.tensor(old), torch.tensor(ref), torch.tensor(adv),
-                               torch.tensor(mask), 0.2, 0.28, 0.1, "seq-mean-token-mean", normalizer=10)
-    assert loss10.item() == pytest.approx(hand_loss(logp, old, ref, adv, mask, 0.2, 0.28, 0.1,
-                                                    "seq-mean-token-mean") * 2 / 10, rel=1e-6)
+    loss10, _ = grpo.grpo_loss(
+        torch.tensor(logp),
+        torch.tensor(old),
+        torch.tensor(ref),
+        torch.tensor(adv),
+        torch.tensor(mask),
+        0.2,
+        0.28,
+        0.1,
+        "seq-mean-token-mean",
+        normalizer=10,
+    )
+    assert loss10.item() == pytest.approx(
+        hand_loss(logp, old, ref, adv, mask, 0.2, 0.28, 0.1, "seq-mean-token-mean") * 2 / 10,
+        rel=1e-6,
+    )
 
 
 def test_truncated_importance_weights_by_hand():
-    """w = min(pi_old / pi_sampler, C) per token, and grpo_loss multiplying each token's clipped surrogate by it
-    (the KL term unweighted), against the formula evaluated by hand."""
+    """w = min(pi_old / pi_sampler, C) per token, and grpo_loss multiplying each token's clipped
+    surrogate by it (the KL term unweighted), against the formula evaluated by hand."""
     old = torch.tensor([[-1.0, -2.0, -0.5], [-0.2, -3.0, -1.0]])
     sampler = torch.tensor([[-1.5, -1.7, -3.0], [-0.2, -2.0, -1.1]])
     w = grpo.tis_weights(old, sampler, 2.0)
-    expected = [[math.exp(0.5), math.exp(-0.3), 2.0], [1.0, math.exp(-1.0), math.exp(0.1)]]  # e^2.5 capped at 2
+    # e^2.5 capped at 2
+    expected = [[math.exp(0.5), math.exp(-0.3), 2.0], [1.0, math.exp(-1.0), math.exp(0.1)]]
     torch.testing.assert_close(w, torch.tensor(expected))
     assert grpo.tis_weights(old, sampler, None) is None
     logp = torch.tensor([[-0.8, -2.1, -0.4], [-0.3, -2.9, -1.2]])
     ref = torch.tensor([[-1.1, -2.0, -0.9], [-0.1, -3.2, -1.0]])
     adv, mask = [0.7, -1.2], [[True, True, True], [True, True, False]]
-    loss, _ = grpo.grpo_loss(logp, old, ref, torch.tensor(adv), torch.tensor(mask), 0.2, 0.2, 0.1, "token-mean",
-                             is_weight=w)
+    loss, _ = grpo.grpo_loss(
+        logp,
+        old,
+        ref,
+        torch.tensor(adv),
+        torch.tensor(mask),
+        0.2,
+        0.2,
+        0.1,
+        "token-mean",
+        is_weight=w,
+    )
     total, n = 0.0, 0
     for b in range(2):
         for t in range(3):
@@ -139,18 +221,26 @@ def test_truncated_importance_weights_by_hand():
 def test_clipped_tokens_pass_no_gradient():
     logp = torch.tensor([[0.5, -0.5, 0.0]], requires_grad=True)
     old = torch.zeros(1, 3)
-    loss, _ = grpo.grpo_loss(logp, old, None, torch.tensor([1.0]), torch.ones(1, 3, dtype=torch.bool), beta=0.0)
+    loss, _ = grpo.grpo_loss(
+        logp, old, None, torch.tensor([1.0]), torch.ones(1, 3, dtype=torch.bool), beta=0.0
+    )
     loss.backward()
     # rho = e^0.5 > 1.2 with A > 0: clipped, no gradient; the others: d(-rho A / 3)/dlogp = -rho / 3
     torch.testing.assert_close(logp.grad, torch.tensor([[0.0, -math.exp(-0.5) / 3, -1 / 3]]))
 
 
 def test_lr_at_the_papers_landmarks():
-    # Updates count from 1 as in the paper (A.2): 5e-7 at update 1, rising over 19 updates to the peak 1e-5 at update
-    # 20, constant through update 506, then a cosine down to 5e-7 at update 723, the last that runs. The old schedule
+    # Updates count from 1 as in the paper (A.2): 5e-7 at update 1, rising over
+    # 19 updates to the peak 1e-5 at update 20, constant through update 506, then
+    # a cosine down to 5e-7 at update 723, the last that runs. The old schedule
     # counted from 0: update 507 ran at the peak and update 723 at 5.005e-7.
     cfg = load_config(REPO / "configs" / "clue_qwen3_5_9b.yaml", [], grpo.GRPOConfig)
-    assert (cfg.updates, cfg.optim.lr, cfg.optim.lr_floor, cfg.optim.betas) == (723, 1e-5, 5e-7, (0.9, 0.99))
+    assert (cfg.updates, cfg.optim.lr, cfg.optim.lr_floor, cfg.optim.betas) == (
+        723,
+        1e-5,
+        5e-7,
+        (0.9, 0.99),
+    )
     lr = {u: grpo.lr_at(u, cfg.optim, cfg.updates) for u in (1, 10, 19, 20, 506, 507, 614, 723)}
     assert lr[1] == pytest.approx(5e-7, rel=1e-12)
     assert lr[10] == pytest.approx(5e-7 + 9.5e-6 * 9 / 19, rel=1e-12)
@@ -158,38 +248,68 @@ def test_lr_at_the_papers_landmarks():
     assert lr[20] == lr[506] == 1e-5
     assert lr[507] == pytest.approx(1e-5 - 9.5e-6 * (1 - math.cos(math.pi / 217)) / 2, rel=1e-12)
     assert lr[507] == pytest.approx(9.99950e-6, abs=1e-11) and lr[507] < 1e-5
-    assert lr[614] == pytest.approx(5e-7 + 9.5e-6 * 0.5 * (1 + math.cos(math.pi * 108 / 217)), rel=1e-12)
+    assert lr[614] == pytest.approx(
+        5e-7 + 9.5e-6 * 0.5 * (1 + math.cos(math.pi * 108 / 217)), rel=1e-12
+    )
     assert lr[723] == pytest.approx(5e-7, rel=1e-12)
 
 
 def test_social_r1_weight_reaches_one_plus_gamma_at_the_last_update(assets):
-    # w(t) = 1 + gamma t / T with t the update counted from 1: the rollouts of the last update (the loop's update
-    # T - 1) carry t = T, so the process weight is 1 + gamma there (the old code passed t = T - 1)
+    # w(t) = 1 + gamma t / T with t the update counted from 1: the rollouts
+    # of the last update (the loop's update T - 1) carry t = T, so the
+    # process weight is 1 + gamma there (the old code passed t = T - 1)
     base, _ = assets
-    cfg = load_config(REPO / "configs" / "social_r1_qwen3_8b.yaml",
-                      [f"model.path={base}", "model.dtype=float32", "model.device=cpu", "lora.rank=4", "lora.alpha=8",
-                       "finetune=lora", "rollout.group_size=2", "rollout.max_new_tokens=2"], grpo.GRPOConfig)
+    cfg = load_config(
+        REPO / "configs" / "social_r1_qwen3_8b.yaml",
+        [
+            f"model.path={base}",
+            "model.dtype=float32",
+            "model.device=cpu",
+            "lora.rank=4",
+            "lora.alpha=8",
+            "finetune=lora",
+            "rollout.group_size=2",
+            "rollout.max_new_tokens=2",
+        ],
+        grpo.GRPOConfig,
+    )
     cfg.content_model = None  # the rollouts' step counts only: no reward model loaded
     policy, tok = grpo.build_policy(cfg, D.Ranks(0, 1, torch.device("cpu")))
-    story = data.Example("s", "tom_mc", [data.Turn("", "Sam hides the key.")], None, ["A"],
-                         meta={"question": "Where?", "options": ["box", "bag"]})
+    story = data.Example(
+        "s",
+        "tom_mc",
+        [data.Turn("", "Sam hides the key.")],
+        None,
+        ["A"],
+        meta={"question": "Where?", "options": ["box", "bag"]},
+    )
     gamma = cfg.reward.params.get("gamma", rewards.REWARDS[cfg.reward.name].defaults["gamma"])
     for update, weight in ((cfg.updates - 1, 1 + gamma), (0, 1 + gamma / cfg.updates)):
         (group,) = grpo.PromptSampler(policy, tok, cfg).sample([story], update, 0, {})
         assert {(r.step, r.total_steps) for r in group.rollouts} == {(update + 1, cfg.updates)}
-        assert rewards.process_weight(group.rollouts[0].step, cfg.updates, gamma) == pytest.approx(weight)
+        assert rewards.process_weight(group.rollouts[0].step, cfg.updates, gamma) == pytest.approx(
+            weight
+        )
 
 
 # ----------------------------------------------------------------------------- group filtering
 
 
-def scripted_filtering(monkeypatch, script, enabled=True, config="clue_qwen3_5_9b.yaml", overrides=()):
+def scripted_filtering(
+    monkeypatch, script, enabled=True, config="clue_qwen3_5_9b.yaml", overrides=()
+):
     """Run collect_groups on 3 slots whose rewards come from `script[example id]`, one list per
     sampling of that prompt (the last one repeats). Returns (groups, counts, samplings per id)."""
-    cfg = load_config(REPO / "configs" / config, ["rollout.group_size=2", *overrides], grpo.GRPOConfig)
+    cfg = load_config(
+        REPO / "configs" / config, ["rollout.group_size=2", *overrides], grpo.GRPOConfig
+    )
     cfg.filtering.enabled = enabled
-    examples = [data.Example(f"p{i}", "meld_emotion", [data.Turn("A", "hi")], 0, ["joy"]) for i in range(6)]
-    source = grpo.PromptSource([dataset.Segment("full", examples[:3]), dataset.Segment("mixed", examples[3:])])
+    examples = [
+        data.Example(f"p{i}", "meld_emotion", [data.Turn("A", "hi")], 0, ["joy"]) for i in range(6)
+    ]
+    source = grpo.PromptSource(
+        [dataset.Segment("full", examples[:3]), dataset.Segment("mixed", examples[3:])]
+    )
     seen: dict[str, int] = {}
 
     def fake_sample(sampler, batch, update, seed, counts):
@@ -202,25 +322,44 @@ def scripted_filtering(monkeypatch, script, enabled=True, config="clue_qwen3_5_9
         return groups
 
     monkeypatch.setattr(grpo.PromptSampler, "sample", fake_sample)
-    monkeypatch.setattr(grpo, "score_groups", lambda groups, cfg, judge: {"calls": 0, "retries": 0, "failures": 0})
+    monkeypatch.setattr(
+        grpo, "score_groups", lambda groups, cfg, judge: {"calls": 0, "retries": 0, "failures": 0}
+    )
     slots = [rollout.Slot(i, ex, seg) for i, (ex, seg) in enumerate(source.take(3))]
     ranks = D.Ranks(0, 1, torch.device("cpu"))
-    groups, counts = grpo.collect_groups(grpo.PromptSampler(None, None, cfg), source, slots, cfg, 0, ranks)
+    groups, counts = grpo.collect_groups(
+        grpo.PromptSampler(None, None, cfg), source, slots, cfg, 0, ranks
+    )
     return groups, counts, seen
 
 
-@pytest.mark.parametrize("rewards_, resamples, replacements, enabled, expected", [
-    ([1.0, 0.0], 0, 0, True, "keep"),  # rewards differ: a learning signal
-    ([0.5, 0.5], 0, 0, True, "resample"),  # all equal: sample the prompt again
-    ([1.0, None], 2, 0, True, "resample"),  # a missing judge answer, a resample left (3 allowed)
-    ([0.5, 0.5], 3, 0, True, "replace"),  # resamples spent: another prompt of the segment
-    ([0.5, 0.5], 3, 1, True, "replace"),
-    ([None, None], 3, 2, True, "mask"),  # replacements spent too
-    ([0.0, 0.0], 3, 2, True, "mask"),
-    ([0.5, 0.5], 0, 0, False, "mask"),  # filtering off: equal rewards masked at once, out of the normalizer too
-    ([1.0, 0.0], 0, 0, False, "keep"),
-    ([1.0, None], 0, 0, False, "mask"),  # ... and a missing reward is never read as a number
-])
+@pytest.mark.parametrize(
+    "rewards_, resamples, replacements, enabled, expected",
+    [
+        ([1.0, 0.0], 0, 0, True, "keep"),  # rewards differ: a learning signal
+        ([0.5, 0.5], 0, 0, True, "resample"),  # all equal: sample the prompt again
+        (
+            [1.0, None],
+            2,
+            0,
+            True,
+            "resample",
+        ),  # a missing judge answer, a resample left (3 allowed)
+        ([0.5, 0.5], 3, 0, True, "replace"),  # resamples spent: another prompt of the segment
+        ([0.5, 0.5], 3, 1, True, "replace"),
+        ([None, None], 3, 2, True, "mask"),  # replacements spent too
+        ([0.0, 0.0], 3, 2, True, "mask"),
+        (
+            [0.5, 0.5],
+            0,
+            0,
+            False,
+            "mask",
+        ),  # filtering off: equal rewards masked at once, out of the normalizer too
+        ([1.0, 0.0], 0, 0, False, "keep"),
+        ([1.0, None], 0, 0, False, "mask"),  # ... and a missing reward is never read as a number
+    ],
+)
 def test_filter_decision_by_hand(rewards_, resamples, replacements, enabled, expected):
     settings = grpo.FilterSettings(enabled=enabled, resamples=3, replacements=2)
     assert grpo.filter_decision(rewards_, resamples, replacements, settings) == expected
@@ -229,17 +368,26 @@ def test_filter_decision_by_hand(rewards_, resamples, replacements, enabled, exp
 def test_group_filtering_resamples_replaces_and_masks(monkeypatch):
     script = {
         "p0": [(1.0, 1.0), (0.0, 1.0), (1.0, 1.0)],  # identical, recovered by the first resample
-        "p1": [(None, 1.0), (0.0, None), (1.0, 0.5), (1.0, 1.0)],  # None twice, recovered by the second
+        "p1": [
+            (None, 1.0),
+            (0.0, None),
+            (1.0, 0.5),
+            (1.0, 1.0),
+        ],  # None twice, recovered by the second
         "p2": [(0.5, 0.5)],  # never usable
     }
-    # p2: 3 resamples, then 2 replacements from its own segment ("full": p0 or p1, whose later samplings
-    # give identical rewards), then masked
+    # p2: 3 resamples, then 2 replacements from its own segment ("full":
+    # p0 or p1, whose later samplings give identical rewards), then masked
     groups, counts, seen = scripted_filtering(monkeypatch, script)
     assert [g.rewards for g in groups[:2]] == [[0.0, 1.0], [1.0, 0.5]]
     assert not groups[0].masked and not groups[1].masked
     assert seen["p2"] == 4 and seen["p0"] + seen["p1"] == 2 + 3 + 2
     assert counts["resampled"] == 1 + 2 + 3 and counts["replaced"] == 2 and counts["masked"] == 1
-    assert groups[2].masked and groups[2].example.id in ("p0", "p1") and groups[2].rewards == [1.0, 1.0]
+    assert (
+        groups[2].masked
+        and groups[2].example.id in ("p0", "p1")
+        and groups[2].rewards == [1.0, 1.0]
+    )
 
 
 def test_group_filtering_replacement_can_rescue(monkeypatch):
@@ -253,7 +401,8 @@ def test_group_filtering_replacement_can_rescue(monkeypatch):
 
 
 def test_filtering_off_draws_nothing_again_and_masks_unusable_groups(monkeypatch):
-    # all-equal rewards are masked too, as with filtering on: out of the loss normalizer in both arms
+    # all-equal rewards are masked too, as with filtering
+    # on: out of the loss normalizer in both arms
     script = {"p0": [(1.0, 1.0)], "p1": [(None, 1.0)], "p2": [(0.0, 1.0)]}
     groups, counts, seen = scripted_filtering(monkeypatch, script, enabled=False)
     assert seen == {"p0": 1, "p1": 1, "p2": 1} and counts["resampled"] == counts["replaced"] == 0
@@ -264,10 +413,20 @@ def test_filtering_off_draws_nothing_again_and_masks_unusable_groups(monkeypatch
 
 
 def tiny_policy(tmp_path_or_base):
-    cfg = load_config(REPO / "configs" / "clue_qwen3_5_9b.yaml",
-                      [f"model.path={tmp_path_or_base}", "model.sft_adapter=null", "model.dtype=float32", "lora.rank=4",
-                       "lora.alpha=8",
-                       "optim.lr=0.0", "optim.grad_clip=1e9", "seed=3"], grpo.GRPOConfig)
+    cfg = load_config(
+        REPO / "configs" / "clue_qwen3_5_9b.yaml",
+        [
+            f"model.path={tmp_path_or_base}",
+            "model.sft_adapter=null",
+            "model.dtype=float32",
+            "lora.rank=4",
+            "lora.alpha=8",
+            "optim.lr=0.0",
+            "optim.grad_clip=1e9",
+            "seed=3",
+        ],
+        grpo.GRPOConfig,
+    )
     policy, tok = grpo.build_policy(cfg, D.Ranks(0, 1, torch.device("cpu")))
     with torch.no_grad():  # B != 0, so the LoRA path carries gradient into A as well
         for m in M.lora_modules(policy).values():
@@ -276,21 +435,33 @@ def tiny_policy(tmp_path_or_base):
 
 
 def test_accuracy_only_and_clue_scale_the_same_informative_groups_alike(monkeypatch, assets):
-    # The paper's ablation: Accuracy-Only (filtering off) against CLUE (filtering on). Here one group of three is
-    # informative and the others stay all-correct or all-wrong through every resampling (no replacements). The old
-    # code kept the two all-equal groups in Accuracy-Only's loss normalizer (3 completions' worth of groups instead
-    # of 1), so its policy-gradient step was 3x smaller at the same LR; now both arms mask them.
+    # The paper's ablation: Accuracy-Only (filtering off) against CLUE (filtering on). Here
+    # one group of three is informative and the others stay all-correct or all-wrong through
+    # every resampling (no replacements). The old code kept the two all-equal groups in
+    # Accuracy-Only's loss normalizer (3 completions' worth of groups instead of 1), so its
+    # policy-gradient step was 3x smaller at the same LR; now both arms mask them.
     script = {"p0": [(1.0, 1.0)], "p1": [(1.0, 0.0)], "p2": [(0.0, 0.0)]}
-    arms = {name: scripted_filtering(monkeypatch, script, enabled=on, config=config,
-                                     overrides=["filtering.replacements=0"])[0]
-            for name, on, config in (("clue", True, "clue_qwen3_5_9b.yaml"),
-                                     ("accuracy_only", False, "clue_accuracy_only.yaml"))}
-    assert [g.masked for g in arms["clue"]] == [g.masked for g in arms["accuracy_only"]] == [True, False, True]
+    arms = {
+        name: scripted_filtering(
+            monkeypatch, script, enabled=on, config=config, overrides=["filtering.replacements=0"]
+        )[0]
+        for name, on, config in (
+            ("clue", True, "clue_qwen3_5_9b.yaml"),
+            ("accuracy_only", False, "clue_accuracy_only.yaml"),
+        )
+    }
+    assert (
+        [g.masked for g in arms["clue"]]
+        == [g.masked for g in arms["accuracy_only"]]
+        == [True, False, True]
+    )
     assert arms["clue"][1].example.id == arms["accuracy_only"][1].example.id == "p1"
     cfg, policy = tiny_policy(assets[0])
     cfg.loss.beta = 0.0  # the policy-gradient term alone
     ranks = D.Ranks(0, 1, torch.device("cpu"))
-    (_, clue), (_, accuracy_only) = (gradients(cfg, policy, arms[name], ranks, 4) for name in ("clue", "accuracy_only"))
+    (_, clue), (_, accuracy_only) = (
+        gradients(cfg, policy, arms[name], ranks, 4) for name in ("clue", "accuracy_only")
+    )
     assert any(g.abs().sum() > 0 for g in clue)
     for a, b in zip(clue, accuracy_only):
         torch.testing.assert_close(a, b)
@@ -306,8 +477,13 @@ def gradients(cfg, policy, groups, ranks, micro_batch_size):
 
 
 def _rank_worker(rank, port, base, agg, out):
-    os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE="2",
+        LOCAL_RANK=str(rank),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
     ranks = D.setup_distributed("cpu")
     cfg, policy = tiny_policy(base)
     cfg.loss.agg = agg
@@ -351,7 +527,8 @@ def test_on_policy_loss_is_zero_but_the_gradient_is_not(assets):
     cfg.loss.beta = 0.0
     result, grads = gradients(cfg, policy, fixed_groups(), D.Ranks(0, 1, torch.device("cpu")), 4)
     assert abs(result["loss"]) < 1e-6  # ratio 1 and centered advantages: the loss value is ~0 ...
-    assert result["grad_norm"] > 1e-3 and max(g.abs().max().item() for g in grads) > 0  # ... the gradient not
+    # ... the gradient not
+    assert result["grad_norm"] > 1e-3 and max(g.abs().max().item() for g in grads) > 0
     assert result["clip_low"] == result["clip_high"] == 0
 
 
@@ -375,8 +552,13 @@ def test_nonfinite_loss_skips_the_step_and_keeps_the_weights(assets):
     sequences = grpo.training_sequences(groups, grpo.advantages_by_group(groups, cfg.loss))
     optimizer = T.build_optimizer(policy, 0.1, 0.0, (0.9, 0.99))
     before = [p.detach().clone() for p in T.optimizer_parameters(optimizer)]
-    result = grpo.policy_update(policy, optimizer, grpo.micro_batches(sequences, 4, 0, "cpu"), cfg,
-                                D.Ranks(0, 1, torch.device("cpu")))
+    result = grpo.policy_update(
+        policy,
+        optimizer,
+        grpo.micro_batches(sequences, 4, 0, "cpu"),
+        cfg,
+        D.Ranks(0, 1, torch.device("cpu")),
+    )
     assert result["skipped_nonfinite"] == 1
     assert all(torch.equal(a, b) for a, b in zip(before, T.optimizer_parameters(optimizer)))
 
@@ -385,20 +567,31 @@ def test_nonfinite_loss_skips_the_step_and_keeps_the_weights(assets):
 
 
 def test_three_updates_write_every_output(tmp_path, assets, judge, umask_022):
-    config = run_config(tmp_path, assets, judge.url, save_merged=True, keep_checkpoints=2,
-                        filtering={"resamples": 3, "replacements": 2})
+    config = run_config(
+        tmp_path,
+        assets,
+        judge.url,
+        save_merged=True,
+        keep_checkpoints=2,
+        filtering={"resamples": 3, "replacements": 2},
+    )
     grpo.main([str(config)])
     out = tmp_path / "run"
-    umask_022(out)  # adapter, merged shards, checkpoints: readable by others (a vLLM server's user) like the logs
+    # adapter, merged shards, checkpoints: readable by others (a vLLM server's user) like the logs
+    umask_022(out)
     metrics = read_jsonl(out / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [1, 2, 3]
     for m in metrics:
         assert set(METRIC_KEYS) <= set(m), set(METRIC_KEYS) - set(m)
-        assert {"rewards/c/mean", "rewards/f/mean", "rewards/IU_G/mean", "rewards/IU_G/std"} <= set(m)
+        assert {"rewards/c/mean", "rewards/f/mean", "rewards/IU_G/mean", "rewards/IU_G/std"} <= set(
+            m
+        )
         assert m["judge/calls"] > 0 and m["completions/max_length"] <= 6
     completions = read_jsonl(out / "completions.jsonl")
     assert len(completions) >= 3 * 2 * 4
-    assert {"step", "id", "prompt", "completion", "reward", "c", "f", "IU_G", "advantage"} <= set(completions[0])
+    assert {"step", "id", "prompt", "completion", "reward", "c", "f", "IU_G", "advantage"} <= set(
+        completions[0]
+    )
     assert sorted(p.name for p in out.glob("ckpt-*")) == ["ckpt-000002", "ckpt-000003"]
     assert json.loads((out / "ckpt-000003" / "state.json").read_text())["trainer"]["update"] == 3
     assert yaml.safe_load((out / "config.yaml").read_text())["reward"]["name"] == "clue"
@@ -409,8 +602,11 @@ def test_three_updates_write_every_output(tmp_path, assets, judge, umask_022):
     ids = torch.tensor([[1, 5, 7, 9, 2]])
     with torch.no_grad():
         torch.testing.assert_close(merged(ids), with_adapter(ids), rtol=1e-5, atol=1e-5)
-    assert any(t.abs().max() > 0 for k, t in load_file(out / "adapter" / "adapter_model.safetensors").items()
-               if "lora_B" in k)  # the LoRA moved
+    assert any(
+        t.abs().max() > 0
+        for k, t in load_file(out / "adapter" / "adapter_model.safetensors").items()
+        if "lora_B" in k
+    )  # the LoRA moved
 
 
 @pytest.mark.slow
@@ -429,7 +625,8 @@ def test_killed_run_resumes_to_the_same_result(tmp_path, assets):
 KILL_IN_FINAL_SAVE = """
 import os, runpy, signal, sys
 rename = os.replace
-def replace(src, dst, *args, **kwargs):  # SIGKILL at the first rename of the final save (not a checkpoint's)
+def replace(src, dst, *args, **kwargs):  # SIGKILL at the first rename of the final save (not a \
+checkpoint's)
     if "adapter" in str(dst) and "ckpt-" not in str(dst):
         os.kill(os.getpid(), signal.SIGKILL)
     return rename(src, dst, *args, **kwargs)
@@ -443,19 +640,35 @@ runpy.run_path("grpo.py", run_name="__main__")
 def test_a_kill_during_the_final_save_leaves_no_temporary_in_the_result(tmp_path, assets, judge):
     config = run_config(tmp_path, assets, judge.url, updates=2)
     run = tmp_path / "run"
-    killed = subprocess.run([sys.executable, "-c", KILL_IN_FINAL_SAVE, str(config)], cwd=REPO, capture_output=True,
-                            env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=300)
-    assert killed.returncode == -signal.SIGKILL and (run / "ckpt-000002").is_dir(), killed.stderr.decode()[-2000:]
+    killed = subprocess.run(
+        [sys.executable, "-c", KILL_IN_FINAL_SAVE, str(config)],
+        cwd=REPO,
+        capture_output=True,
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+        timeout=300,
+    )
+    assert killed.returncode == -signal.SIGKILL and (run / "ckpt-000002").is_dir(), (
+        killed.stderr.decode()[-2000:]
+    )
     assert not (run / "adapter").exists() or sorted(os.listdir(run / "adapter")) == [
-        "adapter_config.json", "adapter_model.safetensors"]  # absent or whole, never half-written
+        "adapter_config.json",
+        "adapter_model.safetensors",
+    ]  # absent or whole, never half-written
     grpo.main([str(config)])  # the rerun: resumes at its last update, then saves again
-    assert sorted(os.listdir(run / "adapter")) == ["adapter_config.json", "adapter_model.safetensors"]
+    assert sorted(os.listdir(run / "adapter")) == [
+        "adapter_config.json",
+        "adapter_model.safetensors",
+    ]
     leftovers = [str(p.relative_to(run)) for p in run.rglob("*") if ".tmp" in p.name]
     assert not leftovers, leftovers
 
 
 def test_trim_log_keeps_the_whole_lines_up_to_the_step(tmp_path):
-    records = [{"step": 1, "completion": "a\u2028b\x85c"}, {"step": 2, "completion": "d\u2029"}, {"step": 3}]
+    records = [
+        {"step": 1, "completion": "a\u2028b\x85c"},
+        {"step": 2, "completion": "d\u2029"},
+        {"step": 3},
+    ]
     path = tmp_path / "completions.jsonl"
     with MetricsWriter(path) as log:
         for record in records:
@@ -463,7 +676,9 @@ def test_trim_log_keeps_the_whole_lines_up_to_the_step(tmp_path):
     with open(path, "a", encoding="utf-8") as f:
         f.write('{"step": 4, "compl')  # a line torn by a kill mid-write
     grpo.trim_log(path, 2, D.Ranks(0, 1, torch.device("cpu")))
-    assert path.read_text(encoding="utf-8") == "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records[:2])
+    assert path.read_text(encoding="utf-8") == "".join(
+        json.dumps(r, ensure_ascii=False) + "\n" for r in records[:2]
+    )
 
 
 def test_sigterm_saves_a_checkpoint_and_stops(tmp_path, assets, judge, monkeypatch):
@@ -479,7 +694,9 @@ def test_sigterm_saves_a_checkpoint_and_stops(tmp_path, assets, judge, monkeypat
     monkeypatch.setattr(grpo, "score_groups", score_then_signal)
     grpo.main([str(run_config(tmp_path, assets, judge.url, updates=4, save_every=10))])
     run = tmp_path / "run"
-    assert [p.name for p in run.glob("ckpt-*")] == ["ckpt-000001"] and not (run / "adapter").exists()
+    assert [p.name for p in run.glob("ckpt-*")] == ["ckpt-000001"] and not (
+        run / "adapter"
+    ).exists()
     assert len(read_jsonl(run / "metrics.jsonl")) == 1
 
 
@@ -491,30 +708,43 @@ def test_judge_outage_never_crashes(tmp_path, assets, capsys):
     completions = read_jsonl(run / "completions.jsonl")
     failures = sum(m["judge/failures"] for m in metrics)
     masked = sum(m["groups/masked"] for m in metrics)
-    print(f"judge calls {sum(m['judge/calls'] for m in metrics)}, failures {failures}, "
-          f"resampled {sum(m['groups/resampled'] for m in metrics)}, masked {masked}")
+    print(
+        f"judge calls {sum(m['judge/calls'] for m in metrics)}, failures {failures}, "
+        f"resampled {sum(m['groups/resampled'] for m in metrics)}, masked {masked}"
+    )
     assert failures > 0 and (run / "adapter" / "adapter_model.safetensors").is_file()
-    assert masked == sum(c["advantage"] is None for c in completions) // 4  # K = 4 rows per masked group
+    # K = 4 rows per masked group
+    assert masked == sum(c["advantage"] is None for c in completions) // 4
     assert all(c["reward"] is not None for c in completions if c["advantage"] is not None)
 
 
-def test_a_rejected_judge_key_stops_the_run_at_the_first_update(tmp_path, assets, capsys, monkeypatch):
-    """A judge answering 401 to every call is not incomplete feedback: one line naming the endpoint and the
-    variable holding the key (never the key, which this server echoes back), exit status 2, no update made."""
+def test_a_rejected_judge_key_stops_the_run_at_the_first_update(
+    tmp_path, assets, capsys, monkeypatch
+):
+    """A judge answering 401 to every call is not incomplete feedback: one line naming the endpoint
+    and the variable holding the key (never the key, which this server echoes back), exit status 2,
+    no update made."""
     key = "sk-rejected-4b1c9e77a2"
     monkeypatch.setenv("GRPO_TEST_JUDGE_KEY", key)
     with JudgeServer(rules_backend, api_key="sk-the-right-one").start() as server:
-        config = run_config(tmp_path, assets, server.url, **{"judge.api_key_env": "GRPO_TEST_JUDGE_KEY"})
+        config = run_config(
+            tmp_path, assets, server.url, **{"judge.api_key_env": "GRPO_TEST_JUDGE_KEY"}
+        )
         with pytest.raises(SystemExit) as stop:
             grpo.main([str(config)])
     assert stop.value.code == 2
     captured = capsys.readouterr()
     err = captured.err.strip()
     assert len(err.splitlines()) == 1, err
-    assert f"{server.url}/chat/completions" in err and "HTTP 401" in err and "GRPO_TEST_JUDGE_KEY" in err, err
+    assert (
+        f"{server.url}/chat/completions" in err
+        and "HTTP 401" in err
+        and "GRPO_TEST_JUDGE_KEY" in err
+    ), err
     assert key not in captured.err + captured.out and key[:8] not in err
     run = tmp_path / "run"
-    assert not (run / "metrics.jsonl").exists() or not (run / "metrics.jsonl").read_text()  # no update recorded
+    # no update recorded
+    assert not (run / "metrics.jsonl").exists() or not (run / "metrics.jsonl").read_text()
     assert not list(run.glob("ckpt-*")) and not (run / "adapter").exists()
 
 
@@ -524,21 +754,48 @@ def test_bad_inputs_stop_before_any_model_loads(tmp_path, assets, monkeypatch, c
 
     monkeypatch.setattr(grpo.Qwen, "from_pretrained", no_load)
     bad_data = tmp_path / "bad.jsonl"
-    bad_data.write_text(assets[1].read_text() + '{"id": "x", "task": "meld_emotion", "turns": [], "target": 0, '
-                                                '"labels": ["happy"]}\n')
-    huge = tmp_path / "huge.jsonl"  # one label of 50 MiB: the error quotes an excerpt, never the value
-    huge.write_text(json.dumps({"id": "x", "task": "meld_emotion", "turns": [{"speaker": "A", "text": "hi"}],
-                                "target": 0, "labels": ["a" * 52_428_800]}) + "\n")
+    bad_data.write_text(
+        assets[1].read_text() + '{"id": "x", "task": "meld_emotion", "turns": [], "target": 0, '
+        '"labels": ["happy"]}\n'
+    )
+    # one label of 50 MiB: the error quotes an excerpt, never the value
+    huge = tmp_path / "huge.jsonl"
+    huge.write_text(
+        json.dumps(
+            {
+                "id": "x",
+                "task": "meld_emotion",
+                "turns": [{"speaker": "A", "text": "hi"}],
+                "target": 0,
+                "labels": ["a" * 52_428_800],
+            }
+        )
+        + "\n"
+    )
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
-    cases = [({"train_data": [str(bad_data)]}, f"{bad_data}:5: field 'target'"),
-             ({"train_data": [str(huge)]}, f"{huge}:1: field 'labels': '{'a' * 120}...' (52,428,800 characters) is"),
-             ({"train_data": [str(assets[1]), str(empty)]}, f"'train_data': {empty}: no examples (the file is empty)"),
-             ({"reward.name": "clu"}, "'reward.name': unknown reward 'clu'"),
-             ({"reward.params": {"lambda": 1.0}}, "'reward.params.lambda': not a setting of reward 'clue'"),
-             ({"rollout.group_size": 1}, "'rollout.group_size': must be at least 2"),
-             ({"loss.agg": "sum"}, "'loss.agg' must be one of"),
-             ({"reward.name": "social_r1"}, f"{assets[1]}: field 'meta.reference': reward social_r1 needs it")]
+    cases = [
+        ({"train_data": [str(bad_data)]}, f"{bad_data}:5: field 'target'"),
+        (
+            {"train_data": [str(huge)]},
+            f"{huge}:1: field 'labels': '{'a' * 120}...' (52,428,800 characters) is",
+        ),
+        (
+            {"train_data": [str(assets[1]), str(empty)]},
+            f"'train_data': {empty}: no examples (the file is empty)",
+        ),
+        ({"reward.name": "clu"}, "'reward.name': unknown reward 'clu'"),
+        (
+            {"reward.params": {"lambda": 1.0}},
+            "'reward.params.lambda': not a setting of reward 'clue'",
+        ),
+        ({"rollout.group_size": 1}, "'rollout.group_size': must be at least 2"),
+        ({"loss.agg": "sum"}, "'loss.agg' must be one of"),
+        (
+            {"reward.name": "social_r1"},
+            f"{assets[1]}: field 'meta.reference': reward social_r1 needs it",
+        ),
+    ]
     for overrides, message in cases:
         with pytest.raises(SystemExit) as stop:
             grpo.main([str(run_config(tmp_path, assets, "http://127.0.0.1:9/v1", **overrides))])
@@ -549,72 +806,127 @@ def test_bad_inputs_stop_before_any_model_loads(tmp_path, assets, monkeypatch, c
 
 @pytest.mark.slow
 def test_a_learnable_reward_rises(tmp_path):
-    """Accuracy-only on a one-token answer: the gold label is `joy` everywhere and the answer tokens are
-    three of 27 and the random policy gives it about 7%; GRPO must find and reinforce it."""
-    base = write_checkpoint(tmp_path / "base", seed=12, hidden=16)  # the gold token starts at about 7%
+    """Accuracy-only on a one-token answer: the gold label is `joy` everywhere and the answer tokens
+    are three of 27 and the random policy gives it about 7%; GRPO must find and reinforce it."""
+    # the gold token starts at about 7%
+    base = write_checkpoint(tmp_path / "base", seed=12, hidden=16)
     examples = write_examples(tmp_path / "train.jsonl", n=8)
-    config = run_config(tmp_path, (base, examples), "http://127.0.0.1:9/v1", updates=10, save_every=100,
-                        reward={"name": "accuracy_only"}, filtering={"enabled": False}, log_completions=False,
-                        rollout={"prompts_per_update": 4, "group_size": 8, "max_new_tokens": 1},
-                        optim={"lr": 3e-2, "warmup_updates": 0, "hold_until": 100}, loss={"beta": 0.0})
+    config = run_config(
+        tmp_path,
+        (base, examples),
+        "http://127.0.0.1:9/v1",
+        updates=10,
+        save_every=100,
+        reward={"name": "accuracy_only"},
+        filtering={"enabled": False},
+        log_completions=False,
+        rollout={"prompts_per_update": 4, "group_size": 8, "max_new_tokens": 1},
+        optim={"lr": 3e-2, "warmup_updates": 0, "hold_until": 100},
+        loss={"beta": 0.0},
+    )
     grpo.main([str(config)])
     rewards = [m["reward"] for m in read_jsonl(tmp_path / "run" / "metrics.jsonl")]
     print("mean reward per update:", " ".join(f"{r:.2f}" for r in rewards))
     first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
     print(f"first 3 updates {first:.3f}, last 3 updates {last:.3f}")
-    assert first < 0.3 and last > max(0.4, first + 0.2)  # seeds 1-6 measured: 0.08-0.26 -> 0.47-0.65
+    # seeds 1-6 measured: 0.08-0.26 -> 0.47-0.65
+    assert first < 0.3 and last > max(0.4, first + 0.2)
 
 
-# ----------------------------------------------------------------------------- Social-R1: references, then a run
+# ---------------------------------------------------------------- Social-R1: references, then a run
 
 
 def social_r1_backend(messages, params):
-    """A teacher and the two SIP judges: a reference that reaches the <labels> option, four YES stages, and
-    a content score that says whether a reference was shown."""
+    """A teacher and the two SIP judges: a reference that reaches the <labels> option, four YES
+    stages, and a content score that says whether a reference was shown."""
     system, user = messages[0]["content"], messages[-1]["content"]
     if system == prepare_references.SIP_REFERENCE_SYSTEM:
         gold = user.split("<labels>\n")[1].split("\n")[0]
-        return "\n".join([f"{stage}: the {stage.lower()} of the story" for stage in SIP_STAGES] + [f"Answer: {gold}"])
+        return "\n".join(
+            [f"{stage}: the {stage.lower()} of the story" for stage in SIP_STAGES]
+            + [f"Answer: {gold}"]
+        )
     if "Encoding: <short assessment>" in system:
         return "\n".join(f"{stage}: done | YES" for stage in SIP_STAGES)
     return "against the reference | 0.7" if "<reference>" in user else "no reference | 0.1"
 
 
 def test_convert_prepare_references_then_a_social_r1_run(tmp_path, assets):
-    # convert.py tombench -> prepare_references.py (teacher over HTTP, concurrent, resumable) -> grpo.py on the result
+    # convert.py tombench -> prepare_references.py (teacher over
+    # HTTP, concurrent, resumable) -> grpo.py on the result
     items = []
     for i, n in enumerate((2, 4, 6)):
-        item = {"STORY": f"Story {i}.", "QUESTION": "Where?", "故事": f"故事{i}。", "问题": "哪里？",
-                "答案\nANSWER": "ABCDEF"[n - 1]}
+        item = {
+            "STORY": f"Story {i}.",
+            "QUESTION": "Where?",
+            "故事": f"故事{i}。",
+            "问题": "哪里？",
+            "答案\nANSWER": "ABCDEF"[n - 1],
+        }
         for letter in "ABCDEF"[:n]:
             item[f"OPTION-{letter}"], item[f"选项{letter}"] = f"place {letter}", f"地方{letter}"
         items.append(json.dumps(item, ensure_ascii=False))
     (tmp_path / "tom.jsonl").write_text("\n".join(items) + "\n", encoding="utf-8")
     gold, train_file = tmp_path / "gold.jsonl", tmp_path / "train.jsonl"
-    subprocess.run([sys.executable, str(REPO / "convert.py"), "tombench", str(tmp_path / "tom.jsonl"), str(gold)],
-                   check=True, cwd=REPO, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "convert.py"),
+            "tombench",
+            str(tmp_path / "tom.jsonl"),
+            str(gold),
+        ],
+        check=True,
+        cwd=REPO,
+        capture_output=True,
+    )
     base, _ = assets
-    server = JudgeServer(social_r1_backend, faults=Faults(script=("503",)))  # the first teacher call fails
+    # the first teacher call fails
+    server = JudgeServer(social_r1_backend, faults=Faults(script=("503",)))
     with server.start():
-        overrides = [f"output_dir={tmp_path / 'run'}", f"train_data=[{train_file}]", f"model.path={base}",
-                     "model.dtype=float32", "model.device=cpu", "model.gradient_checkpointing=false", "updates=1",
-                     "lora.rank=4", "lora.alpha=8", "rollout.prompts_per_update=2", "rollout.group_size=2",
-                     "finetune=lora", "content_model=null",  # the config's LoRA variant with the prompted judge
-                     "rollout.max_new_tokens=4", "loss.micro_batch_size=4", f"judge.base_url={server.url}",
-                     "judge.retries=0"]
+        overrides = [
+            f"output_dir={tmp_path / 'run'}",
+            f"train_data=[{train_file}]",
+            f"model.path={base}",
+            "model.dtype=float32",
+            "model.device=cpu",
+            "model.gradient_checkpointing=false",
+            "updates=1",
+            "lora.rank=4",
+            "lora.alpha=8",
+            "rollout.prompts_per_update=2",
+            "rollout.group_size=2",
+            "finetune=lora",
+            "content_model=null",  # the config's LoRA variant with the prompted judge
+            "rollout.max_new_tokens=4",
+            "loss.micro_batch_size=4",
+            f"judge.base_url={server.url}",
+            "judge.retries=0",
+        ]
         config = str(REPO / "configs" / "social_r1_qwen3_8b.yaml")
-        prep = [str(REPO / "configs" / "social_r1_qwen3_8b_prepare.yaml"), f"examples={gold}", f"out={train_file}",
-                f"teacher.base_url={server.url}", "teacher.retries=0", "teacher.concurrency=4"]
+        prep = [
+            str(REPO / "configs" / "social_r1_qwen3_8b_prepare.yaml"),
+            f"examples={gold}",
+            f"out={train_file}",
+            f"teacher.base_url={server.url}",
+            "teacher.retries=0",
+            "teacher.concurrency=4",
+        ]
         prepare_references.main(prep)
-        assert len(dataset.load_jsonl(train_file)) == 5 and server.requests_seen == 6  # 6 examples, one call failed
+        # 6 examples, one call failed
+        assert len(dataset.load_jsonl(train_file)) == 5 and server.requests_seen == 6
         prepare_references.main(prep)  # the rerun asks only for the missing one
         assert server.requests_seen == 7
         written = dataset.load_jsonl(train_file)
         assert sorted(e.id for e in written) == sorted(e.id for e in dataset.load_jsonl(gold))
         six = next(e for e in written if e.id == "tombench-en-tom-3")
         assert len(six.meta["options"]) == 6 and six.meta["reference"].splitlines() == [
-            "Encoding: the encoding of the story", "Interpretation: the interpretation of the story",
-            "Goal: the goal of the story", "Response: the response of the story", "Answer: F"]
+            "Encoding: the encoding of the story",
+            "Interpretation: the interpretation of the story",
+            "Goal: the goal of the story",
+            "Response: the response of the story",
+            "Answer: F",
+        ]
         grpo.main([config, *overrides])
     (record,) = read_jsonl(tmp_path / "run" / "metrics.jsonl")
     # every R_content was scored against the reference the prepare step wrote (0.1 without one)
@@ -623,9 +935,21 @@ def test_convert_prepare_references_then_a_social_r1_run(tmp_path, assets):
 
 
 def test_parse_sip_reference_is_strict():
-    item = data.Example("t", "tom_mc", [data.Turn("", "s")], None, ["B"], meta={"question": "q", "options": ["x", "y"]})
+    item = data.Example(
+        "t",
+        "tom_mc",
+        [data.Turn("", "s")],
+        None,
+        ["B"],
+        meta={"question": "q", "options": ["x", "y"]},
+    )
     good = "Encoding: a\nInterpretation: b\nGoal: c\nResponse: d\nAnswer: B"
     assert prepare_references.parse_sip_reference(good, item) == good
-    for bad in [good.replace("B", "A"), good.replace("Goal: c\n", ""), good.replace("Goal: c", "Goal:"),
-                good + "\nextra", good.replace("Encoding", "Cues")]:
+    for bad in [
+        good.replace("B", "A"),
+        good.replace("Goal: c\n", ""),
+        good.replace("Goal: c", "Goal:"),
+        good + "\nextra",
+        good.replace("Encoding", "Cues"),
+    ]:
         assert prepare_references.parse_sip_reference(bad, item) is None, bad

@@ -40,11 +40,13 @@ def serving(backend=echo_backend, **kwargs):
 
 
 def config(url, **overrides) -> JudgeConfig:
-    return JudgeConfig(**{**dict(base_url=url, model="m", timeout=2.0, retries=1, backoff=0.01), **overrides})
+    return JudgeConfig(
+        **{**dict(base_url=url, model="m", timeout=2.0, retries=1, backoff=0.01), **overrides}
+    )
 
 
 def shows_secret(text: str, secret: str = SECRET) -> bool:
-    return any(secret[i:i + 6] in text for i in range(len(secret) - 5))
+    return any(secret[i : i + 6] in text for i in range(len(secret) - 5))
 
 
 @contextmanager
@@ -88,13 +90,25 @@ def completion_body(text: str) -> bytes:
 def test_key_whitespace_is_stripped_and_control_characters_are_refused_unshown(monkeypatch):
     with serving(api_key=SECRET) as server:
         monkeypatch.setenv("JUDGE_KEY", SECRET + "\r\n")  # as read from a file written on Windows
-        texts, stats = judge.chat_many([JudgeCall(MESSAGES, 8)], config(server.url, api_key_env="JUDGE_KEY"))
+        texts, stats = judge.chat_many(
+            [JudgeCall(MESSAGES, 8)], config(server.url, api_key_env="JUDGE_KEY")
+        )
         assert texts == ["echo: x"] and stats["failures"] == 0
-        assert judge.chat(MESSAGES, base_url=server.url, model="m", api_key=f" {SECRET}\n") == "echo: x"
-    for bad in (SECRET[:9] + "\n" + SECRET[9:], SECRET + "\x1b", SECRET[:9] + "\u00e9" + SECRET[9:]):
+        assert (
+            judge.chat(MESSAGES, base_url=server.url, model="m", api_key=f" {SECRET}\n")
+            == "echo: x"
+        )
+    for bad in (
+        SECRET[:9] + "\n" + SECRET[9:],
+        SECRET + "\x1b",
+        SECRET[:9] + "\u00e9" + SECRET[9:],
+    ):
         monkeypatch.setenv("JUDGE_KEY", bad)
-        with pytest.raises(JudgeError, match=r"^judge: the API key in the environment variable JUDGE_KEY has control "
-                                             r"or non-ASCII characters \(not shown\)$"):
+        with pytest.raises(
+            JudgeError,
+            match=r"^judge: the API key in the environment variable JUDGE_KEY has control "
+            r"or non-ASCII characters \(not shown\)$",
+        ):
             config("http://127.0.0.1:9/v1", api_key_env="JUDGE_KEY").read_api_key()
         with pytest.raises(JudgeError) as e:
             judge.chat(MESSAGES, base_url="http://127.0.0.1:9/v1", model="m", api_key=bad)
@@ -103,22 +117,28 @@ def test_key_whitespace_is_stripped_and_control_characters_are_refused_unshown(m
 
 def test_chat_many_turns_any_exception_into_a_failed_call_with_a_scrubbed_reason(monkeypatch):
     def broken_post(*args, **kwargs):
-        raise ValueError(f"Invalid header value b'Bearer {SECRET}\\n'")  # what requests says of a bad key
+        # what requests says of a bad key
+        raise ValueError(f"Invalid header value b'Bearer {SECRET}\\n'")
 
     monkeypatch.setattr(judge._SESSION, "post", broken_post)
     monkeypatch.setenv("JUDGE_KEY", SECRET)
     cfg = config("http://127.0.0.1:9/v1", api_key_env="JUDGE_KEY")
     texts, stats = judge.chat_many([JudgeCall(MESSAGES, 8)] * 3, cfg)
     assert texts == [None] * 3 and stats["failures"] == 3
-    assert stats["errors"][0].startswith("ValueError: Invalid header value") and not shows_secret(json.dumps(stats))
+    assert stats["errors"][0].startswith("ValueError: Invalid header value") and not shows_secret(
+        json.dumps(stats)
+    )
 
 
 def test_retry_after_of_zero_or_a_past_date_waits_the_backoff():
     with serving(faults=Faults(script=("429", "503", "ok"), retry_after=0)) as server:
         start = time.perf_counter()
-        texts, _ = judge.chat_many([JudgeCall(MESSAGES, 8)], config(server.url, retries=2, backoff=0.2))
+        texts, _ = judge.chat_many(
+            [JudgeCall(MESSAGES, 8)], config(server.url, retries=2, backoff=0.2)
+        )
         elapsed = time.perf_counter() - start
-    # Backoff waits are uniform in [d/2, d] for d = 0.2 and 0.4: at least 0.3 s, where Retry-After 0 asked none.
+    # Backoff waits are uniform in [d/2, d] for d = 0.2 and
+    # 0.4: at least 0.3 s, where Retry-After 0 asked none.
     assert texts == ["echo: x"] and elapsed >= 0.3
     response = requests.Response()
     response.headers["Retry-After"] = "Wed, 21 Oct 2015 07:28:00 GMT"
@@ -127,8 +147,11 @@ def test_retry_after_of_zero_or_a_past_date_waits_the_backoff():
 
 def test_a_server_trickling_bytes_cannot_hold_a_call():
     def trickle(connection, stop):
-        connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n")
-        while not stop.wait(0.05):  # one byte every 50 ms: the 0.5 s timeout between bytes never fires
+        connection.sendall(
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n"
+        )
+        # one byte every 50 ms: the 0.5 s timeout between bytes never fires
+        while not stop.wait(0.05):
             connection.sendall(b" ")
 
     with raw_server(trickle) as url:
@@ -136,7 +159,8 @@ def test_a_server_trickling_bytes_cannot_hold_a_call():
         with pytest.raises(JudgeError, match="Timeout.*still failing after 2 attempts"):
             judge.chat(MESSAGES, base_url=url, model="m", timeout=0.5, retries=1, backoff=0.01)
         elapsed = time.perf_counter() - start
-    assert elapsed < 4.0  # two attempts of about 0.5 s each; without a deadline, 100,000 bytes take 5,000 s
+    # two attempts of about 0.5 s each; without a deadline, 100,000 bytes take 5,000 s
+    assert elapsed < 4.0
 
 
 def test_answers_are_size_capped_and_gzip_is_decoded(monkeypatch):
@@ -149,8 +173,10 @@ def test_answers_are_size_capped_and_gzip_is_decoded(monkeypatch):
 
     def gzipped(connection, stop):
         body = gzip.compress(completion_body("unzipped"))
-        connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Encoding: gzip\r\n"
-                           b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        connection.sendall(
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Encoding: gzip\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
 
     with raw_server(gzipped) as url:
         assert judge.chat(MESSAGES, base_url=url, model="m") == "unzipped"
@@ -163,10 +189,16 @@ def test_a_key_inside_the_url_is_never_shown(caplog):
     closed.close()  # nothing listens there now: connection refused
     outputs = []
     with pytest.raises(JudgeError) as e:
-        judge.chat(MESSAGES, base_url=f"http://alice:{SECRET}@127.0.0.1:{port}/v1", model="m", retries=1,
-                   backoff=0.01)
+        judge.chat(
+            MESSAGES,
+            base_url=f"http://alice:{SECRET}@127.0.0.1:{port}/v1",
+            model="m",
+            retries=1,
+            backoff=0.01,
+        )
     outputs.append(str(e.value))
-    with serving(api_key="the-server-expects-another-key") as server:  # echoes the Basic credentials it got
+    # echoes the Basic credentials it got
+    with serving(api_key="the-server-expects-another-key") as server:
         url = server.url.replace("http://", f"http://alice:{SECRET}@")
         with pytest.raises(JudgeError, match="HTTP 401") as e:
             judge.chat(MESSAGES, base_url=url, model="m")
@@ -177,7 +209,9 @@ def test_a_key_inside_the_url_is_never_shown(caplog):
     assert f"127.0.0.1:{port}" in outputs[0] and "Connection" in outputs[0]
     basic = base64.b64encode(f"alice:{SECRET}".encode()).decode()
     for output in outputs + [caplog.text]:
-        assert not shows_secret(output) and "alice" not in output and not shows_secret(output, basic), output
+        assert (
+            not shows_secret(output) and "alice" not in output and not shows_secret(output, basic)
+        ), output
 
 
 # ----------------------------------------------------------------------------- the judge server
@@ -201,27 +235,43 @@ def test_server_answers_malformed_requests_with_400_and_keeps_serving():
         for length in ("-1", "abc", "1e3", "99999999999999999999"):
             status, text = post_raw(server.url, {"Content-Length": length})
             assert status == 400 and "Content-Length" in text
-        assert post_raw(server.url, {"Transfer-Encoding": "chunked"}, b"2\r\n{}\r\n0\r\n\r\n")[0] == 400
+        assert (
+            post_raw(server.url, {"Transfer-Encoding": "chunked"}, b"2\r\n{}\r\n0\r\n\r\n")[0]
+            == 400
+        )
         deep = b"[" * 100_000 + b"]" * 100_000
-        assert requests.post(server.url + "/chat/completions", data=deep, timeout=5).status_code == 400
+        assert (
+            requests.post(server.url + "/chat/completions", data=deep, timeout=5).status_code == 400
+        )
         assert judge.chat(MESSAGES, base_url=server.url, model="m") == "echo: x"
 
 
-BAD_SAMPLING = [({"max_tokens": -1}, "field 'max_tokens' must be an integer in 1..32768, got -1"),
-                ({"max_tokens": 10 ** 9}, "field 'max_tokens' must be an integer in 1..32768, got 1000000000"),
-                ({"temperature": -0.5}, "field 'temperature' must be a number >= 0, got -0.5"),
-                ({"top_p": 0}, "field 'top_p' must be a number in (0, 1], got 0"),
-                ({"seed": 1.5}, "field 'seed' must be an integer, got 1.5"),
-                ({"seed": "7"}, "field 'seed' must be an integer, got '7'")]
+BAD_SAMPLING = [
+    ({"max_tokens": -1}, "field 'max_tokens' must be an integer in 1..32768, got -1"),
+    ({"max_tokens": 10**9}, "field 'max_tokens' must be an integer in 1..32768, got 1000000000"),
+    ({"temperature": -0.5}, "field 'temperature' must be a number >= 0, got -0.5"),
+    ({"top_p": 0}, "field 'top_p' must be a number in (0, 1], got 0"),
+    ({"seed": 1.5}, "field 'seed' must be an integer, got 1.5"),
+    ({"seed": "7"}, "field 'seed' must be an integer, got '7'"),
+]
 
 
 def test_model_backend_answers_client_errors_with_400_and_the_reason():
     assert sampling_settings({"temperature": 0, "top_k": -1, "seed": None}) == {
-        "max_tokens": 1024, "temperature": 0, "top_p": 1.0, "top_k": -1, "seed": None}
+        "max_tokens": 1024,
+        "temperature": 0,
+        "top_p": 1.0,
+        "top_k": -1,
+        "seed": None,
+    }
     backend = ModelBackend.__new__(ModelBackend)  # requests are checked before the model is touched
     with serving(backend) as server:
-        for fields, reason in BAD_SAMPLING + [({"messages": [{"role": "tool", "content": "x"}]},
-                                               "unknown role 'tool' (known: system, user, assistant)")]:
+        for fields, reason in BAD_SAMPLING + [
+            (
+                {"messages": [{"role": "tool", "content": "x"}]},
+                "unknown role 'tool' (known: system, user, assistant)",
+            )
+        ]:
             body = {"model": "m", "messages": MESSAGES, **fields}
             response = requests.post(server.url + "/chat/completions", json=body, timeout=5)
             assert response.status_code == 400 and response.json()["error"]["message"] == reason
@@ -233,12 +283,15 @@ def test_model_backend_answers_client_errors_with_400_and_the_reason():
 def test_half_sent_requests_are_dropped_after_the_idle_timeout(capfd):
     with serving(idle_timeout=0.3) as server:
         host, port = server.server_address[:2]
-        for partial in (b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 100\r\n\r\n{\"mo",
-                        b"POST /v1/chat/comp"):
+        for partial in (
+            b'POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 100\r\n\r\n{"mo',
+            b"POST /v1/chat/comp",
+        ):
             with socket.create_connection((host, port), timeout=5) as connection:
                 connection.sendall(partial)
                 start = time.perf_counter()
-                while connection.recv(1024):  # the server closes the connection, with or without an answer
+                # the server closes the connection, with or without an answer
+                while connection.recv(1024):
                     pass
                 assert time.perf_counter() - start < 3
         assert judge.chat(MESSAGES, base_url=server.url, model="m") == "echo: x"
@@ -248,10 +301,14 @@ def test_half_sent_requests_are_dropped_after_the_idle_timeout(capfd):
 def test_server_command_errors_are_one_line(tmp_path):
     taken = socket.create_server(("127.0.0.1", 0))
     port = taken.getsockname()[1]
-    cases = [(["--port", str(port)], f"cannot listen on 127.0.0.1:{port}: Address already in use"),
-             (["--host", "no-such-host.invalid"], "cannot listen on no-such-host.invalid:8000: "),
-             (["--backend", "model", "--model", str(tmp_path / "absent")],
-              f"--model {tmp_path / 'absent'}: {tmp_path / 'absent' / 'config.json'}: file not found")]
+    cases = [
+        (["--port", str(port)], f"cannot listen on 127.0.0.1:{port}: Address already in use"),
+        (["--host", "no-such-host.invalid"], "cannot listen on no-such-host.invalid:8000: "),
+        (
+            ["--backend", "model", "--model", str(tmp_path / "absent")],
+            f"--model {tmp_path / 'absent'}: {tmp_path / 'absent' / 'config.json'}: file not found",
+        ),
+    ]
     with taken:
         for args, message in cases:
             argv = [sys.executable, str(REPO / "judge_server.py"), "--backend", "rules", *args]
@@ -266,22 +323,30 @@ def test_server_command_errors_are_one_line(tmp_path):
 def test_over_long_quotes_and_too_many_fragments_do_not_verify():
     words = [f"{a}{b}ro" for a in "bcdfghjklm" for b in "aeiou"]  # 50 distinct plain words
     conversation = [" ".join(words[:25]), " ".join(words[25:]), " ".join(words * 3)]
-    longest = " ".join((words * 2)[:verifier.MAX_QUOTE_TOKENS])
+    longest = " ".join((words * 2)[: verifier.MAX_QUOTE_TOKENS])
     assert verifier.verify_quote(longest, conversation)
-    assert not verifier.verify_quote(longest + " " + words[0], conversation)  # 101 tokens, copied exactly
+    # 101 tokens, copied exactly
+    assert not verifier.verify_quote(longest + " " + words[0], conversation)
     assert not verifier.verify_quote("x" * (16 * verifier.MAX_QUOTE_TOKENS + 1), ["x" * 2000])
-    pieces = [" ".join(words[i:i + 2]) for i in range(0, 40, 4)]
-    assert verifier.verify_quote(" ... ".join(pieces[:verifier.MAX_FRAGMENTS]), conversation)
-    assert not verifier.verify_quote(" ... ".join(pieces[:verifier.MAX_FRAGMENTS + 1]), conversation)
+    pieces = [" ".join(words[i : i + 2]) for i in range(0, 40, 4)]
+    assert verifier.verify_quote(" ... ".join(pieces[: verifier.MAX_FRAGMENTS]), conversation)
+    assert not verifier.verify_quote(
+        " ... ".join(pieces[: verifier.MAX_FRAGMENTS + 1]), conversation
+    )
 
 
 def test_verifier_worst_cases_are_bounded_in_time_and_memory():
-    # bench/bench_verifier_bounds.py: hostile quotations against 10,000-turn conversations, here under
-    # an address-space limit of 512 MiB (before the bounds, the worst ran out of memory or for minutes).
-    limit = 512 * 2 ** 20
-    result = subprocess.run([sys.executable, str(REPO / "bench" / "bench_verifier_bounds.py"), "--json"],
-                            capture_output=True, text=True, timeout=300,
-                            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit)))
+    # bench/bench_verifier_bounds.py: hostile quotations against
+    # 10,000-turn conversations, here under an address-space limit of 512
+    # MiB (before the bounds, the worst ran out of memory or for minutes).
+    limit = 512 * 2**20
+    result = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "bench_verifier_bounds.py"), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit)),
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads(result.stdout)
     assert report.pop("exact fragments in repetitive") is True and report.pop("peak_rss_mb") < 512
@@ -290,5 +355,6 @@ def test_verifier_worst_cases_are_bounded_in_time_and_memory():
         cases = {case: seconds for case, seconds in report.items() if case.startswith(kind)}
         assert len(cases) >= 3
         for case, seconds in cases.items():
-            # Each costs less than indexing the conversation once: a ratio, so a loaded machine does not matter.
+            # Each costs less than indexing the conversation
+            # once: a ratio, so a loaded machine does not matter.
             assert seconds < max(index, 0.05), (case, seconds, index)

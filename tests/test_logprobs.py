@@ -1,15 +1,15 @@
-"""token_logprobs against a full float32 log-softmax under plain autograd as the oracle: values, entropy and
-every gradient (LoRA factors, trainable token rows, tied and untied heads, temperature, bfloat16), and the
-lm_head work the fused gradient saves."""
+"""token_logprobs against a full float32 log-softmax under plain autograd as the oracle: values,
+entropy and every gradient (LoRA factors, trainable token rows, tied and untied heads, temperature,
+bfloat16), and the lm_head work the fused gradient saves."""
 
 import copy
 
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import close, hf_checkpoint, ids
 
 import model as M
-from helpers import close, hf_checkpoint, ids
 
 pytest.importorskip("transformers")
 ROWS = [5, 7]  # token ids given trainable rows; they occur in the inputs and as targets
@@ -21,7 +21,8 @@ def path(request, tmp_path_factory):
 
 
 def trainable(path, dtype="float32", rows=True):
-    """A model with LoRA on every projection and (optionally) trainable rows, all moved off their start."""
+    """A model with LoRA on every projection and (optionally) trainable rows, all moved off their
+    start."""
     model = M.Qwen.from_pretrained(path, dtype=dtype)
     params = M.add_lora(model, rank=4, alpha=8) + (M.train_token_rows(model, ROWS) if rows else [])
     g = torch.Generator().manual_seed(0)
@@ -45,7 +46,8 @@ def oracle(model, x, mask, temperature):
 
 
 def values_and_grads(fn, model, upstream):
-    """fn() -> (logp, ent); the values and the gradients of sum(upstream * outputs) for every trainable tensor."""
+    """fn() -> (logp, ent); the values and the gradients of sum(upstream * outputs) for every
+    trainable tensor."""
     out = fn()
     params = [p for p in model.parameters() if p.requires_grad]
     loss = sum((u * o).sum() for u, o in zip(upstream, out))
@@ -56,19 +58,26 @@ def relative_error(a, b):
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
-@pytest.mark.parametrize("temperature,entropy,chunk", [(0.7, True, 5), (1.0, False, 1024), (1.3, True, 64)])
+@pytest.mark.parametrize(
+    "temperature,entropy,chunk", [(0.7, True, 5), (1.0, False, 1024), (1.3, True, 64)]
+)
 def test_values_and_gradients_equal_full_log_softmax(path, temperature, entropy, chunk):
     model = trainable(path)
     x, mask = batch()
     g = torch.Generator().manual_seed(3)
-    upstream = [torch.randn(2, 22, generator=g), torch.randn(2, 22, generator=g) if entropy else torch.zeros(2, 22)]
+    upstream = [
+        torch.randn(2, 22, generator=g),
+        torch.randn(2, 22, generator=g) if entropy else torch.zeros(2, 22),
+    ]
 
     def ours():
         out = M.token_logprobs(model, x, mask, temperature, entropy=entropy, chunk_size=chunk)
         return out if entropy else (out, torch.zeros(2, 22))
 
     (logp, ent), grads = values_and_grads(ours, model, upstream)
-    (ref_logp, ref_ent), ref_grads = values_and_grads(lambda: oracle(model, x, mask, temperature), model, upstream)
+    (ref_logp, ref_ent), ref_grads = values_and_grads(
+        lambda: oracle(model, x, mask, temperature), model, upstream
+    )
     close(logp, ref_logp)
     if entropy:
         close(ent, ref_ent)
@@ -78,15 +87,19 @@ def test_values_and_gradients_equal_full_log_softmax(path, temperature, entropy,
 
 
 def test_bfloat16_model_within_rounding_of_the_oracle(path):
-    """bfloat16 weights and hidden states, float32 softmax: the values equal the oracle's on the same bfloat16
-    logits, and every gradient is as close to exact arithmetic (the same weights in float32) as the oracle's."""
+    """bfloat16 weights and hidden states, float32 softmax: the values equal the oracle's on the
+    same bfloat16 logits, and every gradient is as close to exact arithmetic (the same weights in
+    float32) as the oracle's."""
     model = trainable(path, "bfloat16")
     exact = copy.deepcopy(model).float()
     x, mask = batch()
     upstream = [torch.randn(2, 22, generator=torch.Generator().manual_seed(4)), torch.ones(2, 22)]
-    (logp, ent), grads = values_and_grads(lambda: M.token_logprobs(model, x, mask, 0.8, entropy=True, chunk_size=7),
-                                          model, upstream)
-    (ref_logp, ref_ent), ref_grads = values_and_grads(lambda: oracle(model, x, mask, 0.8), model, upstream)
+    (logp, ent), grads = values_and_grads(
+        lambda: M.token_logprobs(model, x, mask, 0.8, entropy=True, chunk_size=7), model, upstream
+    )
+    (ref_logp, ref_ent), ref_grads = values_and_grads(
+        lambda: oracle(model, x, mask, 0.8), model, upstream
+    )
     _, exact_grads = values_and_grads(lambda: oracle(exact, x, mask, 0.8), exact, upstream)
     close(logp, ref_logp)
     close(ent, ref_ent)
@@ -95,7 +108,8 @@ def test_bfloat16_model_within_rounding_of_the_oracle(path):
 
 
 def test_rows_switched_off_and_no_rows(path):
-    """With lora_disabled the rows get no gradient and the base head is used; a model without rows works."""
+    """With lora_disabled the rows get no gradient and the base head is used; a model without rows
+    works."""
     model = trainable(path)
     x, mask = batch()
     with M.lora_disabled(model):
@@ -103,8 +117,12 @@ def test_rows_switched_off_and_no_rows(path):
         close(logp, oracle(model, x, mask, 1.0)[0])
         assert not logp.requires_grad  # nothing trainable is in use
     model = trainable(path, rows=False)
-    (logp,), grads = values_and_grads(lambda: [M.token_logprobs(model, x, mask, 0.9)], model, [torch.ones(2, 22)])
-    (ref,), ref_grads = values_and_grads(lambda: oracle(model, x, mask, 0.9)[:1], model, [torch.ones(2, 22)])
+    (logp,), grads = values_and_grads(
+        lambda: [M.token_logprobs(model, x, mask, 0.9)], model, [torch.ones(2, 22)]
+    )
+    (ref,), ref_grads = values_and_grads(
+        lambda: oracle(model, x, mask, 0.9)[:1], model, [torch.ones(2, 22)]
+    )
     close(logp, ref)
     assert max(relative_error(a, b) for a, b in zip(grads, ref_grads)) < 1e-5
 
@@ -114,9 +132,12 @@ def test_trainable_lm_head_falls_back_with_exact_gradients(path):
     model.head_weight().requires_grad_(True)
     x, mask = batch()
     upstream = [torch.randn(2, 22, generator=torch.Generator().manual_seed(5)), torch.ones(2, 22)]
-    (logp, ent), grads = values_and_grads(lambda: M.token_logprobs(model, x, mask, 0.7, entropy=True, chunk_size=6),
-                                          model, upstream)
-    (ref_logp, ref_ent), ref_grads = values_and_grads(lambda: oracle(model, x, mask, 0.7), model, upstream)
+    (logp, ent), grads = values_and_grads(
+        lambda: M.token_logprobs(model, x, mask, 0.7, entropy=True, chunk_size=6), model, upstream
+    )
+    (ref_logp, ref_ent), ref_grads = values_and_grads(
+        lambda: oracle(model, x, mask, 0.7), model, upstream
+    )
     close(logp, ref_logp)
     close(ent, ref_ent)
     assert max(relative_error(a, b) for a, b in zip(grads, ref_grads)) < 1e-5

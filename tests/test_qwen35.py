@@ -6,26 +6,40 @@ import json
 
 import pytest
 import torch
+from helpers import Q35_TEXT, check_cache_against_full_forward, close, hf_greedy, ids, randomize
 
 import model as M
-from helpers import Q35_TEXT, check_cache_against_full_forward, close, hf_greedy, ids, randomize
 
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
 
-VISION = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
-              num_position_embeddings=16, patch_size=16, spatial_merge_size=2, temporal_patch_size=2)
+VISION = dict(
+    depth=1,
+    hidden_size=32,
+    intermediate_size=64,
+    num_heads=2,
+    out_hidden_size=64,
+    num_position_embeddings=16,
+    patch_size=16,
+    spatial_merge_size=2,
+    temporal_patch_size=2,
+)
 
 
 @pytest.fixture(scope="module", params=["qwen3_5", "qwen3_5_text"])
 def pair(request, tmp_path_factory):
     path = tmp_path_factory.mktemp(request.param)
     torch.manual_seed(0)
-    if request.param == "qwen3_5":  # image-text checkpoint: text under model.language_model., a vision tower
-        cfg = transformers.Qwen3_5Config(text_config=Q35_TEXT, vision_config=VISION, tie_word_embeddings=False)
+    # image-text checkpoint: text under model.language_model., a vision tower
+    if request.param == "qwen3_5":
+        cfg = transformers.Qwen3_5Config(
+            text_config=Q35_TEXT, vision_config=VISION, tie_word_embeddings=False
+        )
         hf = transformers.Qwen3_5ForConditionalGeneration(cfg)
     else:
-        hf = transformers.Qwen3_5ForCausalLM(transformers.Qwen3_5TextConfig(**Q35_TEXT, tie_word_embeddings=False))
+        hf = transformers.Qwen3_5ForCausalLM(
+            transformers.Qwen3_5TextConfig(**Q35_TEXT, tie_word_embeddings=False)
+        )
     hf = hf.float().eval()
     randomize(hf)
     hf.save_pretrained(path)
@@ -37,7 +51,10 @@ def test_checkpoint_layout_and_logits_match_transformers(pair):
     assert [layer.mixer_name for layer in ours.model.layers] == ["linear_attn"] * 3 + ["self_attn"]
     if ours.config.weight_prefix == "model.language_model.":
         index = (path / "model.safetensors").read_bytes()[:20000]
-        assert b"model.visual." in index and b"model.language_model.layers.0.linear_attn.A_log" in index
+        assert (
+            b"model.visual." in index
+            and b"model.language_model.layers.0.linear_attn.A_log" in index
+        )
     x = ids(2, 150)  # three 64-token chunks, the last one partial
     with torch.no_grad():
         close(ours(x), hf(x).logits)
@@ -55,7 +72,8 @@ def test_chunked_and_recurrent_forms_agree():
     o_chunk, s_chunk = M.delta_rule_chunked(q, k, v, decay, beta, state)
     close(o_chunk, o_rec, 1e-5)
     close(s_chunk, s_rec, 1e-5)
-    # and the recurrent form is the delta rule written out: decay, then correct against the decayed state
+    # and the recurrent form is the delta rule written
+    # out: decay, then correct against the decayed state
     S = state.clone()
     for t in range(3):
         S = S * decay[:, :, t, None, None].exp()
@@ -74,13 +92,18 @@ def test_greedy_generate_equals_transformers(pair):
     hf, ours, _ = pair
     prompts = [ids(1, n, seed=20 + n)[0].tolist() for n in (9, 3, 70)]
     expected = [hf_greedy(hf, p, 10, []) for p in prompts]
-    assert M.generate(ours, prompts + [prompts[0]], max_new_tokens=10, temperature=0) == expected + expected[:1]
+    assert (
+        M.generate(ours, prompts + [prompts[0]], max_new_tokens=10, temperature=0)
+        == expected + expected[:1]
+    )
 
 
 def test_adapter_we_save_loads_in_peft_with_equal_logits(pair, tmp_path):
     hf, _, path = pair
     ours = M.Qwen.from_pretrained(path, dtype="float32")
-    params = M.add_lora(ours, rank=4, alpha=8, targets=M.LORA_TARGETS + ("in_proj_qkv", "in_proj_z", "out_proj"))
+    params = M.add_lora(
+        ours, rank=4, alpha=8, targets=M.LORA_TARGETS + ("in_proj_qkv", "in_proj_z", "out_proj")
+    )
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for p in params:
@@ -90,7 +113,9 @@ def test_adapter_we_save_loads_in_peft_with_equal_logits(pair, tmp_path):
     assert "in_proj_qkv" in names and "in_proj_a" not in names and "conv1d" not in names
     prefix = "base_model.model." + ours.config.weight_prefix
     with open(tmp_path / "adapter_model.safetensors", "rb") as f:
-        assert f"{prefix}layers.0.linear_attn.in_proj_qkv.lora_A.weight".encode() in f.read(4096 * 4)
+        assert f"{prefix}layers.0.linear_attn.in_proj_qkv.lora_A.weight".encode() in f.read(
+            4096 * 4
+        )
     base = type(hf).from_pretrained(path, dtype=torch.float32)
     peft_model = peft.PeftModel.from_pretrained(base, tmp_path).eval()
     x = ids(2, 80)
@@ -117,12 +142,16 @@ def test_merged_checkpoint_loads_in_transformers(pair, tmp_path):
     x = ids(1, 40)
     with torch.no_grad():
         close(merged(x).logits, ours(x))
-    if ours.config.weight_prefix == "model.language_model.":  # the vision tower travels along unchanged
-        assert torch.equal(merged.model.visual.patch_embed.proj.weight, hf.model.visual.patch_embed.proj.weight)
+    # the vision tower travels along unchanged
+    if ours.config.weight_prefix == "model.language_model.":
+        assert torch.equal(
+            merged.model.visual.patch_embed.proj.weight, hf.model.visual.patch_embed.proj.weight
+        )
 
 
 def test_nine_billion_config_parameter_count():
-    """The Qwen3.5-9B text sizes (transformers' defaults) give about 9B parameters without vision."""
+    """The Qwen3.5-9B text sizes (transformers' defaults) give about 9B parameters without
+    vision."""
     cfg = transformers.Qwen3_5TextConfig()
     raw = dict(cfg.to_dict(), model_type="qwen3_5_text")
     with torch.device("meta"):
@@ -148,9 +177,14 @@ def test_bfloat16_load_keeps_the_decay_parameters_in_float32(pair):
     _, ours, path = pair
     bf16 = M.Qwen.from_pretrained(path, dtype="bfloat16")
     gdn = bf16.model.layers[0].linear_attn
-    assert gdn.A_log.dtype == gdn.dt_bias.dtype == torch.float32 and gdn.in_proj_qkv.weight.dtype == torch.bfloat16
+    assert (
+        gdn.A_log.dtype == gdn.dt_bias.dtype == torch.float32
+        and gdn.in_proj_qkv.weight.dtype == torch.bfloat16
+    )
     x = ids(1, 70)
     with torch.no_grad():
         close(bf16(x).float(), ours(x), tol=5e-2)
         cache = bf16.new_cache(1, 80)
-        assert cache.layers[0][1].dtype == torch.float32 and cache.layers[0][0].dtype == torch.bfloat16
+        assert (
+            cache.layers[0][1].dtype == torch.float32 and cache.layers[0][0].dtype == torch.bfloat16
+        )

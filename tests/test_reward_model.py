@@ -1,7 +1,8 @@
-"""reward_model.py, Social-R1's content RM, on a tiny random-weight checkpoint (no downloads): the Bradley-Terry
-loss and its gradient against hand values, a tiny RM learning to rank a synthetic preference set it could not rank
-before, the value-head file, tiers and the priority scheme on hand-made segments, the pair builder against a real
-local teacher server (resumed after failed calls), and one-line errors for bad pair files."""
+"""reward_model.py, Social-R1's content RM, on a tiny random-weight checkpoint (no downloads): the
+Bradley-Terry loss and its gradient against hand values, a tiny RM learning to rank a synthetic
+preference set it could not rank before, the value-head file, tiers and the priority scheme on
+hand-made segments, the pair builder against a real local teacher server (resumed after failed
+calls), and one-line errors for bad pair files."""
 
 import json
 import math
@@ -16,15 +17,16 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import REPO, metrics, tensors
+from helpers import sft_checkpoint as write_checkpoint
 from safetensors import safe_open
 
+import judge
 import reward_model as RM
 from data import Example, Turn
 from dataset import example_to_json
-import judge
 from judge import JudgeConfig
 from judge_server import JudgeServer, RewardModelBackend
-from helpers import REPO, metrics, sft_checkpoint as write_checkpoint, tensors
 
 
 @pytest.fixture(scope="module")
@@ -40,31 +42,42 @@ def test_bt_loss_and_its_gradient_match_a_hand_computation():
     rejected = torch.tensor([0.2, 0.5, 2.0], requires_grad=True)
     loss = RM.bt_loss(chosen, rejected)
     diffs = [0.8, -1.0, 0.0]
-    # -log sigmoid(d) = log(1 + e^-d); d/dr_chosen = -sigmoid(-d) / N, d/dr_rejected = +sigmoid(-d) / N
-    assert loss.item() == pytest.approx(sum(math.log(1 + math.exp(-d)) for d in diffs) / 3, rel=1e-6)
+    # -log sigmoid(d) = log(1 + e^-d); d/dr_chosen =
+    # -sigmoid(-d) / N, d/dr_rejected = +sigmoid(-d) / N
+    assert loss.item() == pytest.approx(
+        sum(math.log(1 + math.exp(-d)) for d in diffs) / 3, rel=1e-6
+    )
     loss.backward()
     expected = [-1 / (1 + math.exp(d)) / 3 for d in diffs]
     assert chosen.grad.tolist() == pytest.approx(expected, rel=1e-6)
     assert rejected.grad.tolist() == pytest.approx([-g for g in expected], rel=1e-6)
     # a micro-batch's part of a larger update divides by the update's pair count
-    assert RM.bt_loss(chosen[:1], rejected[:1], 4).item() == pytest.approx(math.log(1 + math.exp(-0.8)) / 4, rel=1e-6)
+    assert RM.bt_loss(chosen[:1], rejected[:1], 4).item() == pytest.approx(
+        math.log(1 + math.exp(-0.8)) / 4, rel=1e-6
+    )
 
 
 # ----------------------------------------------------------------------------- training
 
 
 def synthetic_pairs(n: int, seed: int = 0) -> list[dict]:
-    """The context says how a person feels; the chosen segment says the same, the rejected one the opposite. Which
-    word is right flips with the context, so a random model ranks about half the pairs right."""
+    """The context says how a person feels; the chosen segment says the same, the rejected one the
+    opposite. Which word is right flips with the context, so a random model ranks about half the
+    pairs right."""
     rng, fill = random.Random(seed), "the exam I failed again We won bid knew you would".split()
     pairs = []
     for i in range(n):
         name, good = ("Ann", "Bo", "Cy", "Di")[i % 4], rng.choice(["glad", "sad"])
         bad = "sad" if good == "glad" else "glad"
         words = " ".join(rng.sample(fill, 2))
-        pairs.append({"context": f"{name} says {' '.join(rng.sample(fill, 3))} . {name} is {good} .",
-                      "chosen": f"{name} is {good} so {words}", "rejected": f"{name} is {bad} so {words}",
-                      "tiers": "A>B"})
+        pairs.append(
+            {
+                "context": f"{name} says {' '.join(rng.sample(fill, 3))} . {name} is {good} .",
+                "chosen": f"{name} is {good} so {words}",
+                "rejected": f"{name} is {bad} so {words}",
+                "tiers": "A>B",
+            }
+        )
     return pairs
 
 
@@ -75,46 +88,80 @@ def write_jsonl(path: Path, rows) -> Path:
 
 def test_a_tiny_rm_learns_to_rank_a_synthetic_preference_set(checkpoint, tmp_path):
     pairs = write_jsonl(tmp_path / "pairs.jsonl", synthetic_pairs(160))
-    cfg = RM.RMConfig(model=str(checkpoint), pairs=str(pairs), output_dir=str(tmp_path / "rm"), heldout_fraction=0.25,
-                      epochs=3, lr=3e-3, batch_size=8, grad_accum=1, warmup_fraction=0.0)
+    cfg = RM.RMConfig(
+        model=str(checkpoint),
+        pairs=str(pairs),
+        output_dir=str(tmp_path / "rm"),
+        heldout_fraction=0.25,
+        epochs=3,
+        lr=3e-3,
+        batch_size=8,
+        grad_accum=1,
+        warmup_fraction=0.0,
+    )
     cfg.lora.dropout = 0.0
     state = RM.train(cfg)
-    print(f"held-out pairwise accuracy: {state['heldout_accuracy_before']:.3f} before, "
-          f"{state['heldout_accuracy']:.3f} after ({state['heldout_pairs']} pairs)")
+    print(
+        f"held-out pairwise accuracy: {state['heldout_accuracy_before']:.3f} before, "
+        f"{state['heldout_accuracy']:.3f} after ({state['heldout_pairs']} pairs)"
+    )
     assert state["heldout_pairs"] == 40 and 0.3 <= state["heldout_accuracy_before"] <= 0.7
     assert state["heldout_accuracy"] >= 0.95
     out = tmp_path / "rm"
     info = json.loads((out / RM.RM_INFO).read_text())
-    assert info["heldout_accuracy"] == state["heldout_accuracy"] and info["base_model"] == str(checkpoint)
+    assert info["heldout_accuracy"] == state["heldout_accuracy"] and info["base_model"] == str(
+        checkpoint
+    )
     with safe_open(str(out / RM.HEAD_FILE), framework="pt") as f:  # the documented head format
         assert sorted(f.keys()) == ["bias", "weight"] and f.metadata()["format"] == RM.HEAD_FORMAT
-        assert list(f.get_tensor("weight").shape) == [1, 32] and f.get_tensor("weight").dtype == torch.float32
+        assert (
+            list(f.get_tensor("weight").shape) == [1, 32]
+            and f.get_tensor("weight").dtype == torch.float32
+        )
     assert (out / "adapter_config.json").is_file() and (out / "adapter_model.safetensors").is_file()
-    # read back, the RM ranks the held-out contexts as the trainer reported, and R_content = sigmoid(r)
+    # read back, the RM ranks the held-out contexts as
+    # the trainer reported, and R_content = sigmoid(r)
     content = RM.load_reward_model(out)
     _, held = RM.split_heldout(RM.load_pairs(pairs), 0.25, cfg.seed)
     rewards = content.rewards([(p.context, s) for p in held for s in (p.chosen, p.rejected)])
     wins = sum(c > r for c, r in zip(rewards[0::2], rewards[1::2])) / len(held)
     assert wins == pytest.approx(state["heldout_accuracy"])
     scores = content.scores([(held[0].context, held[0].chosen)])
-    assert scores[0] == pytest.approx(1 / (1 + math.exp(-rewards[0])), rel=1e-5) and 0 < scores[0] < 1
+    assert (
+        scores[0] == pytest.approx(1 / (1 + math.exp(-rewards[0])), rel=1e-5) and 0 < scores[0] < 1
+    )
 
 
 @pytest.mark.slow
 def test_a_killed_rm_run_resumes_to_the_same_model_as_a_run_never_stopped(checkpoint, tmp_path):
-    """SIGKILL (no chance to save) once ckpt-000003 exists, run again (resume: auto): the LoRA, the value head, AdamW
-    and the held-out accuracies equal an uninterrupted run's bitwise, with dropout on, and no step is logged twice."""
+    """SIGKILL (no chance to save) once ckpt-000003 exists, run again (resume: auto): the LoRA, the
+    value head, AdamW and the held-out accuracies equal an uninterrupted run's bitwise, with dropout
+    on, and no step is logged twice."""
     pairs = write_jsonl(tmp_path / "pairs.jsonl", synthetic_pairs(48))
 
     def run(name, kill_after=None):
         folder = tmp_path / name
         folder.mkdir(exist_ok=True)
-        raw = {"model": str(checkpoint), "pairs": str(pairs), "output_dir": str(folder / "rm"), "epochs": 2,
-               "lr": 3e-3, "batch_size": 4, "grad_accum": 1, "warmup_fraction": 0.0, "heldout_fraction": 0.25,
-               "save_every": 1, "lora": {"rank": 4, "alpha": 8, "dropout": 0.1}}
+        raw = {
+            "model": str(checkpoint),
+            "pairs": str(pairs),
+            "output_dir": str(folder / "rm"),
+            "epochs": 2,
+            "lr": 3e-3,
+            "batch_size": 4,
+            "grad_accum": 1,
+            "warmup_fraction": 0.0,
+            "heldout_fraction": 0.25,
+            "save_every": 1,
+            "lora": {"rank": 4, "alpha": 8, "dropout": 0.1},
+        }
         (folder / "rm.yaml").write_text(json.dumps(raw))  # JSON is YAML
-        process = subprocess.Popen([sys.executable, str(REPO / "reward_model.py"), str(folder / "rm.yaml")],
-                                   cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        process = subprocess.Popen(
+            [sys.executable, str(REPO / "reward_model.py"), str(folder / "rm.yaml")],
+            cwd=tmp_path,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
         while kill_after and not (folder / "rm" / f"ckpt-{kill_after:06d}").is_dir():
             assert process.poll() is None, process.stderr.read()
             time.sleep(0.005)
@@ -130,14 +177,20 @@ def test_a_killed_rm_run_resumes_to_the_same_model_as_a_run_never_stopped(checkp
     assert run("killed")[0] == 0
     whole = tmp_path / "whole" / "rm"
     for folder in (f"ckpt-{steps:06d}", "."):
-        for file in ("adapter_model.safetensors", RM.HEAD_FILE) + (("optimizer.safetensors",) if folder != "." else ()):
+        for file in ("adapter_model.safetensors", RM.HEAD_FILE) + (
+            ("optimizer.safetensors",) if folder != "." else ()
+        ):
             a, b = tensors(whole / folder / file), tensors(killed / folder / file)
             assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), (folder, file)
     info = [json.loads((run_dir / RM.RM_INFO).read_text()) for run_dir in (whole, killed)]
     assert info[0] == info[1] and info[0]["training_pairs"] == 36 and info[0]["heldout_pairs"] == 12
     drop = ("tokens_per_s", "elapsed_s")
-    logged = [[{k: v for k, v in m.items() if k not in drop} for m in metrics(r)] for r in (whole, killed)]
-    assert logged[0] == logged[1] and [m["step"] for m in logged[0] if "loss" in m] == list(range(1, steps + 1))
+    logged = [
+        [{k: v for k, v in m.items() if k not in drop} for m in metrics(r)] for r in (whole, killed)
+    ]
+    assert logged[0] == logged[1] and [m["step"] for m in logged[0] if "loss" in m] == list(
+        range(1, steps + 1)
+    )
 
 
 def test_held_out_pairs_never_share_a_context_with_training_pairs():
@@ -147,7 +200,7 @@ def test_held_out_pairs_never_share_a_context_with_training_pairs():
     assert len(train) + len(held) == 80
 
 
-# ----------------------------------------------------------------------------- tiers and the priority scheme
+# -------------------------------------------------------------------- tiers and the priority scheme
 
 
 def seg(text, step, correct, score):
@@ -156,48 +209,88 @@ def seg(text, step, correct, score):
 
 def test_tiers_follow_the_papers_boundaries():
     rule = RM.TierRule()
-    tiers = [RM.tier_of(seg("s", 1, c, s), rule) for c, s in
-             [(True, 0.8), (True, 0.95), (True, 0.79), (True, 0.6), (True, 0.59), (True, 0.0), (False, 0.2),
-              (False, 0.0), (False, 0.21), (False, 0.9), (True, None)]]
+    tiers = [
+        RM.tier_of(seg("s", 1, c, s), rule)
+        for c, s in [
+            (True, 0.8),
+            (True, 0.95),
+            (True, 0.79),
+            (True, 0.6),
+            (True, 0.59),
+            (True, 0.0),
+            (False, 0.2),
+            (False, 0.0),
+            (False, 0.21),
+            (False, 0.9),
+            (True, None),
+        ]
+    ]
     assert tiers == ["A", "A", "B", "B", "C", "C", "D", "D", None, None, None]
 
 
 def test_the_priority_scheme_pairs_hand_made_tiers():
-    segments = [seg("a1 good reading", 600, True, 0.9), seg("a2 fine reading", 90, True, 0.85),
-                seg("b1 partly right", 300, True, 0.7), seg("c1 right answer wrong reading", 30, True, 0.4),
-                seg("d1 wrong", 30, False, 0.1), seg("w1 wrong but plausible", 90, False, 0.5),
-                seg("early long rambling reading that circles back over and over again", 30, True, 0.7)]
-    pairs = RM.instance_pairs("the reference", segments, RM.TierRule(), RM.SchemeSettings(per_rule=10,
-                                                                                          per_instance=100))
+    segments = [
+        seg("a1 good reading", 600, True, 0.9),
+        seg("a2 fine reading", 90, True, 0.85),
+        seg("b1 partly right", 300, True, 0.7),
+        seg("c1 right answer wrong reading", 30, True, 0.4),
+        seg("d1 wrong", 30, False, 0.1),
+        seg("w1 wrong but plausible", 90, False, 0.5),
+        seg("early long rambling reading that circles back over and over again", 30, True, 0.7),
+    ]
+    pairs = RM.instance_pairs(
+        "the reference", segments, RM.TierRule(), RM.SchemeSettings(per_rule=10, per_instance=100)
+    )
     got = {(p["tiers"], p["chosen"].split()[0], p["rejected"].split()[0]) for p in pairs}
     assert got == {
         ("S>C", "the", "c1"),  # P0
-        ("A>C", "a1", "c1"), ("A>C", "a2", "c1"),  # P1
-        ("A>B", "a1", "b1"), ("A>B", "a2", "b1"), ("A>B", "a1", "early"), ("A>B", "a2", "early"),  # P2
-        ("B>D", "b1", "d1"), ("B>D", "early", "d1"),  # P3; the wrong answer scored 0.5 is no D
-        # P4: late (step >= median 90, above the first) A/B segments over early, >= 1.5x longer, no better scored
-        ("late>early", "a1", "early"), ("late>early", "a2", "early"), ("late>early", "b1", "early"),
-        ("late>early", "a1", "c1"), ("late>early", "a2", "c1"), ("late>early", "b1", "c1"),  # c1: 5 words >= 1.5 x 3
+        ("A>C", "a1", "c1"),
+        ("A>C", "a2", "c1"),  # P1
+        ("A>B", "a1", "b1"),
+        ("A>B", "a2", "b1"),
+        ("A>B", "a1", "early"),
+        ("A>B", "a2", "early"),  # P2
+        ("B>D", "b1", "d1"),
+        ("B>D", "early", "d1"),  # P3; the wrong answer scored 0.5 is no D
+        # P4: late (step >= median 90, above the first) A/B
+        # segments over early, >= 1.5x longer, no better scored
+        ("late>early", "a1", "early"),
+        ("late>early", "a2", "early"),
+        ("late>early", "b1", "early"),
+        ("late>early", "a1", "c1"),
+        ("late>early", "a2", "c1"),
+        ("late>early", "b1", "c1"),  # c1: 5 words >= 1.5 x 3
     }
     order = [p["tiers"] for p in pairs]
     assert order == sorted(order, key=list(RM.SCHEME.values()).index)  # priority order
-    capped = RM.instance_pairs("the reference", segments, RM.TierRule(), RM.SchemeSettings(per_rule=1,
-                                                                                           per_instance=3))
-    assert [p["tiers"] for p in capped] == ["S>C", "A>C", "A>B"]  # the cap keeps the highest priorities
+    capped = RM.instance_pairs(
+        "the reference", segments, RM.TierRule(), RM.SchemeSettings(per_rule=1, per_instance=3)
+    )
+    # the cap keeps the highest priorities
+    assert [p["tiers"] for p in capped] == ["S>C", "A>C", "A>B"]
 
 
-# ----------------------------------------------------------------------------- building the pair file
+# --------------------------------------------------------------------------- building the pair file
 
 
 def tom_example(i: int) -> Example:
-    return Example(id=f"tom-{i}", task="tom_mc", turns=[Turn("", f"Story {i}: Ann hides the key; Bo is away.")],
-                   target=None, labels=["A"], meta={"question": "Where will Bo look?",
-                                                      "options": ["Where he left it", "Where Ann hid it"]})
+    return Example(
+        id=f"tom-{i}",
+        task="tom_mc",
+        turns=[Turn("", f"Story {i}: Ann hides the key; Bo is away.")],
+        target=None,
+        labels=["A"],
+        meta={
+            "question": "Where will Bo look?",
+            "options": ["Where he left it", "Where Ann hid it"],
+        },
+    )
 
 
 class Teacher:
-    """A scripted teacher: four stage lines for a reference request; a segment's score is the number after
-    'score=' in it. Requests for segments naming 'flaky' fail with HTTP 500 while `flaky` is set."""
+    """A scripted teacher: four stage lines for a reference request; a segment's score is the number
+    after 'score=' in it. Requests for segments naming 'flaky' fail with HTTP 500 while `flaky` is
+    set."""
 
     def __init__(self):
         self.calls, self.flaky, self.lock = [], True, threading.Lock()
@@ -207,7 +300,10 @@ class Teacher:
         with self.lock:
             self.calls.append(user)
         if system == RM._REFERENCE_SYSTEM:
-            return "Encoding: Bo saw the key\nInterpretation: Bo believes it is there\nGoal: find it\nResponse: A"
+            return (
+                "Encoding: Bo saw the key\nInterpretation: Bo believes it is there\nGoal: find "
+                "it\nResponse: A"
+            )
         reasoning = re.search(r"<reasoning>\n(.*?)\n</reasoning>", user, re.DOTALL).group(1)
         if "flaky" in reasoning and self.flaky:
             raise RuntimeError("injected")
@@ -218,34 +314,73 @@ class Teacher:
 
 def test_pairs_are_built_through_the_teacher_and_a_rerun_asks_only_what_failed(tmp_path):
     examples = [tom_example(0), tom_example(1)]
-    examples[1].meta["reference"] = "Encoding: given\nInterpretation: given\nGoal: given\nResponse: given"
-    (tmp_path / "ex.jsonl").write_text("".join(json.dumps(example_to_json(e)) + "\n" for e in examples))
-    rows = [(0, "tom-0", "score=0.9 Bo left it there", "A"), (0, "tom-0", "score=0.4 lucky guess", "A"),
-            (30, "tom-0", "score=0.1 Ann hid it", "B"), (30, "tom-0", "flaky score=0.7 close", "A"),
-            (0, "tom-1", "score=0.3 shallow", "A"), (30, "tom-1", "garbled", "A")]
+    examples[1].meta["reference"] = (
+        "Encoding: given\nInterpretation: given\nGoal: given\nResponse: given"
+    )
+    (tmp_path / "ex.jsonl").write_text(
+        "".join(json.dumps(example_to_json(e)) + "\n" for e in examples)
+    )
+    rows = [
+        (0, "tom-0", "score=0.9 Bo left it there", "A"),
+        (0, "tom-0", "score=0.4 lucky guess", "A"),
+        (30, "tom-0", "score=0.1 Ann hid it", "B"),
+        (30, "tom-0", "flaky score=0.7 close", "A"),
+        (0, "tom-1", "score=0.3 shallow", "A"),
+        (30, "tom-1", "garbled", "A"),
+    ]
     for step in (0, 30):
-        write_jsonl(tmp_path / f"c{step}.jsonl", [{"id": i, "completion": f"<think>\n{r}\n</think>\n\nAnswer: {a}"}
-                                                  for s, i, r, a in rows if s == step])
+        write_jsonl(
+            tmp_path / f"c{step}.jsonl",
+            [
+                {"id": i, "completion": f"<think>\n{r}\n</think>\n\nAnswer: {a}"}
+                for s, i, r, a in rows
+                if s == step
+            ],
+        )
     teacher = Teacher()
     with JudgeServer(teacher).start() as server:
-        build = RM.PairsConfig(examples=str(tmp_path / "ex.jsonl"), out=str(tmp_path / "pairs.jsonl"),
-                               rollouts=[RM.RolloutFile(0, str(tmp_path / "c0.jsonl")),
-                                         RM.RolloutFile(30, str(tmp_path / "c30.jsonl"))],
-                               teacher=JudgeConfig(base_url=server.url, retries=0, concurrency=4))
+        build = RM.PairsConfig(
+            examples=str(tmp_path / "ex.jsonl"),
+            out=str(tmp_path / "pairs.jsonl"),
+            rollouts=[
+                RM.RolloutFile(0, str(tmp_path / "c0.jsonl")),
+                RM.RolloutFile(30, str(tmp_path / "c30.jsonl")),
+            ],
+            teacher=JudgeConfig(base_url=server.url, retries=0, concurrency=4),
+        )
         with pytest.raises(RM.JudgeError, match="1 teacher calls failed; .* rerun"):
             RM.build_pairs(build)
         assert len(teacher.calls) == 1 + 6  # one reference (tom-1 has its own), six segments
         teacher.flaky, teacher.calls = False, []
         counts = RM.build_pairs(build)
     assert len(teacher.calls) == 1 and "flaky" in teacher.calls[0]  # the journal kept the rest
-    # the garbled answer was journaled as malformed by the first run: this run counts it unrated, not malformed
-    assert counts == {"segments": 6, "references_missing": 0, "unrated": 1, "pairs": 5, "tier_A": 1, "tier_B": 1,
-                      "tier_C": 2, "tier_D": 1, "P0": 2, "P1": 1, "P2": 1, "P3": 1, "P4": 0, "malformed": 0}
+    # the garbled answer was journaled as malformed by the
+    # first run: this run counts it unrated, not malformed
+    assert counts == {
+        "segments": 6,
+        "references_missing": 0,
+        "unrated": 1,
+        "pairs": 5,
+        "tier_A": 1,
+        "tier_B": 1,
+        "tier_C": 2,
+        "tier_D": 1,
+        "P0": 2,
+        "P1": 1,
+        "P2": 1,
+        "P3": 1,
+        "P4": 0,
+        "malformed": 0,
+    }
     pairs = RM.load_pairs(tmp_path / "pairs.jsonl")
     got = {(p.id, p.tiers, p.chosen.split()[0], p.rejected.split()[0]) for p in pairs}
-    assert got == {("tom-0", "S>C", "Encoding:", "score=0.4"), ("tom-0", "A>C", "score=0.9", "score=0.4"),
-                   ("tom-0", "A>B", "score=0.9", "flaky"), ("tom-0", "B>D", "flaky", "score=0.1"),
-                   ("tom-1", "S>C", "Encoding:", "score=0.3")}
+    assert got == {
+        ("tom-0", "S>C", "Encoding:", "score=0.4"),
+        ("tom-0", "A>C", "score=0.9", "score=0.4"),
+        ("tom-0", "A>B", "score=0.9", "flaky"),
+        ("tom-0", "B>D", "flaky", "score=0.1"),
+        ("tom-1", "S>C", "Encoding:", "score=0.3"),
+    }
     by_id = {e.id: e for e in examples}
     assert all(p.context == RM.rm_context(by_id[p.id]) for p in pairs)
 
@@ -253,9 +388,19 @@ def test_pairs_are_built_through_the_teacher_and_a_rerun_asks_only_what_failed(t
 # ----------------------------------------------------------------------------- bad input
 
 
-@pytest.mark.parametrize("case, field", [("missing", "rejected"), ("identical", "rejected"), ("tiers", "tiers"),
-                                         ("unknown", "score"), ("empty", "context")])
-def test_a_bad_pair_file_stops_with_one_line_naming_file_line_and_field(tmp_path, capsys, case, field):
+@pytest.mark.parametrize(
+    "case, field",
+    [
+        ("missing", "rejected"),
+        ("identical", "rejected"),
+        ("tiers", "tiers"),
+        ("unknown", "score"),
+        ("empty", "context"),
+    ],
+)
+def test_a_bad_pair_file_stops_with_one_line_naming_file_line_and_field(
+    tmp_path, capsys, case, field
+):
     pairs = synthetic_pairs(3)
     bad = pairs[1]
     if case == "missing":
@@ -270,7 +415,9 @@ def test_a_bad_pair_file_stops_with_one_line_naming_file_line_and_field(tmp_path
         bad["context"] = " "
     path = write_jsonl(tmp_path / "pairs.jsonl", pairs)
     config = tmp_path / "rm.yaml"
-    config.write_text(f"model: {tmp_path / 'no-model'}\npairs: {path}\noutput_dir: {tmp_path / 'out'}\n")
+    config.write_text(
+        f"model: {tmp_path / 'no-model'}\npairs: {path}\noutput_dir: {tmp_path / 'out'}\n"
+    )
     with pytest.raises(SystemExit) as stop:
         RM.main([str(config)])
     err = capsys.readouterr().err
@@ -282,7 +429,9 @@ def test_a_bad_pair_file_stops_with_one_line_naming_file_line_and_field(tmp_path
 # ----------------------------------------------------------------------------- serving it
 
 
-def test_a_served_rm_answers_the_r_content_prompt_as_the_in_process_rm_scores_it(checkpoint, tmp_path):
+def test_a_served_rm_answers_the_r_content_prompt_as_the_in_process_rm_scores_it(
+    checkpoint, tmp_path
+):
     qwen = RM.Qwen.from_pretrained(checkpoint)
     RM.add_lora(qwen)
     rm = RM.RewardModel(qwen, seed=3)
@@ -295,21 +444,34 @@ def test_a_served_rm_answers_the_r_content_prompt_as_the_in_process_rm_scores_it
     assert len(set(expected)) == 3
     with JudgeServer(RewardModelBackend(str(tmp_path / "rm"))).start() as server:
         cfg = JudgeConfig(base_url=server.url, retries=0)
-        calls = [(judge.sip_content_request(example, s, ref), judge.parse_sip_content)
-                 for s in segments for ref in (None, "Encoding: a reference the RM does not read")]
+        calls = [
+            (judge.sip_content_request(example, s, ref), judge.parse_sip_content)
+            for s in segments
+            for ref in (None, "Encoding: a reference the RM does not read")
+        ]
         values, _ = judge.ask(calls, cfg)
         with pytest.raises(judge.JudgeError, match="HTTP 400.*only the SIP content"):
-            judge.chat(judge.sip_structure_request(example, "r").messages, base_url=server.url, model="rm",
-                       retries=0)
+            judge.chat(
+                judge.sip_structure_request(example, "r").messages,
+                base_url=server.url,
+                model="rm",
+                retries=0,
+            )
     # the judge format has two decimals: a served score is the in-process one rounded
     assert values == [round(e, 2) for e in expected for _ in range(2)]
 
 
 def test_the_paper_config_parses_with_the_papers_values():
-    cfg = RM.parse_cli(RM.RMConfig, [str(Path(__file__).resolve().parents[1] / "configs/social_r1_rm_qwen3_4b.yaml")])
+    cfg = RM.parse_cli(
+        RM.RMConfig,
+        [str(Path(__file__).resolve().parents[1] / "configs/social_r1_rm_qwen3_4b.yaml")],
+    )
     assert cfg.epochs == 2 and cfg.model.endswith("Qwen3-4B-Instruct-2507")
     assert [r.step for r in cfg.build.rollouts] == [30, 90, 120, 180, 270, 360, 420, 510, 570, 600]
-    assert (cfg.build.tiers.a_min, cfg.build.tiers.b_min) == (0.8, 0.6) and cfg.build.teacher.api_key_env
+    assert (cfg.build.tiers.a_min, cfg.build.tiers.b_min) == (
+        0.8,
+        0.6,
+    ) and cfg.build.teacher.api_key_env
 
 
 # ----------------------------------------------------------------------------- social_r1 in GRPO
@@ -322,38 +484,66 @@ def structure_judge(messages, params):
 
 @pytest.mark.parametrize("mode", ["in-process", "served"])
 def test_social_r1_takes_r_content_from_the_trained_rm_in_a_grpo_run(tmp_path, mode):
-    import grpo
     from helpers import grpo_checkpoint, read_jsonl, run_config, write_examples
 
-    base, examples = grpo_checkpoint(tmp_path / "base"), write_examples(tmp_path / "train.jsonl")  # no references
+    import grpo
+
+    # no references
+    base, examples = grpo_checkpoint(tmp_path / "base"), write_examples(tmp_path / "train.jsonl")
     qwen = RM.Qwen.from_pretrained(base)
     RM.add_lora(qwen)
     RM.save_reward_model(RM.RewardModel(qwen, seed=5), tmp_path / "rm", str(base), 512)
     content = RM.load_reward_model(tmp_path / "rm")
-    with JudgeServer(structure_judge).start() as structure, \
-            JudgeServer(RewardModelBackend(str(tmp_path / "rm"))).start() as served:
-        rm = {"path": str(tmp_path / "rm")} if mode == "in-process" else {"endpoint": {"base_url": served.url}}
-        config = run_config(tmp_path, (base, examples), structure.url, updates=2, reward={"name": "social_r1"},
-                            content_model=rm, filtering={"enabled": False})
+    with (
+        JudgeServer(structure_judge).start() as structure,
+        JudgeServer(RewardModelBackend(str(tmp_path / "rm"))).start() as served,
+    ):
+        rm = (
+            {"path": str(tmp_path / "rm")}
+            if mode == "in-process"
+            else {"endpoint": {"base_url": served.url}}
+        )
+        config = run_config(
+            tmp_path,
+            (base, examples),
+            structure.url,
+            updates=2,
+            reward={"name": "social_r1"},
+            content_model=rm,
+            filtering={"enabled": False},
+        )
         grpo.main([str(config)])
     by_id = {e.id: e for e in RM.load_jsonl(examples)}
     records = read_jsonl(tmp_path / "run" / "completions.jsonl")
     assert len(records) == 2 * 2 * 4 and all(r["R_struct"] == 1.0 for r in records)
-    expected = content.scores([(RM.rm_context(by_id[r["id"]]), RM.rm_segment(r["completion"])) for r in records])
+    expected = content.scores(
+        [(RM.rm_context(by_id[r["id"]]), RM.rm_segment(r["completion"])) for r in records]
+    )
     got = [r["R_content"] for r in records]
-    assert got == (pytest.approx(expected, abs=1e-6) if mode == "in-process" else [round(e, 2) for e in expected])
+    assert got == (
+        pytest.approx(expected, abs=1e-6)
+        if mode == "in-process"
+        else [round(e, 2) for e in expected]
+    )
     assert all(r["reward"] is not None for r in records)
 
 
 def test_a_content_model_is_for_social_r1_only_and_must_exist(tmp_path, capsys):
-    import grpo
     from helpers import run_config, write_examples
 
+    import grpo
+
     examples = write_examples(tmp_path / "train.jsonl")
-    for overrides, message in [({"reward": {"name": "clue"}, "content_model": {"path": str(tmp_path)}},
-                                "'content_model': reward social_r1 only"),
-                               ({"reward": {"name": "social_r1"}, "content_model": {"path": str(tmp_path)}},
-                                f"'content_model.path': {tmp_path} has no reward_model.json")]:
+    for overrides, message in [
+        (
+            {"reward": {"name": "clue"}, "content_model": {"path": str(tmp_path)}},
+            "'content_model': reward social_r1 only",
+        ),
+        (
+            {"reward": {"name": "social_r1"}, "content_model": {"path": str(tmp_path)}},
+            f"'content_model.path': {tmp_path} has no reward_model.json",
+        ),
+    ]:
         config = run_config(tmp_path, (tmp_path, examples), "http://127.0.0.1:9/v1", **overrides)
         with pytest.raises(SystemExit) as stop:
             grpo.main([str(config)])

@@ -1,8 +1,8 @@
-"""teacher.py, the journaled, resumable teacher call of every data preparation, against the local judge server
-(judge_server.JudgeServer, its requests counted there): a run where some calls fail journals the answered ones, a
-rerun asks only the rest, a changed request is asked again, a torn last journal line is ignored with the file left
-byte for byte as it was (until the next append cuts it off); and the old `prepare` commands point to the scripts
-that replaced them."""
+"""teacher.py, the journaled, resumable teacher call of every data preparation, against the local
+judge server (judge_server.JudgeServer, its requests counted there): a run where some calls fail
+journals the answered ones, a rerun asks only the rest, a changed request is asked again, a torn
+last journal line is ignored with the file left byte for byte as it was (until the next append cuts
+it off); and the old `prepare` commands point to the scripts that replaced them."""
 
 import json
 
@@ -53,19 +53,28 @@ def test_failed_calls_are_not_journaled_and_a_rerun_asks_only_them(tmp_path):
         assert rerun == teacher.load_journal(journal) and len(rerun) == 5
 
         before = journal.read_bytes()
-        assert teacher.ask_journaled(asks, cfg, journal, teacher.load_journal(journal))["asked"] == 0
-        assert server.requests_seen == 7 and journal.read_bytes() == before  # nothing asked, nothing written
+        assert (
+            teacher.ask_journaled(asks, cfg, journal, teacher.load_journal(journal))["asked"] == 0
+        )
+        # nothing asked, nothing written
+        assert server.requests_seen == 7 and journal.read_bytes() == before
 
 
 def test_a_parser_rejection_is_journaled_as_none_and_not_asked_again(tmp_path):
     journal = tmp_path / "journal.jsonl"
     with JudgeServer(Echo()).start() as server:
         cfg = JudgeConfig(base_url=server.url, retries=0)
-        asks = [(k, c, lambda text: None if text.endswith("b") else text) for k, c, _ in requests("a", "b")]
+        asks = [
+            (k, c, lambda text: None if text.endswith("b") else text)
+            for k, c, _ in requests("a", "b")
+        ]
         assert teacher.ask_journaled(asks, cfg, journal, {})["malformed"] == 1
         done = teacher.load_journal(journal)
         assert list(done.values()) == ["answer to a", None]
-        assert teacher.ask_journaled(asks, cfg, journal, done)["asked"] == 0 and server.requests_seen == 2
+        assert (
+            teacher.ask_journaled(asks, cfg, journal, done)["asked"] == 0
+            and server.requests_seen == 2
+        )
 
 
 def test_a_torn_last_line_is_ignored_and_the_file_left_as_it_is(tmp_path, capsys):
@@ -83,9 +92,14 @@ def test_a_torn_last_line_is_ignored_and_the_file_left_as_it_is(tmp_path, capsys
 
         changed = requests("a", "B", "c")  # a changed request is a new key: asked again
         counts = teacher.ask_journaled(changed, cfg, journal, done)
-        assert counts["asked"] == 2 and backend.seen == ["a", "b", "c", "B", "c"] and server.requests_seen == 5
-        assert "cut off a torn last line" in capsys.readouterr().err  # the append said what it dropped
-        assert journal.read_bytes().startswith(torn[:torn.rfind(b"\n") + 1])
+        assert (
+            counts["asked"] == 2
+            and backend.seen == ["a", "b", "c", "B", "c"]
+            and server.requests_seen == 5
+        )
+        # the append said what it dropped
+        assert "cut off a torn last line" in capsys.readouterr().err
+        assert journal.read_bytes().startswith(torn[: torn.rfind(b"\n") + 1])
         records = [json.loads(line) for line in journal.read_text().splitlines()]
         assert len(records) == 4 and teacher.load_journal(journal) == done
 
@@ -100,7 +114,9 @@ def test_a_file_that_is_not_a_journal_stops_with_its_line(tmp_path):
         teacher.load_journal(journal)
 
 
-@pytest.mark.parametrize("script, pointer", [(sft, "prepare_traces.py CFG"), (grpo, "prepare_references.py CFG")])
+@pytest.mark.parametrize(
+    "script, pointer", [(sft, "prepare_traces.py CFG"), (grpo, "prepare_references.py CFG")]
+)
 def test_the_old_prepare_commands_point_to_the_new_scripts(tmp_path, capsys, script, pointer):
     with pytest.raises(SystemExit) as stop:
         script.main(["prepare", str(tmp_path / "x.yaml")])

@@ -9,19 +9,30 @@ import signal
 import pytest
 import torch
 import torch.multiprocessing as mp
-
-import model as M
-import train as T
-import distributed as D
-import checkpoint as CK
 from instruments import free_port
 
-TINY = dict(model_type="qwen3", vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, head_dim=8, rope_theta=1e4, tie_word_embeddings=False)
+import checkpoint as CK
+import distributed as D
+import model as M
+import train as T
+
+TINY = dict(
+    model_type="qwen3",
+    vocab_size=64,
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=8,
+    rope_theta=1e4,
+    tie_word_embeddings=False,
+)
 
 
 def tiny_model(lora_seed=0, rows=(5, 9), dropout=0.1):
-    """The same random base every time; LoRA factors (B too, so they matter) drawn from `lora_seed`."""
+    """The same random base every time; LoRA factors (B too, so they matter) drawn from
+    `lora_seed`."""
     torch.manual_seed(0)
     model = M.Qwen(M.QwenConfig.from_dict(dict(TINY)))
     M.add_lora(model, rank=4, alpha=8, dropout=dropout)
@@ -63,27 +74,43 @@ def test_sft_schedule_hand_values():
 
 
 def test_sft_schedule_with_a_warmup_of_fixed_steps():
-    # EmoLLM D.1: 100 warm-up steps; over 300 steps the LR peaks at step 99, then falls linearly over 200 steps
+    # EmoLLM D.1: 100 warm-up steps; over 300 steps the LR
+    # peaks at step 99, then falls linearly over 200 steps
     lr = [T.linear_warmup_decay(s, 300, 2e-4, warmup_steps=100) for s in range(300)]
-    assert lr[0] == pytest.approx(2e-6) and lr[49] == pytest.approx(1e-4) and lr[99] == pytest.approx(2e-4)
-    assert lr[100] == pytest.approx(2e-4) and lr[200] == pytest.approx(1e-4) and lr[299] == pytest.approx(1e-6)
+    assert (
+        lr[0] == pytest.approx(2e-6)
+        and lr[49] == pytest.approx(1e-4)
+        and lr[99] == pytest.approx(2e-4)
+    )
+    assert (
+        lr[100] == pytest.approx(2e-4)
+        and lr[200] == pytest.approx(1e-4)
+        and lr[299] == pytest.approx(1e-6)
+    )
     # fewer steps than the warm-up: the LR is still rising when the run ends
     assert T.linear_warmup_decay(49, 50, 1e-4, warmup_steps=100) == pytest.approx(0.5e-4)
 
 
 def test_rl_schedule_at_the_papers_landmarks():
     def lr(update):  # updates counted from 1, as in the paper
-        return T.warmup_hold_cosine(update, peak=2e-6, floor=5e-7, warmup=19, hold_until=506, total=723)
+        return T.warmup_hold_cosine(
+            update, peak=2e-6, floor=5e-7, warmup=19, hold_until=506, total=723
+        )
+
     assert lr(1) == pytest.approx(5e-7)
     assert lr(10) == pytest.approx(5e-7 + 1.5e-6 * 9 / 19)
     assert lr(19) == pytest.approx(5e-7 + 1.5e-6 * 18 / 19)
     assert lr(20) == lr(300) == lr(506) == 2e-6
-    assert lr(507) == pytest.approx(2e-6 - 1.5e-6 * (1 - math.cos(math.pi / 217)) / 2) and lr(507) < 2e-6
+    assert (
+        lr(507) == pytest.approx(2e-6 - 1.5e-6 * (1 - math.cos(math.pi / 217)) / 2)
+        and lr(507) < 2e-6
+    )
     mid = 506 + (723 - 506) / 2
     assert T.warmup_hold_cosine(mid, 2e-6, 5e-7, 19, 506, 723) == pytest.approx(5e-7 + 1.5e-6 / 2)
     assert lr(600) == pytest.approx(5e-7 + 1.5e-6 * 0.5 * (1 + math.cos(math.pi * 94 / 217)))
     assert lr(723) == pytest.approx(5e-7, rel=1e-12)
-    assert T.warmup_hold_cosine(1, 2e-6, 5e-7, 0, 50, 50) == 2e-6  # no warm-up: the first update at the peak
+    # no warm-up: the first update at the peak
+    assert T.warmup_hold_cosine(1, 2e-6, 5e-7, 0, 50, 50) == 2e-6
 
 
 # ----------------------------------------------------------------------------- optimizer
@@ -91,7 +118,9 @@ def test_rl_schedule_at_the_papers_landmarks():
 
 def test_optimizer_groups_rows_at_scaled_lr_without_decay():
     model = tiny_model()
-    optimizer = T.build_optimizer(model, lr=1e-3, weight_decay=0.01, betas=(0.9, 0.99), row_lr_scale=10.0)
+    optimizer = T.build_optimizer(
+        model, lr=1e-3, weight_decay=0.01, betas=(0.9, 0.99), row_lr_scale=10.0
+    )
     lora, rows = optimizer.param_groups
     assert len(lora["params"]) == 2 * 7 * 2 and lora["weight_decay"] == 0.01
     assert rows["params"] == [model.embed_rows, model.head_rows] and rows["weight_decay"] == 0.0
@@ -118,7 +147,8 @@ def test_resume_is_bitwise_equal_to_an_uninterrupted_run(tmp_path):
     after = {k: v.clone() for k, v in model.state_dict().items()}
     expected_draw = random.random()
 
-    resumed, _ = fresh_run(tmp_path, seed=5)  # different init: everything must come from the checkpoint
+    # different init: everything must come from the checkpoint
+    resumed, _ = fresh_run(tmp_path, seed=5)
     torch.manual_seed(99)
     random.seed(99)
     path = CK.latest_checkpoint(tmp_path)
@@ -140,8 +170,13 @@ def test_checkpoints_are_atomic_and_pruned(tmp_path):
     assert sorted(p.name for p in tmp_path.glob("ckpt-*")) == ["ckpt-000002", "ckpt-000003"]
     assert CK.latest_checkpoint(tmp_path).name == "ckpt-000003"
     names = {p.name for p in CK.latest_checkpoint(tmp_path).iterdir()}
-    assert {"adapter_config.json", "adapter_model.safetensors", "optimizer.safetensors", "rng-rank0.safetensors",
-            "state.json"} <= names
+    assert {
+        "adapter_config.json",
+        "adapter_model.safetensors",
+        "optimizer.safetensors",
+        "rng-rank0.safetensors",
+        "state.json",
+    } <= names
     assert not any(n.endswith((".pt", ".bin", ".pkl")) for n in names)
 
 
@@ -157,12 +192,17 @@ def test_resume_refuses_a_different_world_size(tmp_path):
 # ----------------------------------------------------------------------------- two processes
 
 
-
 def _sync_worker(rank, port, out):
-    os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE="2",
+        LOCAL_RANK=str(rank),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
     ranks = D.setup_distributed("cpu")
-    model = tiny_model(lora_seed=rank, dropout=0.0)  # different LoRA inits: the broadcast must equalize them
+    # different LoRA inits: the broadcast must equalize them
+    model = tiny_model(lora_seed=rank, dropout=0.0)
     optimizer = T.build_optimizer(model, 1e-2, 0.0, (0.9, 0.99))
     params = T.optimizer_parameters(optimizer)
     D.broadcast_parameters(params)

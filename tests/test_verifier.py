@@ -11,8 +11,16 @@ from collections import defaultdict
 
 import pytest
 
-from verifier import (ENGLISH_WORDS_FILE, english_words, extract_quotes, format_score, locate_quote, quotes_by_block,
-                      verify_quote, without_quotes)
+from verifier import (
+    ENGLISH_WORDS_FILE,
+    english_words,
+    extract_quotes,
+    format_score,
+    locate_quote,
+    quotes_by_block,
+    verify_quote,
+    without_quotes,
+)
 
 ENGLISH = [
     "Hey, are you coming to Rachel's party on Saturday?",
@@ -114,7 +122,10 @@ ENGLISH_CASES = [
     ("I love him but I can't remain here anymore", False),
     ("I hate him but I can't stay here anymore", False),
     ("I lose him but I can't stay here anymore", False),  # one letter, but a four-letter word
-    ("I waited for 3 huors at the station and nobody came", True),  # a five-letter word may carry a typo
+    (
+        "I waited for 3 huors at the station and nobody came",
+        True,
+    ),  # a five-letter word may carry a typo
     ("She told me the lies because she trusts me", False),
     ("I don't think I can make it to the wedding tonight", False),
     # speaker names and time markers are not evidence
@@ -156,12 +167,18 @@ WORD_SWAP_CASES = [
     ("The woman said she was quiet sure about it", False),
     ("It was a causal remark, later forgotten by everyone", False),
     ("It was a casual remark, latter forgotten by everyone", False),
-    ("The conversation of the old building took years", False),  # two edits in a long word, another word
+    (
+        "The conversation of the old building took years",
+        False,
+    ),  # two edits in a long word, another word
     # genuine misspellings keep their bounded tolerance
     ("What a lovley surprise, you remembered my birthday", True),
     ("We walked along the trail until the diner closd", True),
     ("The conservaiton of the old building took years", True),
-    ("I received your letter this morning", True),  # the quote spells right what the source misspelled
+    (
+        "I received your letter this morning",
+        True,
+    ),  # the quote spells right what the source misspelled
 ]
 
 CHINESE_CASES = [
@@ -256,10 +273,20 @@ def test_a_typo_never_turns_one_word_into_another(quote, expected):
 def test_the_english_word_list_is_sorted_lower_case_words():
     lines = [line.rstrip("\n") for line in ENGLISH_WORDS_FILE.open(encoding="utf-8")]
     words = [line for line in lines if not line.startswith("#")]
-    assert "Kevin Atkinson" in "".join(lines[:20]) and "Permission to use" in "".join(lines[:40])  # the licence
+    # the licence
+    assert "Kevin Atkinson" in "".join(lines[:20]) and "Permission to use" in "".join(lines[:40])
     assert words == sorted(set(words)) and all(re.fullmatch("[a-z]{4,}", w) for w in words)
     assert len(english_words()) == len(words) > 30000
-    assert {"lovely", "lonely", "trail", "trial", "diner", "dinner", "hour", "hours"} <= english_words()
+    assert {
+        "lovely",
+        "lonely",
+        "trail",
+        "trial",
+        "diner",
+        "dinner",
+        "hour",
+        "hours",
+    } <= english_words()
     assert not {"tonihgt", "recieved", "staton"} & english_words()
 
 
@@ -286,14 +313,19 @@ def test_a_string_conversation_is_one_utterance():
 def test_locate_quote_names_the_matched_turns():
     assert locate_quote("I don't think I can make it", ENGLISH) == [1]
     assert locate_quote("on Saturday? I don't think", ENGLISH) == [0, 1]
-    assert locate_quote("sorry. She told me the truth because she trusts me. I love him", ENGLISH) == [1, 2, 3]
-    assert locate_quote("Hey, are you coming … she trusts me", ENGLISH) == [0, 2]  # the elided turn is not quoted
+    assert locate_quote(
+        "sorry. She told me the truth because she trusts me. I love him", ENGLISH
+    ) == [1, 2, 3]
+    # the elided turn is not quoted
+    assert locate_quote("Hey, are you coming … she trusts me", ENGLISH) == [0, 2]
     assert locate_quote("I do think I can make it", ENGLISH) == []
     assert locate_quote("我给你留了一碗面", CHINESE) == [4]
 
 
 def test_a_quote_found_twice_is_located_at_its_first_occurrence():
-    assert locate_quote("see you tomorrow", ["ok", "see you tomorrow", "fine", "see you tomorrow"]) == [1]
+    assert locate_quote(
+        "see you tomorrow", ["ok", "see you tomorrow", "fine", "see you tomorrow"]
+    ) == [1]
 
 
 def test_fragments_may_not_overlap_even_when_each_matches():
@@ -304,23 +336,34 @@ def test_fragments_may_not_overlap_even_when_each_matches():
 
 
 def test_exact_mode_allows_normalization_only():
-    assert verify_quote("i DON\u2019T think  I can make it", ENGLISH, exact=True)  # case, apostrophe, spacing
-    assert verify_quote("on Saturday? I don't think", ENGLISH, exact=True)  # a contiguous run across turns
-    assert verify_quote("I dont thnk I can make it", ENGLISH)  # a typo the default mode forgives ...
-    assert not verify_quote("I dont thnk I can make it", ENGLISH, exact=True)  # ... and exact mode does not
+    # case, apostrophe, spacing
+    assert verify_quote("i DON\u2019T think  I can make it", ENGLISH, exact=True)
+    # a contiguous run across turns
+    assert verify_quote("on Saturday? I don't think", ENGLISH, exact=True)
+    # a typo the default mode forgives ...
+    assert verify_quote("I dont thnk I can make it", ENGLISH)
+    # ... and exact mode does not
+    assert not verify_quote("I dont thnk I can make it", ENGLISH, exact=True)
     assert verify_quote("Hey, are you coming … she trusts me", ENGLISH)
-    assert not verify_quote("Hey, are you coming … she trusts me", ENGLISH, exact=True)  # no joined fragments
-    assert verify_quote("我们都等了半天了", CHINESE, exact=True) and verify_quote("你怎么还没来？我们等了半天了", CHINESE)
-    assert not verify_quote("你怎么还没来？我们等了半天了", CHINESE, exact=True)  # a left-out character
-    assert not verify_quote("know I can make it", ENGLISH, exact=True)  # a cut that drops the negation
+    # no joined fragments
+    assert not verify_quote("Hey, are you coming … she trusts me", ENGLISH, exact=True)
+    assert verify_quote("我们都等了半天了", CHINESE, exact=True) and verify_quote(
+        "你怎么还没来？我们等了半天了", CHINESE
+    )
+    # a left-out character
+    assert not verify_quote("你怎么还没来？我们等了半天了", CHINESE, exact=True)
+    # a cut that drops the negation
+    assert not verify_quote("know I can make it", ENGLISH, exact=True)
 
 
 # ----------------------------------------------------------------------------- tags and f
 
+
 def test_extract_quotes_reads_every_opener_closed_or_not():
     assert extract_quotes("no tags here") == []
-    assert extract_quotes("He says <evidence>I am fine</evidence>, then <evidence> go away </evidence>.") == \
-        ["I am fine", "go away"]
+    assert extract_quotes(
+        "He says <evidence>I am fine</evidence>, then <evidence> go away </evidence>."
+    ) == ["I am fine", "go away"]
     assert extract_quotes("<evidence>a <evidence>b</evidence></evidence>") == ["a", "b"]
     assert extract_quotes("She writes <evidence>I never said that") == ["I never said that"]
     assert extract_quotes("</evidence>stray<evidence></evidence>") == [""]
@@ -329,48 +372,86 @@ def test_extract_quotes_reads_every_opener_closed_or_not():
 def test_without_quotes_keeps_only_the_writers_words():
     def words(text):
         return without_quotes(text).split()
-    assert words("He says <evidence>I am fine</evidence>, then <evidence> go away </evidence>.") == \
-        ["He", "says", ",", "then", "."]
-    assert words("<evidence>a <evidence>b</evidence> c</evidence> d") == ["c", "d"]  # as extract_quotes reads it
+
+    assert words(
+        "He says <evidence>I am fine</evidence>, then <evidence> go away </evidence>."
+    ) == ["He", "says", ",", "then", "."]
+    # as extract_quotes reads it
+    assert words("<evidence>a <evidence>b</evidence> c</evidence> d") == ["c", "d"]
     assert words("She writes <evidence>I never said that\n\nnew block") == ["She", "writes"]
     assert without_quotes("no tags") == "no tags"
     assert without_quotes("a<evidence>b</evidence>c") == "a  c"  # words on either side stay apart
 
 
-@pytest.mark.parametrize("text,expected", [
-    ("no tags at all", 1.0),
-    ("<evidence>a</evidence> and <evidence>b</evidence>", 1.0),
-    ("<evidence>a</evidence> b</evidence>", 1 / 2),  # 1 closed / (1 open + 1 stray)
-    ("<evidence>a <evidence>b</evidence></evidence>", 1 / 3),  # nested: 1 closed / (2 open + 1 stray)
-    ("<evidence>never closed", 0.0),
-    ("</evidence>", 0.0),
-    ("<evidence>a</evidence><evidence>b", 1 / 2),
-    ("</evidence><evidence>a</evidence>", 1 / 2),
-    ("<evidence>a</evidence></evidence></evidence>", 1 / 3),
-])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("no tags at all", 1.0),
+        ("<evidence>a</evidence> and <evidence>b</evidence>", 1.0),
+        ("<evidence>a</evidence> b</evidence>", 1 / 2),  # 1 closed / (1 open + 1 stray)
+        (
+            "<evidence>a <evidence>b</evidence></evidence>",
+            1 / 3,
+        ),  # nested: 1 closed / (2 open + 1 stray)
+        ("<evidence>never closed", 0.0),
+        ("</evidence>", 0.0),
+        ("<evidence>a</evidence><evidence>b", 1 / 2),
+        ("</evidence><evidence>a</evidence>", 1 / 2),
+        ("<evidence>a</evidence></evidence></evidence>", 1 / 3),
+    ],
+)
 def test_format_score(text, expected):
     assert format_score(text) == pytest.approx(expected)
 
 
 def test_quotes_by_block():
-    blocks = ["Rachel asks <evidence>are you coming to Rachel's party</evidence>.",
-              "No quotes here.",
-              "He says <evidence>I can make it</evidence> and <evidence>I can't stay</evidence>."]
+    blocks = [
+        "Rachel asks <evidence>are you coming to Rachel's party</evidence>.",
+        "No quotes here.",
+        "He says <evidence>I can make it</evidence> and <evidence>I can't stay</evidence>.",
+    ]
     assert quotes_by_block(blocks, ENGLISH) == [
         [("are you coming to Rachel's party", True)],
         [],
         [("I can make it", True), ("I can't stay", True)],
     ]
-    assert quotes_by_block(["<evidence>I can stay</evidence>"], ENGLISH) == [[("I can stay", False)]]
+    assert quotes_by_block(["<evidence>I can stay</evidence>"], ENGLISH) == [
+        [("I can stay", False)]
+    ]
 
 
 # ----------------------------------------------------------------------------- real data
 
-NEGATION_SWAPS = {"don't": "do", "can't": "can", "not ": "", "never ": "", "no ": "", "didn't": "did",
-                  "won't": "will", "isn't": "is", "不": "", "没": "有", "别": ""}
-PRONOUN_SWAPS = {"he ": "she ", "she ": "he ", "you ": "we ", "I ": "you ", "my ": "your ",
-                 "我": "你", "你": "我", "他": "她", "她": "他"}
-DIGIT_SWAPS = {str(d): str((d + 1) % 10) for d in range(10)} | {"一": "二", "二": "三", "三": "四", "两": "三"}
+NEGATION_SWAPS = {
+    "don't": "do",
+    "can't": "can",
+    "not ": "",
+    "never ": "",
+    "no ": "",
+    "didn't": "did",
+    "won't": "will",
+    "isn't": "is",
+    "不": "",
+    "没": "有",
+    "别": "",
+}
+PRONOUN_SWAPS = {
+    "he ": "she ",
+    "she ": "he ",
+    "you ": "we ",
+    "I ": "you ",
+    "my ": "your ",
+    "我": "你",
+    "你": "我",
+    "他": "她",
+    "她": "他",
+}
+DIGIT_SWAPS = {str(d): str((d + 1) % 10) for d in range(10)} | {
+    "一": "二",
+    "二": "三",
+    "三": "四",
+    "两": "三",
+}
 
 
 def read_dialogues(path):
@@ -382,7 +463,9 @@ def read_dialogues(path):
     return list(dialogues.values())
 
 
-NEGATION_WORD = re.compile(r"(?i)(no|not|never|nothing|nobody|none|neither|nor|cannot|without|\w+n[’']t)")
+NEGATION_WORD = re.compile(
+    r"(?i)(no|not|never|nothing|nobody|none|neither|nor|cannot|without|\w+n[’']t)"
+)
 CLAUSE = re.compile(r"[^ ，。！？、,.!?~…]+")
 
 
@@ -391,20 +474,22 @@ def cut(rng, dialogue, spaced):
     reader quotes: English at word boundaries, never leaving out a negation just before the cut
     ("know" from "I don't know" is not a faithful quotation); Chinese as whole clauses."""
     i = rng.randrange(len(dialogue))
-    text = dialogue[i] + (" " + dialogue[i + 1] if i + 1 < len(dialogue) and rng.random() < 0.3 else "")
+    text = dialogue[i] + (
+        " " + dialogue[i + 1] if i + 1 < len(dialogue) and rng.random() < 0.3 else ""
+    )
     if spaced:
         words = text.split(" ")
         length = rng.randint(1, min(len(words), 14))
         start = rng.randrange(len(words) - length + 1)
         if start > 0 and NEGATION_WORD.fullmatch(words[start - 1]):
             return ""
-        return " ".join(words[start:start + length])
+        return " ".join(words[start : start + length])
     clauses = list(CLAUSE.finditer(text))
     if not clauses:
         return ""
     first = rng.randrange(len(clauses))
     last = min(len(clauses) - 1, first + rng.randrange(3))
-    return text[clauses[first].start():clauses[last].end()]
+    return text[clauses[first].start() : clauses[last].end()]
 
 
 def perturb(quote, swaps):
@@ -414,7 +499,11 @@ def perturb(quote, swaps):
         for variant in (old, old.capitalize()):
             key = f" {variant}" if variant[0].isascii() and variant[0].isalpha() else variant
             if key in padded:
-                replacement = f" {new.capitalize() if variant != old else new}" if key.startswith(" ") else new
+                replacement = (
+                    f" {new.capitalize() if variant != old else new}"
+                    if key.startswith(" ")
+                    else new
+                )
                 return padded.replace(key, replacement, 1).strip()
     return None
 
@@ -458,7 +547,9 @@ def test_meld_apostrophes_match_any_form(shared_data):
 
 
 def test_cped_quotes_verify_and_perturbed_copies_do_not(shared_data):
-    quotes, perturbed = real_data_cases(read_dialogues(shared_data / "cped/valid_split.csv"), spaced=False)
+    quotes, perturbed = real_data_cases(
+        read_dialogues(shared_data / "cped/valid_split.csv"), spaced=False
+    )
     assert [q for q, d in quotes if not verify_quote(q, d)] == []
     assert len(perturbed) >= 50
     assert [q for q, d in perturbed if verify_quote(q, d)] == []

