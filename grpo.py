@@ -352,18 +352,6 @@ def rollout_sampler(cfg: GRPOConfig, policy: Qwen, tok, ranks: Ranks, out_dir: P
     return GatheredSampler(sampler, policy) if is_sharded(policy) else sampler
 
 
-def sample_slots(sampler, slots: list[Slot], update: int, seed: int, counts: dict) -> None:
-    """Step 1 for the slots that hold no group (a played dialogue state's first group is already
-    sampled)."""
-    fresh = [s for s in slots if s.group is None]
-    if fresh:
-        for slot, group in zip(
-            fresh, sampler.sample([s.example for s in fresh], update, seed, counts)
-        ):
-            slot.group = group
-            slot.example = group.example  # a seed's state: its resamples share its rubric
-
-
 def score_groups(groups: list[Group], cfg: GRPOConfig, judge) -> dict:
     """Step 2: ask the judges about every rollout at once (`judge`, the sampler's), then compute
     each reward and the parts its registration declares. Returns the judges' call statistics."""
@@ -469,8 +457,13 @@ def collect_groups(
     rounds = 0
     while pending:
         seed = derived_seed(cfg.seed, "sample", update, ranks.rank, rounds)
-        # 1. sample
-        timed(counts, "generate_s", sample_slots, sampler, pending, update, seed, counts)
+        fresh = [s for s in pending if s.group is None]  # a played state's first group is there
+        if fresh:  # 1. sample
+            examples = [s.example for s in fresh]
+            sampled = timed(counts, "generate_s", sampler.sample, examples, update, seed, counts)
+            for slot, group in zip(fresh, sampled):
+                slot.group = group
+                slot.example = group.example  # a seed's state: its resamples share its rubric
         groups = [s.group for s in pending]
         judge_stats = timed(counts, "judge_s", score_groups, groups, cfg, sampler.judge)  # 2. score
         count_calls(counts, judge_stats)
@@ -601,8 +594,8 @@ def accumulate_loss(
     ranks: Ranks,
     stats: dict,
 ) -> torch.Tensor:
-    """Step 5: the loss of every micro-batch, backward into the gradients; returns the loss summed
-    over ranks. The first pass's log-probs are the sampling policy's (logp_old, cached into `old`
+    """Step 5: the loss of every micro-batch, backward into the gradients; returns this rank's loss
+    sum. The first pass's log-probs are the sampling policy's (logp_old, cached into `old`
     for later passes) and give the entropy and the sampler mismatch; the loss statistics are added
     into `stats`."""
     loss_cfg = cfg.loss
@@ -639,7 +632,7 @@ def accumulate_loss(
         loss_sum += loss.detach()
         for key, value in sums.items():
             stats[key] += value.item() / loss_cfg.passes
-    return all_reduce_sum(loss_sum)
+    return loss_sum
 
 
 def optimizer_step(optimizer, loss_total: torch.Tensor, cfg: GRPOConfig, stats: dict) -> None:
@@ -667,8 +660,9 @@ def policy_update(
     """Steps 5-6, `loss.passes` times over one rollout batch, after the reference pass (beta > 0).
     The loss is normalized by the completion or token count of the whole update over all ranks.
     Returns the training stats."""
-    # every rank runs the same forwards and backwards: pad with batches that weigh nothing
-    if is_sharded(policy):
+    # every rank of a sharded policy runs the same forwards and backwards: pad with batches that
+    # weigh nothing
+    if cfg.finetune == "full":
         batches = pad_batches(batches, idle_batch(ranks.device), ranks.device)
     seq_mean = cfg.loss.agg == "seq-mean-token-mean"  # count completions (weighted rows) or tokens
     local = sum(b.row_weight.sum() if seq_mean else b.mask.sum() for b in batches)
@@ -692,8 +686,9 @@ def policy_update(
     policy.train()
     for _ in range(cfg.loss.passes):
         optimizer.zero_grad(set_to_none=True)
-        # 5. loss
-        loss_total = accumulate_loss(policy, batches, old, refs, normalizer, cfg, ranks, stats)
+        # 5. loss (summed over ranks for the log and the finiteness check)
+        loss = accumulate_loss(policy, batches, old, refs, normalizer, cfg, ranks, stats)
+        loss_total = all_reduce_sum(loss)
         optimizer_step(optimizer, loss_total, cfg, stats)  # 6. step
     return stats
 
