@@ -459,6 +459,7 @@ def _grpo_worker(rank, port, base, out):
     found = updated_weights(base, mine, micro_batch_size=2)  # rank 1 runs an idle micro-batch
     if rank == 0:
         torch.save(found, out / "two.pt")
+    dist.barrier()  # neither rank tears gloo down while the other still works (a rare SIGABRT)
     dist.destroy_process_group()
 
 
