@@ -301,5 +301,18 @@ def trim_log(path, last_step: int, ranks: Ranks) -> None:
         return
     # after the last "\n": nothing, or a torn line
     lines = path.read_text(encoding="utf-8").split("\n")[:-1]
-    kept = [line + "\n" for line in lines if line.strip() and json.loads(line)["step"] <= last_step]
+    kept = []
+    for number, line in enumerate(lines, 1):
+        try:
+            record = json.loads(line) if line.strip() else {"step": 0}
+            step = record["step"]
+        except (ValueError, TypeError, KeyError):
+            step = None
+        if not isinstance(step, int):
+            raise CheckpointError(
+                f"{path}:{number}: not a record of a run's log (a JSON object with an integer "
+                f"'step'): move the file away, or choose another output_dir"
+            )
+        if line.strip() and step <= last_step:
+            kept.append(line + "\n")
     atomic_write_text(path, "".join(kept))

@@ -623,6 +623,19 @@ def run_seeds(
     )
 
 
+MARKER = ".demo-output"  # what the demo writes first into its --out, to know the folder again
+
+
+def out_folder_problem(out: Path) -> str | None:
+    """Why the demo must not write into `out` (None: absent, empty, or the demo's own)."""
+    if out.exists() and not out.is_dir():
+        return "is a file, not a folder"
+    if not out.is_dir() or (out / MARKER).is_file():
+        return None
+    foreign = next(out.iterdir(), None)
+    return None if foreign is None else f"holds {foreign.name!r}, which the demo did not write"
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="demo.py", description="SFT then GRPO on a toy task, on the CPU."
@@ -648,7 +661,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--grpo", action="append", default=[], metavar="KEY=VALUE", help="a setting for grpo.py"
     )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="write into --out even when it holds files the demo did not write (its data/, base/, "
+        "sft/, grpo/ and eval/ are then replaced)",
+    )
     args = parser.parse_args(argv)
+    for name in ("train", "heldout"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name}: at least 1 conversation, not {getattr(args, name)}")
+    out = Path(args.out).resolve()
+    problem = out_folder_problem(out)
+    if problem and not args.overwrite:
+        parser.error(f"--out {out}: {problem}; choose another folder, or pass --overwrite")
     # One thread per process unless the user sets OMP_NUM_THREADS (the stages
     # inherit it): the demo's matrices are small, and on a busy 2-core machine
     # two threads per process measured 14x slower per SFT step than one
@@ -658,7 +684,6 @@ def main(argv: list[str] | None = None) -> None:
     from grpo import GRPOConfig
     from sft import SFTConfig
 
-    out = Path(args.out).resolve()
     seeds = args.seeds or [args.seed]
     folders = [out / f"seed{seed}" if args.seeds else out for seed in seeds]
     settings, configs = [], []
@@ -678,6 +703,8 @@ def main(argv: list[str] | None = None) -> None:
         settings.append(setting)
         configs.append(resolved["grpo"])
     specs = [DemoData(seed=seed, train=args.train, heldout=args.heldout) for seed in seeds]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / MARKER).write_text("written by demo.py\n", encoding="utf-8")
     if args.seeds:
         run_seeds(out, specs, settings, configs)
     else:

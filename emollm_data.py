@@ -73,7 +73,7 @@ from dataset import parse_json, read_data_text, reject_json_constant, typed_fiel
 from dialogue_judges import ARG_SECTIONS
 from judge import DATA_NOTICE, JudgeCall, JudgeConfig, JudgeError, chat_messages, section
 from model import CheckpointError, load_tokenizer
-from teacher import ask_journaled, load_journal, raw_text, request_key
+from teacher import ask_journaled, load_journal, raw_text, refuse_shrinking, request_key
 
 # ----------------------------------------------------------------------------- config
 
@@ -578,8 +578,10 @@ def prepare(
             "with knowledge": sum(r["meta"]["knowledge"] > 0 for r in rows),
         }
     else:
-        rows, counts = arg_rows(dialogues, settings, Path(str(out) + ".teacher.jsonl"), fits)
+        journal = Path(str(out) + ".teacher.jsonl")
+        rows, counts = arg_rows(dialogues, settings, journal, fits)
         counts |= {"rows": len(rows), "reasoned": sum(r["meta"]["gate"] for r in rows)}
+        refuse_shrinking(out, len(rows), counts["teacher_failures"], journal)
     atomic_write_text(out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
     print0(
         f"emollm {'CPT' if objective == 'lm' else 'ARG SFT'}: "

@@ -21,7 +21,7 @@ import data
 import dataset
 import judge
 from config import ConfigError, parse_cli, print0
-from teacher import ask_journaled, load_journal, raw_text, request_key
+from teacher import ask_journaled, load_journal, raw_text, refuse_shrinking, request_key
 
 # The teacher that writes an example's reference SIP analysis
 # (`meta.reference`, R_content's yardstick): the paper drew its references
@@ -122,7 +122,9 @@ def prepare(cfg: ReferenceSettings) -> dict[str, int]:
     """`out` from `examples`, with references; returns (and prints) the counts."""
     out = Path(cfg.out)
     examples = dataset.load_jsonl(cfg.examples)
-    kept, n = add_references(examples, cfg.teacher, out.with_suffix(".references.jsonl"))
+    journal = out.with_suffix(".references.jsonl")
+    kept, n = add_references(examples, cfg.teacher, journal)
+    refuse_shrinking(out, len(kept), n["failures"], journal)
     dataset.save_jsonl(kept, out)
     print0(
         f"prepare: {len(kept)} of {len(examples)} examples with a reference -> {out} "

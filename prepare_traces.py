@@ -46,7 +46,7 @@ from judge import (
 )
 from model import CheckpointError, Qwen, load_tokenizer
 from sampling import SamplingConfig, sample_completions
-from teacher import ask_journaled, load_journal, raw_text, request_key
+from teacher import ask_journaled, load_journal, raw_text, refuse_shrinking, request_key
 from verifier import extract_quotes, format_score, verify_quote
 
 # ----------------------------------------------------------------------------- config
@@ -383,6 +383,8 @@ def prepare(cfg: PrepareConfig) -> dict[str, int]:
             )
         elif isinstance(parsed, ReferenceConflict):
             conflicts.append(dataclasses.asdict(parsed))
+    failures = len(prompts) - len(todo) + answers.count(None)
+    refuse_shrinking(cfg.out, len(rows), failures, journal)
     conflicts_path = cfg.conflicts or str(Path(cfg.out).with_suffix(".conflicts.jsonl"))
     for path, records in ((cfg.out, rows), (conflicts_path, conflicts)):
         atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))

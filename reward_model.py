@@ -554,6 +554,9 @@ def build_pairs(p: PairsConfig) -> dict[str, int]:
     continue)."""
     examples = {e.id: e for e in load_jsonl(p.examples)}
     segments = load_segments(p, examples)
+    if not segments:
+        files = ", ".join(source.path for source in p.rollouts) or "(none given)"
+        raise DataError(f"rollouts: no completion with a reasoning segment in {files}")
     journal = Path(p.journal or str(p.out) + ".journal.jsonl")
     done = load_journal(journal)
     references = {

@@ -76,6 +76,22 @@ def ask_journaled(
     return counts
 
 
+def refuse_shrinking(path, rows: int, failures: int, journal) -> None:
+    """Stop (JudgeError) before a preparation whose teacher calls failed replaces `path` with fewer
+    than the rows it holds: the file is kept and a rerun, once the teacher answers, asks only for
+    what failed."""
+    path = Path(path)
+    if not failures or not path.is_file():
+        return
+    with path.open("rb") as f:
+        held = sum(1 for line in f if line.strip())
+    if rows < held:
+        raise JudgeError(
+            f"{path}: kept as it was ({held} rows): {failures} teacher calls failed, so this run "
+            f"has only {rows}; the answers so far are in {journal}: rerun to ask the rest"
+        )
+
+
 def request_key(kind: str, item: str, cfg: JudgeConfig, call: JudgeCall) -> str:
     """The key of a call whose answer depends on the teacher's model and the whole request (the
     messages and max_tokens), for the `kind` of call about `item` (an example's id)."""

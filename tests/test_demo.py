@@ -223,3 +223,24 @@ def test_two_seeds_show_grpo_grounding_its_answers_without_losing_accuracy(tmp_p
     assert "| after GRPO | " in table and " ± " in table and table.count("% -> ") == 2 * 3
     for seed in (0, 2):
         assert json.loads((out / f"seed{seed}" / "results.json").read_text()) == results[str(seed)]
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--heldout", "0"], "--heldout: at least 1 conversation, not 0"),
+        (["--train", "-3"], "--train: at least 1 conversation, not -3"),
+        (["--out", "{tmp}/mine"], "holds 'keep.txt', which the demo did not write; choose another"),
+        (["--out", "{tmp}/mine/keep.txt"], "keep.txt: is a file, not a folder"),
+    ],
+)
+def test_bad_options_stop_in_one_line_before_anything_is_written(tmp_path, capsys, args, expected):
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "keep.txt").write_text("the user's own file")
+    argv = [a.format(tmp=tmp_path) for a in args]
+    with pytest.raises(SystemExit) as stop:
+        demo.main(argv if "--out" in argv else [*argv, "--out", str(tmp_path / "new")])
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert stop.value.code == 2 and expected in error, error
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["keep.txt", "mine"]
+    assert (tmp_path / "mine" / "keep.txt").read_text() == "the user's own file"

@@ -475,3 +475,18 @@ def test_the_config_must_name_a_part_it_can_build(tmp_path, capsys, case):
         "sft.py prepare": r"`sft.py prepare` moved: run `python prepare_traces.py CFG`",
     }[case]
     assert re.match(expected, err), err
+
+
+def test_arg_rows_with_the_teacher_down_keep_the_existing_rows(base, tmp_path, capsys):
+    with JudgeServer(Teacher()).start() as server:
+        path = sft_config(base, tmp_path, server.url)
+        E.main([str(prep(path))])
+    rows = (tmp_path / "arg.jsonl").read_bytes()
+    assert rows.count(b"\n") == 3
+    # another teacher (new requests) that does not answer
+    with pytest.raises(SystemExit) as stop:
+        E.main([str(prep(path)), "teacher.model=other", "teacher.base_url=http://127.0.0.1:9/v1"])
+    assert stop.value.code == 2 and (tmp_path / "arg.jsonl").read_bytes() == rows
+    error = capsys.readouterr().err.strip()
+    assert "arg.jsonl: kept as it was (3 rows): 5 teacher calls failed" in error
+    assert "\n" not in error and len(error) <= 400

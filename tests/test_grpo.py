@@ -681,6 +681,15 @@ def test_trim_log_keeps_the_whole_lines_up_to_the_step(tmp_path):
     )
 
 
+def test_trim_log_refuses_a_file_that_is_not_a_runs_log(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    mine = '{"step": 1}\nname,loss\n{"step": 2}\n'  # a user's own file in output_dir
+    path.write_text(mine, encoding="utf-8")
+    with pytest.raises(CK.CheckpointError, match=rf"^{path}:2: not a record of a run's log"):
+        grpo.trim_log(path, 1, D.Ranks(0, 1, torch.device("cpu")))
+    assert path.read_text(encoding="utf-8") == mine
+
+
 def test_sigterm_saves_a_checkpoint_and_stops(tmp_path, assets, judge, monkeypatch):
     calls = []
     score = grpo.score_groups
@@ -953,3 +962,36 @@ def test_parse_sip_reference_is_strict():
         good.replace("Encoding", "Cues"),
     ]:
         assert prepare_references.parse_sip_reference(bad, item) is None, bad
+
+
+def test_prepare_references_with_the_teacher_down_keeps_the_existing_file(tmp_path, capsys):
+    gold, train_file = tmp_path / "gold.jsonl", tmp_path / "train.jsonl"
+    dataset.save_jsonl(
+        [
+            data.Example(
+                f"t{i}",
+                "tom_mc",
+                [data.Turn("", "s")],
+                None,
+                ["B"],
+                meta={"question": "q", "options": ["x", "y"]},
+            )
+            for i in range(2)
+        ],
+        gold,
+    )
+    train_file.write_bytes(gold.read_bytes())  # what an earlier run wrote
+    before = train_file.read_bytes()
+    argv = [
+        str(REPO / "configs" / "social_r1_qwen3_8b_prepare.yaml"),
+        f"examples={gold}",
+        f"out={train_file}",
+        f"teacher.base_url=http://127.0.0.1:{free_port()}/v1",  # nothing listens there
+        "teacher.retries=0",
+    ]
+    with pytest.raises(SystemExit) as stop:
+        prepare_references.main(argv)
+    assert stop.value.code == 2 and train_file.read_bytes() == before
+    error = capsys.readouterr().err.strip()
+    assert error.startswith(f"error: {train_file}: kept as it was (2 rows): 2 teacher calls failed")
+    assert "\n" not in error and len(error) <= 400

@@ -372,6 +372,12 @@ def test_pairs_are_built_through_the_teacher_and_a_rerun_asks_only_what_failed(t
         "P4": 0,
         "malformed": 0,
     }
+    written = (tmp_path / "pairs.jsonl").read_bytes()
+    (tmp_path / "c0.jsonl").write_text("")
+    (tmp_path / "c30.jsonl").write_text("")
+    with pytest.raises(RM.DataError, match="^rollouts: no completion with a reasoning segment in"):
+        RM.build_pairs(build)  # empty rollouts: the pair file is kept
+    assert (tmp_path / "pairs.jsonl").read_bytes() == written
     pairs = RM.load_pairs(tmp_path / "pairs.jsonl")
     got = {(p.id, p.tiers, p.chosen.split()[0], p.rejected.split()[0]) for p in pairs}
     assert got == {

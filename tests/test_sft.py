@@ -592,6 +592,20 @@ def test_prepare_keeps_valid_refinements_and_routes_conflicts_and_fabrications_a
     assert conflict["id"] == "ex-1" and conflict["supported_alternative_labels"] == ["anger"]
 
 
+def test_prepare_with_the_teacher_down_keeps_the_rows_an_earlier_run_wrote(checkpoint, tmp_path):
+    run_prepare(checkpoint, tmp_path, 5, sampler=True, max_new_tokens=64)
+    rows = (tmp_path / "sft.jsonl").read_bytes()
+    cfg = P.parse_cli(P.PrepareConfig, [str(tmp_path / "prepare.yaml")])
+    dead = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens there: every call fails
+    cfg.teacher.base_url, cfg.teacher.model = dead, "another teacher"
+    cfg.sampler.base_url = dead
+    with pytest.raises(
+        P.JudgeError, match=r"sft.jsonl: kept as it was \(1 rows\): 5 teacher calls"
+    ):
+        P.prepare(cfg)
+    assert (tmp_path / "sft.jsonl").read_bytes() == rows
+
+
 def test_prepare_samples_with_model_py_when_no_endpoint_is_given(checkpoint, tmp_path):
     _, backend, counts = run_prepare(checkpoint, tmp_path, 2, max_new_tokens=6, samples=2)
     assert (counts["sampled"], counts["kept"], counts["conflicts"]) == (
