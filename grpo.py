@@ -721,6 +721,11 @@ def check_inputs(cfg: GRPOConfig, config_path: str) -> list:
             f"reward.params.{unknown[0]}",
             f"not a setting of reward {excerpt(cfg.reward.name)} (known: {known})",
         )
+    for key in set(rewards.SOCIAL_R1_SWITCHES) & set(cfg.reward.params):
+        if cfg.reward.params[key] not in (0, 1):
+            raise bad(
+                f"reward.params.{key}", f"a switch: 0 (off) or 1 (on), got {cfg.reward.params[key]}"
+            )
     rm = cfg.content_model
     if rm is not None and (
         cfg.reward.name != "social_r1" or (rm.path is None) == (rm.endpoint is None)
@@ -733,6 +738,8 @@ def check_inputs(cfg: GRPOConfig, config_path: str) -> list:
         raise bad(
             "content_model.path", f"{rm.path} has no {rewards.RM_INFO} (train one: reward_model.py)"
         )
+    if rm is not None and rewards.CONTENT_JUDGE not in rewards.judges_needed(cfg.reward):
+        raise bad("content_model", "R_content is switched off (reward.params.use_content: 0)")
     rollout = cfg.rollout
     loss = cfg.loss
     for key, value, low in (
@@ -778,9 +785,7 @@ def check_inputs(cfg: GRPOConfig, config_path: str) -> list:
     ):
         if folder is not None and not (Path(folder) / needed).is_file():
             raise bad(key, f"{folder} has no {needed}")
-    judges = (
-        {"judge": cfg.judge} if rewards.REWARD_JUDGES.get(cfg.reward.name) or dialogue_cfg else {}
-    )
+    judges = {"judge": cfg.judge} if rewards.judges_needed(cfg.reward) or dialogue_cfg else {}
     judges |= (
         {"content_model.endpoint": rm.endpoint}
         if rm is not None and rm.endpoint is not None

@@ -302,18 +302,25 @@ def r_len(rollout, cfg):
 # two process terms (at most 2 tau = 1) early in training; gamma = 1 doubles the process weights by
 # the last update, where they catch up with it.
 _SOCIAL_R1 = dict(w_out=2.0, tau_process=0.5, gamma=1.0, **_LENGTH)
+# Table 2's ablations, each term on (1) or off (0): w/o R_struct, w/o R_content, w/o R_len, and
+# only R_out (R_struct and R_content off). A term switched off needs no judge.
+SOCIAL_R1_SWITCHES = dict(use_struct=1.0, use_content=1.0, use_len=1.0)
 
 
 def social_r1_total(rollout: Rollout, cfg: dict, content: Any) -> float | None:
-    """R_total = R_fmt * (w_o R_out + tau (w_struct(t) R_struct + w_content(t) R_content)) * R_len
-    with R_out = c, R_struct = `judged["sip_structure"]` and the given R_content; None when either
-    judge output is missing or outside [0, 1]."""
-    structure = rollout.judged.get("sip_structure")
-    if not (_number_in(structure, 0, 1) and _number_in(content, 0, 1)):
+    """R_total = R_fmt * (w_o R_out + tau (u_s w_struct(t) R_struct + u_c w_content(t) R_content))
+    * R_len^u_l with R_out = c, R_struct = `judged["sip_structure"]`, the given R_content and the
+    switches u = use_struct, use_content, use_len (0 or 1); None when a judge output a switched-on
+    term reads is missing or outside [0, 1]."""
+    terms = [
+        (cfg["use_struct"], rollout.judged.get("sip_structure")),
+        (cfg["use_content"], content),
+    ]
+    if not all(_number_in(value, 0, 1) for on, value in terms if on):
         return None
     w = process_weight(rollout.step, rollout.total_steps, cfg["gamma"])
-    process = cfg["tau_process"] * (w * structure + w * content)
-    length = r_len(rollout, {k: cfg[k] for k in _LENGTH})
+    process = cfg["tau_process"] * sum(w * value for on, value in terms if on)
+    length = r_len(rollout, {k: cfg[k] for k in _LENGTH}) if cfg["use_len"] else 1.0
     return r_fmt(rollout) * (cfg["w_out"] * correctness(rollout) + process) * length
 
 
@@ -326,6 +333,7 @@ def social_r1_total(rollout: Rollout, cfg: dict, content: Any) -> float | None:
         "R_len": computed_by("r_len"),
     },
     **_SOCIAL_R1,
+    **SOCIAL_R1_SWITCHES,
 )
 def social_r1(rollout, cfg):
     """Social-R1's R_total (social_r1_total), with R_content = `judged["sip_content"]`: by default
@@ -335,7 +343,7 @@ def social_r1(rollout, cfg):
     return social_r1_total(rollout, cfg, rollout.judged.get("sip_content"))
 
 
-@reward(**_SOCIAL_R1)
+@reward(**_SOCIAL_R1, **SOCIAL_R1_SWITCHES)
 def social_r1_reference_free(rollout, cfg):
     """Our variant for data without reference analyses, not the paper's: R_total as in social_r1,
     with R_content = `judged["sip_content_free"]`, the same tiered judge rubric applied against the
@@ -582,6 +590,19 @@ REWARD_JUDGES = {
     "care_generator": ("care_chosen_scores", "care_rejected_scores"),
 }
 
+
+def judges_needed(spec: RewardSpec) -> tuple[str, ...]:
+    """The judge outputs a run of `spec` reads: its REWARD_JUDGES, less those of the Social-R1 terms
+    its switches turn off."""
+    params = REWARDS[spec.name].defaults | spec.params if spec.name in REWARDS else {}
+    off = set()
+    if not params.get("use_struct", 1):
+        off.add("sip_structure")
+    if not params.get("use_content", 1):
+        off |= {"sip_content", "sip_content_free"}
+    return tuple(name for name in REWARD_JUDGES.get(spec.name, ()) if name not in off)
+
+
 # The example fields a reward needs beyond the conversation and its labels: meta keys that must hold
 # a non-empty string, with what they are. A reward of your own that reads one adds its line here.
 REWARD_DATA = {
@@ -639,11 +660,11 @@ def check_reward_data(
 ) -> None:
     """Stop a run whose data cannot feed its reward, before training: raises data.DataError, one
     line naming the field and the ids of the examples that lack it (the caller adds the file name).
-    With a content RM (`content_model`), social_r1 needs no reference: the RM scores without one."""
+    With a content RM (`content_model`), or R_content switched off, social_r1 needs no reference."""
     needed = REWARD_DATA.get(spec.name, {})
-    for key, what in (
-        {k: v for k, v in needed.items() if k != "reference"} if content_model else needed
-    ).items():
+    if content_model or CONTENT_JUDGE not in judges_needed(spec):
+        needed = {k: v for k, v in needed.items() if k != "reference"}
+    for key, what in needed.items():
         missing = [e.id for e in examples if not _meta_ok(key, e.meta.get(key))]
         if missing:
             ids = ", ".join(missing[:5]) + (
@@ -692,7 +713,7 @@ def judge_rollouts(
     cfg: judge.JudgeConfig,
     content: judge.JudgeConfig | Callable[[list[Rollout]], list[float | None]] | None = None,
 ) -> dict[str, Any]:
-    """Ask the judges that reward `spec` reads (REWARD_JUDGES) about every rollout, all calls at
+    """Ask the judges that reward `spec` reads (judges_needed) about every rollout, all calls at
     once through `judge.chat_many`, and store each parsed answer in `rollout.judged[name]`: None
     where the judge failed after its retries or answered out of format, so the reward reports
     missing feedback. Returns chat_many's stats (calls, retries, failures, latency, errors) plus
@@ -708,7 +729,7 @@ def judge_rollouts(
     )
     pending, local = [], []
     for rollout in rollouts:
-        for name in REWARD_JUDGES.get(spec.name, ()):
+        for name in judges_needed(spec):
             rollout.judged.pop(name, None)
             if name == CONTENT_JUDGE and callable(content):
                 local.append(rollout)
