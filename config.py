@@ -143,6 +143,8 @@ def _coerce(value, tp, key: str, where):
             try:
                 return _coerce(value, option, key, where)
             except ConfigError:
+                if dataclasses.is_dataclass(option) and isinstance(value, dict):
+                    raise  # the section's own problem, not a mismatch of types
                 continue
         raise ConfigError(f"{where(key)}: '{key}' expects {_type_name(tp)}, got {excerpt(value)}")
     if origin is typing.Literal:
@@ -189,6 +191,33 @@ def _coerce(value, tp, key: str, where):
     raise TypeError(f"config schema: unsupported annotation {tp!r} for '{key}'")
 
 
+@dataclasses.dataclass(frozen=True)
+class Bounds:
+    """The range a numeric setting must lie in: at least `ge` (or above `gt`), at most `le`."""
+
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+
+    def __str__(self) -> str:
+        parts = [f">= {self.ge}" if self.ge is not None else None]
+        parts += [f"> {self.gt}" if self.gt is not None else None]
+        parts += [f"<= {self.le}" if self.le is not None else None]
+        return " and ".join(p for p in parts if p)
+
+    def holds(self, value) -> bool:
+        return not (
+            (self.ge is not None and value < self.ge)
+            or (self.gt is not None and value <= self.gt)
+            or (self.le is not None and value > self.le)
+        )
+
+
+def bounded(default, *, ge=None, gt=None, le=None):
+    """A dataclass field with a default and a range `load_config` checks (None always passes)."""
+    return dataclasses.field(default=default, metadata={"bounds": Bounds(ge, gt, le)})
+
+
 def _build(schema, raw: dict, prefix: str, where):
     hints = typing.get_type_hints(schema)
     fields = {f.name: f for f in dataclasses.fields(schema) if f.init}
@@ -202,6 +231,12 @@ def _build(schema, raw: dict, prefix: str, where):
     for name, field in fields.items():
         if name in raw:
             kwargs[name] = _coerce(raw[name], hints[name], prefix + name, where)
+            bounds = field.metadata.get("bounds")
+            if bounds and kwargs[name] is not None and not bounds.holds(kwargs[name]):
+                raise ConfigError(
+                    f"{where(prefix + name)}: '{prefix}{name}' must be {bounds}, got "
+                    f"{excerpt(kwargs[name])}"
+                )
         elif field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
             raise ConfigError(f"{where(prefix + name)}: missing required key '{prefix}{name}'")
     try:

@@ -52,7 +52,15 @@ import data
 import dataset
 import rewards
 from checkpoint import atomic_folder, resume, save_checkpoint, save_model, trim_log
-from config import ConfigError, MetricsWriter, excerpt, parse_cli, print0, save_resolved_config
+from config import (
+    ConfigError,
+    MetricsWriter,
+    bounded,
+    excerpt,
+    parse_cli,
+    print0,
+    save_resolved_config,
+)
 from distributed import Ranks, all_reduce_sum, gather_json, setup_distributed
 from fsdp import GatheredSampler, is_sharded, pad_batches, shard_model
 from judge import JudgeAuthError, JudgeConfig, JudgeError
@@ -109,10 +117,11 @@ class ModelSettings:
 
 @dataclass
 class RolloutSettings:  # paper A.2: temperature 1, top-p 1, no top-k, repetition penalty 1
-    prompts_per_update: int = 8
-    group_size: int = 8  # K
-    max_new_tokens: int = 4096  # the paper's per-task limits were lost; long enough for its traces
-    temperature: float = 1.0
+    prompts_per_update: int = bounded(8, ge=1)
+    group_size: int = bounded(8, ge=2)  # K
+    # the paper's per-task limits were lost; long enough for its traces
+    max_new_tokens: int = bounded(4096, ge=1)
+    temperature: float = bounded(1.0, gt=0)
     top_p: float = 1.0
     top_k: int = 0
     repetition_penalty: float = 1.0
@@ -136,12 +145,12 @@ class LossSettings:
     clip_low: float = 0.2
     clip_high: float = 0.2
     agg: Literal["seq-mean-token-mean", "token-mean"] = "seq-mean-token-mean"
-    passes: int = 1  # optimizer steps per rollout batch
+    passes: int = bounded(1, ge=1)  # optimizer steps per rollout batch
     # sequences per forward/backward (memory only: the gradient is the same)
-    micro_batch_size: int = 8
+    micro_batch_size: int = bounded(8, ge=1)
     adv_eps: float = 1e-6
     # C of the truncated importance-sampling correction (tis_weights); None: off
-    tis_cap: float | None = None
+    tis_cap: float | None = bounded(None, ge=1)
     # the std A_i divides by: unbiased (1 / (G - 1),
     # TRL's and verl's) or population (1 / G, EmoLLM B.2)
     adv_std: Literal["unbiased", "population"] = "unbiased"
@@ -151,9 +160,9 @@ class LossSettings:
 @dataclass
 class OptimSettings:
     # the peak was lost; a LoRA rate (full fine-tuning rates such as 5e-7 barely move LoRA)
-    lr: float = 1e-5
+    lr: float = bounded(1e-5, ge=0)
     lr_floor: float = 5e-7
-    warmup_updates: int = 19
+    warmup_updates: int = bounded(19, ge=0)
     hold_until: int = 506
     weight_decay: float = 0.01
     betas: tuple[float, float] = (0.9, 0.99)
@@ -165,7 +174,7 @@ class GRPOConfig:
     output_dir: str
     train_data: list[str]  # JSONL files of examples (data.py's schema)
     model: ModelSettings
-    updates: int = 723
+    updates: int = bounded(723, ge=1)
     reward: rewards.RewardSpec = field(default_factory=rewards.RewardSpec)
     judge: JudgeConfig = field(default_factory=JudgeConfig)
     curriculum: dataset.CurriculumConfig = field(default_factory=dataset.CurriculumConfig)
@@ -179,8 +188,9 @@ class GRPOConfig:
     dialogue: DialogueSettings | None = None  # set: dialogue RL, train_data holds scenario seeds
     # social_r1: R_content from a trained RM
     content_model: rewards.ContentModelSettings | None = None
-    save_every: int = 50  # updates between checkpoints (one is always written at the end)
-    keep_checkpoints: int = 2
+    # updates between checkpoints (one is always written at the end)
+    save_every: int = bounded(50, ge=1)
+    keep_checkpoints: int = bounded(2, ge=1)
     # auto: continue from the newest checkpoint in output_dir
     resume: Literal["auto", "none"] = "auto"
     save_merged: bool = False  # also write the merged full checkpoint to output_dir/merged
@@ -741,36 +751,6 @@ def check_inputs(cfg: GRPOConfig, config_path: str) -> list:
     if rm is not None and rewards.CONTENT_JUDGE not in rewards.judges_needed(cfg.reward):
         raise bad("content_model", "R_content is switched off (reward.params.use_content: 0)")
     rollout = cfg.rollout
-    loss = cfg.loss
-    for key, value, low in (
-        ("rollout.group_size", rollout.group_size, 2),
-        ("updates", cfg.updates, 1),
-        ("rollout.prompts_per_update", rollout.prompts_per_update, 1),
-        ("rollout.max_new_tokens", rollout.max_new_tokens, 1),
-        ("loss.passes", loss.passes, 1),
-        ("loss.micro_batch_size", loss.micro_batch_size, 1),
-        ("save_every", cfg.save_every, 1),
-        ("keep_checkpoints", cfg.keep_checkpoints, 1),
-        *(
-            (
-                ("dialogue.max_turns", dialogue_cfg.max_turns, 1),
-                ("dialogue.lookahead", dialogue_cfg.lookahead, 1),
-            )
-            if dialogue_cfg
-            else ()
-        ),
-    ):
-        if value < low:
-            raise bad(key, f"must be at least {low}, got {value}")
-    if not rollout.temperature > 0:
-        raise bad(
-            "rollout.temperature",
-            f"must be > 0 (log-probabilities are taken at it), got {rollout.temperature}",
-        )
-    if loss.tis_cap is not None and not loss.tis_cap >= 1:
-        raise bad(
-            "loss.tis_cap", f"must be at least 1 (or null: no correction), got {loss.tis_cap}"
-        )
     if rollout.engine == "vllm" and dialogue_cfg:
         raise bad(
             "rollout.engine", "vllm samples single-turn prompts; dialogue runs sample with 'local'"

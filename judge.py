@@ -42,6 +42,7 @@ import requests
 import urllib3
 from requests.adapters import HTTPAdapter
 
+from config import bounded
 from data import (
     EVIDENCE_CLOSE,
     EVIDENCE_OPEN,
@@ -68,15 +69,17 @@ class JudgeConfig:
     model: str = "judge"
     # name of the environment variable holding the key; never the key
     api_key_env: str | None = None
-    timeout: float = 120.0  # seconds to connect, to wait for bytes, and to receive the whole answer
-    retries: int = 4  # retries after the first attempt
+    # seconds to connect, to wait for bytes, and to receive the whole answer
+    timeout: float = bounded(120.0, gt=0)
+    retries: int = bounded(4, ge=0)  # retries after the first attempt
     # the first retry waits about this long, then the wait doubles (with jitter)
-    backoff: float = 1.0
-    max_wait: float = 60.0  # longest single wait; a Retry-After asking for more fails the request
-    concurrency: int = 32  # requests in flight at once in `chat_many`
-    temperature: float = 0.3
-    top_p: float = 0.95
-    top_k: int = 20
+    backoff: float = bounded(1.0, ge=0)
+    # longest single wait; a Retry-After asking for more fails the request
+    max_wait: float = bounded(60.0, ge=0)
+    concurrency: int = bounded(32, ge=1)  # requests in flight at once in `chat_many`
+    temperature: float = bounded(0.3, ge=0)
+    top_p: float = bounded(0.95, gt=0, le=1)
+    top_k: int = bounded(20, ge=0)
     enable_thinking: bool = False  # sent as chat_template_kwargs (vLLM, SGLang)
     iu_max_tokens_base: int = 128
     iu_max_tokens_per_block: int = 120

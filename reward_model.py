@@ -59,6 +59,7 @@ from config import (
     ConfigError,
     MetricsWriter,
     atomic_write_text,
+    bounded,
     parse_cli,
     print0,
     save_resolved_config,
@@ -620,24 +621,27 @@ class RMConfig:
     model: str  # base checkpoint (the paper: Qwen3-4B-Instruct-2507)
     pairs: str  # the pair file (`pairs` writes it)
     heldout: str | None = None  # a held-out pair file; default: `heldout_fraction` of the contexts
-    heldout_fraction: float = 0.1  # ours (the paper holds out 2K pairs built from test instances)
+    # ours (the paper holds out 2K pairs built from test instances)
+    heldout_fraction: float = bounded(0.1, gt=0, le=0.5)
     output_dir: str = "runs/rm"
-    epochs: int = 2  # Appendix D
-    lr: float = 5e-5  # ours: a common LoRA reward-model peak LR
+    epochs: int = bounded(2, ge=1)  # Appendix D
+    lr: float = bounded(5e-5, ge=0)  # ours: a common LoRA reward-model peak LR
     # ours: the freshly initialized head learns at 10x the LoRA LR, no weight decay
-    head_lr_scale: float = 10.0
-    weight_decay: float = 0.01  # ours, as the project's other trainers
+    head_lr_scale: float = bounded(10.0, gt=0)
+    weight_decay: float = bounded(0.01, ge=0)  # ours, as the project's other trainers
     betas: tuple[float, float] = (0.9, 0.999)
-    warmup_fraction: float = 0.03  # ours; then linear decay to 0 (train.linear_warmup_decay)
-    batch_size: int = 4  # pairs per device per micro-batch (ours)
-    grad_accum: int = 2  # ours: 4 ranks x 4 x 2 = 32 pairs per update on the paper's four GPUs
-    max_length: int = 4096  # ours: context + segment tokens
-    max_grad_norm: float = 1.0
+    # ours; then linear decay to 0 (train.linear_warmup_decay)
+    warmup_fraction: float = bounded(0.03, ge=0, le=1)
+    batch_size: int = bounded(4, ge=1)  # pairs per device per micro-batch (ours)
+    # ours: 4 ranks x 4 x 2 = 32 pairs per update on the paper's four GPUs
+    grad_accum: int = bounded(2, ge=1)
+    max_length: int = bounded(4096, ge=1)  # ours: context + segment tokens
+    max_grad_norm: float = bounded(1.0, gt=0)
     # also report held-out accuracy every this many updates (0: at epoch ends only)
-    eval_every: int = 0
+    eval_every: int = bounded(0, ge=0)
     # updates between checkpoints (also at each epoch end and on a stop request), as sft.py
-    save_every: int = 200
-    keep_checkpoints: int | None = 2
+    save_every: int = bounded(200, ge=1)
+    keep_checkpoints: int | None = bounded(2, ge=1)
     # auto: continue from the newest complete checkpoint (exact resume)
     resume: Literal["auto", "none"] = "auto"
     seed: int = 42

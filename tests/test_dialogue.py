@@ -976,7 +976,7 @@ def test_bad_dialogue_inputs_are_one_line(base, tmp_path, capsys):
             "'dialogue': rewards emollm, emollm_turn, care train on role-played dialogues",
         ),
         ([f"train_data=[{bad}]"], f"{bad}:2: field 'initial_prompt': missing"),
-        (["dialogue.lookahead=0"], "'dialogue.lookahead': must be at least 1"),
+        (["dialogue.lookahead=0"], "'dialogue.lookahead' must be >= 1, got 0"),
     ]
     for overrides, message in cases:
         with pytest.raises(SystemExit) as stop:

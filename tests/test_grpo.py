@@ -798,7 +798,7 @@ def test_bad_inputs_stop_before_any_model_loads(tmp_path, assets, monkeypatch, c
             {"reward.params": {"lambda": 1.0}},
             "'reward.params.lambda': not a setting of reward 'clue'",
         ),
-        ({"rollout.group_size": 1}, "'rollout.group_size': must be at least 2"),
+        ({"rollout.group_size": 1}, "'rollout.group_size' must be >= 2, got 1"),
         ({"loss.agg": "sum"}, "'loss.agg' must be one of"),
         (
             {"reward.name": "social_r1"},
