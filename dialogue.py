@@ -525,7 +525,7 @@ def judge_groups(
     elif spec.name == "care":
         scores = []
         for state, replies in groups:
-            rubric = state.judged["care_rubric"]
+            rubric = with_criteria(state.judged["care_rubric"], settings.fixed_criteria)
             for r in replies:
                 r.judged |= {"care_rubric": rubric, "care_scores": None}
                 if rubric is not None:
@@ -540,6 +540,14 @@ def judge_groups(
                     )
         add_stats(stats, ask_into(scores, cfg))
     return stats
+
+
+def with_criteria(rubric: dict | None, criteria: dict[str, list[str]] | None) -> dict | None:
+    """A generated rubric with each dimension's criteria replaced by `criteria`'s (its weights
+    kept); the rubric itself without `criteria` or a rubric."""
+    if rubric is None or criteria is None:
+        return rubric
+    return {name: dimension | {"criteria": criteria[name]} for name, dimension in rubric.items()}
 
 
 def ask_into(asks: list[tuple[dict, str, JudgeCall, Callable]], cfg: JudgeConfig) -> dict:

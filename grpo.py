@@ -63,7 +63,7 @@ from config import (
 )
 from distributed import Ranks, all_reduce_sum, gather_json, setup_distributed
 from fsdp import GatheredSampler, is_sharded, pad_batches, shard_model
-from judge import JudgeAuthError, JudgeConfig, JudgeError
+from judge import CARE_DIMENSIONS, JudgeAuthError, JudgeConfig, JudgeError, care_rubric
 from model import (
     CheckpointError,
     Qwen,
@@ -731,7 +731,7 @@ def check_inputs(cfg: GRPOConfig, config_path: str) -> list:
             f"reward.params.{unknown[0]}",
             f"not a setting of reward {excerpt(cfg.reward.name)} (known: {known})",
         )
-    for key in set(rewards.SOCIAL_R1_SWITCHES) & set(cfg.reward.params):
+    for key in set(rewards.SWITCHES) & set(cfg.reward.params):
         if cfg.reward.params[key] not in (0, 1):
             raise bad(
                 f"reward.params.{key}", f"a switch: 0 (off) or 1 (on), got {cfg.reward.params[key]}"
@@ -750,6 +750,16 @@ def check_inputs(cfg: GRPOConfig, config_path: str) -> list:
         )
     if rm is not None and rewards.CONTENT_JUDGE not in rewards.judges_needed(cfg.reward):
         raise bad("content_model", "R_content is switched off (reward.params.use_content: 0)")
+    fixed = dialogue_cfg.fixed_criteria if dialogue_cfg else None
+    if fixed is not None and (
+        cfg.reward.name != "care"
+        or care_rubric({d: {"weight": 1 / 3, "criteria": fixed.get(d)} for d in fixed}) is None
+    ):
+        raise bad(
+            "dialogue.fixed_criteria",
+            f"reward care only, with 2-4 distinct criteria for each of "
+            f"{', '.join(CARE_DIMENSIONS)}",
+        )
     rollout = cfg.rollout
     if rollout.engine == "vllm" and dialogue_cfg:
         raise bad(

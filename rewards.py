@@ -305,6 +305,8 @@ _SOCIAL_R1 = dict(w_out=2.0, tau_process=0.5, gamma=1.0, **_LENGTH)
 # Table 2's ablations, each term on (1) or off (0): w/o R_struct, w/o R_content, w/o R_len, and
 # only R_out (R_struct and R_content off). A term switched off needs no judge.
 SOCIAL_R1_SWITCHES = dict(use_struct=1.0, use_content=1.0, use_len=1.0)
+# the reward settings that are switches, 0 (off) or 1 (on): Social-R1's and CARE's ablations
+SWITCHES = (*SOCIAL_R1_SWITCHES, "uniform_weights")
 
 
 def social_r1_total(rollout: Rollout, cfg: dict, content: Any) -> float | None:
@@ -449,9 +451,10 @@ def emollm(rollout, cfg):
 # ----------------------------------------------------------------------------- CARE
 
 
-def care_score(rubric: Any, scores: Any) -> float | None:
-    """sum_d w_d * mean(scores of d) / 5 over the three dimensions; None for a rubric that
-    judge.care_rubric rejects or scores that are not one integer 0-5 per criterion."""
+def care_score(rubric: Any, scores: Any, uniform: bool = False) -> float | None:
+    """sum_d w_d * mean(scores of d) / 5 over the three dimensions, w_d the rubric's or, `uniform`
+    (Table 3's ablation), 1/3 each; None for a rubric that judge.care_rubric rejects or scores that
+    are not one integer 0-5 per criterion."""
     rubric = judge.care_rubric(rubric)
     if rubric is None or not isinstance(scores, dict) or set(scores) != set(judge.CARE_DIMENSIONS):
         return None
@@ -462,15 +465,20 @@ def care_score(rubric: Any, scores: Any) -> float | None:
             return None
         if not all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s <= 5 for s in given):
             return None
-        total += dimension["weight"] * sum(given) / len(given) / 5
+        weight = 1 / len(rubric) if uniform else dimension["weight"]
+        total += weight * sum(given) / len(given) / 5
     return total
 
 
-@reward()
+@reward(uniform_weights=0.0)
 def care(rollout, cfg):
     """The CARE rubric reward from `judged["care_rubric"]` (one rubric shared by the GRPO group) and
-    `judged["care_scores"]`."""
-    return care_score(rollout.judged.get("care_rubric"), rollout.judged.get("care_scores"))
+    `judged["care_scores"]`; `uniform_weights` 1 (a switch, Table 3) drops the rubric's weights."""
+    return care_score(
+        rollout.judged.get("care_rubric"),
+        rollout.judged.get("care_scores"),
+        bool(cfg["uniform_weights"]),
+    )
 
 
 # -------------------------------------------------------------------- CARE's rubric generator (3.3)

@@ -119,6 +119,9 @@ class DialogueSettings:
     # the user simulator's endpoint and sampling (None: the judge's)
     simulator: JudgeConfig | None = None
     rubric_judge: JudgeConfig | None = None  # CARE's rubric generator (None: the judge's)
+    # CARE's fixed-criteria ablation (Table 3): these 2-4 criteria per dimension replace every
+    # generated rubric's, its weights kept (None: the generated criteria)
+    fixed_criteria: dict[str, list[str]] | None = None
     # EmoLLM's reverse-perspective predictor T (B.1; None: the judge's)
     predictor: JudgeConfig | None = None
     # the prompt the policy samples under, cut at turn boundaries (None: whole)

@@ -12,9 +12,9 @@ from helpers import read_jsonl
 import data
 import dataset
 import grpo
-from judge import SIP_STAGES
-from judge_server import JudgeServer
-from rewards import Rollout, social_r1
+from judge import CARE_RUBRIC_SYSTEM, CARE_SCORES_SYSTEM, SIP_STAGES
+from judge_server import JudgeServer, rules_backend
+from rewards import Rollout, care, social_r1
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIGS = REPO / "configs"
@@ -33,6 +33,16 @@ SOCIAL_R1_ROWS = {
     },
     "social_r1_qwen3_8b_no_len.yaml": {"reward.params.use_len": 0},
 }
+# CARE Table 3: the row's config and the keys it changes in configs/care_qwen2_5_7b.yaml
+CARE_ROWS = {
+    "care_qwen2_5_7b_uniform_weights.yaml": {"reward.params.uniform_weights"},
+    "care_qwen2_5_7b_fixed_criteria.yaml": {
+        f"dialogue.fixed_criteria.{d}" for d in ("cognitive", "affective", "proactive")
+    },
+    "care_qwen2_5_7b_sft_generator.yaml": {
+        "dialogue.rubric_judge.model",
+    },
+}
 
 
 def flat(node, prefix=""):
@@ -46,9 +56,13 @@ def read(name):
     return flat(yaml.safe_load((CONFIGS / name).read_text(encoding="utf-8")))
 
 
-@pytest.mark.parametrize("name, changes", SOCIAL_R1_ROWS.items())
-def test_an_ablation_config_changes_only_its_keys(name, changes):
-    base, row = read("social_r1_qwen3_8b.yaml"), read(name)
+@pytest.mark.parametrize(
+    "base_name, name, changes",
+    [("social_r1_qwen3_8b.yaml", n, c) for n, c in SOCIAL_R1_ROWS.items()]
+    + [("care_qwen2_5_7b.yaml", n, dict.fromkeys(c)) for n, c in CARE_ROWS.items()],
+)
+def test_an_ablation_config_changes_only_its_keys(base_name, name, changes):
+    base, row = read(base_name), read(name)
     differ = {
         k
         for k in base.keys() | row.keys()
@@ -57,7 +71,7 @@ def test_an_ablation_config_changes_only_its_keys(name, changes):
     # a null content_model replaces the base's content_model.* leaves
     nulled = {k for k in base if k.startswith("content_model.") and "content_model" in changes}
     assert differ == set(changes) | nulled
-    assert all(row[k] == v for k, v in changes.items())
+    assert all(v is None or row[k] == v for k, v in changes.items())
     assert row["output_dir"] == f"runs/{name.removesuffix('.yaml')}"
 
 
@@ -169,3 +183,87 @@ def test_a_switch_is_0_or_1(tmp_path, assets, capsys):
     assert (
         "'reward.params.use_len': a switch: 0 (off) or 1 (on), got 0.5" in capsys.readouterr().err
     )
+
+
+def test_uniform_weights_drop_the_rubric_weights():
+    rubric = {
+        "cognitive": {"weight": 0.5, "criteria": ["c1", "c2"]},
+        "affective": {"weight": 0.3, "criteria": ["a1", "a2"]},
+        "proactive": {"weight": 0.2, "criteria": ["p1", "p2"]},
+    }
+    scores = {"cognitive": [5, 3], "affective": [4, 4], "proactive": [2, 2]}
+    r = Rollout(tom_example(), "", "", [], None, 0, 0)
+    r.judged = {"care_rubric": rubric, "care_scores": scores}
+    params = yaml.safe_load((CONFIGS / "care_qwen2_5_7b_uniform_weights.yaml").read_text())
+    # 0.5 x 4/5 + 0.3 x 4/5 + 0.2 x 2/5, then each dimension at 1/3
+    assert care(r) == pytest.approx(0.72, rel=1e-12)
+    assert care(r, params["reward"]["params"]) == pytest.approx((0.8 + 0.8 + 0.4) / 3, rel=1e-12)
+
+
+class CareRecorder:
+    """The rules backend, each request's (system prompt, user message, model) kept."""
+
+    def __init__(self):
+        self.requests = []
+
+    def __call__(self, messages, params):
+        self.requests.append((messages[0]["content"], messages[-1]["content"], params["model"]))
+        return rules_backend(messages, params)
+
+
+@pytest.mark.parametrize("name", ["care_qwen2_5_7b.yaml", *CARE_ROWS])
+def test_a_table_3_row_runs(tmp_path, assets, name):
+    base, _ = assets
+    recorder = CareRecorder()
+    with JudgeServer(recorder).start() as server:
+        urls = [
+            f"{k}.base_url={server.url}"
+            for k in ("judge", "dialogue.rubric_judge", "dialogue.simulator")
+        ]
+        grpo.main(
+            [
+                str(CONFIGS / name),
+                f"output_dir={tmp_path / 'run'}",
+                f"train_data=[{REPO / 'configs' / 'dialogue_demo_scenarios.jsonl'}]",
+                f"model.path={base}",
+                "model.dtype=float32",
+                "model.device=cpu",
+                "model.gradient_checkpointing=false",
+                "updates=1",  # full-parameter, as the paper (one process: FSDP2 over one rank)
+                "dialogue.max_turns=1",
+                "rollout.prompts_per_update=1",
+                "rollout.group_size=2",
+                "rollout.max_new_tokens=4",
+                "loss.micro_batch_size=4",
+                *urls,
+            ]
+        )
+    (record,) = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert record["step"] == 1
+    cfg = yaml.safe_load((CONFIGS / name).read_text())["dialogue"]
+    writers = {m for system, _, m in recorder.requests if system == CARE_RUBRIC_SYSTEM}
+    assert writers == {cfg["rubric_judge"]["model"]}
+    scored = [user for system, user, _ in recorder.requests if system == CARE_SCORES_SYSTEM]
+    assert len(scored) == 2  # both replies, under their state's rubric
+    # the fixed row's criteria are in every scoring prompt of that row, and in no other row's
+    fixed_row = yaml.safe_load((CONFIGS / "care_qwen2_5_7b_fixed_criteria.yaml").read_text())
+    ours = [c for criteria in fixed_row["dialogue"]["fixed_criteria"].values() for c in criteria]
+    assert all((c in user) == ("fixed_criteria" in cfg) for c in ours for user in scored)
+
+
+def test_care_trains_every_weight_of_the_policy_and_the_generator():
+    import sft
+    from config import load_config
+
+    policy = load_config(CONFIGS / "care_qwen2_5_7b.yaml", [], grpo.GRPOConfig)
+    assert (policy.finetune, policy.lora, policy.optim.lr, policy.optim.lr_floor) == (
+        "full",
+        None,
+        2e-6,
+        2e-6,
+    )
+    generator_rl = load_config(CONFIGS / "care_generator_qwen3_8b.yaml", [], grpo.GRPOConfig)
+    generator_sft = load_config(CONFIGS / "care_generator_sft_qwen3_8b.yaml", [], sft.SFTConfig)
+    assert generator_rl.finetune == generator_sft.finetune == "full"
+    # the RL stage starts from the SFT stage's whole model
+    assert generator_rl.model.path == f"{generator_sft.output_dir}/best"
