@@ -745,6 +745,12 @@ def well_formed(completion: str) -> bool:
     )
 
 
+def label_completion(labels: list[str]) -> str:
+    """A completion that is the answer alone, no reasoning: `</think>`, then the `Answer:` line
+    (CLUE's Label SFT baseline trains on these)."""
+    return f"{THINK_END}\nAnswer: {', '.join(labels)}"
+
+
 def parse_answer(completion: str, task: str | Example) -> list[str] | None:
     """The predicted labels, in canonical spelling, from the last `Answer: <label>[, <label>...]`
     line after the final `</think>`; labels match case-insensitively. `task` is the task's name, or

@@ -4,6 +4,7 @@ file report. The task contract (the registry, prompts, rendering, the completion
 data.py's.
 
     python dataset.py stats FILE [--tokenizer PATH]
+    python dataset.py label-sft FILE OUT    # CLUE's Label SFT rows: each example, its answer alone
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from data import (
     build_prompt,
     count_tokens,
     get_task,
+    label_completion,
     reject_json_constant,
     visible_turns,
 )
@@ -343,6 +345,13 @@ def curriculum(examples: list[Example], cfg: CurriculumConfig) -> list[Segment]:
     return [Segment("full", full), Segment("mixed", mixed)]
 
 
+def write_label_rows(examples: list[Example], path) -> None:
+    """sft.py rows for CLUE's Label SFT baseline: each example with the completion
+    `label_completion(its labels)`, no reasoning, written atomically."""
+    rows = [example_to_json(e) | {"completion": label_completion(e.labels)} for e in examples]
+    atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+
+
 # ----------------------------------------------------------------------------- stats
 
 
@@ -386,8 +395,16 @@ def main(argv=None) -> None:
     show = commands.add_parser("stats", help="counts per task and label, turns, prompt lengths")
     show.add_argument("file")
     show.add_argument("--tokenizer", help="tokenizer.json, or the model folder holding it")
+    labels = commands.add_parser("label-sft", help="CLUE's Label SFT rows (sft.py's data)")
+    labels.add_argument("file")
+    labels.add_argument("out")
     args = parser.parse_args(argv)
     try:
+        if args.command == "label-sft":
+            examples = load_jsonl(args.file)
+            write_label_rows(examples, args.out)
+            print(f"label-sft: {len(examples)} rows -> {args.out}")
+            return
         tokenizer = None
         if args.tokenizer:
             from tokenizers import Tokenizer

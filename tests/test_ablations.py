@@ -7,11 +7,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import read_jsonl
+from helpers import conversation, read_jsonl, sft_checkpoint
 
 import data
 import dataset
 import grpo
+import sft
+from config import load_config
 from judge import CARE_RUBRIC_SYSTEM, CARE_SCORES_SYSTEM, SIP_STAGES
 from judge_server import JudgeServer, rules_backend
 from rewards import Rollout, care, social_r1
@@ -252,9 +254,6 @@ def test_a_table_3_row_runs(tmp_path, assets, name):
 
 
 def test_care_trains_every_weight_of_the_policy_and_the_generator():
-    import sft
-    from config import load_config
-
     policy = load_config(CONFIGS / "care_qwen2_5_7b.yaml", [], grpo.GRPOConfig)
     assert (policy.finetune, policy.lora, policy.optim.lr, policy.optim.lr_floor) == (
         "full",
@@ -267,3 +266,53 @@ def test_care_trains_every_weight_of_the_policy_and_the_generator():
     assert generator_rl.finetune == generator_sft.finetune == "full"
     # the RL stage starts from the SFT stage's whole model
     assert generator_rl.model.path == f"{generator_sft.output_dir}/best"
+
+
+def test_the_label_sft_config_changes_only_its_data():
+    base, row = read("sft_example.yaml"), read("clue_label_sft.yaml")
+    assert {
+        k for k in base.keys() | row.keys() if base.get(k, KeyError) != row.get(k, KeyError)
+    } == {
+        "data",
+        "output_dir",
+    }
+
+
+def test_label_sft_rows_are_the_answer_alone_and_train(tmp_path):
+    base = sft_checkpoint(tmp_path / "base")
+    gold, rows = tmp_path / "gold.jsonl", tmp_path / "label_sft.jsonl"
+    labels = ["sadness", "joy", "sadness", "anger"]
+    dataset.save_jsonl(
+        [
+            data.Example(f"ex-{i}", "meld_emotion", conversation(i), 3, [label])
+            for i, label in enumerate(labels)
+        ],
+        gold,
+    )
+    dataset.main(["label-sft", str(gold), str(rows)])
+    loaded = sft.load_rows(rows)
+    assert [r.completion for r in loaded] == [f"</think>\nAnswer: {x}" for x in labels]
+    cfg = sft.parse_cli(
+        sft.SFTConfig,
+        [
+            str(CONFIGS / "clue_label_sft.yaml"),
+            f"model={base}",
+            f"data={rows}",
+            f"output_dir={tmp_path / 'run'}",
+            "dtype=float32",
+            "device=cpu",
+            "gradient_checkpointing=false",
+            "lora.rank=4",
+            "lora.alpha=8",
+            "epochs=1",
+            "grad_accum=1",
+            "selection.per_task=1",
+            "selection.max_new_tokens=4",
+        ],
+    )
+    ids, weights = sft.encode_row(sft.load_tokenizer(str(base)), loaded[0], cfg)
+    # </think> Answer : sadness <|im_end|>: the label 0.15, the four others 0.85 / 4 each
+    assert [w for w in weights if w] == pytest.approx([0.2125, 0.2125, 0.2125, 0.15, 0.2125])
+    run = sft.train(cfg)
+    assert [m["step"] for m in read_jsonl(run / "metrics.jsonl") if "loss" in m] == [1, 2, 3]
+    assert (run / "best" / "adapter_model.safetensors").is_file()
