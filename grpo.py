@@ -137,6 +137,9 @@ class FilterSettings:
     enabled: bool = True
     resamples: int = 3
     replacements: int = 2  # each replacement prompt is sampled once
+    # filtering off: mask a group of all-equal rewards (out of the loss and its normalizer), or keep
+    # it, its advantages 0, its tokens in the normalizer and their KL term in the loss (verl's GRPO)
+    mask_equal: bool = True
 
 
 @dataclass
@@ -381,10 +384,12 @@ def filter_decision(
     """Step 3's rule for one scored group: "keep", "resample", "replace" (its prompt) or "mask" (out
     of the loss). With filtering on (CLUE), a group whose rewards hold a None or are all equal is
     resampled while resampling attempts remain, then replaced while replacements remain, then
-    masked. With filtering off such a group is masked at once: out of the loss and its normalizer in
-    both arms of the Accuracy-Only ablation, so the same informative groups get the same gradient in
-    both (kept in, all-equal groups made Accuracy-Only's step smaller)."""
-    if None not in group_rewards and len(set(group_rewards)) > 1:
+    masked. With filtering off such a group is masked at once (a None always; all-equal rewards with
+    `mask_equal`, as both arms of CLUE's Accuracy-Only ablation do, so the same informative groups
+    get the same gradient in both) or, all-equal without `mask_equal`, kept as verl keeps it."""
+    if None not in group_rewards and (
+        len(set(group_rewards)) > 1 or not (filtering.enabled or filtering.mask_equal)
+    ):
         return "keep"
     if not filtering.enabled:
         return "mask"

@@ -365,6 +365,46 @@ def test_filter_decision_by_hand(rewards_, resamples, replacements, enabled, exp
     assert grpo.filter_decision(rewards_, resamples, replacements, settings) == expected
 
 
+def test_without_mask_equal_an_all_equal_group_stays_in_the_normalizer(assets):
+    # verl's plain GRPO (Social-R1's configs): filtering off, mask_equal false
+    keep = grpo.FilterSettings(enabled=False, mask_equal=False)
+    assert grpo.filter_decision([0.5, 0.5], 0, 0, keep) == "keep"
+    assert grpo.filter_decision([1.0, None], 0, 0, keep) == "mask"
+    assert grpo.filter_decision([0.5, 0.5], 0, 0, grpo.FilterSettings(enabled=True)) == "resample"
+    cfg, policy = tiny_policy(assets[0])
+    cfg.loss.agg, cfg.loss.beta = "token-mean", 0.04
+    ranks = D.Ranks(0, 1, torch.device("cpu"))
+    groups = fixed_groups()
+    groups[1].rewards = [1.0, 1.0, 1.0]
+    equal_tokens = sum(len(s.completion) for member in groups[1].samples for s in member)
+    all_tokens = sum(len(s.completion) for g in groups for member in g.samples for s in member)
+    results = {}
+    for mask_equal in (True, False):
+        cfg.filtering = grpo.FilterSettings(enabled=False, mask_equal=mask_equal)
+        for g in groups:
+            g.masked = grpo.filter_decision(g.rewards, 0, 0, cfg.filtering) == "mask"
+        results[mask_equal] = gradients(cfg, policy, groups, ranks, 4)
+    for i, g in enumerate(groups):  # the equal group alone: its KL term (the adapter is not 0)
+        g.masked = i != 1
+    (masked, masked_grads), (kept, kept_grads) = results[True], results[False]
+    alone, alone_grads = gradients(cfg, policy, groups, ranks, 4)
+    n_equal, n_rest = equal_tokens, all_tokens - equal_tokens
+    assert (masked["tokens"], kept["tokens"], alone["tokens"]) == (n_rest, all_tokens, n_equal)
+    assert alone["kl"] > 0 and kept["kl"] == pytest.approx(masked["kl"] + alone["kl"], rel=1e-5)
+    # the token mean over all tokens: (n_rest x the others' mean + n_equal x its KL mean) / n_all
+    for a, b, c in zip(kept_grads, masked_grads, alone_grads):
+        expected = (n_rest * b + n_equal * c) / all_tokens
+        assert (a - expected).norm() <= 1e-5 * expected.norm() + 1e-9
+
+
+def test_every_filter_off_config_says_whether_it_masks_equal_groups():
+    for path in sorted((REPO / "configs").glob("*.yaml")):
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        filtering = raw.get("filtering") if isinstance(raw, dict) else None
+        if filtering and filtering.get("enabled") is False:
+            assert filtering["mask_equal"] is (not path.name.startswith("social_r1")), path.name
+
+
 def test_group_filtering_resamples_replaces_and_masks(monkeypatch):
     script = {
         "p0": [(1.0, 1.0), (0.0, 1.0), (1.0, 1.0)],  # identical, recovered by the first resample
