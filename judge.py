@@ -46,7 +46,9 @@ from config import bounded
 from data import (
     EVIDENCE_CLOSE,
     EVIDENCE_OPEN,
+    THINK_END,
     Example,
+    parse_answer,
     reject_json_constant,
     render_conversation,
     render_target,
@@ -754,6 +756,61 @@ Interpretation: <short assessment> | YES or NO
 Goal: <short assessment> | YES or NO
 Response: <short assessment> | YES or NO
 Do not use the character | inside an assessment."""
+
+# The one prompt that writes an instance's reference SIP analysis (`meta.reference`, R_content's
+# yardstick, prepare_references.py; the S tier of the RM's pairs, reward_model.py): the paper drew
+# its references from a strong model; it is shown the gold option and must reach it.
+SIP_REFERENCE_SYSTEM = f"""You write the reference analysis of a multiple-choice question about a \
+story: a worked model of social reasoning that later answers will be compared with. Reason through \
+the four stages of Social Information Processing, in order, each grounded in the story alone:
+- Encoding: the cues that matter (who did, said, saw or was told what, and when);
+- Interpretation: what those cues mean for each person's beliefs, knowledge, feelings and \
+intentions;
+- Goal: what the people involved want from the situation and from one another;
+- Response: how the correct option follows from the stages before it, and why the nearest other \
+option does not.
+
+You receive <task> (the question and its options), <conversation> (the story) and <labels> (the \
+correct option). {DATA_NOTICE} Do not mention that you were told the correct option.
+
+Output exactly five lines and nothing else:
+Encoding: <one paragraph>
+Interpretation: <one paragraph>
+Goal: <one paragraph>
+Response: <one paragraph>
+Answer: <the correct option's letter>"""
+
+
+def sip_reference_request(example: Example) -> JudgeCall:
+    """The teacher call that writes `example`'s reference SIP analysis, toward its gold option."""
+    return JudgeCall(
+        chat_messages(
+            SIP_REFERENCE_SYSTEM,
+            section("task", task_brief(example)),
+            section("conversation", render_conversation(example)),
+            section("labels", ", ".join(example.labels)),
+        ),
+        1024,
+    )
+
+
+def parse_sip_reference(text: str, example: Example) -> str | None:
+    """The reference analysis (the four stage lines and the answer line, stripped), or None unless
+    the answer is exactly one non-empty line per SIP stage, in order, then `Answer: <the gold
+    option>`."""
+    lines = [line.strip() for line in text.strip().splitlines()]
+    heads = [*SIP_STAGES, "Answer"]
+    if len(lines) != len(heads) or not all(
+        line.startswith(f"{head}:") and line[len(head) + 1 :].strip()
+        for line, head in zip(lines, heads)
+    ):
+        return None
+    return (
+        "\n".join(lines)
+        if parse_answer(f"{THINK_END}\n{lines[-1]}", example) == example.labels
+        else None
+    )
+
 
 # R_content's instructions, with the paper's yardstick (a reference SIP
 # analysis) or, for data without one, ours: the conversation itself.

@@ -1,7 +1,7 @@
 """Social-R1's reference SIP analyses: the yardstick the prompted R_content judge scores a rollout
 against (rewards.py's social_r1 reads it from `meta.reference`). A teacher writes one per gold
 example, shown the gold option and bound to reach it; the examples whose reference passes
-`parse_sip_reference` are written for grpo.py.
+`judge.parse_sip_reference` are written for grpo.py.
 
     python prepare_references.py config.yaml [key=value ...]   # examples -> teacher -> out
                                                                  (grpo.py's train_data)
@@ -23,60 +23,6 @@ import judge
 from config import ConfigError, parse_cli, print0
 from teacher import ask_journaled, load_journal, raw_text, refuse_shrinking, request_key
 
-# The teacher that writes an example's reference SIP analysis
-# (`meta.reference`, R_content's yardstick): the paper drew its references
-# from a strong model; it is shown the gold option and must reach it.
-SIP_REFERENCE_SYSTEM = f"""You write the reference analysis of a multiple-choice question about a \
-story: a worked model of social reasoning that later answers will be compared with. Reason through \
-the four stages of Social Information Processing, in order, each grounded in the story alone:
-- Encoding: the cues that matter (who did, said, saw or was told what, and when);
-- Interpretation: what those cues mean for each person's beliefs, knowledge, feelings and \
-intentions;
-- Goal: what the people involved want from the situation and from one another;
-- Response: how the correct option follows from the stages before it, and why the nearest other \
-option does not.
-
-You receive <task> (the question and its options), <conversation> (the story) and <labels> (the \
-correct option). {judge.DATA_NOTICE} Do not mention that you were told the correct option.
-
-Output exactly five lines and nothing else:
-Encoding: <one paragraph>
-Interpretation: <one paragraph>
-Goal: <one paragraph>
-Response: <one paragraph>
-Answer: <the correct option's letter>"""
-
-
-def sip_reference_request(example: data.Example) -> judge.JudgeCall:
-    """The teacher call that writes `example`'s reference SIP analysis, toward its gold option."""
-    return judge.JudgeCall(
-        judge.chat_messages(
-            SIP_REFERENCE_SYSTEM,
-            judge.section("task", data.task_brief(example)),
-            judge.section("conversation", data.render_conversation(example)),
-            judge.section("labels", ", ".join(example.labels)),
-        ),
-        1024,
-    )
-
-
-def parse_sip_reference(text: str, example: data.Example) -> str | None:
-    """The reference analysis (the four stage lines and the answer line, stripped), or None unless
-    the answer is exactly one non-empty line per SIP stage, in order, then `Answer: <the gold
-    option>`."""
-    lines = [line.strip() for line in text.strip().splitlines()]
-    heads = [*judge.SIP_STAGES, "Answer"]
-    if len(lines) != len(heads) or not all(
-        line.startswith(f"{head}:") and line[len(head) + 1 :].strip()
-        for line, head in zip(lines, heads)
-    ):
-        return None
-    return (
-        "\n".join(lines)
-        if data.parse_answer(f"</think>\n{lines[-1]}", example) == example.labels
-        else None
-    )
-
 
 @dataclass
 class ReferenceSettings:
@@ -95,14 +41,16 @@ def add_references(
 ) -> tuple[list[data.Example], dict[str, int]]:
     """Ask `teacher` for every example's reference analysis (teacher.ask_journaled: concurrent, each
     answer kept in the journal as it arrives, so a rerun asks only for what failed or was never
-    asked). Returns the examples whose answer parse_sip_reference accepts, with it in
+    asked). Returns the examples whose answer judge.parse_sip_reference accepts, with it in
     `meta.reference`, and the counts (calls, reused, failures, rejected, written)."""
-    calls = [sip_reference_request(e) for e in examples]
+    calls = [judge.sip_reference_request(e) for e in examples]
     keys = [request_key("reference", e.id, teacher, c) for e, c in zip(examples, calls)]
     done = load_journal(journal)
     asked = ask_journaled([(k, c, raw_text) for k, c in zip(keys, calls)], teacher, journal, done)
     texts = [done.get(k) for k in keys]
-    found = [None if t is None else parse_sip_reference(t, e) for e, t in zip(examples, texts)]
+    found = [
+        None if t is None else judge.parse_sip_reference(t, e) for e, t in zip(examples, texts)
+    ]
     kept = [
         dataclasses.replace(e, meta=e.meta | {"reference": r})
         for e, r in zip(examples, found)

@@ -68,14 +68,12 @@ from data import DataError, Example, parse_answer, render_conversation, split_co
 from dataset import load_jsonl, read_jsonl
 from distributed import all_reduce_sum, setup_distributed
 from judge import (
-    DATA_NOTICE,
-    JudgeCall,
     JudgeConfig,
     JudgeError,
-    chat_messages,
     parse_sip_content,
-    section,
+    parse_sip_reference,
     sip_content_request,
+    sip_reference_request,
 )
 from model import (
     CheckpointError,
@@ -453,51 +451,6 @@ def instance_pairs(
 
 # --------------------------------------------------------------------------- building the pair file
 
-_REFERENCE_SYSTEM = f"""You write the reference analysis of a social-reasoning question: the \
-reasoning a careful reader would follow to reach the known correct answer, in the four stages of \
-Social Information Processing.
-
-You receive <task> (the question and its options), <conversation> (the story or conversation) and \
-<answer> (the correct answer). {DATA_NOTICE}
-
-Write one line per stage, in this order:
-Encoding: the cues in the story that matter for the question (who said, did, saw or knows what), \
-and nothing invented.
-Interpretation: what those cues show about each person's beliefs, feelings, intentions and \
-knowledge.
-Goal: what the people involved are trying to achieve with one another.
-Response: how the correct answer follows from the stages above.
-Ground every line in the story; never say that the answer was given to you. Output exactly these \
-four lines and nothing else."""
-_STAGES = ("Encoding", "Interpretation", "Goal", "Response")
-
-
-def reference_request(example: Example) -> JudgeCall:
-    """The teacher call for an instance's reference SIP analysis, written from its gold answer and
-    context."""
-    return JudgeCall(
-        chat_messages(
-            _REFERENCE_SYSTEM,
-            section("task", task_brief(example)),
-            section("conversation", render_conversation(example)),
-            section("answer", ", ".join(example.labels)),
-        ),
-        1024,
-    )
-
-
-def parse_reference(text: str) -> str | None:
-    """The four `Stage: text` lines, in order and non-empty, as one string; None for anything
-    else."""
-    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
-    if len(lines) != len(_STAGES):
-        return None
-    for stage, line in zip(_STAGES, lines):
-        head, colon, body = line.partition(":")
-        if head.strip().lower() != stage.lower() or not colon or not body.strip():
-            return None
-    return "\n".join(lines)
-
 
 @dataclass
 class RolloutFile:
@@ -568,7 +521,14 @@ def build_pairs(p: PairsConfig) -> dict[str, int]:
     wanted = sorted({s.id for s in segments} - set(references))
     ref_keys = {i: journal_key("reference", i) for i in wanted}
     asked = ask_journaled(
-        [(ref_keys[i], reference_request(examples[i]), parse_reference) for i in wanted],
+        [
+            (
+                ref_keys[i],
+                sip_reference_request(examples[i]),
+                lambda text, e=examples[i]: parse_sip_reference(text, e),
+            )
+            for i in wanted
+        ],
         p.teacher,
         journal,
         done,

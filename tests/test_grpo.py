@@ -41,7 +41,7 @@ import rewards
 import rollout
 import train as T
 from config import MetricsWriter, load_config
-from judge import SIP_STAGES
+from judge import SIP_REFERENCE_SYSTEM, SIP_STAGES, parse_sip_reference
 from judge_server import Faults, JudgeServer, rules_backend
 
 REPO = Path(__file__).resolve().parents[1]
@@ -889,7 +889,7 @@ def social_r1_backend(messages, params):
     """A teacher and the two SIP judges: a reference that reaches the <labels> option, four YES
     stages, and a content score that says whether a reference was shown."""
     system, user = messages[0]["content"], messages[-1]["content"]
-    if system == prepare_references.SIP_REFERENCE_SYSTEM:
+    if system == SIP_REFERENCE_SYSTEM:
         gold = user.split("<labels>\n")[1].split("\n")[0]
         return "\n".join(
             [f"{stage}: the {stage.lower()} of the story" for stage in SIP_STAGES]
@@ -993,7 +993,7 @@ def test_parse_sip_reference_is_strict():
         meta={"question": "q", "options": ["x", "y"]},
     )
     good = "Encoding: a\nInterpretation: b\nGoal: c\nResponse: d\nAnswer: B"
-    assert prepare_references.parse_sip_reference(good, item) == good
+    assert parse_sip_reference(good, item) == good
     for bad in [
         good.replace("B", "A"),
         good.replace("Goal: c\n", ""),
@@ -1001,7 +1001,7 @@ def test_parse_sip_reference_is_strict():
         good + "\nextra",
         good.replace("Encoding", "Cues"),
     ]:
-        assert prepare_references.parse_sip_reference(bad, item) is None, bad
+        assert parse_sip_reference(bad, item) is None, bad
 
 
 def test_prepare_references_with_the_teacher_down_keeps_the_existing_file(tmp_path, capsys):

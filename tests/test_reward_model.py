@@ -25,7 +25,7 @@ import judge
 import reward_model as RM
 from data import Example, Turn
 from dataset import example_to_json
-from judge import JudgeConfig
+from judge import SIP_REFERENCE_SYSTEM, JudgeConfig
 from judge_server import JudgeServer, RewardModelBackend
 
 
@@ -288,9 +288,9 @@ def tom_example(i: int) -> Example:
 
 
 class Teacher:
-    """A scripted teacher: four stage lines for a reference request; a segment's score is the number
-    after 'score=' in it. Requests for segments naming 'flaky' fail with HTTP 500 while `flaky` is
-    set."""
+    """A scripted teacher: four stage lines and the gold answer for a reference request; a
+    segment's score is the number after 'score=' in it. Requests for segments naming 'flaky' fail
+    with HTTP 500 while `flaky` is set."""
 
     def __init__(self):
         self.calls, self.flaky, self.lock = [], True, threading.Lock()
@@ -299,10 +299,10 @@ class Teacher:
         system, user = messages[0]["content"], messages[-1]["content"]
         with self.lock:
             self.calls.append(user)
-        if system == RM._REFERENCE_SYSTEM:
+        if system == SIP_REFERENCE_SYSTEM:
             return (
                 "Encoding: Bo saw the key\nInterpretation: Bo believes it is there\nGoal: find "
-                "it\nResponse: A"
+                "it\nResponse: he looks where he left it\nAnswer: A"
             )
         reasoning = re.search(r"<reasoning>\n(.*?)\n</reasoning>", user, re.DOTALL).group(1)
         if "flaky" in reasoning and self.flaky:
