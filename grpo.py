@@ -126,7 +126,7 @@ class RolloutSettings:  # paper A.2: temperature 1, top-p 1, no top-k, repetitio
     top_k: int = 0
     repetition_penalty: float = 1.0
     enable_thinking: bool | None = None  # None: the chat template's default (Qwen3 / 3.5 think)
-    # vllm: sampled by the server in `vllm` (vllm_engine.py), LoRA synced
+    # vllm: sampled by the server in `vllm` (vllm_engine.py), the LoRA or whole weights synced
     engine: Literal["local", "vllm"] = "local"
     vllm: VLLMSettings = field(default_factory=VLLMSettings)
 
@@ -351,7 +351,7 @@ class PromptSource:
 def rollout_sampler(cfg: GRPOConfig, policy: Qwen, tok, ranks: Ranks, out_dir: Path):
     """The run's sampler (rollout.py's interface), chosen once: role-played dialogues with a
     `dialogue:` section, a vLLM server with `rollout.engine: vllm`, else rollout.PromptSampler; a
-    sharded policy's gathered whole."""
+    sharded policy sampled here is gathered whole."""
     if cfg.dialogue is not None:
         from dialogue import DialogueSampler
 
@@ -359,7 +359,7 @@ def rollout_sampler(cfg: GRPOConfig, policy: Qwen, tok, ranks: Ranks, out_dir: P
     elif cfg.rollout.engine == "vllm":
         from vllm_engine import VLLMSampler
 
-        sampler = VLLMSampler(policy, tok, cfg, ranks, out_dir)
+        return VLLMSampler(policy, tok, cfg, ranks, out_dir)
     else:
         sampler = PromptSampler(policy, tok, cfg)
     return GatheredSampler(sampler, policy) if is_sharded(policy) else sampler
@@ -769,10 +769,6 @@ def check_inputs(cfg: GRPOConfig, config_path: str) -> list:
     if rollout.engine == "vllm" and dialogue_cfg:
         raise bad(
             "rollout.engine", "vllm samples single-turn prompts; dialogue runs sample with 'local'"
-        )
-    if rollout.engine == "vllm" and cfg.finetune == "full":
-        raise bad(
-            "rollout.engine", "vllm syncs a LoRA adapter; a full-parameter run samples with 'local'"
         )
     for key, folder, needed in (
         ("model.path", cfg.model.path, "config.json"),

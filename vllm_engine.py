@@ -1,6 +1,7 @@
 """Rollouts through a vLLM server: grpo.py's `rollout.engine: vllm`. The trainer keeps the weights;
-vLLM serves the same base model and, after every optimizer step, the RL LoRA adapter the trainer
-just wrote. Everything crosses HTTP through judge.post_json (retries with backoff, one-line errors):
+vLLM serves the same base model and, after every optimizer step, what the step changed: the RL LoRA
+adapter the trainer just wrote or, in a full-parameter run, the whole weights. Everything crosses
+HTTP through judge.post_json (retries with backoff, one-line errors):
 
     POST {base_url}/completions          a group's prompt token ids, n = K, the rollout's sampling
                                          settings and a seed; back: each choice's token ids
@@ -9,6 +10,11 @@ just wrote. Everything crosses HTTP through judge.post_json (retries with backof
     POST {base_url}/load_lora_adapter    {lora_name, lora_path} (the server needs
                                          VLLM_ALLOW_RUNTIME_LORA_UPDATING=True)
     POST {base_url}/unload_lora_adapter  {lora_name}: the adapter of the previous update
+    POST {root}/collective_rpc           full-parameter runs: {"method": "reload_weights",
+                                         "kwargs": {"weights_path": folder}}, the Hugging Face
+                                         checkpoint the trainer just exported (root: base_url
+                                         without its /v1; the server needs VLLM_SERVER_DEV_MODE=1)
+    POST {root}/reset_prefix_cache       then: no cached prefix of the old weights is reused
 
 The server must return log-probabilities of the distribution it samples from, at the rollout
 temperature (`--logprobs-mode processed_logprobs`), which equals model.generate's when top-p is 1,
@@ -30,8 +36,10 @@ from pathlib import Path
 
 import torch
 
+from checkpoint import save_model
 from config import print0
-from distributed import Ranks, all_reduce_sum
+from distributed import Ranks, all_reduce_sum, gather_json
+from fsdp import is_sharded
 from judge import JudgeError, post_json
 from model import Qwen, lora_disabled, save_adapter, token_logprobs
 from rollout import PromptSampler, RolloutError, VLLMSettings
@@ -61,8 +69,10 @@ class VLLMEngine:
                 )
         self.adapter: str | None = None  # the adapter sampled from; None: the base weights
 
-    def _post(self, path: str, body: dict, parse, retries: int | None = None):
-        url = self.s.base_url.rstrip("/") + path
+    def _post(self, path: str, body: dict, parse, retries: int | None = None, at_root=False):
+        """POST to base_url + path (`at_root`: to the server's root, base_url without /v1)."""
+        base = self.s.base_url.rstrip("/")
+        url = (base.removesuffix("/v1") if at_root else base) + path
         try:
             return post_json(
                 url,
@@ -126,22 +136,27 @@ class VLLMEngine:
         rows = [row for group in groups for row in group]
         return [r[0] for r in rows], [r[1] for r in rows]
 
-    def probe(self, policy: Qwen, tok, sampling) -> float:
-        """Check that the server serves the trainer's base weights: it samples `probe_tokens` tokens
-        of a fixed prompt at the rollout temperature, the trainer scores them with its LoRA
-        disabled, and a mean |log-prob gap| above `probe_tolerance` is an EngineError. A server that
-        does not answer is one too. Returns the gap."""
+    def probe(self, policy: Qwen, tok, sampling, ranks: Ranks, retries: int | None = 0) -> float:
+        """Check that the server serves the trainer's weights (the base's, LoRA disabled): rank 0
+        has it sample `probe_tokens` tokens of a fixed prompt at the rollout temperature, every
+        rank scores them (a sharded policy's forward is a collective), and a mean |log-prob gap|
+        above `probe_tolerance` is an EngineError on every rank. A server that does not answer is
+        one too. Returns the gap."""
         prompt = tok.chat_ids(
             [{"role": "user", "content": PROBE}], enable_thinking=sampling.enable_thinking
         )
-        try:
-            [(tokens, theirs)] = self.request(
-                prompt, 1, sampling, 0, tok.eos_token_ids, self.s.probe_tokens, retries=0
-            )
-        except EngineError as e:
-            raise EngineError(
-                f"rollout.vllm.base_url: no usable vLLM server at {self.s.base_url} ({e})"
-            ) from None
+        sample = None
+        if ranks.main:
+            try:
+                [sample] = self.request(
+                    prompt, 1, sampling, 0, tok.eos_token_ids, self.s.probe_tokens, retries
+                )
+            except EngineError as e:
+                sample = f"rollout.vllm.base_url: no usable vLLM server at {self.s.base_url} ({e})"
+        sample = gather_json(sample, ranks)[0]
+        if isinstance(sample, str):
+            raise EngineError(sample)
+        tokens, theirs = sample
         ids = torch.tensor([prompt + tokens], device=policy.device)
         with torch.no_grad(), lora_disabled(policy):
             ours = token_logprobs(policy, ids, temperature=sampling.temperature)[
@@ -151,9 +166,10 @@ class VLLMEngine:
         if not gap <= self.s.probe_tolerance:
             raise EngineError(
                 f"rollout.vllm: the server at {self.s.base_url} (model {self.s.model!r}) does not "
-                f"serve the trainer's base weights: mean |log-prob gap| {gap:.3g} over "
+                f"serve the trainer's weights: mean |log-prob gap| {gap:.3g} over "
                 f"{len(tokens)} probe tokens > probe_tolerance {self.s.probe_tolerance:g} (serve "
-                f"model.path, or the SFT-merged checkpoint when model.sft_adapter is set)"
+                f"model.path, or the SFT-merged checkpoint when model.sft_adapter is set, in "
+                f"model.dtype)"
             )
         return gap
 
@@ -180,6 +196,26 @@ class VLLMEngine:
         agree(error, ranks)
         self.adapter = name
 
+    def sync_weights(self, policy: Qwen, tok, sampling, ranks: Ranks) -> float:
+        """Serve a sharded policy's current weights: every rank exports them (checkpoint.save_model:
+        one Hugging Face checkpoint, written by rank 0) to `<name>-weights`, rank 0 has the server
+        reload them in place and drop its prefix cache, and every rank then probes that it serves
+        them (`probe`). A refusal raises EngineError on every rank; returns the probe's gap."""
+        folder, error = (self.root / f"{self.name}-weights").resolve(), None
+        save_model(policy, tok, folder, ranks)
+        if ranks.main:
+            body = {"method": "reload_weights", "kwargs": {"weights_path": str(folder)}}
+            try:
+                self._post("/collective_rpc", body, _any_answer, at_root=True)
+                self._post("/reset_prefix_cache", {}, _reset, at_root=True)
+            except EngineError as e:
+                error = (
+                    f"vLLM did not reload the weights {folder}: {e} (a full-parameter run needs "
+                    f"the server started with VLLM_SERVER_DEV_MODE=1)"
+                )
+        agree(error, ranks)
+        return self.probe(policy, tok, sampling, ranks, retries=None)
+
 
 def agree(error: str | None, ranks: Ranks) -> None:
     """Raise EngineError on every rank when any rank met one (`error`: this rank's message, or
@@ -190,12 +226,14 @@ def agree(error: str | None, ranks: Ranks) -> None:
 
 class VLLMSampler(PromptSampler):
     """rollout.PromptSampler with its completions from a vLLM server (`rollout.engine: vllm`). At
-    construction rank 0 probes that the server serves the trainer's base weights
-    (`VLLMEngine.probe`). Each update's rollouts start by serving the policy's adapter as it is then
+    construction the ranks probe that the server serves the trainer's base weights
+    (`VLLMEngine.probe`; a sharded policy's are first reloaded, `VLLMEngine.sync_weights`). Each
+    update's rollouts start by serving the policy as it is then, when it changed: its adapter
     (`VLLMEngine.sync`, named after the update: zero before the first step, a checkpoint's on
-    resume) and end with the ranks agreeing on errors, so that an EngineError on one rank is one on
-    all and no rank trains on an update whose rollouts are incomplete somewhere. Adapters are named
-    after the output folder and written to rollout.vllm.adapter_dir (default <output_dir>/vllm)."""
+    resume) or a sharded policy's whole weights (`VLLMEngine.sync_weights`), and end with the ranks
+    agreeing on errors, so that an EngineError on one rank is one on all and no rank trains on an
+    update whose rollouts are incomplete somewhere. What the server reads is named after the output
+    folder and written to rollout.vllm.adapter_dir (default <output_dir>/vllm)."""
 
     def __init__(self, policy: Qwen, tok, cfg, ranks: Ranks, out_dir: Path):
         super().__init__(policy, tok, cfg)
@@ -203,22 +241,22 @@ class VLLMSampler(PromptSampler):
         name = f"rl-{zlib.crc32(str(out_dir.resolve()).encode()):08x}"
         root = Path(settings.adapter_dir) if settings.adapter_dir else out_dir / "vllm"
         self.engine, self.ranks, self.synced = VLLMEngine(settings, name, root), ranks, None
-        error = None
-        if ranks.main:
-            try:
-                gap = self.engine.probe(policy, tok, cfg.rollout)
-                print0(
-                    f"vLLM at {settings.base_url} serves the base weights (probe: mean |log-prob "
-                    f"gap| {gap:.2g})"
-                )
-            except EngineError as e:
-                error = str(e)
-        agree(error, ranks)
+        if is_sharded(policy):  # a server left by an earlier run may serve other weights
+            gap, self.synced = self.engine.sync_weights(policy, tok, cfg.rollout, ranks), 0
+        else:
+            gap = self.engine.probe(policy, tok, cfg.rollout, ranks)
+        print0(
+            f"vLLM at {settings.base_url} serves the trainer's weights (probe: mean |log-prob "
+            f"gap| {gap:.2g})"
+        )
 
     @contextlib.contextmanager
     def rollouts(self, update: int):
         if self.synced != update:
-            self.engine.sync(self.policy, update, self.ranks)
+            if is_sharded(self.policy):
+                self.engine.sync_weights(self.policy, self.tok, self.cfg.rollout, self.ranks)
+            else:
+                self.engine.sync(self.policy, update, self.ranks)
             self.synced = update
         error = None
         try:
@@ -236,6 +274,14 @@ class VLLMSampler(PromptSampler):
 
 def _any_answer(raw: bytes) -> str:
     return raw.decode("utf-8", "replace")
+
+
+def _reset(raw: bytes) -> bool | None:
+    """True for /reset_prefix_cache's {"success": true}, else None (an error)."""
+    try:
+        return json.loads(raw)["success"] is True or None
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def _choices(raw: bytes, n: int) -> list[tuple[list[int], list[float]]] | None:

