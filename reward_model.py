@@ -398,12 +398,10 @@ def tier_of(segment: RatedSegment, rule: TierRule) -> str | None:
 
 @dataclass
 class SchemeSettings:
-    """How many pairs each instance contributes (ours: the paper gives only the totals, 20K from 42K
-    segments)."""
+    """How many pairs each instance contributes. The paper gives the totals only: 20K training pairs
+    from 700 instances (29 each, ours) and 2K held-out pairs from the 100 test instances (20)."""
 
-    per_rule: int = 4  # at most this many pairs per rule and instance
-    # at most this many pairs per instance, filled in priority order P0, P1, ... P4
-    per_instance: int = 12
+    per_instance: int = 29
     # P4: the early segment has at least this many times the late one's words
     p4_length_ratio: float = 1.5
     seed: int = 0
@@ -412,11 +410,13 @@ class SchemeSettings:
 def instance_pairs(
     reference: str | None, segments: list[RatedSegment], rule: TierRule, s: SchemeSettings
 ) -> list[dict]:
-    """The pairs of one instance as {chosen, rejected, tiers} by the priority scheme. P0-P3 pair
-    tiers; P4 (our reading) pairs a segment of the later half of the checkpoints (step above the
-    instance's median step) with an A or B tier over one from the earlier half with at least
-    p4_length_ratio x its words and no higher score, so a concise late trajectory beats a verbose
-    early one on length alone, never on a worse reading."""
+    """The pairs of one instance as {chosen, rejected, tiers} by the priority scheme, in its order.
+    P0-P3 pair tiers; P4 (our reading) pairs a segment of the later half of the checkpoints (step
+    above the instance's median step) with an A or B tier over one from the earlier half with at
+    least p4_length_ratio x its words and no higher score, so a concise late trajectory beats a
+    verbose early one on length alone, never on a worse reading. Up to `per_instance` pairs are
+    drawn round-robin, one per rule in priority order and round, so every rule that has pairs gets
+    its share before any rule gets more, and a rule with too few leaves its share to the others."""
     rng = random.Random(f"{s.seed}/{segments[0].id if segments else ''}")
     by_tier = {t: [x.text for x in segments if tier_of(x, rule) == t] for t in "ABCD"}
     by_tier["S"] = [reference] if reference else []
@@ -442,11 +442,19 @@ def instance_pairs(
             options = [(a, b) for a in by_tier[high] for b in by_tier[low]]
         options = sorted({(a, b) for a, b in options if a.strip() != b.strip()})
         rng.shuffle(options)
-        candidates[name] = options[: s.per_rule]
-    picked = [(a, b, SCHEME[name]) for name in SCHEME for a, b in candidates[name]][
-        : s.per_instance
+        candidates[name] = options
+    taken = dict.fromkeys(SCHEME, 0)
+    while sum(taken.values()) < s.per_instance:
+        open_rules = [n for n in SCHEME if taken[n] < len(candidates[n])]
+        if not open_rules:
+            break
+        for name in open_rules[: s.per_instance - sum(taken.values())]:
+            taken[name] += 1
+    return [
+        {"chosen": a, "rejected": b, "tiers": SCHEME[name]}
+        for name in SCHEME
+        for a, b in candidates[name][: taken[name]]
     ]
-    return [{"chosen": a, "rejected": b, "tiers": t} for a, b, t in picked]
 
 
 # --------------------------------------------------------------------------- building the pair file

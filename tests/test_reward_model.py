@@ -239,7 +239,7 @@ def test_the_priority_scheme_pairs_hand_made_tiers():
         seg("early long rambling reading that circles back over and over again", 30, True, 0.7),
     ]
     pairs = RM.instance_pairs(
-        "the reference", segments, RM.TierRule(), RM.SchemeSettings(per_rule=10, per_instance=100)
+        "the reference", segments, RM.TierRule(), RM.SchemeSettings(per_instance=100)
     )
     got = {(p["tiers"], p["chosen"].split()[0], p["rejected"].split()[0]) for p in pairs}
     assert got == {
@@ -264,10 +264,58 @@ def test_the_priority_scheme_pairs_hand_made_tiers():
     order = [p["tiers"] for p in pairs]
     assert order == sorted(order, key=list(RM.SCHEME.values()).index)  # priority order
     capped = RM.instance_pairs(
-        "the reference", segments, RM.TierRule(), RM.SchemeSettings(per_rule=1, per_instance=3)
+        "the reference", segments, RM.TierRule(), RM.SchemeSettings(per_instance=3)
     )
     # the cap keeps the highest priorities
     assert [p["tiers"] for p in capped] == ["S>C", "A>C", "A>B"]
+
+
+STEPS = (30, 90, 120, 180, 270, 360, 420, 510, 570, 600)  # Appendix C.2's checkpoints
+
+
+def paper_instance() -> list:
+    """60 segments, the paper's 10 checkpoints x K = 6: per checkpoint an A (0.9, 4 words), two B
+    (0.7; 12 words before step 360, the median, else 4), a C (0.4) at the first four checkpoints
+    and an A elsewhere, a D (wrong, 0.1) and a wrong answer scored 0.5 (no tier)."""
+    segments = []
+    for step in STEPS:
+        b_words = 12 if step < 360 else 4
+        rows = [
+            ("a", True, 0.9, 4),
+            ("b", True, 0.7, b_words),
+            ("bb", True, 0.7, b_words),
+            ("c" if step <= 180 else "aa", True, 0.4 if step <= 180 else 0.85, 4),
+            ("d", False, 0.1, 4),
+            ("w", False, 0.5, 4),
+        ]
+        for name, correct, score, words in rows:
+            text = " ".join([f"{name}{step}"] + ["word"] * (words - 1))
+            segments.append(seg(text, step, correct, score))
+    return segments
+
+
+def test_sixty_segments_give_every_pair_type_its_share():
+    segments = paper_instance()
+    tiers = [RM.tier_of(x, RM.TierRule()) for x in segments]
+    # by hand: A 10 + 6, B 20, C 4, D 10, and 10 untiered
+    assert [tiers.count(t) for t in ("A", "B", "C", "D", None)] == [16, 20, 4, 10, 10]
+    pairs = RM.instance_pairs("the reference", segments, RM.TierRule(), RM.SchemeSettings())
+    counts = {t: [p["tiers"] for p in pairs].count(t) for t in RM.SCHEME.values()}
+    # 29 round-robin: S>C has only 4 (one reference x 4 C); four full rounds (20), then the other
+    # four rules twice more (28), then A>C, first in priority, the 29th
+    assert counts == {"S>C": 4, "A>C": 7, "A>B": 6, "B>D": 6, "late>early": 6}
+    # P4: a late (step >= 360) A or B of 4 words over an early B of 12 words, no better scored
+    late_early = [p for p in pairs if p["tiers"] == "late>early"]
+    assert all(int(p["chosen"].split()[0].lstrip("ab")) >= 360 for p in late_early)
+    assert all(len(p["rejected"].split()) == 12 for p in late_early)
+    assert len({(p["chosen"], p["rejected"]) for p in pairs}) == 29
+    # the test instances' share (2K pairs from 100): 20, four rounds of five
+    held = RM.instance_pairs(
+        "the reference", segments, RM.TierRule(), RM.SchemeSettings(per_instance=20)
+    )
+    assert [p["tiers"] for p in held].count("late>early") == 4 and len(held) == 20
+    # 700 such instances give the paper's 20K pairs, 100 test instances its 2K
+    assert 700 * len(pairs) == 20_300 and 100 * len(held) == 2_000
 
 
 # --------------------------------------------------------------------------- building the pair file
