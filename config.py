@@ -18,6 +18,8 @@ from pathlib import Path
 
 import yaml
 
+import sinks
+
 # ----------------------------------------------------------------------------- configs
 
 
@@ -322,6 +324,17 @@ def parse_cli(schema, argv=None):
 
 # ----------------------------------------------------------------------------- run outputs
 
+# a config's `report_to`: the sinks (sinks.py) a run's metrics go to beside metrics.jsonl
+ReportTo = list[typing.Literal[tuple(sinks.PACKAGES)]]
+
+
+def check_report_to(names) -> None:
+    """Raise a ConfigError, worded for a schema's __post_init__, when a sink's package is
+    missing."""
+    problem = sinks.missing_package(names)
+    if problem:
+        raise ConfigError(f"report_to: {problem}")
+
 
 def is_main_process() -> bool:
     """Rank 0 under torchrun, or a plain single-process run."""
@@ -351,32 +364,53 @@ def _jsonable(value):
 
 class MetricsWriter:
     """Appends one JSON object per line to a `.jsonl` file (rank 0 only) and flushes after every
-    record, so a crash never loses a step already logged; appending continues a resumed run."""
+    record, so a crash never loses a step already logged; appending continues a resumed run. With
+    `report_to` (sinks.py: tensorboard, wandb), each record's numbers also go to those sinks at its
+    `step`, which are given `run_config` with its secrets removed."""
 
-    def __init__(self, path):
+    def __init__(self, path, report_to=(), run_config=None):
         self.path = Path(path)
         self._file = None
+        self._sinks = []
         if is_main_process():
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._file = open(self.path, "a", encoding="utf-8")
+            if report_to:
+                resolved = redact_secrets(_jsonable(run_config))
+                self._sinks = sinks.open_sinks(report_to, self.path.parent, resolved)
 
     def write(self, record: dict) -> None:
         if self._file is not None:
-            self._file.write(
-                json.dumps(_jsonable(record), ensure_ascii=False, allow_nan=False) + "\n"
-            )
+            record = _jsonable(record)
+            self._file.write(json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n")
             self._file.flush()
+            if self._sinks and isinstance(record.get("step"), int):
+                values = _numbers(record)
+                del values["step"]
+                for sink in self._sinks:
+                    sink.log(values, record["step"])
 
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
             self._file = None
+        for sink in self._sinks:
+            sink.close()
+        self._sinks = []
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _numbers(record: dict) -> dict:
+    """The numeric values of a metrics record ("nan"/"inf" strings read as floats)."""
+    record = {k: float(v) if v in ("nan", "inf", "-inf") else v for k, v in record.items()}
+    return {
+        k: v for k, v in record.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
 
 
 def read_metrics(path) -> list[dict]:
@@ -388,15 +422,8 @@ def read_metrics(path) -> list[dict]:
             raw = json.loads(line)
         except json.JSONDecodeError:
             continue
-        raw = {k: float(v) if v in ("nan", "inf", "-inf") else v for k, v in raw.items()}
         if isinstance(raw.get("step"), (int, float)):
-            records.append(
-                {
-                    k: v
-                    for k, v in raw.items()
-                    if isinstance(v, (int, float)) and not isinstance(v, bool)
-                }
-            )
+            records.append(_numbers(raw))
     return records
 
 

@@ -55,7 +55,9 @@ from checkpoint import atomic_folder, resume, save_checkpoint, save_model, trim_
 from config import (
     ConfigError,
     MetricsWriter,
+    ReportTo,
     bounded,
+    check_report_to,
     excerpt,
     parse_cli,
     print0,
@@ -198,9 +200,12 @@ class GRPOConfig:
     resume: Literal["auto", "none"] = "auto"
     save_merged: bool = False  # also write the merged full checkpoint to output_dir/merged
     log_completions: bool = True
+    # live views beside metrics.jsonl: tensorboard, wandb (sinks.py; optional packages)
+    report_to: ReportTo = field(default_factory=list)
     seed: int = 42
 
     def __post_init__(self):
+        check_report_to(self.report_to)
         self.lora = finetune_settings(self.finetune, self.lora, self.save_merged, LoraSettings())
 
 
@@ -860,7 +865,7 @@ def train(cfg: GRPOConfig, examples: list[data.Example]) -> None:
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_ids[0]
     progress = Progress(cfg.updates, first_step=start)
     with (
-        MetricsWriter(out_dir / "metrics.jsonl") as metrics_log,
+        MetricsWriter(out_dir / "metrics.jsonl", cfg.report_to, cfg) as metrics_log,
         MetricsWriter(out_dir / "completions.jsonl") as completions_log,
         StopRequest() as stop,
     ):

@@ -58,8 +58,10 @@ from checkpoint import resume, save_checkpoint, trim_log
 from config import (
     ConfigError,
     MetricsWriter,
+    ReportTo,
     atomic_write_text,
     bounded,
+    check_report_to,
     parse_cli,
     print0,
     save_resolved_config,
@@ -620,6 +622,11 @@ class RMConfig:
     # sft.py's defaults: ours
     lora: LoraSettings = field(default_factory=lambda: LoraSettings(dropout=0.05))
     build: PairsConfig | None = None  # the `pairs` command's settings
+    # live views beside metrics.jsonl: tensorboard, wandb (sinks.py; optional packages)
+    report_to: ReportTo = field(default_factory=list)
+
+    def __post_init__(self):
+        check_report_to(self.report_to)
 
 
 def encode_pairs(
@@ -723,7 +730,7 @@ def train(cfg: RMConfig) -> dict:
     trim_log(out / "metrics.jsonl", first, ranks)
     progress = Progress(total, first)
     rm.train()
-    with MetricsWriter(out / "metrics.jsonl") as metrics, StopRequest() as stop:
+    with MetricsWriter(out / "metrics.jsonl", cfg.report_to, cfg) as metrics, StopRequest() as stop:
         for step in range(first, total):
             lr = linear_warmup_decay(step, total, cfg.lr, cfg.warmup_fraction)
             set_lr(optimizer, lr)

@@ -60,8 +60,10 @@ from checkpoint import atomic_folder, resume, save_checkpoint, save_model, trim_
 from config import (
     ConfigError,
     MetricsWriter,
+    ReportTo,
     atomic_write_text,
     bounded,
+    check_report_to,
     excerpt,
     parse_cli,
     print0,
@@ -171,8 +173,11 @@ class SFTConfig:
     keep_checkpoints: int | None = bounded(2, ge=1)
     resume: Literal["auto", "none"] = "auto"  # auto: continue from the newest complete checkpoint
     save_merged: bool = False  # also write merged/, a full checkpoint with the adapter folded in
+    # live views beside metrics.jsonl: tensorboard, wandb (sinks.py; optional packages)
+    report_to: ReportTo = field(default_factory=list)
 
     def __post_init__(self):  # a full-parameter run (fsdp.py) takes no LoRA-only key
+        check_report_to(self.report_to)
         # Table 5 (lost): PEFT's usual small dropout on r 16 / alpha 32, every projection
         self.lora = finetune_settings(
             self.finetune, self.lora, self.save_merged, LoraSettings(dropout=0.05)
@@ -629,7 +634,7 @@ def train(cfg: SFTConfig) -> Path:
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_ids[0]
     progress = Progress(total, first)
     model.train()
-    with MetricsWriter(out / "metrics.jsonl") as metrics, StopRequest() as stop:
+    with MetricsWriter(out / "metrics.jsonl", cfg.report_to, cfg) as metrics, StopRequest() as stop:
         for step in range(first, total):
             lr = linear_warmup_decay(step, total, cfg.lr, cfg.warmup_fraction, cfg.warmup_steps)
             set_lr(optimizer, lr)

@@ -11,11 +11,13 @@ puts tests/ on sys.path, so `from helpers import ...` finds this file.
 - sft.py runs: SFT_WORDS, sad_row, write_rows, config_file, config, tensors, metrics, rank_run
 - grpo.py runs: write_examples, run_config, fixed_groups, kill_after_checkpoint, assert_same_run
 - the dialogue demo: DEMO, DIALOGUE_WORDS
+- report_to sinks: assert_sinks_hold_metrics (TensorBoard event files, a W&B offline run)
 """
 
 import json
 import os
 import signal
+import struct
 import subprocess
 import sys
 import time
@@ -593,3 +595,62 @@ DIALOGUE_WORDS = [
     "the",
     "plan",
 ]
+
+
+# ----------------------------------------------------------------------------- report_to sinks
+
+
+def assert_sinks_hold_metrics(run: Path, wandb_run: bool = False) -> None:
+    """The TensorBoard event files under run/tensorboard, read back by tensorboard's own reader,
+    hold every number of every metrics.jsonl record under its key at its step; with `wandb_run`,
+    the offline W&B run's summary holds each key's last value."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    expected = {}  # key -> {step: value}
+    for record in read_jsonl(run / "metrics.jsonl"):
+        for key, value in record.items():
+            if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
+                expected.setdefault(key, {})[record["step"]] = value
+    events = EventAccumulator(str(run / "tensorboard"), size_guidance={"scalars": 0})
+    events.Reload()
+    found = {
+        tag: {e.step: e.value for e in events.Scalars(tag)} for tag in events.Tags()["scalars"]
+    }
+    assert set(found) == set(expected) and len(expected) > 3, set(found) ^ set(expected)
+    for key, by_step in expected.items():
+        assert found[key] == pytest.approx(by_step, rel=1e-6), key  # TensorBoard keeps float32
+    if wandb_run:
+        _, summary = wandb_offline_run(run)
+        last = {key: by_step[max(by_step)] for key, by_step in expected.items()}
+        assert {k: summary[k] for k in last} == pytest.approx(last, rel=1e-9)
+
+
+def wandb_offline_run(run: Path) -> tuple[dict, dict]:
+    """(config, summary) of the one offline W&B run under run/wandb, read from its run-<id>.wandb
+    file: a 7-byte header, then LevelDB-log chunks (in 32 KiB blocks: checksum u32, length u16,
+    type u8; 1 a whole record, 2/3/4 its first/middle/last piece) of wandb Record protobufs.
+    The summary merges every summary update in order."""
+    from wandb.proto import wandb_internal_pb2
+
+    (path,) = run.glob("wandb/offline-run-*/run-*.wandb")
+    data = path.read_bytes()
+    config, summary, pending, pos = {}, {}, b"", 7
+    while pos + 7 <= len(data):
+        if 32768 - pos % 32768 < 7:  # a block's tail too short for a chunk header is padding
+            pos += 32768 - pos % 32768
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        chunk, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
+        pending = chunk if kind in (1, 2) else pending + chunk
+        if kind in (1, 4):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            kind_name = record.WhichOneof("record_type")
+            items = {
+                "run": lambda: record.run.config.update,
+                "summary": lambda: record.summary.update,
+            }
+            for item in items[kind_name]() if kind_name in items else []:
+                key = item.key or "/".join(item.nested_key)
+                (config if kind_name == "run" else summary)[key] = json.loads(item.value_json)
+    return config, summary

@@ -18,10 +18,12 @@ import torch.multiprocessing as mp
 import yaml
 from helpers import (
     assert_same_run,
+    assert_sinks_hold_metrics,
     fixed_groups,
     kill_after_checkpoint,
     read_jsonl,
     run_config,
+    wandb_offline_run,
     write_examples,
 )
 from helpers import (
@@ -604,6 +606,59 @@ def test_nonfinite_loss_skips_the_step_and_keeps_the_weights(assets):
 
 
 # ----------------------------------------------------------------------------- whole runs
+
+
+def test_report_to_sends_every_metric_to_tensorboard_and_an_offline_wandb_run(
+    tmp_path, assets, judge, monkeypatch
+):
+    secret = "sk-never-logged-7d1f"
+    monkeypatch.setenv("CLUE_TEST_JUDGE_KEY", secret)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    config = run_config(
+        tmp_path,
+        assets,
+        judge.url,
+        updates=2,
+        report_to=["tensorboard", "wandb"],
+        **{"judge.api_key_env": "CLUE_TEST_JUDGE_KEY"},
+    )
+    grpo.main([str(config)])
+    out = tmp_path / "run"
+    assert [m["step"] for m in read_jsonl(out / "metrics.jsonl")] == [1, 2]
+    assert_sinks_hold_metrics(out, wandb_run=True)
+    wandb_config, _ = wandb_offline_run(out)
+    # the resolved config, naming the key's variable, never its value
+    assert wandb_config["judge"]["api_key_env"] == "CLUE_TEST_JUDGE_KEY"
+    assert wandb_config["rollout"]["group_size"] == 4
+    logged = [p for p in (out / "wandb").rglob("*") if p.is_file()]
+    logged += [p for p in (out / "tensorboard").rglob("*") if p.is_file()]
+    assert logged and not [p for p in logged if secret.encode() in p.read_bytes()]
+
+
+def test_a_sink_whose_package_is_missing_stops_with_one_line_before_any_model_loads(
+    tmp_path, assets, monkeypatch, capsys
+):
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "wandb" else find_spec(name, *a),
+    )
+    config = run_config(tmp_path, assets, "http://127.0.0.1:9/v1", report_to=["wandb"])
+    with pytest.raises(SystemExit) as stop:
+        grpo.main([str(config)])
+    err = capsys.readouterr().err
+    line = next(
+        n for n, text in enumerate(config.read_text().splitlines(), 1) if "report_to" in text
+    )
+    assert stop.value.code == 2 and err == (
+        f"config error: {config}:{line}: 'report_to': wandb needs the wandb package "
+        "(pip install wandb)\n"
+    )
+    assert not (tmp_path / "run").exists()
 
 
 def test_three_updates_write_every_output(tmp_path, assets, judge, umask_022):

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import REPO, metrics, tensors
+from helpers import REPO, assert_sinks_hold_metrics, metrics, tensors
 from helpers import sft_checkpoint as write_checkpoint
 from safetensors import safe_open
 
@@ -130,6 +130,13 @@ def test_a_tiny_rm_learns_to_rank_a_synthetic_preference_set(checkpoint, tmp_pat
     assert (
         scores[0] == pytest.approx(1 / (1 + math.exp(-rewards[0])), rel=1e-5) and 0 < scores[0] < 1
     )
+
+
+def test_report_to_tensorboard_holds_every_metric_of_an_rm_run(checkpoint, tmp_path):
+    pairs = write_jsonl(tmp_path / "pairs.jsonl", synthetic_pairs(16))
+    settings = dict(heldout_fraction=0.25, epochs=1, eval_every=1, report_to=["tensorboard"])
+    RM.train(RM.RMConfig(str(checkpoint), str(pairs), output_dir=str(tmp_path / "rm"), **settings))
+    assert_sinks_hold_metrics(tmp_path / "rm")
 
 
 @pytest.mark.slow

@@ -25,6 +25,7 @@ from helpers import (
 )
 from helpers import (
     TINY,
+    assert_sinks_hold_metrics,
     config,
     config_file,
     conversation,
@@ -300,6 +301,11 @@ def test_a_tiny_model_overfits_a_few_examples(checkpoint, tmp_path):
     assert len(losses) == 30  # full-batch updates: three completions per step
     # stated: a 1000x drop within 30 steps
     assert losses[-1] < losses[0] / 1000, (losses[0], losses[-1])
+
+
+def test_report_to_tensorboard_holds_every_metric_of_the_run(checkpoint, tmp_path):
+    cfg = config(checkpoint, tmp_path, batch_size=2, report_to=["tensorboard"])
+    assert_sinks_hold_metrics(sft.train(cfg))
 
 
 # -------------------------------------------------------------- resume, selection, held-out targets
