@@ -581,10 +581,12 @@ class _Handler(BaseHTTPRequestHandler):
     def log_request(self, code="-", size="-") -> None:
         self._status = getattr(code, "value", code)
 
-    # the base class's own errors (bad request line, timeout)
+    # the base class's own errors (a bad request line, a timeout): the status only, since their
+    # message quotes the request line, query string and all
     def log_message(self, format, *args) -> None:
         if self.server.verbose:
-            log.warning("%s", format % args)
+            status = args[0] if format.startswith("code") and args else "-"
+            log.warning("refused a malformed or unfinished request (status %s)", status)
 
     def _send_json(self, status: int, payload: dict, headers: dict[str, str] | None = None) -> None:
         body = json.dumps(payload, ensure_ascii=False).encode("utf-8")
@@ -603,7 +605,7 @@ class _Handler(BaseHTTPRequestHandler):
         )
 
     def do_GET(self) -> None:
-        if self.path.rstrip("/") == "/v1/models":
+        if self.path.split("?")[0].rstrip("/") == "/v1/models":
             self._send_json(
                 200,
                 {
@@ -614,7 +616,7 @@ class _Handler(BaseHTTPRequestHandler):
                 },
             )
         else:
-            self._error(404, f"no route for GET {self.path}")
+            self._error(404, f"no route for GET {self.path.split('?')[0][:200]}")
 
     def do_POST(self) -> None:
         length = self.headers.get("Content-Length", "0")
@@ -628,8 +630,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             return self._error(413, "request body over 64 MiB")
         body = self.rfile.read(int(length))
-        if self.path.rstrip("/") != "/v1/chat/completions":
-            return self._error(404, f"no route for POST {self.path}")
+        if self.path.split("?")[0].rstrip("/") != "/v1/chat/completions":
+            return self._error(404, f"no route for POST {self.path.split('?')[0][:200]}")
         server = self.server
         if (
             server.api_key is not None
@@ -780,6 +782,8 @@ def main(argv: list[str] | None = None) -> None:
     script = tuple(a for a in args.script.split(",") if a)
     if unknown := [a for a in script if a not in FAULT_ACTIONS]:
         parser.error(f"--script: unknown action(s) {unknown}; known: {', '.join(FAULT_ACTIONS)}")
+    if not 0 <= args.port <= 65535:
+        parser.error(f"--port: a port from 0 to 65535, not {args.port}")
     if args.backend != "rules" and not args.model:
         parser.error(f"--backend {args.backend} needs --model PATH")
     api_key = os.environ.get(args.api_key_env, "").strip() if args.api_key_env else None

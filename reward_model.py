@@ -51,7 +51,6 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from safetensors import safe_open
 from safetensors.torch import save_file
 
 from checkpoint import resume, save_checkpoint, trim_log
@@ -84,6 +83,8 @@ from model import (
     add_lora,
     load_adapter,
     load_tokenizer,
+    open_safetensors,
+    read_json,
     save_adapter,
 )
 from rewards import RM_INFO, ContentModelSettings
@@ -187,7 +188,7 @@ class RewardModel(torch.nn.Module):
 
     def load_head(self, path) -> None:
         path = Path(path)
-        with safe_open(str(path), framework="pt") as f:
+        with open_safetensors(path) as f:
             meta = f.metadata() or {}
             if meta.get("format") != HEAD_FORMAT or set(f.keys()) != {"weight", "bias"}:
                 raise CheckpointError(
@@ -270,7 +271,12 @@ def load_reward_model(
         raise CheckpointError(
             f"{path}: no {RM_INFO} (not a reward-model folder written by reward_model.py)"
         )
-    info = json.loads((path / RM_INFO).read_text(encoding="utf-8"))
+    info = read_json(path / RM_INFO)
+    for key, kind in (("base_model", str), ("max_length", int)):
+        if not isinstance(info.get(key), kind):
+            raise CheckpointError(
+                f"{path / RM_INFO}: field '{key}': missing or not a {kind.__name__}"
+            )
     base = base or info["base_model"]
     qwen = Qwen.from_pretrained(base, dtype=dtype, device=device)
     load_adapter(qwen, path)

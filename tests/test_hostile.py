@@ -358,3 +358,48 @@ def test_verifier_worst_cases_are_bounded_in_time_and_memory():
             # Each costs less than indexing the conversation
             # once: a ratio, so a loaded machine does not matter.
             assert seconds < max(index, 0.05), (case, seconds, index)
+
+
+def test_the_servers_log_never_carries_a_query_string_and_routes_ignore_it(caplog):
+    caplog.set_level(logging.INFO, logger="judge_server")
+    with serving(verbose=True) as server:
+        host, port = server.server_address[:2]
+        with socket.create_connection((host, port), timeout=5) as s:  # a malformed request line
+            s.sendall(f"GET /v1/models?api_key={SECRET} HTTP/1.1 junk\r\n\r\n".encode())
+            reply = b"".join(iter(lambda: s.recv(4096), b""))
+            assert b"Error code: 400" in reply
+        answer = requests.post(
+            server.url + "/chat/completions?x=1&api_key=" + SECRET,
+            json={"model": "m", "messages": MESSAGES},
+            timeout=5,
+        )
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["choices"][0]["message"]["content"] == "echo: x"
+    assert "status 400" in caplog.text and "POST /v1/chat/completions 200" in caplog.text
+    assert not shows_secret(caplog.text) and "?" not in caplog.text
+
+
+@pytest.mark.parametrize("port", ["70000", "-1"])
+def test_a_port_out_of_range_is_a_usage_error(port, capsys):
+    import judge_server
+
+    with pytest.raises(SystemExit) as stop:
+        judge_server.main(["--backend", "rules", "--port", port])
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert stop.value.code == 2 and error.endswith(f"--port: a port from 0 to 65535, not {port}")
+
+
+def test_a_broken_reward_model_folder_is_one_line(tmp_path, capsys):
+    import judge_server
+    import reward_model
+
+    (tmp_path / "reward_model.json").write_text('{"max_length": 64}')
+    with pytest.raises(SystemExit) as stop:
+        judge_server.main(["--backend", "reward_model", "--model", str(tmp_path)])
+    error = capsys.readouterr().err.strip()
+    assert stop.value.code == 1 and "\n" not in error
+    assert error.endswith("reward_model.json: field 'base_model': missing or not a str")
+    head = tmp_path / "value_head.safetensors"
+    head.write_bytes(b"\x40\x00\x00\x00\x00\x00\x00\x00{")  # a header cut short
+    with pytest.raises(reward_model.CheckpointError, match="unreadable safetensors file"):
+        reward_model.RewardModel.load_head(None, head)  # fails at the file, before the model
