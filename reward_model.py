@@ -628,6 +628,9 @@ class RMConfig:
     # sft.py's defaults: ours
     lora: LoraSettings = field(default_factory=lambda: LoraSettings(dropout=0.05))
     build: PairsConfig | None = None  # the `pairs` command's settings
+    # the held-out pairs, built the same way from other instances (the paper: 2K pairs from the
+    # test instances); `pairs` writes them to `heldout` after `build`
+    build_heldout: PairsConfig | None = None
     # live views beside metrics.jsonl: tensorboard, wandb (sinks.py; optional packages)
     report_to: ReportTo = field(default_factory=list)
 
@@ -808,6 +811,23 @@ def train(cfg: RMConfig) -> dict:
 # ----------------------------------------------------------------------------- command line
 
 
+def check_heldout(cfg: RMConfig, path: str) -> None:
+    """`build_heldout` writes the `heldout` file training reads, from instances `build` has not."""
+    if cfg.build_heldout.out != cfg.heldout:
+        raise ConfigError(
+            f"{path}: 'build_heldout.out' ({cfg.build_heldout.out}) must be 'heldout' "
+            f"({cfg.heldout}), the file training reads its held-out pairs from"
+        )
+    shared = {e.id for e in load_jsonl(cfg.build.examples)} & {
+        e.id for e in load_jsonl(cfg.build_heldout.examples)
+    }
+    if shared:
+        raise DataError(
+            f"{cfg.build_heldout.examples}: {len(shared)} held-out instances are also training "
+            f"instances of {cfg.build.examples}, e.g. {sorted(shared)[0]!r}"
+        )
+
+
 def main(argv=None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = argv.pop(0) if argv[:1] == ["pairs"] else "train"
@@ -818,7 +838,12 @@ def main(argv=None) -> None:
                 raise ConfigError(
                     f"{argv[0]}: missing section 'build' (what `reward_model.py pairs` reads)"
                 )
+            held = cfg.build_heldout
+            if held is not None:
+                check_heldout(cfg, argv[0])
             build_pairs(cfg.build)
+            if held is not None:
+                build_pairs(held)
         else:
             train(cfg)
     except (DataError, ConfigError, CheckpointError, JudgeError, FileNotFoundError) as e:

@@ -23,7 +23,12 @@ CONFIGS = REPO / "configs"
 
 # Social-R1 Table 2: the row's config and what it changes in configs/social_r1_qwen3_8b.yaml
 SOCIAL_R1_ROWS = {
-    "social_r1_qwen3_8b_no_struct.yaml": {"reward.params.use_struct": 0},
+    # also the RM pairs' source: every checkpoint they read is kept
+    "social_r1_qwen3_8b_no_struct.yaml": {
+        "reward.params.use_struct": 0,
+        "save_every": 30,
+        "keep_checkpoints": 20,
+    },
     "social_r1_qwen3_8b_no_content.yaml": {
         "reward.params.use_content": 0,
         "content_model": None,
@@ -316,3 +321,15 @@ def test_label_sft_rows_are_the_answer_alone_and_train(tmp_path):
     run = sft.train(cfg)
     assert [m["step"] for m in read_jsonl(run / "metrics.jsonl") if "loss" in m] == [1, 2, 3]
     assert (run / "best" / "adapter_model.safetensors").is_file()
+
+
+def test_the_rm_pairs_read_checkpoints_the_run_without_r_struct_keeps():
+    import reward_model
+
+    rm = load_config(CONFIGS / "social_r1_rm_qwen3_4b.yaml", [], reward_model.RMConfig)
+    run = load_config(CONFIGS / "social_r1_qwen3_8b_no_struct.yaml", [], grpo.GRPOConfig)
+    steps = [r.step for r in rm.build.rollouts]
+    assert steps == [30, 90, 120, 180, 270, 360, 420, 510, 570, 600]  # Appendix C.2
+    saved = range(run.save_every, run.updates + 1, run.save_every)
+    assert set(steps) <= set(saved) and run.keep_checkpoints >= len(saved)
+    assert all("no_struct" in r.path for r in rm.build.rollouts)

@@ -446,6 +446,58 @@ def test_pairs_are_built_through_the_teacher_and_a_rerun_asks_only_what_failed(t
     assert all(p.context == RM.rm_context(by_id[p.id]) for p in pairs)
 
 
+def test_pairs_builds_the_held_out_file_from_other_instances(tmp_path, capsys):
+    files = {}
+    for name, ids in (("train", (0, 1)), ("test", (2,)), ("leaky", (1, 2))):
+        files[name] = tmp_path / f"{name}.jsonl"
+        files[name].write_text(
+            "".join(json.dumps(example_to_json(tom_example(i))) + "\n" for i in ids)
+        )
+        write_jsonl(
+            tmp_path / f"{name}_c.jsonl",
+            [
+                {"id": f"tom-{i}", "completion": f"<think>\nscore={s} {k}\n</think>\n\nAnswer: A"}
+                for i in ids
+                for k, s in enumerate((0.9, 0.7, 0.4))
+            ],
+        )
+    with JudgeServer(Teacher()).start() as server:
+        teacher = {"base_url": server.url, "retries": 0}
+
+        def section(name, out, per_instance):
+            return {
+                "examples": str(files[name]),
+                "rollouts": [{"step": 30, "path": str(tmp_path / f"{name}_c.jsonl")}],
+                "out": str(out),
+                "teacher": teacher,
+                "scheme": {"per_instance": per_instance},
+            }
+
+        held = tmp_path / "held.jsonl"
+        raw = {
+            "model": "unused",
+            "pairs": str(tmp_path / "pairs.jsonl"),
+            "heldout": str(held),
+            "build": section("train", tmp_path / "pairs.jsonl", 29),
+            "build_heldout": section("test", held, 2),
+        }
+        config = tmp_path / "rm.yaml"
+        config.write_text(json.dumps(raw))
+        RM.main(["pairs", str(config)])
+        # S>C, A>C, A>B per instance (one A, B, C each), the held-out instance capped at 2
+        assert {p.id for p in RM.load_pairs(tmp_path / "pairs.jsonl")} == {"tom-0", "tom-1"}
+        assert [(p.id, p.tiers) for p in RM.load_pairs(held)] == [
+            ("tom-2", "S>C"),
+            ("tom-2", "A>C"),
+        ]
+        raw["build_heldout"] = section("leaky", held, 2)
+        config.write_text(json.dumps(raw))
+        with pytest.raises(SystemExit) as stop:
+            RM.main(["pairs", str(config)])
+    assert stop.value.code == 2
+    assert "1 held-out instances are also training instances" in capsys.readouterr().err
+
+
 # ----------------------------------------------------------------------------- bad input
 
 
