@@ -310,11 +310,17 @@ def load_config(path, overrides, schema):
 
 def parse_cli(schema, argv=None):
     """`script.py config.yaml [key=value ...]` -> the config; a bad config exits with one error
-    line."""
+    line. `--help` lists the schema's top-level keys and points to docs/config-reference.md."""
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help"):
-        print(f"usage: {Path(sys.argv[0]).name} config.yaml [key=value ...]", file=sys.stderr)
-        raise SystemExit(2)
+        script = Path(sys.argv[0]).name
+        keys = ", ".join(f.name for f in dataclasses.fields(schema) if f.init)
+        print(
+            f"usage: {script} config.yaml [key=value ...]\ntop-level keys: {keys}\nevery key with "
+            f"its type, default and source: docs/config-reference.md#{script.replace('.', '')}",
+            file=sys.stdout if argv else sys.stderr,
+        )
+        raise SystemExit(0 if argv else 2)
     try:
         return load_config(argv[0], argv[1:], schema)
     except ConfigError as e:

@@ -2,11 +2,15 @@
 
 import json
 import math
+import re
+import subprocess
+import sys
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
 import pytest
 import yaml
+from helpers import REPO
 
 from config import (
     ConfigError,
@@ -340,3 +344,53 @@ def test_bounds_include_ge_and_le_and_exclude_gt():
         True,
         False,
     ]
+
+
+# ----------------------------------------------------------------------------- the reference page
+
+
+def test_the_committed_config_reference_is_what_the_schemas_give():
+    import config_reference
+
+    assert config_reference.PAGE.read_text(encoding="utf-8") == config_reference.page(), (
+        "docs/config-reference.md is out of date: run `python config_reference.py`"
+    )
+
+
+def _dotted_keys(mapping, prefix=""):
+    for key, value in mapping.items():
+        yield prefix + key
+        if isinstance(value, dict) and not key.endswith(("params", "sampling")):
+            yield from _dotted_keys(value, f"{prefix}{key}.")
+
+
+@pytest.mark.parametrize(
+    "script, config",
+    [
+        ("grpo.py", "clue_qwen3_5_9b.yaml"),
+        ("sft.py", "sft_example.yaml"),
+        ("grpo.py", "care_qwen2_5_7b.yaml"),
+    ],
+)
+def test_the_reference_lists_every_key_a_shipped_config_sets_in_its_scripts_section(script, config):
+    import config_reference
+
+    sections = config_reference.PAGE.read_text(encoding="utf-8").split("\n## ")
+    (section,) = [s for s in sections if s.startswith(script + "\n")]
+    listed = set(re.findall(r"^\| `([^`]+)` \|", section, re.MULTILINE))
+    raw = yaml.safe_load((REPO / "configs" / config).read_text())
+    assert set(_dotted_keys(raw)) <= listed, set(_dotted_keys(raw)) - listed
+
+
+def test_help_lists_the_top_level_keys_and_points_to_the_scripts_section():
+    page = (REPO / "docs" / "config-reference.md").read_text(encoding="utf-8")
+    done = subprocess.run(
+        [sys.executable, str(REPO / "grpo.py"), "--help"], capture_output=True, text=True
+    )
+    assert done.returncode == 0 and done.stderr == ""
+    usage, keys, pointer = done.stdout.splitlines()
+    assert usage == "usage: grpo.py config.yaml [key=value ...]"
+    assert {"output_dir", "rollout", "loss", "filtering", "report_to"} <= set(
+        keys.removeprefix("top-level keys: ").split(", ")
+    )
+    assert pointer.endswith("docs/config-reference.md#grpopy") and "\n## grpo.py\n" in page

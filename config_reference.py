@@ -1,0 +1,147 @@
+"""Writes docs/config-reference.md, every config key of every script, from the dataclass schemas the
+scripts check their configs against: `python config_reference.py` (tests/test_config.py fails when
+the committed page differs from what this writes). Each key's note is the comment beside or above
+its field in the source; a range is the one `config.bounded` gives it."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+import io
+import json
+import re
+import tokenize
+import types
+import typing
+from pathlib import Path
+
+PAGE = Path(__file__).resolve().parent / "docs" / "config-reference.md"
+# script -> the schema its parse_cli reads
+SCRIPTS = {
+    "sft.py": "SFTConfig",
+    "grpo.py": "GRPOConfig",
+    "reward_model.py": "RMConfig",
+    "prepare_traces.py": "PrepareConfig",
+    "prepare_references.py": "ReferenceSettings",
+    "emollm_data.py": "EmoLLMData",
+    "rubric_generator.py": "GeneratorDataConfig",
+    "evaluate.py": "EvalConfig",
+    "evaluate_dialogue.py": "DialogueEvalConfig",
+}
+
+
+def type_text(tp) -> str:
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is typing.Literal:
+        return " | ".join(json.dumps(a) for a in args)
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join(type_text(a) for a in args)
+    if origin is tuple and args[-1:] == (Ellipsis,):
+        return f"tuple[{type_text(args[0])}, ...]"
+    if origin in (list, tuple, dict):
+        return f"{origin.__name__}[{', '.join(type_text(a) for a in args)}]"
+    if tp is type(None):
+        return "null"
+    return getattr(tp, "__name__", str(tp))
+
+
+def field_comments(schema) -> dict[str, str]:
+    """field name -> the comment lines directly above its line and the comment ending it."""
+    lines, _ = inspect.getsourcelines(schema)
+    comments = {
+        token.start[0]: token.string.lstrip("# ").rstrip()
+        for token in tokenize.generate_tokens(io.StringIO("".join(lines)).readline)
+        if token.type == tokenize.COMMENT
+    }
+    notes = {}
+    for number, line in enumerate(lines, 1):
+        match = re.match(r"    (\w+)\s*:", line)
+        if not match:
+            continue
+        above, previous = [], number - 1
+        while previous in comments and lines[previous - 1].lstrip().startswith("#"):
+            above.insert(0, comments[previous])
+            previous -= 1
+        notes[match.group(1)] = " ".join(above + ([comments[number]] if number in comments else []))
+    return notes
+
+
+def class_comment(schema) -> str:
+    """The comment lines above a class and the comment ending its `class` line."""
+    above = [line.lstrip("# ") for line in (inspect.getcomments(schema) or "").splitlines()]
+    lines, _ = inspect.getsourcelines(schema)
+    line = next(text for text in lines if text.startswith("class "))
+    tokens = tokenize.generate_tokens(io.StringIO(line).readline)
+    end = [t.string.lstrip("# ") for t in tokens if t.type == tokenize.COMMENT]
+    return " ".join(above + end)
+
+
+def nested_schema(tp):
+    """The dataclass a field's annotation holds (`X` or `X | None`), else None."""
+    options = (
+        typing.get_args(tp) if typing.get_origin(tp) in (typing.Union, types.UnionType) else ()
+    )
+    found = [a for a in (tp, *options) if dataclasses.is_dataclass(a)]
+    return found[0] if found else None
+
+
+def default_text(field) -> str:
+    if field.default is not dataclasses.MISSING:
+        value = field.default
+    elif field.default_factory is not dataclasses.MISSING:
+        value = field.default_factory()
+    else:
+        return "required"
+    if dataclasses.is_dataclass(value):
+        return "(section)"
+    value = list(value) if isinstance(value, tuple) else value
+    return f"`{json.dumps(value, ensure_ascii=False)}`"
+
+
+def rows(schema, prefix: str = "") -> list[tuple[str, str, str, str, str]]:
+    """(key, type, default, range, note) of every key of `schema`, sections followed by their
+    keys."""
+    hints, notes = typing.get_type_hints(schema), field_comments(schema)
+    out = []
+    for field in (f for f in dataclasses.fields(schema) if f.init):
+        key, tp = prefix + field.name, hints[field.name]
+        bounds, inner = field.metadata.get("bounds"), nested_schema(tp)
+        note = notes.get(field.name) or (class_comment(inner) if inner else "")
+        out.append((key, type_text(tp), default_text(field), str(bounds or ""), note))
+        if inner is not None:
+            out += rows(inner, key + ".")
+    return out
+
+
+def cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def page() -> str:
+    parts = [
+        "# Config reference\n\n"
+        "Every key each script's config takes (`python X.py config.yaml [key=value ...]`),\n"
+        "with its type, default, range and the note its dataclass gives: the paper section a\n"
+        "value comes from, or why it was chosen. Generated from the schemas by\n"
+        "`python config_reference.py`; do not edit by hand. How configs are read and checked:\n"
+        "[configs.md](configs.md).\n"
+    ]
+    for script, name in SCRIPTS.items():
+        schema = getattr(importlib.import_module(script.removesuffix(".py")), name)
+        doc = schema.__doc__ or ""
+        doc = "" if doc.startswith(f"{name}(") else " ".join(doc.split())  # dataclass's own
+        parts.append(
+            f"\n## {script}\n\n`{name}`. {doc}".rstrip()
+            + "\n\n| key | type | default | range | note |\n|---|---|---|---|---|\n"
+        )
+        parts += [
+            f"| `{key}` | {cell(tp)} | {cell(default)} | {cell(bounds)} | {cell(note)} |\n"
+            for key, tp, default, bounds, note in rows(schema)
+        ]
+    return "".join(parts)
+
+
+if __name__ == "__main__":
+    PAGE.write_text(page(), encoding="utf-8")
+    print(f"wrote {PAGE}")
