@@ -323,6 +323,10 @@ def test_page_in_headless_chromium(serve, tmp_path):
         assert "CLUE" not in browser.page_source and "Base" not in browser.page_source
         click("rate-0-yes", "chosen")
         click("rate-1-no", "chosen")
+        # the page as the evaluator sees it (pytest --basetemp=DIR keeps DIR/.../page.png)
+        screenshot = tmp_path / "page.png"
+        assert browser.save_screenshot(str(screenshot))
+        assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         events = saved()
         assert [e["kind"] for e in events] == ["lines", "lines", "confirm", "rating", "rating"]
         assert events[1]["lines"] == [2, 3] and {e["annotator"] for e in events} == {"carol"}
