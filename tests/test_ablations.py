@@ -3,6 +3,7 @@ keys the row changes, its reward is the row's formula (hand-computed), and it ru
 model."""
 
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from config import load_config
 from judge import CARE_RUBRIC_SYSTEM, CARE_SCORES_SYSTEM, SIP_STAGES
 from judge_server import JudgeServer, rules_backend
 from rewards import Rollout, care, social_r1
+from train import linear_warmup_decay
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIGS = REPO / "configs"
@@ -333,3 +335,25 @@ def test_the_rm_pairs_read_checkpoints_the_run_without_r_struct_keeps():
     saved = range(run.save_every, run.updates + 1, run.save_every)
     assert set(steps) <= set(saved) and run.keep_checkpoints >= len(saved)
     assert all("no_struct" in r.path for r in rm.build.rollouts)
+
+
+def test_the_documented_cpt_command_reaches_the_stated_peak_lr():
+    commands = {
+        line.lstrip("# ").split("#")[0].strip()
+        for path in [CONFIGS / "emollm_stage1_cpt.yaml", *(REPO / "docs").glob("*.md")]
+        for line in path.read_text(encoding="utf-8").splitlines()
+        if "sft.py configs/emollm_stage1_cpt.yaml" in line
+    }
+    assert len(commands) == 1, commands  # every page gives the same command
+    (command,) = commands
+    world = re.search(r"--nproc_per_node[= ](\d+)", command)
+    world = int(world.group(1)) if world else 1
+    cfg = load_config(CONFIGS / "emollm_stage1_cpt.yaml", [], sft.SFTConfig)
+    assert (cfg.lr, cfg.warmup_steps, cfg.batch_size, cfg.grad_accum) == (1e-4, 100, 16, 2)  # D.1
+    rows = 13_000  # about one ESConv context per supporter turn
+    total = cfg.epochs * math.ceil(rows / (cfg.batch_size * cfg.grad_accum * world))
+    lrs = [
+        linear_warmup_decay(s, total, cfg.lr, cfg.warmup_fraction, cfg.warmup_steps)
+        for s in range(total)
+    ]
+    assert max(lrs) == pytest.approx(1e-4, rel=1e-12) and lrs[99] == max(lrs)
