@@ -5,6 +5,9 @@ ConvoKit Wikipedia talk pages, MMLU) to our example JSONL, each checked by datas
 
 EmpatheticDialogues and MSDialog become dialogues in ESConv's layout for EmoLLM's Stage I
 (emollm_data.py), or with --seeds the scenario seeds of grpo.py's dialogue mode.
+
+A local Hugging Face dataset (`hf`: a save_to_disk folder, parquet or JSON lines) converts with a
+column mapping, `--column FIELD=COLUMN` and `--value FIELD=VALUE` (the optional `datasets` package).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
+import dataclasses
 import functools
 import io
 import itertools
@@ -25,6 +29,7 @@ from pathlib import Path
 from config import atomic_write_text, excerpt
 from data import OPTION_LETTERS, TASKS, DataError, Example, Turn
 from dataset import (
+    example_from_json,
     load_jsonl,
     parse_json,
     read_data_text,
@@ -592,6 +597,82 @@ DIALOGUE_CONVERTERS = {
 }
 
 
+def _hf_rows(path: Path) -> list[dict]:
+    """The rows of a local Hugging Face dataset: a `save_to_disk` folder (of one split), a parquet
+    file, or a JSON lines file. Needs the optional `datasets` package."""
+    try:
+        import datasets
+    except ImportError:
+        raise DataError(
+            "reading a Hugging Face dataset needs the datasets package (pip install datasets)"
+        ) from None
+    if not path.exists():
+        raise DataError(f"{path}: not found")
+    datasets.disable_progress_bars()  # errors stay one line on stderr
+    if path.is_dir():
+        loaded = datasets.load_from_disk(str(path))
+        if isinstance(loaded, datasets.DatasetDict):
+            raise DataError(
+                f"{path}: a dataset of several splits ({', '.join(loaded)}); give one split's "
+                f"folder, e.g. {path / next(iter(loaded))}"
+            )
+    elif path.suffix == ".parquet":
+        loaded = datasets.Dataset.from_parquet(str(path))
+    elif path.suffix in (".jsonl", ".json"):
+        loaded = datasets.Dataset.from_json(str(path))
+    else:
+        raise DataError(f"{path}: expected a save_to_disk folder, a .parquet or a .jsonl file")
+    return loaded.to_list()
+
+
+def convert_hf(path, columns: dict[str, str], values: dict) -> list[Example]:
+    """Examples from a local Hugging Face dataset: each example field is read from the column
+    `columns` maps it to (default: the column of its own name) or set to `values`' constant; a
+    label given as one string becomes a one-label list, a missing id the row's index."""
+    path = Path(path)
+    known = sorted(f.name for f in dataclasses.fields(Example))
+    for field in [*columns, *values]:
+        if field not in known:
+            raise DataError(
+                f"--column/--value: unknown field {excerpt(field)} (known: {', '.join(known)})"
+            )
+    rows = _hf_rows(path)
+    names = list(rows[0]) if rows else []
+    missing = [c for c in columns.values() if c not in names]
+    if missing:
+        raise DataError(f"{path}: no column {excerpt(missing[0])} (columns: {', '.join(names)})")
+    examples = []
+    for i, row in enumerate(rows):
+        raw = {"id": f"row{i}"} | {
+            field: row[columns.get(field, field)]
+            for field in known
+            if columns.get(field, field) in row and row[columns.get(field, field)] is not None
+        }
+        raw |= values
+        if isinstance(raw.get("labels"), str):
+            raw["labels"] = [raw["labels"]]
+        try:
+            examples.append(example_from_json(raw))
+        except DataError as e:
+            raise DataError(f"{path} row {i}: {e}") from None
+    return examples
+
+
+def _field_pairs(pairs: list[str] | None, option: str, as_json: bool) -> dict:
+    """FIELD=VALUE arguments of `option` as a mapping (values read as JSON when `as_json` and they
+    parse, else kept as text)."""
+    mapping = {}
+    for pair in pairs or []:
+        field, sep, value = pair.partition("=")
+        if not sep or not field:
+            raise DataError(f"{option} {excerpt(pair)}: expected FIELD=VALUE")
+        if as_json:
+            with contextlib.suppress(json.JSONDecodeError):
+                value = json.loads(value)
+        mapping[field] = value
+    return mapping
+
+
 def stratified_sample(examples: list[Example], per_label: int, seed: int = 0) -> list[Example]:
     """At most `per_label` examples for each (task, gold label set), drawn with `seed`, in input
     order."""
@@ -645,7 +726,7 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(
         prog="convert.py", description="Convert a public dataset to our JSONL."
     )
-    parser.add_argument("format", choices=[*CONVERTERS, *DIALOGUE_CONVERTERS])
+    parser.add_argument("format", choices=[*CONVERTERS, *DIALOGUE_CONVERTERS, "hf"])
     parser.add_argument(
         "input", help="the dataset file or folder (ccu: the annotation package folder)"
     )
@@ -663,6 +744,18 @@ def main(argv=None) -> None:
         action="store_true",
         help="empathetic_dialogues, msdialog: write grpo.py's "
         "scenario seeds instead of ESConv-layout dialogues",
+    )
+    parser.add_argument(
+        "--column",
+        action="append",
+        metavar="FIELD=COLUMN",
+        help="hf: read this example field from this column (repeatable)",
+    )
+    parser.add_argument(
+        "--value",
+        action="append",
+        metavar="FIELD=VALUE",
+        help="hf: set this example field to this value in every row, e.g. task=meld_emotion",
     )
     args = parser.parse_args(argv)
     try:
@@ -682,7 +775,15 @@ def main(argv=None) -> None:
                 f"{args.output}"
             )
             return
-        examples = convert(args.format, args.input, args.text)
+        examples = (
+            convert_hf(
+                args.input,
+                _field_pairs(args.column, "--column", as_json=False),
+                _field_pairs(args.value, "--value", as_json=True),
+            )
+            if args.format == "hf"
+            else convert(args.format, args.input, args.text)
+        )
         if not examples:
             raise DataError(f"{args.input}: no examples in the input")
         if args.task:

@@ -718,3 +718,90 @@ def test_bad_dialogue_sources_stop_with_one_line(tmp_path, fmt, text, error):
         result.stderr
     )
     assert result.stderr.count("\n") == 1 and not (tmp_path / "out.jsonl").exists()
+
+
+# ---------------------------------------------------------------------------- Hugging Face datasets
+
+
+def _user_dataset():
+    """A dataset as a user holds it: their own column names, the label as one string."""
+    datasets = pytest.importorskip(
+        "datasets", reason="datasets is not installed (requirements-dev)"
+    )
+    return datasets.Dataset.from_list(
+        [
+            {
+                "uid": "d1",
+                "dialogue": [
+                    {"speaker": "Ann", "text": "My dog died on Sunday."},
+                    {"speaker": "Bo", "text": "How are you holding up?"},
+                    {"speaker": "Ann", "text": "Well, what can I say."},
+                ],
+                "emotion": "sadness",
+                "turn": 2,
+            },
+            {
+                "uid": "d2",
+                "dialogue": [
+                    {"speaker": "Cy", "text": "We won the cup!"},
+                    {"speaker": "Di", "text": "No way."},
+                ],
+                "emotion": "joy",
+                "turn": 0,
+            },
+        ]
+    )
+
+
+HF_FLAGS = ["--column", "id=uid", "--column", "turns=dialogue", "--column", "labels=emotion"]
+HF_FLAGS += ["--column", "target=turn", "--value", "task=meld_emotion"]
+
+
+@pytest.mark.parametrize("layout", ["save_to_disk", "parquet", "jsonl"])
+def test_a_hugging_face_dataset_converts_with_a_column_mapping(tmp_path, capsys, layout):
+    dataset = _user_dataset()
+    source = {"save_to_disk": tmp_path / "saved", "parquet": tmp_path / "d.parquet"}.get(
+        layout, tmp_path / "d.jsonl"
+    )
+    {"save_to_disk": dataset.save_to_disk, "parquet": dataset.to_parquet}.get(
+        layout, dataset.to_json
+    )(str(source))
+    capsys.readouterr()
+    out = tmp_path / "examples.jsonl"
+    main(["hf", str(source), str(out), *HF_FLAGS])
+    assert capsys.readouterr().out.strip() == f"wrote 2 examples to {out}"
+    first, second = (json.loads(line) for line in out.read_text().splitlines())
+    assert (first["id"], first["task"], first["target"], first["labels"]) == (
+        "d1",
+        "meld_emotion",
+        2,
+        ["sadness"],
+    )
+    assert [(t["speaker"], t["text"]) for t in first["turns"]] == [
+        ("Ann", "My dog died on Sunday."),
+        ("Bo", "How are you holding up?"),
+        ("Ann", "Well, what can I say."),
+    ]
+    assert (second["id"], second["labels"], len(second["turns"])) == ("d2", ["joy"], 2)
+    assert [e.id for e in load_jsonl(out)] == ["d1", "d2"]  # what grpo.py and sft.py read
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--column", "labels=feeling"], "{src}: no column 'feeling' (columns: "),
+        (["--column", "mood=emotion"], "--column/--value: unknown field 'mood' (known: "),
+        (["--value", "task=no_such_task"], "{src} row 0: field 'task': unknown task"),
+        (["--column", "target=uid"], "{src} row 0: field 'target': expected an integer"),
+    ],
+)
+def test_a_bad_column_mapping_stops_with_one_line(tmp_path, capsys, flags, message):
+    source = tmp_path / "saved"
+    _user_dataset().save_to_disk(str(source))
+    capsys.readouterr()  # the progress bar of saving
+    with pytest.raises(SystemExit) as stop:
+        main(["hf", str(source), str(tmp_path / "out.jsonl"), *HF_FLAGS, *flags])
+    err = capsys.readouterr().err
+    assert stop.value.code == 1 and err.count("\n") == 1, err
+    assert err.startswith("error: " + message.format(src=source)), err
+    assert not (tmp_path / "out.jsonl").exists()
