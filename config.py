@@ -502,6 +502,15 @@ def read_text(path, error: type[Exception] = ValueError) -> str:
         raise error(f"{path}:{line}: not UTF-8 text (byte {e.start})") from None
 
 
+def check_output_file(path, key: str) -> None:
+    """ConfigError, before any work, when the file setting `key` is a folder or sits in a file."""
+    path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"'{key}': {path} is a folder; name the file to write")
+    if any(parent.exists() and not parent.is_dir() for parent in path.parents):
+        raise ConfigError(f"'{key}': {path} cannot be written (a file is in its path)")
+
+
 def atomic_write_text(path, text: str) -> None:
     """Write to a temporary name beside `path`, then rename: readers never see a partial file, and
     a failed write (a full disk, a folder in the way) leaves nothing behind."""

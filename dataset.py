@@ -252,8 +252,13 @@ def parse_json(text: str, path, line: int | None = None, allow_nan: bool = False
 
 def read_data_text(path) -> str:
     """The text of a UTF-8 data file (config.read_text); DataError naming the line of a non-UTF-8
-    byte."""
-    return read_text(path, DataError)
+    byte, or of a file that cannot be read."""
+    try:
+        return read_text(path, DataError)
+    except FileNotFoundError:
+        raise DataError(f"{path}: no such data file") from None
+    except OSError as e:  # a folder, no permission
+        raise DataError(f"{path}: cannot read the data file ({e.strerror or e})") from None
 
 
 def read_jsonl(path, allow_nan: bool = False):

@@ -67,7 +67,15 @@ from pathlib import Path
 from typing import Callable, Literal
 
 import sft
-from config import ConfigError, atomic_write_text, excerpt, parse_cli, print0
+from config import (
+    ConfigError,
+    atomic_write_text,
+    bounded,
+    check_output_file,
+    excerpt,
+    parse_cli,
+    print0,
+)
 from data import THINK_END, THINK_START, DataError
 from dataset import parse_json, read_data_text, reject_json_constant, typed_field
 from dialogue_judges import ARG_SECTIONS
@@ -98,16 +106,20 @@ class EmoLLMData:
     objective: Literal["lm", "target"]
     out: str  # the rows written (sft.py's `data`)
     model: str  # the checkpoint sft.py trains (its tokenizer measures max_length)
-    max_length: int = 16384  # sft.py's max_length: CPT rows are cut to fit, longer ARG rows dropped
+    # sft.py's max_length: CPT rows are cut to fit, longer ARG rows dropped
+    max_length: int = bounded(16384, ge=1)
     # sft.py's enable_thinking (the chat format the rows are measured in)
     enable_thinking: bool | None = None
     knowledge: str | None = None  # objective lm: the ECoK-layout triples (JSONL)
     relations: Relations = field(default_factory=Relations)
-    min_overlap: float = 0.5  # share of a triple head's words that the query must hold
-    per_slot: int = 2  # tails kept per slot of g_t
+    # share of a triple head's words that the query must hold
+    min_overlap: float = bounded(0.5, ge=0, le=1)
+    per_slot: int = bounded(2, ge=1)  # tails kept per slot of g_t
     fact_words: int = 25  # words of the current user turn kept among the facts
-    contexts: int | None = None  # objective target: contexts sent to the teacher (None: all)
-    lookahead: int = 3  # most reverse-perspective steps the teacher may write (Appendix H: three)
+    # objective target: contexts sent to the teacher (None: all)
+    contexts: int | None = bounded(None, ge=1)
+    # most reverse-perspective steps the teacher may write (Appendix H: three)
+    lookahead: int = bounded(3, ge=1)
     max_tokens: int = 1024  # the teacher's new tokens per answer
     seed: int = 0
     teacher: JudgeConfig = field(default_factory=JudgeConfig)
@@ -207,13 +219,16 @@ def dialogue_from_json(raw, default_id: str) -> Dialogue:
 
 def load_dialogues(paths: list[str]) -> list[Dialogue]:
     """Every dialogue of the files (module docstring); ids default to <file stem>-<index>."""
-    dialogues = []
+    dialogues, seen = [], set()
     for path in paths:
         if not Path(path).is_file():
             raise DataError(f"{path}: file not found")
         for index, (line, raw) in enumerate(_records(path)):
             try:
                 dialogues.append(dialogue_from_json(raw, f"{Path(path).stem}-{index}"))
+                if dialogues[-1].id in seen:
+                    raise DataError(f"field 'id': {excerpt(dialogues[-1].id)} appears twice")
+                seen.add(dialogues[-1].id)
             except DataError as e:
                 raise DataError(f"{path}:{line}: {e}") from None
     if not dialogues:
@@ -562,6 +577,7 @@ def prepare(
         )
     if objective == "lm" and settings.knowledge is None:
         raise ConfigError("knowledge: the CPT rows (objective lm) need the knowledge triples")
+    check_output_file(out, "out")
     dialogues = load_dialogues(settings.dialogues)
     if objective == "lm":
         knowledge = Knowledge(

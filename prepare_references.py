@@ -20,7 +20,7 @@ from pathlib import Path
 import data
 import dataset
 import judge
-from config import ConfigError, parse_cli, print0
+from config import ConfigError, check_output_file, parse_cli, print0
 from teacher import ask_journaled, load_journal, raw_text, refuse_shrinking, request_key
 
 
@@ -69,6 +69,7 @@ def add_references(
 def prepare(cfg: ReferenceSettings) -> dict[str, int]:
     """`out` from `examples`, with references; returns (and prints) the counts."""
     out = Path(cfg.out)
+    check_output_file(out, "out")
     examples = dataset.load_jsonl(cfg.examples)
     journal = out.with_suffix(".references.jsonl")
     kept, n = add_references(examples, cfg.teacher, journal)

@@ -22,7 +22,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from config import ConfigError, atomic_write_text, parse_cli, print0
+from config import ConfigError, atomic_write_text, check_output_file, parse_cli, print0
 from data import (
     THINK_END,
     THINK_START,
@@ -360,6 +360,7 @@ def prepare(cfg: PrepareConfig) -> dict[str, int]:
     have the teacher refine each toward the gold labels (C.3), keep the refinements that answer the
     gold labels with verified quotes, and write them to `cfg.out` (example + prompt + completion),
     the conflict records beside them. Returns the counts it prints."""
+    check_output_file(cfg.out, "out")
     examples = load_jsonl(cfg.examples)
     if not examples:
         raise DataError(f"{cfg.examples}: no examples (the file is empty)")

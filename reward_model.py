@@ -60,6 +60,7 @@ from config import (
     ReportTo,
     atomic_write_text,
     bounded,
+    check_output_file,
     check_report_to,
     parse_cli,
     print0,
@@ -499,7 +500,7 @@ def load_segments(p: PairsConfig, examples: dict[str, Example]) -> list[RatedSeg
             where = f"{source.path}:{number}"
             if not isinstance(raw, dict) or not isinstance(raw.get("completion"), str):
                 raise DataError(f"{where}: field 'completion': missing or not a string")
-            if raw.get("id") not in examples:
+            if not isinstance(raw.get("id"), str) or raw["id"] not in examples:
                 raise DataError(
                     f"{where}: field 'id': {raw.get('id')!r} is not an example of {p.examples}"
                 )
@@ -522,6 +523,7 @@ def build_pairs(p: PairsConfig) -> dict[str, int]:
     """References, segment ratings, tiers, pairs: writes `p.out` and returns (and prints) the
     counts. Stops with JudgeError when calls failed (the answers so far are journaled; rerun to
     continue)."""
+    check_output_file(p.out, "build.out")
     examples = {e.id: e for e in load_jsonl(p.examples)}
     segments = load_segments(p, examples)
     if not segments:

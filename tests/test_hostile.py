@@ -403,3 +403,71 @@ def test_a_broken_reward_model_folder_is_one_line(tmp_path, capsys):
     head.write_bytes(b"\x40\x00\x00\x00\x00\x00\x00\x00{")  # a header cut short
     with pytest.raises(reward_model.CheckpointError, match="unreadable safetensors file"):
         reward_model.RewardModel.load_head(None, head)  # fails at the file, before the model
+
+
+EXAMPLE = {
+    "id": "a",
+    "task": "tom_mc",
+    "turns": [{"speaker": "", "text": "s"}],
+    "target": None,
+    "labels": ["B"],
+    "meta": {"question": "q", "options": ["x", "y"]},
+}
+ESCONV = REPO / "tests" / "fixtures" / "emollm" / "esconv.json"
+DEAD = "http://127.0.0.1:9/v1"  # nothing listens there
+
+
+@pytest.mark.parametrize(
+    "script, config, argv, expected",
+    [
+        (
+            "reward_model",
+            "model: m\npairs: p\nbuild:\n  examples: {tmp}/ex.jsonl\n  out: {tmp}/pairs.jsonl\n"
+            "  rollouts: [{{step: 1, path: {tmp}/ids.jsonl}}]\n",
+            [],
+            "ids.jsonl:1: field 'id': ['a'] is not an example of",
+        ),
+        (
+            "reward_model",
+            "model: m\npairs: p\nbuild:\n  examples: {tmp}/ex.jsonl\n  out: {tmp}\n",
+            [],
+            "'build.out': {tmp} is a folder; name the file to write",
+        ),
+        (
+            "prepare_references",
+            "examples: {tmp}/absent.jsonl\nout: {tmp}/train.jsonl\n",
+            [],
+            "absent.jsonl: no such data file",
+        ),
+        (
+            "emollm_data",
+            f"out: {{tmp}}/arg.jsonl\nobjective: target\nmodel: m\n"
+            f"dialogues: [{ESCONV}, {ESCONV}]\nteacher: {{{{base_url: '{DEAD}'}}}}\n",
+            [],
+            "esconv.json:2: field 'id': 'esconv-0' appears twice",
+        ),
+        (
+            "emollm_data",
+            f"out: {{tmp}}/arg.jsonl\nobjective: target\nmodel: m\ndialogues: [{ESCONV}]\n",
+            ["contexts=-1"],
+            "override 'contexts=-1': 'contexts' must be >= 1, got -1",
+        ),
+    ],
+)
+def test_entry_points_stop_on_bad_input_in_one_line(
+    tmp_path, capsys, script, config, argv, expected
+):
+    import importlib
+
+    (tmp_path / "ex.jsonl").write_text(json.dumps(EXAMPLE) + "\n")
+    (tmp_path / "ids.jsonl").write_text(json.dumps({"id": ["a"], "completion": "x"}) + "\n")
+    path = tmp_path / "c.yaml"
+    path.write_text(config.format(tmp=tmp_path))
+    before = sorted(p.name for p in tmp_path.iterdir())
+    with pytest.raises(SystemExit) as stop:
+        command = ["pairs"] if script == "reward_model" else []
+        importlib.import_module(script).main([*command, str(path), *argv])
+    error = capsys.readouterr().err.strip()
+    assert stop.value.code == 2 and "\n" not in error and len(error) <= 400, error
+    assert expected.format(tmp=tmp_path) in error, error
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing written
