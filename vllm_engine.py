@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import shutil
 import zlib
 from concurrent.futures import ThreadPoolExecutor
@@ -59,14 +58,10 @@ class VLLMEngine:
 
     def __init__(self, settings: VLLMSettings, name: str, adapter_root: Path):
         self.s, self.name, self.root = settings, name, Path(adapter_root)
-        self.api_key = None
-        if settings.api_key_env:
-            self.api_key = os.environ.get(settings.api_key_env) or None
-            if self.api_key is None:
-                raise EngineError(
-                    f"rollout.vllm.api_key_env: the environment variable {settings.api_key_env} "
-                    f"is not set"
-                )
+        try:
+            self.api_key = settings.read_api_key()
+        except RolloutError as e:
+            raise EngineError(str(e)) from None
         self.adapter: str | None = None  # the adapter sampled from; None: the base weights
 
     def _post(self, path: str, body: dict, parse, retries: int | None = None, at_root=False):

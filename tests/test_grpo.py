@@ -894,6 +894,10 @@ def test_bad_inputs_stop_before_any_model_loads(tmp_path, assets, monkeypatch, c
             "'reward.params.lambda': not a setting of reward 'clue'",
         ),
         ({"rollout.group_size": 1}, "'rollout.group_size' must be >= 2, got 1"),
+        (
+            {"rollout.engine": "vllm", "rollout.vllm": {"api_key_env": "CLUE_TEST_UNSET_KEY"}},
+            "rollout.vllm.api_key_env: the environment variable CLUE_TEST_UNSET_KEY is not set",
+        ),
         ({"loss.agg": "sum"}, "'loss.agg' must be one of"),
         (
             {"reward.name": "social_r1"},
