@@ -35,7 +35,6 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from safetensors import safe_open
-from torch.distributed.checkpoint import HuggingFaceStorageReader, HuggingFaceStorageWriter
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from config import atomic_write_text
@@ -239,6 +238,8 @@ def _state(model: Qwen, optimizer: torch.optim.Optimizer) -> tuple[dict, dict, l
 def save_sharded(folder, model: Qwen, optimizer: torch.optim.Optimizer) -> list[dict]:
     """Every rank writes its shards of the trainable weights and of AdamW's state to folder/dcp (a
     collective); returns the param_groups (JSON-able) for state.json."""
+    from torch.distributed.checkpoint import HuggingFaceStorageWriter  # full runs only
+
     tensors, moments, groups = _state(model, optimizer)
     writer = HuggingFaceStorageWriter(os.fspath(folder / "dcp"), save_distributed=True)
     dcp.save(tensors | moments, storage_writer=writer)
@@ -250,6 +251,8 @@ def load_sharded(
 ) -> None:
     """Load what `save_sharded` wrote into `model` and `optimizer` (a collective). The shards may
     have been written by another number of ranks: DCP reads each tensor's pieces by offset."""
+    from torch.distributed.checkpoint import HuggingFaceStorageReader  # full runs only
+
     # AdamW's state initialized at zero, filled below
     tensors, moments, _ = _state(model, optimizer)
     dcp.load(tensors | moments, storage_reader=HuggingFaceStorageReader(os.fspath(folder / "dcp")))

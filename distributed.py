@@ -1,16 +1,60 @@
 """The run's processes: this process's place among them from torchrun's environment (`Ranks`), and
 the few collectives the trainers use (sums, JSON gathered from every rank, rank 0's values
-broadcast). A plain `python` run is rank 0 of 1 and every collective a no-op."""
+broadcast). A plain `python` run is rank 0 of 1 and every collective a no-op.
+
+Importing it checks the torch version first (`require_torch`): the trainers import it before
+anything that needs a newer torch, so an older one ends in one line."""
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
+import sys
 from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
 
 import torch
-import torch.distributed as dist
-from torch.distributed.tensor import DTensor
+
+from config import ConfigError
+
+# the oldest torch with every API the trainers use: HuggingFaceStorageWriter's save_distributed
+# (checkpoint.save_sharded) is the newest of them (docs/fsdp.md#the-torch-minimum)
+TORCH_MINIMUM = (2, 9)
+
+
+def torch_release(version: str) -> tuple[int, int]:
+    """(major, minor) of a torch version string such as "2.13.0+cpu" or "2.9.0a0+git1234"."""
+    major, minor = version.split("+")[0].split(".")[:2]
+    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
+
+
+def require_torch() -> None:
+    """Exit with one line (status 2) on a torch older than TORCH_MINIMUM."""
+    if torch_release(torch.__version__) < TORCH_MINIMUM:
+        need = ".".join(map(str, TORCH_MINIMUM))
+        print(
+            f"error: torch {torch.__version__} is older than {need}, the oldest this project runs "
+            f"on (pip install 'torch>={need}')",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
+
+
+require_torch()
+
+import torch.distributed as dist  # noqa: E402
+from torch.distributed.tensor import DTensor  # noqa: E402
+
+
+@dataclass
+class DistributedSettings:
+    """The process group's settings (the `distributed` section of every trainer's config)."""
+
+    # how long a collective waits for the slowest rank before the run is aborted: long enough for
+    # one update's rollouts, judge calls and resampling on the slowest rank, and for a checkpoint
+    timeout_s: float = 3600.0
 
 
 @dataclass
@@ -26,10 +70,17 @@ class Ranks:
         return self.rank == 0
 
 
-def setup_distributed(device: str | None = None) -> Ranks:
+def setup_distributed(
+    device: str | None = None,
+    settings: DistributedSettings | None = None,
+    output_dir: str | os.PathLike | None = None,
+) -> Ranks:
     """Read RANK, WORLD_SIZE and LOCAL_RANK (set by torchrun; a plain run is rank 0 of 1), pick
     this rank's device (`cuda:LOCAL_RANK` when CUDA is available, else the CPU, or `device`) and,
-    with several ranks, join the process group: nccl on GPUs, gloo on the CPU."""
+    with several ranks, join the process group (nccl on GPUs, gloo on the CPU) with the settings'
+    timeout. With `output_dir`, every rank then checks that it is one folder shared by all ranks
+    (`check_shared_folder`)."""
+    settings = settings or DistributedSettings()
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     local = int(os.environ.get("LOCAL_RANK", "0"))
     dev = torch.device(device or (f"cuda:{local}" if torch.cuda.is_available() else "cpu"))
@@ -37,9 +88,40 @@ def setup_distributed(device: str | None = None) -> Ranks:
         torch.cuda.set_device(dev)
     if world > 1 and not dist.is_initialized():
         dist.init_process_group(
-            "nccl" if dev.type == "cuda" else "gloo", device_id=dev if dev.type == "cuda" else None
+            "nccl" if dev.type == "cuda" else "gloo",
+            device_id=dev if dev.type == "cuda" else None,
+            timeout=timedelta(seconds=settings.timeout_s),
         )
-    return Ranks(rank, world, dev)
+    ranks = Ranks(rank, world, dev)
+    if output_dir is not None:
+        check_shared_folder(Path(output_dir), ranks)
+    return ranks
+
+
+def check_shared_folder(folder: Path, ranks: Ranks) -> None:
+    """Every rank of a multi-rank run writes its checkpoint shards into `folder` and rank 0 renames
+    the whole: rank 0 writes a random token there, every rank reads it back; ConfigError (on every
+    rank, naming those that did not see it) unless all did."""
+    if ranks.world_size == 1:
+        return
+    probe = folder / ".shared-folder-probe"
+    token = secrets.token_hex(8) if ranks.main else None
+    if ranks.main:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe.write_text(token, encoding="utf-8")
+    token = gather_json(token, ranks)[0]
+    try:
+        seen = probe.read_text(encoding="utf-8") == token
+    except OSError:
+        seen = False
+    blind = [r for r, ok in enumerate(gather_json(seen, ranks)) if not ok]
+    if ranks.main:
+        probe.unlink()
+    if blind:
+        raise ConfigError(
+            f"output_dir {folder}: rank(s) {blind} do not see rank 0's files there; every rank "
+            f"(every node) needs the same shared folder (a network file system)"
+        )
 
 
 def is_distributed() -> bool:

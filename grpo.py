@@ -63,7 +63,7 @@ from config import (
     print0,
     save_resolved_config,
 )
-from distributed import Ranks, all_reduce_sum, gather_json, setup_distributed
+from distributed import DistributedSettings, Ranks, all_reduce_sum, gather_json, setup_distributed
 from fsdp import GatheredSampler, is_sharded, pad_batches, shard_model
 from judge import CARE_DIMENSIONS, JudgeAuthError, JudgeConfig, JudgeError, care_rubric
 from model import (
@@ -190,6 +190,7 @@ class GRPOConfig:
     filtering: FilterSettings = field(default_factory=FilterSettings)
     loss: LossSettings = field(default_factory=LossSettings)
     optim: OptimSettings = field(default_factory=OptimSettings)
+    distributed: DistributedSettings = field(default_factory=DistributedSettings)
     dialogue: DialogueSettings | None = None  # set: dialogue RL, train_data holds scenario seeds
     # social_r1: R_content from a trained RM
     content_model: rewards.ContentModelSettings | None = None
@@ -846,7 +847,7 @@ def build_policy(cfg: GRPOConfig, ranks: Ranks, like: Qwen | None = None):
 
 
 def train(cfg: GRPOConfig, examples: list[data.Example]) -> None:
-    ranks = setup_distributed(cfg.model.device)
+    ranks = setup_distributed(cfg.model.device, cfg.distributed, cfg.output_dir)
     out_dir = Path(cfg.output_dir)
     save_resolved_config(cfg, out_dir)
     policy, tok = build_policy(cfg, ranks)
@@ -978,9 +979,9 @@ def main(argv=None) -> None:
         raise SystemExit(2) from None
     try:
         train(cfg, examples)
-    # a refused key; vLLM at start-up (down, other weights,
-    # no adapter); a checkpoint of another mode or world size
-    except (JudgeAuthError, RolloutError, CheckpointError) as e:
+    # a refused key; vLLM at start-up (down, other weights, no adapter); a checkpoint of
+    # another mode or world size; an output_dir the ranks do not share
+    except (JudgeAuthError, RolloutError, CheckpointError, ConfigError) as e:
         print0(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
 

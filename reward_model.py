@@ -68,7 +68,7 @@ from config import (
 )
 from data import DataError, Example, parse_answer, render_conversation, split_completion, task_brief
 from dataset import load_jsonl, read_jsonl
-from distributed import all_reduce_sum, setup_distributed
+from distributed import DistributedSettings, all_reduce_sum, setup_distributed
 from judge import (
     JudgeConfig,
     JudgeError,
@@ -623,6 +623,7 @@ class RMConfig:
     # auto: continue from the newest complete checkpoint (exact resume)
     resume: Literal["auto", "none"] = "auto"
     seed: int = 42
+    distributed: DistributedSettings = field(default_factory=DistributedSettings)
     # None: bfloat16 on GPU, float32 on the CPU; LoRA and the head stay float32
     dtype: str | None = None
     device: str | None = None
@@ -671,7 +672,7 @@ def pairwise_accuracy(
 def train(cfg: RMConfig) -> dict:
     """Train the RM as configured; returns {heldout_accuracy_before, heldout_accuracy, ...} (also in
     RM_INFO)."""
-    ranks = setup_distributed(cfg.device)
+    ranks = setup_distributed(cfg.device, cfg.distributed, cfg.output_dir)
     pairs = load_pairs(cfg.pairs)
     train_pairs, heldout = (
         (pairs, load_pairs(cfg.heldout))

@@ -81,7 +81,7 @@ from data import (
     visible_turns,
 )
 from dataset import example_from_json, load_jsonl, read_jsonl, typed_field
-from distributed import all_reduce_sum, setup_distributed
+from distributed import DistributedSettings, all_reduce_sum, setup_distributed
 from fsdp import gathered, is_sharded, pad_batches, shard_model
 from model import (
     CheckpointError,
@@ -168,6 +168,7 @@ class SFTConfig:
     finetune: Literal["lora", "full"] = "lora"
     lora: LoraSettings | None = None  # LoRA runs only; left out: LoraSettings()
     selection: SelectionConfig = field(default_factory=SelectionConfig)
+    distributed: DistributedSettings = field(default_factory=DistributedSettings)
     # optimizer steps between checkpoints (also at each epoch end and on a stop request)
     save_every: int = bounded(200, ge=1)
     keep_checkpoints: int | None = bounded(2, ge=1)
@@ -585,7 +586,7 @@ def split_rows(cfg: SFTConfig) -> tuple[list[Row], list[Row]]:
 
 def train(cfg: SFTConfig) -> Path:
     """Run SFT as configured; returns the output folder. Data are checked before the model loads."""
-    ranks = setup_distributed(cfg.device)
+    ranks = setup_distributed(cfg.device, cfg.distributed, cfg.output_dir)
     out = Path(cfg.output_dir)
     kept, heldout = split_rows(cfg)
     tok = load_tokenizer(cfg.model)

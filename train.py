@@ -47,12 +47,16 @@ def build_optimizer(
 ) -> torch.optim.AdamW:
     """AdamW over the trainable parameters: the LoRA factors at `lr` with weight decay, the token
     rows (the `<evidence>` rows in SFT) at `row_lr_scale` x `lr` without it. Each group keeps its
-    `lr_scale`, which `set_lr` applies."""
+    `lr_scale`, which `set_lr` applies. On CUDA the step is torch's fused kernel (one launch per
+    group, DTensor shards included); elsewhere torch's default."""
     lora, rows = trainable_groups(model)
     groups = [{"params": lora, "weight_decay": weight_decay, "lr_scale": 1.0}]
     if rows:
         groups.append({"params": rows, "weight_decay": 0.0, "lr_scale": row_lr_scale})
-    return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), weight_decay=weight_decay)
+    on_cuda = all(p.device.type == "cuda" for p in [*lora, *rows])
+    return torch.optim.AdamW(
+        groups, lr=lr, betas=tuple(betas), weight_decay=weight_decay, fused=on_cuda or None
+    )
 
 
 def sync_gradients(params: list[torch.nn.Parameter]) -> None:

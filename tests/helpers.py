@@ -8,6 +8,7 @@ puts tests/ on sys.path, so `from helpers import ...` finds this file.
 - read_jsonl: the records of a JSONL file
 - model.py against transformers: CONFIGS, hf_checkpoint, randomize, ids, close, hf_greedy,
   check_cache_against_full_forward, Q35_TEXT
+- gloo ranks: gloo_rank (an mp.spawn target's torchrun environment)
 - sft.py runs: SFT_WORDS, sad_row, write_rows, config_file, config, tensors, metrics, rank_run
 - grpo.py runs: write_examples, run_config, fixed_groups, kill_after_checkpoint, assert_same_run
 - the dialogue demo: DEMO, DIALOGUE_WORDS
@@ -431,18 +432,24 @@ def metrics(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
-def rank_run(rank, port, cfg):
-    """One of two gloo ranks of sft.train(cfg) (an mp.spawn target)."""
-    import sft
-
+def gloo_rank(rank: int, port: int, world_size: int = 2) -> None:
+    """Make this process (an mp.spawn target) rank `rank` of `world_size` on the CPU, as torchrun
+    would: one thread, the environment distributed.setup_distributed reads, localhost:`port`."""
     torch.set_num_threads(1)
     os.environ.update(
         RANK=str(rank),
-        WORLD_SIZE="2",
+        WORLD_SIZE=str(world_size),
         LOCAL_RANK=str(rank),
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
     )
+
+
+def rank_run(rank, port, cfg):
+    """One of two gloo ranks of sft.train(cfg) (an mp.spawn target)."""
+    import sft
+
+    gloo_rank(rank, port)
     sft.train(cfg)
     torch.distributed.destroy_process_group()
 

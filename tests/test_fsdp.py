@@ -21,6 +21,7 @@ import torch.multiprocessing as mp
 from helpers import (
     config,
     config_file,
+    gloo_rank,
     metrics,
     sad_row,
     tensors,
@@ -136,14 +137,7 @@ TIED = dict(
 
 
 def _export_worker(rank, port, out, tied):
-    torch.set_num_threads(1)
-    os.environ.update(
-        RANK=str(rank),
-        WORLD_SIZE="2",
-        LOCAL_RANK=str(rank),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-    )
+    gloo_rank(rank, port)
     ranks = D.setup_distributed("cpu")
     torch.manual_seed(0)
     raw = dict(TIED, tie_word_embeddings=tied)
@@ -191,14 +185,7 @@ def test_the_exported_checkpoint_gives_the_in_memory_logits(tmp_path, tied):
 
 
 def _rollout_worker(rank, port, out):
-    torch.set_num_threads(1)
-    os.environ.update(
-        RANK=str(rank),
-        WORLD_SIZE="2",
-        LOCAL_RANK=str(rank),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-    )
+    gloo_rank(rank, port)
     ranks = D.setup_distributed("cpu")
     torch.manual_seed(0)
     model = M.Qwen(M.QwenConfig.from_dict(dict(TIED, tie_word_embeddings=False)))
@@ -447,14 +434,7 @@ def updated_weights(base, groups, micro_batch_size) -> dict[str, torch.Tensor]:
 
 
 def _grpo_worker(rank, port, base, out):
-    torch.set_num_threads(1)
-    os.environ.update(
-        RANK=str(rank),
-        WORLD_SIZE="2",
-        LOCAL_RANK=str(rank),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-    )
+    gloo_rank(rank, port)
     mine = [g for i, g in enumerate(fixed_groups(n_groups=3)) if i % 2 == rank]  # 6 and 3 sequences
     found = updated_weights(base, mine, micro_batch_size=2)  # rank 1 runs an idle micro-batch
     if rank == 0:

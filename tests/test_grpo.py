@@ -20,6 +20,7 @@ from helpers import (
     assert_same_run,
     assert_sinks_hold_metrics,
     fixed_groups,
+    gloo_rank,
     kill_after_checkpoint,
     read_jsonl,
     run_config,
@@ -519,13 +520,7 @@ def gradients(cfg, policy, groups, ranks, micro_batch_size):
 
 
 def _rank_worker(rank, port, base, agg, out):
-    os.environ.update(
-        RANK=str(rank),
-        WORLD_SIZE="2",
-        LOCAL_RANK=str(rank),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-    )
+    gloo_rank(rank, port)
     ranks = D.setup_distributed("cpu")
     cfg, policy = tiny_policy(base)
     cfg.loss.agg = agg

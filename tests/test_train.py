@@ -9,6 +9,7 @@ import signal
 import pytest
 import torch
 import torch.multiprocessing as mp
+from helpers import gloo_rank
 from instruments import free_port
 
 import checkpoint as CK
@@ -193,13 +194,7 @@ def test_resume_refuses_a_different_world_size(tmp_path):
 
 
 def _sync_worker(rank, port, out):
-    os.environ.update(
-        RANK=str(rank),
-        WORLD_SIZE="2",
-        LOCAL_RANK=str(rank),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-    )
+    gloo_rank(rank, port)
     ranks = D.setup_distributed("cpu")
     # different LoRA inits: the broadcast must equalize them
     model = tiny_model(lora_seed=rank, dropout=0.0)
