@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from config import ConfigError
+from config import ConfigError, bounded
 
 # the oldest torch with every API the trainers use: HuggingFaceStorageWriter's save_distributed
 # (checkpoint.save_sharded) is the newest of them (docs/fsdp.md#the-torch-minimum)
@@ -54,7 +54,7 @@ class DistributedSettings:
 
     # how long a collective waits for the slowest rank before the run is aborted: long enough for
     # one update's rollouts, judge calls and resampling on the slowest rank, and for a checkpoint
-    timeout_s: float = 3600.0
+    timeout_s: float = bounded(3600.0, gt=0)
 
 
 @dataclass
