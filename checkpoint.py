@@ -25,6 +25,8 @@ resumes at N ranks.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import hashlib
 import json
 import os
 import random
@@ -37,7 +39,7 @@ import torch.distributed.checkpoint as dcp
 from safetensors import safe_open
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
-from config import atomic_write_text
+from config import atomic_write_text, read_metrics, resolved_config_text
 from distributed import Ranks, barrier, broadcast_parameters, is_distributed
 from fsdp import export_full, is_sharded
 from model import CheckpointError, Qwen, atomic_write, load_adapter, save_adapter
@@ -271,6 +273,36 @@ def load_sharded(
     )
 
 
+@dataclasses.dataclass
+class ModelCard:
+    """What a trained model's README.md says about how it was made."""
+
+    base_model: str
+    method: str  # the objective and its paper, e.g. "GRPO with the CLUE reward (CLUE, section 3)"
+    data_files: list[str]
+    config: object  # the run's resolved config (secrets removed when written)
+    metrics_file: Path  # the run's metrics.jsonl: its last record is the card's final metrics
+
+    def text(self) -> str:
+        final = (read_metrics(self.metrics_file) or [{}])[-1] if self.metrics_file.is_file() else {}
+        data = "\n".join(f"- `{f}`: sha256 `{file_sha256(f)}`" for f in self.data_files)
+        numbers = "\n".join(f"| {k} | {v:.6g} |" for k, v in final.items())
+        return (
+            f"# Model card\n\n- base model: `{self.base_model}`\n- method: {self.method}\n\n"
+            f"## Data\n\n{data}\n\n## Final metrics (metrics.jsonl, last record)\n\n"
+            f"| metric | value |\n|---|---|\n{numbers}\n\n"
+            f"## Resolved config\n\n```yaml\n{resolved_config_text(self.config)}```\n"
+        )
+
+
+def file_sha256(path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def save_model(
     model: Qwen,
     tok,
@@ -278,11 +310,12 @@ def save_model(
     ranks: Ranks,
     base_model_name_or_path: str | None = None,
     with_tokenizer: bool = False,
+    card: ModelCard | None = None,
 ) -> None:
     """The trained model in `folder`, replaced whole (every rank calls it): a LoRA run's adapter and
     token rows (model.save_adapter, by rank 0; `with_tokenizer`: the tokenizer beside them), or a
     full-parameter run's whole Hugging Face checkpoint (export_full). Built in `staging_folder`,
-    swapped in by `publish_folder`."""
+    swapped in by `publish_folder`; with `card`, its README.md beside them."""
     tmp = staging_folder(folder, clear=ranks.main)
     barrier()
     if is_sharded(model):
@@ -292,6 +325,8 @@ def save_model(
         if with_tokenizer:
             tok.save(tmp)
     if ranks.main:
+        if card is not None:
+            (tmp / "README.md").write_text(card.text(), encoding="utf-8")
         publish_folder(tmp, folder)
 
 

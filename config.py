@@ -532,6 +532,10 @@ def save_resolved_config(cfg, output_dir) -> Path:
     0)."""
     path = Path(output_dir) / "config.yaml"
     if is_main_process():
-        resolved = redact_secrets(_jsonable(cfg))
-        atomic_write_text(path, yaml.safe_dump(resolved, sort_keys=False, allow_unicode=True))
+        atomic_write_text(path, resolved_config_text(cfg))
     return path
+
+
+def resolved_config_text(cfg) -> str:
+    """A config as YAML, secrets removed: config.yaml's text, and a model card's."""
+    return yaml.safe_dump(redact_secrets(_jsonable(cfg)), sort_keys=False, allow_unicode=True)

@@ -51,7 +51,7 @@ import torch
 import data
 import dataset
 import rewards
-from checkpoint import atomic_folder, resume, save_checkpoint, save_model, trim_log
+from checkpoint import ModelCard, atomic_folder, resume, save_checkpoint, save_model, trim_log
 from config import (
     ConfigError,
     MetricsWriter,
@@ -959,7 +959,15 @@ def train(cfg: GRPOConfig, examples: list[data.Example]) -> None:
     final = out_dir / ("model" if is_sharded(policy) else "adapter")
     # else: the SFT-merged base, not on disk
     base = None if cfg.model.sft_adapter else cfg.model.path
-    save_model(policy, tok, final, ranks, base_model_name_or_path=base)
+    card = ModelCard(
+        cfg.model.path,
+        f"GRPO (DeepSeekMath's group-relative policy optimization) with the `{cfg.reward.name}` "
+        "reward; the reward's paper and section: docs/paper-configs.md",
+        cfg.train_data,
+        cfg,
+        out_dir / "metrics.jsonl",
+    )
+    save_model(policy, tok, final, ranks, base_model_name_or_path=base, card=card)
     if ranks.main and cfg.save_merged:
         with atomic_folder(out_dir / "merged") as tmp:
             save_merged(policy, tok, tmp)

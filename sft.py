@@ -56,7 +56,7 @@ from typing import Literal
 
 import torch
 
-from checkpoint import atomic_folder, resume, save_checkpoint, save_model, trim_log
+from checkpoint import ModelCard, atomic_folder, resume, save_checkpoint, save_model, trim_log
 from config import (
     ConfigError,
     MetricsWriter,
@@ -680,7 +680,7 @@ def train(cfg: SFTConfig) -> Path:
                 print0(f"stopped after step {done}; run again with resume=auto to continue")
                 return out
     if not heldout:
-        save_model(model, tok, out / "best", ranks, with_tokenizer=True)
+        save_model(model, tok, out / "best", ranks, with_tokenizer=True, card=model_card(cfg))
     if ranks.main:
         if cfg.save_merged:
             with atomic_folder(out / "merged") as tmp:
@@ -692,6 +692,15 @@ def train(cfg: SFTConfig) -> Path:
         )
         print0(f"done: {out / 'best'}{best}")
     return out
+
+
+def model_card(cfg: SFTConfig) -> ModelCard:
+    method = {
+        "clue": "SFT on reasoning traces that quote their evidence (CLUE, stage 1)",
+        "target": "SFT on target completions (EmoLLM Stage I)",
+        "lm": "continued pre-training, a language-model loss on every token (EmoLLM Stage I)",
+    }[cfg.objective]
+    return ModelCard(cfg.model, method, [cfg.data], cfg, Path(cfg.output_dir) / "metrics.jsonl")
 
 
 def _select(model, tok, heldout, cfg, ranks, step: int, state: dict, metrics) -> None:
@@ -712,7 +721,14 @@ def _select(model, tok, heldout, cfg, ranks, step: int, state: dict, metrics) ->
     better = state["best"] is None or mean > state["best"]["mean_macro_f1"]
     if better:
         state["best"] = {"step": step, "mean_macro_f1": mean}
-        save_model(model, tok, Path(cfg.output_dir) / "best", ranks, with_tokenizer=True)
+        save_model(
+            model,
+            tok,
+            Path(cfg.output_dir) / "best",
+            ranks,
+            with_tokenizer=True,
+            card=model_card(cfg),
+        )
     if ranks.main:
         table = {"best_step": state["best"]["step"], "steps": state["selection"]}
         atomic_write_text(

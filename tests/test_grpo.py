@@ -4,6 +4,7 @@ paper's LR landmarks, and whole runs on a tiny random model against the local ru
 HTTP: every output written, exact resume after SIGKILL, SIGTERM, judge failures, bad inputs, and a
 reward that a tiny model learns to raise."""
 
+import hashlib
 import json
 import math
 import os
@@ -685,6 +686,15 @@ def test_three_updates_write_every_output(tmp_path, assets, judge, umask_022):
     assert sorted(p.name for p in out.glob("ckpt-*")) == ["ckpt-000002", "ckpt-000003"]
     assert json.loads((out / "ckpt-000003" / "state.json").read_text())["trainer"]["update"] == 3
     assert yaml.safe_load((out / "config.yaml").read_text())["reward"]["name"] == "clue"
+    # the adapter's model card: base, method, the data's sha256, the final metrics, the config
+    base, examples = assets
+    card = (out / "adapter" / "README.md").read_text()
+    assert f"- base model: `{base}`" in card and "with the `clue` reward" in card
+    assert f"- `{examples}`: sha256 `{hashlib.sha256(examples.read_bytes()).hexdigest()}`" in card
+    assert f"| judge/calls | {metrics[-1]['judge/calls']} |" in card
+    assert f"| completions/mean_length | {metrics[-1]['completions/mean_length']:.6g} |" in card
+    config_block = card.split("```yaml\n")[1].split("```")[0]
+    assert yaml.safe_load(config_block) == yaml.safe_load((out / "config.yaml").read_text())
     # the adapter on the base, and the merged checkpoint, give the same logits
     base, _ = assets
     with_adapter = M.load_adapter(M.Qwen.from_pretrained(base, dtype="float32"), out / "adapter")
