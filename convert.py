@@ -512,7 +512,7 @@ def convert_empathetic_dialogues(path) -> list[dict]:
         row = {k: v.replace("_comma_", ",").strip() for k, v in zip(_ED_COLUMNS, cells)}
         if not row["utterance"]:
             raise DataError(f"{path}:{line}: field 'utterance': empty")
-        if not row["utterance_idx"].isdigit():
+        if not (row["utterance_idx"].isascii() and row["utterance_idx"].isdigit()):
             raise DataError(
                 f"{path}:{line}: field 'utterance_idx': expected a number, "
                 f"got {excerpt(row['utterance_idx'])}"
@@ -565,11 +565,18 @@ def convert_msdialog(path) -> list[dict]:
                         "content": text.strip(),
                     }
                 )
+            if not dialog:
+                raise DataError(f"{where}: field 'utterances': empty")
+            for key in ("title", "category"):
+                if not isinstance(record[key], str) or not record[key].strip():
+                    raise DataError(
+                        f"{where}: field '{key}': {excerpt(record[key])} (expected non-empty text)"
+                    )
             out.append(
                 {
                     "id": f"msdialog-{dialog_id}",
-                    "situation": str(record["title"]).strip(),
-                    "problem_type": str(record["category"]).strip(),
+                    "situation": record["title"].strip(),
+                    "problem_type": record["category"].strip(),
                     "dialog": dialog,
                 }
             )

@@ -4,6 +4,7 @@ have."""
 
 import csv
 import json
+import re
 import resource
 import subprocess
 import sys
@@ -805,3 +806,40 @@ def test_a_bad_column_mapping_stops_with_one_line(tmp_path, capsys, flags, messa
     assert stop.value.code == 1 and err.count("\n") == 1, err
     assert err.startswith("error: " + message.format(src=source)), err
     assert not (tmp_path / "out.jsonl").exists()
+
+
+@pytest.mark.parametrize(
+    "record, expected",
+    [
+        ({"title": "t", "category": "c", "utterances": []}, "field 'utterances': empty"),
+        (
+            {
+                "title": " ",
+                "category": "c",
+                "utterances": [{"actor_type": "User", "utterance": "u"}],
+            },
+            "field 'title': ' ' (expected non-empty text)",
+        ),
+        (
+            {
+                "title": "t",
+                "category": None,
+                "utterances": [{"actor_type": "User", "utterance": "u"}],
+            },
+            "field 'category': None (expected non-empty text)",
+        ),
+    ],
+)
+def test_msdialog_refuses_a_dialogue_emollm_data_could_not_use(tmp_path, record, expected):
+    path = tmp_path / "ms.json"
+    path.write_text(json.dumps({"7": record}))
+    with pytest.raises(DataError, match="^" + re.escape(f"{path}: dialogue 7: {expected}")):
+        convert_msdialog(path)
+
+
+def test_empathetic_dialogues_refuses_a_non_ascii_digit_index(tmp_path):
+    header = "conv_id,utterance_idx,context,prompt,speaker_idx,utterance,selfeval,tags\n"
+    path = tmp_path / "ed.csv"
+    path.write_text(header + "c1,\u00b2,sad,p,1,hello,,\n", encoding="utf-8")
+    with pytest.raises(DataError, match=f"^{path}:2: field 'utterance_idx': expected a number"):
+        convert_empathetic_dialogues(path)
