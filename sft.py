@@ -560,8 +560,9 @@ def split_rows(cfg: SFTConfig) -> tuple[list[Row], list[Row]]:
     and every row sharing one is left out of training (the count is printed). Objectives other than
     clue hold nothing out."""
     if cfg.objective != "clue":
+        rows = load_rows(cfg.data, cfg.objective)  # a bad row stops before any line is printed
         print0(f"objective {cfg.objective}: no checkpoint selection, best/ is the last adapter")
-        return load_rows(cfg.data, cfg.objective), []
+        return rows, []
     rows = load_rows(cfg.data)
     pool = (
         rows

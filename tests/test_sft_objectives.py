@@ -174,7 +174,8 @@ def test_a_bad_row_stops_with_one_line_naming_file_line_and_field(
     )
     with pytest.raises(SystemExit) as stop:
         sft.main([str(path)])
-    err = capsys.readouterr().err
+    out, err = capsys.readouterr()
     assert stop.value.code != 0 and len(err.strip().splitlines()) == 1, err
+    assert out == ""  # no info line before the error
     assert err.startswith(f"error: {data}:2: {line}"), err
     assert not (tmp_path / "out").exists()  # nothing written
