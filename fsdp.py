@@ -23,6 +23,10 @@ every rank (any number of nodes):
 Qwen3.5's A_log and dt_bias, kept in float32 by model.py, are computed in the checkpoint dtype here
 (one param_dtype per unit); their master copies stay float32.
 
+Loading (`shard_model(..., checkpoint=folder)`): the model comes from `Qwen.from_pretrained(folder,
+on_meta=sharded_weight)`, its layers and norm on the meta device; after `fully_shard` each rank
+reads only its own slices of them from the Hugging Face safetensors (`load_shards`).
+
 Every rank must run the same sequence of forwards and backwards (each unit's all-gather is a
 collective): the trainers give every rank the same number of micro-batches, padding with ones that
 weigh 0 (`pad_batches`).
@@ -37,16 +41,25 @@ the optimizer's hyperparameters go to state.json.
 from __future__ import annotations
 
 import contextlib
+import os
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import HuggingFaceStorageReader
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from model import Qwen, save_merged, train_token_rows
+from model import Qwen, checkpoint_name, save_merged, train_token_rows
 
 ROWS = ("row_ids", "embed_rows", "head_rows")
+SHARDED = ("model.layers.", "model.norm.")  # the names of the sharded units' parameters
+
+
+def sharded_weight(name: str) -> bool:
+    """Whether parameter `name` is sharded by `shard_model` (Qwen.from_pretrained's `on_meta`)."""
+    return name.startswith(SHARDED)
 
 
 def device_mesh(device: torch.device) -> DeviceMesh:
@@ -79,11 +92,16 @@ def frozen_whole(model: Qwen) -> set[torch.nn.Parameter]:
     return {p for p in found if p is not None}
 
 
-def shard_model(model: Qwen, device: torch.device, like: Qwen | None = None) -> Qwen:
+def shard_model(
+    model: Qwen, device: torch.device, like: Qwen | None = None, checkpoint=None
+) -> Qwen:
     """Shard `model` (loaded in its checkpoint dtype, token rows already added) as the module
     docstring says, in place; returns it. With `like` (GRPO's reference of the sharded policy
     `like`, equal to it at the start): every weight frozen in the checkpoint dtype, the embedding
-    and lm_head those of `like` (one copy on a rank, not two)."""
+    and lm_head those of `like` (one copy on a rank, not two). With `checkpoint` (the Hugging Face
+    folder `model` came from, its sharded weights left on the meta device: `from_pretrained(...,
+    on_meta=sharded_weight)`), every rank reads only its own shards of them (`load_shards`): no
+    rank ever holds a whole layer."""
     compute, trainable = model.dtype, like is None
     if like is not None:
         model.model.embed_tokens.weight = like.model.embed_tokens.weight
@@ -106,10 +124,26 @@ def shard_model(model: Qwen, device: torch.device, like: Qwen | None = None) -> 
     for unit in units(model):
         unit.set_gradient_divide_factor(1.0)
         unit.set_force_sum_reduction_for_comms(True)  # a plain SUM (gloo has no PREMUL_SUM)
+    if checkpoint is not None:
+        load_shards(model, checkpoint, device)
     with torch.no_grad():
         # the root's forward makes it the FSDP root
         model(torch.zeros((1, 1), dtype=torch.long, device=device))
     return model
+
+
+def load_shards(model: Qwen, checkpoint, device: torch.device) -> None:
+    """Fill a sharded model's meta-device shards from the Hugging Face checkpoint folder
+    `checkpoint` (a collective): DCP's HuggingFaceStorageReader reads each rank's slice of each
+    tensor by offset and casts it to the shard's dtype."""
+    for module in [*model.model.layers, model.model.norm]:
+        module.to_empty(device=device)
+    shards = {
+        checkpoint_name(model.config, name): p
+        for name, p in model.named_parameters()
+        if isinstance(p, DTensor)
+    }
+    dcp.load(shards, storage_reader=HuggingFaceStorageReader(os.fspath(checkpoint)))
 
 
 def pad_batches(batches: list, idle, device: torch.device) -> list:

@@ -656,10 +656,11 @@ class Qwen(nn.Module):
         self.gradient_checkpointing = False  # recompute each layer in backward (training only)
 
     @classmethod
-    def from_pretrained(cls, path, dtype=None, device=None) -> "Qwen":
+    def from_pretrained(cls, path, dtype=None, device=None, on_meta=None) -> "Qwen":
         """Load a Hugging Face checkpoint folder (config.json + model.safetensors or the shards of
         its index) into `dtype` (default: the config's) on `device`, one tensor at a time: host
-        memory holds one tensor at most."""
+        memory holds one tensor at most. The parameters whose names `on_meta(name)` accepts are
+        checked but stay on the meta device, for fsdp.shard_model to fill shard by shard."""
         path = Path(path)
         cfg = QwenConfig.from_json(path / "config.json")
         dtype = parse_dtype(dtype) or parse_dtype(cfg.dtype) or torch.float32
@@ -697,7 +698,12 @@ class Qwen(nn.Module):
                             f"{list(shape)}"
                         )
                     keep_fp32 = name.endswith(("A_log", "dt_bias"))  # the decay stays in float32
-                    state[ours] = f.get_tensor(name).to(torch.float32 if keep_fp32 else dtype)
+                    target = torch.float32 if keep_fp32 else dtype
+                    state[ours] = (
+                        torch.empty(shape, dtype=target, device="meta")
+                        if on_meta is not None and on_meta(ours)
+                        else f.get_tensor(name).to(target)
+                    )
             model.load_state_dict(state, strict=False, assign=True)
         model.source = path
         return model.eval()

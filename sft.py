@@ -82,7 +82,7 @@ from data import (
 )
 from dataset import example_from_json, load_jsonl, read_jsonl, typed_field
 from distributed import DistributedSettings, all_reduce_sum, setup_distributed
-from fsdp import gathered, is_sharded, pad_batches, shard_model
+from fsdp import gathered, is_sharded, pad_batches, shard_model, sharded_weight
 from model import (
     CheckpointError,
     Qwen,
@@ -591,7 +591,13 @@ def train(cfg: SFTConfig) -> Path:
     out = Path(cfg.output_dir)
     kept, heldout = split_rows(cfg)
     tok = load_tokenizer(cfg.model)
-    model = Qwen.from_pretrained(cfg.model, dtype=_dtype(cfg, ranks.device), device=ranks.device)
+    full = cfg.finetune == "full"  # each rank reads only its shards of the layers
+    model = Qwen.from_pretrained(
+        cfg.model,
+        dtype=_dtype(cfg, ranks.device),
+        device=ranks.device,
+        on_meta=sharded_weight if full else None,
+    )
     clue = cfg.objective == "clue"
     tag_ids = add_special_tokens(model, tok, [EVIDENCE_OPEN, EVIDENCE_CLOSE]) if clue else []
     encode = encode_row if clue else encode_text_row
@@ -607,8 +613,8 @@ def train(cfg: SFTConfig) -> Path:
         add_lora(model, cfg.lora.rank, cfg.lora.alpha, cfg.lora.dropout, cfg.lora.targets)
     if tag_ids:
         train_token_rows(model, tag_ids)
-    if cfg.finetune == "full":
-        shard_model(model, ranks.device)
+    if full:
+        shard_model(model, ranks.device, checkpoint=cfg.model)
     model.gradient_checkpointing = cfg.gradient_checkpointing
     optimizer, meta, checkpoint = resume(
         out,

@@ -12,7 +12,14 @@ full-parameter run, which holds all of it on every rank (the 1-rank figures); th
 backward + clip + AdamW over one micro-batch of --tokens tokens per rank) and, during a rollout, the
 collectives per decoded token: under FS.gathered (what grpo.py runs) they must be 0; without it,
 each token would all-gather every unit (shown for contrast). Collectives are counted by wrapping
-torch.distributed's functions (INSTR.CollectiveCounter)."""
+torch.distributed's functions (INSTR.CollectiveCounter).
+
+Start-up: the same model written as a bf16 Hugging Face checkpoint, loaded at 2 ranks as GRPO loads
+a policy and its frozen reference, whole (every rank reads the whole checkpoint, then shards it) or
+sharded (the layers on the meta device, each rank reading its own slices, the reference sharing
+the policy's embedding). Each way runs in fresh processes; the peak is each rank's peak resident
+memory while loading (VmHWM, reset just before) less its resident memory just before (Linux),
+with glibc told to return freed blocks of 64 KiB or more (MALLOC_MMAP_THRESHOLD_)."""
 
 import argparse
 import os
@@ -55,19 +62,7 @@ def worker(rank: int, world: int, port: int, args, out: Path) -> None:
     )
     ranks = D.setup_distributed("cpu")
     torch.manual_seed(0)
-    raw = dict(
-        model_type="qwen3",
-        vocab_size=args.vocab,
-        hidden_size=args.hidden,
-        intermediate_size=4 * args.hidden,
-        num_hidden_layers=args.layers,
-        num_attention_heads=args.hidden // 64,
-        num_key_value_heads=args.hidden // 128,
-        head_dim=64,
-        rope_theta=1e6,
-        tie_word_embeddings=False,
-    )
-    model = M.Qwen(M.QwenConfig.from_dict(raw))
+    model = M.Qwen(M.QwenConfig.from_dict(model_config(args)))
     n_params = sum(p.numel() for p in model.parameters())
     FS.shard_model(model, ranks.device)
     optimizer = T.build_optimizer(model, lr=1e-5, weight_decay=0.01, betas=(0.9, 0.99))
@@ -118,6 +113,95 @@ def worker(rank: int, world: int, port: int, args, out: Path) -> None:
     dist.destroy_process_group()
 
 
+def resident_kib(field: str) -> int:
+    """This process's resident memory (VmRSS) or its peak (VmHWM), in KiB, from /proc (Linux)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+def startup_worker(rank: int, world: int, port: int, checkpoint: Path, how: str, out: Path):
+    torch.set_num_threads(1)
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+    ranks = D.setup_distributed("cpu")
+    dist.barrier()
+    Path("/proc/self/clear_refs").write_text("5")  # the peak (VmHWM) restarts from here
+    before = resident_kib("VmRSS")
+    begin = time.perf_counter()
+    sharded = how == "sharded"
+    source = checkpoint if sharded else None
+    policy = M.Qwen.from_pretrained(
+        checkpoint, dtype="bfloat16", on_meta=FS.sharded_weight if sharded else None
+    )
+    FS.shard_model(policy, ranks.device, checkpoint=source)
+    reference = M.Qwen.from_pretrained(
+        checkpoint, dtype="bfloat16", on_meta=(lambda name: True) if sharded else None
+    )
+    FS.shard_model(reference, ranks.device, like=policy, checkpoint=source)
+    seconds = time.perf_counter() - begin
+    result = {
+        "peak_mib": (resident_kib("VmHWM") - before) / 1024,
+        "held_mib": (resident_kib("VmRSS") - before) / 1024,
+        "s": seconds,
+    }
+    torch.save(result, out / f"{how}-r{rank}.pt")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def startup(args, out: Path) -> None:
+    """Write the bench model as a bf16 checkpoint and print the start-up table (see the module
+    docstring)."""
+    torch.manual_seed(0)
+    model = M.Qwen(M.QwenConfig.from_dict(model_config(args))).to(torch.bfloat16)
+    tok = M.QwenTokenizer.__new__(M.QwenTokenizer)  # save_merged writes the tokenizer: none here
+    tok.save = lambda folder: None
+    M.save_merged(model, tok, out / "checkpoint")
+    size = sum(f.stat().st_size for f in (out / "checkpoint").glob("*.safetensors"))
+    layers = sum(p.numel() * 2 for n, p in model.named_parameters() if FS.sharded_weight(n))
+    del model
+    rows = []
+    # glibc returns freed blocks over 64 KiB to the OS, so resident memory follows live tensors
+    os.environ["MALLOC_MMAP_THRESHOLD_"] = "65536"
+    for how in ("whole", "sharded"):
+        mp.spawn(startup_worker, args=(2, free_port(), out / "checkpoint", how, out), nprocs=2)
+        for rank in range(2):
+            r = torch.load(out / f"{how}-r{rank}.pt")
+            rows.append(
+                [how, rank, f"{r['peak_mib']:.0f}", f"{r['held_mib']:.0f}", f"{r['s']:.2f}"]
+            )
+    print(
+        f"\nstart-up at 2 ranks, policy + reference from a bf16 checkpoint of "
+        f"{size / (1 << 20):.0f} MiB ({layers / (1 << 20):.0f} MiB of it in the sharded layers "
+        f"and norm):\n"
+    )
+    print(
+        markdown_table(["loading", "rank", "peak MiB (start-up)", "held after MiB", "load s"], rows)
+    )
+
+
+def model_config(args) -> dict:
+    return dict(
+        model_type="qwen3",
+        vocab_size=args.vocab,
+        hidden_size=args.hidden,
+        intermediate_size=4 * args.hidden,
+        num_hidden_layers=args.layers,
+        num_attention_heads=args.hidden // 64,
+        num_key_value_heads=args.hidden // 128,
+        head_dim=64,
+        rope_theta=1e6,
+        tie_word_embeddings=False,
+    )
+
+
 def main():
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -128,7 +212,12 @@ def main():
     p.add_argument("--tokens", type=int, default=256)
     p.add_argument("--new", type=int, default=16, help="tokens decoded in the rollout")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--startup-only", action="store_true", help="only the start-up table")
     args = p.parse_args()
+    with tempfile.TemporaryDirectory() as folder:
+        startup(args, Path(folder))
+    if args.startup_only:
+        return
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder)
         for world in (1, 2):

@@ -278,6 +278,15 @@ def test_bench_fsdp_tiny():
     # one layer + the final norm, each gathered per token
     assert number(rows[1]["(sharded, no gathered)"]) == 2
     assert verdicts(out)["fsdp per-rank state, replicated / 2 ranks"] > 1
+    startup = table(out, "loading")
+    assert [(r["loading"], r["rank"]) for r in startup] == [
+        ("whole", "0"),
+        ("whole", "1"),
+        ("sharded", "0"),
+        ("sharded", "1"),
+    ]
+    for r in startup:  # at this size the MiB are noise: numbers, not a comparison
+        number(r["peak MiB (start-up)"]), positive(r["load s"])
     assert "target: fsdp collectives per decoded token under gathered 0 (goal 0): met" in out
 
 

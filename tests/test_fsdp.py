@@ -34,6 +34,7 @@ from helpers import (
     sft_checkpoint as write_checkpoint,
 )
 from instruments import free_port
+from torch.distributed.tensor import DTensor
 
 import checkpoint as CK
 import distributed as D
@@ -179,6 +180,50 @@ def test_the_exported_checkpoint_gives_the_in_memory_logits(tmp_path, tied):
             hf(expected["ids"]).logits, expected["logits"], rtol=1e-4, atol=1e-4
         )
     assert ours.lm_head is None if tied else ours.lm_head is not None
+
+
+def _loading_worker(rank, port, checkpoint, out):
+    torch.set_num_threads(1)
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE="2",
+        LOCAL_RANK=str(rank),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+    ranks = D.setup_distributed("cpu")
+    loaded = {}
+    for how in ("whole", "sharded"):
+        model = M.Qwen.from_pretrained(
+            checkpoint, on_meta=FS.sharded_weight if how == "sharded" else None
+        )
+        FS.shard_model(model, ranks.device, checkpoint=checkpoint if how == "sharded" else None)
+        loaded[how] = {
+            n: (p.to_local().clone(), p.full_tensor())
+            for n, p in model.named_parameters()
+            if isinstance(p, DTensor)
+        }
+    torch.save(loaded, out / f"rank{rank}.pt")
+    dist.destroy_process_group()
+
+
+def test_sharded_loading_reads_each_rank_s_slices_of_the_checkpoint(checkpoint, tmp_path):
+    """On 2 ranks, a model built with its layers on the meta device and filled by load_shards holds
+    exactly the shards of the whole-loaded model (so training from it is the same), and they tile
+    the checkpoint's tensors: rank r holds rows [r * ceil(n / 2), ...) of each."""
+    mp.spawn(_loading_worker, args=(free_port(), checkpoint, tmp_path), nprocs=2)
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    base = weights(checkpoint)
+    assert ranks[0]["whole"].keys() == ranks[0]["sharded"].keys()
+    assert len(ranks[0]["sharded"]) == len([k for k in base if FS.sharded_weight(k)])
+    for name in ranks[0]["sharded"]:
+        whole = base[name].float()
+        half = -(-whole.shape[0] // 2)
+        for r, loaded in enumerate(ranks):
+            local, full = loaded["sharded"][name]
+            assert torch.equal(local, loaded["whole"][name][0]), name
+            assert torch.equal(local, whole[r * half : (r + 1) * half]), name
+            assert torch.equal(full, whole), name
 
 
 # ------------------------------------------------------------------ no collective per decoded token
