@@ -750,15 +750,11 @@ def test_a_kill_during_the_final_save_leaves_no_temporary_in_the_result(tmp_path
     assert killed.returncode == -signal.SIGKILL and (run / "ckpt-000002").is_dir(), (
         killed.stderr.decode()[-2000:]
     )
-    assert not (run / "adapter").exists() or sorted(os.listdir(run / "adapter")) == [
-        "adapter_config.json",
-        "adapter_model.safetensors",
-    ]  # absent or whole, never half-written
+    whole = ["README.md", "adapter_config.json", "adapter_model.safetensors"]  # with its card
+    # absent or whole, never half-written
+    assert not (run / "adapter").exists() or sorted(os.listdir(run / "adapter")) == whole
     grpo.main([str(config)])  # the rerun: resumes at its last update, then saves again
-    assert sorted(os.listdir(run / "adapter")) == [
-        "adapter_config.json",
-        "adapter_model.safetensors",
-    ]
+    assert sorted(os.listdir(run / "adapter")) == whole
     leftovers = [str(p.relative_to(run)) for p in run.rglob("*") if ".tmp" in p.name]
     assert not leftovers, leftovers
 
