@@ -269,9 +269,11 @@ def _speaker(utterance: dict):
 
 def convert_wiki_power(path, limit: int = 1000) -> list[Example]:
     """ConvoKit Wikipedia talk pages (`utterances.jsonl`, or the corpus folder): scan utterances in
-    file order, group consecutive ones sharing a root, keep conversations with exactly two speakers
-    of whom exactly one made an `is-admin` utterance (both admins: no power difference to predict),
-    name the speakers A and B by first appearance, and stop after `limit` conversations."""
+    file order, group consecutive ones sharing a root, and take the first `limit` conversations with
+    exactly two speakers and at least one `is-admin` utterance (the paper's selection); name the
+    speakers A and B by first appearance, the gold being the admin. A selected conversation in which
+    both speakers made admin utterances has no power difference to predict: it counts toward
+    `limit` and is left out."""
     path = Path(path)
     path = path / "utterances.jsonl" if path.is_dir() else path
     utterances = []
@@ -291,19 +293,21 @@ def convert_wiki_power(path, limit: int = 1000) -> list[Example]:
                     bool(_object(meta, f"{where}: field 'meta'").get("is-admin")),
                 )
             )
-    examples = []
+    examples, selected = [], 0
     for _, group in itertools.groupby(utterances, key=lambda u: u[0]):
         group = list(group)
         speakers = list(dict.fromkeys(speaker for _, speaker, *_ in group))
         admins = {speaker for _, speaker, _, _, admin in group if admin}
-        if len(speakers) != 2 or len(admins) != 1:
+        if len(speakers) != 2 or not admins:
             continue
-        letters = dict(zip(speakers, "AB"))
-        turns = [Turn(letters[speaker], text) for _, speaker, _, text, _ in group]
-        examples.append(
-            Example(f"wiki-{group[0][2]}", "wiki_power", turns, None, [letters[admins.pop()]])
-        )
-        if len(examples) == limit:
+        selected += 1
+        if len(admins) == 1:
+            letters = dict(zip(speakers, "AB"))
+            turns = [Turn(letters[speaker], text) for _, speaker, _, text, _ in group]
+            examples.append(
+                Example(f"wiki-{group[0][2]}", "wiki_power", turns, None, [letters[admins.pop()]])
+            )
+        if selected == limit:
             break
     return examples
 

@@ -335,8 +335,8 @@ def test_ccu_errors_are_located(tmp_path, shared_data):
 
 def test_wiki_power_selection_and_labels():
     examples = convert_wiki_power(FIXTURES / "wiki_utterances.jsonl")
-    # Kept: two speakers and exactly one admin. Root 100
-    # comes back after root 200: a new conversation.
+    # Selected: two speakers and at least one admin utterance (500: both admins, selected but
+    # unlabelled). Root 100 comes back after root 200: a new conversation.
     assert [(e.id, e.labels) for e in examples] == [
         ("wiki-100", ["B"]),
         ("wiki-200", ["A"]),
@@ -351,6 +351,12 @@ def test_wiki_power_selection_and_labels():
     assert [e.id for e in convert_wiki_power(FIXTURES / "wiki_utterances.jsonl", limit=2)] == [
         "wiki-100",
         "wiki-200",
+    ]
+    # the paper's first N selected conversations: 500 takes the fourth place and is left out
+    assert [e.id for e in convert_wiki_power(FIXTURES / "wiki_utterances.jsonl", limit=4)] == [
+        "wiki-100",
+        "wiki-200",
+        "wiki-103",
     ]
     assert "indented under it" in build_prompt(examples[1]) and "indented" not in build_prompt(
         first
