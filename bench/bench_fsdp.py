@@ -52,14 +52,7 @@ def local_bytes(t: torch.Tensor) -> int:
 
 
 def worker(rank: int, world: int, port: int, args, out: Path) -> None:
-    torch.set_num_threads(1)
-    os.environ.update(
-        RANK=str(rank),
-        WORLD_SIZE=str(world),
-        LOCAL_RANK=str(rank),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-    )
+    INSTR.gloo_rank(rank, port, world)
     ranks = D.setup_distributed("cpu")
     torch.manual_seed(0)
     model = M.Qwen(M.QwenConfig.from_dict(model_config(args)))
@@ -113,27 +106,12 @@ def worker(rank: int, world: int, port: int, args, out: Path) -> None:
     dist.destroy_process_group()
 
 
-def resident_kib(field: str) -> int:
-    """This process's resident memory (VmRSS) or its peak (VmHWM), in KiB, from /proc (Linux)."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise RuntimeError(f"/proc/self/status has no {field}")
-
-
 def startup_worker(rank: int, world: int, port: int, checkpoint: Path, how: str, out: Path):
-    torch.set_num_threads(1)
-    os.environ.update(
-        RANK=str(rank),
-        WORLD_SIZE=str(world),
-        LOCAL_RANK=str(rank),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-    )
+    INSTR.gloo_rank(rank, port, world)
     ranks = D.setup_distributed("cpu")
     dist.barrier()
     Path("/proc/self/clear_refs").write_text("5")  # the peak (VmHWM) restarts from here
-    before = resident_kib("VmRSS")
+    before = INSTR.resident_kib("VmRSS")
     begin = time.perf_counter()
     sharded = how == "sharded"
     source = checkpoint if sharded else None
@@ -147,8 +125,8 @@ def startup_worker(rank: int, world: int, port: int, checkpoint: Path, how: str,
     FS.shard_model(reference, ranks.device, like=policy, checkpoint=source)
     seconds = time.perf_counter() - begin
     result = {
-        "peak_mib": (resident_kib("VmHWM") - before) / 1024,
-        "held_mib": (resident_kib("VmRSS") - before) / 1024,
+        "peak_mib": (INSTR.resident_kib("VmHWM") - before) / 1024,
+        "held_mib": (INSTR.resident_kib("VmRSS") - before) / 1024,
         "s": seconds,
     }
     torch.save(result, out / f"{how}-r{rank}.pt")

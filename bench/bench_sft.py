@@ -33,6 +33,7 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common import best_times, markdown_table, profile_table, threads, verdict  # noqa: E402
+from instruments import resident_kib  # noqa: E402
 
 import model as M  # noqa: E402
 import sft  # noqa: E402
@@ -139,22 +140,15 @@ def theirs(folder: Path, vocab: int, rows: bool):
     return step
 
 
-def _rss_kib(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise RuntimeError(f"/proc/self/status has no {field}")
-
-
 def _peak_child(side, folder, args, vocab, queue):
     torch.set_num_threads(args.threads)
     step = {"ours": ours, "theirs": theirs}[side](Path(folder), vocab, args.rows)
     data = samples(args, vocab)
-    before = _rss_kib("VmRSS")
+    before = resident_kib("VmRSS")
     # reset the peak-RSS mark (VmHWM) to the current RSS
     Path("/proc/self/clear_refs").write_text("5")
     step(data)
-    queue.put((_rss_kib("VmHWM") - before) / 1024)
+    queue.put((resident_kib("VmHWM") - before) / 1024)
 
 
 def peak_mib(side, folder, args, vocab) -> float:

@@ -1,6 +1,6 @@
 """Instruments for the tests and benchmarks, never imported by the runtime: a free local port, a
-counter of the collectives a process issues, and a launcher for a vLLM server in its own virtual
-environment."""
+process made a gloo rank as torchrun would, its resident memory, a counter of the collectives a
+process issues, and a launcher for a vLLM server in its own virtual environment."""
 
 from __future__ import annotations
 
@@ -9,8 +9,10 @@ import signal
 import socket
 import subprocess
 import time
+from pathlib import Path
 
 import requests
+import torch
 import torch.distributed as dist
 
 
@@ -18,6 +20,27 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def gloo_rank(rank: int, port: int, world_size: int = 2) -> None:
+    """Make this process (an mp.spawn target) rank `rank` of `world_size` on the CPU, as torchrun
+    would: one thread, the environment distributed.setup_distributed reads, localhost:`port`."""
+    torch.set_num_threads(1)
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(rank),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+
+
+def resident_kib(field: str) -> int:
+    """This process's resident memory (VmRSS) or its peak (VmHWM), in KiB, from /proc (Linux)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"/proc/self/status has no {field}")
 
 
 class CollectiveCounter:

@@ -11,14 +11,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import grpo_checkpoint, write_examples
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the oracles (transformers, peft) never reach a hub
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 REPO = Path(__file__).resolve().parents[1]
-# bench/instruments.py: the test- and bench-only instruments
+# bench/instruments.py: the test- and bench-only instruments (helpers.py imports them too)
 sys.path.insert(0, str(REPO / "bench"))
+from helpers import grpo_checkpoint, write_examples  # noqa: E402
 
 
 def pytest_addoption(parser):

@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from instruments import gloo_rank
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
@@ -430,19 +431,6 @@ def tensors(path: Path) -> dict[str, torch.Tensor]:
 
 def metrics(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-
-
-def gloo_rank(rank: int, port: int, world_size: int = 2) -> None:
-    """Make this process (an mp.spawn target) rank `rank` of `world_size` on the CPU, as torchrun
-    would: one thread, the environment distributed.setup_distributed reads, localhost:`port`."""
-    torch.set_num_threads(1)
-    os.environ.update(
-        RANK=str(rank),
-        WORLD_SIZE=str(world_size),
-        LOCAL_RANK=str(rank),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-    )
 
 
 def rank_run(rank, port, cfg):
