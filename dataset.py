@@ -23,7 +23,6 @@ from data import (
     DataError,
     Example,
     Turn,
-    build_prompt,
     count_tokens,
     get_task,
     label_completion,
@@ -370,7 +369,7 @@ def _spread(values: list[int]) -> str:
 
 def stats(examples: list[Example], tokenizer=None) -> str:
     """A report of what a file holds: examples per task and gold label, visible turns per example,
-    and (given a tokenizer) prompt lengths in tokens (the user message; the chat template adds a
+    and (given a tokenizer) prompt lengths in tokens (the messages' text; the chat template adds a
     few)."""
     lines = [f"{len(examples)} examples"]
     for name in dict.fromkeys(e.task for e in examples):
@@ -381,10 +380,15 @@ def stats(examples: list[Example], tokenizer=None) -> str:
                 counts[label] = counts.get(label, 0) + 1
         lines.append(f"\n{name}: {len(group)} examples")
         by_count = sorted(counts.items(), key=lambda item: -item[1])
-        lines.append("  labels: " + ", ".join(f"{label} {n}" for label, n in by_count))
+        if by_count:
+            lines.append("  labels: " + ", ".join(f"{label} {n}" for label, n in by_count))
         lines.append("  visible turns: " + _spread([len(visible_turns(e)) for e in group]))
         if tokenizer is not None:
-            lengths = [count_tokens(build_prompt(e), tokenizer) for e in group]
+            task = get_task(name)
+            lengths = [
+                count_tokens("\n\n".join(m["content"] for m in task.messages(e)), tokenizer)
+                for e in group
+            ]
             lines.append("  prompt tokens: " + _spread(lengths))
     return "\n".join(lines)
 

@@ -691,3 +691,19 @@ def test_count_tokens_and_stats(word_tokenizer, tmp_path, capsys):
     assert stats(examples).splitlines() == [
         line for line in report.splitlines() if "prompt tokens" not in line
     ]
+
+
+def test_stats_counts_an_own_prompt_tasks_messages(word_tokenizer, tmp_path, capsys):
+    """rubric_generator.py's examples (task care_rubric) carry their chat prompt and no labels."""
+    prompt = [
+        {"role": "system", "content": "You write rubrics."},
+        {"role": "user", "content": "Score the next reply to: I am anxious"},
+    ]
+    example = Example("r", "care_rubric", [Turn("user", "I am anxious")], None, [])
+    example.meta["prompt"] = prompt
+    save_jsonl([example], tmp_path / "r.jsonl")
+    main(["stats", str(tmp_path / "r.jsonl"), "--tokenizer", str(tmp_path)])
+    assert capsys.readouterr().out == (
+        "1 examples\n\ncare_rubric: 1 examples\n  visible turns: min 1, median 1, mean 1.0, max 1\n"
+        "  prompt tokens: min 11, median 11, mean 11.0, max 11\n"
+    )
