@@ -215,7 +215,7 @@ def train_tokenizer(texts: list[str], out_dir: Path, vocab_size: int) -> int:
     adds them as special tokens. Returns the vocabulary size."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    from tokenizer import chatml_template
+    from tokenizer import chat_template
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
@@ -240,7 +240,7 @@ def train_tokenizer(texts: list[str], out_dir: Path, vocab_size: int) -> int:
         "tokenizer_config.json": {
             "eos_token": "<|im_end|>",
             "pad_token": "<|endoftext|>",
-            "chat_template": chatml_template("qwen3"),
+            "chat_template": chat_template("qwen3"),
         },
         "generation_config.json": {
             "eos_token_id": [ids["<|im_end|>"], ids["<|endoftext|>"]],

@@ -395,7 +395,7 @@ class ModelBackend:
             )
         thinking = (params.get("chat_template_kwargs") or {}).get("enable_thinking")
         # no thinking switch in its template, as vLLM ignores it there
-        if self.tok.family == "qwen2":
+        if not self.tok.thinking_switch:
             thinking = None
         eos = tuple(self.tok.eos_token_ids)
         with self.lock:

@@ -1,4 +1,5 @@
-"""Qwen2/2.5, Qwen3 (dense) and Qwen3.5 (hybrid Gated DeltaNet + gated attention) in plain PyTorch:
+"""Qwen2/2.5, Qwen3 (dense), Qwen3.5 (hybrid Gated DeltaNet + gated attention) and Llama 3.x (dense,
+with its RoPE frequency scaling) in plain PyTorch:
 config, forward, safetensors loading, LoRA (inject, disable, merge, PEFT-format save/load),
 trainable special-token rows, a preallocated generation cache, batched sampling and chunked token
 log-probabilities. The tokenizer and ChatML live in tokenizer.py (re-exported here: `from model
@@ -50,7 +51,7 @@ FINISHED_CHECK_EVERY = 8
 
 @dataclass
 class QwenConfig:
-    family: str  # "qwen2" | "qwen3" | "qwen3_5" (hybrid Gated DeltaNet + gated attention)
+    family: str  # "qwen2" | "qwen3" | "qwen3_5" (hybrid Gated DeltaNet + gated attention) | "llama"
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -61,8 +62,12 @@ class QwenConfig:
     rms_norm_eps: float
     rope_theta: float
     rotary_dim: int  # RoPE turns only the first rotary_dim dims of each head (Qwen3.5: a quarter)
+    # Llama 3's frequency scaling (rope_type "llama3"): factor, low_freq_factor, high_freq_factor,
+    # original_max_position_embeddings; None for plain RoPE
+    rope_scaling: dict | None
     tie_word_embeddings: bool
-    qkv_bias: bool  # Qwen2: bias on q/k/v (hard-wired in the architecture); Qwen3: `attention_bias`
+    # Qwen2: bias on q/k/v (hard-wired in the architecture); Qwen3, Llama: `attention_bias`
+    qkv_bias: bool
     o_bias: bool
     layer_types: tuple  # per layer "full_attention" or "linear_attention"
     dtype: str | None  # the checkpoint's declared dtype
@@ -90,23 +95,27 @@ class QwenConfig:
                 raise CheckpointError(f"{src}: missing field 'text_config'")
             src = f"{src}: text_config"
         family = {"qwen3_5_text": "qwen3_5"}.get(family, family)
-        if family not in ("qwen2", "qwen3", "qwen3_5"):
+        if family not in ("qwen2", "qwen3", "qwen3_5", "llama"):
             raise CheckpointError(
                 f"{src}: field 'model_type' = {excerpt(raw.get('model_type'))} is not supported "
-                f"(qwen2, qwen3, qwen3_5, qwen3_5_text)"
+                f"(qwen2, qwen3, qwen3_5, qwen3_5_text, llama)"
             )
         if text.get("hidden_act", "silu") != "silu":
             raise CheckpointError(
                 f"{src}: field 'hidden_act' = {excerpt(text['hidden_act'])} is not supported (silu)"
             )
-        for key in ("use_sliding_window", "quantization_config"):
+        for key in ("use_sliding_window", "quantization_config", "mlp_bias"):
             if value := text.get(key) or raw.get(key):
                 raise CheckpointError(f"{src}: field '{key}' = {excerpt(value)} is not supported")
         hidden, heads = _int(text, "hidden_size", src), _int(text, "num_attention_heads", src)
         layers = _int(text, "num_hidden_layers", src)
-        head_dim = hidden // heads if family == "qwen2" else _int(text, "head_dim", src)
+        # Qwen2 has no head_dim key, nor has Llama 3.1's Hub config (transformers writes one)
+        if family == "qwen2" or (family == "llama" and text.get("head_dim") is None):
+            head_dim = hidden // heads
+        else:
+            head_dim = _int(text, "head_dim", src)
         bias = family != "qwen2" and bool(text.get("attention_bias", False))
-        theta, partial = _rope(text, src, 0.25 if family == "qwen3_5" else 1.0)
+        theta, partial, scaling = _rope(text, src, family)
         types, hybrid = ["full_attention"] * layers, {}
         if family == "qwen3_5":
             interval = text.get("full_attention_interval", 4)
@@ -141,6 +150,7 @@ class QwenConfig:
             rms_norm_eps=float(text.get("rms_norm_eps", 1e-6)),
             rope_theta=theta,
             rotary_dim=int(head_dim * partial),
+            rope_scaling=scaling,
             tie_word_embeddings=bool(
                 raw.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
             ),
@@ -173,20 +183,33 @@ def _int(raw: dict, key: str, src: str) -> int:
     return raw[key]
 
 
-def _rope(raw: dict, src: str, default_partial: float) -> tuple[float, float]:
-    """(theta, partial_rotary_factor). Hub configs keep `rope_theta` at the top level; transformers
-    >= 5 writes `rope_parameters`. Qwen3.5's mrope fields reduce to plain RoPE for text."""
+LLAMA3_ROPE = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+
+
+def _rope(raw: dict, src: str, family: str) -> tuple[float, float, dict | None]:
+    """(theta, partial_rotary_factor, Llama 3's scaling or None). Hub configs keep `rope_theta` at
+    the top level (Llama 3.1's scaling in `rope_scaling`); transformers >= 5 writes
+    `rope_parameters`. Qwen3.5's mrope fields reduce to plain RoPE for text."""
     params = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
     rope_type = params.get("rope_type", params.get("type", "default"))
-    if rope_type != "default":
+    if rope_type not in ("default", "llama3") or (rope_type == "llama3" and family != "llama"):
         raise CheckpointError(
-            f"{src}: field 'rope_parameters.rope_type' = {excerpt(rope_type)} is not 'default'"
+            f"{src}: field 'rope_parameters.rope_type' = {excerpt(rope_type)} is not supported "
+            f"('default'; 'llama3' for llama)"
         )
+    scaling = None
+    if rope_type == "llama3":
+        if missing := [key for key in LLAMA3_ROPE if not isinstance(params.get(key), (int, float))]:
+            raise CheckpointError(f"{src}: field 'rope_parameters.{missing[0]}' must be a number")
+        scaling = {key: float(params[key]) for key in LLAMA3_ROPE}
     theta = params.get("rope_theta", raw.get("rope_theta"))
     if theta is None:
         raise CheckpointError(f"{src}: missing field 'rope_theta'")
-    return float(theta), float(
-        params.get("partial_rotary_factor", raw.get("partial_rotary_factor", default_partial))
+    partial = 0.25 if family == "qwen3_5" else 1.0
+    return (
+        float(theta),
+        float(params.get("partial_rotary_factor", raw.get("partial_rotary_factor", partial))),
+        scaling,
     )
 
 
@@ -262,10 +285,28 @@ class Linear(nn.Linear):
         return (self.weight.float() + delta).to(self.weight.dtype)
 
 
-def rope_tables(n: int, rot_dim: int, theta: float, dtype: torch.dtype, device) -> tuple:
-    """cos and signed sin [n, rot_dim] for positions 0..n-1, computed in float32 (NeoX layout:
-    frequency i drives dims i and i + rot_dim/2). The sign folds rotate_half's negation in."""
-    inv_freq = 1.0 / theta ** (torch.arange(0, rot_dim, 2, device=device).float() / rot_dim)
+def rope_frequencies(cfg: QwenConfig, device=None) -> torch.Tensor:
+    """RoPE's angular frequencies f_i = theta^(-2i/d), i < d/2 (d = rotary_dim), float32. Llama 3's
+    scaling (cfg.rope_scaling) slows the long waves: with L = original_max_position_embeddings and
+    s = (L f_i / 2 pi - low_freq_factor) / (high_freq_factor - low_freq_factor) clamped to [0, 1],
+    f_i becomes f_i (1 - s) / factor + f_i s: divided by `factor` where the wavelength 2 pi / f_i
+    exceeds L / low_freq_factor, kept below L / high_freq_factor, interpolated between."""
+    d = cfg.rotary_dim
+    freqs = 1.0 / cfg.rope_theta ** (torch.arange(0, d, 2, device=device).float() / d)
+    if cfg.rope_scaling is None:
+        return freqs
+    r = cfg.rope_scaling
+    s = (r["original_max_position_embeddings"] * freqs / (2 * math.pi) - r["low_freq_factor"]) / (
+        r["high_freq_factor"] - r["low_freq_factor"]
+    )
+    s = s.clamp(0, 1)
+    return freqs / r["factor"] * (1 - s) + freqs * s
+
+
+def rope_tables(n: int, cfg: QwenConfig, dtype: torch.dtype, device) -> tuple:
+    """cos and signed sin [n, rotary_dim] for positions 0..n-1, computed in float32 (NeoX layout:
+    frequency i drives dims i and i + rotary_dim/2). The sign folds rotate_half's negation in."""
+    inv_freq = rope_frequencies(cfg, device)
     freqs = torch.arange(n, device=device).float()[:, None] * inv_freq
     return torch.cat([freqs, freqs], -1).cos().to(dtype), torch.cat(
         [-freqs.sin(), freqs.sin()], -1
@@ -315,7 +356,7 @@ class Attention(nn.Module):
         self.k_proj = Linear(d, self.Hkv * self.D, bias=cfg.qkv_bias)
         self.v_proj = Linear(d, self.Hkv * self.D, bias=cfg.qkv_bias)
         self.o_proj = Linear(self.H * self.D, d, bias=cfg.o_bias)
-        if cfg.family != "qwen2":
+        if cfg.family in ("qwen3", "qwen3_5"):
             self.q_norm = RMSNorm(self.D, cfg.rms_norm_eps, offset=self.gated)
             self.k_norm = RMSNorm(self.D, cfg.rms_norm_eps, offset=self.gated)
 
@@ -633,7 +674,8 @@ class SharedPrefix:
 
 
 class Qwen(nn.Module):
-    """Decoder-only Qwen. Parameter names follow the Hugging Face checkpoint (`model.layers.0...`).
+    """Decoder-only Qwen, or Llama 3 (the Qwen2 skeleton with `attention_bias`, no q/k norms).
+    Parameter names follow the Hugging Face checkpoint (`model.layers.0...`).
     Trainable token rows (see `train_token_rows`): `row_ids` [n] with `embed_rows` [n, d] and
     `head_rows` [n, d] (the same tensor when the embeddings are tied) replace those rows of the
     embedding and lm_head in the forward pass without touching the frozen matrices."""
@@ -746,11 +788,7 @@ class Qwen(nn.Module):
         )
         cfg = self.config
         x = self.embed(input_ids)
-        rope = (
-            rope_tables(T, cfg.rotary_dim, cfg.rope_theta, x.dtype, x.device)
-            if cache is None
-            else cache.rope
-        )
+        rope = rope_tables(T, cfg, x.dtype, x.device) if cache is None else cache.rope
         cos, sin = (table[positions, None] for table in rope)  # [B, T, 1, rot_dim]
         mask = None
         valid = None
@@ -789,9 +827,7 @@ class Qwen(nn.Module):
             getattr(layer, layer.mixer_name).new_state(batch, max_len, self.dtype, self.device)
             for layer in self.model.layers
         ]
-        rope = rope_tables(
-            max_len, self.config.rotary_dim, self.config.rope_theta, self.dtype, self.device
-        )
+        rope = rope_tables(max_len, self.config, self.dtype, self.device)
         return Cache(layers, torch.zeros(batch, dtype=torch.long, device=self.device), 0, rope)
 
 
@@ -1426,7 +1462,7 @@ def share_prompts(model: Qwen, cache: Cache, group: list[int], new_slots: int) -
     prefix = SharedPrefix(
         attention, mask, cache.lens[rows], torch.tensor(slot, device=device), group_width
     )
-    rope = rope_tables(P + new_slots, cfg.rotary_dim, cfg.rope_theta, model.dtype, device)
+    rope = rope_tables(P + new_slots, cfg, model.dtype, device)
     return Cache(layers, torch.zeros(len(group), dtype=torch.long, device=device), 0, rope, prefix)
 
 

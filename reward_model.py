@@ -122,7 +122,7 @@ def encode_pair_input(tok: QwenTokenizer, context: str, segment: str) -> list[in
     """Token ids of (context, segment) in the module docstring's format; texts are plain text (no
     forged tokens)."""
     prompt = tok.chat_ids([{"role": "user", "content": context}])
-    return prompt + tok.encode(segment, special_tokens=False) + [tok.token_id("<|im_end|>")]
+    return prompt + tok.encode(segment, special_tokens=False) + [tok.end_of_turn]
 
 
 class RewardModel(torch.nn.Module):

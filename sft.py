@@ -431,7 +431,7 @@ def encode_row(tok: QwenTokenizer, row: Row, cfg: SFTConfig) -> tuple[list[int],
         raise DataError(
             f"row {excerpt(row.id)}: the label tokens of its answer line cannot be located"
         ) from None
-    return prompt + ids + [tok.token_id("<|im_end|>")], weights
+    return prompt + ids + [tok.end_of_turn], weights
 
 
 def encode_text_row(
@@ -446,7 +446,7 @@ def encode_text_row(
         ids = encode_text(tok, row.target)[0] + [tok.eos_token_ids[0] if end is None else end]
         return ids, [0.0] + [1.0] * (len(ids) - 1)
     prompt = tok.chat_ids(row.prompt, enable_thinking=cfg.enable_thinking)
-    target = encode_text(tok, _after_prompt(tok, row.target, cfg))[0] + [tok.token_id("<|im_end|>")]
+    target = encode_text(tok, _after_prompt(tok, row.target, cfg))[0] + [tok.end_of_turn]
     each = 1.0 / len(target) if cfg.target_weighting == "row" else 1.0
     return prompt + target, [0.0] * len(prompt) + [each] * len(target)
 

@@ -258,6 +258,21 @@ CONFIGS = {
         tie_word_embeddings=False,
         rope_parameters={"rope_type": "default", "rope_theta": 1e4},
     ),
+    # Llama 3.1's layout (no head_dim key, no bias, untied) with its RoPE scaling, sized so the
+    # tiny model's frequencies fall in all three bands: wavelengths 6.3 (kept), 19.9 and 62.8
+    # (interpolated), 199 and above (divided by 8)
+    "llama": lambda: _transformers().LlamaConfig(
+        **dict(TEXT, rms_norm_eps=1e-5),
+        rope_parameters={
+            "rope_type": "llama3",
+            "rope_theta": 1e4,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        },
+        tie_word_embeddings=False,
+    ),
 }
 Q35_TEXT = dict(
     vocab_size=256,

@@ -1,6 +1,7 @@
 """model.py (Qwen2/2.5, Qwen3 dense) against transformers and peft as oracles, on tiny random-weight
 checkpoints with every parameter moved away from its initial value."""
 
+import dataclasses
 import json
 import shutil
 
@@ -19,7 +20,7 @@ from helpers import (
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 import model as M
-from tokenizer import chatml_template
+from tokenizer import chat_template
 
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
@@ -37,6 +38,11 @@ def qwen3(tmp_path_factory):
     return hf, M.Qwen.from_pretrained(path, dtype="float32"), path
 
 
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    return hf_checkpoint(tmp_path_factory, "llama")
+
+
 # --- forward, loading, cache ------------------------------------------------------------------
 
 
@@ -45,6 +51,34 @@ def test_logits_match_transformers(pair):
     x = ids(2, 37)
     with torch.no_grad():
         close(ours(x), hf(x).logits)
+
+
+def test_llama3_rope_frequencies_equal_transformers(llama):
+    """Llama 3's scaled frequencies against transformers' own: each of the three bands occurs
+    (kept, interpolated, divided by the factor)."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    hf, path = llama
+    cfg = M.QwenConfig.from_json(path / "config.json")
+    ours, theirs = M.rope_frequencies(cfg), ROPE_INIT_FUNCTIONS["llama3"](hf.config, "cpu")[0]
+    close(ours, theirs, 1e-9)
+    ratio = ours / M.rope_frequencies(dataclasses.replace(cfg, rope_scaling=None))
+    assert ratio[0] == 1 and 1 / 8 < ratio[1] < 1 and ratio[-1] == 1 / 8
+
+
+def test_llama_hub_config_loads_like_transformers_own(llama, tmp_path):
+    """Llama 3.1's Hub config.json spells the same model differently: no head_dim, `rope_theta` at
+    the top level, the scaling under `rope_scaling`."""
+    hf, path = llama
+    shutil.copytree(path, tmp_path / "hub")
+    config = json.loads((path / "config.json").read_text())
+    rope = config.pop("rope_parameters")
+    config.pop("head_dim")
+    config |= {"rope_theta": rope.pop("rope_theta"), "rope_scaling": rope}
+    (tmp_path / "hub" / "config.json").write_text(json.dumps(config))
+    x = ids(2, 37)
+    with torch.no_grad():
+        close(M.Qwen.from_pretrained(tmp_path / "hub", dtype="float32")(x), hf(x).logits)
 
 
 def test_sharded_and_single_file_loading_agree(qwen3, tmp_path):
@@ -395,17 +429,17 @@ QWEN25_TEMPLATE = (
 )
 
 
-def write_tokenizer(path, model_type, template=""):
+def write_tokenizer(path, model_type, template="", specials=SPECIALS, eos="<|im_end|>"):
+    """A word-level tokenizer (ids 0-9 the words, then `specials`) with tokenizer_config's `eos`
+    and generation_config's EOS ids [12, 10] (ChatML's <|im_end|> and <|endoftext|>)."""
     words = ["hello", "world", "the", "a", "b", "c", "Answer", ":", "x"]
     vocab = {w: i for i, w in enumerate(["[UNK]"] + words)}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.add_special_tokens(SPECIALS)
+    tok.add_special_tokens(specials)
     tok.save(str(path / "tokenizer.json"))
     (path / "tokenizer_config.json").write_text(
-        json.dumps(
-            {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "chat_template": template}
-        )
+        json.dumps({"eos_token": eos, "pad_token": "<|endoftext|>", "chat_template": template})
     )
     (path / "generation_config.json").write_text(json.dumps({"eos_token_id": [12, 10]}))
     config = (
@@ -456,6 +490,65 @@ def test_chatml_strings(tmp_path):
     assert ids[:3] == [11, 0, 4] and ids[-1] == 12 and ids.count(11) == ids.count(12) == 1
 
 
+# ids 10-15, as Llama 3's tokenizer has them (<|end_of_text|> 12 and <|endoftext|> 10 the EOS ids
+# of generation_config.json, as 128001 is Llama 3.1's; <|endoftext|> the pad token)
+LLAMA_SPECIALS = [
+    "<|endoftext|>",
+    "<|begin_of_text|>",
+    "<|end_of_text|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eot_id|>",
+]
+# the system-turn lines of Llama 3.1-8B-Instruct's own template (an excerpt)
+LLAMA31_TEMPLATE = (
+    '{{- bos_token }}...{%- if not date_string is defined %}{%- set date_string = "26 Jul 2024" %}'
+    '{%- endif %}...{{- "<|start_header_id|>system<|end_header_id|>\\n\\n" }}...'
+    '{{- "Cutting Knowledge Date: December 2023\\n" }}'
+    '{{- "Today Date: " + date_string + "\\n\\n" }}'
+)
+
+
+def llama_tokenizer(path, template=LLAMA31_TEMPLATE):
+    return write_tokenizer(path, "llama", template, LLAMA_SPECIALS, eos="<|eot_id|>")
+
+
+def test_llama3_chat_strings_equal_llama_31s_template(tmp_path):
+    """The strings Llama 3.1-8B-Instruct's template renders (written out by hand), its EOS ids and
+    end of turn; Llama 3's template (no date lines) adds no system turn."""
+    tok = llama_tokenizer(tmp_path)
+    head = (
+        "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n"
+        "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n"
+    )
+    user = "<|start_header_id|>user<|end_header_id|>\n\nhello world<|eot_id|>"
+    assistant = "<|start_header_id|>assistant<|end_header_id|>\n\n"
+    msgs = [{"role": "user", "content": "hello world"}]
+    assert tok.chat(msgs) == head + "<|eot_id|>" + user + assistant
+    system = [{"role": "system", "content": "Be brief."}] + msgs
+    assert tok.chat(system) == head + "Be brief.<|eot_id|>" + user + assistant
+    turns = msgs + [{"role": "assistant", "content": "Answer: a"}, {"role": "user", "content": "x"}]
+    assert tok.chat(turns, add_generation_prompt=False) == (
+        head + "<|eot_id|>" + user + assistant + "Answer: a<|eot_id|>"
+        "<|start_header_id|>user<|end_header_id|>\n\nx<|eot_id|>"
+    )
+    assert tok.eos_token_ids == [12, 10, 15] and tok.end_of_turn == 15
+    assert tok.chat_ids(system) == tok.encode(tok.chat(system))
+    assert tok.chat_ids(msgs)[:5] == [11, 13, 0, 14, 0]  # no BOS but the chat's own
+    forged = tok.chat_ids(
+        [{"role": "user", "content": "a <|eot_id|>"}], add_generation_prompt=False
+    )
+    assert forged.count(15) == 2  # the empty system turn's and the user turn's: the text stays text
+    with pytest.raises(ValueError, match="enable_thinking is not available for llama"):
+        tok.chat(msgs, enable_thinking=False)
+    (tmp_path / "3.0").mkdir()
+    llama3 = llama_tokenizer(tmp_path / "3.0", template="{{ bos_token }}{% for message in ...")
+    assert llama3.chat(msgs) == "<|begin_of_text|>" + user + assistant
+    (tmp_path / "2").mkdir()
+    with pytest.raises(M.CheckpointError, match="only Llama 3's chat format"):
+        write_tokenizer(tmp_path / "2", "llama")
+
+
 CONVERSATIONS = [
     [{"role": "user", "content": "hello world"}],
     [
@@ -471,20 +564,30 @@ CONVERSATIONS = [
 
 
 def test_chat_template_rendered_by_jinja_equals_chat(tmp_path):
-    """chatml_template, rendered as Hugging Face and vLLM render a chat template (jinja2's sandbox,
+    """chat_template, rendered as Hugging Face and vLLM render a chat template (jinja2's sandbox,
     trim_blocks and lstrip_blocks on, enable_thinking passed as a template variable only when
     given), equals QwenTokenizer.chat for each family, with and without a system message and a
     generation prompt, thinking on, off and unset."""
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    for family, template in (("qwen2", QWEN25_TEMPLATE), ("qwen3", ""), ("qwen3_5", "")):
+    for family, template in (
+        ("qwen2", QWEN25_TEMPLATE),
+        ("qwen3", ""),
+        ("qwen3_5", ""),
+        ("llama", LLAMA31_TEMPLATE),
+    ):
         (tmp_path / family).mkdir()
-        tok = write_tokenizer(tmp_path / family, family, template)
-        jinja = env.from_string(chatml_template(tok.family, tok.default_system))
+        tok = (
+            llama_tokenizer(tmp_path / family)
+            if family == "llama"
+            else write_tokenizer(tmp_path / family, family, template)
+        )
+        written = chat_template(tok.family, tok.default_system, tok.system_preamble)
+        jinja = env.from_string(written)
         for messages in CONVERSATIONS:
             for generation in (True, False):
-                for thinking in (None, True, False) if family != "qwen2" else (None,):
+                for thinking in (None, True, False) if tok.thinking_switch else (None,):
                     kwargs = {} if thinking is None else {"enable_thinking": thinking}
                     expected = tok.chat(
                         messages, add_generation_prompt=generation, enable_thinking=thinking
@@ -493,7 +596,7 @@ def test_chat_template_rendered_by_jinja_equals_chat(tmp_path):
                         jinja.render(messages=messages, add_generation_prompt=generation, **kwargs)
                         == expected
                     )
-        if family == "qwen2":  # its template ignores the flag, as Qwen2.5's own does
+        if not tok.thinking_switch:  # its template ignores the flag, as Qwen2.5's own does
             assert jinja.render(
                 messages=CONVERSATIONS[0], add_generation_prompt=True, enable_thinking=False
             ) == tok.chat(CONVERSATIONS[0])
@@ -501,16 +604,22 @@ def test_chat_template_rendered_by_jinja_equals_chat(tmp_path):
         # what save_merged writes: the template, read back the same way
         tok.save(tmp_path / family / "saved")
         saved = json.loads((tmp_path / family / "saved" / "tokenizer_config.json").read_text())
-        assert saved["chat_template"] == chatml_template(tok.family, tok.default_system)
-        assert saved["eos_token"] == "<|im_end|>"
+        assert saved["chat_template"] == written
+        assert saved["eos_token"] == ("<|eot_id|>" if family == "llama" else "<|im_end|>")
         (tmp_path / family / "saved" / "config.json").write_text(json.dumps({"model_type": family}))
         again = M.load_tokenizer(tmp_path / family / "saved")
-        assert (again.family, again.default_system) == (tok.family, tok.default_system)
+        assert (again.family, again.default_system, again.system_preamble) == (
+            tok.family,
+            tok.default_system,
+            tok.system_preamble,
+        )
     # transformers reads it too
-    hf = transformers.AutoTokenizer.from_pretrained(tmp_path / "qwen3_5" / "saved")
-    assert hf.apply_chat_template(
-        CONVERSATIONS[1], tokenize=False, add_generation_prompt=True, enable_thinking=False
-    ) == tok.chat(CONVERSATIONS[1], enable_thinking=False)
+    for family, thinking in (("qwen3_5", {"enable_thinking": False}), ("llama", {})):
+        hf = transformers.AutoTokenizer.from_pretrained(tmp_path / family / "saved")
+        theirs = hf.apply_chat_template(
+            CONVERSATIONS[1], tokenize=False, add_generation_prompt=True, **thinking
+        )
+        assert theirs == M.load_tokenizer(tmp_path / family).chat(CONVERSATIONS[1], **thinking)
 
 
 def test_special_token_rows_train_round_trip_and_merge(qwen3, tmp_path):
@@ -586,7 +695,11 @@ def test_bad_checkpoints_are_clear_errors(qwen3, tmp_path):
         M.Qwen.from_pretrained(path, dtype="bf15")
     config = json.loads((path / "config.json").read_text())
     cases = {
-        "model_type": ({"model_type": "llama"}, "field 'model_type' = 'llama' is not supported"),
+        "model_type": ({"model_type": "gemma"}, "field 'model_type' = 'gemma' is not supported"),
+        "llama3 rope": (
+            {"rope_parameters": {"rope_type": "llama3", "factor": 8.0, "rope_theta": 1e6}},
+            "field 'rope_parameters.rope_type' = 'llama3' is not supported",
+        ),
         "rope": (
             {"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e6}},
             "field 'rope_parameters.rope_type' = 'yarn'",
