@@ -1,5 +1,7 @@
 """Dataset converters: public dataset files (MELD, CPED, ECF 2.0, ToMBench, CCU annotation packages,
-ConvoKit Wikipedia talk pages, MMLU) to our example JSONL, each checked by dataset.py's schema.
+ConvoKit Wikipedia talk pages, MMLU, and the social-reasoning benchmarks SocialIQA, SimpleToM,
+Hi-ToM, EmoBench, MotiveBench and TactfulToM as tom_mc multiple choice) to our example JSONL, each
+checked by dataset.py's schema.
 
     python convert.py FORMAT IN OUT [--text FILE] [--task NAME]... [--per-label N] [--seed S]
 
@@ -255,6 +257,354 @@ def convert_tombench(path) -> list[Example]:
                             },
                         )
                     )
+    return examples
+
+
+def _choice(
+    example_id: str,
+    story: list[Turn],
+    question: str,
+    options: list[str],
+    gold: int,
+    where: str,
+    language: str = "en",
+    **meta,
+) -> Example:
+    """A tom_mc example: the story's turns (none when the question holds the scenario), the
+    question, the options in order and the gold option's index; `meta` adds the source's own
+    fields."""
+    if not 2 <= len(options) <= len(OPTION_LETTERS) or not all(
+        isinstance(o, str) and o.strip() for o in options
+    ):
+        raise DataError(f"{where}: expected 2 to 26 non-empty options, got {excerpt(options)}")
+    if not 0 <= gold < len(options):
+        raise DataError(f"{where}: the answer is not one of the {len(options)} options")
+    return Example(
+        example_id,
+        "tom_mc",
+        story,
+        None,
+        [OPTION_LETTERS[gold]],
+        language=language,
+        meta={"question": question, "options": options, **meta},
+    )
+
+
+def _json_records(file: Path) -> list[tuple[str, dict]]:
+    """(where, record) for each object of a JSON list file, or of a JSON lines file."""
+    text = read_data_text(file)
+    if text.lstrip().startswith("["):
+        records = [(f"{file}: record {n}", r) for n, r in enumerate(parse_json(text, file))]
+    else:
+        records = [(f"{file}:{line}", r) for line, r in read_jsonl(file)]
+    return [(where, _object(r, where)) for where, r in records]
+
+
+def convert_socialiqa(path) -> list[Example]:
+    """SocialIQA (socialiqa-train-dev.zip): `dev.jsonl` with {context, question, answerA, answerB,
+    answerC} per line and, beside it, `dev-labels.lst` holding the 1-based gold (1-3) of each line
+    in the same order. `path` is the JSONL file; the labels file is found by its name."""
+    path = Path(path)
+    labels_path = path.with_name(f"{path.stem}-labels.lst")
+    records = list(read_jsonl(path))
+    labels = [line.strip() for line in read_data_text(labels_path).splitlines() if line.strip()]
+    if len(labels) != len(records):
+        raise DataError(
+            f"{labels_path}: {len(labels)} labels for the {len(records)} questions of {path}"
+        )
+    examples = []
+    for (number, record), label in zip(records, labels):
+        where = f"{path}:{number}"
+        with _record(where):
+            item = _object(record, where)
+            if label not in ("1", "2", "3"):
+                raise DataError(f"{labels_path}: label {excerpt(label)} for line {number}: not 1-3")
+            examples.append(
+                _choice(
+                    f"socialiqa-{path.stem}-{number}",
+                    [Turn("", item["context"])],
+                    item["question"],
+                    [item["answerA"], item["answerB"], item["answerC"]],
+                    int(label) - 1,
+                    where,
+                )
+            )
+    return examples
+
+
+def convert_simpletom(path) -> list[Example]:
+    """SimpleToM (allenai/SimpleToM): `mental-state-qa/test.jsonl`, `behavior-qa/test.jsonl` and
+    `judgment-qa/test.jsonl`, one question per line {id, story, question, choices: {text, label},
+    answerKey}; `path` is one file or the dataset folder (story-data, which has no questions, is
+    skipped). The subset (the file's folder) is kept as meta["subset"]."""
+    path = Path(path)
+    files = (
+        [f for f in sorted(path.rglob("*.jsonl")) if "story-data" not in f.parts]
+        if path.is_dir()
+        else [path]
+    )
+    examples = []
+    for file in files:
+        for where, item in _json_records(file):
+            with _record(where):
+                choices = _object(item["choices"], f"{where}: field 'choices'")
+                examples.append(
+                    _choice(
+                        f"simpletom-{item['id']}",
+                        [Turn("", item["story"])],
+                        item["question"],
+                        list(choices["text"]),
+                        list(choices["label"]).index(item["answerKey"]),
+                        where,
+                        subset=file.parent.name,
+                    )
+                )
+    return examples
+
+
+_HITOM = re.compile(
+    r"Story:\n(?P<story>.*?)\nQuestion: (?P<question>[^\n]*)\nAnswer: (?P<answer>[^\n]*)\n"
+    r"Choices: (?P<choices>[^\n]*)\n(?:\s*\n(?P<note>Note:.*))?",
+    re.DOTALL,
+)
+
+
+def convert_hitom(path) -> list[Example]:
+    """Hi-ToM (Hi-ToM_data/{Tell,No_Tell}/MC/length_L/sample_S/order_K.txt): each file holds a story
+    of numbered lines, a question of ToM order K, the answer (a choice's text), the choices ("A.
+    green_envelope, B. red_basket, ...") and a note of the story world's rules, which is kept after
+    the story. `path` is one file or a folder; the CoT copies (the same stories) are skipped."""
+    path = Path(path)
+    files = (
+        [f for f in sorted(path.rglob("order_*.txt")) if "CoT" not in f.parts]
+        if path.is_dir()
+        else [path]
+    )
+    examples = []
+    for file in files:
+        match = _HITOM.search(read_data_text(file))
+        if match is None:
+            raise DataError(f"{file}: not a Hi-ToM story (Story:, Question:, Answer:, Choices:)")
+        pairs = re.findall(r"(?:^|, )([A-Z])\. ((?:(?!, [A-Z]\. ).)+)", match["choices"])
+        options = [text.strip() for _, text in pairs]
+        if [letter for letter, _ in pairs] != list(OPTION_LETTERS[: len(pairs)]):
+            raise DataError(
+                f"{file}: choices {excerpt(match['choices'])} are not lettered A, B, ..."
+            )
+        if match["answer"].strip() not in options:
+            raise DataError(f"{file}: answer {excerpt(match['answer'])} is not one of the choices")
+        story = match["story"].strip()
+        if match["note"]:
+            story += "\n\n" + match["note"].strip()
+        tell, length, sample = file.parts[-5], file.parts[-3], file.parts[-2]
+        examples.append(
+            _choice(
+                f"hitom-{tell}-{length}-{sample}-{file.stem}",
+                [Turn("", story)],
+                match["question"].strip(),
+                options,
+                options.index(match["answer"].strip()),
+                str(file),
+                order=int(file.stem.removeprefix("order_")),
+                tell=tell,
+            )
+        )
+    return examples
+
+
+# EmoBench's questions (its src/configs/prompts.yaml), per language.
+_EMOBENCH_QUESTIONS = {
+    "en": {
+        "emotion": "What emotion(s) would {subject} ultimately feel in this situation?",
+        "cause": "Why would {subject} feel these emotions in this situation?",
+        "EA": "In this scenario, what is the most effective {kind} for {subject}?",
+    },
+    "zh": {
+        "emotion": "在这种情况下，{subject}最终会感受到什么情绪？",
+        "cause": "{subject}为什么会在这种情况下感受到这些情绪？",
+        "EA": "在这个场景中，{subject}最有效的{kind}是什么？",
+    },
+}
+
+
+def convert_emobench(path) -> list[Example]:
+    """EmoBench (data/EU.jsonl, data/EA.jsonl; English and Chinese lines): an Emotional Application
+    item is one question (the most effective action or response), its label the gold choice's text;
+    an Emotional Understanding item is two, the emotion and its cause, which share meta["group"]:
+    EmoBench counts the item right only when both are (evaluate.py's group accuracy). `path` is a
+    file or the data folder."""
+    examples = []
+    for file in _files(path, "E[AU].jsonl"):
+        for where, item in _json_records(file):
+            with _record(where):
+                language = item["language"]
+                questions = _EMOBENCH_QUESTIONS[language]
+                subject, scenario = item["subject"], [Turn("", item["scenario"])]
+                if "emotion_choices" in item:
+                    group = f"emobench-eu-{language}-{item['qid']}"
+                    for part in ("emotion", "cause"):
+                        options = list(item[f"{part}_choices"])
+                        examples.append(
+                            _choice(
+                                f"{group}-{part}",
+                                scenario,
+                                questions[part].format(subject=subject),
+                                options,
+                                options.index(item[f"{part}_label"]),
+                                where,
+                                language,
+                                group=group,
+                                category=item["coarse_category"],
+                            )
+                        )
+                else:
+                    options = list(item["choices"])
+                    kind = item["question type"].lower()
+                    examples.append(
+                        _choice(
+                            f"emobench-ea-{language}-{item['qid']}",
+                            scenario,
+                            questions["EA"].format(subject=subject, kind=kind),
+                            options,
+                            options.index(item["label"]),
+                            where,
+                            language,
+                            category=item["category"],
+                        )
+                    )
+    return examples
+
+
+_MOTIVEBENCH_KEYS = (
+    ("motivation", "Motivation Reasoning Question", "1"),
+    ("behavior", "Behavior Reasoning Question", "2"),
+    ("motivation_behavior", "Motivation and Behavior Reasoning Question", "3"),
+)
+
+
+def convert_motivebench(path) -> list[Example]:
+    """MotiveBench (Persona/Persona_questions.json, Amazon/..., Blog/...): a JSON list of items,
+    each with three questions (motivation, behavior, both) that hold their scenario, "Options N"
+    lettered "A. ..." to "F. ..." and "Correct Answer N" a letter. Three examples per item, the
+    options in the file's order (MotiveBench also averages over five reorderings). `path` is a file
+    or a folder."""
+    path = Path(path)
+    files = sorted(path.rglob("*_questions.json")) if path.is_dir() else [path]
+    examples = []
+    for file in files:
+        source = file.stem.removesuffix("_questions")
+        for where, item in _json_records(file):
+            with _record(where):
+                for kind, key, n in _MOTIVEBENCH_KEYS:
+                    options = [
+                        re.sub(rf"^{letter}\.\s*", "", option.strip())
+                        for letter, option in zip(OPTION_LETTERS, item[f"Options {n}"])
+                    ]
+                    answer = str(item[f"Correct Answer {n}"]).strip().upper()
+                    examples.append(
+                        _choice(
+                            f"motivebench-{source}-{item['idx']}-{kind}",
+                            [],
+                            item[key],
+                            options,
+                            OPTION_LETTERS.index(answer) if answer in OPTION_LETTERS else -1,
+                            f"{where}: field 'Correct Answer {n}'",
+                            kind=kind,
+                        )
+                    )
+    return examples
+
+
+# TactfulToM's question lists with a correct and wrong answers (multiple choice) and with a yes/no
+# answer (binary); the list questions (name every character who knows) have no single answer.
+_TACTFUL_CHOICE = (
+    "comprehensionQA",
+    "justificationQA",
+    "fact_reasonQA",
+    "fact_truthQA",
+    "beliefQAs",
+    "lieabilityQAs",
+)
+_TACTFUL_BINARY = (
+    "infoAccessibilityQAs_binary",
+    "answerabilityQAs_binary",
+    "liedetectabilityQAs_binary",
+)
+_SPEAKER_LINE = re.compile(r"\*\*(?P<speaker>[^*\n]+)\*\*:\s*(?P<text>.*)", re.DOTALL)
+
+
+def _tactful_turns(context: str, where: str) -> list[Turn]:
+    """The conversation `**Name**: text` paragraphs as turns; a paragraph without a speaker
+    continues the turn before it."""
+    turns = []
+    for paragraph in (p.strip() for p in context.split("\n\n")):
+        match = _SPEAKER_LINE.fullmatch(paragraph)
+        if match:
+            turns.append(Turn(match["speaker"].strip(), match["text"].strip()))
+        elif turns and paragraph:
+            turns[-1].text += "\n\n" + paragraph
+        elif paragraph:
+            raise DataError(f"{where}: field 'full_context': {excerpt(paragraph)} has no speaker")
+    return turns
+
+
+def _tactful_referent(qa: dict) -> str:
+    """The information or question a binary question refers to ("Does X know this information?")."""
+    if qa.get("information"):
+        return f"Information: {qa['information']}\n"
+    asked = [v for k, v in qa.items() if k.startswith(("fact_question", "comprehension_q")) and v]
+    return f"Question: {asked[0]}\n" if asked else ""
+
+
+def convert_tactfultom(path) -> list[Example]:
+    """TactfulToM (dataset/final_set/Tactful_conv_set_N.json): a JSON list of conversation sets,
+    each with its full conversation (`**Name**: text` paragraphs) and lists of questions. The
+    multiple-choice ones (_TACTFUL_CHOICE) give the correct answer and the wrong ones; TactfulToM
+    shuffles them at random for each run, here they are shuffled once with the question's id as the
+    seed. The yes/no ones (_TACTFUL_BINARY) become two options, Yes and No, with the information or
+    question they refer to before them; the list questions are left out. `path` is a file or a
+    folder (only Tactful_conv_set_<N>.json files, not the release's stray copies)."""
+    path = Path(path)
+    files = (
+        sorted(
+            f for f in path.glob("*.json") if re.fullmatch(r"Tactful_conv_set_\d+\.json", f.name)
+        )
+        if path.is_dir()
+        else [path]
+    )
+    examples = []
+    for file in files:
+        for where, conversation in _json_records(file):
+            with _record(where):
+                turns = _tactful_turns(conversation["full_context"], where)
+                for category in (*_TACTFUL_CHOICE, *_TACTFUL_BINARY):
+                    for qa in conversation.get(category) or []:
+                        at = f"{where}: {category} {excerpt(qa.get('q_id'))}"
+                        if category in _TACTFUL_BINARY:
+                            options = ["Yes", "No"]
+                            gold = ["yes", "no"].index(qa["correct_answer"].strip().lower())
+                            question = _tactful_referent(qa) + qa["question"]
+                        else:
+                            wrong = qa["wrong_answer"]
+                            options = [
+                                qa["correct_answer"],
+                                *([wrong] if isinstance(wrong, str) else wrong),
+                            ]
+                            random.Random(qa["q_id"]).shuffle(options)
+                            gold = options.index(qa["correct_answer"])
+                            question = qa["question"]
+                        examples.append(
+                            _choice(
+                                f"tactfultom-{qa['q_id']}",
+                                turns,
+                                question,
+                                options,
+                                gold,
+                                at,
+                                category=category,
+                                question_type=qa.get("question_type"),
+                            )
+                        )
     return examples
 
 
@@ -713,6 +1063,12 @@ CONVERTERS = {
     "cped": functools.partial(convert_dialogue_csv, name="cped"),
     "ecf": convert_ecf,
     "tombench": convert_tombench,
+    "socialiqa": convert_socialiqa,
+    "simpletom": convert_simpletom,
+    "hitom": convert_hitom,
+    "emobench": convert_emobench,
+    "motivebench": convert_motivebench,
+    "tactfultom": convert_tactfultom,
     "wiki": convert_wiki_power,
     "ccu": convert_ccu,
     "mmlu": convert_mmlu,

@@ -20,15 +20,29 @@ from convert import (
     convert_ccu,
     convert_dialogue_csv,
     convert_ecf,
+    convert_emobench,
     convert_empathetic_dialogues,
+    convert_hitom,
     convert_mmlu,
+    convert_motivebench,
     convert_msdialog,
+    convert_simpletom,
+    convert_socialiqa,
+    convert_tactfultom,
     convert_tombench,
     convert_wiki_power,
     main,
     stratified_sample,
 )
-from data import DataError, Turn, build_prompt, parse_answer, render_conversation, visible_turns
+from data import (
+    DataError,
+    Example,
+    Turn,
+    build_prompt,
+    parse_answer,
+    render_conversation,
+    visible_turns,
+)
 from dataset import load_jsonl
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -849,3 +863,281 @@ def test_empathetic_dialogues_refuses_a_non_ascii_digit_index(tmp_path):
     path.write_text(header + "c1,\u00b2,sad,p,1,hello,,\n", encoding="utf-8")
     with pytest.raises(DataError, match=f"^{path}:2: field 'utterance_idx': expected a number"):
         convert_empathetic_dialogues(path)
+
+
+# ----------------------------------------------------------------------------- social benchmarks
+
+BENCH = FIXTURES / "benchmarks"
+
+
+def mc(id, story, question, options, label, language="en", **meta) -> Example:
+    turns = [Turn("", story)] if isinstance(story, str) else story
+    return Example(
+        id,
+        "tom_mc",
+        turns,
+        None,
+        [label],
+        language=language,
+        meta={"question": question, "options": options, **meta},
+    )
+
+
+def test_socialiqa_reads_the_one_based_labels_file():
+    assert convert_socialiqa(BENCH / "socialiqa" / "dev.jsonl") == [
+        mc(
+            "socialiqa-dev-1",
+            "Robin lent Kai her umbrella because the rain would not stop.",
+            "How would Kai feel as a result?",
+            ["annoyed at Robin", "grateful to Robin", "soaked through"],
+            "B",
+        ),
+        mc(
+            "socialiqa-dev-2",
+            "Tracy forgot her friend's birthday and called the next morning.",
+            "What will Tracy want to do next?",
+            ["apologize to her friend", "throw a party for herself", "forget the call"],
+            "A",
+        ),
+        mc(
+            "socialiqa-dev-3",
+            "Jordan practiced the speech every night for a week.",
+            "Why did Jordan do this?",
+            ["to sleep better", "to skip the speech", "to give the speech well"],
+            "C",
+        ),
+    ]
+
+
+def test_socialiqa_label_count_mismatch_is_an_error(tmp_path):
+    (tmp_path / "dev.jsonl").write_text((BENCH / "socialiqa" / "dev.jsonl").read_text())
+    (tmp_path / "dev-labels.lst").write_text("2\n1\n")
+    with pytest.raises(DataError, match="2 labels for the 3 questions"):
+        convert_socialiqa(tmp_path / "dev.jsonl")
+
+
+def test_simpletom_subsets_and_story_data_skipped():
+    story = (
+        "The jar of jam on the shelf has mould under its lid. Mia takes the jar to the checkout."
+    )
+    assert convert_simpletom(BENCH / "simpletom") == [
+        mc(
+            "simpletom-fruit-1_action",
+            story,
+            "What will Mia likely do next?",
+            ["Put the jar back and report the mould.", "Pay for the jar of jam."],
+            "B",
+            subset="behavior-qa",
+        ),
+        mc(
+            "simpletom-fruit-1_aware",
+            story,
+            'Is Mia likely to be aware that "the jam has mould under its lid"?',
+            ["No", "Yes"],
+            "A",
+            subset="mental-state-qa",
+        ),
+    ]
+
+
+def test_hitom_stories_with_their_rules_and_cot_copies_skipped():
+    story = (
+        "1 Ella, Liam and Noah entered the kitchen.\n2 The pear is in the blue_box.\n"
+        "3 Ella exited the kitchen.\n4 Liam moved the pear to the red_bag.\n"
+        "5 Liam exited the kitchen.\n\nNote: You should assume the following. (1) An agent sees "
+        "every move in a room before leaving it. (2) Agents may lie."
+    )
+    options = ["blue_box", "red_bag", "green_crate"]
+    assert convert_hitom(BENCH / "hitom") == [
+        mc(
+            "hitom-Tell-length_1-sample_1-order_0",
+            story,
+            "Where is the pear really?",
+            options,
+            "B",
+            order=0,
+            tell="Tell",
+        ),
+        mc(
+            "hitom-Tell-length_1-sample_1-order_1",
+            story,
+            "Where does Ella really think the pear is?",
+            options,
+            "A",
+            order=1,
+            tell="Tell",
+        ),
+    ]
+
+
+def test_emobench_understanding_is_two_grouped_questions_application_one():
+    en = (
+        "Omar burnt the cake for his mother's party, but she laughed and said it was the best "
+        "one yet."
+    )
+    zh = "奥马尔把妈妈生日会的蛋糕烤糊了，但妈妈笑着说这是最好吃的一个。"
+    eu = dict(category="complex_emotions")
+    assert convert_emobench(BENCH / "emobench" / "data") == [
+        mc(
+            "emobench-ea-en-1",
+            "Nina's flatmate has been crying since she failed her driving test.",
+            "In this scenario, what is the most effective action for Nina?",
+            [
+                "Ignore it",
+                "Sit with her and listen",
+                "Tell her the test is easy",
+                "Book her another test right away",
+            ],
+            "B",
+            category="Personal-Others",
+        ),
+        mc(
+            "emobench-eu-en-1-emotion",
+            en,
+            "What emotion(s) would Omar ultimately feel in this situation?",
+            ["Relief", "Anger", "Shame", "Fear"],
+            "A",
+            group="emobench-eu-en-1",
+            **eu,
+        ),
+        mc(
+            "emobench-eu-en-1-cause",
+            en,
+            "Why would Omar feel these emotions in this situation?",
+            [
+                "The cake was not burnt",
+                "His mother kindly accepted the burnt cake",
+                "The party was cancelled",
+                "He bought another cake",
+            ],
+            "B",
+            group="emobench-eu-en-1",
+            **eu,
+        ),
+        mc(
+            "emobench-eu-zh-1-emotion",
+            zh,
+            "在这种情况下，奥马尔最终会感受到什么情绪？",
+            ["宽慰", "愤怒", "羞愧", "恐惧"],
+            "A",
+            "zh",
+            group="emobench-eu-zh-1",
+            **eu,
+        ),
+        mc(
+            "emobench-eu-zh-1-cause",
+            zh,
+            "奥马尔为什么会在这种情况下感受到这些情绪？",
+            ["蛋糕没有烤糊", "妈妈温和地接受了烤糊的蛋糕", "生日会取消了", "他又买了一个蛋糕"],
+            "B",
+            "zh",
+            group="emobench-eu-zh-1",
+            **eu,
+        ),
+    ]
+
+
+def test_motivebench_three_questions_per_item_letters_stripped():
+    examples = convert_motivebench(BENCH / "motivebench")
+    assert [(e.id, e.labels, e.turns, e.meta["kind"]) for e in examples] == [
+        ("motivebench-Persona-0-motivation", ["B"], [], "motivation"),
+        ("motivebench-Persona-0-behavior", ["C"], [], "behavior"),
+        ("motivebench-Persona-0-motivation_behavior", ["C"], [], "motivation_behavior"),
+    ]
+    assert examples[0] == mc(
+        "motivebench-Persona-0-motivation",
+        [],
+        "Lena, a nurse, stays an hour after her shift to talk with a scared patient. What most "
+        "likely motivates her?",
+        [
+            "To earn overtime pay",
+            "To comfort the patient",
+            "To avoid going home",
+            "To impress her manager",
+            "To learn a new procedure",
+            "To finish paperwork",
+        ],
+        "B",
+        kind="motivation",
+    )
+
+
+def test_tactfultom_choice_and_yes_no_questions_lists_left_out():
+    turns = [
+        Turn("Ava", "Who wants to try the new sushi place on Friday?"),
+        Turn("Cal", "I have to go, see you all later!"),
+        Turn("Sam", "Between us, Ben, I would rather keep my money this month."),
+        Turn("Ben", "Fair enough, it is pricey.\n\nAnd the prices keep going up."),
+        Turn("Sam", "Ava, sorry, I have to work on Friday."),
+    ]
+    examples = convert_tactfultom(BENCH / "tactfultom" / "final_set")  # the stray copy is skipped
+    assert examples == [
+        # options shuffled once with the q_id as seed: the gold letter points at the correct answer
+        mc(
+            "tactfultom-0-1-0-0-comprehension-0",
+            turns,
+            "Was what Sam told Ava, 'I have to work on Friday', true?",
+            ["Yes", "No"],
+            "B",
+            category="comprehensionQA",
+            question_type="comprehension",
+        ),
+        mc(
+            "tactfultom-0-1-0-0-justification-0",
+            turns,
+            "Why did Sam tell Ava 'I have to work on Friday'?",
+            [
+                "Because Sam has other plans with Cal.",
+                "Because Sam really works on Friday.",
+                "To decline without making Ava feel bad about the pricey place.",
+                "Because Sam dislikes Ava.",
+            ],
+            "C",
+            category="justificationQA",
+            question_type="justification",
+        ),
+        mc(
+            "tactfultom-0-1-0-0-info_access_binary-0",
+            turns,
+            "Information: Sam would rather keep his money\nDoes Ava know this information?",
+            ["Yes", "No"],
+            "B",
+            category="infoAccessibilityQAs_binary",
+            question_type="tom:info_accessibility:binary",
+        ),
+        mc(
+            "tactfultom-0-1-0-0-answerability_binary-0",
+            turns,
+            "Question: Who discussed 'Sam would rather keep his money'?\nDoes Ben know the precise "
+            "correct answer to this question?",
+            ["Yes", "No"],
+            "A",
+            category="answerabilityQAs_binary",
+            question_type="tom:answerability:binary",
+        ),
+    ]
+    # the story is shown as the conversation, the options lettered, and the answer parses
+    prompt = build_prompt(examples[1])
+    assert "Sam: Between us, Ben, I would rather keep my money this month." in prompt
+    assert "\nC. To decline without making Ava feel bad about the pricey place." in prompt
+    assert parse_answer("x</think>\nAnswer: C", examples[1]) == ["C"]
+    assert parse_answer("x</think>\nAnswer: C", examples[0]) is None  # two options: A, B
+
+
+@pytest.mark.parametrize(
+    "fmt, source",
+    [
+        ("socialiqa", "socialiqa/dev.jsonl"),
+        ("simpletom", "simpletom"),
+        ("hitom", "hitom"),
+        ("emobench", "emobench/data"),
+        ("motivebench", "motivebench"),
+        ("tactfultom", "tactfultom/final_set"),
+    ],
+)
+def test_benchmark_formats_convert_from_the_command_line(tmp_path, fmt, source, capsys):
+    out = tmp_path / "out.jsonl"
+    main([fmt, str(BENCH / source), str(out)])
+    written = load_jsonl(out)
+    assert written and all(e.task == "tom_mc" for e in written)
+    assert f"wrote {len(written)} examples" in capsys.readouterr().out
