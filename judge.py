@@ -177,6 +177,25 @@ def _scrub(text: str, url: str, api_key: str | None) -> str:
     return "".join("[redacted]" if any(p in w for p in pieces) else w for w in words)
 
 
+def _root_cause(error: BaseException) -> str:
+    """The innermost error under what requests raises (its message repeats the host, port and path
+    at each level): e.g. "ConnectionRefusedError: [Errno 111] Connection refused"."""
+    seen = {id(error)}
+    while True:
+        inner = next(
+            (
+                e
+                for e in (getattr(error, "reason", None), *error.args[:1], error.__cause__)
+                if isinstance(e, BaseException) and id(e) not in seen
+            ),
+            None,
+        )
+        if inner is None:
+            return f"{type(error).__name__}: {error}"
+        seen.add(id(inner))
+        error = inner
+
+
 def _retry_after(response: requests.Response) -> float | None:
     """Seconds the server asks us to wait (Retry-After as seconds or an HTTP date), if it says."""
     value = response.headers.get("Retry-After")
@@ -250,7 +269,7 @@ def post_json(
             ) as response:
                 answer = _read_answer(response, deadline)
         except _RETRIED_ERRORS as e:
-            reason = f"{type(e).__name__}: {_scrub(str(e), url, api_key)[:300]}"
+            reason = f"{type(e).__name__} ({_scrub(_root_cause(e), url, api_key)[:300]})"
         except requests.RequestException as e:  # a malformed URL or header: retrying cannot help
             raise JudgeError(
                 f"{server} at {shown}: {type(e).__name__}: {_scrub(str(e), url, api_key)[:300]}",

@@ -147,7 +147,7 @@ class VLLMEngine:
                     prompt, 1, sampling, 0, tok.eos_token_ids, self.s.probe_tokens, retries
                 )
             except EngineError as e:
-                sample = f"rollout.vllm.base_url: no usable vLLM server at {self.s.base_url} ({e})"
+                sample = f"rollout.vllm.base_url: no usable vLLM server ({e})"
         sample = gather_json(sample, ranks)[0]
         if isinstance(sample, str):
             raise EngineError(sample)
