@@ -60,6 +60,7 @@ def write_tiny_checkpoint(
     pre_tokenizer="whitespace_split",
     wordpiece_decoder=False,
     pad_token="<|endoftext|>",
+    eos_token="<|im_end|>",
     weights="spread",
     seed=0,
 ) -> Path:
@@ -67,8 +68,8 @@ def write_tiny_checkpoint(
     order (ids 0..; put "[UNK]" among them), then the ordinary `added` tokens, then the `specials`;
     `pre_tokenizer` "whitespace_split" (split on whitespace only) or "whitespace" (words and
     punctuation apart); with `wordpiece_decoder`, decoding joins words with spaces.
-    tokenizer_config.json names the ChatML EOS and `pad_token` (none when None). `config` holds the
-    model's sizes (vocab_size None: the tokenizer's size). The weights, drawn after
+    tokenizer_config.json names `eos_token` (ChatML's) and `pad_token` (none when None). `config`
+    holds the model's sizes (vocab_size None: the tokenizer's size). The weights, drawn after
     torch.manual_seed(seed), are one of three recipes:
       "spread": model.py's Qwen, every matrix N(0, 0.3), every vector N(1, 0.05); saved by
         model.save_merged
@@ -90,7 +91,7 @@ def write_tiny_checkpoint(
     tok.add_special_tokens(list(specials))
     tok.save(str(path / "tokenizer.json"))
     (path / "tokenizer_config.json").write_text(
-        json.dumps({"eos_token": "<|im_end|>", **({"pad_token": pad_token} if pad_token else {})})
+        json.dumps({"eos_token": eos_token, **({"pad_token": pad_token} if pad_token else {})})
     )
     config = {
         k: (tok.get_vocab_size() if k == "vocab_size" and v is None else v)
@@ -210,6 +211,39 @@ def sft_checkpoint(path: Path) -> Path:
             AddedToken("</think>", special=False, normalized=False),
         ],
         pre_tokenizer="whitespace",
+        weights="wide_head",
+    )
+
+
+LLAMA_SFT_SPECIALS = [
+    "<|begin_of_text|>",
+    "<|end_of_text|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eot_id|>",
+]
+
+
+def llama_sft_checkpoint(path: Path) -> Path:
+    """sft_checkpoint's words and sizes as a Llama 3 model: Llama 3's chat tokens, <|eot_id|> the
+    EOS, no pad token, RoPE's llama3 scaling."""
+    rope = dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0)
+    return write_tiny_checkpoint(
+        path,
+        SFT_WORDS,
+        [AddedToken(t, special=True, normalized=False) for t in LLAMA_SFT_SPECIALS],
+        dict(
+            TINY,
+            model_type="llama",
+            rope_scaling=dict(rope, rope_type="llama3", original_max_position_embeddings=64),
+        ),
+        added=[
+            AddedToken("<think>", special=False, normalized=False),
+            AddedToken("</think>", special=False, normalized=False),
+        ],
+        pre_tokenizer="whitespace",
+        pad_token=None,
+        eos_token="<|eot_id|>",
         weights="wide_head",
     )
 

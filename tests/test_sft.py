@@ -29,6 +29,7 @@ from helpers import (
     config,
     config_file,
     conversation,
+    llama_sft_checkpoint,
     metrics,
     sad_row,
     tensors,
@@ -58,6 +59,11 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     return write_checkpoint(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture(scope="module")
+def llama_checkpoint(tmp_path_factory):
+    return llama_sft_checkpoint(tmp_path_factory.mktemp("tiny_llama"))
 
 
 # ----------------------------------------------------------------------------- loss weights
@@ -358,12 +364,14 @@ def test_a_run_killed_after_step_k_resumes_bitwise_equal(checkpoint, tmp_path):
     ]  # no step logged twice
 
 
-def test_best_loads_in_peft_as_is_with_the_trained_evidence_rows(checkpoint, tmp_path):
+@pytest.mark.parametrize("model", ["checkpoint", "llama_checkpoint"])
+def test_best_loads_in_peft_as_is_with_the_trained_evidence_rows(model, request, tmp_path):
     """PEFT's PeftModel.from_pretrained(base, "best") applies the LoRA and the trained <evidence>
     rows: on a row holding evidence tokens its logits equal ours (trained rows moved by 10 x lr, far
-    beyond the tolerance)."""
+    beyond the tolerance). The same for a Llama 3 model, on transformers' LlamaForCausalLM."""
     peft = pytest.importorskip("peft")
     transformers = pytest.importorskip("transformers")
+    checkpoint = request.getfixturevalue(model)
     run = sft.train(config(checkpoint, tmp_path, epochs=3, lr=5e-2))
     ours = M.load_adapter(M.Qwen.from_pretrained(checkpoint, dtype="float32"), run / "best")
     tok = M.load_tokenizer(run / "best")  # best/ carries the tokenizer with the added tags
@@ -377,6 +385,24 @@ def test_best_loads_in_peft_as_is_with_the_trained_evidence_rows(checkpoint, tmp
         # trained
         assert (ours.embed_rows - ours.model.embed_tokens.weight[ours.row_ids]).abs().max() > 0.05
         torch.testing.assert_close(theirs(x).logits, ours(x), rtol=1e-5, atol=1e-5)
+
+
+def test_llama_rows_are_llama_3_turns(llama_checkpoint, tmp_path):
+    """A Llama 3 model's SFT row: its chat's headers, the completion closed by <|eot_id|>."""
+    tok = M.load_tokenizer(llama_checkpoint)
+    cfg = config(llama_checkpoint, tmp_path)
+    row = sft.row_from_json(sad_row(0))
+    ids, weights = sft.encode_row(tok, row, cfg)
+    header = [
+        "<|start_header_id|>",
+        "[UNK]",
+        "<|end_header_id|>",
+    ]  # role words are not in SFT_WORDS
+    head = [tok.token_id(t) for t in ["<|begin_of_text|>", *header]]
+    n_prompt = weights.index(next(w for w in weights if w > 0))
+    assert ids[:4] == head and ids[n_prompt - 3 : n_prompt] == head[1:]
+    assert ids[-1] == tok.token_id("<|eot_id|>") and weights[-1] > 0
+    assert tok.eos_token_ids == [tok.token_id("<|eot_id|>")] and tok.pad_token_id is None
 
 
 def test_selection_keeps_the_adapter_with_the_best_mean_macro_f1(
