@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from config import ConfigError, atomic_write_text, parse_cli, print0
+from config import ConfigError, atomic_write_text, check_output_file, parse_cli, print0
 from data import DataError, Example, Turn
 from dataset import read_jsonl, save_jsonl
 from judge import (
@@ -311,8 +311,10 @@ def build_targets(cfg: GeneratorDataConfig) -> dict[str, int]:
     reply within `agreement` -> SFT rows in `out`. Every answer is journaled; failed calls stop the
     run (rerun to continue)."""
     t = cfg.targets
-    turns = load_turns(t.turns, pairs=False, strategy_map=cfg.strategy_map)
     journal = Path(t.journal or t.out + ".journal.jsonl")
+    check_output_file(t.out, "targets.out")
+    check_output_file(journal, "targets.journal")
+    turns = load_turns(t.turns, pairs=False, strategy_map=cfg.strategy_map)
     done = load_journal(journal)
     keys = [journal_key("target", x.id, json.dumps(x.dialogue), x.chosen) for x in turns]
     failures = ask_journaled(
@@ -386,6 +388,7 @@ def preference_examples(cfg: GeneratorDataConfig) -> list[Example]:
     the generator's prompt (judge.care_rubric_request, as in SFT and in a CARE run) in meta.prompt,
     and what care_generator reads: meta chosen, rejected and dimension_counts. Written to
     `rl.out`."""
+    check_output_file(cfg.rl.out, "rl.out")
     pairs = load_turns(cfg.rl.pairs, pairs=True, strategy_map=cfg.strategy_map)
     examples = [
         Example(
@@ -417,8 +420,9 @@ def win_rate(cfg: GeneratorDataConfig) -> dict[str, Any]:
     without a valid rubric or without both scores counts as no win (and is counted). Writes
     winrate.json in output_dir; answers are journaled there."""
     w = cfg.winrate
-    pairs = load_turns(w.pairs, pairs=True, strategy_map=cfg.strategy_map)
     out = Path(w.output_dir)
+    check_output_file(out / "winrate.json", "winrate.output_dir")
+    pairs = load_turns(w.pairs, pairs=True, strategy_map=cfg.strategy_map)
     out.mkdir(parents=True, exist_ok=True)
     journal = out / "journal.jsonl"
     done = load_journal(journal)

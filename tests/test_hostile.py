@@ -421,14 +421,38 @@ DEAD = "http://127.0.0.1:9/v1"  # nothing listens there
     "script, config, argv, expected",
     [
         (
-            "reward_model",
+            "rubric_generator targets",
+            "targets: {{turns: {tmp}/ex.jsonl, out: {tmp}}}\n",
+            [],
+            "'targets.out': {tmp} is a folder; name the file to write",
+        ),
+        (
+            "rubric_generator targets",
+            "targets: {{turns: {tmp}/ex.jsonl, out: {tmp}/t.jsonl, journal: {tmp}}}\n",
+            [],
+            "'targets.journal': {tmp} is a folder; name the file to write",
+        ),
+        (
+            "rubric_generator examples",
+            "rl: {{pairs: {tmp}/ex.jsonl, out: {tmp}}}\n",
+            [],
+            "'rl.out': {tmp} is a folder; name the file to write",
+        ),
+        (
+            "rubric_generator care_winrate",
+            "winrate: {{pairs: {tmp}/ex.jsonl, output_dir: {tmp}/ex.jsonl}}\n",
+            [],
+            "'winrate.output_dir': {tmp}/ex.jsonl/winrate.json cannot be written",
+        ),
+        (
+            "reward_model pairs",
             "model: m\npairs: p\nbuild:\n  examples: {tmp}/ex.jsonl\n  out: {tmp}/pairs.jsonl\n"
             "  rollouts: [{{step: 1, path: {tmp}/ids.jsonl}}]\n",
             [],
             "ids.jsonl:1: field 'id': ['a'] is not an example of",
         ),
         (
-            "reward_model",
+            "reward_model pairs",
             "model: m\npairs: p\nbuild:\n  examples: {tmp}/ex.jsonl\n  out: {tmp}\n",
             [],
             "'build.out': {tmp} is a folder; name the file to write",
@@ -465,8 +489,8 @@ def test_entry_points_stop_on_bad_input_in_one_line(
     path.write_text(config.format(tmp=tmp_path))
     before = sorted(p.name for p in tmp_path.iterdir())
     with pytest.raises(SystemExit) as stop:
-        command = ["pairs"] if script == "reward_model" else []
-        importlib.import_module(script).main([*command, str(path), *argv])
+        module, *command = script.split()
+        importlib.import_module(module).main([*command, str(path), *argv])
     error = capsys.readouterr().err.strip()
     assert stop.value.code == 2 and "\n" not in error and len(error) <= 400, error
     assert expected.format(tmp=tmp_path) in error, error
