@@ -215,7 +215,7 @@ def load_jsonl(path) -> list[Example]:
     for number, raw in read_jsonl(path):
         try:
             examples.append(example_from_json(raw))
-            _check_new_id(examples[-1].id, ids)
+            check_new_id(examples[-1].id, ids)
         except DataError as e:
             raise DataError(f"{path}:{number}: {e}") from None
     return examples
@@ -268,7 +268,8 @@ def read_jsonl(path, allow_nan: bool = False):
             yield number, parse_json(line, path, number, allow_nan)
 
 
-def _check_new_id(example_id: str, seen: set) -> None:
+def check_new_id(example_id: str, seen: set) -> None:
+    """Add `example_id` to `seen`; DataError when it is there already."""
     if example_id in seen:
         raise DataError(f"field 'id': {excerpt(example_id)} appears twice")
     seen.add(example_id)
@@ -280,7 +281,7 @@ def save_jsonl(examples, path) -> None:
     lines, ids = [], set()
     for example in examples:
         try:
-            _check_new_id(example.id, ids)
+            check_new_id(example.id, ids)
             checked = example_from_json(example_to_json(example))
             lines.append(json.dumps(example_to_json(checked), ensure_ascii=False, allow_nan=False))
         except ValueError as e:  # a DataError, or a number JSON cannot hold (NaN in meta)

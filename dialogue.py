@@ -37,7 +37,6 @@ import data
 import dataset
 import judge
 import rewards
-from config import excerpt
 from data import THINK_END, THINK_START, DataError
 from dialogue_judges import (
     emotional_state_request,
@@ -88,11 +87,9 @@ def load_scenarios(path) -> list[Scenario]:
             values = [dataset.typed_field(raw, key, str) for key in SCENARIO_FIELDS]
             if empty := [key for key, value in zip(SCENARIO_FIELDS, values) if not value.strip()]:
                 raise DataError(f"field '{empty[0]}': empty")
-            if values[0] in ids:
-                raise DataError(f"field 'id': {excerpt(values[0])} appears twice")
+            dataset.check_new_id(values[0], ids)
         except DataError as e:
             raise DataError(f"{path}:{number}: {e}") from None
-        ids.add(values[0])
         scenarios.append(Scenario(*values))
     if not scenarios:
         raise DataError(f"{path}: no scenarios")

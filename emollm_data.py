@@ -77,7 +77,7 @@ from config import (
     print0,
 )
 from data import THINK_END, THINK_START, DataError
-from dataset import parse_json, read_data_text, reject_json_constant, typed_field
+from dataset import check_new_id, parse_json, read_data_text, reject_json_constant, typed_field
 from dialogue_judges import ARG_SECTIONS
 from judge import DATA_NOTICE, JudgeCall, JudgeConfig, JudgeError, chat_messages, section
 from model import CheckpointError, load_tokenizer
@@ -221,14 +221,10 @@ def load_dialogues(paths: list[str]) -> list[Dialogue]:
     """Every dialogue of the files (module docstring); ids default to <file stem>-<index>."""
     dialogues, seen = [], set()
     for path in paths:
-        if not Path(path).is_file():
-            raise DataError(f"{path}: file not found")
         for index, (line, raw) in enumerate(_records(path)):
             try:
                 dialogues.append(dialogue_from_json(raw, f"{Path(path).stem}-{index}"))
-                if dialogues[-1].id in seen:
-                    raise DataError(f"field 'id': {excerpt(dialogues[-1].id)} appears twice")
-                seen.add(dialogues[-1].id)
+                check_new_id(dialogues[-1].id, seen)
             except DataError as e:
                 raise DataError(f"{path}:{line}: {e}") from None
     if not dialogues:
@@ -262,8 +258,6 @@ class Triple:
 
 
 def load_knowledge(path) -> list[Triple]:
-    if not Path(path).is_file():
-        raise DataError(f"{path}: file not found")
     triples = []
     for line, raw in _records(path):
         try:

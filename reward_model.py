@@ -344,8 +344,6 @@ def pair_from_json(raw) -> Pair:
 def load_pairs(path) -> list[Pair]:
     """Every pair of a JSONL file; a bad line raises DataError naming the file, line and field."""
     path, pairs = Path(path), []
-    if not path.is_file():
-        raise DataError(f"{path}: file not found")
     for number, raw in read_jsonl(path):
         try:
             pairs.append(pair_from_json(raw))

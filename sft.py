@@ -306,8 +306,6 @@ def text_row_from_json(raw, objective: str) -> TextRow:
 def load_rows(path, objective: str = "clue") -> list[Row] | list[TextRow]:
     """Every row of a JSONL file; a bad line raises DataError naming the file, line and field."""
     path, rows = Path(path), []
-    if not path.is_file():
-        raise DataError(f"{path}: file not found")
     for number, raw in read_jsonl(path):
         try:
             rows.append(

@@ -354,7 +354,7 @@ def test_bad_input_stops_with_one_line_and_writes_nothing(tmp_path, capsys, case
         "triple not an object": (
             rf"{tmp_path}/k.jsonl:4: expected a \{{head, relation, tail\}} object"
         ),
-        "no knowledge file": rf"{tmp_path}/missing.jsonl: file not found",
+        "no knowledge file": rf"{tmp_path}/missing.jsonl: no such data file",
     }[case]
     assert re.match("error: " + expected, err), err
     assert not (tmp_path / "out.jsonl").exists()
