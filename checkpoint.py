@@ -10,16 +10,25 @@ and renamed when complete (a folder named `ckpt-*` is always whole):
     dcp/                      each rank's shards of the weights and AdamW state (full: save_sharded)
     rng-rank<r>.safetensors   rank r's torch (and CUDA) generator state; its Python state as
                               metadata
-    state.json                step, world size, finetune mode, optimizer hyperparameters, the
-                              trainer's own state
+    state.json                step, world size, global batch, finetune mode, optimizer
+                              hyperparameters, the trainer's own state
 
 Only safetensors and JSON are written or read: nothing is unpickled on resume.
 
 A full run's `dcp/` is written by torch.distributed.checkpoint through its safetensors storage
 (every rank its own file of shards, each tensor's offsets in the file's JSON header: no pickle is
 written or read), holding `model.<name>` for every trainable parameter and `optim.<name>.<moment>`
-for AdamW's state; the optimizer's hyperparameters go to state.json. A checkpoint written by N ranks
-resumes at N ranks.
+for AdamW's state; the optimizer's hyperparameters go to state.json.
+
+A checkpoint resumes at any world size (docs/resume-and-faults.md#world-size-and-mode):
+- the data position is global: the trainers count updates (GRPO also its curriculum cursor) and
+  draw an update's examples without regard to the ranks, then deal them out; so a resume at another
+  world size needs only the same global batch (examples per update), checked here;
+- the weights and AdamW's state are whole tensors to DCP, which reads each rank's pieces by offset
+  whatever number of ranks wrote them (a LoRA run's are replicated, rank 0's file);
+- the RNG: at the world size that wrote it, each rank gets its own saved state back (exact
+  resume); at another, rank r seeds its torch (CUDA included) and Python generators with s + r, s
+  the first 63-bit draw from rank 0's saved torch state (`resharded_seed`).
 """
 
 from __future__ import annotations
@@ -75,7 +84,23 @@ def _save_rng(folder: Path, rank: int) -> None:
     atomic_write(_rng_file(folder, rank), tensors, metadata)
 
 
-def _load_rng(folder: Path, rank: int) -> None:
+def resharded_seed(folder: Path, rank: int) -> int:
+    """Rank `rank`'s seed on a resume at another world size: s + rank, s the first 63-bit draw
+    from rank 0's saved torch generator state (a saved stream is no rank's own any more; this one
+    depends on the run's seed and how far it had got)."""
+    with safe_open(_rng_file(folder, 0), framework="pt") as f:
+        generator = torch.Generator().set_state(f.get_tensor("torch"))
+    return int(torch.randint(2**63 - 1, (), generator=generator)) + rank
+
+
+def _load_rng(folder: Path, rank: int, same_world: bool) -> None:
+    """This rank's generators as `save_checkpoint` left them (`same_world`), else seeded with
+    `resharded_seed`."""
+    if not same_world:
+        seed = resharded_seed(folder, rank)
+        torch.manual_seed(seed)
+        random.seed(seed)
+        return
     with safe_open(_rng_file(folder, rank), framework="pt") as f:
         torch.set_rng_state(f.get_tensor("torch"))
         if "cuda" in f.keys() and torch.cuda.is_available():
@@ -118,14 +143,16 @@ def save_checkpoint(
     model: Qwen,
     optimizer: torch.optim.Optimizer,
     trainer_state: dict,
+    global_batch: int,
     keep: int | None = None,
     write_extra=None,
 ) -> Path:
     """Write `ckpt-<step>` atomically; every rank must call it (each saves its own RNG state), rank
     0 writes the rest. `trainer_state` is the trainer's JSON-able state (its data position,
-    counters); `write_extra(folder)`, on rank 0, adds the trainer's own weights (the reward model's
-    value head). With `keep`, only the newest `keep` checkpoints are left. Returns the checkpoint's
-    path."""
+    counters); `global_batch` the examples one update takes over all ranks (what a resume at
+    another world size must keep); `write_extra(folder)`, on rank 0, adds the trainer's own weights
+    (the reward model's value head). With `keep`, only the newest `keep` checkpoints are left.
+    Returns the checkpoint's path."""
     final = checkpoint_path(output_dir, step)
     rank = dist.get_rank() if is_distributed() else 0
     tmp = staging_folder(final, clear=rank == 0)
@@ -149,6 +176,7 @@ def save_checkpoint(
         meta = {
             "step": step,
             "world_size": dist.get_world_size() if is_distributed() else 1,
+            "global_batch": global_batch,
             "finetune": "full" if full else "lora",
             "param_groups": groups or state["param_groups"],
             "trainer": trainer_state,
@@ -165,12 +193,12 @@ def save_checkpoint(
     return final
 
 
-def load_checkpoint(path, model: Qwen) -> dict:
-    """Check that a checkpoint fits this run (the same number of ranks, the same `finetune` mode),
-    load its adapter and token rows into `model` (LoRA: before the optimizer is built, the rows
-    become new parameters) and this rank's RNG state. Returns its state.json; pass it to
-    `restore_optimizer` once the optimizer exists (a full-parameter run's weights come back there,
-    with the optimizer's state)."""
+def load_checkpoint(path, model: Qwen, global_batch: int) -> dict:
+    """Check that a checkpoint fits this run (the same `finetune` mode; at another number of ranks,
+    the same `global_batch`), load its adapter and token rows into `model` (LoRA: before the
+    optimizer is built, the rows become new parameters) and this rank's RNG state (`_load_rng`).
+    Returns its state.json; pass it to `restore_optimizer` once the optimizer exists (a
+    full-parameter run's weights come back there, with the optimizer's state)."""
     path = Path(path)
     meta = json.loads((path / "state.json").read_text(encoding="utf-8"))
     world = dist.get_world_size() if is_distributed() else 1
@@ -180,14 +208,18 @@ def load_checkpoint(path, model: Qwen) -> dict:
             f"{path / 'state.json'}: field 'finetune': the checkpoint is of a {written} run, this "
             f"run is {mode}; resume it with finetune: {written} (or start afresh with resume: none)"
         )
-    if meta["world_size"] != world:
+    saved = meta.get("global_batch")  # None: written before checkpoints recorded it
+    if meta["world_size"] != world and saved != global_batch:
+        saved = saved or "an unrecorded number of"
         raise CheckpointError(
-            f"{path}: written by {meta['world_size']} rank(s), this run has {world}; exact resume "
-            f"needs the same number (or start afresh with resume=none)"
+            f"{path}: written by {meta['world_size']} rank(s) at {saved} examples per update, "
+            f"this run has {world} rank(s) at {global_batch}; a resume at "
+            f"another world size needs the same examples per update (batch_size x grad_accum x "
+            f"ranks; GRPO: rollout.prompts_per_update), or start afresh with resume=none"
         )
     if mode == "lora":
         load_adapter(model, path)
-    _load_rng(path, dist.get_rank() if is_distributed() else 0)
+    _load_rng(path, dist.get_rank() if is_distributed() else 0, meta["world_size"] == world)
     return meta
 
 
@@ -207,18 +239,19 @@ def restore_optimizer(
     optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
 
 
-def resume(output_dir, model: Qwen, make_optimizer, enabled: bool = True):
+def resume(output_dir, model: Qwen, make_optimizer, global_batch: int, enabled: bool = True):
     """The run's optimizer and where it continues from, the one resume path of every trainer and
     both modes: with `enabled`, the newest checkpoint in `output_dir` is loaded (LoRA and token rows
-    before the optimizer is built, then AdamW's state; a full-parameter run's shards with it; this
-    rank's RNG). Returns (optimizer, its state.json, its path); with none, a fresh optimizer whose
-    trainable values are rank 0's on every rank, None, None."""
+    before the optimizer is built, then AdamW's state; a full-parameter run's shards with it, at any
+    world size; this rank's RNG), if it was written at this run's `global_batch` or world size.
+    Returns (optimizer, its state.json, its path); with none, a fresh optimizer whose trainable
+    values are rank 0's on every rank, None, None."""
     path = latest_checkpoint(output_dir) if enabled else None
     if path is None:
         optimizer = make_optimizer()
         broadcast_parameters(optimizer_parameters(optimizer))
         return optimizer, None, None
-    meta = load_checkpoint(path, model)
+    meta = load_checkpoint(path, model, global_batch)
     optimizer = make_optimizer()
     restore_optimizer(path, optimizer, meta, model)
     return optimizer, meta, path
@@ -252,7 +285,8 @@ def load_sharded(
     folder, model: Qwen, optimizer: torch.optim.Optimizer, param_groups: list[dict]
 ) -> None:
     """Load what `save_sharded` wrote into `model` and `optimizer` (a collective). The shards may
-    have been written by another number of ranks: DCP reads each tensor's pieces by offset."""
+    have been written by another number of ranks: DCP reads each tensor's pieces by offset, and
+    set_state_dict hands each rank its shards."""
     from torch.distributed.checkpoint import HuggingFaceStorageReader  # full runs only
 
     # AdamW's state initialized at zero, filled below

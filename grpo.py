@@ -869,6 +869,7 @@ def train(cfg: GRPOConfig, examples: list[data.Example]) -> None:
         out_dir,
         policy,
         lambda: build_optimizer(policy, cfg.optim.lr, cfg.optim.weight_decay, cfg.optim.betas),
+        cfg.rollout.prompts_per_update,
         cfg.resume == "auto",
     )
     start = 0
@@ -909,6 +910,7 @@ def train(cfg: GRPOConfig, examples: list[data.Example]) -> None:
                     policy,
                     optimizer,
                     {"update": update, "cursor": list(cursor)},
+                    cfg.rollout.prompts_per_update,
                     keep=cfg.keep_checkpoints,
                 )
                 print0(
@@ -959,6 +961,7 @@ def train(cfg: GRPOConfig, examples: list[data.Example]) -> None:
                     policy,
                     optimizer,
                     {"update": done, "cursor": list(source.cursor)},
+                    cfg.rollout.prompts_per_update,
                     keep=cfg.keep_checkpoints,
                 )
             if stopping:

@@ -707,7 +707,8 @@ def train(cfg: RMConfig) -> dict:
         )
         return optimizer
 
-    optimizer, meta, checkpoint = resume(out, qwen, make_optimizer, cfg.resume == "auto")
+    group = cfg.batch_size * cfg.grad_accum * ranks.world_size  # pairs per update, all ranks
+    optimizer, meta, checkpoint = resume(out, qwen, make_optimizer, group, cfg.resume == "auto")
     if meta is not None:
         rm.load_head(checkpoint / HEAD_FILE)
         if meta["trainer"]["training_pairs"] != len(rows):
@@ -717,7 +718,6 @@ def train(cfg: RMConfig) -> dict:
                 f"resume=none)"
             )
     params = [p for g in optimizer.param_groups for p in g["params"]]
-    group = cfg.batch_size * cfg.grad_accum * ranks.world_size
     per_epoch = math.ceil(len(rows) / group)
     total = cfg.epochs * per_epoch
     save_resolved_config(cfg, out)
@@ -797,6 +797,7 @@ def train(cfg: RMConfig) -> dict:
                     qwen,
                     optimizer,
                     state,
+                    group,
                     keep=cfg.keep_checkpoints,
                     write_extra=lambda folder: rm.save_head(folder, cfg.model),
                 )

@@ -614,10 +614,14 @@ def train(cfg: SFTConfig) -> Path:
     if full:
         shard_model(model, ranks.device, checkpoint=cfg.model)
     model.gradient_checkpointing = cfg.gradient_checkpointing
+    # the rows of one update over all ranks: the data position is the update count, at any world
+    # size that keeps this number (checkpoint.py)
+    group = cfg.batch_size * cfg.grad_accum * ranks.world_size
     optimizer, meta, checkpoint = resume(
         out,
         model,
         lambda: build_optimizer(model, cfg.lr, cfg.weight_decay, cfg.betas, cfg.row_lr_scale),
+        group,
         cfg.resume == "auto",
     )
     params = optimizer_parameters(optimizer)
@@ -632,7 +636,6 @@ def train(cfg: SFTConfig) -> Path:
             )
         first, state = meta["step"], meta["trainer"]
         print0(f"resuming from {checkpoint} (step {first})")
-    group = cfg.batch_size * cfg.grad_accum * ranks.world_size
     per_epoch = math.ceil(len(samples) / group)
     total = cfg.epochs * per_epoch
     save_resolved_config(cfg, out)
@@ -680,7 +683,9 @@ def train(cfg: SFTConfig) -> Path:
                 _select(model, tok, heldout, cfg, ranks, done, state, metrics)
             stopping = stop.requested(ranks.device)
             if stopping or epoch_end or done % cfg.save_every == 0:
-                save_checkpoint(out, done, model, optimizer, state, keep=cfg.keep_checkpoints)
+                save_checkpoint(
+                    out, done, model, optimizer, state, group, keep=cfg.keep_checkpoints
+                )
             if stopping:
                 print0(f"stopped after step {done}; run again with resume=auto to continue")
                 return out

@@ -2,11 +2,13 @@
 update on 2 ranks (and with another micro-batch split) gives the weights of 1 process; the exported
 checkpoint gives the in-memory model's logits in transformers and in model.py (tied and untied
 heads); a full-mode run SIGKILLed during training or during a checkpoint write resumes to the
-uninterrupted result; rollouts under `gathered` run no collective; bad input stops with one line and
+uninterrupted result, and one resumed at another world size (2 -> 1 -> 2 ranks) to the same global
+batch's; rollouts under `gathered` run no collective; bad input stops with one line and
 exit status 2."""
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,6 +19,7 @@ import instruments as INSTR
 import pytest
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 import torch.multiprocessing as mp
 from helpers import (
     config,
@@ -413,17 +416,112 @@ def test_resuming_a_checkpoint_of_the_other_mode_stops_with_one_line(
     assert f"field 'finetune': the checkpoint is of a {first} run, this run is {then}" in err
 
 
-def test_resuming_a_full_checkpoint_at_another_world_size_stops_with_one_line(
-    checkpoint, tmp_path, capsys
+# ----------------------------------------------------------------- resume at another world size
+
+
+def read_dcp(folder: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a checkpoint's dcp/, whole, read back by DCP in this one process."""
+    from torch.distributed.checkpoint import HuggingFaceStorageReader
+
+    reader = HuggingFaceStorageReader(str(folder / "dcp"))
+    found = {
+        key: torch.empty(meta.size, dtype=meta.properties.dtype)
+        for key, meta in reader.read_metadata().state_dict_metadata.items()
+    }
+    dcp.load(found, storage_reader=reader)
+    return found
+
+
+def reshard_config(checkpoint, tmp_path, name, grad_accum, **overrides):
+    """Six rows, two per update (batch_size 1 x `grad_accum` x the ranks), three updates, a
+    checkpoint after each, all kept."""
+    data = tmp_path / "rows6.jsonl"
+    if not data.is_file():
+        write_rows(data, [sad_row(i) for i in range(6)])
+    return config(
+        checkpoint,
+        tmp_path / name,
+        data=str(data),
+        grad_accum=grad_accum,
+        lr=1e-3,
+        save_every=1,
+        keep_checkpoints=None,
+        output_dir=str(tmp_path / name / "run"),
+        **FULL,
+        **overrides,
+    )
+
+
+def stopped_copy(run: Path, into: Path, after: int) -> Path:
+    """`run` as a run stopped after update `after` would have left it: its later checkpoints and
+    the exported model gone (metrics.jsonl is trimmed by the resume)."""
+    shutil.copytree(run, into)
+    for folder in [*into.glob("ckpt-*"), into / "best"]:
+        if folder.name == "best" or int(folder.name.split("-")[1]) > after:
+            shutil.rmtree(folder)
+    return into
+
+
+def ckpt(step: int) -> str:
+    return f"ckpt-{step:06d}"
+
+
+def world_size(run: Path, step: int) -> int:
+    return json.loads((run / ckpt(step) / "state.json").read_text())["world_size"]
+
+
+@pytest.fixture(scope="module")
+def two_rank_run(checkpoint, tmp_path_factory):
+    """The uninterrupted run on 2 ranks (grad_accum 1): its ckpt-1, -2, -3 are the oracle."""
+    tmp = tmp_path_factory.mktemp("reshard")
+    mp.spawn(_rank_run, args=(free_port(), reshard_config(checkpoint, tmp, "a", 1)), nprocs=2)
+    return tmp / "a" / "run"
+
+
+def test_a_full_run_resumes_at_another_world_size_to_the_same_global_batch_s_result(
+    checkpoint, two_rank_run, tmp_path
 ):
-    """README: a full-parameter checkpoint resumes at the world size that wrote it; at another, the
-    run stops."""
-    cfg = config(checkpoint, tmp_path, save_every=1, **FULL)
-    mp.spawn(_rank_run, args=(free_port(), cfg), nprocs=2)
-    path = config_file(checkpoint, tmp_path, save_every=1, epochs=2, **FULL)
+    """2 ranks -> 1 -> 2. The oracle: the uninterrupted 2-rank run's checkpoints. Its ckpt-1,
+    resumed on 1 rank with grad_accum 2 (the same 2 rows per update, the same rows: the update
+    count is the data position), gives after update 2 the weights and AdamW moments (exp_avg,
+    exp_avg_sq, step) of its ckpt-2; that 1-rank ckpt-2, resumed on 2 ranks with grad_accum 1,
+    gives its ckpt-3; the losses logged equal its. Stated tolerance: rtol 1e-5, atol 1e-6 (float32
+    on the CPU; the sums run in another order at another world size)."""
+    one = stopped_copy(two_rank_run, tmp_path / "one" / "run", after=1)
+    single_process(reshard_config(checkpoint, tmp_path, "one", 2))
+    two = stopped_copy(one, tmp_path / "two" / "run", after=2)
+    mp.spawn(
+        _rank_run, args=(free_port(), reshard_config(checkpoint, tmp_path, "two", 1)), nprocs=2
+    )
+    for run, step, world in ((one, 2, 1), (two, 3, 2)):
+        # the checkpoint it resumed from is still the other world size's (a restart would have
+        # rewritten it), the one it wrote is its own
+        assert [world_size(run, step - 1), world_size(run, step)] == [3 - world, world]
+        expected, resumed = read_dcp(two_rank_run / ckpt(step)), read_dcp(run / ckpt(step))
+        assert resumed.keys() == expected.keys()
+        assert {k.rsplit(".", 1)[1] for k in resumed if k.startswith("optim.")} == {
+            "exp_avg",
+            "exp_avg_sq",
+            "step",
+        }
+        for key, value in expected.items():
+            torch.testing.assert_close(resumed[key], value, rtol=1e-5, atol=1e-6, msg=key)
+    reference = [m["loss"] for m in metrics(two_rank_run)]
+    for run in (one, two):
+        assert [m["loss"] for m in metrics(run)] == pytest.approx(reference, rel=1e-6)
+
+
+def test_resuming_at_another_world_size_and_global_batch_stops_with_one_line(
+    checkpoint, two_rank_run, tmp_path, capsys
+):
+    """At 1 rank with grad_accum 1 an update would take 1 row, not the checkpoint's 2: the rows of
+    an update would not be the run's, so the run stops, naming both world sizes."""
+    stopped_copy(two_rank_run, tmp_path / "run", after=1)
+    cfg = dict(data=str(two_rank_run.parent.parent / "rows6.jsonl"), save_every=1, **FULL)
+    path = config_file(checkpoint, tmp_path, lr=1e-3, **cfg)
     code, err = refused_resume(path, capsys)
-    assert code == 2 and len(err.strip().splitlines()) == 1
-    assert "written by 2 rank(s), this run has 1" in err, err
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "written by 2 rank(s) at 2 examples per update, this run has 1 rank(s) at 1" in err, err
 
 
 # ----------------------------------------------------------------------------- GRPO in full mode

@@ -11,6 +11,7 @@ import torch
 import torch.multiprocessing as mp
 from helpers import gloo_rank
 from instruments import free_port
+from safetensors import safe_open
 
 import checkpoint as CK
 import distributed as D
@@ -143,7 +144,7 @@ def test_resume_is_bitwise_equal_to_an_uninterrupted_run(tmp_path):
     random.seed(1)
     model, optimizer = fresh_run(tmp_path)
     train_steps(model, optimizer, 3)
-    CK.save_checkpoint(tmp_path, 3, model, optimizer, {"position": 7})
+    CK.save_checkpoint(tmp_path, 3, model, optimizer, {"position": 7}, 4)
     train_steps(model, optimizer, 3, first=3)  # dropout draws from the RNG the checkpoint saved
     after = {k: v.clone() for k, v in model.state_dict().items()}
     expected_draw = random.random()
@@ -153,7 +154,7 @@ def test_resume_is_bitwise_equal_to_an_uninterrupted_run(tmp_path):
     torch.manual_seed(99)
     random.seed(99)
     path = CK.latest_checkpoint(tmp_path)
-    meta = CK.load_checkpoint(path, resumed)
+    meta = CK.load_checkpoint(path, resumed, 4)
     optimizer2 = T.build_optimizer(resumed, 1e-2, 0.01, (0.9, 0.99), row_lr_scale=10.0)
     CK.restore_optimizer(path, optimizer2, meta)
     assert meta["step"] == 3 and meta["trainer"] == {"position": 7}
@@ -167,7 +168,7 @@ def test_checkpoints_are_atomic_and_pruned(tmp_path):
     model, optimizer = fresh_run(tmp_path)
     (tmp_path / ".ckpt-000009.tmp").mkdir()  # a save that died half-way is never picked
     for step in (1, 2, 3):
-        CK.save_checkpoint(tmp_path, step, model, optimizer, {}, keep=2)
+        CK.save_checkpoint(tmp_path, step, model, optimizer, {}, 4, keep=2)
     assert sorted(p.name for p in tmp_path.glob("ckpt-*")) == ["ckpt-000002", "ckpt-000003"]
     assert CK.latest_checkpoint(tmp_path).name == "ckpt-000003"
     names = {p.name for p in CK.latest_checkpoint(tmp_path).iterdir()}
@@ -181,13 +182,48 @@ def test_checkpoints_are_atomic_and_pruned(tmp_path):
     assert not any(n.endswith((".pt", ".bin", ".pkl")) for n in names)
 
 
-def test_resume_refuses_a_different_world_size(tmp_path):
+def written_by_two_ranks(tmp_path, global_batch=4):
+    """A checkpoint whose state.json says 2 ranks wrote it (rank 0's RNG file, as any rank 0's)."""
     model, optimizer = fresh_run(tmp_path)
-    path = CK.save_checkpoint(tmp_path, 1, model, optimizer, {})
+    path = CK.save_checkpoint(tmp_path, 1, model, optimizer, {}, global_batch)
     state = (path / "state.json").read_text().replace('"world_size": 1', '"world_size": 2')
     (path / "state.json").write_text(state)
-    with pytest.raises(ValueError, match="2 rank"):
-        CK.load_checkpoint(path, model)
+    return model, path
+
+
+@pytest.mark.parametrize("saved", [2, None])
+def test_resume_at_another_world_size_refuses_another_global_batch(tmp_path, saved):
+    """At another world size an update's examples are the same only at the same global batch; a
+    checkpoint that does not record it (None: written before the field) cannot show it."""
+    model, path = written_by_two_ranks(tmp_path, saved)
+    with pytest.raises(ValueError) as refused:
+        CK.load_checkpoint(path, model, 4)
+    shown = saved or "an unrecorded number of"
+    assert f"written by 2 rank(s) at {shown} examples per update, this run has 1 rank(s) at 4" in (
+        str(refused.value)
+    )
+
+
+def test_resume_at_another_world_size_seeds_each_rank_from_rank_0_s_saved_state(tmp_path):
+    """docs/resume-and-faults.md: at another world size rank r's torch and Python generators are
+    seeded with s + r, s the first 63-bit draw from rank 0's saved torch state (computed here by
+    hand from the saved file); at the same world size each rank gets its own state back."""
+    model, path = written_by_two_ranks(tmp_path)
+    with safe_open(path / "rng-rank0.safetensors", framework="pt") as f:
+        saved = f.get_tensor("torch")
+    s = int(torch.randint(2**63 - 1, (), generator=torch.Generator().set_state(saved)))
+    draws = {}
+    for rank in (0, 1):  # rank 1 of a run at 3 ranks, say: its rule needs no file of its own
+        CK._load_rng(path, rank, same_world=False)
+        draws[rank] = (torch.rand(3), random.random())
+        torch.manual_seed(s + rank)
+        random.seed(s + rank)
+        assert torch.equal(draws[rank][0], torch.rand(3)) and draws[rank][1] == random.random()
+    assert not torch.equal(draws[0][0], draws[1][0])
+    CK.load_checkpoint(path, model, 4)  # 2 ranks -> this 1, the same global batch: allowed
+    assert torch.equal(torch.rand(3), draws[0][0])
+    CK._load_rng(path, 0, same_world=True)
+    assert torch.equal(torch.get_rng_state(), saved)
 
 
 # ----------------------------------------------------------------------------- two processes
