@@ -889,6 +889,7 @@ def test_bad_inputs_stop_before_any_model_loads(tmp_path, assets, monkeypatch, c
             {"train_data": [str(assets[1]), str(empty)]},
             f"'train_data': {empty}: no examples (the file is empty)",
         ),
+        ({"train_data": []}, "'train_data': no data files given"),
         ({"reward.name": "clu"}, "'reward.name': unknown reward 'clu'"),
         (
             {"reward.params": {"lambda": 1.0}},

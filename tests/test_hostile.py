@@ -459,6 +459,12 @@ DEAD = "http://127.0.0.1:9/v1"  # nothing listens there
         ),
         (
             "prepare_references",
+            "out: {tmp}/train.jsonl\n",
+            [],
+            "c.yaml: missing required key 'examples'",
+        ),
+        (
+            "prepare_references",
             "examples: {tmp}/absent.jsonl\nout: {tmp}/train.jsonl\n",
             [],
             "absent.jsonl: no such data file",
