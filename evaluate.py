@@ -10,7 +10,9 @@ the Table-1 Markdown, Figures 4-5, the human evaluation.
 
 An evaluation writes into `output_dir`: config.yaml (resolved), completions.jsonl (one line per
 completion, appended as they come: rerunning the same command resumes), causes.jsonl (cause-judge
-verdicts), eval.json (every number), table.md and f1_vs_tokens.png. Figures need matplotlib
+verdicts), eval.json (every number), table.md and f1_vs_tokens.png; with `report: accuracy`
+(configs/eval_benchmarks.yaml: the multiple-choice social-reasoning benchmarks) table.md is one
+accuracy row per set instead, and no figure is drawn. Figures need matplotlib
 (requirements-plot.txt); nothing else here does, and no training code imports this module's plots.
 """
 
@@ -111,6 +113,9 @@ class EvalConfig:
     judge: JudgeConfig = field(default_factory=JudgeConfig)  # the cause judge (paper 5.1)
     # eval.json of the reference model: relative gains, its point in Figure 4
     baseline: str | None = None
+    # what table.md holds: the CLUE paper's F1 tables, or one accuracy row per set (the
+    # multiple-choice benchmarks of Social-R1's table)
+    report: Literal["f1", "accuracy"] = "f1"
 
 
 class EvalError(RuntimeError):
@@ -158,9 +163,25 @@ def mean_sd(values: list[float | None]) -> dict:
     return {"mean": mean, "sd": sd, "runs": list(values)}
 
 
+def group_accuracy(
+    examples: list[Example], pred: list[list[str] | None], catch_all: str | None = None
+) -> float | None:
+    """The share of items answered right, where the examples sharing a meta["group"] are one item
+    that counts only when all of them are right (EmoBench's emotion and cause questions) and any
+    other example is an item of its own; an invalid answer is wrong. Targets whose gold is the
+    catch-all are not scored (as in f1_scores). None when no target is scored."""
+    items: dict[str, bool] = {}
+    for example, answer in zip(examples, pred, strict=True):
+        if catch_all is None or example.labels != [catch_all]:
+            key = example.meta.get("group", example.id)
+            items[key] = items.get(key, True) and set(answer or ()) == set(example.labels)
+    return sum(items.values()) / len(items) if items else None
+
+
 def score_runs(examples: list[Example], completions: list[list[str]]) -> list[dict]:
     """f1_scores for each sampled run (run r = the r-th completion of every example), with the run's
-    invalid-answer rate over all its completions. The examples must share one task."""
+    invalid-answer rate over all its completions and its group accuracy. The examples must share
+    one task."""
     tasks = {e.task for e in examples}
     if len(tasks) != 1:
         raise ValueError(f"score_runs: examples of one task expected, got {sorted(tasks)}")
@@ -169,7 +190,13 @@ def score_runs(examples: list[Example], completions: list[list[str]]) -> list[di
     for r in range(min(len(c) for c in completions)):
         pred = [parse_answer(c[r], e) for e, c in zip(examples, completions)]
         scores = f1_scores([e.labels for e in examples], pred, list(spec.labels), spec.catch_all)
-        runs.append(scores | {"invalid": sum(p is None for p in pred) / len(pred)})
+        runs.append(
+            scores
+            | {
+                "invalid": sum(p is None for p in pred) / len(pred),
+                "group_accuracy": group_accuracy(examples, pred, spec.catch_all),
+            }
+        )
     return runs
 
 
@@ -565,6 +592,7 @@ def summarize(
             "domain": s.domain,
             "n_examples": len(examples),
             "n_scored": runs[0]["n"],
+            "n_items": len({e.meta.get("group", e.id) for e in examples}),
             "decoding": dataclasses.asdict(sampling) | {"n_samples": n},
         }
         entry |= {
@@ -573,6 +601,7 @@ def summarize(
                 ("weighted_f1", "weighted"),
                 ("macro_f1", "macro"),
                 ("accuracy", "accuracy"),
+                ("group_accuracy", "group_accuracy"),
                 ("invalid", "invalid"),
                 ("reasoning_tokens", "reasoning_tokens"),
             )
@@ -670,13 +699,15 @@ def evaluate(cfg: EvalConfig) -> dict:
         out / EVAL_JSON, json.dumps(summary, indent=1, ensure_ascii=False, allow_nan=False) + "\n"
     )
     evals = [baseline, summary] if baseline else [summary]
-    atomic_write_text(out / TABLE, markdown_tables(evals))
-    print0(markdown_tables(evals))
-    try:
-        if not plot_f1_vs_tokens(evals, out / F1_FIGURE):
-            print0(f"no reasoning-token counts: no {F1_FIGURE}")
-    except PlotUnavailable as e:
-        print0(f"{e}; no {F1_FIGURE}")
+    tables = accuracy_table(evals) if cfg.report == "accuracy" else markdown_tables(evals)
+    atomic_write_text(out / TABLE, tables)
+    print0(tables)
+    if cfg.report == "f1":
+        try:
+            if not plot_f1_vs_tokens(evals, out / F1_FIGURE):
+                print0(f"no reasoning-token counts: no {F1_FIGURE}")
+        except PlotUnavailable as e:
+            print0(f"{e}; no {F1_FIGURE}")
     return summary
 
 
@@ -763,6 +794,30 @@ def markdown_tables(evals: list[dict]) -> str:
                 f"{shown}\n"
             )
     return "\n".join(parts)
+
+
+def accuracy_table(evals: list[dict]) -> str:
+    """The benchmark table (`report: accuracy`): one row per set, its items (a group of questions
+    counts once), then a column per model with the group accuracy in percent, mean ± sample SD over
+    the sampled runs, and a last row averaging the sets, each weighted equally."""
+    sets = list(dict.fromkeys(n for e in evals for n in e["sets"]))
+    runs = sorted({e["sets"][n]["decoding"]["n_samples"] for e in evals for n in e["sets"]})
+    lines = [
+        f"### Accuracy (%), mean ± sample SD over {'/'.join(map(str, runs))} runs",
+        "",
+        "| Benchmark | Items | " + " | ".join(e["name"] for e in evals) + " |",
+        "|---" * (len(evals) + 2) + "|",
+    ]
+    for name in sets:
+        items = next(e["sets"][name].get("n_items", "–") for e in evals if name in e["sets"])
+        cells = [_cell(e["sets"].get(name, {}).get("group_accuracy"), 100, 2) for e in evals]
+        lines.append(f"| {name} | {items} | " + " | ".join(cells) + " |")
+    averages = []
+    for e in evals:
+        means = [e["sets"].get(n, {}).get("group_accuracy", {}).get("mean") for n in sets]
+        averages.append("–" if None in means else f"{100 * sum(means) / len(means):.2f}")
+    lines.append(f"| Average | | {' | '.join(averages)} |")
+    return "\n".join(lines) + "\n"
 
 
 # ----------------------------------------------------------------------------- figures

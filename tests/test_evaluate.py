@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import write_tiny_checkpoint
+from helpers import TINY, write_tiny_checkpoint
 
 import evaluate as ev
 from config import load_config, open_log, read_log
@@ -730,3 +730,186 @@ def test_cause_targets_on_ecf_match_a_count_from_the_raw_file(shared_data):
         for (conv, t), causes in targets.items()
     }
     assert ours == expected and len(ours) > 1000
+
+
+# ----------------------------------------------------------------------------- benchmark table
+
+
+def test_group_accuracy_counts_a_group_once_and_only_when_all_its_questions_are_right():
+    def q(id, gold, group=None):
+        meta = {"question": "?", "options": ["x", "y"]} | ({"group": group} if group else {})
+        return Example(id, "tom_mc", [], None, [gold], meta=meta)
+
+    examples = [q("eu-1-emotion", "A", "eu-1"), q("eu-1-cause", "B", "eu-1"), q("ea-1", "A")]
+    examples += [q("eu-2-emotion", "A", "eu-2"), q("eu-2-cause", "A", "eu-2")]
+    # eu-1: one of two right -> wrong; ea-1 right; eu-2: both right -> right (an invalid answer is
+    # wrong); 2 of 3 items
+    pred = [["A"], ["A"], ["A"], ["A"], ["A"]]
+    assert ev.group_accuracy(examples, pred) == pytest.approx(2 / 3)
+    assert ev.group_accuracy(examples, [["A"], ["B"], None, ["A"], ["A"]]) == pytest.approx(2 / 3)
+    # without groups it is the plain share of right answers (f1_scores' accuracy)
+    plain = [q(f"q{i}", g) for i, g in enumerate("AABB")]
+    assert ev.group_accuracy(plain, [["A"], ["B"], ["B"], None]) == 0.5
+
+
+def benchmark_files(folder: Path) -> dict[str, Path]:
+    """The seven benchmarks through convert.py: the six fixtures in their public layouts and a
+    two-item ToMBench file (English and Chinese: four questions)."""
+    from convert import CONVERTERS
+
+    bench = REPO / "tests" / "fixtures" / "benchmarks"
+    tombench = folder / "tombench-src" / "False Belief Task.jsonl"
+    tombench.parent.mkdir()
+    lines = []
+    for n, (answer, place) in enumerate([("A", "box"), ("B", "bag")]):
+        line = {"STORY": f"Ann puts the ball in the {place}.", "QUESTION": "Where is the ball?"}
+        line |= {"故事": "安把球放进去。", "问题": "球在哪里？", "答案\nANSWER": answer}
+        line |= {"OPTION-A": "box", "OPTION-B": "bag", "选项A": "盒子", "选项B": "包"}
+        lines.append(json.dumps(line, ensure_ascii=False))
+    tombench.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    sources = {
+        "ToMBench": ("tombench", tombench.parent),
+        "SocialIQA": ("socialiqa", bench / "socialiqa" / "dev.jsonl"),
+        "EmoBench": ("emobench", bench / "emobench" / "data"),
+        "MotiveBench": ("motivebench", bench / "motivebench"),
+        "SimpleToM": ("simpletom", bench / "simpletom"),
+        "Hi-ToM": ("hitom", bench / "hitom"),
+        "TactfulToM": ("tactfultom", bench / "tactfultom" / "final_set"),
+    }
+    paths = {}
+    for name, (fmt, source) in sources.items():
+        paths[name] = folder / f"{fmt}.jsonl"
+        save_jsonl(CONVERTERS[fmt](source), paths[name])
+    return paths
+
+
+def hand_accuracy(records: list[dict], examples: dict[str, Example], runs: int) -> list[float]:
+    """Per run: the share of items right, read from the journaled completions with a rule of our
+    own: the text after the last </think> must end in a line `Answer: X` whose X is the gold
+    letter; EmoBench's two questions of an item count as one, right only when both are."""
+    right = {}
+    for r in records:
+        e = examples[r["id"]]
+        after = r["completion"].rsplit("</think>", 1)[1] if "</think>" in r["completion"] else ""
+        lines = [line.strip() for line in after.splitlines() if line.strip()]
+        ok = bool(lines) and lines[-1] == f"Answer: {e.labels[0]}"
+        key = (e.meta.get("group", e.id), r["sample"])
+        right[key] = right.get(key, True) and ok
+    items = {item for item, _ in right}
+    return [sum(right[(i, s)] for i in items) / len(items) for s in range(runs)]
+
+
+@pytest.fixture(scope="module")
+def answer_checkpoint(tmp_path_factory):
+    """A tiny random checkpoint whose vocabulary holds whole answer lines (one token each), so that
+    some completions end in a valid answer and some do not."""
+    return write_tiny_checkpoint(
+        tmp_path_factory.mktemp("answers"),
+        ["[UNK]", "so", *(f"</think>\nAnswer: {letter}" for letter in "ABC")],
+        ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>"],
+        dict(TINY, vocab_size=None),
+        wordpiece_decoder=True,
+    )
+
+
+def test_benchmark_table_from_a_tiny_checkpoint_matches_a_hand_count(
+    tmp_path, capsys, answer_checkpoint
+):
+    """`python evaluate.py CONFIG` with report: accuracy on the seven converted benchmarks and a
+    tiny random checkpoint: one table row per benchmark, each accuracy equal to a count made from
+    completions.jsonl."""
+    from dataset import load_jsonl
+
+    checkpoint = answer_checkpoint
+    paths = benchmark_files(tmp_path)
+    config = {
+        "output_dir": str(tmp_path / "out"),
+        "name": "tiny",
+        "report": "accuracy",
+        "checkpoint": str(checkpoint),
+        "device": "cpu",
+        "batch_size": 8,
+        "n_samples": 2,
+        "sampling": {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "max_new_tokens": 3},
+        "sets": [{"name": name, "path": str(path)} for name, path in paths.items()],
+    }
+    (tmp_path / "bench.yaml").write_text(json.dumps(config))
+    ev.main([str(tmp_path / "bench.yaml")])
+    printed = capsys.readouterr().out
+    table = (tmp_path / "out" / "table.md").read_text()
+    assert table in printed
+    rows = [line for line in table.splitlines() if line.startswith("| ")][1:]
+    assert [row.split(" | ")[0][2:] for row in rows] == [*paths, "Average"]
+
+    examples = {e.id: e for path in paths.values() for e in load_jsonl(path)}
+    records = [json.loads(line) for line in (tmp_path / "out" / "completions.jsonl").open()]
+    assert len(records) == 2 * len(examples) == 2 * 23
+    valid = [r for r in records if r["answer"] is not None]
+    assert 0 < len(valid) < len(records)  # some completions end in an answer line, some do not
+    # items: ToMBench 4, SocialIQA 3, EmoBench 1 EA + 2 EU pairs, MotiveBench 3, SimpleToM 2,
+    # Hi-ToM 2, TactfulToM 4
+    counts = dict(zip(paths, [4, 3, 3, 3, 2, 2, 4]))
+    means = []
+    for name, row in zip(paths, rows):
+        ids = {e.id for e in load_jsonl(paths[name])}
+        runs = hand_accuracy([r for r in records if r["id"] in ids], examples, 2)
+        mean = sum(runs) / 2
+        sd = abs(runs[0] - runs[1]) / 2**0.5  # the sample SD of two runs
+        means.append(mean)
+        assert row == f"| {name} | {counts[name]} | {100 * mean:.2f} ± {100 * sd:.2f} |", row
+    assert rows[-1] == f"| Average | | {100 * sum(means) / len(means):.2f} |"
+    assert any(m > 0 for m in means)  # some answers are right
+
+
+def test_benchmark_config_lists_the_seven_benchmarks():
+    cfg = load_config(REPO / "configs" / "eval_benchmarks.yaml", [], ev.EvalConfig)
+    assert cfg.report == "accuracy" and cfg.n_samples == 3
+    assert [s.name for s in cfg.sets] == [
+        "ToMBench",
+        "SocialIQA",
+        "EmoBench",
+        "MotiveBench",
+        "SimpleToM",
+        "Hi-ToM",
+        "TactfulToM",
+    ]
+
+
+def test_benchmark_table_from_an_endpoint_equals_the_in_process_one(tmp_path, answer_checkpoint):
+    """The same checkpoint served (judge_server's model backend, an OpenAI-compatible server) and
+    run in-process, greedily: the same completions, the same table."""
+    import judge_server
+
+    paths = benchmark_files(tmp_path)
+    sets = [ev.EvalSet(name, str(path)) for name, path in paths.items()]
+    common = dict(
+        sets=sets,
+        report="accuracy",
+        name="tiny",
+        n_samples=1,
+        sampling=small_sampling(temperature=0.0),
+    )
+    local = ev.evaluate(
+        ev.EvalConfig(
+            str(tmp_path / "local"), checkpoint=str(answer_checkpoint), device="cpu", **common
+        )
+    )
+    with JudgeServer(judge_server.ModelBackend(str(answer_checkpoint)), port=0).start() as server:
+        endpoint = JudgeConfig(base_url=server.url, model="tiny", timeout=60, retries=0)
+        served = ev.evaluate(
+            ev.EvalConfig(
+                str(tmp_path / "served"),
+                endpoint=endpoint,
+                tokenizer=str(answer_checkpoint),
+                **common,
+            )
+        )
+
+    def journal(run):
+        lines = (tmp_path / run / "completions.jsonl").read_text().splitlines()
+        return sorted(lines, key=lambda line: (json.loads(line)["set"], json.loads(line)["id"]))
+
+    assert journal("local") == journal("served") and len(journal("local")) == 23
+    assert local["sets"] == served["sets"]
+    table = (tmp_path / "local" / "table.md").read_text()
+    assert table == (tmp_path / "served" / "table.md").read_text() and "| TactfulToM | 4 |" in table
