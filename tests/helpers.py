@@ -124,6 +124,26 @@ def write_tiny_checkpoint(
     return path
 
 
+# a tiny model's config and tokens as Llama 3's: RoPE's llama3 scaling, its chat tokens (in place of
+# ChatML's), <|eot_id|> the EOS, no pad token
+LLAMA_TINY = dict(
+    model_type="llama",
+    rope_scaling=dict(
+        rope_type="llama3",
+        factor=8.0,
+        low_freq_factor=1.0,
+        high_freq_factor=4.0,
+        original_max_position_embeddings=64,
+    ),
+)
+LLAMA_SPECIALS = [
+    "<|begin_of_text|>",
+    "<|end_of_text|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eot_id|>",
+]
+LLAMA_TOKENS = dict(pad_token=None, eos_token="<|eot_id|>")
 # test_grpo's tiny model: every word of the prompts that
 # is not in `words` is [UNK]; an answer line is one token
 GRPO_SPECIALS = [
@@ -157,9 +177,10 @@ GRPO_WORDS = [
 ANSWERS = ["</think>\nAnswer: joy", "</think>\nAnswer: sadness", "</think>\nAnswer: anger"]
 
 
-def grpo_checkpoint(path: Path, words=GRPO_WORDS, seed=0, hidden=32) -> Path:
-    """A random Qwen3 checkpoint with a word-level tokenizer: every word of the prompts that is not
-    in `words` is [UNK]; an answer line is a single token."""
+def grpo_checkpoint(path: Path, words=GRPO_WORDS, seed=0, hidden=32, llama=False) -> Path:
+    """A random Qwen3 checkpoint (with `llama`, Llama 3: LLAMA_TINY, LLAMA_TOKENS) with a word-level
+    tokenizer: every word of the prompts that is not in `words` is [UNK]; an answer line is a single
+    token."""
     config = dict(
         model_type="qwen3",
         vocab_size=None,
@@ -172,6 +193,15 @@ def grpo_checkpoint(path: Path, words=GRPO_WORDS, seed=0, hidden=32) -> Path:
         rope_theta=1e4,
         tie_word_embeddings=False,
     )
+    if llama:
+        return write_tiny_checkpoint(
+            path,
+            ["[UNK]", *words, *ANSWERS],
+            LLAMA_SPECIALS + GRPO_SPECIALS[3:],  # the think and evidence tags
+            config | LLAMA_TINY,
+            seed=seed,
+            **LLAMA_TOKENS,
+        )
     return write_tiny_checkpoint(
         path, ["[UNK]", *words, *ANSWERS], GRPO_SPECIALS, config, seed=seed
     )
@@ -215,36 +245,20 @@ def sft_checkpoint(path: Path) -> Path:
     )
 
 
-LLAMA_SFT_SPECIALS = [
-    "<|begin_of_text|>",
-    "<|end_of_text|>",
-    "<|start_header_id|>",
-    "<|end_header_id|>",
-    "<|eot_id|>",
-]
-
-
 def llama_sft_checkpoint(path: Path) -> Path:
-    """sft_checkpoint's words and sizes as a Llama 3 model: Llama 3's chat tokens, <|eot_id|> the
-    EOS, no pad token, RoPE's llama3 scaling."""
-    rope = dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0)
+    """sft_checkpoint's words and sizes as a Llama 3 model (LLAMA_TINY, LLAMA_TOKENS)."""
     return write_tiny_checkpoint(
         path,
         SFT_WORDS,
-        [AddedToken(t, special=True, normalized=False) for t in LLAMA_SFT_SPECIALS],
-        dict(
-            TINY,
-            model_type="llama",
-            rope_scaling=dict(rope, rope_type="llama3", original_max_position_embeddings=64),
-        ),
+        [AddedToken(t, special=True, normalized=False) for t in LLAMA_SPECIALS],
+        TINY | LLAMA_TINY,
         added=[
             AddedToken("<think>", special=False, normalized=False),
             AddedToken("</think>", special=False, normalized=False),
         ],
         pre_tokenizer="whitespace",
-        pad_token=None,
-        eos_token="<|eot_id|>",
         weights="wide_head",
+        **LLAMA_TOKENS,
     )
 
 

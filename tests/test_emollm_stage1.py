@@ -34,6 +34,13 @@ def base(tmp_path_factory):
     return write_checkpoint(tmp_path_factory.mktemp("emollm") / "base", words=WORDS, hidden=16)
 
 
+@pytest.fixture(scope="module")
+def llama_base(tmp_path_factory):
+    """Appendix G.2's backbone (LLaMA-3.1-8B) in miniature."""
+    path = tmp_path_factory.mktemp("emollm") / "llama"
+    return write_checkpoint(path, words=WORDS, hidden=16, llama=True)
+
+
 def write_config(tmp_path: Path, name: str, emollm: dict | None = None, **raw) -> Path:
     """sft.py's config `<name>.yaml`; with `emollm`, also emollm_data.py's `<name>_prepare.yaml`
     (`prep`) for the same rows (out = data) measured as that training run encodes them."""
@@ -404,9 +411,13 @@ def test_the_stage1_configs_hold_d1s_values():
 # ----------------------------------------------------------------------------- the chain
 
 
-def test_stage1_cpt_then_arg_sft_then_grpo_dialogue_demo_from_the_merged_model(base, tmp_path):
+@pytest.mark.parametrize("backbone", ["base", "llama_base"])
+def test_stage1_cpt_then_arg_sft_then_grpo_dialogue_demo_from_the_merged_model(
+    backbone, request, tmp_path
+):
     """Each stage starts from the previous one's merged checkpoint; the last is grpo.py's dialogue
-    demo."""
+    demo. The same chain on a Llama 3 model (G.2), whose merged checkpoints stay Llama 3."""
+    base = request.getfixturevalue(backbone)
     cpt = write_config(
         tmp_path,
         "cpt",
@@ -438,6 +449,9 @@ def test_stage1_cpt_then_arg_sft_then_grpo_dialogue_demo_from_the_merged_model(b
         )
     [record] = read_jsonl(tmp_path / "rl" / "metrics.jsonl")
     assert record["step"] == 1 and record["judge/calls"] > 0
+    family = "llama" if backbone == "llama_base" else "qwen3"
+    merged = M.QwenConfig.from_json(stage1 / "config.json").family
+    assert merged == M.load_tokenizer(stage1).family == family
 
 
 @pytest.mark.parametrize("case", ["objective clue", "lm without knowledge", "sft.py prepare"])
