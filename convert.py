@@ -396,7 +396,7 @@ def convert_hitom(path) -> list[Example]:
         story = match["story"].strip()
         if match["note"]:
             story += "\n\n" + match["note"].strip()
-        tell, length, sample = file.parts[-5], file.parts[-3], file.parts[-2]
+        tell, _, length, sample = file.resolve().parts[-5:-1]
         examples.append(
             _choice(
                 f"hitom-{tell}-{length}-{sample}-{file.stem}",

@@ -956,13 +956,20 @@ def _compare(argv: list[str]) -> None:
         "with each model's difference to the first.",
     )
     parser.add_argument("evals", nargs="+", help="eval.json files (or the folders holding them)")
-    parser.add_argument("--out", help="also write table.md and f1_vs_tokens.png into this folder")
+    parser.add_argument(
+        "--out",
+        help="also write table.md (and, for F1 evaluations, f1_vs_tokens.png) into this folder",
+    )
     args = parser.parse_args(argv[1:])
     evals = [load_eval(Path(p) / EVAL_JSON if Path(p).is_dir() else p) for p in args.evals]
-    print(markdown_tables(evals))
+    # benchmark evaluations (report: accuracy) side by side as the benchmark table
+    accuracy = all(e.get("config", {}).get("report") == "accuracy" for e in evals)
+    tables = accuracy_table(evals) if accuracy else markdown_tables(evals)
+    print(tables)
     if args.out:
-        atomic_write_text(Path(args.out) / TABLE, markdown_tables(evals))
-        plot_f1_vs_tokens(evals, Path(args.out) / F1_FIGURE)
+        atomic_write_text(Path(args.out) / TABLE, tables)
+        if not accuracy:
+            plot_f1_vs_tokens(evals, Path(args.out) / F1_FIGURE)
 
 
 def _plot(argv: list[str]) -> None:

@@ -875,7 +875,9 @@ def test_benchmark_config_lists_the_seven_benchmarks():
     ]
 
 
-def test_benchmark_table_from_an_endpoint_equals_the_in_process_one(tmp_path, answer_checkpoint):
+def test_benchmark_table_from_an_endpoint_equals_the_in_process_one(
+    tmp_path, capsys, answer_checkpoint
+):
     """The same checkpoint served (judge_server's model backend, an OpenAI-compatible server) and
     run in-process, greedily: the same completions, the same table."""
     import judge_server
@@ -913,3 +915,10 @@ def test_benchmark_table_from_an_endpoint_equals_the_in_process_one(tmp_path, an
     assert local["sets"] == served["sets"]
     table = (tmp_path / "local" / "table.md").read_text()
     assert table == (tmp_path / "served" / "table.md").read_text() and "| TactfulToM | 4 |" in table
+    # compare puts benchmark evaluations side by side in the same table, a column per model
+    ev.main(["compare", str(tmp_path / "local"), str(tmp_path / "served")])
+    side_by_side = capsys.readouterr().out
+    assert "| Benchmark | Items | tiny | tiny |" in side_by_side
+    row = next(line for line in table.splitlines() if line.startswith("| Hi-ToM |"))
+    cell = row.split(" | ")[2].rstrip(" |")
+    assert f"| Hi-ToM | 2 | {cell} | {cell} |" in side_by_side
