@@ -1,5 +1,5 @@
-"""model.py (Qwen2/2.5, Qwen3 dense) against transformers and peft as oracles, on tiny random-weight
-checkpoints with every parameter moved away from its initial value."""
+"""model.py (Qwen2/2.5, Qwen3 dense, Llama 3) against transformers and peft as oracles, on tiny
+random-weight checkpoints with every parameter moved away from its initial value."""
 
 import dataclasses
 import json
@@ -705,6 +705,7 @@ def test_bad_checkpoints_are_clear_errors(qwen3, tmp_path):
             "field 'rope_parameters.rope_type' = 'yarn'",
         ),
         "sliding": ({"use_sliding_window": True}, "field 'use_sliding_window'"),
+        "mlp bias": ({"mlp_bias": True}, "field 'mlp_bias' = True is not supported"),
         "missing": ({"hidden_size": None}, "field 'hidden_size' must be a positive integer"),
         "shape": (
             {"intermediate_size": 72},
