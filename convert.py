@@ -290,6 +290,14 @@ def _choice(
     )
 
 
+def _gold(options: list, answer, where: str) -> int:
+    """The index of the gold `answer` among `options` (a DataError located at `where`
+    otherwise)."""
+    if answer not in options:
+        raise DataError(f"{where}: {excerpt(answer)} is not one of the {len(options)} choices")
+    return options.index(answer)
+
+
 def _json_records(file: Path) -> list[tuple[str, dict]]:
     """(where, record) for each object of a JSON list file, or of a JSON lines file."""
     text = read_data_text(file)
@@ -354,7 +362,9 @@ def convert_simpletom(path) -> list[Example]:
                         [Turn("", item["story"])],
                         item["question"],
                         list(choices["text"]),
-                        list(choices["label"]).index(item["answerKey"]),
+                        _gold(
+                            list(choices["label"]), item["answerKey"], f"{where}: field 'answerKey'"
+                        ),
                         where,
                         subset=file.parent.name,
                     )
@@ -450,7 +460,9 @@ def convert_emobench(path) -> list[Example]:
                                 scenario,
                                 questions[part].format(subject=subject),
                                 options,
-                                options.index(item[f"{part}_label"]),
+                                _gold(
+                                    options, item[f"{part}_label"], f"{where}: field '{part}_label'"
+                                ),
                                 where,
                                 language,
                                 group=group,
@@ -466,7 +478,7 @@ def convert_emobench(path) -> list[Example]:
                             scenario,
                             questions["EA"].format(subject=subject, kind=kind),
                             options,
-                            options.index(item["label"]),
+                            _gold(options, item["label"], f"{where}: field 'label'"),
                             where,
                             language,
                             category=item["category"],
@@ -582,7 +594,8 @@ def convert_tactfultom(path) -> list[Example]:
                         at = f"{where}: {category} {excerpt(qa.get('q_id'))}"
                         if category in _TACTFUL_BINARY:
                             options = ["Yes", "No"]
-                            gold = ["yes", "no"].index(qa["correct_answer"].strip().lower())
+                            answer = qa["correct_answer"].strip().lower()
+                            gold = _gold(["yes", "no"], answer, f"{at}: field 'correct_answer'")
                             question = _tactful_referent(qa) + qa["question"]
                         else:
                             wrong = qa["wrong_answer"]
@@ -591,7 +604,9 @@ def convert_tactfultom(path) -> list[Example]:
                                 *([wrong] if isinstance(wrong, str) else wrong),
                             ]
                             random.Random(qa["q_id"]).shuffle(options)
-                            gold = options.index(qa["correct_answer"])
+                            gold = _gold(
+                                options, qa["correct_answer"], f"{at}: field 'correct_answer'"
+                            )
                             question = qa["question"]
                         examples.append(
                             _choice(

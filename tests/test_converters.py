@@ -550,6 +550,32 @@ HOSTILE_INPUTS = [
     ),
     ("jsonl", "nan.jsonl", "\n" + GOOD_LINE.replace("null", "NaN"), ":2: NaN is not valid JSON"),
     ("jsonl", "empty.jsonl", "\n", ": no examples in the input"),
+    (
+        "hitom",
+        "order_0.txt",
+        "Story:\n1 Ann left.\n",
+        ": not a Hi-ToM story (Story:, Question:, Answer:, Choices:)",
+    ),
+    (
+        "emobench",
+        "EA.jsonl",
+        '{"qid": "1", "language": "en", "category": "c", "question type": "Action", '
+        '"scenario": "s", "subject": "Ann", "choices": ["a", "b"], "label": "z"}\n',
+        ":1: field 'label': 'z' is not one of the 2 choices",
+    ),
+    (
+        "motivebench",
+        "X_questions.json",
+        '[{"idx": 0, "Motivation Reasoning Question": "q", "Options 1": ["A. a", "B. b"], '
+        '"Correct Answer 1": "C"}]',
+        ": record 0: field 'Correct Answer 1': the answer is not one of the 2 options",
+    ),
+    (
+        "tactfultom",
+        "Tactful_conv_set_0.json",
+        '[{"full_context": "hello there"}]',
+        ": record 0: field 'full_context': 'hello there' has no speaker",
+    ),
 ]
 
 
