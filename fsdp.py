@@ -19,7 +19,13 @@ every rank (any number of nodes):
   (SFT's `<evidence>` rows) are replicated too, their gradients summed by sync_gradients;
 - model.py calls the layers and the norm as modules (their FSDP hooks run) but enters through
   `hidden_states`, not the root's forward, so `shard_model` runs one tiny forward through the root
-  to make it the FSDP root.
+  to make it the FSDP root;
+- prefetch: in forward each unit, once its own weights are gathered, starts the all-gather of the
+  unit after it (`set_modules_to_forward_prefetch`), so that all-gather is queued before this
+  unit's compute rather than when the next forward begins (FSDP2's default); in backward FSDP2's
+  default already starts the all-gather of the unit before (the forward order reversed, as a
+  one-unit `set_modules_to_backward_prefetch` would), and a checkpointed layer's recomputation
+  prefetches nothing.
 Qwen3.5's A_log and dt_bias, kept in float32 by model.py, are computed in the checkpoint dtype here
 (one param_dtype per unit); their master copies stay float32.
 
@@ -121,6 +127,9 @@ def shard_model(
         module.requires_grad_(trainable)
         fully_shard(module, mesh=mesh, mp_policy=policy, reshard_after_forward=True)
     fully_shard(model, mesh=mesh, mp_policy=policy, ignored_params=whole)
+    chain = [*model.model.layers, model.model.norm]  # the units in forward order
+    for unit, following in zip(chain, chain[1:]):
+        unit.set_modules_to_forward_prefetch([following])
     for unit in units(model):
         unit.set_gradient_divide_factor(1.0)
         unit.set_force_sum_reduction_for_comms(True)  # a plain SUM (gloo has no PREMUL_SUM)

@@ -268,6 +268,46 @@ def test_a_rollout_under_gathered_runs_no_collective_and_decodes_like_the_unshar
         assert found["during"] == 0 and found["after"] > 0 and found["same"], found
 
 
+# ----------------------------------------------------------------------------- prefetch
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_each_unit_prefetches_the_next_in_forward_and_the_one_before_in_backward(recompute):
+    """The second training forward and backward of a sharded 3-layer model in this process, its
+    FSDP events from torch's profiler (FSDP2 names each prefetch `FSDP::<pass>_prefetch for
+    <unit>`): each unit's all-gather of the next starts right after its own pre-forward, before the
+    next pre-forward (FSDP2 alone starts none in forward); in backward each unit's pre-backward is
+    followed by the prefetch of the unit before it, once, with or without the layers recomputed
+    (each layer's forward then runs twice). (The first backward after shard_model's no-grad forward
+    also prefetches the norm at its end: FSDP2's backward order is the forwards it saw.)"""
+    torch.manual_seed(0)
+    model = M.Qwen(M.QwenConfig.from_dict(dict(TIED, num_hidden_layers=3)))
+    try:
+        FS.shard_model(model, torch.device("cpu"))
+        model.gradient_checkpointing = recompute
+        model.train()
+        ids = torch.tensor([[1, 2, 3, 4]])
+        M.token_logprobs(model, ids).sum().backward()
+        runs = []
+        for layer in model.model.layers:
+            layer.input_layernorm.register_forward_hook(lambda *_: runs.append(1))
+        with torch.profiler.profile() as profiler:
+            M.token_logprobs(model, ids).sum().backward()
+    finally:
+        dist.destroy_process_group()
+    shown = ("FSDP::pre_forward", "FSDP::pre_backward", "FSDP::forward_prefetch", "FSDP::backward")
+    events = [e.name for e in profiler.events() if e.name.startswith(shown)]
+    units = ["model.layers.0", "model.layers.1", "model.layers.2", "model.norm"]
+    forward = [f"FSDP::pre_forward ({units[0]})"]
+    for unit in units[1:]:
+        forward += [f"FSDP::forward_prefetch for {unit}", f"FSDP::pre_forward ({unit})"]
+    backward = [f"FSDP::pre_backward ({units[-1]})"]
+    for unit in units[-2::-1]:
+        backward += [f"FSDP::backward_prefetch for {unit}", f"FSDP::pre_backward ({unit})"]
+    assert events == forward + backward
+    assert len(runs) == 3 * (1 + recompute)
+
+
 # ----------------------------------------------------------------------------- resume after SIGKILL
 
 
