@@ -2,8 +2,8 @@
 update on 2 ranks (and with another micro-batch split) gives the weights of 1 process; the exported
 checkpoint gives the in-memory model's logits in transformers and in model.py (tied and untied
 heads); a full-mode run SIGKILLed during training or during a checkpoint write resumes to the
-uninterrupted result, and one resumed at another world size (2 -> 1 -> 2 ranks) to the same global
-batch's; rollouts under `gathered` run no collective; bad input stops with one line and
+uninterrupted result, and one resumed at another world size (2 -> 1 -> 2 ranks; LoRA too) to the
+same global batch's; rollouts under `gathered` run no collective; bad input stops with one line and
 exit status 2."""
 
 import json
@@ -472,9 +472,9 @@ def read_dcp(folder: Path) -> dict[str, torch.Tensor]:
     return found
 
 
-def reshard_config(checkpoint, tmp_path, name, grad_accum, **overrides):
+def reshard_config(checkpoint, tmp_path, name, grad_accum, mode=FULL):
     """Six rows, two per update (batch_size 1 x `grad_accum` x the ranks), three updates, a
-    checkpoint after each, all kept."""
+    checkpoint after each, all kept; `mode` FULL, or {} for LoRA (no dropout)."""
     data = tmp_path / "rows6.jsonl"
     if not data.is_file():
         write_rows(data, [sad_row(i) for i in range(6)])
@@ -487,8 +487,7 @@ def reshard_config(checkpoint, tmp_path, name, grad_accum, **overrides):
         save_every=1,
         keep_checkpoints=None,
         output_dir=str(tmp_path / name / "run"),
-        **FULL,
-        **overrides,
+        **mode,
     )
 
 
@@ -549,6 +548,29 @@ def test_a_full_run_resumes_at_another_world_size_to_the_same_global_batch_s_res
     reference = [m["loss"] for m in metrics(two_rank_run)]
     for run in (one, two):
         assert [m["loss"] for m in metrics(run)] == pytest.approx(reference, rel=1e-6)
+
+
+def test_a_lora_run_resumes_at_another_world_size_to_the_same_global_batch_s_result(
+    checkpoint, tmp_path
+):
+    """LoRA, 2 ranks -> 1 -> 2, as the full-parameter test: the oracle is the uninterrupted 2-rank
+    run's ckpt-2 and ckpt-3 (adapter and token rows, AdamW's state), rtol 1e-5, atol 1e-6."""
+    lora = {}
+    base = tmp_path / "a" / "run"
+    cfg = reshard_config(checkpoint, tmp_path, "a", 1, lora)
+    mp.spawn(_rank_run, args=(free_port(), cfg), nprocs=2)
+    one = stopped_copy(base, tmp_path / "one" / "run", after=1)
+    single_process(reshard_config(checkpoint, tmp_path, "one", 2, lora))
+    two = stopped_copy(one, tmp_path / "two" / "run", after=2)
+    cfg = reshard_config(checkpoint, tmp_path, "two", 1, lora)
+    mp.spawn(_rank_run, args=(free_port(), cfg), nprocs=2)
+    for run, step, world in ((one, 2, 1), (two, 3, 2)):
+        assert [world_size(run, step - 1), world_size(run, step)] == [3 - world, world]
+        for file in ("adapter_model.safetensors", "optimizer.safetensors"):
+            expected, resumed = (tensors(r / ckpt(step) / file) for r in (base, run))
+            assert resumed.keys() == expected.keys() and expected
+            for key, value in expected.items():
+                torch.testing.assert_close(resumed[key], value, rtol=1e-5, atol=1e-6, msg=key)
 
 
 def test_resuming_at_another_world_size_and_global_batch_stops_with_one_line(
