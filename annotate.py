@@ -31,7 +31,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse, urlsplit
 
-from config import ConfigError, atomic_write_text, excerpt, load_config, read_log
+from config import (
+    ConfigError,
+    atomic_write_text,
+    check_output_file,
+    excerpt,
+    load_config,
+    port_number,
+    read_log,
+)
 from data import DataError, parse_answer, split_blocks, split_completion, task_brief, visible_turns
 from dataset import example_from_json, example_to_json
 from evaluate import (
@@ -40,9 +48,11 @@ from evaluate import (
     EvalConfig,
     EvalError,
     alignment_f1,
+    load_eval,
     load_set,
     matched_lines,
     mean_sd,
+    read_completions,
     wilcoxon,
 )
 from verifier import EVIDENCE_CLOSE, EVIDENCE_OPEN
@@ -77,18 +87,14 @@ def make_pairs(run_dirs: list, n: int, seed: int = 0) -> list[dict]:
     runs = []
     for d in map(Path, run_dirs):
         cfg = load_config(d / "config.yaml", [], EvalConfig)
-        name = (
-            json.loads((d / EVAL_JSON).read_text(encoding="utf-8"))["name"]
-            if (d / EVAL_JSON).exists()
-            else d.name
-        )
+        name = load_eval(d / EVAL_JSON)["name"] if (d / EVAL_JSON).exists() else d.name
         runs.append(
             (
                 name,
                 cfg,
                 {
                     (r["set"], r["id"]): r
-                    for r in read_log(d / COMPLETIONS, EvalError)
+                    for r in read_completions(d / COMPLETIONS)
                     if r["sample"] == 0
                 },
             )
@@ -158,6 +164,29 @@ def load_pairs(path) -> list[dict]:
 # ----------------------------------------------------------------------------- annotations
 
 
+_EVENT_FIELDS = {
+    "lines": {"lines": list},
+    "confirm": {},
+    "rating": {"model": str, "grounded": bool},
+}
+
+
+def read_answers(path) -> list[dict]:
+    """The events of an answers file (read_log); EvalError naming the line of a record that is not
+    one the annotation server writes."""
+    events = read_log(Path(path), EvalError)
+    for number, e in enumerate(events, 1):
+        fields = _EVENT_FIELDS.get(e.get("kind")) if isinstance(e, dict) else None
+        if not (
+            fields is not None
+            and isinstance(e.get("annotator"), str)
+            and isinstance(e.get("item"), str)
+            and all(type(e.get(key)) is kind for key, kind in fields.items())
+        ):
+            raise EvalError(f"{path}:{number}: not an event of the annotation page")
+    return events
+
+
 def replay(events: list[dict], annotator: str | None = None) -> dict:
     """{(annotator, item): {"lines": [...], "confirmed": bool, "ratings": {model: bool}}} from the
     answers file's events, the last click winning."""
@@ -193,6 +222,7 @@ class AnnotationServer(ThreadingHTTPServer):
     ):
         self.pairs, self.answers, self.seed = pairs, Path(answers), seed
         self.index = {p["id"]: i for i, p in enumerate(pairs)}
+        read_answers(self.answers)  # a file the page did not write stops here, before serving
         self.lock = threading.Lock()
         self.host_name = host
         super().__init__((host, port), _Handler)
@@ -229,7 +259,7 @@ class AnnotationServer(ThreadingHTTPServer):
         """What the page may see of an item: the lines and the annotator's clicks so far, the
         excerpts (by slot, never by model) only once the lines are confirmed."""
         with self.lock:
-            state = replay(read_log(self.answers, EvalError), annotator)
+            state = replay(read_answers(self.answers), annotator)
         blank = {"lines": [], "confirmed": False, "ratings": {}}
         done = [len(state.get((annotator, p["id"]), blank)["ratings"]) == 2 for p in self.pairs]
         if index is None:
@@ -279,7 +309,7 @@ class AnnotationServer(ThreadingHTTPServer):
             )
         pair = self.pairs[self.index[item]]
         with self.lock:
-            mine = replay(read_log(self.answers, EvalError), annotator).get(
+            mine = replay(read_answers(self.answers), annotator).get(
                 (annotator, item), {"confirmed": False}
             )
             record = {
@@ -535,7 +565,7 @@ def main(argv: list[str]) -> None:
     serve.add_argument(
         "--host", default="127.0.0.1", help="address to bind (default: loopback only)"
     )
-    serve.add_argument("--port", type=int, default=8765)
+    serve.add_argument("--port", type=port_number, default=8765)
     serve.add_argument(
         "--out", help="answers JSONL (default: PAIRS.answers.jsonl beside the pairs)"
     )
@@ -551,6 +581,9 @@ def main(argv: list[str]) -> None:
     args = parser.parse_args(argv)
     try:
         if args.command == "pairs":
+            if args.n < 1:
+                parser.error(f"--n: at least 1 item, not {args.n}")
+            check_output_file(args.out, "--out")
             items = make_pairs(args.runs, args.n, args.seed)
             atomic_write_text(
                 args.out, "".join(json.dumps(p, ensure_ascii=False) + "\n" for p in items)
@@ -558,6 +591,7 @@ def main(argv: list[str]) -> None:
             print(f"wrote {len(items)} pairs to {args.out}")
         elif args.command == "annotate":
             answers = Path(args.out or Path(args.pairs).with_suffix(".answers.jsonl"))
+            check_output_file(answers, "--out")
             with AnnotationServer(
                 load_pairs(args.pairs), answers, args.host, args.port, args.seed
             ) as server:
@@ -570,12 +604,19 @@ def main(argv: list[str]) -> None:
                 except KeyboardInterrupt:
                     pass
         else:
-            events = [e for path in args.answers for e in read_log(Path(path), EvalError)]
+            if args.json:
+                check_output_file(args.json, "--json")
+            if missing := [path for path in args.answers if not Path(path).is_file()]:
+                raise EvalError(f"{missing[0]}: no such answers file")
+            events = [e for path in args.answers for e in read_answers(path)]
             result = annotation_report(load_pairs(args.pairs), events)
             print(report_markdown(result))
             if args.json:
                 atomic_write_text(args.json, json.dumps(result, indent=1) + "\n")
-    except (ConfigError, DataError, EvalError, OSError) as e:
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except (DataError, EvalError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(1) from None
 

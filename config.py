@@ -5,6 +5,7 @@ resolved config written beside a run's outputs with secrets removed."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import math
@@ -326,6 +327,17 @@ def parse_cli(schema, argv=None):
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+def port_number(text: str) -> int:
+    """argparse's type for a --port option: a TCP port, 0 for any free one."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"a port from 0 to 65535, not {text}")
+    return port
 
 
 # ----------------------------------------------------------------------------- run outputs

@@ -666,9 +666,30 @@ def relative_gains(summary: dict, base: dict) -> dict:
 
 def load_eval(path) -> dict:
     try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
+        summary = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as e:
         raise EvalError(f"{path}: not a readable eval.json ({e})") from None
+    if not (isinstance(summary, dict) and isinstance(summary.get("name"), str)):
+        raise EvalError(f"{path}: not an eval.json of evaluate.py (no 'name')")
+    return summary
+
+
+def read_completions(path) -> list[dict]:
+    """The records of a completions.jsonl (read_log); EvalError naming the line of a record that
+    is not one of `generate_missing`'s."""
+    records = read_log(path, EvalError)
+    for number, r in enumerate(records, 1):
+        if not (
+            isinstance(r, dict)
+            and all(isinstance(r.get(key), str) for key in ("set", "id", "completion"))
+            and type(r.get("sample")) is int
+            and (r.get("reasoning_tokens") is None or type(r["reasoning_tokens"]) is int)
+        ):
+            raise EvalError(
+                f"{path}:{number}: not a completion record {{set, id, sample, completion, "
+                f"reasoning_tokens}} of evaluate.py"
+            )
+    return records
 
 
 def evaluate(cfg: EvalConfig) -> dict:
@@ -684,7 +705,7 @@ def evaluate(cfg: EvalConfig) -> dict:
     done = {
         (r["set"], r["id"], r["sample"]): r
         | {"answer": parse_answer(r["completion"], by_id[r["set"], r["id"]])}
-        for r in read_log(out / COMPLETIONS, EvalError)
+        for r in read_completions(out / COMPLETIONS)
         if (r["set"], r["id"]) in by_id
     }
     if cfg.endpoint is not None and not cfg.tokenizer:

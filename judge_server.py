@@ -33,7 +33,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 
 import verifier
-from config import excerpt
+from config import excerpt, port_number
 from data import split_blocks
 from dialogue_judges import (
     ARG_SECTIONS,
@@ -748,7 +748,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--host", default="127.0.0.1", help="address to bind (default: loopback only)"
     )
-    parser.add_argument("--port", type=int, default=8000, help="port (0 picks a free one)")
+    parser.add_argument("--port", type=port_number, default=8000, help="port (0 picks a free one)")
     parser.add_argument(
         "--api-key-env", metavar="NAME", help="require the key held in this environment variable"
     )
@@ -782,8 +782,6 @@ def main(argv: list[str] | None = None) -> None:
     script = tuple(a for a in args.script.split(",") if a)
     if unknown := [a for a in script if a not in FAULT_ACTIONS]:
         parser.error(f"--script: unknown action(s) {unknown}; known: {', '.join(FAULT_ACTIONS)}")
-    if not 0 <= args.port <= 65535:
-        parser.error(f"--port: a port from 0 to 65535, not {args.port}")
     if args.backend != "rules" and not args.model:
         parser.error(f"--backend {args.backend} needs --model PATH")
     api_key = os.environ.get(args.api_key_env, "").strip() if args.api_key_env else None

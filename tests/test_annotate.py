@@ -370,6 +370,42 @@ def test_command_line_report(pairs_file, tmp_path, capsys):
     assert Path(annotate.PAGE).is_file()
 
 
+@pytest.mark.parametrize(
+    "argv, status, expected",
+    [
+        (
+            ["annotate", "{pairs}", "--port", "70000"],
+            2,
+            "--port: a port from 0 to 65535, not 70000",
+        ),
+        (["pairs", "{tmp}", "{tmp}", "--out", "{tmp}/p.jsonl", "--n", "0"], 2, "--n: at least 1"),
+        (["pairs", "{tmp}", "{tmp}", "--out", "{tmp}"], 2, "'--out': {tmp} is a folder"),
+        (["annotate", "{pairs}", "--out", "{tmp}"], 2, "'--out': {tmp} is a folder"),
+        (["annotate", "{pairs}", "--out", "{pairs}"], 1, "{pairs}:1: not an event of the"),
+        (["annotate-report", "{pairs}", "{pairs}"], 1, "{pairs}:1: not an event of the"),
+        (["annotate-report", "{pairs}", "{tmp}/absent.jsonl"], 1, "absent.jsonl: no such answers"),
+        (["annotate-report", "{pairs}", "{pairs}", "--json", "{tmp}"], 2, "'--json': {tmp} is a"),
+        (["pairs", "{run}", "{run}", "--out", "{tmp}/p.jsonl"], 1, "eval.json: not an eval.json"),
+    ],
+)
+def test_bad_input_is_one_line_and_writes_nothing(
+    pairs_file, tmp_path, capsys, argv, status, expected
+):
+    """Each ends in one line (argparse's usage line aside) with the status of its kind: 2 for a
+    usage error, 1 for a bad file; foreign answers files are refused before the page is served."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "eval.json").write_text('{"sets": {}}')
+    save_resolved_config(ev.EvalConfig(str(run), [], endpoint=ev.JudgeConfig()), run)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    fill = dict(pairs=pairs_file, tmp=tmp_path, run=run)
+    with pytest.raises(SystemExit) as stop:
+        annotate.main([a.format(**fill) for a in argv])
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert stop.value.code == status and expected.format(**fill) in error, error
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
 def raw_post(server, body: bytes, headers: dict, timeout=5.0) -> int | None:
     """One POST /api/event over a raw socket with exactly these headers; the response status (None
     when the server answers nothing within the timeout or drops the connection)."""

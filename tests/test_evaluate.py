@@ -673,6 +673,16 @@ def test_missing_matplotlib_is_one_line(monkeypatch):
 
 
 @pytest.mark.slow
+def evaluate_command(config: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(REPO / "evaluate.py"), str(config)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
+
+
 def test_bad_configs_are_one_line_errors(tmp_path):
     paths = write_sets(tmp_path)
     config = tmp_path / "c.yaml"
@@ -688,17 +698,29 @@ def test_bad_configs_are_one_line_errors(tmp_path):
             f"output_dir: {tmp_path / 'o'}\nsets:\n  - name: ccu\n    path: "
             f"{paths['ccu']}\n{extra}\n"
         )
-        result = subprocess.run(
-            [sys.executable, str(REPO / "evaluate.py"), str(config)],
-            capture_output=True,
-            text=True,
-            cwd=REPO,
-            timeout=120,
-        )
+        result = evaluate_command(config)
         assert (
             result.returncode != 0 and message in result.stderr and "Traceback" not in result.stderr
         )
         assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_foreign_completions_file_in_output_dir_is_one_line_and_kept(tmp_path):
+    paths = write_sets(tmp_path)
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "completions.jsonl").write_text('{"prompt": "mine"}\n')
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        f"output_dir: {out}\nsets:\n  - name: ccu\n    path: {paths['ccu']}\n"
+        "endpoint: {base_url: 'http://127.0.0.1:9/v1'}\n"
+    )
+    result = evaluate_command(config)
+    assert result.returncode == 1 and result.stderr == (
+        f"error: {out / 'completions.jsonl'}:1: not a completion record {{set, id, sample, "
+        "completion, reasoning_tokens} of evaluate.py\n"
+    )
+    assert (out / "completions.jsonl").read_text() == '{"prompt": "mine"}\n'
 
 
 def test_example_config_loads():
