@@ -22,8 +22,8 @@ micro-batches.
 A trained RM is a folder: the LoRA adapter in PEFT's format (adapter_config.json,
 adapter_model.safetensors) and beside it HEAD_FILE, value_head.safetensors, with tensors `weight`
 [1, hidden] and `bias` [1] (float32; metadata: format = HEAD_FORMAT, hidden_size, base_model), plus
-reward_model.json (base model, max_length, held-out accuracy). `load_reward_model(path)` reads it
-back; `judge_server.py --backend reward_model` serves it.
+reward_model.json (base model, max_length, held-out accuracy) and its model card README.md.
+`load_reward_model(path)` reads it back; `judge_server.py --backend reward_model` serves it.
 
 Pairs (Appendix C.2). A pair file is JSONL, one pair per line: {"context", "chosen", "rejected",
 "tiers"} and optionally "id" (the instance); `tiers` names the rule of the priority scheme that made
@@ -53,7 +53,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
-from checkpoint import resume, save_checkpoint, trim_log
+from checkpoint import ModelCard, resume, save_checkpoint, trim_log
 from config import (
     ConfigError,
     MetricsWriter,
@@ -806,6 +806,15 @@ def train(cfg: RMConfig) -> dict:
                 return state
     if ranks.main:
         save_reward_model(rm, out, cfg.model, cfg.max_length, **state)
+        card = ModelCard(
+            cfg.model,
+            "a pairwise (Bradley-Terry) reward model of reasoning segments, Social-R1's "
+            "RM_content (Appendix D)",
+            [cfg.pairs, *([cfg.heldout] if cfg.heldout else [])],
+            cfg,
+            out / "metrics.jsonl",
+        )
+        atomic_write_text(out / "README.md", card.text())
         print0(f"done: {out} (held-out pairwise accuracy {state['heldout_accuracy']})")
     return state
 

@@ -4,6 +4,7 @@ preference set it could not rank before, the value-head file, tiers and the prio
 hand-made segments, the pair builder against a real local teacher server (resumed after failed
 calls), and one-line errors for bad pair files."""
 
+import hashlib
 import json
 import math
 import random
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from helpers import REPO, assert_sinks_hold_metrics, metrics, tensors
 from helpers import sft_checkpoint as write_checkpoint
 from safetensors import safe_open
@@ -119,6 +121,12 @@ def test_a_tiny_rm_learns_to_rank_a_synthetic_preference_set(checkpoint, tmp_pat
             and f.get_tensor("weight").dtype == torch.float32
         )
     assert (out / "adapter_config.json").is_file() and (out / "adapter_model.safetensors").is_file()
+    card = (out / "README.md").read_text()  # the model card: base, method, data, metrics, config
+    assert f"- base model: `{checkpoint}`" in card and "RM_content" in card
+    assert f"- `{pairs}`: sha256 `{hashlib.sha256(Path(pairs).read_bytes()).hexdigest()}`" in card
+    last = metrics(out)[-1]
+    assert f"| eval/heldout_accuracy | {last['eval/heldout_accuracy']:.6g} |" in card
+    assert yaml.safe_load(card.split("```yaml\n")[1].split("```")[0])["pairs"] == str(pairs)
     # read back, the RM ranks the held-out contexts as
     # the trainer reported, and R_content = sigmoid(r)
     content = RM.load_reward_model(out)
