@@ -833,6 +833,21 @@ def test_a_hugging_face_dataset_converts_with_a_column_mapping(tmp_path, capsys,
     assert [e.id for e in load_jsonl(out)] == ["d1", "d2"]  # what grpo.py and sft.py read
 
 
+def test_a_saved_dataset_trains_after_one_convert_command(tmp_path, assets, judge):
+    """`datasets`' save_to_disk folder -> `convert.py hf` -> two GRPO updates on its examples."""
+    from helpers import metrics, run_config
+
+    import grpo
+
+    source, examples = tmp_path / "saved", tmp_path / "examples.jsonl"
+    _user_dataset().save_to_disk(str(source))
+    main(["hf", str(source), str(examples), *HF_FLAGS])
+    grpo.main([str(run_config(tmp_path, (assets[0], examples), judge.url, updates=2))])
+    records = [json.loads(line) for line in (tmp_path / "run" / "completions.jsonl").open()]
+    assert {r["id"] for r in records} == {"d1", "d2"}
+    assert [m["step"] for m in metrics(tmp_path / "run") if "loss" in m] == [1, 2]
+
+
 @pytest.mark.parametrize(
     "flags, message",
     [
