@@ -466,8 +466,8 @@ def read_log(path, error: type[Exception] = ValueError) -> list:
 
 def open_log(path):
     """`path` opened for appending records (its folder made). A torn last line, which `read_log`
-    ignores, is cut off first, and said so on stderr, so that the next record starts a line of its
-    own; a last record missing only its newline gets one."""
+    ignores, is moved first to `<path>.torn` (appended there) and said so on stderr, so that the
+    next record starts a line of its own; a last record missing only its newline gets one."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     data = path.read_bytes() if path.exists() else b""
@@ -478,9 +478,15 @@ def open_log(path):
             with open(path, "ab") as f:
                 f.write(b"\n")
         except (json.JSONDecodeError, UnicodeDecodeError):
+            torn = path.with_name(path.name + ".torn")
+            with open(torn, "ab") as f:
+                f.write(data[cut:] + b"\n")
+                f.flush()
+                os.fsync(f.fileno())
             os.truncate(path, cut)
             print(
-                f"{path}: cut off a torn last line ({len(data) - cut} bytes) before appending",
+                f"{path}: moved a torn last line ({len(data) - cut} bytes) to {torn} before "
+                "appending",
                 file=sys.stderr,
             )
     return open(path, "a", encoding="utf-8")

@@ -529,8 +529,8 @@ def test_interrupted_evaluation_resumes_to_the_same_completions(
 
 def test_read_log_splits_records_at_newline_only(tmp_path):
     """A completion may hold U+2028, U+2029 or U+0085 (line breaks to str.splitlines): its record
-    stays whole; a torn last line is ignored and the file left as it is, until open_log cuts it off
-    before appending."""
+    stays whole; a torn last line is ignored and the file left as it is, until open_log moves it to
+    completions.jsonl.torn before appending."""
     records = [{"completion": "a\u2028b\x85c"}, {"completion": "d\u2029"}, {"completion": ""}]
     whole = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
     path = tmp_path / "completions.jsonl"
@@ -540,6 +540,7 @@ def test_read_log_splits_records_at_newline_only(tmp_path):
     with open_log(path) as f:
         f.write('{"completion": "f"}\n')
     assert read_log(path) == [*records, {"completion": "f"}]
+    assert (tmp_path / "completions.jsonl.torn").read_text() == '{"completion": "e\u2028\n'
     # a bad line inside stops the read
     path.write_text(whole + '{"completion": "e\n' + whole, encoding="utf-8")
     with pytest.raises(ev.EvalError, match=r"completions.jsonl:4: not valid JSON"):

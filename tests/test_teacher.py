@@ -5,6 +5,7 @@ last journal line is ignored with the file left byte for byte as it was (until t
 it off); and the old `prepare` commands point to the scripts that replaced them."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -97,8 +98,13 @@ def test_a_torn_last_line_is_ignored_and_the_file_left_as_it_is(tmp_path, capsys
             and backend.seen == ["a", "b", "c", "B", "c"]
             and server.requests_seen == 5
         )
-        # the append said what it dropped
-        assert "cut off a torn last line" in capsys.readouterr().err
+        # the append said where it moved the torn line, kept whole there
+        cut = torn[torn.rfind(b"\n") + 1 :]
+        assert (
+            f"moved a torn last line ({len(cut)} bytes) to {journal}.torn"
+            in capsys.readouterr().err
+        )
+        assert Path(f"{journal}.torn").read_bytes() == cut + b"\n"
         assert journal.read_bytes().startswith(torn[: torn.rfind(b"\n") + 1])
         records = [json.loads(line) for line in journal.read_text().splitlines()]
         assert len(records) == 4 and teacher.load_journal(journal) == done
