@@ -618,7 +618,7 @@ def main(argv: list[str]) -> None:
         raise SystemExit(2) from None
     except (DataError, EvalError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(1) from None
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

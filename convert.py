@@ -1184,7 +1184,7 @@ def main(argv=None) -> None:
         print(f"wrote {len(examples)} examples to {args.output}")
     except (DataError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(1) from None
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

@@ -430,7 +430,7 @@ def main(argv=None) -> None:
         print(stats(load_jsonl(args.file), tokenizer))
     except (DataError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(1) from None
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

@@ -55,7 +55,7 @@ from sampling import SamplingConfig, endpoint_config
 
 def endpoint_policy(endpoint: JudgeConfig, sampling: SamplingConfig) -> Respond:
     """A served policy (vLLM, a hosted API): each call is ONE concurrent `chat_many` batch; a failed
-    request stops the evaluation (EvalError). Serve it without a reasoning parser, so that the
+    request stops the evaluation (JudgeError). Serve it without a reasoning parser, so that the
     reasoning can be split off."""
     cfg = endpoint_config(endpoint, sampling)
 
@@ -63,7 +63,7 @@ def endpoint_policy(endpoint: JudgeConfig, sampling: SamplingConfig) -> Respond:
         calls = [JudgeCall(chat, sampling.max_new_tokens) for chat in chats for _ in range(n)]
         texts, stats = judge.chat_many(calls, cfg)
         if stats["failures"]:
-            raise evaluate.EvalError(
+            raise JudgeError(
                 f"{stats['failures']} requests to the policy at {endpoint.base_url} failed "
                 f"(first: {next(iter(stats['errors'].values()))})"
             )
@@ -359,15 +359,18 @@ def evaluate_dialogues(cfg: DialogueEvalConfig) -> dict:
 
 
 def main(argv: list[str]) -> None:
-    """`python evaluate_dialogue.py config.yaml [key=value ...]`: bad input is one line and a
-    nonzero exit."""
+    """`python evaluate_dialogue.py config.yaml [key=value ...]`: bad input is one line and exit
+    status 2; a judge that fails at run time, exit status 1 (a rerun resumes)."""
     cfg = parse_cli(DialogueEvalConfig, argv)
     try:
         evaluate_dialogues(cfg)
     except ConfigError as e:
         print(f"config error: {argv[0]}: {e}", file=sys.stderr)
         raise SystemExit(2) from None
-    except (DataError, evaluate.EvalError, JudgeError, OSError) as e:
+    except (DataError, evaluate.EvalError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except JudgeError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(1) from None
 

@@ -801,7 +801,7 @@ def main(argv: list[str] | None = None) -> None:
     # no such folder, not a checkpoint, no such device
     except (OSError, ValueError, RuntimeError) as e:
         parser.exit(
-            1, f"judge_server.py: error: --model {args.model}: {' '.join(str(e).split())}\n"
+            2, f"judge_server.py: error: --model {args.model}: {' '.join(str(e).split())}\n"
         )
     faults = Faults(args.latency, args.fail_rate, script, args.retry_after, args.hang, args.seed)
     name = "rules" if args.backend == "rules" else os.path.basename(os.path.normpath(args.model))
@@ -817,7 +817,7 @@ def main(argv: list[str] | None = None) -> None:
         )
     except OSError as e:  # the port is taken, the host unknown or not ours
         parser.exit(
-            1,
+            2,
             f"judge_server.py: error: cannot listen on {args.host}:{args.port}: "
             f"{e.strerror or e}\n",
         )

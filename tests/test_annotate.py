@@ -371,28 +371,25 @@ def test_command_line_report(pairs_file, tmp_path, capsys):
 
 
 @pytest.mark.parametrize(
-    "argv, status, expected",
+    "argv, expected",
     [
         (
             ["annotate", "{pairs}", "--port", "70000"],
-            2,
             "--port: a port from 0 to 65535, not 70000",
         ),
-        (["pairs", "{tmp}", "{tmp}", "--out", "{tmp}/p.jsonl", "--n", "0"], 2, "--n: at least 1"),
-        (["pairs", "{tmp}", "{tmp}", "--out", "{tmp}"], 2, "'--out': {tmp} is a folder"),
-        (["annotate", "{pairs}", "--out", "{tmp}"], 2, "'--out': {tmp} is a folder"),
-        (["annotate", "{pairs}", "--out", "{pairs}"], 1, "{pairs}:1: not an event of the"),
-        (["annotate-report", "{pairs}", "{pairs}"], 1, "{pairs}:1: not an event of the"),
-        (["annotate-report", "{pairs}", "{tmp}/absent.jsonl"], 1, "absent.jsonl: no such answers"),
-        (["annotate-report", "{pairs}", "{pairs}", "--json", "{tmp}"], 2, "'--json': {tmp} is a"),
-        (["pairs", "{run}", "{run}", "--out", "{tmp}/p.jsonl"], 1, "eval.json: not an eval.json"),
+        (["pairs", "{tmp}", "{tmp}", "--out", "{tmp}/p.jsonl", "--n", "0"], "--n: at least 1"),
+        (["pairs", "{tmp}", "{tmp}", "--out", "{tmp}"], "'--out': {tmp} is a folder"),
+        (["annotate", "{pairs}", "--out", "{tmp}"], "'--out': {tmp} is a folder"),
+        (["annotate", "{pairs}", "--out", "{pairs}"], "{pairs}:1: not an event of the"),
+        (["annotate-report", "{pairs}", "{pairs}"], "{pairs}:1: not an event of the"),
+        (["annotate-report", "{pairs}", "{tmp}/absent.jsonl"], "absent.jsonl: no such answers"),
+        (["annotate-report", "{pairs}", "{pairs}", "--json", "{tmp}"], "'--json': {tmp} is a"),
+        (["pairs", "{run}", "{run}", "--out", "{tmp}/p.jsonl"], "eval.json: not an eval.json"),
     ],
 )
-def test_bad_input_is_one_line_and_writes_nothing(
-    pairs_file, tmp_path, capsys, argv, status, expected
-):
-    """Each ends in one line (argparse's usage line aside) with the status of its kind: 2 for a
-    usage error, 1 for a bad file; foreign answers files are refused before the page is served."""
+def test_bad_input_is_one_line_and_writes_nothing(pairs_file, tmp_path, capsys, argv, expected):
+    """Each ends in one line (argparse's usage line aside) and exit status 2; foreign answers files
+    are refused before the page is served."""
     run = tmp_path / "run"
     run.mkdir()
     (run / "eval.json").write_text('{"sets": {}}')
@@ -402,7 +399,7 @@ def test_bad_input_is_one_line_and_writes_nothing(
     with pytest.raises(SystemExit) as stop:
         annotate.main([a.format(**fill) for a in argv])
     error = capsys.readouterr().err.strip().splitlines()[-1]
-    assert stop.value.code == status and expected.format(**fill) in error, error
+    assert stop.value.code == 2 and expected.format(**fill) in error, error
     assert sorted(p.name for p in tmp_path.iterdir()) == before
 
 

@@ -455,7 +455,7 @@ def test_cli_convert_ccu_and_jsonl(tmp_path, shared_data):
 def test_cli_errors_exit_with_one_line(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(["ccu", str(FIXTURES), str(tmp_path / "o.jsonl")])
-    assert e.value.code == 1 and "--text" in capsys.readouterr().err
+    assert e.value.code == 2 and "--text" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["mmlu", str(FIXTURES / "mmlu"), str(tmp_path / "o.jsonl"), "--task", "mmlu_x"])
     assert "unknown task 'mmlu_x'" in capsys.readouterr().err
@@ -586,7 +586,7 @@ def test_hostile_inputs_are_one_located_line(tmp_path, fmt, name, content, messa
     path = tmp_path / name
     path.write_bytes(content if isinstance(content, bytes) else content.encode())
     result = run_cli("convert.py", fmt, path, tmp_path / "out.jsonl")
-    assert (result.returncode, result.stdout, result.stderr) == (1, "", f"error: {path}{message}\n")
+    assert (result.returncode, result.stdout, result.stderr) == (2, "", f"error: {path}{message}\n")
     # nothing written, no temporary file
     assert sorted(p.name for p in tmp_path.iterdir()) == [name]
 
@@ -600,7 +600,7 @@ def test_per_label_and_task_filters_are_checked(tmp_path):
             f"convert.py: error: argument --per-label: expected a positive integer, got '{value}'"
         )
     result = run_cli("convert.py", "jsonl", path, tmp_path / "out.jsonl", "--task", "mmlu")
-    assert (result.returncode, result.stderr) == (1, f"error: {path}: no examples of task mmlu\n")
+    assert (result.returncode, result.stderr) == (2, f"error: {path}: no examples of task mmlu\n")
     assert (
         run_cli("convert.py", "jsonl", path, tmp_path / "out.jsonl", "--per-label", "1").returncode
         == 0
@@ -614,7 +614,7 @@ def test_a_failed_write_leaves_nothing_behind(tmp_path):
     (tmp_path / "taken" / "inside").touch()  # a non-empty folder where the output should go
     result = run_cli("convert.py", "jsonl", path, tmp_path / "taken")
     assert (
-        result.returncode == 1
+        result.returncode == 2
         and result.stderr.startswith("error: [Errno")
         and result.stderr.endswith(f"'{tmp_path / 'taken'}'\n")
         and result.stderr.count("\n") == 1
@@ -628,7 +628,7 @@ def test_a_failed_write_leaves_nothing_behind(tmp_path):
         out,
         preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096)),
     )
-    assert (result.returncode, result.stderr) == (1, f"error: [Errno 27] File too large: '{out}'\n")
+    assert (result.returncode, result.stderr) == (2, f"error: [Errno 27] File too large: '{out}'\n")
     assert list(out.parent.iterdir()) == [] and sorted(p.name for p in tmp_path.iterdir()) == [
         "in.jsonl",
         "out",
@@ -641,12 +641,12 @@ def test_stats_names_a_bad_tokenizer_path(tmp_path):
     path.write_text(GOOD_LINE + "\n")
     result = run_cli("dataset.py", "stats", path, "--tokenizer", tmp_path / "absent")
     assert (result.returncode, result.stderr) == (
-        1,
+        2,
         f"error: {tmp_path / 'absent'}: not a readable tokenizer.json: No such file or directory "
         f"(os error 2)\n",
     )
     result = run_cli("dataset.py", "stats", path, "--tokenizer", path)
-    assert result.returncode == 1 and result.stderr.startswith(
+    assert result.returncode == 2 and result.stderr.startswith(
         f"error: {path}: not a readable tokenizer.json: "
     )
 
@@ -761,7 +761,7 @@ def test_bad_dialogue_sources_stop_with_one_line(tmp_path, fmt, text, error):
     source = tmp_path / "in.txt"
     source.write_text(text)
     result = run_cli("convert.py", fmt, source, tmp_path / "out.jsonl")
-    assert result.returncode == 1 and result.stderr.startswith(f"error: {source}{error}"), (
+    assert result.returncode == 2 and result.stderr.startswith(f"error: {source}{error}"), (
         result.stderr
     )
     assert result.stderr.count("\n") == 1 and not (tmp_path / "out.jsonl").exists()
@@ -864,7 +864,7 @@ def test_a_bad_column_mapping_stops_with_one_line(tmp_path, capsys, flags, messa
     with pytest.raises(SystemExit) as stop:
         main(["hf", str(source), str(tmp_path / "out.jsonl"), *HF_FLAGS, *flags])
     err = capsys.readouterr().err
-    assert stop.value.code == 1 and err.count("\n") == 1, err
+    assert stop.value.code == 2 and err.count("\n") == 1, err
     assert err.startswith("error: " + message.format(src=source)), err
     assert not (tmp_path / "out.jsonl").exists()
 

@@ -717,7 +717,7 @@ def test_a_foreign_completions_file_in_output_dir_is_one_line_and_kept(tmp_path)
         "endpoint: {base_url: 'http://127.0.0.1:9/v1'}\n"
     )
     result = evaluate_command(config)
-    assert result.returncode == 1 and result.stderr == (
+    assert result.returncode == 2 and result.stderr == (
         f"error: {out / 'completions.jsonl'}:1: not a completion record {{set, id, sample, "
         "completion, reasoning_tokens} of evaluate.py\n"
     )

@@ -313,7 +313,7 @@ def test_server_command_errors_are_one_line(tmp_path):
         for args, message in cases:
             argv = [sys.executable, str(REPO / "judge_server.py"), "--backend", "rules", *args]
             result = subprocess.run(argv, capture_output=True, text=True, timeout=120)
-            assert result.returncode == 1 and result.stdout == "" and result.stderr.count("\n") == 1
+            assert result.returncode == 2 and result.stdout == "" and result.stderr.count("\n") == 1
             assert result.stderr.startswith(f"judge_server.py: error: {message}"), result.stderr
 
 
@@ -397,7 +397,7 @@ def test_a_broken_reward_model_folder_is_one_line(tmp_path, capsys):
     with pytest.raises(SystemExit) as stop:
         judge_server.main(["--backend", "reward_model", "--model", str(tmp_path)])
     error = capsys.readouterr().err.strip()
-    assert stop.value.code == 1 and "\n" not in error
+    assert stop.value.code == 2 and "\n" not in error
     assert error.endswith("reward_model.json: field 'base_model': missing or not a str")
     head = tmp_path / "value_head.safetensors"
     head.write_bytes(b"\x40\x00\x00\x00\x00\x00\x00\x00{")  # a header cut short
