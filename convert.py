@@ -5,8 +5,9 @@ checked by dataset.py's schema.
 
     python convert.py FORMAT IN OUT [--text FILE] [--task NAME]... [--per-label N] [--seed S]
 
-EmpatheticDialogues and MSDialog become dialogues in ESConv's layout for EmoLLM's Stage I
-(emollm_data.py), or with --seeds the scenario seeds of grpo.py's dialogue mode.
+EmpatheticDialogues, MSDialog, MedDialog-EN and ICLR's OpenReview review threads become dialogues
+in ESConv's layout for EmoLLM's Stage I (emollm_data.py), or with --seeds the scenario seeds of
+grpo.py's dialogue mode.
 
 A local Hugging Face dataset (`hf`: a save_to_disk folder, parquet or JSON lines) converts with a
 column mapping, `--column FIELD=COLUMN` and `--value FIELD=VALUE` (the optional `datasets` package).
@@ -855,7 +856,7 @@ def convert_mmlu(path) -> list[Example]:
     return examples
 
 
-# EmpatheticDialogues and MSDialog (EmoLLM's SFT/RL sources): dialogues in
+# EmpatheticDialogues, MSDialog, MedDialog and ICLR reviews (EmoLLM's SFT/RL sources): dialogues in
 # ESConv's layout, which emollm_data.py reads, or scenario seeds for grpo.py's
 # dialogue mode (`--seeds`). Each dialogue: {"id", "situation"?, "problem_type"?,
 # "emotion_type"?, "dialog": [{"speaker": "seeker" | "supporter", "content"}]}.
@@ -952,6 +953,154 @@ def convert_msdialog(path) -> list[dict]:
     return out
 
 
+_MEDDIALOG_SPEAKER = re.compile(r"^\s*(patient|doctor)\s*:\s*", re.IGNORECASE)
+
+
+def convert_meddialog(path) -> list[dict]:
+    """MedDialog-EN, the processed JSON (english-train.json, -dev, -test), the layout assumed: an
+    array of consultations, each {"description": text, "utterances": ["patient: ...", "doctor:
+    ..."]}, the speaker named (in any case) before a colon at the start of each utterance. The
+    patient is the seeker, the doctor the supporter; the description is the situation. Ids are
+    meddialog-<index in the array>."""
+    path, out = Path(path), []
+    records = parse_json(read_data_text(path), path)
+    if not isinstance(records, list):
+        raise DataError(f"{path}: expected a JSON array of consultations")
+    for index, record in enumerate(records):
+        where = f"{path}: consultation {index}"
+        with _record(where):
+            record = _object(record, where)
+            dialog = []
+            for i, u in enumerate(record["utterances"]):
+                said = _MEDDIALOG_SPEAKER.match(u) if isinstance(u, str) else None
+                if said is None or not u[said.end() :].strip():
+                    raise DataError(
+                        f"{where}: field 'utterances[{i}]': {excerpt(u)} (expected 'patient: ...' "
+                        f"or 'doctor: ...')"
+                    )
+                speaker = "seeker" if said.group(1).lower() == "patient" else "supporter"
+                dialog.append({"speaker": speaker, "content": u[said.end() :].strip()})
+            if not dialog:
+                raise DataError(f"{where}: field 'utterances': empty")
+            description = record["description"]
+            if not isinstance(description, str) or not description.strip():
+                raise DataError(
+                    f"{where}: field 'description': {excerpt(description)} (expected non-empty "
+                    f"text)"
+                )
+            out.append(
+                {"id": f"meddialog-{index}", "situation": description.strip(), "dialog": dialog}
+            )
+    return out
+
+
+# The text of an OpenReview note: its free-text field, or a structured review's parts in order.
+_NOTE_TEXT = ("review", "comment")
+_REVIEW_PARTS = ("summary", "strengths", "weaknesses", "questions")
+
+
+def _note_value(content: dict, key: str):
+    """A content field of an OpenReview note: plain in API 1, {"value": ...} in API 2."""
+    value = content.get(key)
+    return value.get("value") if isinstance(value, dict) else value
+
+
+def _note_text(content: dict, where: str) -> str:
+    for key in _NOTE_TEXT:
+        text = _note_value(content, key)
+        if isinstance(text, str) and text.strip():
+            return text.strip()
+    parts = [
+        f"{key.capitalize()}: {text.strip()}"
+        for key in _REVIEW_PARTS
+        if isinstance(text := _note_value(content, key), str) and text.strip()
+    ]
+    if not parts:
+        raise DataError(
+            f"{where}: no text (expected content 'review', 'comment' or any of "
+            f"{', '.join(_REVIEW_PARTS)})"
+        )
+    return "\n".join(parts)
+
+
+def convert_iclr(path) -> list[dict]:
+    """ICLR peer-review threads from OpenReview, the layout assumed: the notes of the venue's forums
+    as the API returns them (a JSON object {"notes": [...]}) or as openreview-py's Note.to_json
+    writes them (a JSON array), each {"id", "forum", "replyto" (null for the submission),
+    "signatures": [...], "content": {field: text | {"value": text}}, "cdate"?}. Every official
+    review (a reply to the submission signed by a reviewer, e.g. .../Paper12/Reviewer_ab3x or
+    .../AnonReviewer2) starts a thread: the review and every note below it, in order of creation
+    (cdate; file order without it). The paper's authors (a signature ending in /Authors) are the
+    seeker, reviewers and chairs the supporter; a note's text is its review or comment, else a
+    structured review's summary, strengths, weaknesses and questions. The submission's title is the
+    situation. A thread without an author reply has no user turn and is left out; ids are
+    iclr-<review id>."""
+    path = Path(path)
+    raw = parse_json(read_data_text(path), path)
+    notes = raw.get("notes") if isinstance(raw, dict) else raw
+    if not isinstance(notes, list):
+        raise DataError(f"{path}: expected a JSON array of notes or an object with 'notes'")
+    by_id, children = {}, {}
+    for index, note in enumerate(notes):
+        where = f"{path}: note {index}"
+        with _record(where):
+            note = _object(note, where)
+            for key in ("id", "forum"):
+                if not isinstance(note[key], str) or not note[key]:
+                    raise DataError(
+                        f"{where}: field '{key}': {excerpt(note[key])} (expected an id)"
+                    )
+            if not isinstance(note["signatures"], list) or not all(
+                isinstance(s, str) for s in note["signatures"]
+            ):
+                raise DataError(f"{where}: field 'signatures': expected a list of names")
+            _object(note["content"], f"{where}: field 'content'")
+            by_id[note["id"]] = (index, note)
+            if note.get("replyto"):
+                children.setdefault(note["replyto"], []).append(note["id"])
+
+    def order(note_id: str):
+        index, note = by_id[note_id]
+        return (note.get("cdate", 0), index)
+
+    def below(note_id: str) -> list[str]:
+        found = []
+        for child in children.get(note_id, []):
+            found += [child, *below(child)]
+        return found
+
+    def authored(note: dict) -> bool:
+        return any(s.endswith("/Authors") for s in note["signatures"])
+
+    out = []
+    for index, note in sorted(by_id.values(), key=lambda x: x[0]):
+        reviewer = any(re.search(r"/(Anon)?Reviewer", s) for s in note["signatures"])
+        if note.get("replyto") != note["forum"] or not reviewer:
+            continue
+        if note["forum"] not in by_id:
+            raise DataError(
+                f"{path}: note {index}: its submission {note['forum']} is not in the file"
+            )
+        thread = [note["id"], *sorted(below(note["id"]), key=order)]
+        dialog = [
+            {
+                "speaker": "seeker" if authored(by_id[i][1]) else "supporter",
+                "content": _note_text(by_id[i][1]["content"], f"{path}: note {by_id[i][0]}"),
+            }
+            for i in thread
+        ]
+        if not any(t["speaker"] == "seeker" for t in dialog):
+            continue
+        title = _note_value(by_id[note["forum"]][1]["content"], "title")
+        if not isinstance(title, str) or not title.strip():
+            raise DataError(
+                f"{path}: note {by_id[note['forum']][0]}: field 'content.title': {excerpt(title)} "
+                f"(expected the submission's title)"
+            )
+        out.append({"id": f"iclr-{note['id']}", "situation": title.strip(), "dialog": dialog})
+    return out
+
+
 def scenario_seeds(dialogues: list[dict]) -> list[dict]:
     """grpo.py's scenario seeds (dialogue.load_scenarios): the situation (with the emotion, when
     given) as the scenario the simulated user plays, the seeker's first turn as the opening
@@ -970,6 +1119,8 @@ def scenario_seeds(dialogues: list[dict]) -> list[dict]:
 DIALOGUE_CONVERTERS = {
     "empathetic_dialogues": convert_empathetic_dialogues,
     "msdialog": convert_msdialog,
+    "meddialog": convert_meddialog,
+    "iclr": convert_iclr,
 }
 
 
@@ -1124,7 +1275,7 @@ def main(argv=None) -> None:
     parser.add_argument(
         "--seeds",
         action="store_true",
-        help="empathetic_dialogues, msdialog: write grpo.py's "
+        help="empathetic_dialogues, msdialog, meddialog, iclr: write grpo.py's "
         "scenario seeds instead of ESConv-layout dialogues",
     )
     parser.add_argument(

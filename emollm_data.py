@@ -10,7 +10,8 @@ The config (EmoLLMData) names the part by its `objective`, sft.py's objective th
 rows, and the checkpoint (`model`) whose tokenizer measures `max_length` as sft.py encodes the rows.
 
 Dialogues (`dialogues`: files in ESConv's layout, a JSON array as ESConv.json ships, or JSONL with
-one dialogue per line, as convert.py writes for EmpatheticDialogues and MSDialog): each dialogue is
+one dialogue per line, as convert.py writes for EmpatheticDialogues, MSDialog, MedDialog and ICLR's
+review threads): each dialogue is
 an object with `dialog`, a list of turns {"speaker": "seeker" | "supporter", "content": non-empty
 text, "annotation"?: {"strategy"?: text}}, and optionally "id", "situation", "problem_type",
 "emotion_type" (ESConv's own fields). Consecutive utterances of one speaker make one turn (their
@@ -40,7 +41,8 @@ CPT row: {"id", "text": "<think>\\nFacts: ...\\nNeeds: ...\\nAppraisal: ...\\nEm
 until the row fits max_length (as sft.py encodes it); a row whose current turn alone does not fit is
 skipped and counted.
 
-ARG SFT: `contexts` contexts are drawn at random (seed) from all of them, and the teacher
+ARG SFT: `share` of each source's contexts (a source is one file of `dialogues`; EmoLLM C.2 samples
+10% of each dataset) are drawn at random (seed; `sample_contexts`), and the teacher
 (judge.chat, concurrent, resumable: teacher.ask_journaled journals every answer in
 `<out>.teacher.jsonl`) writes the ARG state in Appendix H's order (Facts, Needs, Appraisal, Emotion,
 Strategy, then optionally up to `lookahead` reverse-perspective steps and the strategy chosen after
@@ -57,8 +59,10 @@ field, before anything is written.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
+import math
 import random
 import re
 import sys
@@ -116,8 +120,8 @@ class EmoLLMData:
     min_overlap: float = bounded(0.5, ge=0, le=1)
     per_slot: int = bounded(2, ge=1)  # tails kept per slot of g_t
     fact_words: int = 25  # words of the current user turn kept among the facts
-    # objective target: contexts sent to the teacher (None: all)
-    contexts: int | None = bounded(None, ge=1)
+    # objective target: the share of each source's contexts sent to the teacher (None: all)
+    share: float | None = bounded(None, gt=0, le=1)
     # most reverse-perspective steps the teacher may write (Appendix H: three)
     lookahead: int = bounded(3, ge=1)
     max_tokens: int = 1024  # the teacher's new tokens per answer
@@ -140,6 +144,7 @@ class Dialogue:
     situation: str | None = None
     problem: str | None = None
     emotion: str | None = None
+    source: str = ""  # the file it came from: the ARG contexts are sampled per source
 
 
 _ROLES = {"seeker": "user", "supporter": "assistant"}
@@ -223,7 +228,8 @@ def load_dialogues(paths: list[str]) -> list[Dialogue]:
     for path in paths:
         for index, (line, raw) in enumerate(_records(path)):
             try:
-                dialogues.append(dialogue_from_json(raw, f"{Path(path).stem}-{index}"))
+                dialogue = dialogue_from_json(raw, f"{Path(path).stem}-{index}")
+                dialogues.append(dataclasses.replace(dialogue, source=path))
                 check_new_id(dialogues[-1].id, seen)
             except DataError as e:
                 raise DataError(f"{path}:{line}: {e}") from None
@@ -494,24 +500,34 @@ def chat_prompt(turns) -> list[dict[str, str]]:
     return [{"role": role, "content": text} for role, text, _ in turns]
 
 
+def sample_contexts(
+    dialogues: list[Dialogue], share: float | None, seed: int
+) -> list[tuple[Dialogue, int]]:
+    """The (dialogue, t) contexts sent to the teacher: all of them when `share` is None, else from
+    each source (file) on its own `share` of its contexts, rounded half up and at least one, drawn
+    at random (one generator seeded with `seed`, sources in the order given), each source's kept in
+    file order (EmoLLM C.2: 10% of each dataset's contexts)."""
+    sources: dict[str, list[tuple[Dialogue, int]]] = {}
+    for d in dialogues:
+        sources.setdefault(d.source, []).extend((d, t) for t in contexts(d))
+    if share is None:
+        return [c for pool in sources.values() for c in pool]
+    rng, picked = random.Random(seed), []
+    for pool in sources.values():
+        k = min(len(pool), max(1, math.floor(share * len(pool) + 0.5)))
+        picked += [pool[i] for i in sorted(rng.sample(range(len(pool)), k))]
+    return picked
+
+
 def arg_rows(
     dialogues: list[Dialogue],
     settings: EmoLLMData,
     cache: Path,
     fits: Callable[[list | None, str], bool],
 ) -> tuple[list[dict], dict[str, int]]:
-    """(ARG SFT rows, counts): sample the contexts, ask the teacher, keep the answers `parse_arg`
-    accepts."""
-    pool = [(d, t) for d in dialogues for t in contexts(d)]
-    if settings.contexts is not None:  # a random subset, kept in file order
-        pool = [
-            pool[i]
-            for i in sorted(
-                random.Random(settings.seed).sample(
-                    range(len(pool)), min(settings.contexts, len(pool))
-                )
-            )
-        ]
+    """(ARG SFT rows, counts): sample the contexts (`sample_contexts`), ask the teacher, keep the
+    answers `parse_arg` accepts."""
+    pool = sample_contexts(dialogues, settings.share, settings.seed)
     calls = [arg_request(d, t, settings) for d, t in pool]
     keys = [
         request_key("arg", f"{d.id}/t{t}", settings.teacher, call)

@@ -23,6 +23,8 @@ from convert import (
     convert_emobench,
     convert_empathetic_dialogues,
     convert_hitom,
+    convert_iclr,
+    convert_meddialog,
     convert_mmlu,
     convert_motivebench,
     convert_msdialog,
@@ -726,6 +728,108 @@ def test_empathetic_dialogues_and_msdialog_become_esconv_layout_dialogues_and_se
     assert merged.turns[2][1] == "Outlook 2016. On Windows 10."  # one user turn of two utterances
 
 
+def test_meddialog_and_iclr_review_threads_become_esconv_layout_dialogues(tmp_path):
+    assert convert_meddialog(FIXTURES / "emollm" / "meddialog.json") == [
+        {
+            "id": "meddialog-0",
+            "situation": "Q. Is a cough that lasts three weeks after a cold a concern?",
+            "dialog": [
+                {
+                    "speaker": "seeker",
+                    "content": "Hi doctor, I had a cold three weeks ago and the cough has not gone "
+                    "away. It is dry and worse at night. Should I be worried?",
+                },
+                {
+                    "speaker": "supporter",
+                    "content": "Hello. A cough can last up to eight weeks after a viral infection. "
+                    "If you get fever, breathlessness or blood in the sputum, see a physician in "
+                    "person.",
+                },
+            ],
+        },
+        {
+            "id": "meddialog-1",
+            "situation": "Q. What can I do about frequent headaches at work?",
+            "dialog": [  # "Patient:" / "Doctor:" in capitals too
+                {
+                    "speaker": "seeker",
+                    "content": "I get headaches almost every afternoon at the office.",
+                },
+                {
+                    "speaker": "supporter",
+                    "content": "Do you take enough water and breaks from the screen?",
+                },
+            ],
+        },
+    ]
+    # rev2 has no author reply, meta1 is no review: one thread, its replies by cdate
+    expected = [
+        {
+            "id": "iclr-rev1",
+            "situation": "Sparse Adapters for Long Contexts",
+            "dialog": [
+                {
+                    "speaker": "supporter",
+                    "content": "Summary: The paper proposes sparse adapters.\n"
+                    "Strengths: Clear writing.\nWeaknesses: No comparison with LoRA.\n"
+                    "Questions: How does it scale past 32k tokens?",
+                },
+                {
+                    "speaker": "seeker",
+                    "content": "We added a LoRA comparison in Table 3 and results at 64k tokens.",
+                },
+                {
+                    "speaker": "supporter",
+                    "content": "Thanks, the LoRA comparison addresses my concern.",
+                },
+            ],
+        }
+    ]
+    assert convert_iclr(FIXTURES / "emollm" / "iclr_openreview.json") == expected
+    # API 1 notes (plain content values) dumped as a JSON array, without cdate: file order
+    api1 = [
+        {"id": "p", "forum": "p", "replyto": None, "signatures": ["~A"], "content": {"title": "T"}},
+        {
+            "id": "r",
+            "forum": "p",
+            "replyto": "p",
+            "signatures": ["ICLR.cc/2019/Conference/Paper3/AnonReviewer2"],
+            "content": {"title": "Review", "review": "Unclear motivation.", "rating": "4: reject"},
+        },
+        {
+            "id": "a",
+            "forum": "p",
+            "replyto": "r",
+            "signatures": ["ICLR.cc/2019/Conference/Paper3/Authors"],
+            "content": {"comment": "We clarified it in section 1."},
+        },
+    ]
+    (tmp_path / "notes.json").write_text(json.dumps(api1))
+    assert convert_iclr(tmp_path / "notes.json") == [
+        {
+            "id": "iclr-r",
+            "situation": "T",
+            "dialog": [
+                {"speaker": "supporter", "content": "Unclear motivation."},
+                {"speaker": "seeker", "content": "We clarified it in section 1."},
+            ],
+        }
+    ]
+    for fmt, source, ids, roles in (
+        ("meddialog", "meddialog.json", ["meddialog-0", "meddialog-1"], ["user", "assistant"]),
+        ("iclr", "iclr_openreview.json", ["iclr-rev1"], ["assistant", "user", "assistant"]),
+    ):
+        out = tmp_path / f"{fmt}.jsonl"
+        result = run_cli("convert.py", fmt, FIXTURES / "emollm" / source, out)
+        assert (result.returncode, result.stdout) == (
+            0,
+            f"wrote {len(ids)} dialogues to {out}\n",
+        ), result.stderr
+        loaded = emollm_data.load_dialogues([str(out)])  # what EmoLLM's Stage I reads
+        assert [d.id for d in loaded] == ids
+        assert [role for role, _, _ in loaded[0].turns] == roles
+
+
 @pytest.mark.parametrize(
     "fmt, text, error",
     [
@@ -754,6 +858,17 @@ def test_empathetic_dialogues_and_msdialog_become_esconv_layout_dialogues_and_se
             "msdialog",
             '{"1": {"title": "t", "utterances": [{"actor_type": "User", "utterance": "x"}]}}',
             ": dialogue 1: field 'category': missing",
+        ),
+        (
+            "meddialog",
+            '[{"description": "d", "utterances": ["nurse: hello"]}]',
+            ": consultation 0: field 'utterances[0]': 'nurse: hello'",
+        ),
+        (
+            "iclr",
+            '{"notes": [{"id": "r", "forum": "p", "replyto": "p", "signatures": '
+            '["C/Paper1/Reviewer_x"], "content": {"review": "ok"}}]}',
+            ": note 0: its submission p is not in the file",
         ),
     ],
 )

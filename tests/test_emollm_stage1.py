@@ -301,8 +301,38 @@ def test_arg_rows_from_a_scripted_teacher_gate_both_forms_and_resume(base, tmp_p
         E.main([str(prep(path))])  # a rerun asks only for what is missing: nothing
         assert teacher.calls == 5 and read_jsonl(tmp_path / "arg.jsonl") == rows
         assert "contexts 5, reused 5," in capsys.readouterr().out
-        E.main([str(prep(path)), "contexts=2", "seed=3", "max_length=40"])
+        E.main([str(prep(path)), "share=0.4", "seed=3", "max_length=40"])
         assert teacher.calls == 5 and "contexts 2, reused 2," in capsys.readouterr().out
+
+
+def test_the_arg_contexts_are_a_share_of_each_source_by_hand(tmp_path):
+    """EmoLLM C.2: 10% of each dataset's contexts. Sources of 25, 6 and 16 contexts give 2.5 -> 3,
+    0.6 -> 1 (at least one) and 1.6 -> 2, whatever the pooled total (47 -> 4.7 would be 5)."""
+
+    def source(name: str, dialogues: int, user_turns: int) -> str:
+        turn = [{"speaker": "seeker", "content": "hi"}, {"speaker": "supporter", "content": "yes"}]
+        path = tmp_path / f"{name}.jsonl"
+        path.write_text(
+            "".join(
+                json.dumps({"id": f"{name}{i}", "dialog": turn * user_turns}) + "\n"
+                for i in range(dialogues)
+            )
+        )
+        return str(path)
+
+    paths = [source("a", 25, 1), source("b", 3, 2), source("c", 8, 2)]
+    dialogues = E.load_dialogues(paths)
+    assert len(E.sample_contexts(dialogues, None, 0)) == 25 + 6 + 16
+    for seed in (0, 1):
+        picked = E.sample_contexts(dialogues, 0.1, seed)
+        names = [d.id[0] for d, _ in picked]
+        assert (names.count("a"), names.count("b"), names.count("c")) == (3, 1, 2)
+        order = [(int(d.id[1:]), t) for d, t in picked]
+        assert len({(d.id, t) for d, t in picked}) == 6 and all(
+            order[i] < order[i + 1] for i in range(5) if names[i] == names[i + 1]
+        )  # distinct, each source's in file order
+    draws = {tuple((d.id, t) for d, t in E.sample_contexts(dialogues, 0.1, s)) for s in range(5)}
+    assert len(draws) > 1  # a random draw, not the first contexts
 
 
 # ----------------------------------------------------------------------------- bad input
@@ -404,6 +434,16 @@ def test_the_stage1_configs_hold_d1s_values():
             cfg.enable_thinking,
         )
     assert arg.model == cpt.output_dir + "/merged"
+    # C.2: ESConv is the CPT corpus only; the ARG SFT samples 10% of each of the four other sources
+    arg_rows = E.parse_cli(E.EmoLLMData, [str(REPO / "configs/emollm_stage1_sft_prepare.yaml")])
+    assert arg_rows.share == 0.1 and [Path(p).stem for p in arg_rows.dialogues] == [
+        "empathetic_dialogues",
+        "msdialog",
+        "meddialog",
+        "iclr",
+    ]
+    cpt_rows = E.parse_cli(E.EmoLLMData, [str(REPO / "configs/emollm_stage1_cpt_prepare.yaml")])
+    assert [Path(p).name for p in cpt_rows.dialogues] == ["ESConv.json"]
     rl = load_config(REPO / "configs/emollm_qwen3_8b.yaml", [], grpo.GRPOConfig)
     assert rl.model.path == arg.output_dir + "/merged"
 
