@@ -81,7 +81,7 @@ lookahead: <short assessment> | 1-5
 overthinking: <short assessment> | 0-2
 Do not use the character | inside an assessment."""
 
-TURN_QUALITY_KEYS = ("sr_proxy", "ea", "fa")
+TURN_QUALITY_KEYS = ("sr_proxy", "ea", "fact_sensitive", "fa")
 
 TURN_QUALITY_SYSTEM = f"""You rate one assistant turn of an emotionally grounded, multi-turn \
 conversation. Be conservative.
@@ -89,17 +89,23 @@ conversation. Be conservative.
 You receive <scenario> (who the user is and what they face), <context> (the recent turns), <reply> \
 (the assistant turn to rate) and <follow_up> (what the user said next). {DATA_NOTICE}
 
-Rate three things:
+Rate four things:
 - sr_proxy: 1 only if, with this turn, the conversation has already reached a satisfactory \
 emotional resolution for this scenario (the user's follow-up shows it); otherwise 0.
 - ea: empathic appropriateness from 1 to 5: warmth, validation, absence of judgment, and how well \
 the support fits what the user needs at this point.
+- fact_sensitive: 1 if the turn is one where facts matter: the user asks for, or the reply gives, \
+information, advice or claims that can be right or wrong (technical help, health, academic work, \
+practical or factual matters); 0 if the turn is only emotional support, acknowledgement or small \
+talk.
 - fa: 1 if the reply is factually reliable and consistent with what the conversation establishes \
-(no invented facts, no contradictions, no unsupported claims); otherwise 0.
+(no invented facts, no contradictions, no incorrect or misleading claims or suggestions); \
+otherwise 0.
 
-Output exactly three lines, in this order, and nothing else:
+Output exactly four lines, in this order, and nothing else:
 sr_proxy: <short assessment> | 0 or 1
 ea: <short assessment> | 1 to 5
+fact_sensitive: <short assessment> | 0 or 1
 fa: <short assessment> | 0 or 1
 Do not use the character | inside an assessment."""
 
@@ -249,11 +255,14 @@ def turn_quality_request(
 
 
 def parse_turn_quality(text: str) -> dict[str, float] | None:
-    """EmoLLM's evaluation signals for one turn, or None unless the answer is the three lines in
+    """EmoLLM's evaluation signals for one turn, or None unless the answer is the four lines in
     order: sr_proxy (0/1: this turn already reaches a satisfactory emotional resolution; the first
-    such turn is the success turn behind SR and AT), ea (1-5: empathic appropriateness) and fa (0/1:
-    factually reliable)."""
-    verdicts = verdict_lines(text, [("sr_proxy", "[01]"), ("ea", "[1-5]"), ("fa", "[01]")])
+    such turn is the success turn behind SR and AT), ea (1-5: empathic appropriateness),
+    fact_sensitive (0/1: a turn where facts matter, the only turns FA counts, Appendix F) and fa
+    (0/1: factually reliable)."""
+    verdicts = verdict_lines(
+        text, [("sr_proxy", "[01]"), ("ea", "[1-5]"), ("fact_sensitive", "[01]"), ("fa", "[01]")]
+    )
     return (
         None if verdicts is None else {key: float(v) for key, v in zip(TURN_QUALITY_KEYS, verdicts)}
     )

@@ -111,8 +111,10 @@ def dialogue_metrics(episodes: list[dict]) -> dict:
     - AT, average turns: the success turn's number (from 1), over the successful episodes;
     - ES, emotional state: the user's final state e_T (1-5);
     - EG/Turn, emotional gain per turn: (e_T - e_0) / T, T the episode's assistant turns;
-    - EA, empathic appropriateness: the judge's 1-5 over all turns; FA, factual accuracy (%): turns
-      rated reliable;
+    - EA, empathic appropriateness: the judge's 1-5 over all turns;
+    - FA, factual accuracy (%): the share of the fact-sensitive turns (those the judge rates
+      fact_sensitive = 1, Appendix F) rated reliable; None when no turn is fact-sensitive
+      (`fa_turns`: how many there are);
     - CARE: the rubric score (rewards.care_score, 0-1) over all turns.
     A judgement that is missing leaves its episode or turn out of that metric (SR and AT: an episode
     whose success turn cannot be told), and is counted in `unjudged`. Every metric is None when
@@ -135,7 +137,8 @@ def dialogue_metrics(episodes: list[dict]) -> dict:
     gains = [
         (e["e_T"] - e["e_0"]) / e["n_turns"] for e in ends if e["e_0"] is not None and e["n_turns"]
     ]
-    fa = mean([t["fa"] for t in turns if t["fa"] is not None])
+    fa_turns = [t["fa"] for t in turns if t["fact_sensitive"] == 1 and t["fa"] is not None]
+    fa = mean(fa_turns)
     return {
         "success_rate": 100 * len(success_turns) / judged if judged else None,
         "avg_turns": mean(success_turns),
@@ -143,6 +146,7 @@ def dialogue_metrics(episodes: list[dict]) -> dict:
         "eg_per_turn": mean(gains),
         "ea": mean([t["ea"] for t in turns if t["ea"] is not None]),
         "fa": None if fa is None else 100 * fa,
+        "fa_turns": len(fa_turns),
         "care": mean([t["care"] for t in turns if t["care"] is not None]),
         "episodes": len(episodes),
         "unjudged": {
@@ -157,9 +161,9 @@ def dialogue_metrics(episodes: list[dict]) -> dict:
 
 def judge_episodes(episodes: list[Episode], cfg: DialogueEvalConfig) -> list[dict]:
     """Every judgement the metrics need, each batch at once: e_0 and e_T per episode and each turn's
-    quality (sr_proxy, ea, fa; a turn without a follow-up has none), with `care` each state's rubric
-    (the rubric judge), then each reply's scores. One record per episode: the dialogue and its
-    judgements."""
+    quality (sr_proxy, ea, fact_sensitive, fa; a turn without a follow-up has none), with `care`
+    each state's rubric (the rubric judge), then each reply's scores. One record per episode: the
+    dialogue and its judgements."""
     records, asks, rubrics = [], [], []
     for e in episodes:
         scenario = e.start.scenario

@@ -242,12 +242,14 @@ def _rules_prediction(sections: list[tuple[str, str]], _: str) -> str:
 def _rules_turn_quality(sections: list[tuple[str, str]], _: str) -> str:
     parts = dict(sections)
     reply, comfort = parts["reply"], _count(parts["reply"], COMFORT)
+    action = _count(reply, ACTION)
     return "\n".join(
         [
             f"sr_proxy: follow-up "
             f"{'closes' if user_ends_dialogue(parts['follow_up']) else 'goes on'} | "
             f"{int(user_ends_dialogue(parts['follow_up']))}",
             f"ea: {comfort} comfort words | {1 + min(4, comfort)}",
+            f"fact_sensitive: {action} action words | {int(action > 0)}",
             f"fa: reply {'given' if reply.strip() else 'empty'} | {int(bool(reply.strip()))}",
         ]
     )
@@ -327,7 +329,8 @@ def rules_backend(messages: list[dict[str, str]], params: dict[str, Any]) -> str
     - the reverse-perspective predictor: an eased forecast (Emotion: calmer) after a reply with a
       COMFORT word or from an eased previous step, a strained one (Emotion: worried) otherwise;
     - turn quality: sr_proxy 1 when the follow-up ends the dialogue, ea 1 + COMFORT words (at most
-      5), fa 1 for a non-empty reply;
+      5), fact_sensitive 1 when the reply has an ACTION word (advice that can be right or wrong),
+      fa 1 for a non-empty reply;
     - CARE: a fixed rubric (affective first after a DISTRESS word, else cognitive and proactive),
       and each criterion scored by the reply's cue words for its dimension (content words shared
       with the user's message, COMFORT, ACTION; at most 5).

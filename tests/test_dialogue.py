@@ -39,7 +39,7 @@ from config import load_config
 from data import DataError
 from dialogue import DialogueSettings, PolicyTurn, Scenario, State
 from judge import CARE_RUBRIC_SYSTEM, JudgeConfig
-from judge_server import SCRIPTED_USER, Faults, JudgeServer, rules_backend
+from judge_server import ACTION, SCRIPTED_USER, Faults, JudgeServer, rules_backend
 from rollout import Slot
 
 REPO = Path(__file__).resolve().parents[1]
@@ -188,13 +188,21 @@ def test_parsers_take_exactly_their_format():
     for answer in ["Calm | 0", "Calm | 6", "4", "Calm |", "Calm | 3.5", "Calm | 4\nCalm | 4"]:
         assert dialogue_judges.parse_emotional_state(answer) is None, answer
     quality = (
-        "sr_proxy: User still anxious | 0\nea: Warm and validating | 4\nfa: No invented facts | 1"
+        "sr_proxy: User still anxious | 0\nea: Warm and validating | 4\n"
+        "fact_sensitive: Gives dosage advice | 1\nfa: No invented facts | 1"
     )
-    assert dialogue_judges.parse_turn_quality(quality) == {"sr_proxy": 0.0, "ea": 4.0, "fa": 1.0}
+    assert dialogue_judges.parse_turn_quality(quality) == {
+        "sr_proxy": 0.0,
+        "ea": 4.0,
+        "fact_sensitive": 1.0,
+        "fa": 1.0,
+    }
     for answer in [
         quality.replace("| 4", "| 0"),
         quality.replace("| 0", "| 2"),
-        "\n".join(quality.splitlines()[:2]),
+        quality.replace("Gives dosage advice | 1", "Gives dosage advice | 2"),
+        "\n".join(quality.splitlines()[:3]),
+        "\n".join(quality.splitlines()[i] for i in (0, 1, 3, 2)),
     ]:
         assert dialogue_judges.parse_turn_quality(answer) is None, answer
     assert (
@@ -737,8 +745,8 @@ def test_a_judge_failing_mid_episode_makes_the_reward_none_not_a_crash(monkeypat
 
 
 def test_dialogue_metrics_by_hand():
-    def turn(sr, ea, fa, care):
-        return {"sr_proxy": sr, "ea": ea, "fa": fa, "care": care}
+    def turn(sr, ea, fa, care, fact_sensitive=1):
+        return {"sr_proxy": sr, "ea": ea, "fact_sensitive": fact_sensitive, "fa": fa, "care": care}
 
     episodes = [
         {
@@ -752,7 +760,8 @@ def test_dialogue_metrics_by_hand():
             "n_turns": 2,
             "e_0": None,
             "e_T": 3,
-            "turns": [turn(None, 1, 1, None), turn(1, 3, 1, 0.9)],
+            # two turns that are not fact-sensitive: FA leaves out their fa, 0 and 1
+            "turns": [turn(None, 1, 0, None, 0), turn(1, 3, 1, 0.9, 0)],
         },
     ]
     m = evaluate_dialogue.dialogue_metrics(episodes)
@@ -760,12 +769,18 @@ def test_dialogue_metrics_by_hand():
     assert m["success_rate"] == pytest.approx(100 * 1 / 2)
     assert m["avg_turns"] == 2 and m["emotional_state"] == pytest.approx((5 + 2 + 3) / 3)
     assert m["eg_per_turn"] == pytest.approx(((5 - 2) / 3 + (2 - 1) / 2) / 2)
+    # FA over the fact-sensitive turns with a verdict: 1, 1, 0, 0 -> 2 of 4 (every judged turn: 3
+    # of 6)
     assert m["ea"] == pytest.approx((3 + 4 + 5 + 2 + 1 + 3) / 6) and m["fa"] == pytest.approx(
-        100 * 4 / 6
+        100 * 2 / 4
     )
+    assert m["fa_turns"] == 4
     assert m["care"] == pytest.approx((0.5 + 0.7 + 0.1 + 0.3 + 0.9) / 5)
     assert m["unjudged"] == {"success": 1, "e_0": 1, "e_T": 0, "turns": 1, "care": 2}
     assert evaluate_dialogue.dialogue_metrics([])["success_rate"] is None
+    # no fact-sensitive turn: FA is None, not 0 or 100
+    none = evaluate_dialogue.dialogue_metrics([{**episodes[2], "e_0": 2}])
+    assert (none["fa"], none["fa_turns"], none["ea"]) == (None, 0, 2)
 
 
 def test_evaluation_runs_judges_resumes_and_writes_its_table(base, tmp_path, capsys):
@@ -802,6 +817,10 @@ def test_evaluation_runs_judges_resumes_and_writes_its_table(base, tmp_path, cap
         for t in e["turns"]:
             assert t["sr_proxy"] == (t["follow_up"] == SCRIPTED_USER["ends"]) and t["fa"] == (
                 t["reply"] != ""
+            )
+            # the rules stand-in: fact-sensitive when the reply gives advice (an ACTION word)
+            assert t["fact_sensitive"] == any(
+                w in ACTION for w in re.findall(r"[a-z]+", t["reply"].lower())
             )
             assert 0 <= t["care"] <= 1
     runs = [
