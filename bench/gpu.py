@@ -21,7 +21,8 @@ measured for
 
     bash bench/gpu.sh OUT_DIR          # on the GPU node: writes OUT_DIR/gpu_results.md
     python bench/gpu.py --paper        # on paper (no GPU needed): the roofline for H100 and H200,
-                                       # and the per-GPU memory of full-parameter GRPO, 8 x H100
+                                       # the per-GPU memory of full-parameter GRPO, and the
+                                       # largest Qwen3 that fits on 1, 2 and 4 nodes (docs/fsdp.md)
     bash bench/gpu.sh OUT_DIR --tiny   # tiny shapes on the CPU: checks the script (test_bench.py)
     bash bench/gpu.sh OUT_DIR --vllm-python /venvs/vllm/bin/python
                                        # adds the rollout comparison (not run here: no GPU;
@@ -202,75 +203,188 @@ def paper_table(batch: int, context: float) -> str:
     )
 
 
-def memory_plan(ranks: int, rows: int, prompt: int, new: int, micro_batch: int) -> str:
+def recomputed_layer_bytes(cfg: M.QwenConfig) -> int:
+    """Bytes per token that autograd saves in one forward of a Qwen3 decoder layer (model.Block)
+    in a 16-bit dtype with every weight trainable: what a checkpointed layer holds while its
+    backward runs (tests/test_bench.py measures it with saved_tensors_hooks). Each RMSNorm keeps
+    its float32 input, its float32 1/rms and its 16-bit normalized input (for the weight's
+    gradient); each projection its input (q, k and v share one, gate and up another); q_norm and
+    k_norm the same per head; attention q, k, v, its output and its float32 log-sum-exp per head;
+    the SwiGLU gate, its SiLU, up and their product. RoPE keeps nothing (its tables need no
+    gradient); the layer's input is the checkpoint's, counted once per layer elsewhere. Gated
+    DeltaNet layers are not counted here."""
+    if "linear_attention" in cfg.layer_types:
+        raise ValueError("recomputed_layer_bytes: Gated DeltaNet layers are not counted")
+    d, ffn, D = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+    H, Hkv = cfg.num_heads, cfg.num_kv_heads
+    norms = 2 * (4 * d + 4 + 2 * d)  # input_layernorm, post_attention_layernorm
+    projection_inputs = 2 * 2 * d  # the two norms' outputs
+    qk_norms = (4 + 2) * (H + Hkv) * D + 4 * (H + Hkv)
+    attention = 2 * (H + 2 * Hkv) * D + 2 * H * D + 4 * H  # q, k, v; output; log-sum-exp
+    mlp = 4 * 2 * ffn
+    return norms + projection_inputs + qk_norms + attention + mlp
+
+
+# The memory a GPU loses before any tensor: the CUDA context with PyTorch's kernels and cuBLAS
+# workspaces, and NCCL's buffers (NCCL_BUFFSIZE, 4 MiB by default per channel and peer in NCCL's
+# environment-variable documentation, times up to 32 channels over NVLink, more with NVLink SHARP).
+# An assumed planning margin, not measured here (no GPU): replace it with a node's
+# torch.cuda.mem_get_info() total - free - memory_reserved() after the first collective.
+CUDA_NCCL_OVERHEAD = 3e9
+# The memory CUDA reports (torch.cuda.get_device_properties().total_memory): H100 SXM 80 GB, H200.
+HBM = {"H100 80GB": 79.6 * 2**30, "H200 141GB": 139.8 * 2**30}
+USABLE = 0.95  # the share of a GPU a plan may fill: the caching allocator fragments the rest
+QWEN3 = {  # the released Qwen3 dense sizes, their config.json shapes
+    name: dict(SHAPES["qwen3-8b"], **shape)
+    for name, shape in {
+        "qwen3-0.6b": dict(
+            hidden_size=1024,
+            intermediate_size=3072,
+            num_hidden_layers=28,
+            num_attention_heads=16,
+            tie_word_embeddings=True,
+        ),
+        "qwen3-1.7b": dict(
+            hidden_size=2048,
+            intermediate_size=6144,
+            num_hidden_layers=28,
+            num_attention_heads=16,
+            tie_word_embeddings=True,
+        ),
+        "qwen3-4b": dict(
+            hidden_size=2560,
+            intermediate_size=9728,
+            num_hidden_layers=36,
+            tie_word_embeddings=True,
+        ),
+        "qwen3-8b": {},
+        "qwen3-14b": dict(
+            hidden_size=5120,
+            intermediate_size=17408,
+            num_hidden_layers=40,
+            num_attention_heads=40,
+        ),
+        "qwen3-32b": dict(
+            hidden_size=5120,
+            intermediate_size=25600,
+            num_hidden_layers=64,
+            num_attention_heads=64,
+        ),
+    }.items()
+}
+
+
+def memory_parts(raw: dict, ranks: int, rows: int, prompt: int, new: int, micro_batch: int):
     """Per-GPU memory of full-parameter GRPO (`finetune: full`, fsdp.py) on `ranks` GPUs, one group
-    of `rows` samples per GPU: float32 master weights, gradients and AdamW moments sharded over the
-    ranks; the frozen embedding and lm_head whole in bf16 (shared with the reference); the reference
-    sharded in bf16; the bf16 rollout copy of everything but embedding and lm_head (fsdp.gathered);
-    the KV cache (the prompt once, each row's `new` slots; Qwen3.5: plus each row's float32 DeltaNet
-    state); activations of a micro-batch of `micro_batch` sequences under gradient checkpointing
-    (each layer's input kept, one layer's internals recomputed, one lm_head chunk of 1,024 positions
-    in float32) and FSDP's buffers (two layers all-gathered in bf16, one layer's float32 gradients
-    before the reduce-scatter). Rollout and training never overlap; the peak is the larger."""
-    gb, tables = 1e9, []
-    for shape, raw in SHAPES.items():
-        model = random_model(raw, torch.bfloat16, torch.device("meta"))
-        cfg = model.config
-        frozen = sum(
-            {
-                id(p): p.numel() for p in (model.model.embed_tokens.weight, model.head_weight())
-            }.values()
-        )
-        trained = sum(p.numel() for p in model.parameters()) - frozen
-        layer = max(sum(p.numel() for p in block.parameters()) for block in model.model.layers)
-        n_full = cfg.layer_types.count("full_attention")
-        kv = 2 * n_full * cfg.num_kv_heads * cfg.head_dim * 2 * (prompt + rows * new)
-        kv += (
-            rows
-            * (len(cfg.layer_types) - n_full)
-            * cfg.linear_v_heads
-            * cfg.linear_k_dim
-            * cfg.linear_v_dim
-            * 4
-        )
-        tokens, d, ffn = micro_batch * (prompt + new), cfg.hidden_size, cfg.intermediate_size
-        activations = tokens * d * 2 * len(cfg.layer_types) + tokens * (6 * d + 3 * ffn) * 2
-        activations += 1024 * cfg.vocab_size * 8
-        parts = [
-            (
-                "parameters: float32 shards + bf16 embedding and lm_head",
-                4 * trained / ranks + 2 * frozen,
-            ),
-            ("gradients: float32 shards", 4 * trained / ranks),
-            ("AdamW moments: float32 shards", 8 * trained / ranks),
-            ("reference: bf16 shards", 2 * trained / ranks),
-            ("FSDP buffers (training): 2 bf16 layers + 1 float32 layer", 8 * layer),
-        ]
-        rollout = [
-            ("rollout copy: bf16, unsharded", 2 * trained),
-            (f"KV cache: {rows} rows, {prompt} + {new} tokens", kv),
-        ]
-        training = [
-            (f"activations: {micro_batch} x {prompt + new} tokens, checkpointed", activations)
-        ]
-        base = sum(b for _, b in parts[:4])
-        peak_rollout, peak_training = (
-            base + sum(b for _, b in rollout),
-            base + parts[4][1] + training[0][1],
-        )
-        rows_out = [[name, f"{b / gb:.1f}"] for name, b in parts + rollout + training]
-        rows_out += [
-            ["**peak in a rollout**", f"**{peak_rollout / gb:.1f}**"],
-            ["**peak in training**", f"**{peak_training / gb:.1f}**"],
-        ]
-        tables.append(
-            (
-                f"{shape}: {trained / 1e9:.2f}B trained + {frozen / 1e9:.2f}B frozen parameters, "
-                f"{ranks} GPUs\n\n"
-            )
-            + markdown_table(["per GPU", "GB"], rows_out)
-        )
-    return "\n\n".join(tables)
+    of `rows` samples per GPU, as (always held, rollout, training, vLLM) lists of (what, bytes):
+    float32 master weights, gradients and AdamW moments sharded over the ranks; the frozen embedding
+    and lm_head whole in bf16 (shared with the reference); the reference sharded in bf16; CUDA and
+    NCCL's own memory. A local rollout holds the bf16 copy of everything but embedding and lm_head
+    (fsdp.gathered) and the KV cache (the prompt once, each row's `new` slots). Training holds
+    FSDP's buffers (two layers all-gathered in bf16, one layer's float32 gradients before the
+    reduce-scatter) and the activations of a micro-batch of `micro_batch` sequences under gradient
+    checkpointing: each layer's bf16 input, one recomputed layer (`recomputed_layer_bytes`), the
+    final norm's saved tensors, what HeadLogprobs keeps of each completion token (its hidden state
+    and the two gradients of the first pass, log-prob and entropy) and one lm_head chunk of 1,024
+    positions (float32 logits and softmax, their bf16 gradient). The head's part and the recomputed
+    layer never coexist (the head's backward runs first): summing them is an upper bound. A vLLM
+    server on the same GPU (tensor parallel 1, no sleep mode) holds its own bf16 copy of every
+    weight, the same KV cache and its own CUDA context for the whole run. Rollout and training never
+    overlap."""
+    model = random_model(raw, torch.bfloat16, torch.device("meta"))
+    cfg = model.config
+    frozen = sum(
+        {id(p): p.numel() for p in (model.model.embed_tokens.weight, model.head_weight())}.values()
+    )
+    total = sum(p.numel() for p in model.parameters())
+    trained = total - frozen
+    layer = max(sum(p.numel() for p in block.parameters()) for block in model.model.layers)
+    kv = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 2 * (prompt + rows * new)
+    tokens, d = micro_batch * (prompt + new), cfg.hidden_size
+    activations = tokens * (2 * d * cfg.num_layers + recomputed_layer_bytes(cfg) + 6 * d + 4)
+    activations += micro_batch * new * 3 * 2 * d + 1024 * cfg.vocab_size * (4 + 4 + 2)
+    held = [
+        (
+            "parameters: float32 shards + bf16 embedding and lm_head",
+            4 * trained / ranks + 2 * frozen,
+        ),
+        ("gradients: float32 shards", 4 * trained / ranks),
+        ("AdamW moments: float32 shards", 8 * trained / ranks),
+        ("reference: bf16 shards", 2 * trained / ranks),
+        ("CUDA context and NCCL buffers (assumed)", CUDA_NCCL_OVERHEAD),
+    ]
+    rollout = [
+        ("rollout copy: bf16, unsharded", 2 * trained),
+        (f"KV cache: {rows} rows, {prompt} + {new} tokens", kv),
+    ]
+    training = [
+        ("FSDP buffers (training): 2 bf16 layers + 1 float32 layer", 8 * layer),
+        (f"activations: {micro_batch} x {prompt + new} tokens, checkpointed", activations),
+    ]
+    vllm = [
+        ("vLLM: bf16 weights, unsharded", 2 * total),
+        ("vLLM: KV cache", kv),
+        ("vLLM: its CUDA context (assumed)", CUDA_NCCL_OVERHEAD),
+    ]
+    return held, rollout, training, vllm, (trained, frozen)
+
+
+def peaks(raw: dict, ranks: int, **sizes) -> tuple[float, float]:
+    """(per-GPU peak with local rollouts, with a vLLM server beside the trainer) in bytes."""
+    held, rollout, training, vllm, _ = memory_parts(raw, ranks, **sizes)
+    base, train = sum(b for _, b in held), sum(b for _, b in training)
+    return base + max(sum(b for _, b in rollout), train), base + train + sum(b for _, b in vllm)
+
+
+def memory_plan(shape: str, ranks: int, **sizes) -> str:
+    held, rollout, training, vllm, (trained, frozen) = memory_parts(QWEN3[shape], ranks, **sizes)
+    local, beside = peaks(QWEN3[shape], ranks, **sizes)
+    gb = 1e9
+    rows = [[name, f"{b / gb:.1f}"] for name, b in held + rollout + training + vllm]
+    rows += [
+        ["**peak in a rollout**", f"**{sum(b for _, b in held + rollout) / gb:.1f}**"],
+        ["**peak in training**", f"**{sum(b for _, b in held + training) / gb:.1f}**"],
+        ["**peak with vLLM rollouts (training + vLLM)**", f"**{beside / gb:.1f}**"],
+    ]
+    assert abs(local - max(sum(b for _, b in held + part) for part in (rollout, training))) < 1
+    return (
+        f"{shape}: {trained / 1e9:.2f}B trained + {frozen / 1e9:.2f}B frozen parameters, "
+        f"{ranks} GPUs\n\n"
+    ) + markdown_table(["per GPU", "GB"], rows)
+
+
+def fit_table(**sizes) -> str:
+    """The largest Qwen3 whose per-GPU peak fits in USABLE of each GPU at 1, 2 and 4 nodes of 8,
+    with local and with vLLM rollouts (vLLM's gpu_memory_utilization: its share of the GPU)."""
+    out = []
+    for nodes in (1, 2, 4):
+        for gpu, capacity in HBM.items():
+            row = [nodes, 8 * nodes, gpu]
+            for vllm in (False, True):
+                fits = [
+                    (name, peak)
+                    for name, raw in QWEN3.items()
+                    if (peak := peaks(raw, 8 * nodes, **sizes)[vllm]) <= USABLE * capacity
+                ]
+                name, peak = fits[-1] if fits else ("none", 0.0)
+                row += [name, f"{peak / 1e9:.1f}"]
+                if vllm:
+                    share = sum(b for _, b in memory_parts(QWEN3[name], 8 * nodes, **sizes)[3])
+                    row.append(f"{share / capacity:.2f}" if fits else "-")
+            out.append(row)
+    return markdown_table(
+        [
+            "nodes",
+            "GPUs",
+            "GPU",
+            "largest, local rollouts",
+            "its peak GB",
+            "largest, vLLM rollouts",
+            "its peak GB",
+            "vLLM gpu_memory_utilization",
+        ],
+        out,
+    )
 
 
 def sync(device):
@@ -350,7 +464,7 @@ def capacity(model, args, device) -> list[list]:
     p_small, p_large = peak(small), peak(large)
     per_row = (p_large - p_small) / (large - small)
     budget = (
-        torch.cuda.get_device_properties(device).total_memory * 0.95
+        torch.cuda.get_device_properties(device).total_memory * USABLE
         if device.type == "cuda"
         # the CPU: a pretend device of 4x the batch, to run the path
         else p_large + 3 * large * per_row
@@ -637,12 +751,15 @@ def main():
     args = p.parse_args()
     if args.paper:
         print(paper_table(args.batch, args.prompt + args.new / 2))
+        sizes = dict(rows=8, prompt=1024, new=4096, micro_batch=4)
         print(
-            "\nFull-parameter GRPO (finetune: full) on 8 x H100 80 GB, the CLUE config's rollout "
-            "(8 prompts x K 8: one group per GPU, 4,096 new tokens after a 1,024-token prompt, "
-            "micro-batches of 4):\n"
+            "\nFull-parameter GRPO (finetune: full), the CLUE config's rollout (8 prompts x K 8: "
+            "one group per GPU, 4,096 new tokens after a 1,024-token prompt, micro-batches of 4), "
+            "per GPU on 8 GPUs:\n"
         )
-        print(memory_plan(ranks=8, rows=8, prompt=1024, new=4096, micro_batch=4))
+        print(memory_plan("qwen3-8b", 8, **sizes))
+        print("\nThe largest Qwen3 that fits, one group per GPU at every node count:\n")
+        print(fit_table(**sizes))
         return
     if args.out is None:
         p.error("--out is required (or --paper)")

@@ -25,6 +25,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 import gpu  # noqa: E402
 
+import model as M  # noqa: E402
+
 VENV = Path(os.environ.get("VLLM_VENV", REPO / ".venv-vllm"))
 VERDICT = re.compile(r"^target: (.+) ([0-9.]+)x \(goal >= ([0-9.]+)x\): (met|MISSED)$", re.M)
 
@@ -353,6 +355,48 @@ def test_decode_bytes_of_qwen3_8b_equal_a_hand_count():
     assert gpu.step_bytes(model, 64, 640) == (weights, weights + kv_bytes)
     # the H200 roofline RESULTS.md states
     assert abs(64 * 4.8e12 / (weights + kv_bytes) - 14_507) < 1
+
+
+def test_recomputed_layer_bytes_equal_a_hand_count_and_the_saved_tensors():
+    """The memory plan's bytes per token of one checkpointed layer: a hand count from the tiny
+    shapes, and what autograd actually saves in a bf16 forward of model.py's layer (every weight
+    trainable), each distinct storage once, the weights, the layer input and the RoPE tables
+    left out."""
+    raw = gpu.TINY["qwen3-8b"]
+    d, H, Hkv, D, ffn = 64, 4, 2, 16, 128
+    norm = 4 * d + 4 + 2 * d  # float32 input, float32 1/rms, bf16 normalized input
+    hand = (
+        2 * norm
+        + 2 * (2 * d)  # the norms' outputs, read by q/k/v and by gate/up
+        + (4 * H * D + 4 * H + 2 * H * D)  # q_norm
+        + (4 * Hkv * D + 4 * Hkv + 2 * Hkv * D)  # k_norm
+        + 2 * H * D
+        + 2 * 2 * Hkv * D  # attention's q, k, v
+        + 2 * H * D
+        + 4 * H  # attention's output (o_proj's input) and log-sum-exp
+        + 4 * 2 * ffn  # gate, silu(gate), up, their product
+    )
+    torch.manual_seed(0)
+    model = gpu.random_model(raw, torch.bfloat16, torch.device("cpu")).train()
+    assert gpu.recomputed_layer_bytes(model.config) == hand == 3056
+    B, T = 2, 8
+    x = torch.randn(B, T, d, dtype=torch.bfloat16, requires_grad=True)
+    cos, sin = M.rope_tables(T, model.config, x.dtype, x.device)
+    positions = torch.arange(T)[None].expand(B, T)
+    step = M.ForwardState(
+        cos[positions, None], sin[positions, None], None, positions, None, None, None
+    )
+    skip = {t.untyped_storage().data_ptr() for t in [x, step.cos, step.sin, *model.parameters()]}
+    saved = {}
+
+    def pack(t):
+        if t.untyped_storage().data_ptr() not in skip:
+            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model.model.layers[0](x, step)
+    assert sum(saved.values()) == B * T * hand
 
 
 @pytest.mark.slow
