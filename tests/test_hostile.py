@@ -479,8 +479,8 @@ DEAD = "http://127.0.0.1:9/v1"  # nothing listens there
         (
             "emollm_data",
             f"out: {{tmp}}/arg.jsonl\nobjective: target\nmodel: m\ndialogues: [{ESCONV}]\n",
-            ["contexts=-1"],
-            "override 'contexts=-1': 'contexts' must be >= 1, got -1",
+            ["share=0"],
+            "override 'share=0': 'share' must be > 0 and <= 1, got 0",
         ),
     ],
 )
