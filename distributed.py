@@ -55,6 +55,10 @@ class DistributedSettings:
     # how long a collective waits for the slowest rank before the run is aborted: long enough for
     # one update's rollouts, judge calls and resampling on the slowest rank, and for a checkpoint
     timeout_s: float = bounded(3600.0, gt=0)
+    # a full-parameter run's copies of the sharded weights (FSDP2's hybrid sharding, fsdp.py): the
+    # ranks form a replicas x (world size / replicas) mesh, each weight sharded within a row of
+    # consecutive ranks (one node) and replicated across rows; 1: sharded over every rank
+    replicas: int = bounded(1, ge=1)
 
 
 @dataclass
@@ -78,12 +82,18 @@ def setup_distributed(
     """Read RANK, WORLD_SIZE and LOCAL_RANK (set by torchrun; a plain run is rank 0 of 1), pick
     this rank's device (`cuda:LOCAL_RANK` when CUDA is available, else the CPU, or `device`) and,
     with several ranks, join the process group (nccl on GPUs, gloo on the CPU) with the settings'
-    timeout. With `output_dir`, every rank then checks that it is one folder shared by all ranks
+    timeout. `settings.replicas` must divide the world size (a ConfigError before any process group
+    forms). With `output_dir`, every rank then checks that it is one folder shared by all ranks
     (`check_shared_folder`)."""
     settings = settings or DistributedSettings()
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     local = int(os.environ.get("LOCAL_RANK", "0"))
     dev = torch.device(device or (f"cuda:{local}" if torch.cuda.is_available() else "cpu"))
+    if world % settings.replicas:
+        raise ConfigError(
+            f"distributed.replicas: {settings.replicas} does not divide the world size {world} "
+            f"(replicas x ranks per replica must equal the number of ranks)"
+        )
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
     if world > 1 and not dist.is_initialized():

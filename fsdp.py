@@ -4,7 +4,9 @@ to and comes back from a sharded checkpoint, and how the result leaves as one Hu
 checkpoint.
 
 The sharded model (`shard_model`, over the units `Qwen.shard_units` names), on a 1-D device mesh of
-every rank (any number of nodes):
+every rank (any number of nodes), or with `distributed.replicas` > 1 on a 2-D mesh (FSDP2's hybrid
+sharding: each weight sharded over a row of consecutive ranks, one node, and replicated across the
+rows; gradients reduce-scattered within a row, then summed across rows):
 - each decoder layer, and the final norm, is one `fully_shard` unit; the root (the whole Qwen) is
   one more, owning no parameter: it ties the units into one FSDP state (one lazy initialization, one
   end-of-backward callback);
@@ -68,13 +70,20 @@ def sharded_weight(name: str) -> bool:
     return name.startswith(SHARDED)
 
 
-def device_mesh(device: torch.device) -> DeviceMesh:
-    """The 1-D mesh of all ranks. A plain (non-torchrun) run joins a process group of its own first,
-    so one process trains through the same sharded code as many."""
+def device_mesh(device: torch.device, replicas: int = 1) -> DeviceMesh:
+    """The 1-D mesh of all ranks, or with `replicas` > 1 (dividing the world size) the 2-D mesh
+    ("replicate", "shard") of `replicas` rows of consecutive ranks: rank r in row r // (world /
+    replicas). A plain (non-torchrun) run joins a process group of its own first, so one process
+    trains through the same sharded code as many."""
     if not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
-    return init_device_mesh(device.type, (dist.get_world_size(),), mesh_dim_names=("shard",))
+    world = dist.get_world_size()
+    if replicas == 1:
+        return init_device_mesh(device.type, (world,), mesh_dim_names=("shard",))
+    return init_device_mesh(
+        device.type, (replicas, world // replicas), mesh_dim_names=("replicate", "shard")
+    )
 
 
 def is_sharded(model: torch.nn.Module) -> bool:
@@ -99,7 +108,7 @@ def frozen_whole(model: Qwen) -> set[torch.nn.Parameter]:
 
 
 def shard_model(
-    model: Qwen, device: torch.device, like: Qwen | None = None, checkpoint=None
+    model: Qwen, device: torch.device, like: Qwen | None = None, checkpoint=None, replicas: int = 1
 ) -> Qwen:
     """Shard `model` (loaded in its checkpoint dtype, token rows already added) as the module
     docstring says, in place; returns it. With `like` (GRPO's reference of the sharded policy
@@ -107,7 +116,7 @@ def shard_model(
     and lm_head those of `like` (one copy on a rank, not two). With `checkpoint` (the Hugging Face
     folder `model` came from, its sharded weights left on the meta device: `from_pretrained(...,
     on_meta=sharded_weight)`), every rank reads only its own shards of them (`load_shards`): no
-    rank ever holds a whole layer."""
+    rank ever holds a whole layer. `replicas` > 1: hybrid sharding on `device_mesh`'s 2-D mesh."""
     compute, trainable = model.dtype, like is None
     if like is not None:
         model.model.embed_tokens.weight = like.model.embed_tokens.weight
@@ -117,7 +126,7 @@ def shard_model(
     model.model.embed_tokens.weight.requires_grad_(False)
     model.head_weight().requires_grad_(False)
     model.source_dtypes = {n: p.dtype for n, p in model.named_parameters() if p not in whole}
-    mesh = device_mesh(device)
+    mesh = device_mesh(device, replicas)
     policy = MixedPrecisionPolicy(
         param_dtype=compute, reduce_dtype=torch.float32, cast_forward_inputs=False
     )

@@ -847,7 +847,13 @@ def build_policy(cfg: GRPOConfig, ranks: Ranks, like: Qwen | None = None):
     if cfg.lora is not None:
         add_lora(policy, cfg.lora.rank, cfg.lora.alpha, cfg.lora.dropout, cfg.lora.targets)
     else:
-        shard_model(policy, ranks.device, like, cfg.model.path if sharded else None)
+        shard_model(
+            policy,
+            ranks.device,
+            like,
+            cfg.model.path if sharded else None,
+            replicas=cfg.distributed.replicas,
+        )
     policy.gradient_checkpointing = cfg.model.gradient_checkpointing
     return policy, tok
 

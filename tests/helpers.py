@@ -496,11 +496,11 @@ def metrics(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
-def rank_run(rank, port, cfg):
-    """One of two gloo ranks of sft.train(cfg) (an mp.spawn target)."""
+def rank_run(rank, port, cfg, world_size=2):
+    """One of `world_size` gloo ranks of sft.train(cfg) (an mp.spawn target)."""
     import sft
 
-    gloo_rank(rank, port)
+    gloo_rank(rank, port, world_size)
     sft.train(cfg)
     torch.distributed.destroy_process_group()
 

@@ -1,5 +1,6 @@
 """Full-parameter training on FSDP2 (fsdp.py, `finetune: full`) with gloo ranks on the CPU: one SFT
-update on 2 ranks (and with another micro-batch split) gives the weights of 1 process; the exported
+update on 2 ranks (and with another micro-batch split), and two on a 2 x 2 mesh (hybrid sharding,
+resumed from its checkpoint too), give the weights of 1 process; the exported
 checkpoint gives the in-memory model's logits in transformers and in model.py (tied and untied
 heads); a full-mode run SIGKILLed during training or during a checkpoint write resumes to the
 uninterrupted result, and one resumed at another world size (2 -> 1 -> 2 ranks; LoRA too) to the
@@ -122,6 +123,90 @@ def test_full_sft_on_two_ranks_and_another_split_equals_one_process(checkpoint, 
         1.0,
         10.0,
     ]
+
+
+# ---------------------------------------------------------- the 2-D mesh: 2 replicas x 2 shards
+
+
+def hsdp_config(checkpoint, tmp_path, name, ranks, grad_accum, **extra):
+    """Six rows, four per update (batch_size 1 x `grad_accum` x `ranks`): the second update has
+    two, so on 4 ranks the second replica runs idle micro-batches there; a checkpoint after each
+    update, all kept."""
+    data = tmp_path / "rows6.jsonl"
+    if not data.is_file():
+        write_rows(data, [sad_row(i) for i in range(6)])
+    return config(
+        checkpoint,
+        tmp_path / name,
+        data=str(data),
+        grad_accum=grad_accum,
+        lr=1e-3,
+        save_every=1,
+        keep_checkpoints=None,
+        output_dir=str(tmp_path / name / "run"),
+        **extra,
+        **FULL,
+    )
+
+
+def _hsdp_worker(rank, port, cfg, out):
+    """sft.train on rank `rank` of 4, recording the mesh fsdp.shard_model builds."""
+    gloo_rank(rank, port, world_size=4)
+    build, meshes = FS.device_mesh, []
+    FS.device_mesh = lambda *args: meshes.append(build(*args)) or meshes[-1]
+    sft.train(cfg)
+    found = [[list(m.mesh_dim_names), m.mesh.tolist()] for m in meshes]
+    out.joinpath(f"mesh{rank}.json").write_text(json.dumps(found))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def test_full_sft_on_a_two_by_two_mesh_equals_one_process_and_resumes(checkpoint, tmp_path):
+    """distributed.replicas 2 on 4 gloo ranks: every weight replicated over 2 rows of 2 ranks and
+    sharded within a row; two AdamW steps give the weights and losses of 1 process (rtol 1e-5,
+    atol 1e-6, float32 on the CPU). Its ckpt-1 (DCP of the 2-D shards), resumed on the same mesh,
+    gives the uninterrupted run's ckpt-2 and best/ exactly."""
+    single_process(hsdp_config(checkpoint, tmp_path, "one", 1, 4))
+    hybrid = {"distributed.replicas": 2}
+    cfg = hsdp_config(checkpoint, tmp_path, "hsdp", 4, 1, **hybrid)
+    mp.spawn(_hsdp_worker, args=(free_port(), cfg, tmp_path), nprocs=4)
+    one, hsdp = tmp_path / "one" / "run", tmp_path / "hsdp" / "run"
+    for rank in range(4):  # rows of consecutive ranks: {0, 1} and {2, 3} each hold every shard
+        mesh = [["replicate", "shard"], [[0, 1], [2, 3]]]
+        assert json.loads((tmp_path / f"mesh{rank}.json").read_text()) == [mesh]
+    assert [m["loss"] for m in metrics(hsdp)] == pytest.approx(
+        [m["loss"] for m in metrics(one)], rel=1e-6
+    )
+    expected, found = weights(one / "best"), weights(hsdp / "best")
+    assert found.keys() == expected.keys()
+    for key, value in expected.items():
+        torch.testing.assert_close(found[key], value, rtol=1e-5, atol=1e-6, msg=key)
+    assert world_size(hsdp, 2) == 4
+    resumed = stopped_copy(hsdp, tmp_path / "resumed" / "run", after=1)
+    written = (resumed / ckpt(1) / "state.json").stat().st_mtime_ns
+    cfg = hsdp_config(checkpoint, tmp_path, "resumed", 4, 1, **hybrid)
+    mp.spawn(_rank_run, args=(free_port(), cfg, 4), nprocs=4)
+    # resumed from ckpt-1 (a restart would have rewritten it)
+    assert (resumed / ckpt(1) / "state.json").stat().st_mtime_ns == written
+    a, b = read_dcp(hsdp / ckpt(2)), read_dcp(resumed / ckpt(2))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    a, b = weights(hsdp / "best"), weights(resumed / "best")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_replicas_that_do_not_divide_the_world_size_stop_with_one_line(
+    checkpoint, tmp_path, capsys, monkeypatch
+):
+    """Before any process group forms or the model loads: no output folder is written."""
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "6")
+    path = config_file(checkpoint, tmp_path, **{"distributed.replicas": 4}, **FULL)
+    code, err = refused_resume(path, capsys)
+    assert code == 2 and err.splitlines() == [
+        "error: distributed.replicas: 4 does not divide the world size 6 (replicas x ranks per "
+        "replica must equal the number of ranks)"
+    ]
+    assert not dist.is_initialized() and not (tmp_path / "run").exists()
 
 
 # ----------------------------------------------------------------------------- export
