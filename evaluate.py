@@ -517,7 +517,7 @@ def _sample_endpoint(
         write([(unit, text) for unit, text in zip(chunk, texts) if text is not None])
         failed, reasons = failed + stats["failures"], reasons + list(stats["errors"].values())
     if failed:
-        raise EvalError(
+        raise JudgeError(
             f"{failed} requests to {cfg.endpoint.base_url} failed (first: {reasons[0]}); "
             "rerun the same command to resume"
         )

@@ -724,6 +724,25 @@ def test_a_foreign_completions_file_in_output_dir_is_one_line_and_kept(tmp_path)
     assert (out / "completions.jsonl").read_text() == '{"prompt": "mine"}\n'
 
 
+def test_an_endpoint_that_fails_at_run_time_exits_1_and_keeps_a_torn_line(tmp_path):
+    """A run-time failure (exit 1, 'rerun to resume'), not an input to fix; the torn last line of an
+    earlier run's completions.jsonl is moved to completions.jsonl.torn, not dropped."""
+    paths = write_sets(tmp_path)
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "completions.jsonl").write_text('{"set": "ccu", "id"')
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        f"output_dir: {out}\nsets:\n  - name: ccu\n    path: {paths['ccu']}\n"
+        "endpoint: {base_url: 'http://127.0.0.1:9/v1', retries: 0}\n"
+    )
+    result = evaluate_command(config)
+    error = result.stderr.strip().splitlines()[-1]
+    assert result.returncode == 1 and error.startswith("error: ") and "failed (first: " in error
+    assert error.endswith("rerun the same command to resume") and "Traceback" not in result.stderr
+    assert (out / "completions.jsonl.torn").read_text() == '{"set": "ccu", "id"\n'
+
+
 def test_example_config_loads():
     cfg = load_config(REPO / "configs" / "eval_example.yaml", [], ev.EvalConfig)
     assert (cfg.sampling.temperature, cfg.sampling.top_p, cfg.sampling.top_k) == (0.6, 0.95, 20)
