@@ -25,6 +25,7 @@ SCRIPTS = {
     "prepare_traces.py": "PrepareConfig",
     "prepare_references.py": "ReferenceSettings",
     "emollm_data.py": "EmoLLMData",
+    "emollm_seeds.py": "SeedSettings",
     "rubric_generator.py": "GeneratorDataConfig",
     "evaluate.py": "EvalConfig",
     "evaluate_dialogue.py": "DialogueEvalConfig",
