@@ -12,7 +12,8 @@ An evaluation writes into `output_dir`: config.yaml (resolved), completions.json
 completion, appended as they come: rerunning the same command resumes), causes.jsonl (cause-judge
 verdicts), eval.json (every number), table.md and f1_vs_tokens.png; with `report: accuracy`
 (configs/eval_benchmarks.yaml: the multiple-choice social-reasoning benchmarks) table.md is one
-accuracy row per set instead, and no figure is drawn. Figures need matplotlib
+accuracy row per set instead (a `kind: eqbench3` set: the judge's rubric score, played and judged by
+benchmarks.py into roleplay.jsonl and rubric.jsonl), and no figure is drawn. Figures need matplotlib
 (requirements-plot.txt); nothing else here does, and no training code imports this module's plots.
 """
 
@@ -77,12 +78,15 @@ class EvalSet:
     """One evaluation set: a column of the tables."""
 
     name: str
-    path: str  # JSONL examples (data.py schema)
+    path: str  # JSONL examples (data.py schema), or a scenario file for kind eqbench3
     # the average it enters; None for neither (MMLU, ECF)
     domain: Literal["in", "out"] | None = None
     task: str | None = None  # keep only this task's examples (needed when the file holds several)
     # also judge cause identification (paper 5.1) where examples have meta["causes"]
     causes: bool = False
+    # examples: scored by their answers; eqbench3: role-play scenarios in EQ-Bench 3's layout,
+    # played and scored by `judge` on a rubric (benchmarks.py; report: accuracy only)
+    kind: Literal["examples", "eqbench3"] = "examples"
 
 
 @dataclass
@@ -110,7 +114,8 @@ class EvalConfig:
     # one greedy completion (paper 4.6)
     greedy_tasks: list[str] = field(default_factory=lambda: ["mmlu"])
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
-    judge: JudgeConfig = field(default_factory=JudgeConfig)  # the cause judge (paper 5.1)
+    # the cause judge (paper 5.1) and the rubric judge of eqbench3 sets
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
     # eval.json of the reference model: relative gains, its point in Figure 4
     baseline: str | None = None
     # what table.md holds: the CLUE paper's F1 tables, or one accuracy row per set (the
@@ -134,6 +139,12 @@ def check_config(cfg: EvalConfig) -> None:
         raise ConfigError(f"'sets' needs at least one set and distinct names, got {excerpt(names)}")
     if cfg.n_samples < 1 or cfg.batch_size < 1:
         raise ConfigError("'n_samples' and 'batch_size' must be at least 1")
+    for s in cfg.sets:
+        if s.kind == "eqbench3" and (s.task or s.causes or s.domain or cfg.report != "accuracy"):
+            raise ConfigError(
+                f"set '{s.name}': a kind eqbench3 set takes no 'task', 'causes' or 'domain' and "
+                "needs report: accuracy"
+            )
     for task in [*cfg.greedy_tasks, *(s.task for s in cfg.sets if s.task)]:
         get_task(task)
 
@@ -431,6 +442,74 @@ def load_model(cfg: EvalConfig):
     return net, tok
 
 
+def load_roleplay_sets(cfg: EvalConfig) -> dict:
+    """{name: role-play scenarios} of the eqbench3 sets; benchmarks.py is imported only for one."""
+    judged = [s for s in cfg.sets if s.kind == "eqbench3"]
+    if not judged:
+        return {}
+    import benchmarks
+
+    return {s.name: benchmarks.load_roleplay(s.path) for s in judged}
+
+
+def roleplay_completer(cfg: EvalConfig):
+    """benchmarks.Complete for the evaluated model: a `chat_many` batch to the endpoint (None where
+    a request failed), or the checkpoint in-process (sample_completions, one completion per chat,
+    seeded by its key), loaded on the first call."""
+    loaded = []
+
+    def complete(chats, keys):
+        if cfg.endpoint is not None:
+            calls = [JudgeCall(chat, cfg.sampling.max_new_tokens) for chat in chats]
+            return chat_many(calls, endpoint_config(cfg.endpoint, cfg.sampling))[0]
+        if not loaded:
+            loaded.extend(load_model(cfg))
+        model, tok = loaded
+        texts = sample_completions(
+            model, tok, chats, keys, cfg.sampling, 1, cfg.seed, cfg.batch_size
+        )
+        return [row[0] for row in texts]
+
+    return complete
+
+
+def judged_entries(cfg: EvalConfig, roleplay: dict, out: Path) -> dict:
+    """The eqbench3 sets' eval.json entries: every scenario played n_samples times (resuming from
+    roleplay.jsonl), each finished transcript scored by the judge (rubric.jsonl); `rubric_score` is
+    the 0-1 mean transcript score, mean ± SD over the runs, beside each criterion's (0-100)."""
+    import benchmarks
+
+    done = benchmarks.read_roleplay(out / benchmarks.ROLEPLAY)
+    stopped = benchmarks.play(
+        roleplay, cfg.n_samples, done, out / benchmarks.ROLEPLAY, roleplay_completer(cfg)
+    )
+    if stopped:
+        raise EvalError(
+            f"{stopped} role-play transcripts stopped on failed requests to "
+            f"{cfg.endpoint.base_url}; rerun the same command to resume"
+        )
+    scores = benchmarks.score_transcripts(
+        roleplay, cfg.n_samples, done, cfg.judge, out / benchmarks.RUBRIC
+    )
+    entries = {}
+    for name, scenarios in roleplay.items():
+        runs, numbers = benchmarks.summarize_set(name, scenarios, cfg.n_samples, scores)
+        entries[name] = {
+            "kind": "eqbench3",
+            "domain": None,
+            "decoding": dataclasses.asdict(cfg.sampling) | {"n_samples": cfg.n_samples},
+            "rubric_score": mean_sd(runs),
+            **numbers,
+            "criteria": {c: mean_sd(v) for c, v in numbers["criteria"].items()},
+        }
+        if any(numbers["unscored"]):
+            print0(
+                f"{name}: unscored transcripts per run (no usable judge answer): "
+                f"{numbers['unscored']}"
+            )
+    return entries
+
+
 def generate_missing(
     cfg: EvalConfig, sets: dict[str, list[Example]], done: dict, path: Path
 ) -> None:
@@ -654,7 +733,7 @@ def relative_gains(summary: dict, base: dict) -> dict:
         "sets": {
             n: _gain(e["weighted_f1"]["mean"], base["sets"][n]["weighted_f1"]["mean"])
             for n, e in summary["sets"].items()
-            if n in base["sets"]
+            if n in base["sets"] and "weighted_f1" in e
         },
         "averages": {
             d: _gain(a["weighted_f1"]["mean"], base["averages"][d]["weighted_f1"]["mean"])
@@ -698,7 +777,10 @@ def evaluate(cfg: EvalConfig) -> dict:
     check_config(cfg)
     out = Path(cfg.output_dir)
     check_resume(cfg, out)
-    sets = {s.name: load_set(s) for s in cfg.sets}
+    # the sets scored by their answers; the judge-scored ones (benchmarks.py) are run apart
+    answered = dataclasses.replace(cfg, sets=[s for s in cfg.sets if s.kind == "examples"])
+    sets = {s.name: load_set(s) for s in answered.sets}
+    roleplay = load_roleplay_sets(cfg)
     baseline = load_eval(cfg.baseline) if cfg.baseline else None
     save_resolved_config(cfg, out)
     by_id = {(name, e.id): e for name, examples in sets.items() for e in examples}
@@ -710,9 +792,12 @@ def evaluate(cfg: EvalConfig) -> dict:
     }
     if cfg.endpoint is not None and not cfg.tokenizer:
         print0("no 'tokenizer' for the endpoint: reasoning tokens are not counted")
-    generate_missing(cfg, sets, done, out / COMPLETIONS)
-    verdicts = judge_causes(cfg, sets, done, out / CAUSES)
-    summary = summarize(cfg, sets, done, verdicts, cfg.name or out.resolve().name)
+    generate_missing(answered, sets, done, out / COMPLETIONS)
+    verdicts = judge_causes(answered, sets, done, out / CAUSES)
+    summary = summarize(answered, sets, done, verdicts, cfg.name or out.resolve().name)
+    if roleplay:
+        entries = summary["sets"] | judged_entries(cfg, roleplay, out)
+        summary["sets"] = {s.name: entries[s.name] for s in cfg.sets}
     if baseline is not None:
         summary["baseline"] = {"path": cfg.baseline} | relative_gains(summary, baseline)
     summary["config"] = redact_secrets(dataclasses.asdict(cfg))
@@ -817,11 +902,18 @@ def markdown_tables(evals: list[dict]) -> str:
     return "\n".join(parts)
 
 
+def _benchmark_score(entry: dict) -> dict | None:
+    """A benchmark row's number (0-1): the group accuracy, or a judge-scored set's rubric score."""
+    return entry.get("rubric_score" if entry.get("kind") == "eqbench3" else "group_accuracy")
+
+
 def accuracy_table(evals: list[dict]) -> str:
     """The benchmark table (`report: accuracy`): one row per set, its items (a group of questions
-    counts once), then a column per model with the group accuracy in percent, mean ± sample SD over
-    the sampled runs, and a last row averaging the sets, each weighted equally."""
+    counts once; a judge-scored set's items are its scenarios), then a column per model with the
+    group accuracy in percent (a judge-scored set: its 0-100 rubric score), mean ± sample SD over
+    the sampled runs, and a last row averaging the accuracy rows, each weighted equally."""
     sets = list(dict.fromkeys(n for e in evals for n in e["sets"]))
+    judged = [n for n in sets if any(e["sets"].get(n, {}).get("kind") for e in evals)]
     runs = sorted({e["sets"][n]["decoding"]["n_samples"] for e in evals for n in e["sets"]})
     lines = [
         f"### Accuracy (%), mean ± sample SD over {'/'.join(map(str, runs))} runs",
@@ -831,13 +923,25 @@ def accuracy_table(evals: list[dict]) -> str:
     ]
     for name in sets:
         items = next(e["sets"][name].get("n_items", "–") for e in evals if name in e["sets"])
-        cells = [_cell(e["sets"].get(name, {}).get("group_accuracy"), 100, 2) for e in evals]
+        cells = [_cell(_benchmark_score(e["sets"].get(name, {})), 100, 2) for e in evals]
         lines.append(f"| {name} | {items} | " + " | ".join(cells) + " |")
     averages = []
     for e in evals:
-        means = [e["sets"].get(n, {}).get("group_accuracy", {}).get("mean") for n in sets]
-        averages.append("–" if None in means else f"{100 * sum(means) / len(means):.2f}")
+        means = [
+            e["sets"].get(n, {}).get("group_accuracy", {}).get("mean")
+            for n in sets
+            if n not in judged
+        ]
+        averages.append(
+            "–" if None in means or not means else f"{100 * sum(means) / len(means):.2f}"
+        )
     lines.append(f"| Average | | {' | '.join(averages)} |")
+    if judged:
+        lines += [
+            "",
+            f"{', '.join(judged)}: the judge's rubric score (0-100) over the role-play scenarios, "
+            "not an accuracy, and not in the average.",
+        ]
     return "\n".join(lines) + "\n"
 
 

@@ -4,8 +4,10 @@ evaluations: an endpoint (the local judge server, scripted answers and a tiny ra
 against the same checkpoint in-process, resume after an interruption, the Markdown tables and both
 figures."""
 
+import dataclasses
 import json
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +17,7 @@ from helpers import TINY, write_tiny_checkpoint
 
 import evaluate as ev
 from config import load_config, open_log, read_log
-from data import Example, Turn
+from data import DataError, Example, Turn
 from dataset import save_jsonl
 from judge import JudgeConfig
 from judge_server import JudgeServer, rules_backend
@@ -903,17 +905,18 @@ def test_benchmark_table_from_a_tiny_checkpoint_matches_a_hand_count(
     assert any(m > 0 for m in means)  # some answers are right
 
 
-def test_benchmark_config_lists_the_seven_benchmarks():
+def test_benchmark_config_lists_the_eight_benchmarks():
     cfg = load_config(REPO / "configs" / "eval_benchmarks.yaml", [], ev.EvalConfig)
     assert cfg.report == "accuracy" and cfg.n_samples == 3
-    assert [s.name for s in cfg.sets] == [
-        "ToMBench",
-        "SocialIQA",
-        "EmoBench",
-        "MotiveBench",
-        "SimpleToM",
-        "Hi-ToM",
-        "TactfulToM",
+    assert [(s.name, s.kind) for s in cfg.sets] == [
+        ("ToMBench", "examples"),
+        ("SocialIQA", "examples"),
+        ("EmoBench", "examples"),
+        ("MotiveBench", "examples"),
+        ("SimpleToM", "examples"),
+        ("Hi-ToM", "examples"),
+        ("TactfulToM", "examples"),
+        ("EQBench3", "eqbench3"),
     ]
 
 
@@ -964,3 +967,183 @@ def test_benchmark_table_from_an_endpoint_equals_the_in_process_one(
     row = next(line for line in table.splitlines() if line.startswith("| Hi-ToM |"))
     cell = row.split(" | ")[2].rstrip(" |")
     assert f"| Hi-ToM | 2 | {cell} | {cell} |" in side_by_side
+
+
+# ------------------------------------------------------------- judge-scored benchmarks (EQBench3)
+
+EQBENCH3 = REPO / "tests" / "fixtures" / "benchmarks" / "eqbench3" / "data" / "scenario_prompts.txt"
+
+
+def test_eqbench3_scenarios_load_from_the_public_layout(tmp_path):
+    """The fixture in EQ-Bench 3's scenario_prompts.txt layout: the three role-play scenarios with
+    their turns; the analysis scenario and the one without a Prompt section are left out; text
+    before a scenario's first Prompt line is not a turn."""
+    import benchmarks
+
+    scenarios = benchmarks.load_roleplay(EQBENCH3)
+    assert [(s.id, s.category, s.title, len(s.prompts)) for s in scenarios] == [
+        ("1", "Work Dilemma", "Credit For The Launch", 2),
+        ("2", "Friend Issue", "The Borrowed Car", 2),
+        ("3", "Family Issue", "Curfew", 1),
+    ]
+    assert scenarios[0].prompts[1].startswith("After the meeting Priya finds you")
+    assert scenarios[2].prompts == (
+        "Your sixteen-year-old came home two hours after curfew, smelling of smoke, and walked "
+        "straight past you to their room. It is 1 a.m.",
+    )
+    bad = {
+        "intro\n######## 1 | A | B\n####### Prompt1\nhi\n": ":1: text before the first",
+        "######## 1 | A | B\n####### Prompt1\nhi\n######## 1 | A | C\n####### Prompt1\nyo\n": (
+            ":4: field 'id': '1' appears twice"
+        ),
+        "######## 1 | A | B\n####### Prompt1\n\n####### Prompt2\nhi\n": ":1: scenario '1': Prompt1",
+        "######## 4 | Analytical Interpretation | X\n####### Prompt1\nhi\n": "no role-play",
+    }
+    for n, (text, message) in enumerate(bad.items()):
+        path = tmp_path / f"bad{n}.txt"
+        path.write_text(text)
+        with pytest.raises(DataError, match=re.escape(message)):
+            benchmarks.load_roleplay(path)
+
+
+def rubric_answer(scores: dict[str, int]) -> str:
+    return "\n".join(f"{name}: fine | {value}" for name, value in scores.items())
+
+
+def test_rubric_answers_are_parsed_strictly():
+    import benchmarks
+
+    scores = dict(zip(benchmarks.RUBRIC_CRITERIA, [20, 0, 7, 13, 19, 10, 4, 9]))
+    assert benchmarks.parse_rubric_scores(rubric_answer(scores)) == scores
+    for broken in (
+        scores | {"pragmatic_ei": 21},  # above 20
+        dict(list(scores.items())[:-1]),  # a criterion missing
+        dict(reversed(scores.items())),  # another order
+    ):
+        assert benchmarks.parse_rubric_scores(rubric_answer(broken)) is None
+    assert benchmarks.parse_rubric_scores('{"demonstrated_empathy": 12}') is None
+
+
+def test_a_judged_set_aggregates_scored_transcripts_by_hand():
+    """Per run: the mean over scored transcripts of (mean of the six ability criteria) x 5, as a
+    fraction; an unscored transcript is counted and left out."""
+    import benchmarks
+
+    scenarios = benchmarks.load_roleplay(EQBENCH3)
+    names = list(benchmarks.RUBRIC_CRITERIA)
+    a = dict(zip(names, [10, 12, 14, 16, 18, 20, 0, 0]))  # ability mean 15 -> 75
+    b = dict(zip(names, [4, 4, 4, 4, 4, 4, 20, 20]))  # 20
+    c = dict(zip(names, [0, 0, 0, 0, 0, 6, 5, 5]))  # 1 -> 5
+    scores = {("E", "1", 0): a, ("E", "2", 0): b, ("E", "3", 0): None}
+    scores |= {("E", "1", 1): c, ("E", "2", 1): a, ("E", "3", 1): b}
+    runs, numbers = benchmarks.summarize_set("E", scenarios, 2, scores)
+    assert runs == pytest.approx([(75 + 20) / 2 / 100, (5 + 75 + 20) / 3 / 100])
+    assert numbers["unscored"] == [1, 0] and numbers["n_items"] == 3
+    assert numbers["criteria"]["warmth"] == pytest.approx([5 * 10, 5 * 25 / 3])
+
+
+def scripted_rubric_judge(calls: list):
+    """A judge backend with fixed scores per scenario (told apart by its scripted text): scenario 1
+    and 2 get rubric answers, scenario 3 a malformed one. Records every request's dialogue."""
+    import benchmarks
+
+    names = list(benchmarks.RUBRIC_CRITERIA)
+    fixed = {
+        "Priya": dict(zip(names, [12, 14, 9, 11, 16, 10, 15, 8])),
+        "Sam": dict(zip(names, [5, 7, 6, 4, 8, 6, 20, 3])),
+    }
+
+    def backend(messages, params):
+        dialogue = messages[-1]["content"]
+        calls.append(dialogue)
+        for marker, scores in fixed.items():
+            if marker in dialogue:
+                return rubric_answer(scores)
+        return "I would give this conversation a solid 15 out of 20."
+
+    return backend, fixed
+
+
+def test_benchmark_table_has_the_judged_row_beside_the_accuracy_rows(
+    tmp_path, capsys, answer_checkpoint
+):
+    """`python evaluate.py CONFIG` with SocialIQA (accuracy) and the EQBench3 fixture (kind
+    eqbench3) on the tiny checkpoint, the judge scripted: one row per benchmark; the judged row
+    equals the hand computation from the scripted scores (scenario 3's malformed answer unscored);
+    a rerun plays and asks nothing again."""
+    from convert import CONVERTERS
+
+    socialiqa = tmp_path / "socialiqa.jsonl"
+    save_jsonl(
+        CONVERTERS["socialiqa"](REPO / "tests/fixtures/benchmarks/socialiqa/dev.jsonl"), socialiqa
+    )
+    calls = []
+    backend, fixed = scripted_rubric_judge(calls)
+    with JudgeServer(backend).start() as server:
+        config = {
+            "output_dir": str(tmp_path / "out"),
+            "name": "tiny",
+            "report": "accuracy",
+            "checkpoint": str(answer_checkpoint),
+            "device": "cpu",
+            "batch_size": 8,
+            "n_samples": 2,
+            "sampling": {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "max_new_tokens": 3},
+            "judge": {"base_url": server.url, "retries": 0, "timeout": 30},
+            "sets": [
+                {"name": "SocialIQA", "path": str(socialiqa)},
+                {"name": "EQBench3", "path": str(EQBENCH3), "kind": "eqbench3"},
+            ],
+        }
+        (tmp_path / "bench.yaml").write_text(json.dumps(config))
+        ev.main([str(tmp_path / "bench.yaml")])
+        printed = capsys.readouterr().out
+        journal = (tmp_path / "out" / "roleplay.jsonl").read_text()
+        ev.main([str(tmp_path / "bench.yaml")])  # resumes: nothing left to play or ask
+        assert capsys.readouterr().out.count("role-play:") == 0
+    assert (tmp_path / "out" / "roleplay.jsonl").read_text() == journal
+    table = (tmp_path / "out" / "table.md").read_text()
+    assert table in printed
+    rows = [line for line in table.splitlines() if line.startswith("| ")][1:]
+    assert [row.split(" | ")[0][2:] for row in rows] == ["SocialIQA", "EQBench3", "Average"]
+
+    # 3 scenarios x 2 runs, 2 + 2 + 1 turns each: 10 replies, then one judge call per transcript
+    records = [json.loads(line) for line in journal.splitlines()]
+    assert sorted((r["id"], r["sample"], r["turn"]) for r in records) == sorted(
+        (sid, r, t)
+        for sid, turns in (("1", 2), ("2", 2), ("3", 1))
+        for r in range(2)
+        for t in range(turns)
+    )
+    assert len(calls) == 6
+    # the judge reads the scripted turns as written (no frame) and the replies
+    last = next(r for r in records if (r["id"], r["sample"], r["turn"]) == ("2", 1, 1))
+    (dialogue,) = [c for c in calls if "Sam" in c and f"Assistant: {last['reply']}" in c][:1]
+    assert "Things have been really bad at home" in dialogue and "# My response" not in dialogue
+
+    def hand(scores):  # the six ability criteria, 0-20, mean times 5
+        ability = list(scores.values())[:6]
+        return 5 * sum(ability) / 6
+
+    expected = (hand(fixed["Priya"]) + hand(fixed["Sam"])) / 2  # both runs alike: SD 0
+    assert rows[1] == f"| EQBench3 | 3 | {expected:.2f} ± 0.00 |"
+    summary = json.loads((tmp_path / "out" / "eval.json").read_text())
+    accuracy = summary["sets"]["SocialIQA"]["group_accuracy"]["mean"]
+    assert rows[2] == f"| Average | | {100 * accuracy:.2f} |"  # accuracy rows only
+    judged = summary["sets"]["EQBench3"]
+    assert judged["unscored"] == [1, 1]
+    assert judged["criteria"]["warmth"]["mean"] == pytest.approx(5 * (15 + 20) / 2)
+
+
+def test_a_judged_set_takes_no_task_and_needs_the_benchmark_table():
+    from config import ConfigError
+
+    judged = ev.EvalSet("EQBench3", str(EQBENCH3), kind="eqbench3")
+    ok = ev.EvalConfig("out", [judged], checkpoint="ckpt", report="accuracy")
+    ev.check_config(ok)
+    for cfg in (
+        dataclasses.replace(ok, report="f1"),
+        dataclasses.replace(ok, sets=[dataclasses.replace(judged, task="tom_mc")]),
+    ):
+        with pytest.raises(ConfigError, match="a kind eqbench3 set takes no 'task'"):
+            ev.check_config(cfg)
