@@ -1,11 +1,12 @@
 """Full-parameter training on FSDP2 (fsdp.py, `finetune: full`) with gloo ranks on the CPU: one SFT
 update on 2 ranks (and with another micro-batch split), and two on a 2 x 2 mesh (hybrid sharding,
-resumed from its checkpoint too), give the weights of 1 process; the exported
-checkpoint gives the in-memory model's logits in transformers and in model.py (tied and untied
-heads); a full-mode run SIGKILLed during training or during a checkpoint write resumes to the
-uninterrupted result, and one resumed at another world size (2 -> 1 -> 2 ranks; LoRA too) to the
-same global batch's; rollouts under `gathered` run no collective; bad input stops with one line and
-exit status 2."""
+resumed from its checkpoint too), give the weights of 1 process; so do SFT and a GRPO update on two
+"nodes" (two torchrun agents of one rank each on localhost), and a whole GRPO run there equals one
+agent of two ranks; the exported checkpoint gives the in-memory model's logits in transformers and
+in model.py (tied and untied heads); a full-mode run SIGKILLed during training or during a
+checkpoint write resumes to the uninterrupted result, and one resumed at another world size (2 -> 1
+-> 2 ranks; LoRA too) to the same global batch's; rollouts under `gathered` run no collective; bad
+input stops with one line and exit status 2."""
 
 import json
 import os
@@ -411,26 +412,39 @@ sft.main(sys.argv[1:])
 """
 
 
-def torchrun(script: Path, *argv, cwd: Path) -> subprocess.Popen:
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+def launch(launcher: list[str], script: Path, argv, cwd: Path) -> subprocess.Popen:
+    """One torchrun agent (`launcher`: its options) running `script` with `argv`."""
     return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node",
-            "2",
-            "--master_port",
-            str(free_port()),
-            str(script),
-            *map(str, argv),
-        ],
+        [sys.executable, "-m", "torch.distributed.run", *launcher, str(script), *map(str, argv)],
         cwd=cwd,
-        env=env,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         start_new_session=True,
     )
+
+
+def torchrun(script: Path, *argv, cwd: Path) -> subprocess.Popen:
+    return launch(["--nproc_per_node", "2", "--master_port", str(free_port())], script, argv, cwd)
+
+
+def two_nodes(script: Path, *argv, cwd: Path) -> None:
+    """`script` on two "nodes" of one rank each: two torchrun agents on this machine, node ranks 0
+    and 1, meeting at a free localhost port (torchrun's static rendezvous), one output folder;
+    both must succeed."""
+    port = str(free_port())
+    agents = [
+        launch(
+            ["--nnodes", "2", "--node_rank", str(node), "--nproc_per_node", "1"]
+            + ["--master_addr", "127.0.0.1", "--master_port", port],
+            script,
+            argv,
+            cwd,
+        )
+        for node in (0, 1)
+    ]
+    for node, agent in enumerate(agents):
+        assert agent.wait(timeout=600) == 0, (node, agent.stderr.read().decode()[-3000:])
 
 
 @pytest.mark.parametrize("moment", ["training", "checkpoint write"])
@@ -844,3 +858,88 @@ def test_a_full_dialogue_run_on_two_ranks_trains_and_exports(tmp_path, reward):
             exported.state_dict().values(), M.Qwen.from_pretrained(base).state_dict().values()
         )
     )
+
+
+# ----------------------------------------------------------------------------- two nodes
+
+
+def test_full_sft_on_two_nodes_equals_one_process(checkpoint, tmp_path):
+    """`torchrun --nnodes 2 --nproc_per_node 1` twice on localhost: four rows, two updates of two
+    (grad_accum 1 a rank; 2 in the one process). Stated tolerance: rtol 1e-5, atol 1e-6."""
+    data = str(write_rows(tmp_path / "rows4.jsonl", [sad_row(i) for i in range(4)]))
+    single_process(config(checkpoint, tmp_path / "one", data=data, grad_accum=2, lr=1e-3, **FULL))
+    path = config_file(checkpoint, tmp_path / "nodes", data=data, grad_accum=1, lr=1e-3, **FULL)
+    two_nodes(REPO / "sft.py", path, cwd=tmp_path)
+    one, nodes = tmp_path / "one" / "run", tmp_path / "nodes" / "run"
+    assert world_size(nodes, 2) == 2 and len(metrics(one)) == 2
+    assert [m["loss"] for m in metrics(nodes)] == pytest.approx(
+        [m["loss"] for m in metrics(one)], rel=1e-6
+    )
+    expected, found = weights(one / "best"), weights(nodes / "best")
+    assert found.keys() == expected.keys()
+    for key, value in expected.items():
+        torch.testing.assert_close(found[key], value, rtol=1e-5, atol=1e-6, msg=key)
+
+
+TWO_NODE_UPDATE = """import os, sys
+sys.path[:0] = [{repo!r}, {repo!r} + "/tests", {repo!r} + "/bench"]
+import torch, torch.distributed as dist
+from helpers import fixed_groups
+from test_fsdp import updated_weights
+rank = int(os.environ["RANK"])
+mine = [g for i, g in enumerate(fixed_groups(n_groups=3)) if i % 2 == rank]
+found = updated_weights(sys.argv[1], mine, micro_batch_size=2)
+if rank == 0:
+    torch.save(found, sys.argv[2])
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+def test_a_full_grpo_update_on_two_nodes_equals_one_process(assets, tmp_path):
+    """The update of test_full_grpo_update_on_two_ranks_and_another_split_equals_one_process (the
+    sharded reference, two passes), its ranks the single ranks of two torchrun agents. Stated
+    tolerance: rtol 1e-5, atol 1e-6."""
+    base, _ = assets
+    try:
+        one = updated_weights(base, fixed_groups(n_groups=3), micro_batch_size=100)
+    finally:
+        dist.destroy_process_group()
+    script = tmp_path / "update.py"
+    script.write_text(TWO_NODE_UPDATE.format(repo=str(REPO)))
+    two_nodes(script, base, tmp_path / "nodes.pt", cwd=tmp_path)
+    found = torch.load(tmp_path / "nodes.pt")
+    assert found.keys() == one.keys()
+    for name, value in one.items():
+        torch.testing.assert_close(found[name], value, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_a_full_grpo_run_on_two_nodes_equals_one_node(assets, tmp_path):
+    """grpo.py end to end (two updates, filtering on, the sharded reference, checkpoints, the
+    export) on two torchrun agents of one rank each gives exactly what one agent of two ranks gives.
+    The oracle is not one process: rollouts are seeded per rank (grpo.derived_seed), so one rank
+    samples other completions; the update itself is compared with one process above."""
+    with JudgeServer(rules_backend).start() as server:
+
+        def config(name):
+            settings = {"loss.beta": 0.04, "updates": 2}
+            return run_config(
+                tmp_path / name, assets, server.url, finetune="full", lora=None, **settings
+            )
+
+        node = grpo_torchrun(config("node"))
+        assert node.wait(timeout=600) == 0, node.stderr.read().decode()[-3000:]
+        two_nodes(REPO / "grpo.py", config("nodes"), cwd=REPO)
+    runs = [tmp_path / name / "run" for name in ("node", "nodes")]
+    timing = ("time/", "tokens_per_s")
+    logged = [
+        [
+            {k: v for k, v in m.items() if not k.startswith(timing)}
+            for m in read_jsonl(r / "metrics.jsonl")
+        ]
+        for r in runs
+    ]
+    assert len(logged[0]) == 2 and logged[1] == logged[0]
+    assert [world_size(r, 2) for r in runs] == [2, 2]
+    a, b = weights(runs[0] / "model"), weights(runs[1] / "model")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
