@@ -33,7 +33,8 @@ Qwen3.5's A_log and dt_bias, kept in float32 by model.py, are computed in the ch
 
 Loading (`shard_model(..., checkpoint=folder)`): the model comes from `Qwen.from_pretrained(folder,
 on_meta=sharded_weight)`, its layers and norm on the meta device; after `fully_shard` each rank
-reads only its own slices of them from the Hugging Face safetensors (`load_shards`).
+reads only its own slices of them from the Hugging Face safetensors (`load_shards`). A LoRA adapter
+to start from (GRPO's `model.sft_adapter`) is then merged shard by shard (`merge_adapter`).
 
 Every rank must run the same sequence of forwards and backwards (each unit's all-gather is a
 collective): the trainers give every rank the same number of micro-batches, padding with ones that
@@ -57,9 +58,17 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import HuggingFaceStorageReader
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, distribute_tensor
 
-from model import Qwen, checkpoint_name, save_merged, train_token_rows
+from model import (
+    Qwen,
+    checkpoint_name,
+    load_adapter,
+    lora_modules,
+    merge_lora,
+    save_merged,
+    train_token_rows,
+)
 
 ROWS = ("row_ids", "embed_rows", "head_rows")
 SHARDED = ("model.layers.", "model.norm.")  # the names of the sharded units' parameters
@@ -162,6 +171,28 @@ def load_shards(model: Qwen, checkpoint, device: torch.device) -> None:
         if isinstance(p, DTensor)
     }
     dcp.load(shards, storage_reader=HuggingFaceStorageReader(os.fspath(checkpoint)))
+
+
+def merge_adapter(model: Qwen, adapter) -> None:
+    """Fold the LoRA adapter folder `adapter` and its token rows into a sharded model, as
+    model.merge_lora folds them into a whole one: each rank adds to its own rows of each weight
+    those rows of the delta, (alpha / r) B[rows] A, and rounds the sum to the checkpoint dtype as
+    merge_lora does (the float32 master copy keeps that value); the token rows go into the whole
+    embedding and lm_head. The factors are small, so every rank reads all of them; no rank forms a
+    whole weight or delta."""
+    trainable = {p: p.requires_grad for p in model.parameters()}
+    load_adapter(model, adapter)  # the factors beside the sharded weights (and every weight frozen)
+    with torch.no_grad():
+        for name, m in lora_modules(model).items():
+            w = m.weight
+            rows = distribute_tensor(m.lora_B, w.device_mesh, w.placements, src_data_rank=None)
+            local = w.to_local()
+            delta = (rows.to_local().float() @ m.lora_A.float()) * m.lora_scale
+            local.copy_((local.float() + delta).to(model.source_dtypes[f"{name}.weight"]))
+            m.lora_A = m.lora_B = None
+    merge_lora(model)  # what is left: the token rows
+    for p, flag in trainable.items():
+        p.requires_grad_(flag)
 
 
 def pad_batches(batches: list, idle, device: torch.device) -> list:

@@ -64,7 +64,14 @@ from config import (
     save_resolved_config,
 )
 from distributed import DistributedSettings, Ranks, all_reduce_sum, gather_json, setup_distributed
-from fsdp import GatheredSampler, is_sharded, pad_batches, shard_model, sharded_weight
+from fsdp import (
+    GatheredSampler,
+    is_sharded,
+    merge_adapter,
+    pad_batches,
+    shard_model,
+    sharded_weight,
+)
 from judge import CARE_DIMENSIONS, JudgeAuthError, JudgeConfig, JudgeError, care_rubric
 from model import (
     CheckpointError,
@@ -829,9 +836,9 @@ def build_policy(cfg: GRPOConfig, ranks: Ranks, like: Qwen | None = None):
     reference. `finetune: full`: those weights sharded (fsdp.shard_model), all but embedding and
     lm_head trainable; `like`: the frozen reference of it."""
     tok = load_tokenizer(cfg.model.path)
-    # a full run with no SFT adapter to merge reads only its shards (the reference not even the
-    # embedding and lm_head: it shares the policy's)
-    sharded = cfg.lora is None and not cfg.model.sft_adapter
+    # a full run reads only its shards (the reference not even the embedding and lm_head: it
+    # shares the policy's), then merges the SFT adapter into them
+    sharded = cfg.lora is None
     on_meta = (lambda name: True) if like is not None else sharded_weight
     policy = Qwen.from_pretrained(
         cfg.model.path,
@@ -842,18 +849,15 @@ def build_policy(cfg: GRPOConfig, ranks: Ranks, like: Qwen | None = None):
     if cfg.model.sft_adapter:
         # the ids the SFT run gave them
         add_special_tokens(policy, tok, [data.EVIDENCE_OPEN, data.EVIDENCE_CLOSE])
-        merge_lora(load_adapter(policy, cfg.model.sft_adapter))
+        if not sharded:
+            merge_lora(load_adapter(policy, cfg.model.sft_adapter))
     torch.manual_seed(cfg.seed)
     if cfg.lora is not None:
         add_lora(policy, cfg.lora.rank, cfg.lora.alpha, cfg.lora.dropout, cfg.lora.targets)
     else:
-        shard_model(
-            policy,
-            ranks.device,
-            like,
-            cfg.model.path if sharded else None,
-            replicas=cfg.distributed.replicas,
-        )
+        shard_model(policy, ranks.device, like, cfg.model.path, replicas=cfg.distributed.replicas)
+        if cfg.model.sft_adapter:
+            merge_adapter(policy, cfg.model.sft_adapter)
     policy.gradient_checkpointing = cfg.model.gradient_checkpointing
     return policy, tok
 

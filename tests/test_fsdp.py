@@ -766,6 +766,78 @@ def test_full_grpo_update_on_two_ranks_and_another_split_equals_one_process(asse
         assert torch.equal(value, start[name]) == frozen, name
 
 
+def sft_adapter(base: Path, out: Path) -> Path:
+    """An SFT adapter for the tiny GRPO checkpoint as sft.py leaves one: LoRA on every projection
+    and trained <evidence> rows, all far from zero."""
+    model = M.Qwen.from_pretrained(base)
+    ids = M.add_special_tokens(model, M.load_tokenizer(base), ["<evidence>", "</evidence>"])
+    params = M.add_lora(model, rank=4, alpha=8) + M.train_token_rows(model, ids)
+    g = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for p in params:
+            p.add_(torch.randn(p.shape, generator=g) * 0.1)
+    M.save_adapter(model, out)
+    return out
+
+
+def _adapter_worker(rank, port, base, adapter, out):
+    gloo_rank(rank, port)
+    whole_reads = []
+    load = M.Qwen.from_pretrained.__func__
+
+    def recorded(cls, path, dtype=None, device=None, on_meta=None):
+        whole_reads.append(on_meta is None)
+        return load(cls, path, dtype, device, on_meta)
+
+    M.Qwen.from_pretrained = classmethod(recorded)
+    _, _, policy, reference = full_policy(base, **{"model.sft_adapter": str(adapter)})
+    found = {
+        how: {
+            n: p.full_tensor() if isinstance(p, DTensor) else p.detach().clone()
+            for n, p in model.named_parameters()
+        }
+        for how, model in (("policy", policy), ("reference", reference))
+    }
+    found["trainable"] = sorted(n for n, p in policy.named_parameters() if p.requires_grad)
+    found["whole_reads"] = whole_reads
+    if rank == 0:
+        torch.save(found, out / "merged.pt")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def test_full_grpo_from_an_sft_adapter_loads_shards_and_equals_peft_s_merge(assets, tmp_path):
+    """On 2 ranks, a full-parameter GRPO start from model.sft_adapter reads only each rank's shards
+    (no whole-model load, policy or reference) and merges the adapter into them: the policy's and
+    the reference's weights equal PEFT's merge_and_unload of the same adapter on transformers (LoRA
+    deltas and <evidence> rows; float32, atol 1e-6), and the policy trains every weight but
+    embedding and lm_head."""
+    peft = pytest.importorskip("peft")
+    transformers = pytest.importorskip("transformers")
+    base, _ = assets
+    adapter = sft_adapter(base, tmp_path / "adapter")
+    mp.spawn(_adapter_worker, args=(free_port(), base, adapter, tmp_path), nprocs=2)
+    found = torch.load(tmp_path / "merged.pt")
+    merged = (
+        peft.PeftModel.from_pretrained(
+            transformers.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32), adapter
+        )
+        .merge_and_unload()
+        .state_dict()
+    )
+    start = weights(base)
+    frozen = {"model.embed_tokens.weight", "lm_head.weight"}
+    assert found["whole_reads"] == [False, False]
+    for how in ("policy", "reference"):
+        assert found[how].keys() == start.keys()
+        for name, value in found[how].items():
+            torch.testing.assert_close(value, merged[name], rtol=0, atol=1e-6, msg=name)
+            # the projections (LoRA) and the <evidence> rows moved, the norms not
+            moved = name.endswith("proj.weight") or name in frozen
+            assert torch.equal(value, start[name]) != moved, name
+    assert found["trainable"] == sorted(start.keys() - frozen)
+
+
 def grpo_torchrun(config: Path) -> subprocess.Popen:
     return torchrun(REPO / "grpo.py", config, cwd=REPO)
 
