@@ -484,7 +484,7 @@ def judged_entries(cfg: EvalConfig, roleplay: dict, out: Path) -> dict:
         roleplay, cfg.n_samples, done, out / benchmarks.ROLEPLAY, roleplay_completer(cfg)
     )
     if stopped:
-        raise EvalError(
+        raise JudgeError(
             f"{stopped} role-play transcripts stopped on failed requests to "
             f"{cfg.endpoint.base_url}; rerun the same command to resume"
         )

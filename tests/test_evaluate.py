@@ -1147,3 +1147,58 @@ def test_a_judged_set_takes_no_task_and_needs_the_benchmark_table():
     ):
         with pytest.raises(ConfigError, match="a kind eqbench3 set takes no 'task'"):
             ev.check_config(cfg)
+
+
+def test_a_served_policy_plays_the_scripted_turns_and_resumes_after_a_failed_request(tmp_path):
+    """Through an endpoint: each turn's chat holds the framed scripted turns and the earlier replies
+    without their reasoning; a request that fails stops the run (exit 1) with the answered turns
+    kept, and the rerun asks only for the missing turn."""
+    import benchmarks
+    from judge_server import Faults
+
+    chats = []
+
+    def policy(messages, params):
+        chats.append(messages)
+        return f"<think>hidden</think>\nreply {len(messages) // 2}"
+
+    scenarios = benchmarks.load_roleplay(EQBENCH3)
+    rubric, _ = scripted_rubric_judge([])
+    with (
+        JudgeServer(policy, faults=Faults(script=("ok", "ok", "ok", "500"))).start() as served,
+        JudgeServer(rubric).start() as judge,
+    ):
+        config = {
+            "output_dir": str(tmp_path / "out"),
+            "report": "accuracy",
+            "endpoint": {"base_url": served.url, "model": "policy", "retries": 0},
+            "n_samples": 1,
+            "judge": {"base_url": judge.url, "retries": 0},
+            "sets": [{"name": "EQBench3", "path": str(EQBENCH3), "kind": "eqbench3"}],
+        }
+        (tmp_path / "bench.yaml").write_text(json.dumps(config))
+        with pytest.raises(SystemExit) as stop:
+            ev.main([str(tmp_path / "bench.yaml")])
+        assert stop.value.code == 1
+        kept = (tmp_path / "out" / "roleplay.jsonl").read_text().splitlines()
+        assert len(kept) == 4  # three first turns and one of the two second turns
+        first = len(chats)
+        ev.main([str(tmp_path / "bench.yaml")])
+    assert len(chats) == first + 1  # only the missing turn is asked again
+    records = [json.loads(line) for line in (tmp_path / "out" / "roleplay.jsonl").open()]
+    assert sorted((r["id"], r["turn"]) for r in records) == [
+        ("1", 0),
+        ("1", 1),
+        ("2", 0),
+        ("2", 1),
+        ("3", 0),
+    ]
+    assert {r["reply"] for r in records} == {"reply 0", "reply 1"}
+    frame = benchmarks.ROLEPLAY_FRAME.format
+    second_turn = chats[-1]
+    scenario = next(s for s in scenarios if s.prompts[1] in second_turn[-1]["content"])
+    assert second_turn == [
+        {"role": "user", "content": frame(prompt=scenario.prompts[0])},
+        {"role": "assistant", "content": "reply 0"},
+        {"role": "user", "content": frame(prompt=scenario.prompts[1])},
+    ]
