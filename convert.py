@@ -1055,6 +1055,8 @@ def convert_iclr(path) -> list[dict]:
             ):
                 raise DataError(f"{where}: field 'signatures': expected a list of names")
             _object(note["content"], f"{where}: field 'content'")
+            if note["id"] in by_id:
+                raise DataError(f"{where}: field 'id': {excerpt(note['id'])} appears twice")
             by_id[note["id"]] = (index, note)
             if note.get("replyto"):
                 children.setdefault(note["replyto"], []).append(note["id"])

@@ -870,6 +870,12 @@ def test_meddialog_and_iclr_review_threads_become_esconv_layout_dialogues(tmp_pa
             '["C/Paper1/Reviewer_x"], "content": {"review": "ok"}}]}',
             ": note 0: its submission p is not in the file",
         ),
+        (
+            "iclr",
+            '[{"id": "p", "forum": "p", "signatures": [], "content": {"title": "T"}}, '
+            '{"id": "p", "forum": "p", "signatures": [], "content": {"title": "U"}}]',
+            ": note 1: field 'id': 'p' appears twice",
+        ),
     ],
 )
 def test_bad_dialogue_sources_stop_with_one_line(tmp_path, fmt, text, error):
