@@ -1133,6 +1133,10 @@ def test_benchmark_table_has_the_judged_row_beside_the_accuracy_rows(
     judged = summary["sets"]["EQBench3"]
     assert judged["unscored"] == [1, 1]
     assert judged["criteria"]["warmth"]["mean"] == pytest.approx(5 * (15 + 20) / 2)
+    # compare: the judged row side by side too
+    ev.main(["compare", str(tmp_path / "out"), str(tmp_path / "out")])
+    cell = f"{expected:.2f} ± 0.00"
+    assert f"| EQBench3 | 3 | {cell} | {cell} |" in capsys.readouterr().out
 
 
 def test_a_judged_set_takes_no_task_and_needs_the_benchmark_table():
