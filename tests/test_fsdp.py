@@ -1,12 +1,12 @@
 """Full-parameter training on FSDP2 (fsdp.py, `finetune: full`) with gloo ranks on the CPU: one SFT
 update on 2 ranks (and with another micro-batch split), and two on a 2 x 2 mesh (hybrid sharding,
-resumed from its checkpoint too), give the weights of 1 process; so do SFT and a GRPO update on two
-"nodes" (two torchrun agents of one rank each on localhost), and a whole GRPO run there equals one
-agent of two ranks; the exported checkpoint gives the in-memory model's logits in transformers and
-in model.py (tied and untied heads); a full-mode run SIGKILLed during training or during a
-checkpoint write resumes to the uninterrupted result, and one resumed at another world size (2 -> 1
--> 2 ranks; LoRA too) to the same global batch's; rollouts under `gathered` run no collective; bad
-input stops with one line and exit status 2."""
+resumed from its checkpoint too) and a GRPO update there, give the weights of 1 process; so do SFT
+and a GRPO update on two "nodes" (two torchrun agents of one rank each on localhost), and a whole
+GRPO run there equals one agent of two ranks; the exported checkpoint gives the in-memory model's
+logits in transformers and in model.py (tied and untied heads); a full-mode run SIGKILLed during
+training or during a checkpoint write resumes to the uninterrupted result, and one resumed at
+another world size (2 -> 1 -> 2 ranks; LoRA too) to the same global batch's; rollouts under
+`gathered` run no collective; bad input stops with one line and exit status 2."""
 
 import json
 import os
@@ -722,10 +722,11 @@ def full_policy(base, **overrides):
     return cfg, ranks, policy, reference
 
 
-def updated_weights(base, groups, micro_batch_size) -> dict[str, torch.Tensor]:
+def updated_weights(base, groups, micro_batch_size, **overrides) -> dict[str, torch.Tensor]:
     """The full weights after one GRPO update (two passes, so two AdamW steps) over `groups` on this
     rank."""
-    cfg, ranks, policy, reference = full_policy(base, **{"loss.micro_batch_size": micro_batch_size})
+    overrides["loss.micro_batch_size"] = micro_batch_size
+    cfg, ranks, policy, reference = full_policy(base, **overrides)
     sequences = grpo.training_sequences(groups, grpo.advantages_by_group(groups, cfg.loss))
     batches = grpo.micro_batches(sequences, micro_batch_size, 0, ranks.device)
     optimizer = T.build_optimizer(policy, 1e-3, 0.01, (0.9, 0.99))
@@ -806,6 +807,21 @@ def _adapter_worker(rank, port, base, adapter, out):
     dist.destroy_process_group()
 
 
+def _hsdp_grpo_worker(rank, port, base, out):
+    gloo_rank(rank, port, world_size=4)
+    build, meshes = FS.device_mesh, []
+    FS.device_mesh = lambda *args: meshes.append(build(*args)) or meshes[-1]
+    mine = [g for i, g in enumerate(fixed_groups(n_groups=5)) if i % 4 == rank]
+    found = updated_weights(base, mine, micro_batch_size=2, **{"distributed.replicas": 2})
+    if rank == 0:
+        torch.save(found, out / "hsdp.pt")
+    out.joinpath(f"mesh{rank}.json").write_text(
+        json.dumps([[list(m.mesh_dim_names), m.mesh.tolist()] for m in meshes])
+    )
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def test_full_grpo_from_an_sft_adapter_loads_shards_and_equals_peft_s_merge(assets, tmp_path):
     """On 2 ranks, a full-parameter GRPO start from model.sft_adapter reads only each rank's shards
     (no whole-model load, policy or reference) and merges the adapter into them: the policy's and
@@ -836,6 +852,25 @@ def test_full_grpo_from_an_sft_adapter_loads_shards_and_equals_peft_s_merge(asse
             moved = name.endswith("proj.weight") or name in frozen
             assert torch.equal(value, start[name]) != moved, name
     assert found["trainable"] == sorted(start.keys() - frozen)
+
+
+def test_a_full_grpo_update_on_a_two_by_two_mesh_equals_one_process(assets, tmp_path):
+    """distributed.replicas 2 on 4 gloo ranks (five groups: rank 0 takes two), the policy and the
+    sharded reference both on the (replicate, shard) mesh. Stated tolerance: rtol 1e-5, atol
+    1e-6."""
+    base, _ = assets
+    try:
+        one = updated_weights(base, fixed_groups(n_groups=5), micro_batch_size=100)
+    finally:
+        dist.destroy_process_group()
+    mp.spawn(_hsdp_grpo_worker, args=(free_port(), base, tmp_path), nprocs=4)
+    mesh = [["replicate", "shard"], [[0, 1], [2, 3]]]
+    for rank in range(4):  # the policy's and the reference's
+        assert json.loads((tmp_path / f"mesh{rank}.json").read_text()) == [mesh, mesh]
+    found = torch.load(tmp_path / "hsdp.pt")
+    assert found.keys() == one.keys()
+    for name, value in one.items():
+        torch.testing.assert_close(found[name], value, rtol=1e-5, atol=1e-6, msg=name)
 
 
 def grpo_torchrun(config: Path) -> subprocess.Popen:
