@@ -145,12 +145,9 @@ def main(argv=None) -> None:
     cfg = parse_cli(SeedSettings, argv)
     try:
         prepare(cfg)
-    except (DataError, ConfigError) as e:
+    except (DataError, ConfigError, JudgeError) as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
-    except JudgeError as e:
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(1) from None
 
 
 if __name__ == "__main__":

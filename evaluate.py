@@ -1130,12 +1130,9 @@ def main(argv: list[str] | None = None) -> None:
     except ConfigError as e:
         print(f"config error: {argv[0]}: {e}", file=sys.stderr)
         raise SystemExit(2) from None
-    except (DataError, EvalError, PlotUnavailable, OSError) as e:
+    except (DataError, EvalError, JudgeError, PlotUnavailable, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
-    except JudgeError as e:  # the endpoint or judge failed at run time; a rerun resumes
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(1) from None
 
 
 if __name__ == "__main__":

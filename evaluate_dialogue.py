@@ -363,20 +363,17 @@ def evaluate_dialogues(cfg: DialogueEvalConfig) -> dict:
 
 
 def main(argv: list[str]) -> None:
-    """`python evaluate_dialogue.py config.yaml [key=value ...]`: bad input is one line and exit
-    status 2; a judge that fails at run time, exit status 1 (a rerun resumes)."""
+    """`python evaluate_dialogue.py config.yaml [key=value ...]`: bad input, or a server that keeps
+    failing, is one line and exit status 2."""
     cfg = parse_cli(DialogueEvalConfig, argv)
     try:
         evaluate_dialogues(cfg)
     except ConfigError as e:
         print(f"config error: {argv[0]}: {e}", file=sys.stderr)
         raise SystemExit(2) from None
-    except (DataError, evaluate.EvalError, OSError) as e:
+    except (DataError, evaluate.EvalError, JudgeError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
-    except JudgeError as e:
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(1) from None
 
 
 if __name__ == "__main__":

@@ -875,7 +875,7 @@ def test_a_served_policy_is_evaluated_through_its_endpoint(tmp_path, capsys):
         path.write_text(yaml.safe_dump(config))
         with pytest.raises(SystemExit) as stop:
             evaluate_dialogue.main([str(path)])
-    assert stop.value.code == 1 and "6 requests to the policy at" in capsys.readouterr().err
+    assert stop.value.code == 2 and "6 requests to the policy at" in capsys.readouterr().err
 
 
 def load_config_dict(tmp_path, raw: dict):

@@ -726,9 +726,9 @@ def test_a_foreign_completions_file_in_output_dir_is_one_line_and_kept(tmp_path)
     assert (out / "completions.jsonl").read_text() == '{"prompt": "mine"}\n'
 
 
-def test_an_endpoint_that_fails_at_run_time_exits_1_and_keeps_a_torn_line(tmp_path):
-    """A run-time failure (exit 1, 'rerun to resume'), not an input to fix; the torn last line of an
-    earlier run's completions.jsonl is moved to completions.jsonl.torn, not dropped."""
+def test_an_endpoint_that_keeps_failing_is_one_line_and_keeps_a_torn_line(tmp_path):
+    """One line saying a rerun resumes (exit 2); the torn last line of an earlier run's
+    completions.jsonl is moved to completions.jsonl.torn, not dropped."""
     paths = write_sets(tmp_path)
     out = tmp_path / "o"
     out.mkdir()
@@ -740,7 +740,7 @@ def test_an_endpoint_that_fails_at_run_time_exits_1_and_keeps_a_torn_line(tmp_pa
     )
     result = evaluate_command(config)
     error = result.stderr.strip().splitlines()[-1]
-    assert result.returncode == 1 and error.startswith("error: ") and "failed (first: " in error
+    assert result.returncode == 2 and error.startswith("error: ") and "failed (first: " in error
     assert error.endswith("rerun the same command to resume") and "Traceback" not in result.stderr
     assert (out / "completions.jsonl.torn").read_text() == '{"set": "ccu", "id"\n'
 
@@ -1155,7 +1155,7 @@ def test_a_judged_set_takes_no_task_and_needs_the_benchmark_table():
 
 def test_a_served_policy_plays_the_scripted_turns_and_resumes_after_a_failed_request(tmp_path):
     """Through an endpoint: each turn's chat holds the framed scripted turns and the earlier replies
-    without their reasoning; a request that fails stops the run (exit 1) with the answered turns
+    without their reasoning; a request that fails stops the run (exit 2) with the answered turns
     kept, and the rerun asks only for the missing turn."""
     import benchmarks
     from judge_server import Faults
@@ -1183,7 +1183,7 @@ def test_a_served_policy_plays_the_scripted_turns_and_resumes_after_a_failed_req
         (tmp_path / "bench.yaml").write_text(json.dumps(config))
         with pytest.raises(SystemExit) as stop:
             ev.main([str(tmp_path / "bench.yaml")])
-        assert stop.value.code == 1
+        assert stop.value.code == 2
         kept = (tmp_path / "out" / "roleplay.jsonl").read_text().splitlines()
         assert len(kept) == 4  # three first turns and one of the two second turns
         first = len(chats)
