@@ -256,6 +256,27 @@ def judge_episodes(episodes: list[Episode], cfg: DialogueEvalConfig) -> list[dic
     return records
 
 
+def read_episodes(path) -> list[dict]:
+    """The records of an episodes.jsonl (read_log); EvalError naming the line of one that
+    `judge_episodes` did not write, or wrote before a turn-quality key (fact_sensitive) existed."""
+    records = read_log(path, evaluate.EvalError)
+    for number, r in enumerate(records, 1):
+        if not (
+            isinstance(r, dict)
+            and type(r.get("run")) is int
+            and {"e_0", "e_T", "n_turns"} <= set(r)
+            and isinstance(r.get("turns"), list)
+            and all(
+                isinstance(t, dict) and {*TURN_QUALITY_KEYS, "care"} <= set(t) for t in r["turns"]
+            )
+        ):
+            raise evaluate.EvalError(
+                f"{path}:{number}: not an episode record of this evaluate_dialogue.py (another "
+                f"file, or an older version's); use a new output_dir"
+            )
+    return records
+
+
 def _generation_identity(cfg: DialogueEvalConfig) -> dict:
     return {
         key: dataclasses.asdict(cfg)[key]
@@ -328,7 +349,7 @@ def evaluate_dialogues(cfg: DialogueEvalConfig) -> dict:
             )
     save_resolved_config(cfg, out)
     done: dict[int, list[dict]] = {}
-    for record in read_log(out / EPISODES, evaluate.EvalError):
+    for record in read_episodes(out / EPISODES):
         done.setdefault(record["run"], []).append(record)
     respond = None
     for run in (r for r in range(cfg.runs) if r not in done):

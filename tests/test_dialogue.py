@@ -835,6 +835,22 @@ def test_evaluation_runs_judges_resumes_and_writes_its_table(base, tmp_path, cap
     with pytest.raises(SystemExit) as stop:
         evaluate_dialogue.main([str(config)])
     assert stop.value.code == 2 and "holds episodes of another" in capsys.readouterr().err
+    # an older version's episodes (no fact_sensitive): one line, the file kept, nothing played
+    config.write_text(config.read_text().replace("max_turns: 4", "max_turns: 3"))
+    old = [
+        e | {"turns": [{k: v for k, v in t.items() if k != "fact_sensitive"} for t in e["turns"]]}
+        for e in episodes
+    ]
+    text = "".join(json.dumps(e) + "\n" for e in old)
+    (tmp_path / "out" / "episodes.jsonl").write_text(text)
+    with pytest.raises(SystemExit) as stop:
+        evaluate_dialogue.main([str(config)])
+    error = capsys.readouterr().err.strip()
+    assert stop.value.code == 2 and error == (
+        f"error: {tmp_path / 'out' / 'episodes.jsonl'}:1: not an episode record of this "
+        "evaluate_dialogue.py (another file, or an older version's); use a new output_dir"
+    )
+    assert (tmp_path / "out" / "episodes.jsonl").read_text() == text
 
 
 def test_a_served_policy_is_evaluated_through_its_endpoint(tmp_path, capsys):
