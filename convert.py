@@ -102,10 +102,11 @@ def _label(task: str, raw: str, where: str) -> str:
     return label
 
 
-def _files(path, pattern: str) -> list[Path]:
-    """`path` itself, or the files in the folder `path` that match `pattern`, sorted by name."""
+def _files(path, pattern: str, keep=lambda file: True) -> list[Path]:
+    """`path` itself, or the files in the folder `path` that match `pattern` (`**/` reaches into
+    subfolders) and `keep`, sorted by name."""
     path = Path(path)
-    return sorted(path.glob(pattern)) if path.is_dir() else [path]
+    return sorted(f for f in path.glob(pattern) if keep(f)) if path.is_dir() else [path]
 
 
 # MELD and CPED: one CSV row per utterance, in dialogue
@@ -346,12 +347,7 @@ def convert_simpletom(path) -> list[Example]:
     `judgment-qa/test.jsonl`, one question per line {id, story, question, choices: {text, label},
     answerKey}; `path` is one file or the dataset folder (story-data, which has no questions, is
     skipped). The subset (the file's folder) is kept as meta["subset"]."""
-    path = Path(path)
-    files = (
-        [f for f in sorted(path.rglob("*.jsonl")) if "story-data" not in f.parts]
-        if path.is_dir()
-        else [path]
-    )
+    files = _files(path, "**/*.jsonl", lambda f: "story-data" not in f.parts)
     examples = []
     for file in files:
         for where, item in _json_records(file):
@@ -385,12 +381,7 @@ def convert_hitom(path) -> list[Example]:
     of numbered lines, a question of ToM order K, the answer (a choice's text), the choices ("A.
     green_envelope, B. red_basket, ...") and a note of the story world's rules, which is kept after
     the story. `path` is one file or a folder; the CoT copies (the same stories) are skipped."""
-    path = Path(path)
-    files = (
-        [f for f in sorted(path.rglob("order_*.txt")) if "CoT" not in f.parts]
-        if path.is_dir()
-        else [path]
-    )
+    files = _files(path, "**/order_*.txt", lambda f: "CoT" not in f.parts)
     examples = []
     for file in files:
         match = _HITOM.search(read_data_text(file))
@@ -501,8 +492,7 @@ def convert_motivebench(path) -> list[Example]:
     lettered "A. ..." to "F. ..." and "Correct Answer N" a letter. Three examples per item, the
     options in the file's order (MotiveBench also averages over five reorderings). `path` is a file
     or a folder."""
-    path = Path(path)
-    files = sorted(path.rglob("*_questions.json")) if path.is_dir() else [path]
+    files = _files(path, "**/*_questions.json")
     examples = []
     for file in files:
         source = file.stem.removesuffix("_questions")
@@ -577,14 +567,7 @@ def convert_tactfultom(path) -> list[Example]:
     seed. The yes/no ones (_TACTFUL_BINARY) become two options, Yes and No, with the information or
     question they refer to before them; the list questions are left out. `path` is a file or a
     folder (only Tactful_conv_set_<N>.json files, not the release's stray copies)."""
-    path = Path(path)
-    files = (
-        sorted(
-            f for f in path.glob("*.json") if re.fullmatch(r"Tactful_conv_set_\d+\.json", f.name)
-        )
-        if path.is_dir()
-        else [path]
-    )
+    files = _files(path, "*.json", lambda f: re.fullmatch(r"Tactful_conv_set_\d+\.json", f.name))
     examples = []
     for file in files:
         for where, conversation in _json_records(file):

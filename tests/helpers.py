@@ -10,7 +10,8 @@ puts tests/ on sys.path, so `from helpers import ...` finds this file.
   check_cache_against_full_forward, Q35_TEXT
 - gloo ranks: gloo_rank (an mp.spawn target's torchrun environment)
 - sft.py runs: SFT_WORDS, sad_row, write_rows, config_file, config, tensors, metrics, rank_run
-- grpo.py runs: write_examples, run_config, fixed_groups, kill_after_checkpoint, assert_same_run
+- grpo.py runs: write_examples, run_config, full_policy, updated_weights (a full-parameter GRPO
+  update), fixed_groups, kill_after_checkpoint, assert_same_run
 - the dialogue demo: DEMO, DIALOGUE_WORDS
 - report_to sinks: assert_sinks_hold_metrics (TensorBoard event files, a W&B offline run)
 """
@@ -564,6 +565,57 @@ def run_config(tmp_path, assets, judge_url, **overrides) -> Path:
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
+
+
+def full_policy(base, **overrides):
+    """A full-parameter GRPO policy and its reference on the tiny checkpoint; returns (cfg, policy,
+    reference)."""
+    settings = {
+        "finetune": "full",
+        "lora": "null",
+        "save_merged": "false",
+        "model.sft_adapter": "null",
+        "model.path": str(base),
+        "model.dtype": "float32",
+        "optim.grad_clip": "1e9",
+        "seed": "3",
+        "loss.beta": "0.04",
+        "loss.passes": "2",
+    } | overrides
+    import distributed as D
+    import grpo
+    from config import load_config
+
+    cfg = load_config(
+        REPO / "configs" / "clue_qwen3_5_9b.yaml",
+        [f"{k}={v}" for k, v in settings.items()],
+        grpo.GRPOConfig,
+    )
+    ranks = D.setup_distributed("cpu")
+    policy, _ = grpo.build_policy(cfg, ranks)
+    reference = grpo.build_policy(cfg, ranks, like=policy)[0]
+    # one frozen copy a rank
+    assert reference.model.embed_tokens.weight is policy.model.embed_tokens.weight
+    return cfg, ranks, policy, reference
+
+
+def updated_weights(base, groups, micro_batch_size, **overrides) -> dict[str, torch.Tensor]:
+    """The full weights after one GRPO update (two passes, so two AdamW steps) over `groups` on this
+    rank."""
+    import grpo
+    import train as T
+
+    overrides["loss.micro_batch_size"] = micro_batch_size
+    cfg, ranks, policy, reference = full_policy(base, **overrides)
+    sequences = grpo.training_sequences(groups, grpo.advantages_by_group(groups, cfg.loss))
+    batches = grpo.micro_batches(sequences, micro_batch_size, 0, ranks.device)
+    optimizer = T.build_optimizer(policy, 1e-3, 0.01, (0.9, 0.99))
+    out = grpo.policy_update(policy, optimizer, batches, cfg, ranks, reference)
+    assert out["grad_norm"] > 0 and out["kl"] >= 0
+    return {
+        n: p.full_tensor() if hasattr(p, "full_tensor") else p.detach().clone()
+        for n, p in policy.named_parameters()
+    }
 
 
 def fixed_groups(n_groups=4, k=3, seed=0):

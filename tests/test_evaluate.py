@@ -708,17 +708,23 @@ def test_bad_configs_are_one_line_errors(tmp_path):
         assert len(result.stderr.strip().splitlines()) == 1
 
 
-def test_a_foreign_completions_file_in_output_dir_is_one_line_and_kept(tmp_path):
+def evaluate_on_a_dead_endpoint(tmp_path, completions: str):
+    """evaluate.py over the ccu set through an endpoint where nothing listens, its output_dir
+    holding `completions` as completions.jsonl; (output_dir, the finished command)."""
     paths = write_sets(tmp_path)
     out = tmp_path / "o"
     out.mkdir()
-    (out / "completions.jsonl").write_text('{"prompt": "mine"}\n')
+    (out / "completions.jsonl").write_text(completions)
     config = tmp_path / "c.yaml"
     config.write_text(
         f"output_dir: {out}\nsets:\n  - name: ccu\n    path: {paths['ccu']}\n"
-        "endpoint: {base_url: 'http://127.0.0.1:9/v1'}\n"
+        "endpoint: {base_url: 'http://127.0.0.1:9/v1', retries: 0}\n"
     )
-    result = evaluate_command(config)
+    return out, evaluate_command(config)
+
+
+def test_a_foreign_completions_file_in_output_dir_is_one_line_and_kept(tmp_path):
+    out, result = evaluate_on_a_dead_endpoint(tmp_path, '{"prompt": "mine"}\n')
     assert result.returncode == 2 and result.stderr == (
         f"error: {out / 'completions.jsonl'}:1: not a completion record {{set, id, sample, "
         "completion, reasoning_tokens} of evaluate.py\n"
@@ -729,16 +735,7 @@ def test_a_foreign_completions_file_in_output_dir_is_one_line_and_kept(tmp_path)
 def test_an_endpoint_that_keeps_failing_is_one_line_and_keeps_a_torn_line(tmp_path):
     """One line saying a rerun resumes (exit 2); the torn last line of an earlier run's
     completions.jsonl is moved to completions.jsonl.torn, not dropped."""
-    paths = write_sets(tmp_path)
-    out = tmp_path / "o"
-    out.mkdir()
-    (out / "completions.jsonl").write_text('{"set": "ccu", "id"')
-    config = tmp_path / "c.yaml"
-    config.write_text(
-        f"output_dir: {out}\nsets:\n  - name: ccu\n    path: {paths['ccu']}\n"
-        "endpoint: {base_url: 'http://127.0.0.1:9/v1', retries: 0}\n"
-    )
-    result = evaluate_command(config)
+    out, result = evaluate_on_a_dead_endpoint(tmp_path, '{"set": "ccu", "id"')
     error = result.stderr.strip().splitlines()[-1]
     assert result.returncode == 2 and error.startswith("error: ") and "failed (first: " in error
     assert error.endswith("rerun the same command to resume") and "Traceback" not in result.stderr

@@ -129,10 +129,10 @@ def test_full_sft_on_two_ranks_and_another_split_equals_one_process(checkpoint, 
 # ---------------------------------------------------------- the 2-D mesh: 2 replicas x 2 shards
 
 
-def hsdp_config(checkpoint, tmp_path, name, ranks, grad_accum, **extra):
-    """Six rows, four per update (batch_size 1 x `grad_accum` x `ranks`): the second update has
-    two, so on 4 ranks the second replica runs idle micro-batches there; a checkpoint after each
-    update, all kept."""
+def six_rows_config(checkpoint, tmp_path, name, grad_accum, mode=FULL, **extra):
+    """Six rows, batch_size 1 x `grad_accum` x the ranks per update (two on 2 ranks: three updates;
+    four on 4: the second update has two, so a second replica runs idle micro-batches there), a
+    checkpoint after each update, all kept; `mode` FULL, or {} for LoRA (no dropout)."""
     data = tmp_path / "rows6.jsonl"
     if not data.is_file():
         write_rows(data, [sad_row(i) for i in range(6)])
@@ -146,7 +146,7 @@ def hsdp_config(checkpoint, tmp_path, name, ranks, grad_accum, **extra):
         keep_checkpoints=None,
         output_dir=str(tmp_path / name / "run"),
         **extra,
-        **FULL,
+        **mode,
     )
 
 
@@ -168,9 +168,9 @@ def test_full_sft_on_a_two_by_two_mesh_equals_one_process_and_resumes(checkpoint
     atol 1e-6, float32 on the CPU). Its ckpt-1 (DCP of the 2-D shards), resumed on the same mesh,
     gives the uninterrupted run's ckpt-2 and best/ exactly; resumed on the 1-D mesh of the same 4
     ranks, within that tolerance."""
-    single_process(hsdp_config(checkpoint, tmp_path, "one", 1, 4))
+    single_process(six_rows_config(checkpoint, tmp_path, "one", 4))
     hybrid = {"distributed.replicas": 2}
-    cfg = hsdp_config(checkpoint, tmp_path, "hsdp", 4, 1, **hybrid)
+    cfg = six_rows_config(checkpoint, tmp_path, "hsdp", 1, **hybrid)
     mp.spawn(_hsdp_worker, args=(free_port(), cfg, tmp_path), nprocs=4)
     one, hsdp = tmp_path / "one" / "run", tmp_path / "hsdp" / "run"
     for rank in range(4):  # rows of consecutive ranks: {0, 1} and {2, 3} each hold every shard
@@ -187,7 +187,7 @@ def test_full_sft_on_a_two_by_two_mesh_equals_one_process_and_resumes(checkpoint
     for name, replicas in (("resumed", 2), ("reshaped", 1)):  # the same mesh, the 1-D mesh
         resumed = stopped_copy(hsdp, tmp_path / name / "run", after=1)
         written = (resumed / ckpt(1) / "state.json").stat().st_mtime_ns
-        cfg = hsdp_config(checkpoint, tmp_path, name, 4, 1, **{"distributed.replicas": replicas})
+        cfg = six_rows_config(checkpoint, tmp_path, name, 1, **{"distributed.replicas": replicas})
         mp.spawn(_rank_run, args=(free_port(), cfg, 4), nprocs=4)
         # resumed from ckpt-1 (a restart would have rewritten it)
         assert (resumed / ckpt(1) / "state.json").stat().st_mtime_ns == written
@@ -579,25 +579,6 @@ def read_dcp(folder: Path) -> dict[str, torch.Tensor]:
     return found
 
 
-def reshard_config(checkpoint, tmp_path, name, grad_accum, mode=FULL):
-    """Six rows, two per update (batch_size 1 x `grad_accum` x the ranks), three updates, a
-    checkpoint after each, all kept; `mode` FULL, or {} for LoRA (no dropout)."""
-    data = tmp_path / "rows6.jsonl"
-    if not data.is_file():
-        write_rows(data, [sad_row(i) for i in range(6)])
-    return config(
-        checkpoint,
-        tmp_path / name,
-        data=str(data),
-        grad_accum=grad_accum,
-        lr=1e-3,
-        save_every=1,
-        keep_checkpoints=None,
-        output_dir=str(tmp_path / name / "run"),
-        **mode,
-    )
-
-
 def stopped_copy(run: Path, into: Path, after: int) -> Path:
     """`run` as a run stopped after update `after` would have left it: its later checkpoints and
     the exported model gone (metrics.jsonl is trimmed by the resume)."""
@@ -620,7 +601,7 @@ def world_size(run: Path, step: int) -> int:
 def two_rank_run(checkpoint, tmp_path_factory):
     """The uninterrupted run on 2 ranks (grad_accum 1): its ckpt-1, -2, -3 are the oracle."""
     tmp = tmp_path_factory.mktemp("reshard")
-    mp.spawn(_rank_run, args=(free_port(), reshard_config(checkpoint, tmp, "a", 1)), nprocs=2)
+    mp.spawn(_rank_run, args=(free_port(), six_rows_config(checkpoint, tmp, "a", 1)), nprocs=2)
     return tmp / "a" / "run"
 
 
@@ -634,10 +615,10 @@ def test_a_full_run_resumes_at_another_world_size_to_the_same_global_batch_s_res
     gives its ckpt-3; the losses logged equal its. Stated tolerance: rtol 1e-5, atol 1e-6 (float32
     on the CPU; the sums run in another order at another world size)."""
     one = stopped_copy(two_rank_run, tmp_path / "one" / "run", after=1)
-    single_process(reshard_config(checkpoint, tmp_path, "one", 2))
+    single_process(six_rows_config(checkpoint, tmp_path, "one", 2))
     two = stopped_copy(one, tmp_path / "two" / "run", after=2)
     mp.spawn(
-        _rank_run, args=(free_port(), reshard_config(checkpoint, tmp_path, "two", 1)), nprocs=2
+        _rank_run, args=(free_port(), six_rows_config(checkpoint, tmp_path, "two", 1)), nprocs=2
     )
     for run, step, world in ((one, 2, 1), (two, 3, 2)):
         # the checkpoint it resumed from is still the other world size's (a restart would have
@@ -664,12 +645,12 @@ def test_a_lora_run_resumes_at_another_world_size_to_the_same_global_batch_s_res
     run's ckpt-2 and ckpt-3 (adapter and token rows, AdamW's state), rtol 1e-5, atol 1e-6."""
     lora = {}
     base = tmp_path / "a" / "run"
-    cfg = reshard_config(checkpoint, tmp_path, "a", 1, lora)
+    cfg = six_rows_config(checkpoint, tmp_path, "a", 1, lora)
     mp.spawn(_rank_run, args=(free_port(), cfg), nprocs=2)
     one = stopped_copy(base, tmp_path / "one" / "run", after=1)
-    single_process(reshard_config(checkpoint, tmp_path, "one", 2, lora))
+    single_process(six_rows_config(checkpoint, tmp_path, "one", 2, lora))
     two = stopped_copy(one, tmp_path / "two" / "run", after=2)
-    cfg = reshard_config(checkpoint, tmp_path, "two", 1, lora)
+    cfg = six_rows_config(checkpoint, tmp_path, "two", 1, lora)
     mp.spawn(_rank_run, args=(free_port(), cfg), nprocs=2)
     for run, step, world in ((one, 2, 1), (two, 3, 2)):
         assert [world_size(run, step - 1), world_size(run, step)] == [3 - world, world]
@@ -695,55 +676,9 @@ def test_resuming_at_another_world_size_and_global_batch_stops_with_one_line(
 
 # ----------------------------------------------------------------------------- GRPO in full mode
 
-from helpers import fixed_groups, read_jsonl, run_config  # noqa: E402
+from helpers import fixed_groups, full_policy, read_jsonl, run_config, updated_weights  # noqa: E402
 
-import grpo  # noqa: E402
-from config import load_config  # noqa: E402
 from judge_server import JudgeServer, rules_backend  # noqa: E402
-
-
-def full_policy(base, **overrides):
-    """A full-parameter GRPO policy and its reference on the tiny checkpoint; returns (cfg, policy,
-    reference)."""
-    settings = {
-        "finetune": "full",
-        "lora": "null",
-        "save_merged": "false",
-        "model.sft_adapter": "null",
-        "model.path": str(base),
-        "model.dtype": "float32",
-        "optim.grad_clip": "1e9",
-        "seed": "3",
-        "loss.beta": "0.04",
-        "loss.passes": "2",
-    } | overrides
-    cfg = load_config(
-        REPO / "configs" / "clue_qwen3_5_9b.yaml",
-        [f"{k}={v}" for k, v in settings.items()],
-        grpo.GRPOConfig,
-    )
-    ranks = D.setup_distributed("cpu")
-    policy, _ = grpo.build_policy(cfg, ranks)
-    reference = grpo.build_policy(cfg, ranks, like=policy)[0]
-    # one frozen copy a rank
-    assert reference.model.embed_tokens.weight is policy.model.embed_tokens.weight
-    return cfg, ranks, policy, reference
-
-
-def updated_weights(base, groups, micro_batch_size, **overrides) -> dict[str, torch.Tensor]:
-    """The full weights after one GRPO update (two passes, so two AdamW steps) over `groups` on this
-    rank."""
-    overrides["loss.micro_batch_size"] = micro_batch_size
-    cfg, ranks, policy, reference = full_policy(base, **overrides)
-    sequences = grpo.training_sequences(groups, grpo.advantages_by_group(groups, cfg.loss))
-    batches = grpo.micro_batches(sequences, micro_batch_size, 0, ranks.device)
-    optimizer = T.build_optimizer(policy, 1e-3, 0.01, (0.9, 0.99))
-    out = grpo.policy_update(policy, optimizer, batches, cfg, ranks, reference)
-    assert out["grad_norm"] > 0 and out["kl"] >= 0
-    return {
-        n: p.full_tensor() if hasattr(p, "full_tensor") else p.detach().clone()
-        for n, p in policy.named_parameters()
-    }
 
 
 def _grpo_worker(rank, port, base, out):
@@ -1000,7 +935,7 @@ TWO_NODE_UPDATE = """import os, sys
 sys.path[:0] = [{repo!r}, {repo!r} + "/tests", {repo!r} + "/bench"]
 import torch, torch.distributed as dist
 from helpers import fixed_groups
-from test_fsdp import updated_weights
+from helpers import updated_weights
 rank = int(os.environ["RANK"])
 mine = [g for i, g in enumerate(fixed_groups(n_groups=3)) if i % 2 == rank]
 found = updated_weights(sys.argv[1], mine, micro_batch_size=2)
