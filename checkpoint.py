@@ -316,17 +316,47 @@ class ModelCard:
     data_files: list[str]
     config: object  # the run's resolved config (secrets removed when written)
     metrics_file: Path  # the run's metrics.jsonl: its last record is the card's final metrics
+    sft_adapter: str | None = None  # the adapter merged into the base before training
+    trained: list[str] = dataclasses.field(default_factory=list)  # what the run trained, lines
 
     def text(self) -> str:
         final = (read_metrics(self.metrics_file) or [{}])[-1] if self.metrics_file.is_file() else {}
         data = "\n".join(f"- `{f}`: sha256 `{file_sha256(f)}`" for f in self.data_files)
-        numbers = "\n".join(f"| {k} | {v:.6g} |" for k, v in final.items())
+        numbers = "\n".join(
+            f"| {k} | {v:.6g} |" for k, v in final.items() if isinstance(v, (int, float))
+        )
+        stands_on = (
+            f"- stands on: the SFT adapter `{self.sft_adapter}`, merged into the base first\n"
+            if self.sft_adapter
+            else ""
+        )
+        trained = "".join(f"- {line}\n" for line in self.trained)
         return (
-            f"# Model card\n\n- base model: `{self.base_model}`\n- method: {self.method}\n\n"
-            f"## Data\n\n{data}\n\n## Final metrics (metrics.jsonl, last record)\n\n"
+            f"# Model card\n\n- base model: `{self.base_model}`\n{stands_on}"
+            f"- method: {self.method}\n\n"
+            + (f"## What was trained\n\n{trained}\n" if trained else "")
+            + f"## Data\n\n{data}\n\n## Final metrics (metrics.jsonl, last record)\n\n"
             f"| metric | value |\n|---|---|\n{numbers}\n\n"
             f"## Resolved config\n\n```yaml\n{resolved_config_text(self.config)}```\n"
         )
+
+
+LINEAGE = "lineage.json"  # beside a LoRA adapter: the base and the SFT adapter it was trained on
+
+
+def read_lineage(folder) -> dict | None:
+    """{"base", "sft_adapter"} (absolute paths; sft_adapter None when none was merged) of an adapter
+    a run of ours wrote, or None for an adapter without the record (PEFT's, an SFT run's)."""
+    path = Path(folder) / LINEAGE
+    if not path.is_file():
+        return None
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        record = None
+    if not (isinstance(record, dict) and set(record) == {"base", "sft_adapter"}):
+        raise CheckpointError(f"{path}: not a lineage record {{base, sft_adapter}}")
+    return record
 
 
 def file_sha256(path) -> str:
@@ -345,17 +375,21 @@ def save_model(
     base_model_name_or_path: str | None = None,
     with_tokenizer: bool = False,
     card: ModelCard | None = None,
+    lineage: dict | None = None,
 ) -> None:
     """The trained model in `folder`, replaced whole (every rank calls it): a LoRA run's adapter and
     token rows (model.save_adapter, by rank 0; `with_tokenizer`: the tokenizer beside them), or a
     full-parameter run's whole Hugging Face checkpoint (export_full). Built in `staging_folder`,
-    swapped in by `publish_folder`; with `card`, its README.md beside them."""
+    swapped in by `publish_folder`; with `card`, its README.md beside them; with `lineage` (a LoRA
+    run's {"base", "sft_adapter"}), LINEAGE beside the adapter."""
     tmp = staging_folder(folder, clear=ranks.main)
     barrier()
     if is_sharded(model):
         export_full(model, tok, tmp)
     elif ranks.main:
         save_adapter(model, tmp, base_model_name_or_path)
+        if lineage is not None:
+            (tmp / LINEAGE).write_text(json.dumps(lineage, indent=2) + "\n", encoding="utf-8")
         if with_tokenizer:
             tok.save(tmp)
     if ranks.main:

@@ -539,6 +539,58 @@ def judge_groups(
     return stats
 
 
+def judge_probes(
+    spec: rewards.RewardSpec, settings: DialogueSettings, cfg: JudgeConfig, scenario: Scenario
+) -> list[tuple[str, JudgeConfig, JudgeCall]]:
+    """(config key, endpoint, call): one request of each kind a dialogue run of `spec` sends each
+    of its endpoints, about `scenario`'s opening and a stand-in reply, for judge.probe before the
+    run."""
+    opening = as_state(scenario)
+    reply = "I am sorry to hear that. What happened?"
+    history = list(opening.then("assistant", reply).history)
+    probes = [
+        (
+            "dialogue.simulator" if settings.simulator else "judge",
+            settings.simulator or cfg,
+            user_turn_request(scenario.scenario, history, 1, settings.max_turns),
+        )
+    ]
+    if spec.name == "care":
+        probes.append(
+            (
+                "dialogue.rubric_judge" if settings.rubric_judge else "judge",
+                settings.rubric_judge or cfg,
+                judge.care_rubric_request(list(opening.history)),
+            )
+        )
+        rubric = {
+            name: {"weight": 1 / 3, "criteria": ["one point", "another point"]}
+            for name in judge.CARE_DIMENSIONS
+        }
+        probes.append(("judge", cfg, judge.care_scores_request(history[:-1], rubric, reply)))
+        return probes
+    probes.append(
+        (
+            "dialogue.predictor" if settings.predictor else "judge",
+            settings.predictor or cfg,
+            predictor_request(history[:-1], reply, None),
+        )
+    )
+    forecast = "Needs: to be heard\nAppraisal: it is hard\nEmotion: a little calmer"
+    probes.append(
+        (
+            "judge",
+            cfg,
+            turn_scores_request(history[:-1], "", reply, settings.lookahead, forecast, None),
+        )
+    )
+    if DIALOGUE_GROUPING[spec.name] == "trajectory":
+        probes.append(
+            ("judge", cfg, emotional_state_request(scenario.scenario, scenario.initial_prompt))
+        )
+    return probes
+
+
 def with_criteria(rubric: dict | None, criteria: dict[str, list[str]] | None) -> dict | None:
     """A generated rubric with each dimension's criteria replaced by `criteria`'s (its weights
     kept); the rubric itself without `criteria` or a rubric."""

@@ -61,6 +61,7 @@ from config import (
     excerpt,
     parse_cli,
     print0,
+    read_metrics,
     save_resolved_config,
 )
 from distributed import DistributedSettings, Ranks, all_reduce_sum, gather_json, setup_distributed
@@ -73,6 +74,7 @@ from fsdp import (
     sharded_weight,
 )
 from judge import CARE_DIMENSIONS, JudgeAuthError, JudgeConfig, JudgeError, care_rubric
+from judge import probe as judge_probe
 from model import (
     CheckpointError,
     Qwen,
@@ -149,6 +151,9 @@ class FilterSettings:
     # filtering off: mask a group of all-equal rewards (out of the loss and its normalizer), or keep
     # it, its advantages 0, its tokens in the normalizer and their KL term in the loss (verl's GRPO)
     mask_equal: bool = True
+    # updates in a row that train no group because rewards are missing (a judge down, a judge the
+    # reward never asked): at this many the run saves and stops, exit 1 (`unscored_stop`)
+    max_unscored_updates: int = bounded(3, ge=1)
 
 
 @dataclass
@@ -446,8 +451,10 @@ def timed(counts: dict, key: str, fn, *args):
 
 
 def count_calls(counts: dict, judge_stats: dict) -> None:
-    for key in ("calls", "retries", "failures"):
+    for key in ("calls", "retries", "failures", "malformed"):
         counts[key] += judge_stats.get(key, 0)
+    errors = list(judge_stats.get("errors", {}).values())
+    counts["judge_error"] = counts["judge_error"] or (errors[0] if errors else None)
 
 
 def count_decisions(counts: dict, decisions: list[str]) -> None:
@@ -472,6 +479,8 @@ def collect_groups(
         "calls": 0,
         "retries": 0,
         "failures": 0,
+        "malformed": 0,
+        "judge_error": None,  # the first failed call's reason, for unscored_stop's line
     }
     slots = timed(
         counts,
@@ -503,7 +512,9 @@ def collect_groups(
             if decision in ("resample", "replace")
         ]
         rounds += 1
-    return [s.group for s in slots], counts
+    groups = [s.group for s in slots]
+    counts["unscored"] = sum(g.masked and None in g.rewards for g in groups)
+    return groups, counts
 
 
 # ---------------------------------------------------------------- steps 4-6: advantages, loss, step
@@ -830,6 +841,20 @@ def check_inputs(cfg: GRPOConfig, config_path: str) -> list:
     return examples
 
 
+def probe_endpoints(cfg: GRPOConfig, examples: list) -> None:
+    """Ask every judge endpoint the run needs once, with a request of each kind it will get about
+    the first example, before any model loads (judge.probe): one that never answers or refuses the
+    kind stops the run with one line. An outage after this is survived (missing feedback)."""
+    if cfg.dialogue is not None:
+        from dialogue import judge_probes
+
+        probes = judge_probes(cfg.reward, cfg.dialogue, cfg.judge, examples[0])
+    else:
+        probes = rewards.judge_probes(cfg.reward, examples[0], cfg.judge, cfg.content_model)
+    for key, endpoint, call in probes:
+        judge_probe(call, endpoint, key)
+
+
 def build_policy(cfg: GRPOConfig, ranks: Ranks, like: Qwen | None = None):
     """The base model with the SFT adapter (and its <evidence> rows) merged in, plus a fresh LoRA:
     the only trainable parameters (embedding and lm_head stay frozen); disabling it gives the
@@ -865,6 +890,66 @@ def build_policy(cfg: GRPOConfig, ranks: Ranks, like: Qwen | None = None):
 # ----------------------------------------------------------------------------- the training loop
 
 
+def schedule_notes(cfg: GRPOConfig) -> list[str]:
+    """The parts of the LR schedule a run of `cfg.updates` never reaches (a short trial run of a
+    paper config): said before the first update and recorded in the model card."""
+    o, n = cfg.optim, cfg.updates
+    if n <= o.warmup_updates:
+        return [
+            f"schedule: updates={n} ends inside the warm-up (optim.warmup_updates="
+            f"{o.warmup_updates}): the LR rises from {o.lr_floor:g} to {lr_at(n, o, n):.3g}, never "
+            f"to optim.lr={o.lr:g}"
+        ]
+    if n < o.hold_until:
+        return [
+            f"schedule: updates={n} ends before optim.hold_until={o.hold_until}: the LR holds at "
+            f"optim.lr={o.lr:g} to the end, with no cosine decay"
+        ]
+    return []
+
+
+def unscored_cause(reports: list[dict]) -> str:
+    """Why an update's rewards were missing, from every rank's report: the judge's failed calls
+    (with the first reason), its malformed answers, or, with neither, a reward that reads a judge
+    output nobody asked for."""
+    calls, failures, malformed = (
+        sum(r[k] for r in reports) for k in ("calls", "failures", "malformed")
+    )
+    if failures:
+        first = next(r["judge_error"] for r in reports if r["judge_error"])
+        return f"{failures} of {calls} judge calls failed, the first: {first}"
+    if malformed:
+        return f"{malformed} of {calls} judge answers were out of format"
+    return (
+        "no judge call failed: the reward reads a judge output that no judge was asked for "
+        "(a judge-backed reward must declare its judges: docs/adding-a-reward.md)"
+    )
+
+
+def run_summary(records: list[dict]) -> tuple[int, str]:
+    """(trained completion tokens, one line) of what a run's metrics.jsonl says it trained: the
+    updates that trained, the tokens, the masked groups and why, the judge's failed calls."""
+    total = {
+        key: sum(r.get(key) or 0 for r in records)
+        for key in (
+            "tokens/trained",
+            "groups/total",
+            "groups/masked",
+            "groups/unscored",
+            "judge/calls",
+            "judge/failures",
+        )
+    }
+    total = {key: int(value) for key, value in total.items()}
+    trained_updates = sum(bool(r.get("tokens/trained")) for r in records)
+    return total["tokens/trained"], (
+        f"trained {total['tokens/trained']:,} completion tokens in {trained_updates} of "
+        f"{len(records)} updates; {total['groups/masked']} of {total['groups/total']} groups "
+        f"masked ({total['groups/unscored']} for missing rewards); judge: "
+        f"{total['judge/failures']} of {total['judge/calls']} calls failed"
+    )
+
+
 def train(cfg: GRPOConfig, examples: list[data.Example]) -> None:
     ranks = setup_distributed(cfg.model.device, cfg.distributed, cfg.output_dir)
     out_dir = Path(cfg.output_dir)
@@ -882,10 +967,13 @@ def train(cfg: GRPOConfig, examples: list[data.Example]) -> None:
         cfg.rollout.prompts_per_update,
         cfg.resume == "auto",
     )
-    start = 0
+    start, unscored_streak = 0, 0
     if meta is not None:
         start, source.cursor = meta["trainer"]["update"], tuple(meta["trainer"]["cursor"])
+        unscored_streak = meta["trainer"].get("unscored_streak", 0)
         print0(f"resuming from {path} (update {start} of {cfg.updates})")
+    for note in schedule_notes(cfg):
+        print0(note)
     for name in ("metrics.jsonl", "completions.jsonl"):
         trim_log(out_dir / name, start, ranks)
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_ids[0]
@@ -963,24 +1051,40 @@ def train(cfg: GRPOConfig, examples: list[data.Example]) -> None:
             for record in (r for rank_records in records for r in rank_records):
                 completions_log.write(record)
             done = update + 1
+            unscored = metrics["tokens/trained"] == 0 and metrics["groups/unscored"] > 0
+            unscored_streak = unscored_streak + 1 if unscored else 0
+            give_up = unscored_streak >= cfg.filtering.max_unscored_updates
             stopping = stop.requested(ranks.device)
-            if done % cfg.save_every == 0 or done == cfg.updates or stopping:
+            if done % cfg.save_every == 0 or done == cfg.updates or stopping or give_up:
                 save_checkpoint(
                     out_dir,
                     done,
                     policy,
                     optimizer,
-                    {"update": done, "cursor": list(source.cursor)},
+                    {
+                        "update": done,
+                        "cursor": list(source.cursor),
+                        "unscored_streak": unscored_streak,
+                    },
                     cfg.rollout.prompts_per_update,
                     keep=cfg.keep_checkpoints,
                 )
+            if give_up:
+                print0(
+                    f"error: {unscored_streak} updates in a row trained nothing (filtering."
+                    f"max_unscored_updates), the last update {done}: rewards were missing in "
+                    f"{metrics['groups/unscored']} of {metrics['groups/total']} groups; "
+                    f"{unscored_cause(reports)}. Checkpoint saved: the same command resumes "
+                    f"from {out_dir}",
+                    file=sys.stderr,
+                )
+                raise SystemExit(1)
             if stopping:
                 print0(f"stopped after update {done}; `resume: auto` continues from {out_dir}")
                 return
     # a full-parameter run: a whole checkpoint
     final = out_dir / ("model" if is_sharded(policy) else "adapter")
-    # else: the SFT-merged base, not on disk
-    base = None if cfg.model.sft_adapter else cfg.model.path
+    trained_tokens, summary = run_summary(read_metrics(out_dir / "metrics.jsonl"))
     card = ModelCard(
         cfg.model.path,
         f"GRPO (DeepSeekMath's group-relative policy optimization) with the `{cfg.reward.name}` "
@@ -988,12 +1092,33 @@ def train(cfg: GRPOConfig, examples: list[data.Example]) -> None:
         cfg.train_data,
         cfg,
         out_dir / "metrics.jsonl",
+        sft_adapter=cfg.model.sft_adapter,
+        trained=[summary, *schedule_notes(cfg)],
     )
-    save_model(policy, tok, final, ranks, base_model_name_or_path=base, card=card)
+    lineage = {
+        "base": str(Path(cfg.model.path).resolve()),
+        "sft_adapter": cfg.model.sft_adapter and str(Path(cfg.model.sft_adapter).resolve()),
+    }
+    save_model(
+        policy,
+        tok,
+        final,
+        ranks,
+        # PEFT would load the adapter on this base; with an SFT adapter the base is not on disk
+        base_model_name_or_path=None if cfg.model.sft_adapter else cfg.model.path,
+        card=card,
+        lineage=None if is_sharded(policy) else lineage,
+    )
     if ranks.main and cfg.save_merged:
         with atomic_folder(out_dir / "merged") as tmp:
             save_merged(policy, tok, tmp)
-    print0(f"done: {final}")
+    if not trained_tokens:
+        print0(
+            f"error: the run trained nothing: {summary}; {final} holds the starting model",
+            file=sys.stderr,
+        )
+        raise SystemExit(1)
+    print0(f"done: {final}: {summary}")
 
 
 def main(argv=None) -> None:
@@ -1004,6 +1129,7 @@ def main(argv=None) -> None:
     cfg = parse_cli(GRPOConfig, argv)
     try:
         examples = check_inputs(cfg, argv[0])
+        probe_endpoints(cfg, examples)
     except (ConfigError, data.DataError, JudgeError) as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -421,6 +421,37 @@ def chat_many(calls: list[JudgeCall], cfg: JudgeConfig) -> tuple[list[str | None
     return [o[0] for o in outcomes], stats
 
 
+PROBE_RETRIES = 4
+
+
+def probe(call: JudgeCall, cfg: JudgeConfig, key: str) -> str:
+    """Ask `call`, a request of a kind the run will send, once before the run's first expensive
+    step, and return the answer: an endpoint that never answers (nothing listening, a wrong port)
+    or refuses that kind of request stops the run there, not after an update of failed calls.
+    Raises JudgeError (JudgeAuthError for a refused key) whose one line names the config `key`, the
+    endpoint and the server's own reason. Whether the answer parses is left to the run: a malformed
+    answer is incomplete feedback, counted as any later one is. Connection errors, timeouts, 429 and
+    5xx are retried at least PROBE_RETRIES times, whatever `cfg.retries` says: a server still
+    starting, or one fault, should not stop a run that the same server can serve."""
+    source = f"the key from {cfg.api_key_env}" if cfg.api_key_env else "no api_key_env set"
+    try:
+        return _chat_with_retries(
+            call.messages,
+            base_url=cfg.base_url,
+            model=cfg.model,
+            api_key=cfg.read_api_key(),
+            timeout=cfg.timeout,
+            retries=max(cfg.retries, PROBE_RETRIES),
+            backoff=cfg.backoff,
+            max_wait=cfg.max_wait,
+            sampling=cfg.sampling_params(call.max_tokens),
+        )[0]
+    except JudgeAuthError as e:
+        raise JudgeAuthError(f"'{key}': {e} ({source})") from None
+    except JudgeError as e:
+        raise JudgeError(f"'{key}': asked once before the run: {e}") from None
+
+
 def ask(
     requests: list[tuple[JudgeCall, Callable[[str], Any]]], cfg: JudgeConfig
 ) -> tuple[list[Any], dict[str, Any]]:

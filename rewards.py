@@ -31,6 +31,7 @@ pair's replies, generated rubric | care_generator |
 from __future__ import annotations
 
 import functools
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -713,6 +714,45 @@ def _judge_request(name: str, rollout: Rollout, cfg: judge.JudgeConfig):
             lambda text: judge.parse_care_scores(text, rubric),
         )
     raise ValueError(f"no single-turn judge request for '{name}'")
+
+
+# What the judges are asked about when each is probed once before a run (judge_probes): a stand-in
+# for the run's own completions, one reasoning block and the example's labels, or for
+# care_generator a valid rubric.
+_STAND_IN_REASONING = "The last turn reads differently in the light of the turns before it."
+_STAND_IN_RUBRIC = {
+    name: {"weight": weight, "rationale": "a stand-in", "criteria": ["one point", "another point"]}
+    for name, weight in zip(judge.CARE_DIMENSIONS, (0.4, 0.3, 0.3))
+}
+
+
+def judge_probes(
+    spec: RewardSpec,
+    example: data.Example,
+    cfg: judge.JudgeConfig,
+    content_model: ContentModelSettings | None = None,
+) -> list[tuple[str, judge.JudgeConfig, judge.JudgeCall]]:
+    """(config key, endpoint, call): one request of each kind the judges of a run of `spec` will
+    get, about `example` and a stand-in completion, for judge.probe before the run. With a
+    `content_model`, R_content comes from the trained RM: its endpoint is asked R_content's request
+    (an RM scored in-process is no endpoint)."""
+    completion = (
+        json.dumps(_STAND_IN_RUBRIC)
+        if spec.name == "care_generator"
+        else f"{_STAND_IN_REASONING}\n{data.THINK_END}\nAnswer: {', '.join(example.labels)}"
+    )
+    rollout = Rollout.from_completion(
+        example, completion, n_reasoning_tokens=12, n_completion_tokens=16
+    )
+    probes = []
+    for name in judges_needed(spec):
+        if name == CONTENT_JUDGE and content_model is not None:
+            if content_model.endpoint is not None:
+                call = judge.sip_content_request(example, rollout.reasoning, None)
+                probes.append(("content_model.endpoint", content_model.endpoint, call))
+        else:
+            probes.append(("judge", cfg, _judge_request(name, rollout, cfg)[0]))
+    return probes
 
 
 def judge_rollouts(

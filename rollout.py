@@ -304,7 +304,10 @@ def update_metrics(reports: list[dict], update: int, lr: float, beta: float) -> 
         metrics[f"rewards/{name}/std"] = part_std
     metrics |= {
         "frac_reward_zero_std": zero_std / max(1, len(group_rewards)),
+        "groups/total": len(group_rewards),
         "groups/masked": total("masked"),
+        # masked because a reward was missing (judge failures or malformed answers)
+        "groups/unscored": total("unscored"),
         "groups/resampled": total("resampled"),
         "groups/replaced": total("replaced"),
         "completions/mean_length": sum(lengths) / max(1, len(lengths)),
@@ -322,6 +325,8 @@ def update_metrics(reports: list[dict], update: int, lr: float, beta: float) -> 
         "judge/calls": total("calls"),
         "judge/retries": total("retries"),
         "judge/failures": total("failures"),
+        "judge/malformed": total("malformed"),
+        "tokens/trained": tokens,
         "skipped_nonfinite": reports[0]["skipped_nonfinite"],
     }
     return metrics

@@ -182,7 +182,8 @@ def test_a_table_2_row_runs_asking_only_its_judges(tmp_path, assets, name, asked
         )
     records = read_jsonl(tmp_path / "run" / "metrics.jsonl")
     assert [r["step"] for r in records] == [1, 2]
-    assert set(seen) == asked and len(seen) == 2 * 2 * len(asked)  # 2 updates x 2 rollouts
+    # each judge once before the run (judge.probe), then 2 updates x 2 rollouts
+    assert set(seen) == asked and len(seen) == (1 + 2 * 2) * len(asked)
 
 
 def test_a_switch_is_0_or_1(tmp_path, assets, capsys):
@@ -210,14 +211,19 @@ def test_uniform_weights_drop_the_rubric_weights():
 
 
 class CareRecorder:
-    """The rules backend, each request's (system prompt, user message, model) kept."""
+    """The rules backend, each request's (system prompt, user message, model) kept; every other
+    scoring answer gives every criterion 5, so that a group's two replies score apart."""
 
     def __init__(self):
         self.requests = []
 
     def __call__(self, messages, params):
         self.requests.append((messages[0]["content"], messages[-1]["content"], params["model"]))
-        return rules_backend(messages, params)
+        answer = rules_backend(messages, params)
+        scored = sum(system == CARE_SCORES_SYSTEM for system, _, _ in self.requests)
+        if messages[0]["content"] == CARE_SCORES_SYSTEM and scored % 2:
+            return re.sub(r"\| \d$", "| 5", answer, flags=re.MULTILINE)
+        return answer
 
 
 @pytest.mark.parametrize("name", ["care_qwen2_5_7b.yaml", *CARE_ROWS])
@@ -252,7 +258,8 @@ def test_a_table_3_row_runs(tmp_path, assets, name):
     cfg = yaml.safe_load((CONFIGS / name).read_text())["dialogue"]
     writers = {m for system, _, m in recorder.requests if system == CARE_RUBRIC_SYSTEM}
     assert writers == {cfg["rubric_judge"]["model"]}
-    scored = [user for system, user, _ in recorder.requests if system == CARE_SCORES_SYSTEM]
+    # the first: the judge asked once before the run (judge.probe), about a stand-in rubric
+    _, *scored = [user for system, user, _ in recorder.requests if system == CARE_SCORES_SYSTEM]
     assert len(scored) == 2  # both replies, under their state's rubric
     # the fixed row's criteria are in every scoring prompt of that row, and in no other row's
     fixed_row = yaml.safe_load((CONFIGS / "care_qwen2_5_7b_fixed_criteria.yaml").read_text())

@@ -615,13 +615,13 @@ def test_report_to_sends_every_metric_to_tensorboard_and_an_offline_wandb_run(
         tmp_path,
         assets,
         judge.url,
-        updates=2,
+        filtering={"resamples": 3, "replacements": 2},
         report_to=["tensorboard", "wandb"],
         **{"judge.api_key_env": "CLUE_TEST_JUDGE_KEY"},
     )
     grpo.main([str(config)])
     out = tmp_path / "run"
-    assert [m["step"] for m in read_jsonl(out / "metrics.jsonl")] == [1, 2]
+    assert [m["step"] for m in read_jsonl(out / "metrics.jsonl")] == [1, 2, 3]
     assert_sinks_hold_metrics(out, wandb_run=True)
     wandb_config, _ = wandb_offline_run(out)
     # the resolved config, naming the key's variable, never its value
@@ -807,7 +807,10 @@ def test_sigterm_saves_a_checkpoint_and_stops(tmp_path, assets, judge, monkeypat
 
 def test_judge_outage_never_crashes(tmp_path, assets, capsys):
     with JudgeServer(rules_backend, faults=Faults(fail_rate=0.3, seed=3)).start() as server:
-        grpo.main([str(run_config(tmp_path, assets, server.url, updates=3))])
+        config = run_config(
+            tmp_path, assets, server.url, filtering={"resamples": 3, "replacements": 2}
+        )
+        grpo.main([str(config)])
     run = tmp_path / "run"
     metrics = read_jsonl(run / "metrics.jsonl")
     completions = read_jsonl(run / "completions.jsonl")
