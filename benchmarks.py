@@ -36,12 +36,13 @@ from judge import (
     DATA_NOTICE,
     JudgeCall,
     JudgeConfig,
+    JudgeError,
     chat_messages,
     dialogue_text,
     section,
     verdict_lines,
 )
-from teacher import ask_journaled, load_journal, request_key
+from teacher import ask_journaled, failed_calls, load_journal, request_key
 
 ROLEPLAY, RUBRIC = "roleplay.jsonl", "rubric.jsonl"
 ANALYSIS_CATEGORY = "Analytical Interpretation"
@@ -263,8 +264,8 @@ def score_transcripts(
     sets: dict[str, list[RoleplayScenario]], runs: int, done: dict, cfg: JudgeConfig, path
 ) -> dict[tuple[str, str, int], dict[str, int] | None]:
     """The judge's scores {(set, id, sample): scores, None when its answer was malformed} of every
-    finished transcript, asking only what the journal `path` does not hold; a failed call has no
-    entry (asked again on the next run)."""
+    finished transcript, asking only what the journal `path` does not hold. A failed call stops the
+    evaluation (JudgeError) once every answer is journaled: the rerun asks only what failed."""
     asks = {}
     for name, scenarios in sets.items():
         for scenario in scenarios:
@@ -275,9 +276,9 @@ def score_transcripts(
                     key = request_key("eqbench3-rubric", f"{name}/{scenario.id}/{r}", cfg, call)
                     asks[(name, scenario.id, r)] = (key, call, parse_rubric_scores)
     journal = load_journal(path)
-    counts = ask_journaled(list(asks.values()), cfg, path, journal)
-    if counts["failures"]:
-        print0(f"rubric judge: {counts['failures']} calls failed; rerun to ask them again")
+    counts = ask_journaled(list(asks.values()), cfg, path, journal, "judge")
+    if counts["errors"]:  # no table scored on some of the transcripts
+        raise JudgeError(failed_calls(counts["errors"], path, "judge"))
     return {item: journal[key] for item, (key, _, _) in asks.items() if key in journal}
 
 

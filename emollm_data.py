@@ -73,7 +73,6 @@ from typing import Callable, Literal
 import sft
 from config import (
     ConfigError,
-    atomic_write_text,
     bounded,
     check_output_file,
     excerpt,
@@ -85,7 +84,7 @@ from dataset import check_new_id, parse_json, read_data_text, reject_json_consta
 from dialogue_judges import ARG_SECTIONS
 from judge import DATA_NOTICE, JudgeCall, JudgeConfig, JudgeError, chat_messages, section
 from model import CheckpointError, load_tokenizer
-from teacher import ask_journaled, load_journal, raw_text, refuse_shrinking, request_key
+from teacher import ask_journaled, load_journal, raw_text, request_key, write_rows
 
 # ----------------------------------------------------------------------------- config
 
@@ -543,7 +542,7 @@ def arg_rows(
         {
             "contexts": len(pool),
             "reused": len(pool) - asked["asked"],
-            "teacher_failures": answers.count(None),
+            "teacher_failures": len(asked["errors"]),
             "missing section": 0,
             "missing reply": 0,
             "malformed": 0,
@@ -568,7 +567,7 @@ def arg_rows(
                     | {"gate": parsed.gate, "arg": think(parsed.sections)},
                 }
             )
-    return rows, counts
+    return rows, counts | {"errors": asked["errors"]}
 
 
 # ----------------------------------------------------------------------------- the command
@@ -603,17 +602,18 @@ def prepare(
             "too long": skipped,
             "with knowledge": sum(r["meta"]["knowledge"] > 0 for r in rows),
         }
+        errors, journal = [], None
     else:
         journal = Path(str(out) + ".teacher.jsonl")
         rows, counts = arg_rows(dialogues, settings, journal, fits)
+        errors = counts.pop("errors")
         counts |= {"rows": len(rows), "reasoned": sum(r["meta"]["gate"] for r in rows)}
-        refuse_shrinking(out, len(rows), counts["teacher_failures"], journal)
-    atomic_write_text(out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
     print0(
         f"emollm {'CPT' if objective == 'lm' else 'ARG SFT'}: "
         + ", ".join(f"{k} {v}" for k, v in counts.items())
         + f" -> {out}"
     )
+    write_rows(out, [json.dumps(r, ensure_ascii=False) + "\n" for r in rows], errors, journal)
     return counts
 
 

@@ -25,11 +25,11 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from config import ConfigError, atomic_write_text, bounded, check_output_file, parse_cli, print0
+from config import ConfigError, bounded, check_output_file, parse_cli, print0
 from data import DataError
 from emollm_data import Dialogue, contexts, load_dialogues, render_context
 from judge import DATA_NOTICE, JudgeCall, JudgeConfig, JudgeError, chat_messages, section
-from teacher import ask_journaled, load_journal, refuse_shrinking, request_key
+from teacher import ask_journaled, load_journal, request_key, write_rows
 
 
 @dataclass
@@ -135,9 +135,10 @@ def prepare(cfg: SeedSettings) -> dict[str, int]:
         "rejected": sum(k in done and done[k] is None for k in keys),
         "seeds": len(seeds),
     }
-    refuse_shrinking(out, len(seeds), counts["failures"], journal)
-    atomic_write_text(out, "".join(json.dumps(s, ensure_ascii=False) + "\n" for s in seeds))
     print0("emollm seeds: " + ", ".join(f"{k} {v}" for k, v in counts.items()) + f" -> {out}")
+    write_rows(
+        out, [json.dumps(s, ensure_ascii=False) + "\n" for s in seeds], asked["errors"], journal
+    )
     return counts
 
 

@@ -60,6 +60,7 @@ from data import (
 from dataset import load_jsonl
 from judge import JudgeCall, JudgeConfig, JudgeError, cause_request, chat_many, parse_cause_verdict
 from sampling import SamplingConfig, endpoint_config, sample_completions
+from tokenizer import CheckpointError
 from verifier import extract_quotes, locate_quote
 
 COMPLETIONS, CAUSES, EVAL_JSON, TABLE, F1_FIGURE = (
@@ -377,10 +378,16 @@ def model_identity(cfg: EvalConfig) -> dict:
         "checkpoint": str(Path(cfg.checkpoint).resolve()),
         "config_sha256": _sha256(Path(cfg.checkpoint) / "config.json"),
     }
-    if cfg.adapter:
+    *sft, adapter = adapter_chain(cfg) or [None]
+    if sft:
         identity |= {
-            "adapter": str(Path(cfg.adapter).resolve()),
-            "adapter_sha256": _sha256(Path(cfg.adapter) / "adapter_model.safetensors"),
+            "sft_adapter": str(Path(sft[0]).resolve()),
+            "sft_adapter_sha256": _sha256(Path(sft[0]) / "adapter_model.safetensors"),
+        }
+    if adapter:
+        identity |= {
+            "adapter": str(Path(adapter).resolve()),
+            "adapter_sha256": _sha256(Path(adapter) / "adapter_model.safetensors"),
         }
     return identity
 
@@ -413,14 +420,45 @@ def check_resume(cfg: EvalConfig, out: Path) -> None:
         )
 
 
+def adapter_chain(cfg: EvalConfig) -> list[str]:
+    """The adapters merged into `checkpoint`, in order: `adapter`, preceded by the SFT adapter it
+    was trained on when its lineage (checkpoint.LINEAGE, written by grpo.py) names one, as grpo.py
+    merged it into the base before RL. An adapter whose lineage names another base than
+    `checkpoint` raises EvalError, with the command that evaluates the trained model."""
+    from checkpoint import read_lineage  # torch: not for `compare` and `plot`
+
+    if not cfg.adapter:
+        return []
+    try:
+        lineage = read_lineage(cfg.adapter)
+    except CheckpointError as e:
+        raise EvalError(str(e)) from None
+    if lineage is None:
+        return [cfg.adapter]
+    sft = lineage["sft_adapter"]
+    if Path(cfg.checkpoint).resolve() != Path(lineage["base"]):
+        run = Path(cfg.adapter).resolve().parent
+        raise EvalError(
+            f"adapter {cfg.adapter} was trained on {lineage['base']}"
+            + (f" with the SFT adapter {sft} merged in" if sft else "")
+            + f", not on checkpoint {cfg.checkpoint}: evaluate it with checkpoint="
+            f"{lineage['base']} adapter={cfg.adapter}"
+            + (" (the SFT adapter is merged first)" if sft else "")
+            + f", or checkpoint={run / 'merged'} adapter=null where the run saved one"
+        )
+    return [sft, cfg.adapter] if sft else [cfg.adapter]
+
+
 def tokenizer_path(cfg: EvalConfig) -> str | None:
-    """`tokenizer`, else the adapter's folder when it holds a tokenizer, else the checkpoint's."""
-    adapter_has_one = cfg.adapter and (Path(cfg.adapter) / "tokenizer.json").is_file()
-    return cfg.tokenizer or (cfg.adapter if adapter_has_one else cfg.checkpoint)
+    """`tokenizer`, else the last adapter of the chain that holds a tokenizer, else the
+    checkpoint's."""
+    holding = [a for a in adapter_chain(cfg) if (Path(a) / "tokenizer.json").is_file()]
+    return cfg.tokenizer or (holding[-1] if holding else cfg.checkpoint)
 
 
 def load_model(cfg: EvalConfig):
-    """(model, tokenizer) for in-process sampling: the checkpoint with the adapter merged in."""
+    """(model, tokenizer) for in-process sampling: the checkpoint with the adapter chain merged
+    in."""
     import torch
 
     import model as qwen
@@ -429,8 +467,8 @@ def load_model(cfg: EvalConfig):
     dtype = cfg.dtype or ("bfloat16" if device.startswith("cuda") else "float32")
     try:
         net = qwen.Qwen.from_pretrained(cfg.checkpoint, dtype, device)
-        if cfg.adapter:
-            qwen.merge_lora(qwen.load_adapter(net, cfg.adapter))
+        for adapter in adapter_chain(cfg):
+            qwen.merge_lora(qwen.load_adapter(net, adapter))
         tok = qwen.load_tokenizer(tokenizer_path(cfg))
     except qwen.CheckpointError as e:
         raise EvalError(str(e)) from None
@@ -775,6 +813,7 @@ def evaluate(cfg: EvalConfig) -> dict:
     """Run the evaluation of `cfg` (resuming from its output_dir) and write every output; returns
     eval.json."""
     check_config(cfg)
+    adapter_chain(cfg)
     out = Path(cfg.output_dir)
     check_resume(cfg, out)
     # the sets scored by their answers; the judge-scored ones (benchmarks.py) are run apart
@@ -902,16 +941,25 @@ def markdown_tables(evals: list[dict]) -> str:
     return "\n".join(parts)
 
 
-def _benchmark_score(entry: dict) -> dict | None:
-    """A benchmark row's number (0-1): the group accuracy, or a judge-scored set's rubric score."""
-    return entry.get("rubric_score" if entry.get("kind") == "eqbench3" else "group_accuracy")
+def _benchmark_cell(entry: dict) -> str:
+    """A benchmark row's cell: the group accuracy in percent with the invalid-answer rate beside it,
+    or a judge-scored set's rubric score (0-100) with its unscored transcripts."""
+    if entry.get("kind") == "eqbench3":
+        score, unscored = _cell(entry.get("rubric_score"), 100, 2), entry["unscored"]
+        transcripts = entry["n_items"] * len(unscored)
+        return score if score == "–" else f"{score} ({sum(unscored)} of {transcripts} unscored)"
+    score, invalid = _cell(entry.get("group_accuracy"), 100, 2), entry.get("invalid")
+    if score == "–" or not invalid or invalid["mean"] is None:
+        return score
+    return f"{score} ({100 * invalid['mean']:.1f}% invalid)"
 
 
 def accuracy_table(evals: list[dict]) -> str:
     """The benchmark table (`report: accuracy`): one row per set, its items (a group of questions
     counts once; a judge-scored set's items are its scenarios), then a column per model with the
     group accuracy in percent (a judge-scored set: its 0-100 rubric score), mean ± sample SD over
-    the sampled runs, and a last row averaging the accuracy rows, each weighted equally."""
+    the sampled runs, the invalid-answer rate (unscored transcripts) beside it, and a last row
+    averaging the accuracy rows, each weighted equally."""
     sets = list(dict.fromkeys(n for e in evals for n in e["sets"]))
     judged = [n for n in sets if any(e["sets"].get(n, {}).get("kind") for e in evals)]
     runs = sorted({e["sets"][n]["decoding"]["n_samples"] for e in evals for n in e["sets"]})
@@ -923,7 +971,7 @@ def accuracy_table(evals: list[dict]) -> str:
     ]
     for name in sets:
         items = next(e["sets"][name].get("n_items", "–") for e in evals if name in e["sets"])
-        cells = [_cell(_benchmark_score(e["sets"].get(name, {})), 100, 2) for e in evals]
+        cells = [_benchmark_cell(e["sets"].get(name, {})) for e in evals]
         lines.append(f"| {name} | {items} | " + " | ".join(cells) + " |")
     averages = []
     for e in evals:

@@ -421,7 +421,7 @@ def chat_many(calls: list[JudgeCall], cfg: JudgeConfig) -> tuple[list[str | None
     return [o[0] for o in outcomes], stats
 
 
-PROBE_RETRIES = 4
+PROBE_RETRIES = 2
 
 
 def probe(call: JudgeCall, cfg: JudgeConfig, key: str) -> str:

@@ -13,6 +13,7 @@ the same command asks only for what failed or was never asked.
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +22,7 @@ import data
 import dataset
 import judge
 from config import ConfigError, check_output_file, parse_cli, print0
-from teacher import ask_journaled, load_journal, raw_text, refuse_shrinking, request_key
+from teacher import ask_journaled, load_journal, raw_text, request_key, write_rows
 
 
 @dataclass
@@ -63,6 +64,7 @@ def add_references(
         "failures": asked["failures"],
         "rejected": rejected,
         "written": len(kept),
+        "errors": asked["errors"],
     }
 
 
@@ -73,13 +75,13 @@ def prepare(cfg: ReferenceSettings) -> dict[str, int]:
     examples = dataset.load_jsonl(cfg.examples)
     journal = out.with_suffix(".references.jsonl")
     kept, n = add_references(examples, cfg.teacher, journal)
-    refuse_shrinking(out, len(kept), n["failures"], journal)
-    dataset.save_jsonl(kept, out)
     print0(
         f"prepare: {len(kept)} of {len(examples)} examples with a reference -> {out} "
         f"({n['calls']} asked, {n['reused']} logged, {n['failures']} failed, {n['rejected']} "
         f"rejected)"
     )
+    lines = [json.dumps(dataset.example_to_json(e), ensure_ascii=False) + "\n" for e in kept]
+    write_rows(out, lines, n["errors"], journal)
     return n
 
 

@@ -41,12 +41,13 @@ from judge import (
     JudgeConfig,
     JudgeError,
     chat_messages,
+    probe,
     section,
     strict_json_object,
 )
 from model import CheckpointError, Qwen, load_tokenizer
 from sampling import SamplingConfig, sample_completions
-from teacher import ask_journaled, load_journal, raw_text, refuse_shrinking, request_key
+from teacher import ask_journaled, load_journal, raw_text, request_key, write_rows
 from verifier import extract_quotes, format_score, verify_quote
 
 # ----------------------------------------------------------------------------- config
@@ -307,6 +308,10 @@ def parse_refinement(
     )
 
 
+# what the teacher refines when it is asked once before the model loads (sample_traces)
+_STAND_IN_TRACE = "The last turn reads differently in the light of the turns before it."
+
+
 def sample_traces(
     cfg: PrepareConfig,
     examples: list[Example],
@@ -314,10 +319,13 @@ def sample_traces(
     journal: Path,
     done: dict,
 ) -> list[str | None]:
-    """`cfg.samples` traces per example (`prompts` holds each example's prompt that many times), in
-    that order; None where the endpoint failed. model.py samples with `cfg.seed`; an endpoint's
+    """(`cfg.samples` traces per example (`prompts` holds each example's prompt that many times), in
+    that order, None where the endpoint failed; the failed calls' reasons). model.py samples with
+    `cfg.seed`, after the teacher has answered one stand-in refinement (judge.probe); an endpoint's
     answers are journaled."""
     if cfg.sampler is None:
+        stand_in = f"{_STAND_IN_TRACE}\n{THINK_END}\nAnswer: {', '.join(examples[0].labels)}"
+        probe(refinement_request(examples[0], prompts[0], stand_in), cfg.teacher, "teacher")
         device = setup_distributed(cfg.device).device
         dtype = cfg.dtype or ("bfloat16" if device.type == "cuda" else "float32")
         tok, model = load_tokenizer(cfg.model), Qwen.from_pretrained(cfg.model, dtype, device)
@@ -338,7 +346,7 @@ def sample_traces(
             seed=cfg.seed,
             batch_size=cfg.batch_size,
         )
-        return [t for texts in per_example for t in texts]
+        return [t for texts in per_example for t in texts], []
     sampler = dataclasses.replace(
         cfg.sampler,
         temperature=cfg.temperature,
@@ -351,8 +359,10 @@ def sample_traces(
         request_key("trace", f"{e.id}/{k % cfg.samples}", sampler, c)
         for k, (e, c) in enumerate(zip((e for e in examples for _ in range(cfg.samples)), calls))
     ]
-    ask_journaled([(k, c, raw_text) for k, c in zip(keys, calls)], sampler, journal, done)
-    return [done.get(k) for k in keys]
+    asked = ask_journaled(
+        [(k, c, raw_text) for k, c in zip(keys, calls)], sampler, journal, done, "sampler"
+    )
+    return [done.get(k) for k in keys], asked["errors"]
 
 
 def prepare(cfg: PrepareConfig) -> dict[str, int]:
@@ -368,11 +378,14 @@ def prepare(cfg: PrepareConfig) -> dict[str, int]:
     done = load_journal(journal)
     owners = [e for e in examples for _ in range(cfg.samples)]
     prompts = [get_task(e.task).messages(e) for e in owners]
-    traces = sample_traces(cfg, examples, prompts, journal, done)
+    traces, errors = sample_traces(cfg, examples, prompts, journal, done)
     todo = [(e, m, t) for e, m, t in zip(owners, prompts, traces) if t is not None]
     calls = [refinement_request(e, m, t) for e, m, t in todo]
     keys = [request_key("refine", e.id, cfg.teacher, c) for (e, _, _), c in zip(todo, calls)]
-    ask_journaled([(k, c, raw_text) for k, c in zip(keys, calls)], cfg.teacher, journal, done)
+    asked = ask_journaled(
+        [(k, c, raw_text) for k, c in zip(keys, calls)], cfg.teacher, journal, done
+    )
+    errors += asked["errors"]
     answers = [done.get(k) for k in keys]
     rows, conflicts = [], []
     for (example, messages, _), answer in zip(todo, answers):
@@ -384,11 +397,7 @@ def prepare(cfg: PrepareConfig) -> dict[str, int]:
             )
         elif isinstance(parsed, ReferenceConflict):
             conflicts.append(dataclasses.asdict(parsed))
-    failures = len(prompts) - len(todo) + answers.count(None)
-    refuse_shrinking(cfg.out, len(rows), failures, journal)
     conflicts_path = cfg.conflicts or str(Path(cfg.out).with_suffix(".conflicts.jsonl"))
-    for path, records in ((cfg.out, rows), (conflicts_path, conflicts)):
-        atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
     counts = {
         "sampled": len(todo),
         "sampler_failures": len(prompts) - len(todo),
@@ -403,6 +412,10 @@ def prepare(cfg: PrepareConfig) -> dict[str, int]:
         f"{conflicts_path}, {counts['rejected']} rejected (malformed, wrong labels or unverified "
         f"quotes), {counts['teacher_failures']} teacher failures"
     )
+    atomic_write_text(
+        conflicts_path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in conflicts)
+    )
+    write_rows(cfg.out, [json.dumps(r, ensure_ascii=False) + "\n" for r in rows], errors, journal)
     return counts
 
 

@@ -89,7 +89,7 @@ from model import (
     save_adapter,
 )
 from rewards import RM_INFO, ContentModelSettings
-from teacher import ask_journaled, journal_key, load_journal
+from teacher import ask_journaled, failed_calls, journal_key, load_journal
 from train import (
     LoraSettings,
     Progress,
@@ -548,6 +548,7 @@ def build_pairs(p: PairsConfig) -> dict[str, int]:
         p.teacher,
         journal,
         done,
+        "build.teacher",
     )
     references |= {i: done[ref_keys[i]] for i in wanted if done.get(ref_keys[i])}
     rated = [s for s in segments if s.id in references]
@@ -556,12 +557,11 @@ def build_pairs(p: PairsConfig) -> dict[str, int]:
         (k, sip_content_request(examples[s.id], s.text, references[s.id]), parse_sip_content)
         for k, s in zip(keys, rated)
     ]
-    scored = ask_journaled(calls, p.scorer or p.teacher, journal, done)
-    if asked["failures"] or scored["failures"]:
-        raise JudgeError(
-            f"{asked['failures'] + scored['failures']} teacher calls failed; the answers so far "
-            f"are in {journal}: rerun the same command to ask the rest"
-        )
+    scored = ask_journaled(
+        calls, p.scorer or p.teacher, journal, done, "build.scorer" if p.scorer else "build.teacher"
+    )
+    if asked["errors"] or scored["errors"]:
+        raise JudgeError(failed_calls(asked["errors"] + scored["errors"], journal))
     for s, k in zip(rated, keys):
         s.score = done.get(k)
     rows = []

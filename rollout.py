@@ -326,7 +326,7 @@ def update_metrics(reports: list[dict], update: int, lr: float, beta: float) -> 
         "judge/retries": total("retries"),
         "judge/failures": total("failures"),
         "judge/malformed": total("malformed"),
-        "tokens/trained": tokens,
+        "tokens/trained": int(tokens),
         "skipped_nonfinite": reports[0]["skipped_nonfinite"],
     }
     return metrics

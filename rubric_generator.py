@@ -56,7 +56,7 @@ from judge import (
     verdict_lines,
 )
 from rewards import care_score
-from teacher import ask_journaled, journal_key, load_journal
+from teacher import ask_journaled, failed_calls, journal_key, load_journal, write_rows
 
 # Appendix H maps ESConv's and MINT's strategies by their main function: making sense of
 # the seeker's situation is cognitive, attuning to and validating feelings affective,
@@ -317,12 +317,13 @@ def build_targets(cfg: GeneratorDataConfig) -> dict[str, int]:
     turns = load_turns(t.turns, pairs=False, strategy_map=cfg.strategy_map)
     done = load_journal(journal)
     keys = [journal_key("target", x.id, json.dumps(x.dialogue), x.chosen) for x in turns]
-    failures = ask_journaled(
+    errors = ask_journaled(
         [(k, target_request(x), strict_json_object) for k, x in zip(keys, turns)],
         t.teacher,
         journal,
         done,
-    )["failures"]
+        "targets.teacher",
+    )["errors"]
     rubrics = [care_rubric(done.get(k), rationale=True) for k in keys]
     checks = []  # (turn index, screener index, what) per screening call
     for i, (turn, rubric) in enumerate(zip(turns, rubrics)):
@@ -341,11 +342,9 @@ def build_targets(cfg: GeneratorDataConfig) -> dict[str, int]:
                 ]
     for j, screener in enumerate(t.screeners):
         mine = [(key, call, parse) for _, s, key, call, parse in checks if s == j]
-        failures += ask_journaled(mine, screener, journal, done)["failures"]
-    if failures:
-        raise JudgeError(
-            f"{failures} calls failed; the answers so far are in {journal}: rerun to ask the rest"
-        )
+        errors += ask_journaled(mine, screener, journal, done, f"targets.screeners[{j}]")["errors"]
+    if errors:
+        raise JudgeError(failed_calls(errors, journal))
     rows, screened_out = [], 0
     for i, (turn, rubric) in enumerate(zip(turns, rubrics)):
         if rubric is None:
@@ -369,7 +368,6 @@ def build_targets(cfg: GeneratorDataConfig) -> dict[str, int]:
                 "target": json.dumps(rubric, ensure_ascii=False),
             }
         )
-    atomic_write_text(t.out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
     counts = {
         "turns": len(turns),
         "rubric_check_rejected": rubrics.count(None),
@@ -377,6 +375,7 @@ def build_targets(cfg: GeneratorDataConfig) -> dict[str, int]:
         "kept": len(rows),
     }
     print0("targets: " + ", ".join(f"{k} {v}" for k, v in counts.items()) + f" -> {t.out}")
+    write_rows(t.out, [json.dumps(r, ensure_ascii=False) + "\n" for r in rows], [], journal)
     return counts
 
 
@@ -427,12 +426,13 @@ def win_rate(cfg: GeneratorDataConfig) -> dict[str, Any]:
     journal = out / "journal.jsonl"
     done = load_journal(journal)
     keys = [journal_key("rubric", w.generator.model, p.id, json.dumps(p.dialogue)) for p in pairs]
-    failures = ask_journaled(
+    errors = ask_journaled(
         [(k, care_rubric_request(p.dialogue), parse_care_rubric) for k, p in zip(keys, pairs)],
         w.generator,
         journal,
         done,
-    )["failures"]
+        "winrate.generator",
+    )["errors"]
     scoring = [
         (
             journal_key("score", w.evaluator.model, k, side),
@@ -443,11 +443,9 @@ def win_rate(cfg: GeneratorDataConfig) -> dict[str, Any]:
         if done.get(k)
         for side, reply in (("c", p.chosen), ("r", p.rejected))
     ]
-    failures += ask_journaled(scoring, w.evaluator, journal, done)["failures"]
-    if failures:
-        raise JudgeError(
-            f"{failures} calls failed; the answers so far are in {journal}: rerun to ask the rest"
-        )
+    errors += ask_journaled(scoring, w.evaluator, journal, done, "winrate.evaluator")["errors"]
+    if errors:
+        raise JudgeError(failed_calls(errors, journal))
     wins = ties = unscored = 0
     for k, p in zip(keys, pairs):
         rubric = done.get(k)

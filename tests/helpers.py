@@ -208,6 +208,20 @@ def grpo_checkpoint(path: Path, words=GRPO_WORDS, seed=0, hidden=32, llama=False
     )
 
 
+def sft_adapter(base: Path, out: Path) -> Path:
+    """An SFT adapter for the tiny GRPO checkpoint as sft.py leaves one: LoRA on every projection
+    and trained <evidence> rows, all far from zero."""
+    model = M.Qwen.from_pretrained(base)
+    ids = M.add_special_tokens(model, M.load_tokenizer(base), ["<evidence>", "</evidence>"])
+    params = M.add_lora(model, rank=4, alpha=8) + M.train_token_rows(model, ids)
+    g = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for p in params:
+            p.add_(torch.randn(p.shape, generator=g) * 0.1)
+    M.save_adapter(model, out)
+    return out
+
+
 # test_sft's tiny model
 TINY = dict(
     model_type="qwen3",

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 from helpers import read_jsonl
+from instruments import free_port
 
 import dialogue
 import emollm_seeds as S
@@ -77,11 +78,21 @@ def test_seeds_are_the_teachers_summaries_journaled_and_resumed(tmp_path, capsys
     out, journal = tmp_path / "seeds.jsonl", tmp_path / "seeds.jsonl.teacher.jsonl"
     with JudgeServer(teacher).start() as server:
         path = config(tmp_path, server.url)
-        S.main([str(path)])  # the cough consultation's call fails: not journaled
-        assert teacher.calls == 3 and len(read_jsonl(journal)) == 3
-        assert "dialogues 4, asked 4, reused 0, failures 1, rejected 1, seeds 2" in (
-            capsys.readouterr().out
+        with pytest.raises(SystemExit) as stop:  # the cough consultation's call fails
+            S.main([str(path)])
+        assert stop.value.code == 2 and teacher.calls == 3 and len(read_jsonl(journal)) == 3
+        captured = capsys.readouterr()
+        assert "dialogues 4, asked 4, reused 0, failures 1, rejected 1, seeds 2" in captured.out
+        # the server's reason, in full, as it happens; then the ending: the kept rows written, the
+        # failed call not journaled (the rerun asks it)
+        assert "a call to 'teacher' failed: judge at " in captured.out
+        reason = captured.out.split("a call to 'teacher' failed: ")[1].split("\n")[0]
+        assert captured.err == (
+            f"error: {out}: 2 rows written, but 1 teacher calls failed, the first: "
+            f"{reason[:117]}...; rerun the same command to ask the rest (the answers so far: "
+            f"{journal.name}, kept)\n"
         )
+        assert len(read_jsonl(out)) == 2
         teacher.fail = False
         S.main([str(path)])  # asks only for the failed one
         assert teacher.calls == 4 and len(read_jsonl(journal)) == 4
@@ -110,6 +121,21 @@ def test_seeds_are_the_teachers_summaries_journaled_and_resumed(tmp_path, capsys
     assert values.count(None) == 1 and {json.dumps(v) for v in values if v is not None} == {
         json.dumps({k: s[k] for k in ("scenario", "initial_prompt")}) for s in seeds
     }
+
+
+def test_seeds_with_the_teacher_down_stop_at_the_first_call_and_write_nothing(tmp_path, capsys):
+    url = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens there
+    path = config(tmp_path, url)
+    path.write_text(path.read_text().replace("retries: 0", "retries: 0\n  backoff: 0.01"))
+    with pytest.raises(SystemExit) as stop:
+        S.main([str(path)])
+    assert stop.value.code == 2 and capsys.readouterr().err == (
+        f"error: 'teacher': asked once before the run: judge at {url}/chat/completions: "
+        "ConnectionError (ConnectionRefusedError: [Errno 111] Connection refused), still failing "
+        "after 3 attempts\n"
+    )
+    assert not (tmp_path / "seeds.jsonl").exists()
+    assert not (tmp_path / "seeds.jsonl.teacher.jsonl").exists()
 
 
 def test_the_teacher_sees_the_whole_dialogue_and_its_situation():

@@ -157,11 +157,11 @@ def test_cpt_rows_carry_g_t_and_drop_the_oldest_turns_to_fit(base, tmp_path, cap
     )
     assert "esconv-0: " not in capsys.readouterr().out
     settings = E.parse_cli(E.EmoLLMData, [str(prep(path))])
-    counts = E.prepare(
-        settings, "lm", tmp_path / "short.jsonl", lambda prompt, text: len(text) < 150
-    )
-    # no g_t fits in 150 characters
-    assert counts == {"dialogues": 2, "rows": 0, "too long": 5, "with knowledge": 0}
+    short = tmp_path / "short.jsonl"
+    with pytest.raises(E.JudgeError, match=f"^{short}: not written: no row was kept"):
+        E.prepare(settings, "lm", short, lambda prompt, text: len(text) < 150)
+    # no g_t fits in 150 characters: nothing kept, nothing written
+    assert "rows 0, too long 5" in capsys.readouterr().out and not short.exists()
 
 
 # ----------------------------------------------------------------------------- the ARG teacher
@@ -301,8 +301,16 @@ def test_arg_rows_from_a_scripted_teacher_gate_both_forms_and_resume(base, tmp_p
         E.main([str(prep(path))])  # a rerun asks only for what is missing: nothing
         assert teacher.calls == 5 and read_jsonl(tmp_path / "arg.jsonl") == rows
         assert "contexts 5, reused 5," in capsys.readouterr().out
-        E.main([str(prep(path)), "share=0.4", "seed=3", "max_length=40"])
-        assert teacher.calls == 5 and "contexts 2, reused 2," in capsys.readouterr().out
+        # the two contexts drawn are the two rejected answers: nothing kept, nothing written
+        with pytest.raises(SystemExit) as stop:
+            E.main([str(prep(path)), "share=0.4", "seed=3", "max_length=40"])
+        captured = capsys.readouterr()
+        assert stop.value.code == 2 and teacher.calls == 5
+        assert "contexts 2, reused 2, teacher_failures 0, missing section 1, missing reply 1" in (
+            captured.out
+        )
+        assert "arg.jsonl: not written: no row was kept" in captured.err
+        assert read_jsonl(tmp_path / "arg.jsonl") == rows
 
 
 def test_the_arg_contexts_are_a_share_of_each_source_by_hand(tmp_path):
@@ -542,5 +550,9 @@ def test_arg_rows_with_the_teacher_down_keep_the_existing_rows(base, tmp_path, c
         E.main([str(prep(path)), "teacher.model=other", "teacher.base_url=http://127.0.0.1:9/v1"])
     assert stop.value.code == 2 and (tmp_path / "arg.jsonl").read_bytes() == rows
     error = capsys.readouterr().err.strip()
-    assert "arg.jsonl: kept as it was (3 rows): 5 teacher calls failed" in error
-    assert "\n" not in error and len(error) <= 400
+    # the first call went alone and stopped the preparation: nothing else was sent
+    assert error == (
+        "error: 'teacher': asked once before the run: judge at http://127.0.0.1:9/v1/chat/"
+        "completions: ConnectionError (ConnectionRefusedError: [Errno 111] Connection refused), "
+        "still failing after 3 attempts"
+    )

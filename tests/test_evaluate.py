@@ -20,7 +20,7 @@ from config import load_config, open_log, read_log
 from data import DataError, Example, Turn
 from dataset import save_jsonl
 from judge import JudgeConfig
-from judge_server import JudgeServer, rules_backend
+from judge_server import Faults, JudgeServer, rules_backend
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -897,7 +897,12 @@ def test_benchmark_table_from_a_tiny_checkpoint_matches_a_hand_count(
         mean = sum(runs) / 2
         sd = abs(runs[0] - runs[1]) / 2**0.5  # the sample SD of two runs
         means.append(mean)
-        assert row == f"| {name} | {counts[name]} | {100 * mean:.2f} ± {100 * sd:.2f} |", row
+        mine = [r for r in records if r["id"] in ids]
+        invalid = sum(r["answer"] is None for r in mine) / len(mine)  # both runs the same size
+        assert row == (
+            f"| {name} | {counts[name]} | {100 * mean:.2f} ± {100 * sd:.2f} "
+            f"({100 * invalid:.1f}% invalid) |"
+        ), row
     assert rows[-1] == f"| Average | | {100 * sum(means) / len(means):.2f} |"
     assert any(m > 0 for m in means)  # some answers are right
 
@@ -1123,7 +1128,7 @@ def test_benchmark_table_has_the_judged_row_beside_the_accuracy_rows(
         return 5 * sum(ability) / 6
 
     expected = (hand(fixed["Priya"]) + hand(fixed["Sam"])) / 2  # both runs alike: SD 0
-    assert rows[1] == f"| EQBench3 | 3 | {expected:.2f} ± 0.00 |"
+    assert rows[1] == f"| EQBench3 | 3 | {expected:.2f} ± 0.00 (2 of 6 unscored) |"
     summary = json.loads((tmp_path / "out" / "eval.json").read_text())
     accuracy = summary["sets"]["SocialIQA"]["group_accuracy"]["mean"]
     assert rows[2] == f"| Average | | {100 * accuracy:.2f} |"  # accuracy rows only
@@ -1132,8 +1137,43 @@ def test_benchmark_table_has_the_judged_row_beside_the_accuracy_rows(
     assert judged["criteria"]["warmth"]["mean"] == pytest.approx(5 * (15 + 20) / 2)
     # compare: the judged row side by side too
     ev.main(["compare", str(tmp_path / "out"), str(tmp_path / "out")])
-    cell = f"{expected:.2f} ± 0.00"
+    cell = f"{expected:.2f} ± 0.00 (2 of 6 unscored)"
     assert f"| EQBench3 | 3 | {cell} | {cell} |" in capsys.readouterr().out
+
+
+def test_a_benchmark_whose_judge_fails_stops_after_journaling_and_writes_no_table(
+    tmp_path, capsys, answer_checkpoint
+):
+    """The EQBench3 judge fails its second call: the run stops (exit 2) with the answers journaled
+    and no eval.json or table.md scored on some of the transcripts; the rerun asks only that call
+    and writes them."""
+    calls = []
+    backend, _ = scripted_rubric_judge(calls)
+    with JudgeServer(backend, faults=Faults(script=("ok", "500"))).start() as server:
+        config = {
+            "output_dir": str(tmp_path / "out"),
+            "report": "accuracy",
+            "checkpoint": str(answer_checkpoint),
+            "device": "cpu",
+            "n_samples": 2,
+            "sampling": {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "max_new_tokens": 3},
+            "judge": {"base_url": server.url, "retries": 0, "timeout": 30},
+            "sets": [{"name": "EQBench3", "path": str(EQBENCH3), "kind": "eqbench3"}],
+        }
+        (tmp_path / "bench.yaml").write_text(json.dumps(config))
+        with pytest.raises(SystemExit) as stop:
+            ev.main([str(tmp_path / "bench.yaml")])
+        out = tmp_path / "out"
+        err = capsys.readouterr().err
+        assert stop.value.code == 2 and err.startswith(
+            f"error: 1 judge calls failed, the first: judge at {server.url}/chat/completions: "
+            "HTTP 500"
+        )
+        assert len(read_log(out / "rubric.jsonl", ValueError)) == 5  # 3 scenarios x 2 runs - 1
+        assert not (out / "eval.json").exists() and not (out / "table.md").exists()
+        ev.main([str(tmp_path / "bench.yaml")])
+    assert len(calls) == 6 and len(read_log(out / "rubric.jsonl", ValueError)) == 6
+    assert "| EQBench3 | 3 |" in (out / "table.md").read_text()
 
 
 def test_a_judged_set_takes_no_task_and_needs_the_benchmark_table():

@@ -29,6 +29,7 @@ from helpers import (
     gloo_rank,
     metrics,
     sad_row,
+    sft_adapter,
     tensors,
     write_rows,
 )
@@ -708,20 +709,6 @@ def test_full_grpo_update_on_two_ranks_and_another_split_equals_one_process(asse
         torch.testing.assert_close(two[name], value, rtol=1e-5, atol=1e-6, msg=name)
         frozen = name in ("model.embed_tokens.weight", "lm_head.weight")
         assert torch.equal(value, start[name]) == frozen, name
-
-
-def sft_adapter(base: Path, out: Path) -> Path:
-    """An SFT adapter for the tiny GRPO checkpoint as sft.py leaves one: LoRA on every projection
-    and trained <evidence> rows, all far from zero."""
-    model = M.Qwen.from_pretrained(base)
-    ids = M.add_special_tokens(model, M.load_tokenizer(base), ["<evidence>", "</evidence>"])
-    params = M.add_lora(model, rank=4, alpha=8) + M.train_token_rows(model, ids)
-    g = torch.Generator().manual_seed(7)
-    with torch.no_grad():
-        for p in params:
-            p.add_(torch.randn(p.shape, generator=g) * 0.1)
-    M.save_adapter(model, out)
-    return out
 
 
 def _adapter_worker(rank, port, base, adapter, out):

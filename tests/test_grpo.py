@@ -994,8 +994,8 @@ def test_convert_prepare_references_then_a_social_r1_run(tmp_path, assets):
         capture_output=True,
     )
     base, _ = assets
-    # the first teacher call fails
-    server = JudgeServer(social_r1_backend, faults=Faults(script=("503",)))
+    # the second teacher call fails (the first goes alone: judge.probe)
+    server = JudgeServer(social_r1_backend, faults=Faults(script=("ok", "503")))
     with server.start():
         overrides = [
             f"output_dir={tmp_path / 'run'}",
@@ -1025,8 +1025,10 @@ def test_convert_prepare_references_then_a_social_r1_run(tmp_path, assets):
             "teacher.retries=0",
             "teacher.concurrency=4",
         ]
-        prepare_references.main(prep)
-        # 6 examples, one call failed
+        with pytest.raises(SystemExit) as stop:
+            prepare_references.main(prep)
+        # 6 examples, one call failed: the 5 kept are written, the run is no success
+        assert stop.value.code == 2
         assert len(dataset.load_jsonl(train_file)) == 5 and server.requests_seen == 6
         prepare_references.main(prep)  # the rerun asks only for the missing one
         assert server.requests_seen == 7
@@ -1086,16 +1088,21 @@ def test_prepare_references_with_the_teacher_down_keeps_the_existing_file(tmp_pa
     )
     train_file.write_bytes(gold.read_bytes())  # what an earlier run wrote
     before = train_file.read_bytes()
-    argv = [
-        str(REPO / "configs" / "social_r1_qwen3_8b_prepare.yaml"),
-        f"examples={gold}",
-        f"out={train_file}",
-        f"teacher.base_url=http://127.0.0.1:{free_port()}/v1",  # nothing listens there
-        "teacher.retries=0",
-    ]
-    with pytest.raises(SystemExit) as stop:
-        prepare_references.main(argv)
+    # another teacher (new requests): the first call answers, the second fails
+    with JudgeServer(social_r1_backend, faults=Faults(script=("ok", "503"))).start() as server:
+        argv = [
+            str(REPO / "configs" / "social_r1_qwen3_8b_prepare.yaml"),
+            f"examples={gold}",
+            f"out={train_file}",
+            f"teacher.base_url={server.url}",
+            "teacher.retries=0",
+        ]
+        with pytest.raises(SystemExit) as stop:
+            prepare_references.main(argv)
     assert stop.value.code == 2 and train_file.read_bytes() == before
     error = capsys.readouterr().err.strip()
-    assert error.startswith(f"error: {train_file}: kept as it was (2 rows): 2 teacher calls failed")
+    assert error.startswith(
+        f"error: {train_file}: kept as it was (2 rows): this run has only 1; 1 teacher calls "
+        f"failed, the first: judge at {server.url}/chat/completions: HTTP 503"
+    )
     assert "\n" not in error and len(error) <= 400

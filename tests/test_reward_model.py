@@ -411,7 +411,9 @@ def test_pairs_are_built_through_the_teacher_and_a_rerun_asks_only_what_failed(t
             ],
             teacher=JudgeConfig(base_url=server.url, retries=0, concurrency=4),
         )
-        with pytest.raises(RM.JudgeError, match="1 teacher calls failed; .* rerun"):
+        with pytest.raises(
+            RM.JudgeError, match="1 teacher calls failed, the first: judge at .* HTTP 500.*; rerun"
+        ):
             RM.build_pairs(build)
         assert len(teacher.calls) == 1 + 6  # one reference (tom-1 has its own), six segments
         teacher.flaky, teacher.calls = False, []

@@ -51,7 +51,7 @@ import sft
 import train as T
 from data import Example, Turn
 from dataset import example_to_json
-from judge_server import JudgeServer
+from judge_server import JudgeServer, UnsupportedRequest
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -557,16 +557,20 @@ class Scripted:
         )
 
 
+def sad_examples(n: int) -> list[Example]:
+    return [
+        Example(
+            id=f"ex-{i}", task="meld_emotion", turns=conversation(i), target=3, labels=["sadness"]
+        )
+        for i in range(n)
+    ]
+
+
 def run_prepare(checkpoint, tmp_path, n_examples: int, **settings):
     """`prepare` for n gold examples against a Scripted server (the endpoint of `teacher`, and of
     `sampler` when settings ask for one); returns the examples, the server's backend and the
     counts."""
-    examples = [
-        Example(
-            id=f"ex-{i}", task="meld_emotion", turns=conversation(i), target=3, labels=["sadness"]
-        )
-        for i in range(n_examples)
-    ]
+    examples = sad_examples(n_examples)
     write_rows(tmp_path / "gold.jsonl", [example_to_json(e) for e in examples])
     backend = Scripted()
     with JudgeServer(backend).start() as server:
@@ -634,11 +638,52 @@ def test_prepare_with_the_teacher_down_keeps_the_rows_an_earlier_run_wrote(check
     dead = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens there: every call fails
     cfg.teacher.base_url, cfg.teacher.model = dead, "another teacher"
     cfg.sampler.base_url = dead
+    # the samples are journaled; the teacher's first call, alone, stops the preparation
     with pytest.raises(
-        P.JudgeError, match=r"sft.jsonl: kept as it was \(1 rows\): 5 teacher calls"
+        P.JudgeError,
+        match=rf"^'teacher': asked once before the run: judge at {dead}/chat/completions: "
+        r"ConnectionError \(ConnectionRefusedError: \[Errno 111\] Connection refused\)",
     ):
         P.prepare(cfg)
     assert (tmp_path / "sft.jsonl").read_bytes() == rows
+
+
+def test_prepare_with_a_teacher_that_refuses_every_call_shows_its_reason_and_writes_nothing(
+    checkpoint, tmp_path, monkeypatch, capsys
+):
+    """The teacher is asked once, about a stand-in trace, before the model loads: its HTTP 400 and
+    the reason it gives stop the preparation in one line, and no output file is left."""
+
+    def refuses(messages, params):
+        raise UnsupportedRequest("refinements are not served by this model")
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(P.Qwen, "from_pretrained", no_load)
+    write_rows(tmp_path / "gold.jsonl", [example_to_json(e) for e in sad_examples(3)])
+    with JudgeServer(refuses).start() as server:
+        path = tmp_path / "prepare.yaml"
+        path.write_text(
+            yaml.safe_dump(
+                {
+                    "examples": str(tmp_path / "gold.jsonl"),
+                    "out": str(tmp_path / "sft.jsonl"),
+                    "model": str(checkpoint),
+                    "device": "cpu",
+                    "teacher": {"base_url": server.url, "model": "teacher", "retries": 0},
+                }
+            )
+        )
+        with pytest.raises(SystemExit) as stop:
+            P.main([str(path)])
+    assert stop.value.code == 2 and server.requests_seen == 1
+    assert capsys.readouterr().err == (
+        f"error: 'teacher': asked once before the run: judge at {server.url}/chat/completions "
+        'refused the request: HTTP 400: {"error": {"message": "refinements are not served by this '
+        'model", "type": "invalid_request_error", "code": 400}}\n'
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gold.jsonl", "prepare.yaml"]
 
 
 def test_prepare_samples_with_model_py_when_no_endpoint_is_given(checkpoint, tmp_path):
@@ -649,8 +694,10 @@ def test_prepare_samples_with_model_py_when_no_endpoint_is_given(checkpoint, tmp
         2,
     ) and not backend.sampled
     vocab = set(WORDS) | {"<think>", "</think>", *SPECIAL}
-    assert len(backend.refined) == 4
-    for trace in backend.refined:  # the tiny model's own samples: 1 to 6 words of its vocabulary
+    # the teacher asked once about a stand-in before the model loaded, then about the 4 samples
+    stand_in, *refined = backend.refined
+    assert stand_in.startswith(P._STAND_IN_TRACE) and len(refined) == 4
+    for trace in refined:  # the tiny model's own samples: 1 to 6 words of its vocabulary
         assert 1 <= len(trace.split()) <= 6 and set(trace.split()) <= vocab
 
 

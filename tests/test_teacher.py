@@ -41,7 +41,11 @@ def test_failed_calls_are_not_journaled_and_a_rerun_asks_only_them(tmp_path):
         done = teacher.load_journal(journal)
         assert done == {} and not journal.exists()
         counts = teacher.ask_journaled(asks, cfg, journal, done)
+        errors = counts.pop("errors")
         assert counts == {"asked": 5, "failures": 2, "malformed": 0} and server.requests_seen == 5
+        assert len(errors) == 2 and all(
+            f"{server.url}/chat/completions: HTTP 503" in e for e in errors
+        )
         assert backend.seen == ["a", "c", "e"]  # a failed request never reaches the backend
         answered = {k: "answer to " + t for (k, _, _), t in zip(asks, "abcde") if t in "ace"}
         assert teacher.load_journal(journal) == answered == done
@@ -49,7 +53,8 @@ def test_failed_calls_are_not_journaled_and_a_rerun_asks_only_them(tmp_path):
 
         rerun = teacher.load_journal(journal)
         counts = teacher.ask_journaled(asks, cfg, journal, rerun)
-        assert counts == {"asked": 2, "failures": 0, "malformed": 0} and server.requests_seen == 7
+        assert counts == {"asked": 2, "failures": 0, "malformed": 0, "errors": []}
+        assert server.requests_seen == 7
         assert backend.seen[3:] == ["b", "d"]
         assert rerun == teacher.load_journal(journal) and len(rerun) == 5
 
