@@ -5,6 +5,7 @@ RL adapter evaluated on the model it was trained on. The preparations' and the b
 cases are in test_sft.py, test_emollm_seeds.py and test_evaluate.py, beside their helpers."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,6 +18,8 @@ import grpo
 import model as M
 import rewards
 from judge_server import JudgeServer, UnsupportedRequest
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def test_a_judge_nobody_serves_stops_the_run_before_any_model_loads(
@@ -216,3 +219,31 @@ def test_an_adapter_on_another_base_is_one_line_naming_both_and_the_command(tmp_
         f"checkpoint={tmp_path / 'merged'} adapter=null where the run saved one\n"
     )
     assert not (tmp_path / "eval").exists()
+
+
+def test_a_dialogue_runs_simulator_nobody_serves_stops_the_run_before_any_model_loads(
+    tmp_path, assets, judge, monkeypatch, capsys
+):
+    def no_load(*args, **kwargs):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(grpo.Qwen, "from_pretrained", no_load)
+    base, _ = assets
+    url = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens there
+    argv = [
+        str(REPO / "configs" / "dialogue_demo.yaml"),
+        f"output_dir={tmp_path / 'run'}",
+        f"train_data=[{REPO / 'configs' / 'dialogue_demo_scenarios.jsonl'}]",
+        f"model.path={base}",
+        f"judge.base_url={judge.url}",
+        f"dialogue.simulator={{base_url: {url}, retries: 0, backoff: 0.01}}",
+    ]
+    with pytest.raises(SystemExit) as stop:
+        grpo.main(argv)
+    assert stop.value.code == 2
+    assert capsys.readouterr().err == (
+        f"error: 'dialogue.simulator': asked once before the run: judge at {url}/chat/"
+        "completions: ConnectionError (ConnectionRefusedError: [Errno 111] Connection refused), "
+        "still failing after 3 attempts\n"
+    )
+    assert not (tmp_path / "run").exists()
