@@ -13,7 +13,6 @@ logits are those of the unpadded sequence; read logits or log-probabilities only
 train mode) to recompute each layer in backward. Generation uses the same layout."""
 
 import contextlib
-import functools
 import importlib
 import json
 import math
@@ -221,13 +220,18 @@ def parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
     return DTYPES[dtype]
 
 
-@functools.cache
+# optional_kernel's answers: a plain dict, which torch.compile reads (it cannot trace an import)
+KERNELS: dict[tuple[str, str], object] = {}
+
+
 def optional_kernel(module: str, name: str):
     """A function from an optional GPU package (flash_attn), or None when it is not installed."""
-    try:
-        return getattr(importlib.import_module(module), name)
-    except ImportError:
-        return None
+    if (module, name) not in KERNELS:
+        try:
+            KERNELS[module, name] = getattr(importlib.import_module(module), name)
+        except ImportError:
+            KERNELS[module, name] = None
+    return KERNELS[module, name]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -324,6 +328,49 @@ def apply_rope(x, cos, sin_signed):
 
 
 @dataclass
+class Packing:
+    """Sequences concatenated into one row without padding (a packed training batch, [1, N]):
+    `lens` their lengths in order, `seq` [N] each token's sequence, `positions` [N] its position in
+    it (RoPE restarts at 0), `cu` [n + 1] the int32 offsets of the sequences (flash-attn's
+    cu_seqlens). Attention stays within a sequence and Qwen3.5's conv and recurrence start from
+    zeros at each one (`Attention`, `GatedDeltaNet`)."""
+
+    lens: tuple[int, ...]
+    seq: torch.Tensor
+    positions: torch.Tensor
+    cu: torch.Tensor
+
+    @classmethod
+    def of(cls, lens, device) -> "Packing":
+        """Built on the host from the Python lengths (no device sync), then moved."""
+        lens = tuple(int(n) for n in lens)
+        if not lens or min(lens) < 1:
+            raise ValueError(f"Packing: sequence lengths must be positive, got {list(lens)}")
+        seq = torch.repeat_interleave(torch.arange(len(lens)), torch.tensor(lens))
+        starts = torch.tensor((0, *lens)).cumsum(0)
+        return cls(
+            lens,
+            seq.to(device),
+            (torch.arange(len(seq)) - starts[seq]).to(device),
+            starts.int().to(device),
+        )
+
+    def padded_index(self) -> torch.Tensor:
+        """Each token's index in the [n, max(lens)] right-padded layout, flattened."""
+        return self.seq * max(self.lens) + self.positions
+
+    def to_rows(self, x):
+        """[1, N, ...] -> [n, max(lens), ...], each sequence in a row, zeros after it."""
+        n, width = len(self.lens), max(self.lens)
+        rows = x.new_zeros(n * width, *x.shape[2:]).index_copy(0, self.padded_index(), x[0])
+        return rows.view(n, width, *x.shape[2:])
+
+    def from_rows(self, rows):
+        """The inverse of `to_rows`: [n, max(lens), ...] -> [1, N, ...]."""
+        return rows.flatten(0, 1).index_select(0, self.padded_index())[None]
+
+
+@dataclass
 class ForwardState:
     """What every layer of one forward call shares: RoPE tables, the cache (or None), each query's
     cache slot [B, T] and, once the cache holds tokens or a prefix, the additive mask: 0 on the
@@ -338,6 +385,7 @@ class ForwardState:
     lengths: torch.Tensor | None  # with a cache: real tokens of each row in this call
     # [B, T], False at the right padding of a prefill; None when all real
     valid: torch.Tensor | None
+    packing: Packing | None = None  # a packed batch (no cache)
 
 
 class Attention(nn.Module):
@@ -386,15 +434,17 @@ def attention(q, k, v, step: ForwardState, layer_idx: int):
     go to each row's step.slots, and the query in slot s sees slots 0..s of its row (and its whole
     prompt, if shared)."""
     cache = step.cache
+    if step.packing is not None:
+        return packed_attention(q, k, v, step.packing)
     if cache is not None:
         k_cache, v_cache = cache.layers[layer_idx]
-        flash = optional_kernel("flash_attn", "flash_attn_with_kvcache")
-        if (
-            flash is not None
-            and q.is_cuda
-            and q.dtype in (torch.float16, torch.bfloat16)
-            and cache.prefix is None
-        ):
+        half = q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
+        flash = (
+            optional_kernel("flash_attn", "flash_attn_with_kvcache")
+            if half and cache.prefix is None
+            else None
+        )
+        if flash is not None:
             return flash(
                 q,
                 k_cache.transpose(1, 2),
@@ -424,6 +474,29 @@ def attention(q, k, v, step: ForwardState, layer_idx: int):
         else cache.prefix.attend(q, layer_idx, *attend(q, keys, values, step.mask))
     )
     return o.view(B, H, T, D).transpose(1, 2)
+
+
+def packed_attention(q, k, v, packing: Packing):
+    """Causal attention within each sequence of a packed row, q [1, N, H, D] over k, v [1, N, Hkv,
+    D]: flash-attn's varlen kernel on CUDA in half precision when it is installed, else SDPA on each
+    sequence in turn (no [N, N] mask, no work across sequences)."""
+    varlen = (
+        optional_kernel("flash_attn", "flash_attn_varlen_func")
+        if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
+        else None
+    )
+    if varlen is not None:
+        width = max(packing.lens)
+        return varlen(q[0], k[0], v[0], packing.cu, packing.cu, width, width, causal=True)[None]
+    return torch.cat(
+        [
+            F.scaled_dot_product_attention(
+                *(t.transpose(1, 2) for t in parts), is_causal=True, enable_gqa=True
+            ).transpose(1, 2)
+            for parts in zip(*(t.split(packing.lens, 1) for t in (q, k, v)))
+        ],
+        1,
+    )
 
 
 def attend(q, k, v, mask):
@@ -506,6 +579,22 @@ def delta_rule(q, k, v, g, beta, state):
     )
 
 
+def delta_rule_packed(q, k, v, g, beta, packing: Packing):
+    """The gated delta rule over each sequence of a packed row from a zero state: q, k [1, N, H,
+    dk], v [1, N, H, dv], g, beta [1, N, H] (float32); returns o [1, N, H, dv].
+    flash-linear-attention's chunked kernel with cu_seqlens on CUDA when installed; else the
+    sequences as right-padded rows (padding inert: g = 0, beta = 0) through `delta_rule_chunked`,
+    so the recurrence, not the rest of the layer, pays for the padding of its longest sequence."""
+    fla = (
+        optional_kernel("fla.ops.gated_delta_rule", "chunk_gated_delta_rule") if q.is_cuda else None
+    )
+    if fla is not None:
+        return fla(q, k, v, g, beta, scale=1.0, cu_seqlens=packing.cu.long())[0]
+    rows = [packing.to_rows(t).transpose(1, 2) for t in (q, k, v, g, beta)]
+    zero = q.new_zeros(len(packing.lens), q.shape[2], q.shape[3], v.shape[3])
+    return packing.from_rows(delta_rule_chunked(*rows, zero)[0].transpose(1, 2))
+
+
 class GatedDeltaNet(nn.Module):
     """Qwen3.5's linear-attention mixer: project q|k|v, z, b, a; causal depthwise conv (no bias) and
     SiLU over q|k|v; beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias); l2-normalized q, k
@@ -540,18 +629,28 @@ class GatedDeltaNet(nn.Module):
             torch.zeros(batch, self.Hv, self.dk, self.dv, dtype=torch.float32, device=device),
         ]
 
+    def conv(self, qkv, state, step: ForwardState):
+        """The causal depthwise conv of qkv [B, C, T]: over zeros before each row, before each
+        sequence of a packed row (K-1 zero columns spread ahead of each, the outputs read at the
+        tokens' columns), or, with a cache, over state[0], the inputs of the row's last K-1 real
+        tokens, which it then advances."""
+        B, C, T = qkv.shape
+        K = self.conv1d.kernel_size[0]
+        if step.packing is not None:
+            before = step.packing.seq * (K - 1) + torch.arange(T, device=qkv.device)
+            spread = qkv.new_zeros(B, C, T + len(step.packing.lens) * (K - 1))
+            spread = spread.index_copy(-1, before + K - 1, qkv)
+            return F.conv1d(spread, self.conv1d.weight, groups=C).index_select(-1, before)
+        full = torch.cat([qkv.new_zeros(B, C, K - 1) if state is None else state[0], qkv], -1)
+        if state is not None:
+            index = step.lengths[:, None, None] + torch.arange(K - 1, device=qkv.device)
+            state[0] = full.gather(-1, index.expand(B, C, K - 1))
+        return F.conv1d(full, self.conv1d.weight, groups=C)
+
     def forward(self, x, step: ForwardState):
         B, T, _ = x.shape
-        K = self.conv1d.kernel_size[0]
         state = None if step.cache is None else step.cache.layers[self.layer_idx]
-        qkv = self.in_proj_qkv(x).transpose(1, 2)  # [B, C, T]
-        full = torch.cat(
-            [qkv.new_zeros(B, self.channels, K - 1) if state is None else state[0], qkv], -1
-        )
-        if state is not None:  # keep the conv inputs of each row's last K-1 real tokens
-            index = step.lengths[:, None, None] + torch.arange(K - 1, device=x.device)
-            state[0] = full.gather(-1, index.expand(B, self.channels, K - 1))
-        qkv = F.silu(F.conv1d(full, self.conv1d.weight, groups=self.channels)).transpose(1, 2)
+        qkv = F.silu(self.conv(self.in_proj_qkv(x).transpose(1, 2), state, step)).transpose(1, 2)
         q, k, v = qkv.split([self.Hk * self.dk, self.Hk * self.dk, self.Hv * self.dv], -1)
         r = self.Hv // self.Hk
         q = (
@@ -565,16 +664,20 @@ class GatedDeltaNet(nn.Module):
         if step.valid is not None:  # right padding: no decay, no write
             beta = beta * step.valid[..., None]
             g = g * step.valid[..., None]
-        initial = (
-            torch.zeros(B, self.Hv, self.dk, self.dv, device=x.device)
-            if state is None
-            else state[1]
-        )
-        o, final = delta_rule(*(t.transpose(1, 2) for t in (q, k, v, g, beta)), initial)
-        if state is not None:
-            state[1] = final
+        if step.packing is not None:
+            o = delta_rule_packed(q, k, v, g, beta, step.packing)
+        else:
+            initial = (
+                torch.zeros(B, self.Hv, self.dk, self.dv, device=x.device)
+                if state is None
+                else state[1]
+            )
+            o, final = delta_rule(*(t.transpose(1, 2) for t in (q, k, v, g, beta)), initial)
+            o = o.transpose(1, 2)
+            if state is not None:
+                state[1] = final
         z = self.in_proj_z(x).view(B, T, self.Hv, self.dv)
-        o = (self.norm(o.transpose(1, 2).to(x.dtype)) * F.silu(z.float())).to(x.dtype)
+        o = (self.norm(o.to(x.dtype)) * F.silu(z.float())).to(x.dtype)
         return self.out_proj(o.reshape(B, T, -1))
 
 
@@ -774,21 +877,31 @@ class Qwen(nn.Module):
             return out
         return out.index_copy_(-1, self.row_ids, F.linear(h, self.head_rows.to(h.dtype)))
 
-    def hidden_states(self, input_ids, cache: Cache | None = None, lengths=None):
-        """Final-norm hidden states [B, T, d]. Without a cache: a causal forward from position 0.
-        With a cache: row b continues in slot cache.lens[b] (its position, plus its prompt's length
-        under a shared prefix); `lengths` [B] (default T) counts the real tokens of each
-        right-padded row, and cache.lens advances by it."""
+    def hidden_states(
+        self, input_ids, cache: Cache | None = None, lengths=None, packing: Packing | None = None
+    ):
+        """Final-norm hidden states [B, T, d]. Without a cache: a causal forward from position 0,
+        or, with `packing`, of each sequence packed in the row input_ids [1, N]. With a cache: row
+        b continues in slot cache.lens[b] (its position, plus its prompt's length under a shared
+        prefix); `lengths` [B] (default T) counts the real tokens of each right-padded row, and
+        cache.lens advances by it."""
         B, T = input_ids.shape
+        if packing is not None and (cache is not None or B != 1 or len(packing.seq) != T):
+            raise ValueError(
+                f"hidden_states: a packed batch is one row of sum(lens) = {len(packing.seq)} "
+                f"tokens and no cache, got {B} x {T}"
+            )
         slots = torch.arange(T, device=input_ids.device)[None].expand(B, T)
         if cache is not None:
             slots = slots + cache.lens[:, None]
         positions = (
             slots if cache is None or cache.prefix is None else slots + cache.prefix.lens[:, None]
         )
+        positions = positions if packing is None else packing.positions[None]
         cfg = self.config
         x = self.embed(input_ids)
-        rope = rope_tables(T, cfg, x.dtype, x.device) if cache is None else cache.rope
+        width = T if packing is None else max(packing.lens)
+        rope = rope_tables(width, cfg, x.dtype, x.device) if cache is None else cache.rope
         cos, sin = (table[positions, None] for table in rope)  # [B, T, 1, rot_dim]
         mask = None
         valid = None
@@ -804,7 +917,7 @@ class Qwen(nn.Module):
                 ]
             valid = None if lengths is None else torch.arange(T, device=x.device) < lengths[:, None]
             lengths = torch.full((B,), T, device=x.device) if lengths is None else lengths
-        step = ForwardState(cos, sin, cache, slots, mask, lengths, valid)
+        step = ForwardState(cos, sin, cache, slots, mask, lengths, valid, packing)
         recompute = (
             self.gradient_checkpointing
             and self.training
@@ -818,9 +931,9 @@ class Qwen(nn.Module):
             cache.width += T
         return self.model.norm(x)
 
-    def forward(self, input_ids, cache: Cache | None = None, lengths=None):
+    def forward(self, input_ids, cache: Cache | None = None, lengths=None, packing=None):
         """Logits [B, T, vocab] in the model dtype (see `hidden_states` for the arguments)."""
-        return self.logits(self.hidden_states(input_ids, cache, lengths))
+        return self.logits(self.hidden_states(input_ids, cache, lengths, packing))
 
     def new_cache(self, batch: int, max_len: int) -> Cache:
         layers = [
@@ -1174,6 +1287,7 @@ def token_logprobs(
     temperature: float = 1.0,
     entropy: bool = False,
     chunk_size: int = 1024,
+    packing: Packing | None = None,
 ):
     """logp[b, t] = log softmax(logits[b, t] / temperature)[input_ids[b, t + 1]], shape [B, T-1],
     float32: the log-probability of each next token given its prefix. `mask` [B, T-1] (bool) selects
@@ -1181,10 +1295,12 @@ def token_logprobs(
     Pad right-padded batches on the right and mask the padding out. The softmax runs in float32 on
     `chunk_size` positions at a time, each forming its gradient at once (`HeadLogprobs`), so no [B,
     T, vocab] float32 tensor ever exists. With entropy=True also returns the entropy [B, T-1] of
-    each position's temperature-scaled distribution."""
+    each position's temperature-scaled distribution. With `packing`, input_ids [1, N] holds
+    sequences packed one after another (`Packing`): the mask must leave out the last token of each,
+    whose next token starts the next sequence."""
     if temperature <= 0:
         raise ValueError(f"token_logprobs: temperature must be > 0, got {temperature}")
-    h = model.hidden_states(input_ids)[:, :-1]
+    h = model.hidden_states(input_ids, packing=packing)[:, :-1]
     targets = input_ids[:, 1:]
     where = (torch.ones_like(targets, dtype=torch.bool) if mask is None else mask).nonzero(
         as_tuple=True
