@@ -13,6 +13,7 @@ logits are those of the unpadded sequence; read logits or log-probabilities only
 train mode) to recompute each layer in backward. Generation uses the same layout."""
 
 import contextlib
+import functools
 import importlib
 import json
 import math
@@ -248,8 +249,7 @@ class RMSNorm(nn.Module):
         self.eps, self.offset = eps, offset
 
     def forward(self, x):
-        h = x.float()
-        h = h * h.pow(2).mean(-1, keepdim=True).add_(self.eps).rsqrt_()
+        h = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)  # one kernel where torch fuses it
         return (
             (h * (1 + self.weight.float())).to(x.dtype)
             if self.offset
@@ -323,7 +323,7 @@ def apply_rope(x, cos, sin_signed):
     [B, T, H, D]."""
     rot = cos.shape[-1]
     xr = x[..., :rot]
-    out = xr * cos + xr.roll(rot // 2, -1) * sin_signed
+    out = torch.addcmul(xr * cos, xr.roll(rot // 2, -1), sin_signed)
     return out if rot == x.shape[-1] else torch.cat([out, x[..., rot:]], -1)
 
 
@@ -644,7 +644,7 @@ class GatedDeltaNet(nn.Module):
         full = torch.cat([qkv.new_zeros(B, C, K - 1) if state is None else state[0], qkv], -1)
         if state is not None:
             index = step.lengths[:, None, None] + torch.arange(K - 1, device=qkv.device)
-            state[0] = full.gather(-1, index.expand(B, C, K - 1))
+            state[0].copy_(full.gather(-1, index.expand(B, C, K - 1)))
         return F.conv1d(full, self.conv1d.weight, groups=C)
 
     def forward(self, x, step: ForwardState):
@@ -675,7 +675,7 @@ class GatedDeltaNet(nn.Module):
             o, final = delta_rule(*(t.transpose(1, 2) for t in (q, k, v, g, beta)), initial)
             o = o.transpose(1, 2)
             if state is not None:
-                state[1] = final
+                state[1].copy_(final)
         z = self.in_proj_z(x).view(B, T, self.Hv, self.dv)
         o = (self.norm(o.to(x.dtype)) * F.silu(z.float())).to(x.dtype)
         return self.out_proj(o.reshape(B, T, -1))
@@ -723,10 +723,20 @@ class Cache:
     width: int
     rope: tuple
     prefix: "SharedPrefix | None" = None
+    static: bool = False  # `make_static`
+
+    def make_static(self, slots: int) -> None:
+        """From here on every single-token step has the same shapes, so it can be captured (a CUDA
+        graph, torch.compile): each query looks at all `slots` slots of its row (`width` stays
+        slots - 1; the mask hides the slots past the row's own), and every write is in place.
+        Rows must then stay: no `select`."""
+        self.width, self.static = slots - 1, True
 
     def select(self, rows: torch.Tensor) -> None:
         """Keep rows `rows` in place (reorder, drop finished rows), one tensor at a time, each old
         one freed before the next is copied: a copy needs one more tensor, not a second cache."""
+        if self.static:
+            raise ValueError("Cache.select: a static cache keeps its rows")
         for layer in self.layers:
             for i, t in enumerate(layer):
                 layer[i] = t.index_select(0, rows)
@@ -927,8 +937,8 @@ class Qwen(nn.Module):
         for layer in self.model.layers:
             x = checkpoint(layer, x, step, use_reentrant=False) if recompute else layer(x, step)
         if cache is not None:
-            cache.lens = cache.lens + lengths
-            cache.width += T
+            cache.lens += lengths  # in place, as every cache write: a captured step replays them
+            cache.width += 0 if cache.static else T
         return self.model.norm(x)
 
     def forward(self, input_ids, cache: Cache | None = None, lengths=None, packing=None):
@@ -1412,6 +1422,61 @@ def sample_next(logits, temperature, top_k, top_p, uniform):
     return torch.searchsorted(cdf, (uniform * cdf[:, -1])[:, None], right=True)[:, 0]
 
 
+def decode_logits(model: Qwen, token, cache: Cache, live):
+    """One decode step: float32 next-token logits [B, V] after feeding `token` [B] to the rows of
+    `cache`; a row not `live` is frozen (nothing advances: its slot count, its DeltaNet state)."""
+    return model.logits(model.hidden_states(token[:, None], cache, live.long())[:, 0]).float()
+
+
+@functools.cache
+def compiled_decode_logits():
+    """decode_logits through torch.compile (Inductor: the norms, RoPE, mask and shared-prefix merge
+    fused into fewer kernels), made once per process so that its compiled graphs are reused."""
+    return torch.compile(decode_logits)
+
+
+class CapturedStep:
+    """`step(token, live) -> logits` of a static cache (`Cache.make_static`) on CUDA, captured as a
+    CUDA graph: the first call runs the step eagerly on a side stream (real work, which also warms
+    up cuBLAS, resolves optional kernels and compiles), then captures it; later calls copy their
+    inputs into the graph's own tensors and replay it, a whole layer stack for one launch. The
+    logits returned are the graph's output tensor, overwritten by the next call."""
+
+    def __init__(self, model: Qwen, cache: Cache, fn):
+        self.model, self.cache, self.fn = model, cache, fn
+        self.graph = None
+
+    def __call__(self, token, live):
+        if self.graph is not None:
+            self.token.copy_(token)
+            self.live.copy_(live)
+            self.graph.replay()
+            return self.logits
+        self.token, self.live = token.clone(), live.clone()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            first = self.fn(self.model, self.token, self.cache, self.live)
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.logits = self.fn(self.model, self.token, self.cache, self.live)
+        return first
+
+
+DECODE = ("eager", "static", "compiled")
+
+
+def decode_step(model: Qwen, cache: Cache, decode: str):
+    """The decode step `generate` runs, step(token, live) -> logits (`decode_logits`): "eager" as
+    is; "static" on a static cache, captured as a CUDA graph on CUDA (`CapturedStep`), run as is on
+    the CPU; "compiled" the same through torch.compile (`compiled_decode_logits`)."""
+    fn = compiled_decode_logits() if decode == "compiled" else decode_logits
+    if decode == "eager" or not cache.lens.is_cuda:
+        return lambda token, live: fn(model, token, cache, live)
+    return CapturedStep(model, cache, fn)
+
+
 @torch.inference_mode()
 def generate(
     model: Qwen,
@@ -1426,6 +1491,7 @@ def generate(
     return_logprobs: bool = False,
     max_rows: int | None = None,
     compact_below: float = 0.5,
+    decode: str = "eager",
 ):
     """Sample continuations of token-id prompts of any lengths; returns the new tokens of each
     prompt (ending with the EOS token when one was produced), and with return_logprobs=True also
@@ -1441,7 +1507,13 @@ def generate(
     sync) only every FINISHED_CHECK_EVERY steps, so a batch may run a few steps past its last end.
     Row i samples step t with the uniform U[i, t] of a table drawn up front (from `seed` when
     given): its tokens depend on its prompt, i and the settings, not on the other rows, on max_rows
-    or on compaction."""
+    or on compaction.
+
+    `decode` (DECODE, `decode_step`): "eager" runs each step's operators one by one; "static" makes
+    the cache static after the prefill (`Cache.make_static`: every step the same shapes, no
+    compaction, each query over all of its row's slots) and on CUDA replays the step as one CUDA
+    graph; "compiled" also runs it through torch.compile. The tokens are the same (greedy: equal;
+    sampled: up to float rounding of the logits)."""
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("generate: prompts must be a non-empty list of non-empty token lists")
     if (
@@ -1452,10 +1524,11 @@ def generate(
         or max_new_tokens < 1
         or not 0 <= compact_below <= 1
         or (max_rows is not None and max_rows < 1)
+        or decode not in DECODE
     ):
         raise ValueError(
             f"generate: invalid settings {temperature=} {top_p=} {top_k=} {repetition_penalty=} "
-            f"{max_new_tokens=} {max_rows=} {compact_below=}"
+            f"{max_new_tokens=} {max_rows=} {compact_below=} {decode=}"
         )
     rng = torch.Generator().manual_seed(seed) if seed is not None else None
     uniform = (
@@ -1477,6 +1550,7 @@ def generate(
             eos,
             return_logprobs,
             compact_below,
+            decode,
         )
         for i in range(0, len(prompts), n)
     ]
@@ -1496,6 +1570,7 @@ def generate_rows(
     eos,
     return_logprobs,
     compact_below,
+    decode,
 ):
     """`generate` for rows that share one cache; uniform [rows, max_new_tokens] on the model's
     device. `rows`: the prompt of each cache row (uniform, live, token and seen follow the cache
@@ -1515,6 +1590,10 @@ def generate_rows(
     logits = model.logits(h)[row_of].float()
     if shared:
         cache = share_prompts(model, cache, group, max_new_tokens)
+    if decode != "eager":
+        cache.make_static(max_new_tokens if shared else width + max_new_tokens)
+        compact_below = 0.0
+    step_logits = decode_step(model, cache, decode)
     penalize = repetition_penalty != 1.0
     seen = (
         torch.zeros_like(logits, dtype=torch.bool).scatter_(1, ids[row_of], True)
@@ -1548,7 +1627,7 @@ def generate_rows(
             seen = seen[keep] if penalize else None
         if penalize:
             seen[torch.arange(len(token), device=device), token] = True
-        logits = model.logits(model.hidden_states(token[:, None], cache, live.long())[:, 0]).float()
+        logits = step_logits(token, live)
     tokens = [[t for t in row if t >= 0] for row in out.tolist()]
     return tokens, [row[: len(t)] for t, row in zip(tokens, out_logp.tolist())]
 

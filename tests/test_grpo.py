@@ -614,6 +614,23 @@ def test_a_packed_run_trains_like_a_padded_one(tmp_path):
         torch.testing.assert_close(found[key], expected[key], rtol=1e-4, atol=1e-6)
 
 
+def test_a_static_decode_run_samples_what_an_eager_one_does(tmp_path, assets, judge, monkeypatch):
+    completions, made_static, make_static = {}, [], M.Cache.make_static
+    monkeypatch.setattr(
+        M.Cache, "make_static", lambda c, slots: made_static.append(slots) or make_static(c, slots)
+    )
+    for decode in ("eager", "static"):
+        config = run_config(
+            tmp_path / decode, assets, judge.url, updates=1, **{"rollout.decode": decode}
+        )
+        grpo.main([str(config)])
+        completions[decode] = [
+            r["completion"] for r in read_jsonl(tmp_path / decode / "run" / "completions.jsonl")
+        ]
+    assert len(completions["static"]) >= 8 and completions["static"] == completions["eager"]
+    assert made_static and set(made_static) == {6}  # rollout.max_new_tokens slots per row
+
+
 def test_on_policy_loss_is_zero_but_the_gradient_is_not(assets):
     base, _ = assets
     cfg, policy = tiny_policy(base)
