@@ -77,6 +77,7 @@ from judge import CARE_DIMENSIONS, JudgeAuthError, JudgeConfig, JudgeError, care
 from judge import probe as judge_probe
 from model import (
     CheckpointError,
+    Packing,
     Qwen,
     add_lora,
     add_special_tokens,
@@ -108,6 +109,7 @@ from train import (
     optimizer_parameters,
     set_lr,
     sync_gradients,
+    token_budget_parts,
     warmup_hold_cosine,
 )
 
@@ -137,6 +139,9 @@ class RolloutSettings:  # paper A.2: temperature 1, top-p 1, no top-k, repetitio
     top_k: int = 0
     repetition_penalty: float = 1.0
     enable_thinking: bool | None = None  # None: the chat template's default (Qwen3 / 3.5 think)
+    # engine local, single-turn prompts: model.generate's decode step; static: one CUDA graph per
+    # step (captured once per batch), compiled: also through torch.compile (eager until measured)
+    decode: Literal["eager", "static", "compiled"] = "eager"
     # vllm: sampled by the server in `vllm` (vllm_engine.py), the LoRA or whole weights synced
     engine: Literal["local", "vllm"] = "local"
     vllm: VLLMSettings = field(default_factory=VLLMSettings)
@@ -165,6 +170,9 @@ class LossSettings:
     passes: int = bounded(1, ge=1)  # optimizer steps per rollout batch
     # sequences per forward/backward (memory only: the gradient is the same)
     micro_batch_size: int = bounded(8, ge=1)
+    # set: micro-batches of at most this many tokens, the sequences packed without padding
+    # (`packed_micro_batches`), instead of micro_batch_size right-padded rows
+    micro_batch_tokens: int | None = bounded(None, ge=2)
     adv_eps: float = 1e-6
     # C of the truncated importance-sampling correction (tis_weights); None: off
     tis_cap: float | None = bounded(None, ge=1)
@@ -566,37 +574,77 @@ def training_sequences(groups: list[Group], advantages: list[list[float] | None]
 
 @dataclass
 class MicroBatch:
-    ids: torch.Tensor  # [b, T], right-padded
+    """b sequences for one forward and backward. The loss's tensors (mask, sampler_logp) are [b,
+    T-1], right-padded, either way; `ids` is [b, T] right-padded, or with `packing` [1, N], the b
+    sequences packed one after another, `packed_mask` [1, N-1] then selecting the same positions
+    in that row."""
+
+    ids: torch.Tensor
     mask: torch.Tensor  # [b, T-1] bool
     advantages: torch.Tensor  # [b]
     sampler_logp: torch.Tensor  # [b, T-1], 0 outside the mask
     row_weight: torch.Tensor  # [b]
+    packing: Packing | None = None
+    packed_mask: torch.Tensor | None = None
+
+
+def micro_batch(part: list[Sequence], pad_id: int, device, packed: bool) -> MicroBatch:
+    """`part` as one micro-batch, right-padded with `pad_id` or packed."""
+    width = max(len(s.ids) for s in part)
+    mask = torch.zeros(len(part), width - 1, dtype=torch.bool)
+    sampler = torch.zeros(len(part), width - 1)
+    for row, s in enumerate(part):
+        mask[row, : len(s.mask)] = torch.tensor(s.mask)
+        sampler[row, mask[row]] = torch.tensor(s.sampler_logp)
+    packing = packed_mask = None
+    if packed:
+        ids = torch.tensor([[t for s in part for t in s.ids]])
+        # a sequence's last token predicts nothing: its next token opens the next sequence
+        packed_mask = torch.tensor([[m for s in part for m in [*s.mask, False]][:-1]]).to(device)
+        packing = Packing.of([len(s.ids) for s in part], device)
+    else:
+        ids = torch.full((len(part), width), pad_id, dtype=torch.long)
+        for row, s in enumerate(part):
+            ids[row, : len(s.ids)] = torch.tensor(s.ids)
+    return MicroBatch(
+        ids.to(device),
+        mask.to(device),
+        torch.tensor([s.advantage for s in part], device=device),
+        sampler.to(device),
+        torch.tensor([s.row_weight for s in part], device=device),
+        packing,
+        packed_mask,
+    )
 
 
 def micro_batches(sequences: list[Sequence], size: int, pad_id: int, device) -> list[MicroBatch]:
-    batches = []
-    for i in range(0, len(sequences), size):
-        part = sequences[i : i + size]
-        width = max(len(s.ids) for s in part)
-        ids = torch.full((len(part), width), pad_id, dtype=torch.long)
-        mask = torch.zeros(len(part), width - 1, dtype=torch.bool)
-        sampler = torch.zeros(len(part), width - 1)
-        for row, s in enumerate(part):
-            ids[row, : len(s.ids)] = torch.tensor(s.ids)
-            mask[row, : len(s.mask)] = torch.tensor(s.mask)
-            sampler[row, mask[row]] = torch.tensor(s.sampler_logp)
-        adv = torch.tensor([s.advantage for s in part])
-        weight = torch.tensor([s.row_weight for s in part])
-        batches.append(
-            MicroBatch(
-                ids.to(device),
-                mask.to(device),
-                adv.to(device),
-                sampler.to(device),
-                weight.to(device),
-            )
-        )
-    return batches
+    """Right-padded micro-batches of `size` sequences, in order."""
+    return [
+        micro_batch(sequences[i : i + size], pad_id, device, packed=False)
+        for i in range(0, len(sequences), size)
+    ]
+
+
+def packed_micro_batches(sequences: list[Sequence], max_tokens: int, device) -> list[MicroBatch]:
+    """Packed micro-batches of at most `max_tokens` tokens (train.token_budget_parts). The loss does
+    not depend on the split: it is normalized over the whole update."""
+    return [
+        micro_batch([sequences[i] for i in part], 0, device, packed=True)
+        for part in token_budget_parts([len(s.ids) for s in sequences], max_tokens)
+    ]
+
+
+def batch_logprobs(model: Qwen, b: MicroBatch, temperature: float, entropy: bool = False):
+    """token_logprobs of a micro-batch in the loss's layout [b, T-1] (a packed batch's computed on
+    its row, then put in place); with entropy=True, (logp, entropy)."""
+    if b.packing is None:
+        return token_logprobs(model, b.ids, b.mask, temperature, entropy)
+    out = token_logprobs(model, b.ids, b.packed_mask, temperature, entropy, packing=b.packing)
+    placed = [
+        torch.zeros(b.mask.shape, device=x.device).masked_scatter(b.mask, x[b.packed_mask])
+        for x in (out if entropy else (out,))
+    ]
+    return tuple(placed) if entropy else placed[0]
 
 
 def idle_batch(device) -> MicroBatch:
@@ -617,10 +665,7 @@ def reference_logprobs(
         return [None] * len(batches)
     policy.eval()
     with torch.no_grad(), lora_disabled(reference or policy):
-        return [
-            token_logprobs(reference or policy, b.ids, b.mask, cfg.rollout.temperature)
-            for b in batches
-        ]
+        return [batch_logprobs(reference or policy, b, cfg.rollout.temperature) for b in batches]
 
 
 def accumulate_loss(
@@ -643,7 +688,7 @@ def accumulate_loss(
     for i, b in enumerate(batches):
         # the sampler mismatch: |logp_old - the sampler's log-probs| (vLLM's with engine vllm)
         if old[i] is None:
-            logp, entropy = token_logprobs(policy, b.ids, b.mask, temperature, entropy=True)
+            logp, entropy = batch_logprobs(policy, b, temperature, entropy=True)
             old[i] = logp.detach()
             gap = (old[i] - b.sampler_logp).abs()[b.mask]
             stats["entropy"] += entropy[b.mask].sum().item()
@@ -652,7 +697,7 @@ def accumulate_loss(
                 stats["mismatch_max"], gap.max().item() if gap.numel() else 0.0
             )
         else:
-            logp = token_logprobs(policy, b.ids, b.mask, temperature)
+            logp = batch_logprobs(policy, b, temperature)
         loss, sums = grpo_loss(
             logp,
             old[i],
@@ -1019,11 +1064,11 @@ def train(cfg: GRPOConfig, examples: list[data.Example]) -> None:
                 raise SystemExit(1) from None
             # 4. advantages
             advantages = advantages_by_group(groups, cfg.loss)
-            batches = micro_batches(
-                training_sequences(groups, advantages),
-                cfg.loss.micro_batch_size,
-                pad_id,
-                ranks.device,
+            sequences = training_sequences(groups, advantages)
+            batches = (
+                micro_batches(sequences, cfg.loss.micro_batch_size, pad_id, ranks.device)
+                if cfg.loss.micro_batch_tokens is None
+                else packed_micro_batches(sequences, cfg.loss.micro_batch_tokens, ranks.device)
             )
             # 5-6. loss and step, `loss.passes` times
             # (policy_update: accumulate_loss, then optimizer_step)

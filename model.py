@@ -221,13 +221,18 @@ def parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
     return DTYPES[dtype]
 
 
-@functools.cache
+# optional_kernel's answers: a plain dict, which torch.compile reads (it cannot trace an import)
+KERNELS: dict[tuple[str, str], object] = {}
+
+
 def optional_kernel(module: str, name: str):
     """A function from an optional GPU package (flash_attn), or None when it is not installed."""
-    try:
-        return getattr(importlib.import_module(module), name)
-    except ImportError:
-        return None
+    if (module, name) not in KERNELS:
+        try:
+            KERNELS[module, name] = getattr(importlib.import_module(module), name)
+        except ImportError:
+            KERNELS[module, name] = None
+    return KERNELS[module, name]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -244,8 +249,7 @@ class RMSNorm(nn.Module):
         self.eps, self.offset = eps, offset
 
     def forward(self, x):
-        h = x.float()
-        h = h * h.pow(2).mean(-1, keepdim=True).add_(self.eps).rsqrt_()
+        h = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)  # one kernel where torch fuses it
         return (
             (h * (1 + self.weight.float())).to(x.dtype)
             if self.offset
@@ -319,8 +323,51 @@ def apply_rope(x, cos, sin_signed):
     [B, T, H, D]."""
     rot = cos.shape[-1]
     xr = x[..., :rot]
-    out = xr * cos + xr.roll(rot // 2, -1) * sin_signed
+    out = torch.addcmul(xr * cos, xr.roll(rot // 2, -1), sin_signed)
     return out if rot == x.shape[-1] else torch.cat([out, x[..., rot:]], -1)
+
+
+@dataclass
+class Packing:
+    """Sequences concatenated into one row without padding (a packed training batch, [1, N]):
+    `lens` their lengths in order, `seq` [N] each token's sequence, `positions` [N] its position in
+    it (RoPE restarts at 0), `cu` [n + 1] the int32 offsets of the sequences (flash-attn's
+    cu_seqlens). Attention stays within a sequence and Qwen3.5's conv and recurrence start from
+    zeros at each one (`Attention`, `GatedDeltaNet`)."""
+
+    lens: tuple[int, ...]
+    seq: torch.Tensor
+    positions: torch.Tensor
+    cu: torch.Tensor
+
+    @classmethod
+    def of(cls, lens, device) -> "Packing":
+        """Built on the host from the Python lengths (no device sync), then moved."""
+        lens = tuple(int(n) for n in lens)
+        if not lens or min(lens) < 1:
+            raise ValueError(f"Packing: sequence lengths must be positive, got {list(lens)}")
+        seq = torch.repeat_interleave(torch.arange(len(lens)), torch.tensor(lens))
+        starts = torch.tensor((0, *lens)).cumsum(0)
+        return cls(
+            lens,
+            seq.to(device),
+            (torch.arange(len(seq)) - starts[seq]).to(device),
+            starts.int().to(device),
+        )
+
+    def padded_index(self) -> torch.Tensor:
+        """Each token's index in the [n, max(lens)] right-padded layout, flattened."""
+        return self.seq * max(self.lens) + self.positions
+
+    def to_rows(self, x):
+        """[1, N, ...] -> [n, max(lens), ...], each sequence in a row, zeros after it."""
+        n, width = len(self.lens), max(self.lens)
+        rows = x.new_zeros(n * width, *x.shape[2:]).index_copy(0, self.padded_index(), x[0])
+        return rows.view(n, width, *x.shape[2:])
+
+    def from_rows(self, rows):
+        """The inverse of `to_rows`: [n, max(lens), ...] -> [1, N, ...]."""
+        return rows.flatten(0, 1).index_select(0, self.padded_index())[None]
 
 
 @dataclass
@@ -338,6 +385,7 @@ class ForwardState:
     lengths: torch.Tensor | None  # with a cache: real tokens of each row in this call
     # [B, T], False at the right padding of a prefill; None when all real
     valid: torch.Tensor | None
+    packing: Packing | None = None  # a packed batch (no cache)
 
 
 class Attention(nn.Module):
@@ -386,15 +434,17 @@ def attention(q, k, v, step: ForwardState, layer_idx: int):
     go to each row's step.slots, and the query in slot s sees slots 0..s of its row (and its whole
     prompt, if shared)."""
     cache = step.cache
+    if step.packing is not None:
+        return packed_attention(q, k, v, step.packing)
     if cache is not None:
         k_cache, v_cache = cache.layers[layer_idx]
-        flash = optional_kernel("flash_attn", "flash_attn_with_kvcache")
-        if (
-            flash is not None
-            and q.is_cuda
-            and q.dtype in (torch.float16, torch.bfloat16)
-            and cache.prefix is None
-        ):
+        half = q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
+        flash = (
+            optional_kernel("flash_attn", "flash_attn_with_kvcache")
+            if half and cache.prefix is None
+            else None
+        )
+        if flash is not None:
             return flash(
                 q,
                 k_cache.transpose(1, 2),
@@ -424,6 +474,29 @@ def attention(q, k, v, step: ForwardState, layer_idx: int):
         else cache.prefix.attend(q, layer_idx, *attend(q, keys, values, step.mask))
     )
     return o.view(B, H, T, D).transpose(1, 2)
+
+
+def packed_attention(q, k, v, packing: Packing):
+    """Causal attention within each sequence of a packed row, q [1, N, H, D] over k, v [1, N, Hkv,
+    D]: flash-attn's varlen kernel on CUDA in half precision when it is installed, else SDPA on each
+    sequence in turn (no [N, N] mask, no work across sequences)."""
+    varlen = (
+        optional_kernel("flash_attn", "flash_attn_varlen_func")
+        if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
+        else None
+    )
+    if varlen is not None:
+        width = max(packing.lens)
+        return varlen(q[0], k[0], v[0], packing.cu, packing.cu, width, width, causal=True)[None]
+    return torch.cat(
+        [
+            F.scaled_dot_product_attention(
+                *(t.transpose(1, 2) for t in parts), is_causal=True, enable_gqa=True
+            ).transpose(1, 2)
+            for parts in zip(*(t.split(packing.lens, 1) for t in (q, k, v)))
+        ],
+        1,
+    )
 
 
 def attend(q, k, v, mask):
@@ -506,6 +579,22 @@ def delta_rule(q, k, v, g, beta, state):
     )
 
 
+def delta_rule_packed(q, k, v, g, beta, packing: Packing):
+    """The gated delta rule over each sequence of a packed row from a zero state: q, k [1, N, H,
+    dk], v [1, N, H, dv], g, beta [1, N, H] (float32); returns o [1, N, H, dv].
+    flash-linear-attention's chunked kernel with cu_seqlens on CUDA when installed; else the
+    sequences as right-padded rows (padding inert: g = 0, beta = 0) through `delta_rule_chunked`,
+    so the recurrence, not the rest of the layer, pays for the padding of its longest sequence."""
+    fla = (
+        optional_kernel("fla.ops.gated_delta_rule", "chunk_gated_delta_rule") if q.is_cuda else None
+    )
+    if fla is not None:
+        return fla(q, k, v, g, beta, scale=1.0, cu_seqlens=packing.cu.long())[0]
+    rows = [packing.to_rows(t).transpose(1, 2) for t in (q, k, v, g, beta)]
+    zero = q.new_zeros(len(packing.lens), q.shape[2], q.shape[3], v.shape[3])
+    return packing.from_rows(delta_rule_chunked(*rows, zero)[0].transpose(1, 2))
+
+
 class GatedDeltaNet(nn.Module):
     """Qwen3.5's linear-attention mixer: project q|k|v, z, b, a; causal depthwise conv (no bias) and
     SiLU over q|k|v; beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias); l2-normalized q, k
@@ -540,18 +629,28 @@ class GatedDeltaNet(nn.Module):
             torch.zeros(batch, self.Hv, self.dk, self.dv, dtype=torch.float32, device=device),
         ]
 
+    def conv(self, qkv, state, step: ForwardState):
+        """The causal depthwise conv of qkv [B, C, T]: over zeros before each row, before each
+        sequence of a packed row (K-1 zero columns spread ahead of each, the outputs read at the
+        tokens' columns), or, with a cache, over state[0], the inputs of the row's last K-1 real
+        tokens, which it then advances."""
+        B, C, T = qkv.shape
+        K = self.conv1d.kernel_size[0]
+        if step.packing is not None:
+            before = step.packing.seq * (K - 1) + torch.arange(T, device=qkv.device)
+            spread = qkv.new_zeros(B, C, T + len(step.packing.lens) * (K - 1))
+            spread = spread.index_copy(-1, before + K - 1, qkv)
+            return F.conv1d(spread, self.conv1d.weight, groups=C).index_select(-1, before)
+        full = torch.cat([qkv.new_zeros(B, C, K - 1) if state is None else state[0], qkv], -1)
+        if state is not None:
+            index = step.lengths[:, None, None] + torch.arange(K - 1, device=qkv.device)
+            state[0].copy_(full.gather(-1, index.expand(B, C, K - 1)))
+        return F.conv1d(full, self.conv1d.weight, groups=C)
+
     def forward(self, x, step: ForwardState):
         B, T, _ = x.shape
-        K = self.conv1d.kernel_size[0]
         state = None if step.cache is None else step.cache.layers[self.layer_idx]
-        qkv = self.in_proj_qkv(x).transpose(1, 2)  # [B, C, T]
-        full = torch.cat(
-            [qkv.new_zeros(B, self.channels, K - 1) if state is None else state[0], qkv], -1
-        )
-        if state is not None:  # keep the conv inputs of each row's last K-1 real tokens
-            index = step.lengths[:, None, None] + torch.arange(K - 1, device=x.device)
-            state[0] = full.gather(-1, index.expand(B, self.channels, K - 1))
-        qkv = F.silu(F.conv1d(full, self.conv1d.weight, groups=self.channels)).transpose(1, 2)
+        qkv = F.silu(self.conv(self.in_proj_qkv(x).transpose(1, 2), state, step)).transpose(1, 2)
         q, k, v = qkv.split([self.Hk * self.dk, self.Hk * self.dk, self.Hv * self.dv], -1)
         r = self.Hv // self.Hk
         q = (
@@ -565,16 +664,20 @@ class GatedDeltaNet(nn.Module):
         if step.valid is not None:  # right padding: no decay, no write
             beta = beta * step.valid[..., None]
             g = g * step.valid[..., None]
-        initial = (
-            torch.zeros(B, self.Hv, self.dk, self.dv, device=x.device)
-            if state is None
-            else state[1]
-        )
-        o, final = delta_rule(*(t.transpose(1, 2) for t in (q, k, v, g, beta)), initial)
-        if state is not None:
-            state[1] = final
+        if step.packing is not None:
+            o = delta_rule_packed(q, k, v, g, beta, step.packing)
+        else:
+            initial = (
+                torch.zeros(B, self.Hv, self.dk, self.dv, device=x.device)
+                if state is None
+                else state[1]
+            )
+            o, final = delta_rule(*(t.transpose(1, 2) for t in (q, k, v, g, beta)), initial)
+            o = o.transpose(1, 2)
+            if state is not None:
+                state[1].copy_(final)
         z = self.in_proj_z(x).view(B, T, self.Hv, self.dv)
-        o = (self.norm(o.transpose(1, 2).to(x.dtype)) * F.silu(z.float())).to(x.dtype)
+        o = (self.norm(o.to(x.dtype)) * F.silu(z.float())).to(x.dtype)
         return self.out_proj(o.reshape(B, T, -1))
 
 
@@ -620,10 +723,20 @@ class Cache:
     width: int
     rope: tuple
     prefix: "SharedPrefix | None" = None
+    static: bool = False  # `make_static`
+
+    def make_static(self, slots: int) -> None:
+        """From here on every single-token step has the same shapes, so it can be captured (a CUDA
+        graph, torch.compile): each query looks at all `slots` slots of its row (`width` stays
+        slots - 1; the mask hides the slots past the row's own), and every write is in place.
+        Rows must then stay: no `select`."""
+        self.width, self.static = slots - 1, True
 
     def select(self, rows: torch.Tensor) -> None:
         """Keep rows `rows` in place (reorder, drop finished rows), one tensor at a time, each old
         one freed before the next is copied: a copy needs one more tensor, not a second cache."""
+        if self.static:
+            raise ValueError("Cache.select: a static cache keeps its rows")
         for layer in self.layers:
             for i, t in enumerate(layer):
                 layer[i] = t.index_select(0, rows)
@@ -774,21 +887,31 @@ class Qwen(nn.Module):
             return out
         return out.index_copy_(-1, self.row_ids, F.linear(h, self.head_rows.to(h.dtype)))
 
-    def hidden_states(self, input_ids, cache: Cache | None = None, lengths=None):
-        """Final-norm hidden states [B, T, d]. Without a cache: a causal forward from position 0.
-        With a cache: row b continues in slot cache.lens[b] (its position, plus its prompt's length
-        under a shared prefix); `lengths` [B] (default T) counts the real tokens of each
-        right-padded row, and cache.lens advances by it."""
+    def hidden_states(
+        self, input_ids, cache: Cache | None = None, lengths=None, packing: Packing | None = None
+    ):
+        """Final-norm hidden states [B, T, d]. Without a cache: a causal forward from position 0,
+        or, with `packing`, of each sequence packed in the row input_ids [1, N]. With a cache: row
+        b continues in slot cache.lens[b] (its position, plus its prompt's length under a shared
+        prefix); `lengths` [B] (default T) counts the real tokens of each right-padded row, and
+        cache.lens advances by it."""
         B, T = input_ids.shape
+        if packing is not None and (cache is not None or B != 1 or len(packing.seq) != T):
+            raise ValueError(
+                f"hidden_states: a packed batch is one row of sum(lens) = {len(packing.seq)} "
+                f"tokens and no cache, got {B} x {T}"
+            )
         slots = torch.arange(T, device=input_ids.device)[None].expand(B, T)
         if cache is not None:
             slots = slots + cache.lens[:, None]
         positions = (
             slots if cache is None or cache.prefix is None else slots + cache.prefix.lens[:, None]
         )
+        positions = positions if packing is None else packing.positions[None]
         cfg = self.config
         x = self.embed(input_ids)
-        rope = rope_tables(T, cfg, x.dtype, x.device) if cache is None else cache.rope
+        width = T if packing is None else max(packing.lens)
+        rope = rope_tables(width, cfg, x.dtype, x.device) if cache is None else cache.rope
         cos, sin = (table[positions, None] for table in rope)  # [B, T, 1, rot_dim]
         mask = None
         valid = None
@@ -804,7 +927,7 @@ class Qwen(nn.Module):
                 ]
             valid = None if lengths is None else torch.arange(T, device=x.device) < lengths[:, None]
             lengths = torch.full((B,), T, device=x.device) if lengths is None else lengths
-        step = ForwardState(cos, sin, cache, slots, mask, lengths, valid)
+        step = ForwardState(cos, sin, cache, slots, mask, lengths, valid, packing)
         recompute = (
             self.gradient_checkpointing
             and self.training
@@ -814,13 +937,13 @@ class Qwen(nn.Module):
         for layer in self.model.layers:
             x = checkpoint(layer, x, step, use_reentrant=False) if recompute else layer(x, step)
         if cache is not None:
-            cache.lens = cache.lens + lengths
-            cache.width += T
+            cache.lens += lengths  # in place, as every cache write: a captured step replays them
+            cache.width += 0 if cache.static else T
         return self.model.norm(x)
 
-    def forward(self, input_ids, cache: Cache | None = None, lengths=None):
+    def forward(self, input_ids, cache: Cache | None = None, lengths=None, packing=None):
         """Logits [B, T, vocab] in the model dtype (see `hidden_states` for the arguments)."""
-        return self.logits(self.hidden_states(input_ids, cache, lengths))
+        return self.logits(self.hidden_states(input_ids, cache, lengths, packing))
 
     def new_cache(self, batch: int, max_len: int) -> Cache:
         layers = [
@@ -1174,6 +1297,7 @@ def token_logprobs(
     temperature: float = 1.0,
     entropy: bool = False,
     chunk_size: int = 1024,
+    packing: Packing | None = None,
 ):
     """logp[b, t] = log softmax(logits[b, t] / temperature)[input_ids[b, t + 1]], shape [B, T-1],
     float32: the log-probability of each next token given its prefix. `mask` [B, T-1] (bool) selects
@@ -1181,10 +1305,12 @@ def token_logprobs(
     Pad right-padded batches on the right and mask the padding out. The softmax runs in float32 on
     `chunk_size` positions at a time, each forming its gradient at once (`HeadLogprobs`), so no [B,
     T, vocab] float32 tensor ever exists. With entropy=True also returns the entropy [B, T-1] of
-    each position's temperature-scaled distribution."""
+    each position's temperature-scaled distribution. With `packing`, input_ids [1, N] holds
+    sequences packed one after another (`Packing`): the mask must leave out the last token of each,
+    whose next token starts the next sequence."""
     if temperature <= 0:
         raise ValueError(f"token_logprobs: temperature must be > 0, got {temperature}")
-    h = model.hidden_states(input_ids)[:, :-1]
+    h = model.hidden_states(input_ids, packing=packing)[:, :-1]
     targets = input_ids[:, 1:]
     where = (torch.ones_like(targets, dtype=torch.bool) if mask is None else mask).nonzero(
         as_tuple=True
@@ -1296,6 +1422,61 @@ def sample_next(logits, temperature, top_k, top_p, uniform):
     return torch.searchsorted(cdf, (uniform * cdf[:, -1])[:, None], right=True)[:, 0]
 
 
+def decode_logits(model: Qwen, token, cache: Cache, live):
+    """One decode step: float32 next-token logits [B, V] after feeding `token` [B] to the rows of
+    `cache`; a row not `live` is frozen (nothing advances: its slot count, its DeltaNet state)."""
+    return model.logits(model.hidden_states(token[:, None], cache, live.long())[:, 0]).float()
+
+
+@functools.cache
+def compiled_decode_logits():
+    """decode_logits through torch.compile (Inductor: the norms, RoPE, mask and shared-prefix merge
+    fused into fewer kernels), made once per process so that its compiled graphs are reused."""
+    return torch.compile(decode_logits)
+
+
+class CapturedStep:
+    """`step(token, live) -> logits` of a static cache (`Cache.make_static`) on CUDA, captured as a
+    CUDA graph: the first call runs the step eagerly on a side stream (real work, which also warms
+    up cuBLAS, resolves optional kernels and compiles), then captures it; later calls copy their
+    inputs into the graph's own tensors and replay it, a whole layer stack for one launch. The
+    logits returned are the graph's output tensor, overwritten by the next call."""
+
+    def __init__(self, model: Qwen, cache: Cache, fn):
+        self.model, self.cache, self.fn = model, cache, fn
+        self.graph = None
+
+    def __call__(self, token, live):
+        if self.graph is not None:
+            self.token.copy_(token)
+            self.live.copy_(live)
+            self.graph.replay()
+            return self.logits
+        self.token, self.live = token.clone(), live.clone()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            first = self.fn(self.model, self.token, self.cache, self.live)
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.logits = self.fn(self.model, self.token, self.cache, self.live)
+        return first
+
+
+DECODE = ("eager", "static", "compiled")
+
+
+def decode_step(model: Qwen, cache: Cache, decode: str):
+    """The decode step `generate` runs, step(token, live) -> logits (`decode_logits`): "eager" as
+    is; "static" on a static cache, captured as a CUDA graph on CUDA (`CapturedStep`), run as is on
+    the CPU; "compiled" the same through torch.compile (`compiled_decode_logits`)."""
+    fn = compiled_decode_logits() if decode == "compiled" else decode_logits
+    if decode == "eager" or not cache.lens.is_cuda:
+        return lambda token, live: fn(model, token, cache, live)
+    return CapturedStep(model, cache, fn)
+
+
 @torch.inference_mode()
 def generate(
     model: Qwen,
@@ -1310,6 +1491,7 @@ def generate(
     return_logprobs: bool = False,
     max_rows: int | None = None,
     compact_below: float = 0.5,
+    decode: str = "eager",
 ):
     """Sample continuations of token-id prompts of any lengths; returns the new tokens of each
     prompt (ending with the EOS token when one was produced), and with return_logprobs=True also
@@ -1325,7 +1507,13 @@ def generate(
     sync) only every FINISHED_CHECK_EVERY steps, so a batch may run a few steps past its last end.
     Row i samples step t with the uniform U[i, t] of a table drawn up front (from `seed` when
     given): its tokens depend on its prompt, i and the settings, not on the other rows, on max_rows
-    or on compaction."""
+    or on compaction.
+
+    `decode` (DECODE, `decode_step`): "eager" runs each step's operators one by one; "static" makes
+    the cache static after the prefill (`Cache.make_static`: every step the same shapes, no
+    compaction, each query over all of its row's slots) and on CUDA replays the step as one CUDA
+    graph; "compiled" also runs it through torch.compile. The tokens are the same (greedy: equal;
+    sampled: up to float rounding of the logits)."""
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("generate: prompts must be a non-empty list of non-empty token lists")
     if (
@@ -1336,10 +1524,11 @@ def generate(
         or max_new_tokens < 1
         or not 0 <= compact_below <= 1
         or (max_rows is not None and max_rows < 1)
+        or decode not in DECODE
     ):
         raise ValueError(
             f"generate: invalid settings {temperature=} {top_p=} {top_k=} {repetition_penalty=} "
-            f"{max_new_tokens=} {max_rows=} {compact_below=}"
+            f"{max_new_tokens=} {max_rows=} {compact_below=} {decode=}"
         )
     rng = torch.Generator().manual_seed(seed) if seed is not None else None
     uniform = (
@@ -1361,6 +1550,7 @@ def generate(
             eos,
             return_logprobs,
             compact_below,
+            decode,
         )
         for i in range(0, len(prompts), n)
     ]
@@ -1380,6 +1570,7 @@ def generate_rows(
     eos,
     return_logprobs,
     compact_below,
+    decode,
 ):
     """`generate` for rows that share one cache; uniform [rows, max_new_tokens] on the model's
     device. `rows`: the prompt of each cache row (uniform, live, token and seen follow the cache
@@ -1399,6 +1590,10 @@ def generate_rows(
     logits = model.logits(h)[row_of].float()
     if shared:
         cache = share_prompts(model, cache, group, max_new_tokens)
+    if decode != "eager":
+        cache.make_static(max_new_tokens if shared else width + max_new_tokens)
+        compact_below = 0.0
+    step_logits = decode_step(model, cache, decode)
     penalize = repetition_penalty != 1.0
     seen = (
         torch.zeros_like(logits, dtype=torch.bool).scatter_(1, ids[row_of], True)
@@ -1432,7 +1627,7 @@ def generate_rows(
             seen = seen[keep] if penalize else None
         if penalize:
             seen[torch.arange(len(token), device=device), token] = True
-        logits = model.logits(model.hidden_states(token[:, None], cache, live.long())[:, 0]).float()
+        logits = step_logits(token, live)
     tokens = [[t for t in row if t >= 0] for row in out.tolist()]
     return tokens, [row[: len(t)] for t, row in zip(tokens, out_logp.tolist())]
 

@@ -184,6 +184,7 @@ class PromptSampler:
             eos_token_ids=self.tok.eos_token_ids,
             seed=seed,
             return_logprobs=True,
+            decode=r.decode,
         )
 
     def sample(

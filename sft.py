@@ -33,9 +33,10 @@ held-out loss would cost rows).
             the same, -sum log p / (its target tokens): the usual SFT loss, so a long reasoning
             target counts by its length; `row`: 1 per row, as clue.
     lm      {"id"?, "text", "meta"?}: the text and `<|endoftext|>`, each token after the first
-            weighing the same. Padded, not packed: each row is its own sequence, so nothing attends
-            across documents without a block-diagonal mask in model.py, and prepared rows are cut to
-            max_length already. `meta` is never read.
+            weighing the same. Each row stays its own sequence, right-padded or packed
+            (`micro_batch_tokens`: model.Packing keeps attention and positions within each row),
+            so nothing attends across documents; prepared rows are cut to max_length already.
+            `meta` is never read.
 
 Outputs in output_dir: config.yaml, metrics.jsonl, ckpt-<step>/ (checkpoint.py; exact resume),
 best/ (the selected adapter and `<evidence>` rows in PEFT format; the final ones when selection is
@@ -85,6 +86,7 @@ from distributed import DistributedSettings, all_reduce_sum, setup_distributed
 from fsdp import gathered, is_sharded, pad_batches, shard_model, sharded_weight
 from model import (
     CheckpointError,
+    Packing,
     Qwen,
     QwenTokenizer,
     add_lora,
@@ -107,6 +109,7 @@ from train import (
     optimizer_parameters,
     set_lr,
     sync_gradients,
+    token_budget_parts,
 )
 from verifier import EVIDENCE_CLOSE, EVIDENCE_OPEN
 
@@ -149,6 +152,9 @@ class SFTConfig:
     warmup_steps: int | None = bounded(None, ge=0)
     epochs: int = bounded(2, ge=1)
     batch_size: int = bounded(1, ge=1)  # examples per device per micro-batch
+    # set: this rank's rows of an update (batch_size x grad_accum) packed without padding into
+    # micro-batches of at most this many tokens (`pack`), instead of batch_size padded rows each
+    micro_batch_tokens: int | None = bounded(None, ge=2)
     grad_accum: int = bounded(4, ge=1)
     seed: int = 42
     # Table 5 (lost): prompt + completion tokens; longer rows are skipped and counted
@@ -451,15 +457,36 @@ def encode_text_row(
 
 def collate(
     samples: list[tuple[list[int], list[float]]], pad_id: int, device
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-padded ids [B, T] and the weights of each next-token target [B, T-1] (0 on padding)."""
+) -> tuple[torch.Tensor, torch.Tensor, None]:
+    """A micro-batch: right-padded ids [B, T], the weights of each next-token target [B, T-1] (0 on
+    padding), and no packing."""
     width = max(len(ids) for ids, _ in samples)
     ids = torch.full((len(samples), width), pad_id, dtype=torch.long)
     weights = torch.zeros(len(samples), width)
     for i, (row_ids, row_weights) in enumerate(samples):
         ids[i, : len(row_ids)] = torch.tensor(row_ids)
         weights[i, : len(row_weights)] = torch.tensor(row_weights)
-    return ids.to(device), weights[:, 1:].to(device)
+    return ids.to(device), weights[:, 1:].to(device), None
+
+
+def pack(
+    samples: list[tuple[list[int], list[float]]], max_tokens: int, device
+) -> list[tuple[torch.Tensor, torch.Tensor, Packing]]:
+    """Packed micro-batches of at most `max_tokens` tokens (train.token_budget_parts): the ids
+    [1, N] of their samples one after another, the weights of each next-token target [1, N-1] (0
+    at a sample's last token, whose next token opens the next sample), and the Packing."""
+    batches = []
+    for part in token_budget_parts([len(ids) for ids, _ in samples], max_tokens):
+        ids = [t for i in part for t in samples[i][0]]
+        weights = [w for i in part for w in [*samples[i][1][1:], 0.0]][:-1]
+        batches.append(
+            (
+                torch.tensor([ids], device=device),
+                torch.tensor([weights], device=device),
+                Packing.of([len(samples[i][0]) for i in part], device),
+            )
+        )
+    return batches
 
 
 def sft_loss(logp: torch.Tensor, weights: torch.Tensor, n_completions: float) -> torch.Tensor:
@@ -472,8 +499,9 @@ def backward_update(model: Qwen, micro_batches, n_completions: int) -> float:
     """Forward and backward over this rank's micro-batches of one optimizer update (gradients add up
     in .grad); returns this rank's part of the update's loss."""
     loss = 0.0
-    for ids, weights in micro_batches:
-        part = sft_loss(token_logprobs(model, ids, mask=weights > 0), weights, n_completions)
+    for ids, weights, packing in micro_batches:  # `collate`'s or `pack`'s
+        logp = token_logprobs(model, ids, mask=weights > 0, packing=packing)
+        part = sft_loss(logp, weights, n_completions)
         part.backward()
         loss += part.item()
     return loss
@@ -648,11 +676,15 @@ def train(cfg: SFTConfig) -> Path:
             lr = linear_warmup_decay(step, total, cfg.lr, cfg.warmup_fraction, cfg.warmup_steps)
             set_lr(optimizer, lr)
             update = update_rows(len(samples), step, group, cfg.seed)
-            mine = update[ranks.rank :: ranks.world_size]
-            batches = [
-                collate([samples[i] for i in mine[j : j + cfg.batch_size]], pad, ranks.device)
-                for j in range(0, len(mine), cfg.batch_size)
-            ]
+            mine = [samples[i] for i in update[ranks.rank :: ranks.world_size]]
+            batches = (
+                [
+                    collate(mine[j : j + cfg.batch_size], pad, ranks.device)
+                    for j in range(0, len(mine), cfg.batch_size)
+                ]
+                if cfg.micro_batch_tokens is None
+                else pack(mine, cfg.micro_batch_tokens, ranks.device)
+            )
             # every rank runs the same forwards and backwards: pad with ones weighing 0
             if is_sharded(model):
                 batches = pad_batches(

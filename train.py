@@ -1,7 +1,7 @@
 """What the trainers share, and nothing else: AdamW parameter groups, the learning-rate schedules,
-the gradient all-reduce and clipping, the LoRA settings, a clean stop on Ctrl-C / SIGTERM, and the
-rank-0 progress line. The processes and their collectives are distributed.py's, sharding fsdp.py's,
-checkpoints checkpoint.py's."""
+the split of packed micro-batches, the gradient all-reduce and clipping, the LoRA settings, a clean
+stop on Ctrl-C / SIGTERM, and the rank-0 progress line. The processes and their collectives are
+distributed.py's, sharding fsdp.py's, checkpoints checkpoint.py's."""
 
 from __future__ import annotations
 
@@ -88,6 +88,24 @@ def clip_gradients(params: list[torch.nn.Parameter], max_norm: float) -> float:
 
 def optimizer_parameters(optimizer: torch.optim.Optimizer) -> list[torch.nn.Parameter]:
     return [p for group in optimizer.param_groups for p in group["params"]]
+
+
+def token_budget_parts(lengths: list[int], max_tokens: int) -> list[list[int]]:
+    """Indices of sequences of `lengths` split into packed micro-batches of at most `max_tokens`
+    tokens (verl's dynamic batch size): longest first, each part taking the next ones while they
+    fit, a sequence longer than the budget alone. Consecutive in that order, a part holds similar
+    lengths (Qwen3.5's recurrence pads them when no flash-linear-attention kernel runs it:
+    model.delta_rule_packed)."""
+    parts: list[list[int]] = []
+    size = 0
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        if parts and size + lengths[i] <= max_tokens:
+            parts[-1].append(i)
+            size += lengths[i]
+        else:
+            parts.append([i])
+            size = lengths[i]
+    return parts
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:

@@ -507,7 +507,7 @@ def sft_step(model, args, device, peak_flops) -> list[list]:
 
     def step():
         optimizer.zero_grad(set_to_none=True)
-        sft.backward_update(model, [(ids, weights)], args.sft_batch)
+        sft.backward_update(model, [(ids, weights, None)], args.sft_batch)
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
 

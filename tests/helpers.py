@@ -8,6 +8,7 @@ puts tests/ on sys.path, so `from helpers import ...` finds this file.
 - read_jsonl: the records of a JSONL file
 - model.py against transformers: CONFIGS, hf_checkpoint, randomize, ids, close, hf_greedy,
   check_cache_against_full_forward, Q35_TEXT
+- model.py alone: FAMILIES, random_model (tiny random models of every family, no transformers)
 - gloo ranks: gloo_rank (an mp.spawn target's torchrun environment)
 - sft.py runs: SFT_WORDS, sad_row, write_rows, config_file, config, tensors, metrics, rank_run
 - grpo.py runs: write_examples, run_config, full_policy, updated_weights (a full-parameter GRPO
@@ -361,6 +362,26 @@ Q35_TEXT = dict(
         "mrope_interleaved": True,
     },
 )
+
+
+# tiny configs of the four families model.py reads, for models built without transformers
+FAMILIES = {
+    "qwen2": dict(TINY, model_type="qwen2"),
+    "qwen3": TINY,
+    "qwen3_5": dict(Q35_TEXT, model_type="qwen3_5_text", tie_word_embeddings=False),
+    "llama": TINY | LLAMA_TINY,
+}
+
+
+def random_model(family: str, seed=0) -> M.Qwen:
+    """model.py's Qwen of FAMILIES[family], every matrix N(0, 0.3) and every vector N(1, 0.05)
+    (write_tiny_checkpoint's "spread" recipe), float32, in eval mode."""
+    torch.manual_seed(seed)
+    model = M.Qwen(M.QwenConfig.from_dict(dict(FAMILIES[family])))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.3 if p.dim() > 1 else 0.05).add_(1.0 if p.dim() == 1 else 0.0)
+    return model.eval()
 
 
 def randomize(module, seed=0):

@@ -1,10 +1,20 @@
 """generate on batches whose rows end at different steps: lazy compaction of finished rows, the
 rows-per-chunk cap and the sampler, against transformers' greedy generate, one-row-at-a-time
-generation, a hand-built model whose outputs are known in advance, and the sampling distribution."""
+generation, a hand-built model whose outputs are known in advance, and the sampling distribution;
+the static decode step (decode="static", "compiled") against the eager one."""
 
 import pytest
 import torch
-from helpers import Q35_TEXT, close, hf_checkpoint, hf_greedy, ids, randomize
+from helpers import (
+    FAMILIES,
+    Q35_TEXT,
+    close,
+    hf_checkpoint,
+    hf_greedy,
+    ids,
+    random_model,
+    randomize,
+)
 
 import model as M
 
@@ -301,6 +311,81 @@ def test_sampler_draws_from_the_filtered_softmax():
 
 def test_bad_chunk_settings_are_clear_errors():
     model = counter_model("qwen3")
-    for bad in (dict(max_rows=0), dict(compact_below=1.5), dict(compact_below=-0.1)):
+    for bad in (
+        dict(max_rows=0),
+        dict(compact_below=1.5),
+        dict(compact_below=-0.1),
+        dict(decode="graph"),
+    ):
         with pytest.raises(ValueError, match="generate: invalid settings"):
             M.generate(model, [[1, 2]], max_new_tokens=2, **bad)
+
+
+# ----------------------------------------------------------------------------- the static step
+
+
+def decode_cases(model):
+    """(rows, generate's settings) under which the static step must give the eager tokens: unique
+    prompts (a cache of prompt + new slots); GRPO groups sharing their prompts (a SharedPrefix),
+    greedy with rows ending at different steps (frozen rows), sampled with log-probabilities, and
+    with a repetition penalty."""
+    vocab = model.config.vocab_size
+    prompts = [ids(1, n, vocab=vocab, seed=40 + n)[0].tolist() for n in (9, 3, 70)]
+    grouped = prompts + [prompts[0]] * 3 + [prompts[2]] * 2
+    free = M.generate(model, grouped, 12, temperature=0)
+    eos = sorted({row[3] for row in free[:2]} | {free[2][7]})  # ends at steps 4 and 8, or never
+    return [
+        (prompts, dict(temperature=0)),
+        (grouped, dict(temperature=0, eos_token_ids=eos)),
+        (grouped, dict(temperature=1.0, seed=3, return_logprobs=True, eos_token_ids=eos)),
+        (grouped, dict(temperature=0.7, top_k=20, repetition_penalty=1.3, seed=4)),
+    ]
+
+
+def cache_addresses(cache) -> list[int]:
+    return [cache.lens.data_ptr()] + [t.data_ptr() for layer in cache.layers for t in layer]
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_static_decode_gives_the_eager_tokens_with_fixed_shapes_and_addresses(family, monkeypatch):
+    """The static step is what a CUDA graph captures: every step the same shapes (width), every
+    cache tensor written in place (the same addresses before and after each step), no compaction;
+    the tokens are the eager path's."""
+    model = random_model(family)
+    steps = []
+    decode_logits = M.decode_logits
+
+    def watched(model, token, cache, live):
+        before = (cache_addresses(cache), cache.width, token.shape)
+        logits = decode_logits(model, token, cache, live)
+        steps.append((before, (cache_addresses(cache), cache.width, token.shape)))
+        return logits
+
+    cases = decode_cases(model)
+    ends = {len(row) for row in M.generate(model, *cases[1][0:1], 12, **cases[1][1])}
+    assert len(ends) > 1  # the greedy rows end at different steps: frozen rows
+    for rows, settings in cases:
+        eager = M.generate(model, rows, 12, **settings)
+        monkeypatch.setattr(M, "decode_logits", watched)
+        monkeypatch.setattr(M.Cache, "select", None)  # a static cache keeps its rows
+        static = M.generate(model, rows, 12, decode="static", **settings)
+        monkeypatch.undo()
+        if settings.get("return_logprobs"):
+            assert static[0] == eager[0]
+            for a, b in zip(static[1], eager[1]):
+                assert a == pytest.approx(b, abs=1e-5)
+        else:
+            assert static == eager
+        assert len(steps) >= 5 and all(before == after == steps[0][0] for before, after in steps)
+        steps.clear()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_5"])
+def test_compiled_decode_gives_the_eager_tokens(family):
+    """torch.compile of the static step (about 15 s of compilation per shape on the CPU)."""
+    model = random_model(family)
+    for rows, settings in decode_cases(model)[:3]:
+        eager = M.generate(model, rows, 12, **settings)
+        compiled = M.generate(model, rows, 12, decode="compiled", **settings)
+        assert compiled[0] == eager[0] if settings.get("return_logprobs") else compiled == eager

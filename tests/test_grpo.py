@@ -559,6 +559,78 @@ def test_gradients_equal_for_micro_batch_splits_and_two_ranks(assets, agg):
         assert out[f"gathered{rank}"] == [{"rank": 0, "text": "é"}, {"rank": 1, "text": "éé"}]
 
 
+@pytest.mark.parametrize("agg", ["seq-mean-token-mean", "token-mean"])
+def test_packed_micro_batches_give_the_padded_update(assets, agg):
+    base, _ = assets
+    ranks = D.Ranks(0, 1, torch.device("cpu"))
+    cfg, policy = tiny_policy(base)
+    cfg.loss.agg, cfg.loss.beta = agg, 0.04
+    policy.gradient_checkpointing = True
+    expected, expected_grads = gradients(cfg, policy, fixed_groups(), ranks, micro_batch_size=4)
+    groups = fixed_groups()
+    sequences = grpo.training_sequences(groups, grpo.advantages_by_group(groups, cfg.loss))
+    batches = grpo.packed_micro_batches(sequences, 24, ranks.device)
+    # several sequences share a row, in fewer micro-batches than padded rows of 4 would take
+    assert all(b.ids.shape[0] == 1 for b in batches) and 1 < len(batches) < len(sequences) / 2
+    assert sum(b.ids.shape[1] for b in batches) == sum(len(s.ids) for s in sequences)
+    optimizer = T.build_optimizer(policy, 0.0, 0.0, (0.9, 0.99))
+    found = grpo.policy_update(policy, optimizer, batches, cfg, ranks)
+    assert expected["grad_norm"] > 0 and expected["kl"] > 0
+    for key in ("loss", "grad_norm", "entropy", "mismatch_sum", "mismatch_max", "tokens", "kl"):
+        assert found[key] == pytest.approx(expected[key], rel=1e-5, abs=1e-7), key
+    for a, b in zip((p.grad for p in T.optimizer_parameters(optimizer)), expected_grads):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_a_packed_run_trains_like_a_padded_one(tmp_path):
+    # test_a_learnable_reward_rises's setting: the rewards vary within groups, so every update
+    # trains; a budget of 1,000 tokens packs two of its 412-token sequences in each micro-batch
+    base = write_checkpoint(tmp_path / "base", seed=12, hidden=16)
+    examples = write_examples(tmp_path / "train.jsonl", n=8)
+    runs = {}
+    for name, loss in (("padded", {}), ("packed", {"micro_batch_tokens": 1000})):
+        config = run_config(
+            tmp_path / name,
+            (base, examples),
+            "http://127.0.0.1:9/v1",
+            updates=2,
+            reward={"name": "accuracy_only"},
+            filtering={"enabled": False},
+            rollout={"prompts_per_update": 4, "group_size": 8, "max_new_tokens": 1},
+            optim={"lr": 3e-2, "warmup_updates": 0, "hold_until": 100},
+            loss={"micro_batch_size": 3} | loss,
+        )
+        grpo.main([str(config)])
+        runs[name] = tmp_path / name / "run"
+    padded, packed = (read_jsonl(runs[n] / "metrics.jsonl") for n in ("padded", "packed"))
+    assert [m["step"] for m in packed] == [1, 2] and all(m["grad_norm"] > 0 for m in padded)
+    for a, b in zip(packed, padded):
+        for key in ("loss", "kl", "grad_norm", "entropy", "logp_mismatch/max", "reward"):
+            assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-7), key
+    found, expected = (
+        load_file(runs[n] / "adapter" / "adapter_model.safetensors") for n in ("packed", "padded")
+    )
+    for key in expected:
+        torch.testing.assert_close(found[key], expected[key], rtol=1e-4, atol=1e-6)
+
+
+def test_a_static_decode_run_samples_what_an_eager_one_does(tmp_path, assets, judge, monkeypatch):
+    completions, made_static, make_static = {}, [], M.Cache.make_static
+    monkeypatch.setattr(
+        M.Cache, "make_static", lambda c, slots: made_static.append(slots) or make_static(c, slots)
+    )
+    for decode in ("eager", "static"):
+        config = run_config(
+            tmp_path / decode, assets, judge.url, updates=1, **{"rollout.decode": decode}
+        )
+        grpo.main([str(config)])
+        completions[decode] = [
+            r["completion"] for r in read_jsonl(tmp_path / decode / "run" / "completions.jsonl")
+        ]
+    assert len(completions["static"]) >= 8 and completions["static"] == completions["eager"]
+    assert made_static and set(made_static) == {6}  # rollout.max_new_tokens slots per row
+
+
 def test_on_policy_loss_is_zero_but_the_gradient_is_not(assets):
     base, _ = assets
     cfg, policy = tiny_policy(base)
