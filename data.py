@@ -1,7 +1,7 @@
 """The task contract: the example types, the task registry with its prompts, conversation rendering
 and the completion format (its `<think>` tags, splitting, `well_formed`, answer parsing: nothing
 else parses a completion). Reading, checking and writing data files, the curriculum and `stats` are
-dataset.py's; converters are convert.py's.
+dataset.py's; converters are prepare/convert.py's.
 """
 
 from __future__ import annotations
@@ -454,7 +454,7 @@ TASKS: dict[str, Task] = {
             {},
             turn_level=False,
             own_prompt=True,
-            noun="rubric",  # rubric_generator.py writes them
+            noun="rubric",  # reward_models/rubric_generator.py writes them
             question=(
                 "Write the rubric that scores the supporter's next reply in this "
                 "emotional-support conversation (CARE's rubric generator; the prompt is "

@@ -13,8 +13,9 @@ completion, appended as they come: rerunning the same command resumes), causes.j
 verdicts), eval.json (every number), table.md and f1_vs_tokens.png; with `report: accuracy`
 (configs/eval_benchmarks.yaml: the multiple-choice social-reasoning benchmarks) table.md is one
 accuracy row per set instead (a `kind: eqbench3` set: the judge's rubric score, played and judged by
-benchmarks.py into roleplay.jsonl and rubric.jsonl), and no figure is drawn. Figures need matplotlib
-(requirements-plot.txt); nothing else here does, and no training code imports this module's plots.
+dialogue/eqbench3.py into roleplay.jsonl and rubric.jsonl), and no figure is drawn. Figures need
+matplotlib (requirements-plot.txt); nothing else here does, and no training code imports this
+module's plots.
 """
 
 from __future__ import annotations
@@ -85,9 +86,9 @@ class EvalSet:
     task: str | None = None  # keep only this task's examples (needed when the file holds several)
     # also judge cause identification (paper 5.1) where examples have meta["causes"]
     causes: bool = False
-    # examples: scored by their answers; eqbench3: role-play scenarios in EQ-Bench 3's layout,
-    # played and scored by `judge` on a rubric (benchmarks.py; report: accuracy only)
-    kind: Literal["examples", "eqbench3"] = "examples"
+    # examples: scored by their answers; another kind: scored by the extension whose entry point
+    # names it (dialogue/eqbench3.py: eqbench3, EQ-Bench 3's role-plays judged on a rubric)
+    kind: str = "examples"
 
 
 @dataclass
@@ -128,7 +129,19 @@ class EvalError(RuntimeError):
     """A failure the user can fix (a model, a server, a file): reported as one line."""
 
 
-def check_config(cfg: EvalConfig) -> None:
+@dataclass(frozen=True)
+class JudgedKind:
+    """A kind of set scored not by its answers but by a judge, as an extension defines it
+    (dialogue/eqbench3.py): `check(cfg, set)` raises ConfigError for a set it cannot score;
+    `entries(cfg, sets, out)` plays and scores the sets, returning their eval.json entries, each
+    with its `kind`, `n_items`, `decoding`, `rubric_score` (0-1, mean ± SD over the runs) and
+    `unscored` (per run), and writing its journals into `out`."""
+
+    check: Callable[[EvalConfig, EvalSet], None]
+    entries: Callable[[EvalConfig, list[EvalSet], Path], dict]
+
+
+def check_config(cfg: EvalConfig, judged: dict[str, JudgedKind]) -> None:
     if (cfg.checkpoint is None) == (cfg.endpoint is None):
         raise ConfigError("give exactly one of 'checkpoint' (in-process) and 'endpoint' (a server)")
     if cfg.adapter and not cfg.checkpoint:
@@ -141,11 +154,13 @@ def check_config(cfg: EvalConfig) -> None:
     if cfg.n_samples < 1 or cfg.batch_size < 1:
         raise ConfigError("'n_samples' and 'batch_size' must be at least 1")
     for s in cfg.sets:
-        if s.kind == "eqbench3" and (s.task or s.causes or s.domain or cfg.report != "accuracy"):
+        if s.kind != "examples" and s.kind not in judged:
             raise ConfigError(
-                f"set '{s.name}': a kind eqbench3 set takes no 'task', 'causes' or 'domain' and "
-                "needs report: accuracy"
+                f"set '{s.name}': evaluate.py scores kind examples, not {excerpt(s.kind)}: a "
+                "judged kind is scored through its extension's entry point (docs/benchmarks.md)"
             )
+        if s.kind != "examples":
+            judged[s.kind].check(cfg, s)
     for task in [*cfg.greedy_tasks, *(s.task for s in cfg.sets if s.task)]:
         get_task(task)
 
@@ -480,74 +495,6 @@ def load_model(cfg: EvalConfig):
     return net, tok
 
 
-def load_roleplay_sets(cfg: EvalConfig) -> dict:
-    """{name: role-play scenarios} of the eqbench3 sets; benchmarks.py is imported only for one."""
-    judged = [s for s in cfg.sets if s.kind == "eqbench3"]
-    if not judged:
-        return {}
-    import benchmarks
-
-    return {s.name: benchmarks.load_roleplay(s.path) for s in judged}
-
-
-def roleplay_completer(cfg: EvalConfig):
-    """benchmarks.Complete for the evaluated model: a `chat_many` batch to the endpoint (None where
-    a request failed), or the checkpoint in-process (sample_completions, one completion per chat,
-    seeded by its key), loaded on the first call."""
-    loaded = []
-
-    def complete(chats, keys):
-        if cfg.endpoint is not None:
-            calls = [JudgeCall(chat, cfg.sampling.max_new_tokens) for chat in chats]
-            return chat_many(calls, endpoint_config(cfg.endpoint, cfg.sampling))[0]
-        if not loaded:
-            loaded.extend(load_model(cfg))
-        model, tok = loaded
-        texts = sample_completions(
-            model, tok, chats, keys, cfg.sampling, 1, cfg.seed, cfg.batch_size
-        )
-        return [row[0] for row in texts]
-
-    return complete
-
-
-def judged_entries(cfg: EvalConfig, roleplay: dict, out: Path) -> dict:
-    """The eqbench3 sets' eval.json entries: every scenario played n_samples times (resuming from
-    roleplay.jsonl), each finished transcript scored by the judge (rubric.jsonl); `rubric_score` is
-    the 0-1 mean transcript score, mean ± SD over the runs, beside each criterion's (0-100)."""
-    import benchmarks
-
-    done = benchmarks.read_roleplay(out / benchmarks.ROLEPLAY)
-    stopped = benchmarks.play(
-        roleplay, cfg.n_samples, done, out / benchmarks.ROLEPLAY, roleplay_completer(cfg)
-    )
-    if stopped:
-        raise JudgeError(
-            f"{stopped} role-play transcripts stopped on failed requests to "
-            f"{cfg.endpoint.base_url}; rerun the same command to resume"
-        )
-    scores = benchmarks.score_transcripts(
-        roleplay, cfg.n_samples, done, cfg.judge, out / benchmarks.RUBRIC
-    )
-    entries = {}
-    for name, scenarios in roleplay.items():
-        runs, numbers = benchmarks.summarize_set(name, scenarios, cfg.n_samples, scores)
-        entries[name] = {
-            "kind": "eqbench3",
-            "domain": None,
-            "decoding": dataclasses.asdict(cfg.sampling) | {"n_samples": cfg.n_samples},
-            "rubric_score": mean_sd(runs),
-            **numbers,
-            "criteria": {c: mean_sd(v) for c, v in numbers["criteria"].items()},
-        }
-        if any(numbers["unscored"]):
-            print0(
-                f"{name}: unscored transcripts per run (no usable judge answer): "
-                f"{numbers['unscored']}"
-            )
-    return entries
-
-
 def generate_missing(
     cfg: EvalConfig, sets: dict[str, list[Example]], done: dict, path: Path
 ) -> None:
@@ -809,17 +756,17 @@ def read_completions(path) -> list[dict]:
     return records
 
 
-def evaluate(cfg: EvalConfig) -> dict:
+def evaluate(cfg: EvalConfig, judged: dict[str, JudgedKind] | None = None) -> dict:
     """Run the evaluation of `cfg` (resuming from its output_dir) and write every output; returns
-    eval.json."""
-    check_config(cfg)
+    eval.json. `judged`: the kinds of judge-scored sets an extension scores (JudgedKind)."""
+    judged = judged or {}
+    check_config(cfg, judged)
     adapter_chain(cfg)
     out = Path(cfg.output_dir)
     check_resume(cfg, out)
-    # the sets scored by their answers; the judge-scored ones (benchmarks.py) are run apart
+    # the sets scored by their answers; the judge-scored ones are run apart, by their kind
     answered = dataclasses.replace(cfg, sets=[s for s in cfg.sets if s.kind == "examples"])
     sets = {s.name: load_set(s) for s in answered.sets}
-    roleplay = load_roleplay_sets(cfg)
     baseline = load_eval(cfg.baseline) if cfg.baseline else None
     save_resolved_config(cfg, out)
     by_id = {(name, e.id): e for name, examples in sets.items() for e in examples}
@@ -834,9 +781,11 @@ def evaluate(cfg: EvalConfig) -> dict:
     generate_missing(answered, sets, done, out / COMPLETIONS)
     verdicts = judge_causes(answered, sets, done, out / CAUSES)
     summary = summarize(answered, sets, done, verdicts, cfg.name or out.resolve().name)
-    if roleplay:
-        entries = summary["sets"] | judged_entries(cfg, roleplay, out)
-        summary["sets"] = {s.name: entries[s.name] for s in cfg.sets}
+    entries = dict(summary["sets"])
+    for kind, scorer in judged.items():
+        mine = [s for s in cfg.sets if s.kind == kind]
+        entries |= scorer.entries(cfg, mine, out) if mine else {}
+    summary["sets"] = {s.name: entries[s.name] for s in cfg.sets}
     if baseline is not None:
         summary["baseline"] = {"path": cfg.baseline} | relative_gains(summary, baseline)
     summary["config"] = redact_secrets(dataclasses.asdict(cfg))
@@ -944,7 +893,7 @@ def markdown_tables(evals: list[dict]) -> str:
 def _benchmark_cell(entry: dict) -> str:
     """A benchmark row's cell: the group accuracy in percent with the invalid-answer rate beside it,
     or a judge-scored set's rubric score (0-100) with its unscored transcripts."""
-    if entry.get("kind") == "eqbench3":
+    if "rubric_score" in entry:
         score, unscored = _cell(entry.get("rubric_score"), 100, 2), entry["unscored"]
         transcripts = entry["n_items"] * len(unscored)
         return score if score == "–" else f"{score} ({sum(unscored)} of {transcripts} unscored)"
@@ -1169,12 +1118,14 @@ def _plot(argv: list[str]) -> None:
 COMMANDS: dict[str, Callable[[list[str]], None]] = {"compare": _compare, "plot": _plot}
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None, judged: dict[str, JudgedKind] | None = None) -> None:
+    """`python evaluate.py config.yaml [key=value ...]`, or `compare` / `plot`; an extension with
+    judged sets of its own kind runs its evaluations through here (`judged`)."""
     argv = sys.argv[1:] if argv is None else argv
     try:
         if argv and argv[0] in COMMANDS:
             return COMMANDS[argv[0]](argv)
-        evaluate(parse_cli(EvalConfig, argv))
+        evaluate(parse_cli(EvalConfig, argv), judged)
     except ConfigError as e:
         print(f"config error: {argv[0]}: {e}", file=sys.stderr)
         raise SystemExit(2) from None

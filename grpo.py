@@ -1,6 +1,6 @@
 """Stage 2: GRPO with grounded rewards. Run: `torchrun --nproc_per_node=N grpo.py config.yaml
 [key=value ...]` (or `python grpo.py config.yaml` for one process). Social-R1's reference analyses
-are written first, through a teacher, by `python prepare_references.py config.yaml`.
+are written first, through a teacher, by `python -m prepare.references config.yaml`.
 
 One update (`train`, in this order):
   1. sample   P prompts from the current curriculum segment, K completions each, parsed into
@@ -25,8 +25,8 @@ One update (`train`, in this order):
               batch (log-probs of the sampling policy cached from the first pass).
 
 `train` picks the sampler once (`rollout_sampler`): rollout.PromptSampler, or with a `dialogue:`
-section dialogue.py's, which samples and judges episodes or per-state candidate replies; nothing
-else changes.
+section dialogue/play.py's, which samples and judges episodes or per-state candidate replies;
+nothing else changes.
 
 Ranks own whole groups; only LoRA gradients and metrics cross ranks; rank 0 writes. Outputs in
 `output_dir`: config.yaml, metrics.jsonl (one line per update, keys in `update_metrics`),
@@ -73,7 +73,7 @@ from fsdp import (
     shard_model,
     sharded_weight,
 )
-from judge import CARE_DIMENSIONS, JudgeAuthError, JudgeConfig, JudgeError, care_rubric
+from judge import JudgeAuthError, JudgeConfig, JudgeError
 from judge import probe as judge_probe
 from model import (
     CheckpointError,
@@ -89,12 +89,10 @@ from model import (
     token_logprobs,
 )
 from rollout import (
-    DialogueSettings,
     Group,
     PromptSampler,
     RolloutError,
     Slot,
-    VLLMSettings,
     completion_records,
     rank_report,
     update_metrics,
@@ -112,6 +110,7 @@ from train import (
     token_budget_parts,
     warmup_hold_cosine,
 )
+from vllm_engine import VLLMSampler, VLLMSettings
 
 # ----------------------------------------------------------------------------- config
 # CLUE's Table 5 (LoRA, LR peak, rollout length, beta)
@@ -211,9 +210,6 @@ class GRPOConfig:
     loss: LossSettings = field(default_factory=LossSettings)
     optim: OptimSettings = field(default_factory=OptimSettings)
     distributed: DistributedSettings = field(default_factory=DistributedSettings)
-    dialogue: DialogueSettings | None = None  # set: dialogue RL, train_data holds scenario seeds
-    # social_r1: R_content from a trained RM
-    content_model: rewards.ContentModelSettings | None = None
     # updates between checkpoints (one is always written at the end)
     save_every: int = bounded(50, ge=1)
     keep_checkpoints: int = bounded(2, ge=1)
@@ -374,20 +370,13 @@ class PromptSource:
         return pool[choice]
 
 
-def rollout_sampler(cfg: GRPOConfig, policy: Qwen, tok, ranks: Ranks, out_dir: Path):
-    """The run's sampler (rollout.py's interface), chosen once: role-played dialogues with a
-    `dialogue:` section, a vLLM server with `rollout.engine: vllm`, else rollout.PromptSampler; a
-    sharded policy sampled here is gathered whole."""
-    if cfg.dialogue is not None:
-        from dialogue import DialogueSampler
-
-        sampler = DialogueSampler(policy, tok, cfg)
-    elif cfg.rollout.engine == "vllm":
-        from vllm_engine import VLLMSampler
-
-        return VLLMSampler(policy, tok, cfg, ranks, out_dir)
-    else:
-        sampler = PromptSampler(policy, tok, cfg)
+def rollout_sampler(cfg: GRPOConfig, policy: Qwen, tok, ranks: Ranks, out_dir: Path, content=None):
+    """The run's sampler (rollout.py's interface): a vLLM server with `rollout.engine: vllm`, else
+    rollout.PromptSampler; a sharded policy sampled here is gathered whole. `content`: a scorer of
+    R_content in the prompted judge's place (reward_models/grpo.py's trained RM)."""
+    if cfg.rollout.engine == "vllm":
+        return VLLMSampler(policy, tok, cfg, ranks, out_dir, content)
+    sampler = PromptSampler(policy, tok, cfg, content)
     return GatheredSampler(sampler, policy) if is_sharded(policy) else sampler
 
 
@@ -555,7 +544,7 @@ class Sequence:
 
 def training_sequences(groups: list[Group], advantages: list[list[float] | None]) -> list[Sequence]:
     """The sequences the loss is computed on: every sample of every unmasked group's members, with
-    the member's advantage. A member sampled in several rows (dialogue.py's episodes: a row per
+    the member's advantage. A member sampled in several rows (dialogue/play.py's episodes: a row per
     assistant turn, each under its own prompt) gives each row its share of the member's tokens, so
     the member counts once in the loss."""
     sequences = []
@@ -780,124 +769,102 @@ def policy_update(
 # ----------------------------------------------------------------------------- setup
 
 
-def check_inputs(cfg: GRPOConfig, config_path: str) -> list:
-    """Everything a user can get wrong, checked before any model loads: settings, the reward and its
-    judges, the checkpoint folders, the data files (examples, or a dialogue run's scenario seeds).
-    Raises ConfigError / DataError with one line."""
+def config_error(config_path: str, key: str, problem: str) -> ConfigError:
+    return ConfigError(f"{config_path}: '{key}': {problem}")
 
-    def bad(key, problem):
-        return ConfigError(f"{config_path}: '{key}': {problem}")
 
-    dialogue_cfg = cfg.dialogue
-    if cfg.reward.name not in rewards.REWARDS:
+def check_settings(cfg: GRPOConfig, config_path: str) -> None:
+    """The settings a user can get wrong, checked before any model loads: the reward, its settings
+    and judges, the vLLM server's key, the checkpoint folders, the judge's key when the reward asks
+    one. Raises ConfigError with one line."""
+    spec = cfg.reward
+    if spec.name not in rewards.REWARDS:
         known = ", ".join(sorted(rewards.REWARDS))
-        raise bad("reward.name", f"unknown reward {excerpt(cfg.reward.name)} (known: {known})")
-    if (dialogue_cfg is not None) != (cfg.reward.name in rewards.DIALOGUE_GROUPING):
-        raise bad(
-            "dialogue",
-            f"rewards {', '.join(rewards.DIALOGUE_GROUPING)} train on role-played dialogues: "
-            f"they, and only they, need a 'dialogue' section (reward: {cfg.reward.name})",
+        raise config_error(
+            config_path, "reward.name", f"unknown reward {excerpt(spec.name)} (known: {known})"
         )
-    unknown = sorted(set(cfg.reward.params) - set(rewards.REWARDS[cfg.reward.name].defaults))
-    if unknown:
-        known = ", ".join(sorted(rewards.REWARDS[cfg.reward.name].defaults)) or "none"
-        raise bad(
+    if problem := rewards.undeclared_judge(spec):
+        raise config_error(config_path, "reward.name", problem)
+    defaults = rewards.REWARDS[spec.name].defaults
+    if unknown := sorted(set(spec.params) - set(defaults)):
+        raise config_error(
+            config_path,
             f"reward.params.{unknown[0]}",
-            f"not a setting of reward {excerpt(cfg.reward.name)} (known: {known})",
+            f"not a setting of reward {excerpt(spec.name)} (known: "
+            f"{', '.join(sorted(defaults)) or 'none'})",
         )
-    for key in set(rewards.SWITCHES) & set(cfg.reward.params):
-        if cfg.reward.params[key] not in (0, 1):
-            raise bad(
-                f"reward.params.{key}", f"a switch: 0 (off) or 1 (on), got {cfg.reward.params[key]}"
+    for key in set(rewards.SWITCHES) & set(spec.params):
+        if spec.params[key] not in (0, 1):
+            raise config_error(
+                config_path,
+                f"reward.params.{key}",
+                f"a switch: 0 (off) or 1 (on), got {spec.params[key]}",
             )
-    rm = cfg.content_model
-    if rm is not None and (
-        cfg.reward.name != "social_r1" or (rm.path is None) == (rm.endpoint is None)
-    ):
-        raise bad(
-            "content_model",
-            "reward social_r1 only, with either a path (in-process) or an endpoint (served)",
-        )
-    if rm is not None and rm.path is not None and not (Path(rm.path) / rewards.RM_INFO).is_file():
-        raise bad(
-            "content_model.path", f"{rm.path} has no {rewards.RM_INFO} (train one: reward_model.py)"
-        )
-    if rm is not None and rewards.CONTENT_JUDGE not in rewards.judges_needed(cfg.reward):
-        raise bad("content_model", "R_content is switched off (reward.params.use_content: 0)")
-    fixed = dialogue_cfg.fixed_criteria if dialogue_cfg else None
-    if fixed is not None and (
-        cfg.reward.name != "care"
-        or care_rubric({d: {"weight": 1 / 3, "criteria": fixed.get(d)} for d in fixed}) is None
-    ):
-        raise bad(
-            "dialogue.fixed_criteria",
-            f"reward care only, with 2-4 distinct criteria for each of "
-            f"{', '.join(CARE_DIMENSIONS)}",
-        )
-    rollout = cfg.rollout
-    if rollout.engine == "vllm":
+    if cfg.rollout.engine == "vllm":
         try:
-            rollout.vllm.read_api_key()
+            cfg.rollout.vllm.read_api_key()
         except RolloutError as e:
             raise ConfigError(f"{config_path}: {e}") from None
-    if rollout.engine == "vllm" and dialogue_cfg:
-        raise bad(
-            "rollout.engine", "vllm samples single-turn prompts; dialogue runs sample with 'local'"
-        )
     for key, folder, needed in (
         ("model.path", cfg.model.path, "config.json"),
         ("model.sft_adapter", cfg.model.sft_adapter, "adapter_config.json"),
     ):
         if folder is not None and not (Path(folder) / needed).is_file():
-            raise bad(key, f"{folder} has no {needed}")
-    judges = {"judge": cfg.judge} if rewards.judges_needed(cfg.reward) or dialogue_cfg else {}
-    judges |= (
-        {"content_model.endpoint": rm.endpoint}
-        if rm is not None and rm.endpoint is not None
-        else {}
-    )
-    judges |= {
-        f"dialogue.{k}": getattr(dialogue_cfg, k)
-        for k in ("simulator", "rubric_judge")
-        if dialogue_cfg and getattr(dialogue_cfg, k)
-    }
-    for key, judge_cfg in judges.items():
-        try:
-            judge_cfg.read_api_key()
-        except JudgeError as e:
-            raise bad(f"{key}.api_key_env", str(e)) from None
+            raise config_error(config_path, key, f"{folder} has no {needed}")
+    if rewards.judges_needed(spec):
+        check_api_key(cfg.judge, "judge", config_path)
+
+
+def check_api_key(endpoint: JudgeConfig, key: str, config_path: str) -> None:
+    try:
+        endpoint.read_api_key()
+    except JudgeError as e:
+        raise config_error(config_path, f"{key}.api_key_env", str(e)) from None
+
+
+def load_examples(cfg: GRPOConfig, config_path: str, content_scorer: bool = False) -> list:
+    """The examples of `train_data`, each file checked against what the reward reads
+    (rewards.check_reward_data; `content_scorer`: R_content comes from a scorer that needs no
+    reference). Raises ConfigError / DataError with one line."""
     if not cfg.train_data:
-        raise bad("train_data", "no data files given")
-    if dialogue_cfg:
-        from dialogue import load_scenarios
+        raise config_error(config_path, "train_data", "no data files given")
     examples = []
     for path in cfg.train_data:
         if not Path(path).is_file():
-            raise bad("train_data", f"{path}: file not found")
-        loaded = load_scenarios(path) if dialogue_cfg else dataset.load_jsonl(path)
+            raise config_error(config_path, "train_data", f"{path}: file not found")
+        loaded = dataset.load_jsonl(path)
         if not loaded:
-            raise bad("train_data", f"{path}: no examples (the file is empty)")
+            raise config_error(
+                config_path, "train_data", f"{path}: no examples (the file is empty)"
+            )
         try:
-            if not dialogue_cfg:
-                rewards.check_reward_data(cfg.reward, loaded, content_model=rm is not None)
+            rewards.check_reward_data(cfg.reward, loaded, content_model=content_scorer)
         except data.DataError as e:
             raise data.DataError(f"{path}: {e}") from None
         examples += loaded
     return examples
 
 
-def probe_endpoints(cfg: GRPOConfig, examples: list) -> None:
-    """Ask every judge endpoint the run needs once, with a request of each kind it will get about
-    the first example, before any model loads (judge.probe): one that never answers or refuses the
-    kind stops the run with one line. An outage after this is survived (missing feedback)."""
-    if cfg.dialogue is not None:
-        from dialogue import judge_probes
+def check_inputs(cfg: GRPOConfig, config_path: str) -> list:
+    """Everything a user can get wrong in a single-turn run, checked before any model loads
+    (check_settings, load_examples); returns the examples."""
+    check_settings(cfg, config_path)
+    if cfg.reward.name in rewards.DIALOGUE_GROUPING:
+        raise config_error(
+            config_path,
+            "reward.name",
+            f"{cfg.reward.name} trains on role-played dialogues: run `python -m dialogue.grpo`",
+        )
+    return load_examples(cfg, config_path)
 
-        probes = judge_probes(cfg.reward, cfg.dialogue, cfg.judge, examples[0])
-    else:
-        probes = rewards.judge_probes(cfg.reward, examples[0], cfg.judge, cfg.content_model)
-    for key, endpoint, call in probes:
-        judge_probe(call, endpoint, key)
+
+def judge_probes(cfg: GRPOConfig, examples: list) -> list:
+    """(config key, endpoint, call) for judge.probe: one request of each kind the run's judges will
+    get, about the first example (rewards.judge_probes)."""
+    return [
+        ("judge", cfg.judge, call)
+        for _, call in rewards.judge_probes(cfg.reward, examples[0], cfg.judge)
+    ]
 
 
 def build_policy(cfg: GRPOConfig, ranks: Ranks, like: Qwen | None = None):
@@ -995,7 +962,10 @@ def run_summary(records: list[dict]) -> tuple[int, str]:
     )
 
 
-def train(cfg: GRPOConfig, examples: list[data.Example]) -> None:
+def train(cfg: GRPOConfig, examples: list, sampler_for=rollout_sampler) -> None:
+    """The run: `updates` updates of the six steps (module docstring), checkpoints, the final model.
+    `sampler_for(cfg, policy, tok, ranks, out_dir)` builds the run's sampler (an extension's own:
+    dialogue/grpo.py)."""
     ranks = setup_distributed(cfg.model.device, cfg.distributed, cfg.output_dir)
     out_dir = Path(cfg.output_dir)
     save_resolved_config(cfg, out_dir)
@@ -1003,7 +973,7 @@ def train(cfg: GRPOConfig, examples: list[data.Example]) -> None:
     # a full-parameter run's KL needs a frozen, sharded reference
     full_kl = cfg.lora is None and cfg.loss.beta != 0
     reference = build_policy(cfg, ranks, like=policy)[0] if full_kl else None
-    sampler = rollout_sampler(cfg, policy, tok, ranks, out_dir)
+    sampler = sampler_for(cfg, policy, tok, ranks, out_dir)
     source = PromptSource(sampler.segments(examples))
     optimizer, meta, path = resume(
         out_dir,
@@ -1166,20 +1136,28 @@ def train(cfg: GRPOConfig, examples: list[data.Example]) -> None:
     print0(f"done: {final}: {summary}")
 
 
-def main(argv=None) -> None:
+def main(
+    argv=None,
+    config_class=GRPOConfig,
+    check=check_inputs,
+    probes=judge_probes,
+    sampler_for=rollout_sampler,
+) -> None:
+    """`python grpo.py config.yaml [key=value ...]`: the config read and checked (`check`: the
+    examples), each endpoint asked once (`probes`: judge.probe), then `train`. An extension runs its
+    kind of GRPO through here with its own config class, checks, probes and sampler
+    (dialogue/grpo.py, reward_models/grpo.py)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["prepare"]:
-        print("`grpo.py prepare` moved: run `python prepare_references.py CFG`", file=sys.stderr)
-        raise SystemExit(2)
-    cfg = parse_cli(GRPOConfig, argv)
+    cfg = parse_cli(config_class, argv)
     try:
-        examples = check_inputs(cfg, argv[0])
-        probe_endpoints(cfg, examples)
+        examples = check(cfg, argv[0])
+        for key, endpoint, call in probes(cfg, examples):
+            judge_probe(call, endpoint, key)
     except (ConfigError, data.DataError, JudgeError) as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     try:
-        train(cfg, examples)
+        train(cfg, examples, sampler_for)
     # a refused key; vLLM at start-up (down, other weights, no adapter); a checkpoint of
     # another mode or world size; an output_dir the ranks do not share
     except (JudgeAuthError, RolloutError, CheckpointError, ConfigError) as e:

@@ -3,16 +3,15 @@ library's HTTP server, loopback by default, for offline runs, tests and benchmar
 
     python judge_server.py --backend rules --port 8000
     python judge_server.py --backend model --model PATH --port 8000
-    python judge_server.py --backend reward_model --model RM_FOLDER --port 8000
 
-Backend `rules` is a CRUDE LEXICAL STAND-IN, not a judge: it answers the IU_G and cause prompts of
-judge.py deterministically from word overlap and quotation matching, plays a SCRIPTED user and gives
-SCRIPTED scores for the dialogue prompts (dialogue.py's simulator and judges, CARE's rubric and
-scores) from word lists, and refuses anything else. Backend `model` answers every prompt with
-model.py's `generate` from a checkpoint (a self-hosted judge without vLLM). Backend `reward_model`
-answers the R_content prompt with a trained content RM (reward_model.py), in the prompted judge's
-format. Latency, HTTP errors, hangs, dropped connections and malformed answers can be injected to
-exercise the client's retries.
+Backend `rules` is a CRUDE LEXICAL STAND-IN, not a judge: it answers from judge.JUDGES, by each
+judge's system prompt, the IU_G and cause prompts deterministically from word overlap and quotation
+matching, plays a SCRIPTED user and gives SCRIPTED scores for the dialogue judges and CARE's rubric
+and scores from word lists, and refuses the judges it has no rule for, and anything else. Backend
+`model` answers every prompt with model.py's `generate` from a checkpoint (a self-hosted judge
+without vLLM); an extension adds its own (`python -m reward_models.content_rm serve`: a trained
+content RM). Latency, HTTP errors, hangs, dropped connections and malformed answers can be
+injected to exercise the client's retries.
 """
 
 from __future__ import annotations
@@ -35,24 +34,12 @@ from typing import Any, Callable
 import verifier
 from config import excerpt, port_number
 from data import split_blocks
-from dialogue_judges import (
-    ARG_SECTIONS,
-    EMOTIONAL_STATE_SYSTEM,
-    PREDICTOR_SYSTEM,
-    TURN_QUALITY_SYSTEM,
-    TURN_SCORES_SYSTEM,
-    USER_SIMULATOR_SYSTEM,
-    user_ends_dialogue,
-)
 from judge import (
-    _SIP_CONTENT_AGAINST_CONVERSATION,
-    _SIP_CONTENT_AGAINST_REFERENCE,
+    ARG_SECTIONS,
     CARE_DIMENSIONS,
-    CARE_RUBRIC_SYSTEM,
-    CARE_SCORES_SYSTEM,
-    CAUSE_SYSTEM,
-    IU_SYSTEM,
+    JUDGES,
     SECTION_TAGS,
+    user_ends_dialogue,
 )
 
 log = logging.getLogger("judge_server")
@@ -63,7 +50,7 @@ class UnsupportedRequest(ValueError):
     """A request this backend cannot answer; the server replies HTTP 400 with this message."""
 
 
-_SECTION_RE = re.compile(
+SECTION_RE = re.compile(
     r"<(" + "|".join(SECTION_TAGS) + r")((?: \w+=\"[^\"]*\")*)>\n(.*?)\n</\1>", re.DOTALL
 )
 _STOPWORDS = frozenset(
@@ -295,17 +282,20 @@ def _rules_care_scores(sections: list[tuple[str, str]], _: str) -> str:
     )
 
 
-# Each rule answers from the request's (tag, text) sections and its whole user message.
+# A rule per judge of judge.JUDGES that the stand-in answers, by the judge's name; each answers from
+# the request's (tag, text) sections and its whole user message.
 _RULES = {
-    IU_SYSTEM: _rules_iu,
-    CAUSE_SYSTEM: _rules_cause,
-    USER_SIMULATOR_SYSTEM: _rules_user_turn,
-    EMOTIONAL_STATE_SYSTEM: _rules_emotional_state,
-    TURN_SCORES_SYSTEM: _rules_turn_scores,
-    TURN_QUALITY_SYSTEM: _rules_turn_quality,
-    CARE_RUBRIC_SYSTEM: _rules_care_rubric,
-    CARE_SCORES_SYSTEM: _rules_care_scores,
-    PREDICTOR_SYSTEM: _rules_prediction,
+    "iu": _rules_iu,
+    "care_chosen_scores": _rules_care_scores,
+    "care_rejected_scores": _rules_care_scores,
+    "user_turn": _rules_user_turn,
+    "emotional_state": _rules_emotional_state,
+    "prediction": _rules_prediction,
+    "turn_scores": _rules_turn_scores,
+    "care_rubric": _rules_care_rubric,
+    "care_scores": _rules_care_scores,
+    "turn_quality": _rules_turn_quality,
+    "cause": _rules_cause,
 }
 
 
@@ -337,13 +327,17 @@ def rules_backend(messages: list[dict[str, str]], params: dict[str, Any]) -> str
     It understands nothing: it is not a judge, only a deterministic answer in the right format."""
     system = messages[0]["content"] if messages and messages[0]["role"] == "system" else ""
     message = messages[-1]["content"] if messages else ""
-    answer = _RULES.get(system)
-    if answer is None:
+    name = next((name for name, j in JUDGES.items() if j.system == system), None)
+    if name is None:
+        raise UnsupportedRequest("the rules backend answers only the prompts of judge.JUDGES")
+    if name not in _RULES:
         raise UnsupportedRequest(
-            "the rules backend answers only the IU_G, cause, CARE and dialogue.py prompts"
+            f"the rules backend has no rule for the judge {name!r} (it answers: "
+            f"{', '.join(_RULES)})"
         )
+    answer = _RULES[name]
     try:
-        return answer([(m.group(1), m.group(3)) for m in _SECTION_RE.finditer(message)], message)
+        return answer([(m.group(1), m.group(3)) for m in SECTION_RE.finditer(message)], message)
     except (StopIteration, KeyError, ValueError, AttributeError):
         raise UnsupportedRequest(
             "a prompt the rules backend answers, with a section missing or malformed"
@@ -413,39 +407,6 @@ class ModelBackend:
                 seed=settings["seed"],
             )[0]
         return self.tok.decode([t for t in new_tokens if t not in eos])
-
-
-class RewardModelBackend:
-    """Answers the R_content judge prompts (judge.sip_content_request, with a reference or without)
-    with a trained content RM (reward_model.py) instead of a prompted judge: `<r> | <sigmoid(r), two
-    decimals>`, the prompted judge's own format, so a trainer reaches a served RM through judge.chat
-    and reads it with parse_sip_content, the one HTTP client and the one parser. The RM's context is
-    rebuilt from the request's <task> and <conversation> sections (reward_model.rm_context's layout;
-    the reference, when sent, is not read). Refuses every other prompt."""
-
-    def __init__(self, path: str, base: str | None = None, device: str | None = None):
-        import reward_model  # lazy: only this backend needs torch
-
-        self.rm = reward_model.load_reward_model(path, base, device)
-        self.lock = threading.Lock()
-
-    def __call__(self, messages: list[dict[str, str]], params: dict[str, Any]) -> str:
-        system = messages[0]["content"] if messages and messages[0]["role"] == "system" else ""
-        if system not in (_SIP_CONTENT_AGAINST_REFERENCE, _SIP_CONTENT_AGAINST_CONVERSATION):
-            raise UnsupportedRequest(
-                "the reward_model backend answers only the SIP content (R_content) prompt"
-            )
-        parts = {m.group(1): m.group(3) for m in _SECTION_RE.finditer(messages[-1]["content"])}
-        if not {"task", "conversation", "reasoning"} <= set(parts):
-            raise UnsupportedRequest(
-                "an R_content prompt without its task, conversation or reasoning section"
-            )
-        with self.lock:
-            [r] = self.rm.rewards(
-                [(f"{parts['task']}\n\n{parts['conversation']}", parts["reasoning"])]
-            )
-        score = 1 / (1 + math.exp(-r)) if r >= 0 else math.exp(r) / (1 + math.exp(r))
-        return f"reward model r = {r:.4f} | {score:.2f}"
 
 
 # --------------------------------------------------------------------------- the local server: HTTP
@@ -713,7 +674,13 @@ class _Handler(BaseHTTPRequestHandler):
 # ----------------------------------------------------------------------------- CLI
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None, backends: dict | None = None) -> None:
+    """`python judge_server.py --backend rules|model ...`; `backends`: an extension's own backends,
+    by name, each built from the parsed arguments (`python -m reward_models.content_rm serve`)."""
+    backends = {
+        "rules": lambda args: rules_backend,
+        "model": lambda args: ModelBackend(args.model, args.device),
+    } | (backends or {})
     parser = argparse.ArgumentParser(
         prog="judge_server.py",
         description=(
@@ -727,25 +694,19 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument(
         "--backend",
-        choices=("rules", "model", "reward_model"),
+        choices=list(backends),
         required=True,
-        help=(
-            "rules: lexical stand-in (IU_G, cause, CARE, dialogue); model: the --model "
-            "checkpoint; reward_model: the R_content prompt scored by the content RM folder "
-            "--model"
-        ),
+        help="rules: lexical stand-in (IU_G, cause, CARE, dialogue); model: the --model checkpoint",
     )
     parser.add_argument(
         "--model",
         metavar="PATH",
-        help="Hugging Face checkpoint folder (backend 'model'), or the "
-        "RM folder reward_model.py wrote (backend 'reward_model')",
+        help="the folder a backend answers with (backend 'model': a Hugging Face checkpoint)",
     )
     parser.add_argument(
         "--base",
         metavar="PATH",
-        help="backend 'reward_model': the RM's base checkpoint (default: "
-        "the one its reward_model.json names)",
+        help="the base checkpoint of a --model folder that names one (default: that one)",
     )
     parser.add_argument("--device", help="torch device for backend 'model' (default: cpu)")
     parser.add_argument(
@@ -794,13 +755,7 @@ def main(argv: list[str] | None = None) -> None:
         level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s"
     )
     try:
-        backend = (
-            rules_backend
-            if args.backend == "rules"
-            else ModelBackend(args.model, args.device)
-            if args.backend == "model"
-            else RewardModelBackend(args.model, args.base, args.device)
-        )
+        backend = backends[args.backend](args)
     # no such folder, not a checkpoint, no such device
     except (OSError, ValueError, RuntimeError) as e:
         parser.exit(

@@ -44,8 +44,8 @@ import verifier
 @dataclass
 class Rollout:
     """One sampled completion and everything a reward may look at. For a role-played dialogue
-    (dialogue.py) `example` is its dialogue.State, and an episode's `turns` hold one Rollout per
-    assistant turn, in order."""
+    (dialogue/play.py) `example` is its dialogue.State, and an episode's `turns` hold one Rollout
+    per assistant turn, in order."""
 
     example: data.Example
     completion: str
@@ -100,11 +100,12 @@ REWARDS: dict[str, RewardFn] = {}
 PartFn = Callable[[Rollout, dict], float | None]
 
 
-def reward(parts: dict[str, PartFn] | None = None, **defaults: float):
+def reward(parts: dict[str, PartFn] | None = None, judges: tuple[str, ...] = (), **defaults: float):
     """Register the decorated `fn(rollout, cfg)` in REWARDS under its name, with its settings'
     defaults. `parts`: the components of a composite reward that a trainer logs beside it (metrics
     `rewards/<part>/mean`, completions.jsonl), each `part(rollout, params)` with the run's reward
-    settings."""
+    settings. `judges`: the names (judge.JUDGES) of the judges whose parsed answers it reads from
+    `rollout.judged`; a run asks exactly these (judges_needed)."""
 
     def register(fn):
         @functools.wraps(fn)
@@ -119,6 +120,7 @@ def reward(parts: dict[str, PartFn] | None = None, **defaults: float):
 
         with_settings.defaults = defaults
         with_settings.parts = parts or {}
+        with_settings.judges = tuple(judges)
         REWARDS[fn.__name__] = with_settings
         return with_settings
 
@@ -210,7 +212,7 @@ def evidence_format(rollout, cfg):
 _IU = dict(budget=150.0)
 
 
-@reward(**_IU)
+@reward(judges=("iu",), **_IU)
 def iu_g(rollout, cfg):
     """IU_G from the judge's per-block verdicts (`judged["iu"]`), the verifier and the effort budget
     B (`budget`, tokens per credited inference). None when the verdicts are missing or do not cover
@@ -235,6 +237,7 @@ def iu_g(rollout, cfg):
         "f": computed_by("evidence_format"),
         "IU_G": computed_by("iu_g"),
     },
+    judges=("iu",),
     lambda_iu=0.5,
     **_IU,
 )
@@ -335,18 +338,19 @@ def social_r1_total(rollout: Rollout, cfg: dict, content: Any) -> float | None:
         "R_content": judge_output("sip_content"),
         "R_len": computed_by("r_len"),
     },
+    judges=("sip_structure", "sip_content"),
     **_SOCIAL_R1,
     **SOCIAL_R1_SWITCHES,
 )
 def social_r1(rollout, cfg):
     """Social-R1's R_total (social_r1_total), with R_content = `judged["sip_content"]`: by default
     the prompted judge against the example's reference SIP analysis in `meta["reference"]`
-    (check_reward_data requires one); with grpo.py's `content_model`, the paper's way, the trained
-    content RM (reward_model.py) without one."""
+    (check_reward_data requires one); with reward_models/social_r1.py, the paper's way, the trained
+    content RM (reward_models/content_rm.py) without one."""
     return social_r1_total(rollout, cfg, rollout.judged.get("sip_content"))
 
 
-@reward(**_SOCIAL_R1, **SOCIAL_R1_SWITCHES)
+@reward(judges=("sip_structure", "sip_content_free"), **_SOCIAL_R1, **SOCIAL_R1_SWITCHES)
 def social_r1_reference_free(rollout, cfg):
     """Our variant for data without reference analyses, not the paper's: R_total as in social_r1,
     with R_content = `judged["sip_content_free"]`, the same tiered judge rubric applied against the
@@ -418,7 +422,7 @@ _TURN_PARTS = {name: _emollm_term(name) for name in EMOLLM_TERMS}
 _TURN = dict(l_cog=1.0, l_arg=1.0, l_rp=1.0, l_over=1.0)
 
 
-@reward(parts=_TURN_PARTS, **_TURN)
+@reward(parts=_TURN_PARTS, judges=("prediction", "turn_scores"), **_TURN)
 def emollm_turn(rollout, cfg):
     """r_t = l_cog R_cog + l_arg R_ARG + l_rp R_RP - l_over R_overthink (emollm_terms of
     `judged["turn_scores"]`); None when the judgement is missing or malformed."""
@@ -435,6 +439,7 @@ def emollm_turn(rollout, cfg):
 
 @reward(
     parts=_TURN_PARTS | {"R_emo": lambda rollout, params: emotional_gain(rollout)},
+    judges=("prediction", "turn_scores", "emotional_state"),
     l_emo=1.0,
     **_TURN,
 )
@@ -471,7 +476,7 @@ def care_score(rubric: Any, scores: Any, uniform: bool = False) -> float | None:
     return total
 
 
-@reward(uniform_weights=0.0)
+@reward(judges=("care_rubric", "care_scores"), uniform_weights=0.0)
 def care(rollout, cfg):
     """The CARE rubric reward from `judged["care_rubric"]` (one rubric shared by the GRPO group) and
     `judged["care_scores"]`; `uniform_weights` 1 (a switch, Table 3) drops the rubric's weights."""
@@ -487,15 +492,6 @@ def care(rollout, cfg):
 # Appendix A gives tau = 0.7, lambda = 0.1 and gamma = 0.3
 # without the formulas; care_generator has our reading.
 _GENERATOR = dict(tau=0.7, lambda_priority=0.1, gamma=0.3)
-
-
-def generated_rubric(completion: str) -> dict[str, dict[str, Any]] | None:
-    """The rubric a generator's completion holds (the text after a final </think>, if any, as one
-    strict JSON object) when judge.care_rubric accepts it with a rationale per weight; else None."""
-    _, after = data.split_completion(completion)
-    return judge.parse_care_rubric(
-        after if data.THINK_END in completion else completion, rationale=True
-    )
 
 
 def _clip(x: float) -> float:
@@ -543,7 +539,7 @@ def _generator_part(term: str):
 
     def part(rollout: Rollout, params: dict) -> float | None:
         cfg = _GENERATOR | {k: v for k, v in params.items() if k in _GENERATOR}
-        rubric = generated_rubric(rollout.completion)
+        rubric = judge.generated_rubric(rollout.completion)
         if rubric is None:
             return None
         if term == "R_pri":
@@ -560,10 +556,13 @@ def _generator_part(term: str):
 
 @reward(
     parts={
-        "R_fmt": lambda rollout, params: float(generated_rubric(rollout.completion) is not None),
+        "R_fmt": lambda rollout, params: float(
+            judge.generated_rubric(rollout.completion) is not None
+        ),
         "R_cmp": _generator_part("R_cmp"),
         "R_pri": _generator_part("R_pri"),
     },
+    judges=("care_chosen_scores", "care_rejected_scores"),
     **_GENERATOR,
 )
 def care_generator(rollout, cfg):
@@ -580,7 +579,7 @@ def care_generator(rollout, cfg):
       earning full credit; lambda = 0.1 keeps it a supplement to the comparison, as its ablation
       (59.4% -> 56.4%) suggests.
     None when the evaluator's scores are missing or do not fit the rubric."""
-    if generated_rubric(rollout.completion) is None:
+    if judge.generated_rubric(rollout.completion) is None:
         return 0.0
     cmp, pri = _generator_part("R_cmp")(rollout, cfg), _generator_part("R_pri")(rollout, cfg)
     return None if cmp is None else 1 + cmp + cfg["lambda_priority"] * pri
@@ -588,28 +587,30 @@ def care_generator(rollout, cfg):
 
 # ----------------------------------------------------------------------------- asking the judges
 
-# The judge outputs each reward reads from a single-turn rollout. A judge-backed reward of your own
-# adds its line here. (EmoLLM's and CARE's judges need a role-played dialogue or a rubric shared by
-# a group: dialogue.judge_groups gathers them.)
-REWARD_JUDGES = {
-    "iu_g": ("iu",),
-    "clue": ("iu",),
-    "social_r1": ("sip_structure", "sip_content"),
-    "social_r1_reference_free": ("sip_structure", "sip_content_free"),
-    "care_generator": ("care_chosen_scores", "care_rejected_scores"),
-}
-
 
 def judges_needed(spec: RewardSpec) -> tuple[str, ...]:
-    """The judge outputs a run of `spec` reads: its REWARD_JUDGES, less those of the Social-R1 terms
-    its switches turn off."""
+    """The judges a run of `spec` asks: those its registration declares, less those of the
+    Social-R1 terms its switches turn off."""
     params = REWARDS[spec.name].defaults | spec.params if spec.name in REWARDS else {}
     off = set()
     if not params.get("use_struct", 1):
         off.add("sip_structure")
     if not params.get("use_content", 1):
         off |= {"sip_content", "sip_content_free"}
-    return tuple(name for name in REWARD_JUDGES.get(spec.name, ()) if name not in off)
+    declared = REWARDS[spec.name].judges if spec.name in REWARDS else ()
+    return tuple(name for name in declared if name not in off)
+
+
+def undeclared_judge(spec: RewardSpec) -> str | None:
+    """One line naming the reward and the first judge it declares that judge.JUDGES does not hold,
+    or None: checked at start-up, so that a misspelled judge never reaches the first update."""
+    for name in REWARDS[spec.name].judges:
+        if name not in judge.JUDGES:
+            return (
+                f"reward {spec.name} declares the judge {name!r}, which judge.JUDGES does not "
+                f"hold (known: {', '.join(judge.JUDGES)})"
+            )
+    return None
 
 
 # The example fields a reward needs beyond the conversation and its labels: meta keys that must hold
@@ -623,7 +624,7 @@ REWARD_DATA = {
         "chosen": "the human-preferred reply",
         "rejected": "the other reply",
         "dimension_counts": "the chosen reply's strategies per dimension "
-        "(rubric_generator.py writes them)",
+        "(reward_models/rubric_generator.py writes them)",
     },
 }
 
@@ -640,27 +641,12 @@ def _meta_ok(key: str, value: Any) -> bool:
     return isinstance(value, str) and bool(value.strip())
 
 
-# What a trained content RM (reward_model.py) replaces:
-# social_r1's R_content judge, and the reference it needs.
+# social_r1's R_content judge: what a trained content RM (reward_models/social_r1.py) scores in its
+# place, with no reference analysis
 CONTENT_JUDGE = "sip_content"
-RM_INFO = "reward_model.json"  # what marks a folder as a reward model reward_model.py wrote
 
 
-@dataclass
-class ContentModelSettings:
-    """grpo.py's `content_model:` section: social_r1's R_content from a trained RM instead of the
-    prompted judge."""
-
-    # the RM folder, scored in-process on the trainer's device (each rank holds a copy)
-    path: str | None = None
-    base: str | None = None  # its base checkpoint (default: the one its reward_model.json names)
-    batch_size: int = 8  # segments scored together
-    # or: a served RM (judge_server.py --backend reward_model); then no path
-    endpoint: judge.JudgeConfig | None = None
-
-
-# The rewards a dialogue run trains (grpo.py with a
-# `dialogue:` section; dialogue.py), and how each groups.
+# The rewards a dialogue run trains (dialogue/rl.py), and how each groups.
 DIALOGUE_GROUPING = {"emollm": "trajectory", "emollm_turn": "turn", "care": "turn"}
 
 
@@ -685,37 +671,6 @@ def check_reward_data(
             )
 
 
-def _judge_request(name: str, rollout: Rollout, cfg: judge.JudgeConfig):
-    """(call, parser) for one judge output of one rollout, or None when there is nothing to ask."""
-    example = rollout.example
-    if name == "iu":
-        n_blocks = len(rollout.blocks)
-        if n_blocks == 0:  # IU_G = 0 without reasoning: no judgement needed
-            return None
-        return judge.iu_request(example, rollout.blocks, cfg), lambda text: judge.parse_iu_verdicts(
-            text, n_blocks
-        )
-    if name == "sip_structure":
-        return judge.sip_structure_request(example, rollout.reasoning), judge.parse_sip_structure
-    if name in ("sip_content", "sip_content_free"):
-        reference = example.meta["reference"] if name == "sip_content" else None
-        return judge.sip_content_request(
-            example, rollout.reasoning, reference
-        ), judge.parse_sip_content
-    # the evaluator, under the generated rubric
-    if name in ("care_chosen_scores", "care_rejected_scores"):
-        rubric = generated_rubric(rollout.completion)
-        if rubric is None:  # an invalid rubric: nothing to score, care_generator is 0
-            return None
-        reply = example.meta["chosen" if name == "care_chosen_scores" else "rejected"]
-        dialogue = [(turn.speaker, turn.text) for turn in example.turns]
-        return (
-            judge.care_scores_request(dialogue, rubric, reply),
-            lambda text: judge.parse_care_scores(text, rubric),
-        )
-    raise ValueError(f"no single-turn judge request for '{name}'")
-
-
 # What the judges are asked about when each is probed once before a run (judge_probes): a stand-in
 # for the run's own completions, one reasoning block and the example's labels, or for
 # care_generator a valid rubric.
@@ -727,15 +682,12 @@ _STAND_IN_RUBRIC = {
 
 
 def judge_probes(
-    spec: RewardSpec,
-    example: data.Example,
-    cfg: judge.JudgeConfig,
-    content_model: ContentModelSettings | None = None,
-) -> list[tuple[str, judge.JudgeConfig, judge.JudgeCall]]:
-    """(config key, endpoint, call): one request of each kind the judges of a run of `spec` will
-    get, about `example` and a stand-in completion, for judge.probe before the run. With a
-    `content_model`, R_content comes from the trained RM: its endpoint is asked R_content's request
-    (an RM scored in-process is no endpoint)."""
+    spec: RewardSpec, example: data.Example, cfg: judge.JudgeConfig, content: bool = False
+) -> list[tuple[str, judge.JudgeCall]]:
+    """(judge name, call): one request of each kind the single-turn judges of a run of `spec` will
+    get, about `example` and a stand-in completion, for judge.probe before the run. `content`:
+    R_content is scored in the prompted judge's place (judge_rollouts), asked without a
+    reference."""
     completion = (
         json.dumps(_STAND_IN_RUBRIC)
         if spec.name == "care_generator"
@@ -744,15 +696,16 @@ def judge_probes(
     rollout = Rollout.from_completion(
         example, completion, n_reasoning_tokens=12, n_completion_tokens=16
     )
-    probes = []
-    for name in judges_needed(spec):
-        if name == CONTENT_JUDGE and content_model is not None:
-            if content_model.endpoint is not None:
-                call = judge.sip_content_request(example, rollout.reasoning, None)
-                probes.append(("content_model.endpoint", content_model.endpoint, call))
-        else:
-            probes.append(("judge", cfg, _judge_request(name, rollout, cfg)[0]))
-    return probes
+    return [
+        (name, judge.JUDGES[_asked_as(name, content)].request(rollout, cfg))
+        for name in judges_needed(spec)
+    ]
+
+
+def _asked_as(name: str, content: bool) -> str:
+    """The judge whose request asks for `name`: R_content scored in the prompted judge's place is
+    asked the reference-free judge's prompt."""
+    return "sip_content_free" if content and name == CONTENT_JUDGE else name
 
 
 def judge_rollouts(
@@ -768,10 +721,9 @@ def judge_rollouts(
     `malformed`, the count of answers the strict parsers rejected. Data the reward cannot use raises
     (check_reward_data).
 
-    `content` replaces the prompted R_content judge (CONTENT_JUDGE) with a trained RM: a function
-    scoring the rollouts in-process (reward_model.content_scorer), or a JudgeConfig of a served one
-    (judge_server.py --backend reward_model), asked with the same prompt, without a reference,
-    through the same client."""
+    `content` replaces the prompted R_content judge (CONTENT_JUDGE) with a trained RM
+    (reward_models/social_r1.py): a function scoring the rollouts in-process, or the JudgeConfig of
+    a served one, asked with the same prompt, without a reference, through the same client."""
     check_reward_data(
         spec, [rollout.example for rollout in rollouts], content_model=content is not None
     )
@@ -783,16 +735,11 @@ def judge_rollouts(
                 local.append(rollout)
                 continue
             served = name == CONTENT_JUDGE and content is not None
-            request = (
-                (
-                    judge.sip_content_request(rollout.example, rollout.reasoning, None),
-                    judge.parse_sip_content,
-                )
-                if served
-                else _judge_request(name, rollout, cfg)
-            )
-            if request is not None:
-                pending.append((rollout, name, *request, content if served else cfg))
+            asked = judge.JUDGES[_asked_as(name, served)]
+            call = asked.request(rollout, cfg)
+            if call is not None:
+                parse = functools.partial(lambda text, j, r: j.parse(text, r), j=asked, r=rollout)
+                pending.append((rollout, name, call, parse, content if served else cfg))
     for rollout, value in zip(local, content(local) if local else []):
         rollout.judged[CONTENT_JUDGE] = value
     stats = {"calls": 0, "retries": 0, "failures": 0, "malformed": 0}

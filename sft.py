@@ -1,6 +1,6 @@
 """Stage 1 (CLUE A.1): supervised fine-tuning on reasoning traces that quote their evidence; also
-free-form targets and plain text (`objective`, below). prepare_traces.py writes CLUE's traces,
-emollm_data.py EmoLLM's Stage I rows.
+free-form targets and plain text (`objective`, below). prepare/traces.py writes CLUE's traces,
+prepare/emollm_rows.py EmoLLM's Stage I rows.
 
     python sft.py config.yaml [key=value ...]           # train; the same under torchrun
 
@@ -137,7 +137,7 @@ class SelectionConfig:
 @dataclass
 class SFTConfig:
     model: str  # base checkpoint folder (Hugging Face layout)
-    data: str  # SFT rows (JSONL); prepare_traces.py or emollm_data.py writes it
+    data: str  # SFT rows (JSONL); prepare/traces.py or prepare/emollm_rows.py writes it
     output_dir: str = "runs/sft"
     # the rows and their loss (module docstring)
     objective: Literal["clue", "target", "lm"] = "clue"
@@ -790,8 +790,8 @@ def main(argv=None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["prepare"]:
         print(
-            "`sft.py prepare` moved: run `python prepare_traces.py CFG` (CLUE traces) or "
-            "`python emollm_data.py CFG` (EmoLLM Stage I rows)",
+            "`sft.py prepare` moved: run `python -m prepare.traces CFG` (CLUE traces) or "
+            "`python -m prepare.emollm_rows CFG` (EmoLLM Stage I rows)",
             file=sys.stderr,
         )
         raise SystemExit(2)

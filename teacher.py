@@ -1,7 +1,7 @@
 """The journaled, resumable teacher call every data preparation makes (CLUE's trace refinement
-aside, which asks once): Social-R1's references (prepare_references.py), EmoLLM's ARG rows
-(emollm_data.py), the content RM's pairs (reward_model.py pairs) and CARE's rubric targets and win
-rate (rubric_generator.py).
+aside, which asks once): Social-R1's references (prepare/references.py), EmoLLM's ARG rows
+(prepare/emollm_rows.py), the content RM's pairs (reward_models/content_rm.py pairs) and CARE's
+rubric targets and win rate (reward_models/rubric_generator.py).
 
 A journal is a JSONL file of {"key", "value"} records, appended to as each chunk of calls finishes.
 The key is a hash of everything the request depends on (`journal_key`), so a changed request is a

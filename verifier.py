@@ -59,7 +59,7 @@ MAX_SEARCH_WORK = 250_000
 MIN_TYPO_LENGTH = 5  # shorter words and single CJK characters are never edited
 # Common English words with their inflections (SCOWL size 35; source, derivation and licence in the
 # file's header): a typo edit never turns one of them into another.
-ENGLISH_WORDS_FILE = Path(__file__).with_name("english_words.txt")
+ENGLISH_WORDS_FILE = Path(__file__).parent / "assets" / "english_words.txt"
 
 EVIDENCE_OPEN, EVIDENCE_CLOSE = "<evidence>", "</evidence>"  # the evidence tags, defined here only
 

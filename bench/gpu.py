@@ -57,8 +57,10 @@ import grpo  # noqa: E402
 import model as M  # noqa: E402
 import sft  # noqa: E402
 import train as T
-from rollout import VLLMSettings  # noqa: E402
-from vllm_engine import VLLMEngine
+from vllm_engine import (
+    VLLMEngine,
+    VLLMSettings,  # noqa: E402
+)
 
 SHAPES = {  # Hugging Face config fields
     "qwen3-8b": dict(

@@ -333,7 +333,7 @@ def test_label_sft_rows_are_the_answer_alone_and_train(tmp_path):
 
 
 def test_the_rm_pairs_read_checkpoints_the_run_without_r_struct_keeps():
-    import reward_model
+    from reward_models import content_rm as reward_model
 
     rm = load_config(CONFIGS / "social_r1_rm_qwen3_4b.yaml", [], reward_model.RMConfig)
     run = load_config(CONFIGS / "social_r1_qwen3_8b_no_struct.yaml", [], grpo.GRPOConfig)

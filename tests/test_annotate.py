@@ -1,7 +1,7 @@
-"""The human evaluation (annotate.py): the excerpt rule, pairs drawn from two runs, the annotation
-server over HTTP (every click saved, reload continues, model identities and their order hidden from
-the page), the report against hand computations, and one item clicked through in a headless
-Chromium."""
+"""The human evaluation (tools/annotate.py): the excerpt rule, pairs drawn from two runs, the
+annotation server over HTTP (every click saved, reload continues, model identities and their order
+hidden from the page), the report against hand computations, and one item clicked through in a
+headless Chromium."""
 
 import json
 import shutil
@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import requests
 
-import annotate
 import evaluate as ev
 from config import save_resolved_config
 from data import Example, Turn
 from dataset import example_to_json, save_jsonl
+from tools import annotate
 
 CONVERSATION = [
     Turn("Mei", "Did you finish the report?"),

@@ -350,10 +350,10 @@ def test_bounds_include_ge_and_le_and_exclude_gt():
 
 
 def test_the_committed_config_reference_is_what_the_schemas_give():
-    import config_reference
+    from tools import config_reference
 
     assert config_reference.PAGE.read_text(encoding="utf-8") == config_reference.page(), (
-        "docs/config-reference.md is out of date: run `python config_reference.py`"
+        "docs/config-reference.md is out of date: run `python -m tools.config_reference`"
     )
 
 
@@ -373,7 +373,7 @@ def _dotted_keys(mapping, prefix=""):
     ],
 )
 def test_the_reference_lists_every_key_a_shipped_config_sets_in_its_scripts_section(script, config):
-    import config_reference
+    from tools import config_reference
 
     sections = config_reference.PAGE.read_text(encoding="utf-8").split("\n## ")
     (section,) = [s for s in sections if s.startswith(script + "\n")]

@@ -13,9 +13,19 @@ from pathlib import Path
 
 import pytest
 
-import dialogue
-import emollm_data
-from convert import (
+from data import (
+    DataError,
+    Example,
+    Turn,
+    build_prompt,
+    parse_answer,
+    render_conversation,
+    visible_turns,
+)
+from dataset import load_jsonl
+from dialogue import play as dialogue
+from prepare import emollm_rows as emollm_data
+from prepare.convert import (
     convert,
     convert_ccu,
     convert_dialogue_csv,
@@ -36,16 +46,6 @@ from convert import (
     main,
     stratified_sample,
 )
-from data import (
-    DataError,
-    Example,
-    Turn,
-    build_prompt,
-    parse_answer,
-    render_conversation,
-    visible_turns,
-)
-from dataset import load_jsonl
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -480,9 +480,10 @@ GOOD_LINE = (
 )
 
 
-def run_cli(script, *args, **kwargs):
+def run_cli(module, *args, **kwargs):
     return subprocess.run(
-        [sys.executable, str(REPO / script), *map(str, args)],
+        [sys.executable, "-m", module, *map(str, args)],
+        cwd=REPO,
         capture_output=True,
         text=True,
         timeout=60,
@@ -587,7 +588,7 @@ HOSTILE_INPUTS = [
 def test_hostile_inputs_are_one_located_line(tmp_path, fmt, name, content, message):
     path = tmp_path / name
     path.write_bytes(content if isinstance(content, bytes) else content.encode())
-    result = run_cli("convert.py", fmt, path, tmp_path / "out.jsonl")
+    result = run_cli("prepare.convert", fmt, path, tmp_path / "out.jsonl")
     assert (result.returncode, result.stdout, result.stderr) == (2, "", f"error: {path}{message}\n")
     # nothing written, no temporary file
     assert sorted(p.name for p in tmp_path.iterdir()) == [name]
@@ -597,14 +598,19 @@ def test_per_label_and_task_filters_are_checked(tmp_path):
     path = tmp_path / "in.jsonl"
     path.write_text(GOOD_LINE + "\n")
     for value in ("-1", "0", "x"):
-        result = run_cli("convert.py", "jsonl", path, tmp_path / "out.jsonl", "--per-label", value)
-        assert result.returncode == 2 and result.stderr.splitlines()[-1] == (
-            f"convert.py: error: argument --per-label: expected a positive integer, got '{value}'"
+        result = run_cli(
+            "prepare.convert", "jsonl", path, tmp_path / "out.jsonl", "--per-label", value
         )
-    result = run_cli("convert.py", "jsonl", path, tmp_path / "out.jsonl", "--task", "mmlu")
+        assert result.returncode == 2 and result.stderr.splitlines()[-1] == (
+            "python -m prepare.convert: error: argument --per-label: expected a positive integer, "
+            f"got '{value}'"
+        )
+    result = run_cli("prepare.convert", "jsonl", path, tmp_path / "out.jsonl", "--task", "mmlu")
     assert (result.returncode, result.stderr) == (2, f"error: {path}: no examples of task mmlu\n")
     assert (
-        run_cli("convert.py", "jsonl", path, tmp_path / "out.jsonl", "--per-label", "1").returncode
+        run_cli(
+            "prepare.convert", "jsonl", path, tmp_path / "out.jsonl", "--per-label", "1"
+        ).returncode
         == 0
     )
 
@@ -614,7 +620,7 @@ def test_a_failed_write_leaves_nothing_behind(tmp_path):
     path.write_text("".join(GOOD_LINE.replace('"x"', f'"x{i}"') + "\n" for i in range(200)))
     (tmp_path / "taken").mkdir()
     (tmp_path / "taken" / "inside").touch()  # a non-empty folder where the output should go
-    result = run_cli("convert.py", "jsonl", path, tmp_path / "taken")
+    result = run_cli("prepare.convert", "jsonl", path, tmp_path / "taken")
     assert (
         result.returncode == 2
         and result.stderr.startswith("error: [Errno")
@@ -624,7 +630,7 @@ def test_a_failed_write_leaves_nothing_behind(tmp_path):
     # A full disk, as the file-size limit: Python ignores SIGXFSZ, so the write fails with EFBIG.
     out = tmp_path / "out" / "big.jsonl"
     result = run_cli(
-        "convert.py",
+        "prepare.convert",
         "jsonl",
         path,
         out,
@@ -709,14 +715,16 @@ def test_empathetic_dialogues_and_msdialog_become_esconv_layout_dialogues_and_se
         ("msdialog", "msdialog.json", 2),
     ):
         out = tmp_path / f"{fmt}.jsonl"
-        result = run_cli("convert.py", fmt, FIXTURES / "emollm" / source, out)
+        result = run_cli("prepare.convert", fmt, FIXTURES / "emollm" / source, out)
         assert (result.returncode, result.stdout) == (0, f"wrote {n} dialogues to {out}\n"), (
             result.stderr
         )
         assert len(emollm_data.load_dialogues([str(out)])) == n  # what EmoLLM's Stage I reads
         seeds = tmp_path / f"{fmt}.seeds.jsonl"
         assert (
-            run_cli("convert.py", fmt, FIXTURES / "emollm" / source, seeds, "--seeds").returncode
+            run_cli(
+                "prepare.convert", fmt, FIXTURES / "emollm" / source, seeds, "--seeds"
+            ).returncode
             == 0
         )
         assert len(dialogue.load_scenarios(seeds)) == n  # what grpo.py's dialogue mode reads
@@ -820,7 +828,7 @@ def test_meddialog_and_iclr_review_threads_become_esconv_layout_dialogues(tmp_pa
         ("iclr", "iclr_openreview.json", ["iclr-rev1"], ["assistant", "user", "assistant"]),
     ):
         out = tmp_path / f"{fmt}.jsonl"
-        result = run_cli("convert.py", fmt, FIXTURES / "emollm" / source, out)
+        result = run_cli("prepare.convert", fmt, FIXTURES / "emollm" / source, out)
         assert (result.returncode, result.stdout) == (
             0,
             f"wrote {len(ids)} dialogues to {out}\n",
@@ -881,7 +889,7 @@ def test_meddialog_and_iclr_review_threads_become_esconv_layout_dialogues(tmp_pa
 def test_bad_dialogue_sources_stop_with_one_line(tmp_path, fmt, text, error):
     source = tmp_path / "in.txt"
     source.write_text(text)
-    result = run_cli("convert.py", fmt, source, tmp_path / "out.jsonl")
+    result = run_cli("prepare.convert", fmt, source, tmp_path / "out.jsonl")
     assert result.returncode == 2 and result.stderr.startswith(f"error: {source}{error}"), (
         result.stderr
     )
@@ -955,7 +963,8 @@ def test_a_hugging_face_dataset_converts_with_a_column_mapping(tmp_path, capsys,
 
 
 def test_a_saved_dataset_trains_after_one_convert_command(tmp_path, assets, judge):
-    """`datasets`' save_to_disk folder -> `convert.py hf` -> two GRPO updates on its examples."""
+    """`datasets`' save_to_disk folder -> `prepare/convert.py hf` -> two GRPO updates on its
+    examples."""
     from helpers import metrics, run_config
 
     import grpo

@@ -694,7 +694,8 @@ def test_count_tokens_and_stats(word_tokenizer, tmp_path, capsys):
 
 
 def test_stats_counts_an_own_prompt_tasks_messages(word_tokenizer, tmp_path, capsys):
-    """rubric_generator.py's examples (task care_rubric) carry their chat prompt and no labels."""
+    """reward_models/rubric_generator.py's examples (task care_rubric) carry their chat prompt and
+    no labels."""
     prompt = [
         {"role": "system", "content": "You write rubrics."},
         {"role": "user", "content": "Score the next reply to: I am anxious"},

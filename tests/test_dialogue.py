@@ -1,10 +1,10 @@
-"""dialogue.py and grpo.py's dialogue mode, against the local judge server over real HTTP: scenario
-seeds with located errors, the judges' parsers, episodes that end by the user or at the turn limit,
-reasoning that never reaches the simulator, one generate call and one simulator batch per turn,
-group shapes and advantages in both grouping modes, one CARE rubric per state, the trajectory reward
-against a hand computation, a loss mask on assistant tokens only, a judge failing mid-episode, the
-evaluation metrics (in-process and through a served policy), and whole runs of the configs, one
-killed and resumed."""
+"""dialogue/play.py and grpo.py's dialogue mode, against the local judge server over real HTTP:
+scenario seeds with located errors, the judges' parsers, episodes that end by the user or at the
+turn limit, reasoning that never reaches the simulator, one generate call and one simulator batch
+per turn, group shapes and advantages in both grouping modes, one CARE rubric per state, the
+trajectory reward against a hand computation, a loss mask on assistant tokens only, a judge failing
+mid-episode, the evaluation metrics (in-process and through a served policy), and whole runs of the
+configs, one killed and resumed."""
 
 import json
 import math
@@ -28,16 +28,15 @@ from helpers import (
 from helpers import grpo_checkpoint as write_checkpoint
 
 import checkpoint as CK
-import dialogue
-import dialogue_judges
 import distributed as D
-import evaluate_dialogue
 import grpo
 import judge
 import model as M
 from config import load_config
 from data import DataError
-from dialogue import DialogueSettings, PolicyTurn, Scenario, State
+from dialogue import evaluation as evaluate_dialogue
+from dialogue import play as dialogue
+from dialogue.play import DialogueSettings, PolicyTurn, Scenario, State
 from judge import CARE_RUBRIC_SYSTEM, JudgeConfig
 from judge_server import ACTION, SCRIPTED_USER, Faults, JudgeServer, rules_backend
 from rollout import Slot
@@ -167,7 +166,7 @@ def test_parsers_take_exactly_their_format():
         "cognitive: Grounded | 4\ntrace: All sections | 5\nlookahead: Plausible | "
         "3\noverthinking: None | 0"
     )
-    assert dialogue_judges.parse_turn_scores(good) == {
+    assert judge.parse_turn_scores(good) == {
         "cognitive": 4,
         "trace": 5,
         "lookahead": 3,
@@ -183,15 +182,15 @@ def test_parsers_take_exactly_their_format():
         good.replace("| 5", "| 4.5"),
         '{"cognitive": 4, "trace": 5, "lookahead": 3, "overthinking": 0}',
     ]:
-        assert dialogue_judges.parse_turn_scores(answer) is None, answer
-    assert dialogue_judges.parse_emotional_state("Relieved after the advice | 4") == 4
+        assert judge.parse_turn_scores(answer) is None, answer
+    assert judge.parse_emotional_state("Relieved after the advice | 4") == 4
     for answer in ["Calm | 0", "Calm | 6", "4", "Calm |", "Calm | 3.5", "Calm | 4\nCalm | 4"]:
-        assert dialogue_judges.parse_emotional_state(answer) is None, answer
+        assert judge.parse_emotional_state(answer) is None, answer
     quality = (
         "sr_proxy: User still anxious | 0\nea: Warm and validating | 4\n"
         "fact_sensitive: Gives dosage advice | 1\nfa: No invented facts | 1"
     )
-    assert dialogue_judges.parse_turn_quality(quality) == {
+    assert judge.parse_turn_quality(quality) == {
         "sr_proxy": 0.0,
         "ea": 4.0,
         "fact_sensitive": 1.0,
@@ -204,9 +203,9 @@ def test_parsers_take_exactly_their_format():
         "\n".join(quality.splitlines()[:3]),
         "\n".join(quality.splitlines()[i] for i in (0, 1, 3, 2)),
     ]:
-        assert dialogue_judges.parse_turn_quality(answer) is None, answer
+        assert judge.parse_turn_quality(answer) is None, answer
     assert (
-        dialogue_judges.parse_user_turn("  I guess I could try that tonight.  ")
+        judge.parse_user_turn("  I guess I could try that tonight.  ")
         == "I guess I could try that tonight."
     )
     for answer in [
@@ -216,12 +215,10 @@ def test_parsers_take_exactly_their_format():
         "Okay.\nUser: and then?",
         "<think>hmm</think> ok",
     ]:
-        assert dialogue_judges.parse_user_turn(answer) is None, answer
-    assert dialogue_judges.user_ends_dialogue("Thanks, that really helps.")
-    assert dialogue_judges.user_ends_dialogue("Okay, I\u2019m done.")
-    assert not dialogue_judges.user_ends_dialogue(
-        "I'm thankful you listened, but I still feel lost."
-    )
+        assert judge.parse_user_turn(answer) is None, answer
+    assert judge.user_ends_dialogue("Thanks, that really helps.")
+    assert judge.user_ends_dialogue("Okay, I\u2019m done.")
+    assert not judge.user_ends_dialogue("I'm thankful you listened, but I still feel lost.")
 
 
 def test_split_reply_never_lets_reasoning_into_the_reply():
@@ -244,12 +241,10 @@ def test_rules_backend_scripts_the_user_and_the_states():
         return rules_backend(call.messages, {})
 
     dialogue_so_far = [("user", "I feel overwhelmed."), ("assistant", "I understand. I am sorry.")]
-    assert (
-        ask(dialogue_judges.user_turn_request("s", dialogue_so_far, 1, 8)) == SCRIPTED_USER["eased"]
-    )
+    assert ask(judge.user_turn_request("s", dialogue_so_far, 1, 8)) == SCRIPTED_USER["eased"]
     assert (
         ask(
-            dialogue_judges.user_turn_request(
+            judge.user_turn_request(
                 "s",
                 dialogue_so_far + [("user", "x"), ("assistant", "I hear you.")],
                 # three comfort words in all
@@ -260,24 +255,22 @@ def test_rules_backend_scripts_the_user_and_the_states():
         == SCRIPTED_USER["ends"]
     )
     assert (
-        ask(dialogue_judges.user_turn_request("s", [("user", "x"), ("assistant", "Noted.")], 1, 8))
+        ask(judge.user_turn_request("s", [("user", "x"), ("assistant", "Noted.")], 1, 8))
         == SCRIPTED_USER["not eased"]
     )
     states = [
-        dialogue_judges.parse_emotional_state(
-            ask(dialogue_judges.emotional_state_request("ctx", SCRIPTED_USER[k]))
-        )
+        judge.parse_emotional_state(ask(judge.emotional_state_request("ctx", SCRIPTED_USER[k])))
         for k in ("ends", "eased", "not eased")
     ]
-    assert states == [5, 3, 1] and dialogue_judges.user_ends_dialogue(SCRIPTED_USER["ends"])
+    assert states == [5, 3, 1] and judge.user_ends_dialogue(SCRIPTED_USER["ends"])
     trace = (
         "Facts: a deadline.\nNeeds: rest.\nAppraisal: too much.\nEmotion: worried.\nStrategy: "
         "calm.\nLookahead 1: calmer.\nLookahead 2: calmer.\nLookahead 3: calmer.\nChoice: keep."
     )
     eased = "Needs: a next step\nAppraisal: manageable\nEmotion: calmer"
-    scores = dialogue_judges.parse_turn_scores(
+    scores = judge.parse_turn_scores(
         ask(
-            dialogue_judges.turn_scores_request(
+            judge.turn_scores_request(
                 [("user", "My deadline is tomorrow.")],
                 trace,
                 "Your deadline sounds hard.",
@@ -290,9 +283,9 @@ def test_rules_backend_scripts_the_user_and_the_states():
     # a shared content word (deadline); all five sections; an
     # eased forecast that came true; repeated steps, beyond n
     assert scores == {"cognitive": 5, "trace": 5, "lookahead": 5, "overthinking": 2}
-    wrong = dialogue_judges.parse_turn_scores(
+    wrong = judge.parse_turn_scores(
         ask(
-            dialogue_judges.turn_scores_request(
+            judge.turn_scores_request(
                 [("user", "My deadline is tomorrow.")],
                 trace,
                 "Noted.",
@@ -303,12 +296,12 @@ def test_rules_backend_scripts_the_user_and_the_states():
         )
     )
     assert wrong["lookahead"] == 2  # the forecast eased, the user did not
-    forecast = ask(dialogue_judges.predictor_request(dialogue_so_far[:1], "I understand.", None))
-    assert dialogue_judges.parse_prediction(forecast) == eased
-    strained = ask(dialogue_judges.predictor_request(dialogue_so_far[:1], "Noted.", None))
-    assert dialogue_judges.parse_prediction(strained).endswith("Emotion: worried")
-    onward = ask(dialogue_judges.predictor_request(dialogue_so_far[:1], "Noted.", eased))
-    assert dialogue_judges.parse_prediction(onward) == eased
+    forecast = ask(judge.predictor_request(dialogue_so_far[:1], "I understand.", None))
+    assert judge.parse_prediction(forecast) == eased
+    strained = ask(judge.predictor_request(dialogue_so_far[:1], "Noted.", None))
+    assert judge.parse_prediction(strained).endswith("Emotion: worried")
+    onward = ask(judge.predictor_request(dialogue_so_far[:1], "Noted.", eased))
+    assert judge.parse_prediction(onward) == eased
 
 
 # ----------------------------------------------------------------------------- the role-play
@@ -346,7 +339,7 @@ def test_episodes_end_by_the_user_or_the_turn_limit_and_reasoning_never_reaches_
     ] * 2 + [SCRIPTED_USER["ends"]]
     assert [cold.follow_up(k) for k in range(4)] == [SCRIPTED_USER["not eased"]] * 4
     # the exact messages the simulator got: the visible dialogue so far, no reasoning
-    simulated = recorder.of(dialogue_judges.USER_SIMULATOR_SYSTEM)
+    simulated = recorder.of(judge.USER_SIMULATOR_SYSTEM)
     assert len(simulated) == 8 and not any("SECRET" in m or "<think>" in m for m in simulated)
     finals = {e.start.scenario.id: e.state.history for e in episodes}
     for message in simulated:
@@ -382,7 +375,7 @@ def test_every_candidate_gets_its_own_reply_and_its_forecast_is_scored(monkeypat
             ("user", SCRIPTED_USER["not eased"]),
         )
         # 3 candidates x 2 turns
-        assert len(judges.of(dialogue_judges.USER_SIMULATOR_SYSTEM)) == stats["calls"] == 6
+        assert len(judges.of(judge.USER_SIMULATOR_SYSTEM)) == stats["calls"] == 6
         replies = [dialogue.turn_rollout(episode.turns[0].state, c) for c in first]
         settings.predictor = predictor_cfg
         dialogue.judge_groups(
@@ -391,11 +384,11 @@ def test_every_candidate_gets_its_own_reply_and_its_forecast_is_scored(monkeypat
             settings,
             cfg,
         )
-    asked = predictor.of(dialogue_judges.PREDICTOR_SYSTEM)
+    asked = predictor.of(judge.PREDICTOR_SYSTEM)
     # n = 2 steps x 3 candidates, own URL
-    assert len(asked) == 6 and not judges.of(dialogue_judges.PREDICTOR_SYSTEM)
+    assert len(asked) == 6 and not judges.of(judge.PREDICTOR_SYSTEM)
     assert sum("<previous>" in m for m in asked) == 3  # each second step goes on from its first
-    scored = judges.of(dialogue_judges.TURN_SCORES_SYSTEM)
+    scored = judges.of(judge.TURN_SCORES_SYSTEM)
     assert sorted(section(m, "follow_up") for m in scored) == sorted(c.follow_up for c in first)
     for r, c in zip(replies, first):
         eased = "calmer" if c.reply != STYLES["cold"] else "worried"
@@ -578,7 +571,7 @@ def test_turn_groups_share_one_rubric_per_state(base, monkeypatch):
         groups, counts = grpo.collect_groups(
             dialogue.DialogueSampler(policy, tok, cfg), source, slots, cfg, 0, CPU
         )
-    played = recorder.of(dialogue_judges.USER_SIMULATOR_SYSTEM)
+    played = recorder.of(judge.USER_SIMULATOR_SYSTEM)
     # a group per state, a simulated reply per candidate
     assert len(groups) >= 4 and len(played) == 3 * len(groups)
     shown = sorted(section(m, "dialogue") for m in played)
@@ -641,9 +634,9 @@ def scripted_judge(messages, params):
     """The rules user, and fixed scores: e_0 = 2 (the opening, in the scenario), e_T = 4; at
     assistant turn t, cognitive min(5, t + 1), trace 6 - t, lookahead 3, overthinking t mod 3."""
     system, message = messages[0]["content"], messages[-1]["content"]
-    if system == dialogue_judges.EMOTIONAL_STATE_SYSTEM:
+    if system == judge.EMOTIONAL_STATE_SYSTEM:
         return "opening | 2" if section(message, "context").startswith("Someone") else "final | 4"
-    if system == dialogue_judges.TURN_SCORES_SYSTEM:
+    if system == judge.TURN_SCORES_SYSTEM:
         t = section(message, "dialogue").count("Assistant: ") + 1
         return (
             f"cognitive: c | {min(5, t + 1)}\ntrace: t | {6 - t}\nlookahead: l | 3\noverthinking: "
@@ -695,7 +688,7 @@ def test_a_judge_failing_mid_episode_makes_the_reward_none_not_a_crash(monkeypat
     # the simulator's answer to some episode's second reply, the first time only
     def second_turn_once(messages):
         hit = (
-            messages[0]["content"] == dialogue_judges.USER_SIMULATOR_SYSTEM
+            messages[0]["content"] == judge.USER_SIMULATOR_SYSTEM
             and messages[-1]["content"].count("Assistant: ") == 2
             and not failed
         )
@@ -728,9 +721,7 @@ def test_a_judge_failing_mid_episode_makes_the_reward_none_not_a_crash(monkeypat
             assert sum(v is None for v in groups[0].rewards) == 1
         else:
             assert counts["resampled"] == 1 and None not in groups[0].rewards
-    with serving(
-        Recorder(lambda m: m[0]["content"] == dialogue_judges.TURN_SCORES_SYSTEM)
-    ) as judge_cfg:
+    with serving(Recorder(lambda m: m[0]["content"] == judge.TURN_SCORES_SYSTEM)) as judge_cfg:
         cfg = load_config(
             DEMO,
             [f"judge.base_url={judge_cfg.base_url}", "judge.retries=0", "filtering.enabled=false"],
@@ -848,7 +839,7 @@ def test_evaluation_runs_judges_resumes_and_writes_its_table(base, tmp_path, cap
     error = capsys.readouterr().err.strip()
     assert stop.value.code == 2 and error == (
         f"error: {tmp_path / 'out' / 'episodes.jsonl'}:1: not an episode record of this "
-        "evaluate_dialogue.py (another file, or an older version's); use a new output_dir"
+        "dialogue/evaluation.py (another file, or an older version's); use a new output_dir"
     )
     assert (tmp_path / "out" / "episodes.jsonl").read_text() == text
 

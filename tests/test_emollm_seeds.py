@@ -1,7 +1,7 @@
-"""EmoLLM's scenario seeds summarized by a teacher (emollm_seeds.py) on the local judge server with
-a scripted teacher: each seed is what the server returned, every answer is journaled, a rerun asks
-only for what failed or was never asked, a malformed answer is rejected and counted, sampling per
-source by hand, and the configs hold C.3's values."""
+"""EmoLLM's scenario seeds summarized by a teacher (prepare/emollm_seeds.py) on the local judge
+server with a scripted teacher: each seed is what the server returned, every answer is journaled, a
+rerun asks only for what failed or was never asked, a malformed answer is rejected and counted,
+sampling per source by hand, and the configs hold C.3's values."""
 
 import json
 import re
@@ -12,10 +12,10 @@ import yaml
 from helpers import read_jsonl
 from instruments import free_port
 
-import dialogue
-import emollm_seeds as S
-from convert import convert_meddialog
+from dialogue import play as dialogue
 from judge_server import JudgeServer
+from prepare import emollm_seeds as S
+from prepare.convert import convert_meddialog
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "fixtures" / "emollm"
@@ -114,7 +114,7 @@ def test_seeds_are_the_teachers_summaries_journaled_and_resumed(tmp_path, capsys
         {"id": i, **json.loads(teacher.answers[line])} for i, line in first_lines.items()
     ]
     assert len(teacher.answers) == 4
-    loaded = dialogue.load_scenarios(out)  # what grpo.py and evaluate_dialogue.py read
+    loaded = dialogue.load_scenarios(out)  # what grpo.py and dialogue/evaluation.py read
     assert [s.id for s in loaded] == list(first_lines)
     # the journal holds the parsed answers, the rejected one as null
     values = [r["value"] for r in read_jsonl(journal)]

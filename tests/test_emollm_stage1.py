@@ -1,9 +1,9 @@
-"""EmoLLM Stage I (emollm_data.py, its own command): the ESConv and ECoK layouts, the retrieval
-behind g_t against hand-picked matches, CPT rows cut to max_length, the ARG teacher's parser, ARG
-rows from a scripted teacher on the local judge server (both target forms of the gate, rejections
-counted, a rerun resumed from the answer log), one-line errors for bad input with nothing written,
-and the chain CPT -> ARG SFT -> grpo.py's dialogue demo from the merged Stage I model against the
-rules judge, all on the CPU."""
+"""EmoLLM Stage I (prepare/emollm_rows.py, its own command): the ESConv and ECoK layouts, the
+retrieval behind g_t against hand-picked matches, CPT rows cut to max_length, the ARG teacher's
+parser, ARG rows from a scripted teacher on the local judge server (both target forms of the gate,
+rejections counted, a rerun resumed from the answer log), one-line errors for bad input with nothing
+written, and the chain CPT -> ARG SFT -> grpo.py's dialogue demo from the merged Stage I model
+against the rules judge, all on the CPU."""
 
 import json
 import re
@@ -14,12 +14,12 @@ import yaml
 from helpers import grpo_checkpoint as write_checkpoint
 from helpers import read_jsonl
 
-import emollm_data as E
 import grpo
 import model as M
 import sft
 from config import load_config
 from judge_server import JudgeServer, rules_backend
+from prepare import emollm_rows as E
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "fixtures" / "emollm"
@@ -42,8 +42,9 @@ def llama_base(tmp_path_factory):
 
 
 def write_config(tmp_path: Path, name: str, emollm: dict | None = None, **raw) -> Path:
-    """sft.py's config `<name>.yaml`; with `emollm`, also emollm_data.py's `<name>_prepare.yaml`
-    (`prep`) for the same rows (out = data) measured as that training run encodes them."""
+    """sft.py's config `<name>.yaml`; with `emollm`, also prepare/emollm_rows.py's
+    `<name>_prepare.yaml` (`prep`) for the same rows (out = data) measured as that training run
+    encodes them."""
     path = tmp_path / f"{name}.yaml"
     path.write_text(
         yaml.safe_dump(
@@ -534,7 +535,7 @@ def test_the_config_must_name_a_part_it_can_build(tmp_path, capsys, case):
         "lm without knowledge": (
             rf"config error: {prep(path)}: 'knowledge': the CPT rows \(objective lm\)"
         ),
-        "sft.py prepare": r"`sft.py prepare` moved: run `python prepare_traces.py CFG`",
+        "sft.py prepare": r"`sft.py prepare` moved: run `python -m prepare.traces CFG`",
     }[case]
     assert re.match(expected, err), err
 

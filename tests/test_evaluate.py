@@ -750,9 +750,10 @@ def test_example_config_loads():
 
 
 def test_cause_targets_on_ecf_match_a_count_from_the_raw_file(shared_data):
-    """ECF 2.0 through convert.py: the eligible targets and earlier cause pairs equal a count made
-    directly from the raw JSON (non-neutral emotion, cause utterance before the target)."""
-    import convert
+    """ECF 2.0 through prepare/convert.py: the eligible targets and earlier cause pairs equal a
+    count made directly from the raw JSON (non-neutral emotion, cause utterance before the
+    target)."""
+    from prepare import convert
 
     path = shared_data / "ecf" / "Subtask_1_train.json"
     if not path.is_file():
@@ -794,9 +795,9 @@ def test_group_accuracy_counts_a_group_once_and_only_when_all_its_questions_are_
 
 
 def benchmark_files(folder: Path) -> dict[str, Path]:
-    """The seven benchmarks through convert.py: the six fixtures in their public layouts and a
-    two-item ToMBench file (English and Chinese: four questions)."""
-    from convert import CONVERTERS
+    """The seven benchmarks through prepare/convert.py: the six fixtures in their public layouts and
+    a two-item ToMBench file (English and Chinese: four questions)."""
+    from prepare.convert import CONVERTERS
 
     bench = REPO / "tests" / "fixtures" / "benchmarks"
     tombench = folder / "tombench-src" / "False Belief Task.jsonl"
@@ -980,7 +981,7 @@ def test_eqbench3_scenarios_load_from_the_public_layout(tmp_path):
     """The fixture in EQ-Bench 3's scenario_prompts.txt layout: the three role-play scenarios with
     their turns; the analysis scenario and the one without a Prompt section are left out; text
     before a scenario's first Prompt line is not a turn."""
-    import benchmarks
+    from dialogue import eqbench3 as benchmarks
 
     scenarios = benchmarks.load_roleplay(EQBENCH3)
     assert [(s.id, s.category, s.title, len(s.prompts)) for s in scenarios] == [
@@ -1013,7 +1014,7 @@ def rubric_answer(scores: dict[str, int]) -> str:
 
 
 def test_rubric_answers_are_parsed_strictly():
-    import benchmarks
+    from dialogue import eqbench3 as benchmarks
 
     scores = dict(zip(benchmarks.RUBRIC_CRITERIA, [20, 0, 7, 13, 19, 10, 4, 9]))
     assert benchmarks.parse_rubric_scores(rubric_answer(scores)) == scores
@@ -1029,7 +1030,7 @@ def test_rubric_answers_are_parsed_strictly():
 def test_a_judged_set_aggregates_scored_transcripts_by_hand():
     """Per run: the mean over scored transcripts of (mean of the six ability criteria) x 5, as a
     fraction; an unscored transcript is counted and left out."""
-    import benchmarks
+    from dialogue import eqbench3 as benchmarks
 
     scenarios = benchmarks.load_roleplay(EQBENCH3)
     names = list(benchmarks.RUBRIC_CRITERIA)
@@ -1047,7 +1048,7 @@ def test_a_judged_set_aggregates_scored_transcripts_by_hand():
 def scripted_rubric_judge(calls: list):
     """A judge backend with fixed scores per scenario (told apart by its scripted text): scenario 1
     and 2 get rubric answers, scenario 3 a malformed one. Records every request's dialogue."""
-    import benchmarks
+    from dialogue import eqbench3 as benchmarks
 
     names = list(benchmarks.RUBRIC_CRITERIA)
     fixed = {
@@ -1073,7 +1074,7 @@ def test_benchmark_table_has_the_judged_row_beside_the_accuracy_rows(
     eqbench3) on the tiny checkpoint, the judge scripted: one row per benchmark; the judged row
     equals the hand computation from the scripted scores (scenario 3's malformed answer unscored);
     a rerun plays and asks nothing again."""
-    from convert import CONVERTERS
+    from prepare.convert import CONVERTERS
 
     socialiqa = tmp_path / "socialiqa.jsonl"
     save_jsonl(
@@ -1194,7 +1195,7 @@ def test_a_served_policy_plays_the_scripted_turns_and_resumes_after_a_failed_req
     """Through an endpoint: each turn's chat holds the framed scripted turns and the earlier replies
     without their reasoning; a request that fails stops the run (exit 2) with the answered turns
     kept, and the rerun asks only for the missing turn."""
-    import benchmarks
+    from dialogue import eqbench3 as benchmarks
     from judge_server import Faults
 
     chats = []

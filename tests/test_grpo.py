@@ -40,13 +40,13 @@ import dataset
 import distributed as D
 import grpo
 import model as M
-import prepare_references
 import rewards
 import rollout
 import train as T
 from config import MetricsWriter, load_config
 from judge import SIP_REFERENCE_SYSTEM, SIP_STAGES, parse_sip_reference
 from judge_server import Faults, JudgeServer, rules_backend
+from prepare import references
 
 REPO = Path(__file__).resolve().parents[1]
 METRIC_KEYS = [
@@ -1043,7 +1043,7 @@ def social_r1_backend(messages, params):
 
 
 def test_convert_prepare_references_then_a_social_r1_run(tmp_path, assets):
-    # convert.py tombench -> prepare_references.py (teacher over
+    # prepare/convert.py tombench -> prepare/references.py (teacher over
     # HTTP, concurrent, resumable) -> grpo.py on the result
     items = []
     for i, n in enumerate((2, 4, 6)):
@@ -1062,7 +1062,8 @@ def test_convert_prepare_references_then_a_social_r1_run(tmp_path, assets):
     subprocess.run(
         [
             sys.executable,
-            str(REPO / "convert.py"),
+            "-m",
+            "prepare.convert",
             "tombench",
             str(tmp_path / "tom.jsonl"),
             str(gold),
@@ -1104,11 +1105,11 @@ def test_convert_prepare_references_then_a_social_r1_run(tmp_path, assets):
             "teacher.concurrency=4",
         ]
         with pytest.raises(SystemExit) as stop:
-            prepare_references.main(prep)
+            references.main(prep)
         # 6 examples, one call failed: the 5 kept are written, the run is no success
         assert stop.value.code == 2
         assert len(dataset.load_jsonl(train_file)) == 5 and server.requests_seen == 6
-        prepare_references.main(prep)  # the rerun asks only for the missing one
+        references.main(prep)  # the rerun asks only for the missing one
         assert server.requests_seen == 7
         written = dataset.load_jsonl(train_file)
         assert sorted(e.id for e in written) == sorted(e.id for e in dataset.load_jsonl(gold))
@@ -1176,7 +1177,7 @@ def test_prepare_references_with_the_teacher_down_keeps_the_existing_file(tmp_pa
             "teacher.retries=0",
         ]
         with pytest.raises(SystemExit) as stop:
-            prepare_references.main(argv)
+            references.main(argv)
     assert stop.value.code == 2 and train_file.read_bytes() == before
     error = capsys.readouterr().err.strip()
     assert error.startswith(

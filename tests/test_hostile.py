@@ -391,7 +391,7 @@ def test_a_port_out_of_range_is_a_usage_error(port, capsys):
 
 def test_a_broken_reward_model_folder_is_one_line(tmp_path, capsys):
     import judge_server
-    import reward_model
+    from reward_models import content_rm as reward_model
 
     (tmp_path / "reward_model.json").write_text('{"max_length": 64}')
     with pytest.raises(SystemExit) as stop:

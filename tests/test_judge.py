@@ -451,7 +451,7 @@ def test_rules_backend_cause_verdicts_and_unsupported_prompts():
     assert judge.parse_cause_verdict(texts[1]) is False  # turn [1] is quoted, but not as a reason
     assert (
         texts[2] is None
-        and "only the IU_G, cause, CARE and dialogue.py prompts" in stats["errors"][2]
+        and "only the IU_G, cause, CARE and dialogue/play.py prompts" in stats["errors"][2]
     )
 
 

@@ -1,8 +1,8 @@
-"""reward_model.py, Social-R1's content RM, on a tiny random-weight checkpoint (no downloads): the
-Bradley-Terry loss and its gradient against hand values, a tiny RM learning to rank a synthetic
-preference set it could not rank before, the value-head file, tiers and the priority scheme on
-hand-made segments, the pair builder against a real local teacher server (resumed after failed
-calls), and one-line errors for bad pair files."""
+"""reward_models/content_rm.py, Social-R1's content RM, on a tiny random-weight checkpoint (no
+downloads): the Bradley-Terry loss and its gradient against hand values, a tiny RM learning to rank
+a synthetic preference set it could not rank before, the value-head file, tiers and the priority
+scheme on hand-made segments, the pair builder against a real local teacher server (resumed after
+failed calls), and one-line errors for bad pair files."""
 
 import hashlib
 import json
@@ -24,11 +24,11 @@ from helpers import sft_checkpoint as write_checkpoint
 from safetensors import safe_open
 
 import judge
-import reward_model as RM
 from data import Example, Turn
 from dataset import example_to_json
 from judge import SIP_REFERENCE_SYSTEM, JudgeConfig
-from judge_server import JudgeServer, RewardModelBackend
+from judge_server import JudgeServer
+from reward_models import content_rm as RM
 
 
 @pytest.fixture(scope="module")
@@ -172,7 +172,7 @@ def test_a_killed_rm_run_resumes_to_the_same_model_as_a_run_never_stopped(checkp
         }
         (folder / "rm.yaml").write_text(json.dumps(raw))  # JSON is YAML
         process = subprocess.Popen(
-            [sys.executable, str(REPO / "reward_model.py"), str(folder / "rm.yaml")],
+            [sys.executable, str(REPO / "reward_models/content_rm.py"), str(folder / "rm.yaml")],
             cwd=tmp_path,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
@@ -565,7 +565,7 @@ def test_a_served_rm_answers_the_r_content_prompt_as_the_in_process_rm_scores_it
     segments = ["Ann hides the key so Bo is sad", "Bo knew you would", "the exam"]
     expected = local.scores([(RM.rm_context(example), s) for s in segments])
     assert len(set(expected)) == 3
-    with JudgeServer(RewardModelBackend(str(tmp_path / "rm"))).start() as server:
+    with JudgeServer(RM.RewardModelBackend(str(tmp_path / "rm"))).start() as server:
         cfg = JudgeConfig(base_url=server.url, retries=0)
         calls = [
             (judge.sip_content_request(example, s, ref), judge.parse_sip_content)
@@ -619,7 +619,7 @@ def test_social_r1_takes_r_content_from_the_trained_rm_in_a_grpo_run(tmp_path, m
     content = RM.load_reward_model(tmp_path / "rm")
     with (
         JudgeServer(structure_judge).start() as structure,
-        JudgeServer(RewardModelBackend(str(tmp_path / "rm"))).start() as served,
+        JudgeServer(RM.RewardModelBackend(str(tmp_path / "rm"))).start() as served,
     ):
         rm = (
             {"path": str(tmp_path / "rm")}

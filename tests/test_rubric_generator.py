@@ -1,8 +1,8 @@
-"""CARE's rubric generator (rubric_generator.py, rewards.care_generator) against real local servers
-(a scripted teacher and screeners; the rules backend as generator and evaluator): targets checked by
-judge.care_rubric and screened, the rows sft.py's target objective reads, the chosen-response win
-rate, the strategy mapping, one-line errors, the generator reward's parts against hand values, and a
-short generator GRPO run over HTTP."""
+"""CARE's rubric generator (reward_models/rubric_generator.py, rewards.care_generator) against real
+local servers (a scripted teacher and screeners; the rules backend as generator and evaluator):
+targets checked by judge.care_rubric and screened, the rows sft.py's target objective reads, the
+chosen-response win rate, the strategy mapping, one-line errors, the generator reward's parts
+against hand values, and a short generator GRPO run over HTTP."""
 
 import json
 import re
@@ -13,11 +13,11 @@ import pytest
 
 import judge
 import rewards
-import rubric_generator as G
 import sft
 from data import Example, Turn
 from judge import JudgeConfig
 from judge_server import JudgeServer, rules_backend
+from reward_models import rubric_generator as G
 
 
 def rubric(weights=(0.5, 0.3, 0.2), why=True):

@@ -1,8 +1,8 @@
 """sft.py on a tiny random-weight checkpoint with a word-level tokenizer (no downloads): the loss
 weights and the loss against hand computations, the same update whatever the split over
 micro-batches and gloo ranks, what one optimizer step may change, overfitting, bitwise resume after
-SIGKILL, checkpoint selection, held-out exclusion, prepare_traces.py against the local judge server
-with a scripted teacher, one-line errors for bad input, and prepare_traces.py's trace-refinement
+SIGKILL, checkpoint selection, held-out exclusion, prepare/traces.py against the local judge server
+with a scripted teacher, one-line errors for bad input, and prepare/traces.py's trace-refinement
 parser."""
 
 import json
@@ -46,12 +46,12 @@ from tokenizers import AddedToken
 
 import checkpoint as CK
 import model as M
-import prepare_traces as P
 import sft
 import train as T
 from data import Example, Turn
 from dataset import example_to_json
 from judge_server import JudgeServer, UnsupportedRequest
+from prepare import traces as P
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -126,7 +126,7 @@ def test_a_file_that_is_not_a_journal_stops_with_its_line(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "script, pointer", [(sft, "prepare_traces.py CFG"), (grpo, "prepare_references.py CFG")]
+    "script, pointer", [(sft, "prepare/traces.py CFG"), (grpo, "prepare/references.py CFG")]
 )
 def test_the_old_prepare_commands_point_to_the_new_scripts(tmp_path, capsys, script, pointer):
     with pytest.raises(SystemExit) as stop:

@@ -32,9 +32,8 @@ import model as M
 from checkpoint import checkpoint_path
 from distributed import Ranks
 from judge import JudgeConfig, chat_many, iu_request, post_json
-from rollout import VLLMSettings
 from verifier import EVIDENCE_CLOSE, EVIDENCE_OPEN
-from vllm_engine import EngineError, VLLMEngine
+from vllm_engine import EngineError, VLLMEngine, VLLMSettings
 
 pytestmark = pytest.mark.slow  # a real vLLM server, from its own venv
 REPO = Path(__file__).resolve().parents[1]

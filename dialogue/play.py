@@ -1,10 +1,6 @@
 """Multi-turn dialogue: scenario seeds, the role-play between a policy and a simulated user, asking
-the judges that need a whole dialogue (their prompts and parsers: dialogue_judges.py), the grouping
-that grpo.py's dialogue mode trains with (EmoLLM, CARE); the dialogue evaluation is
-evaluate_dialogue.py:
-
-    python grpo.py configs/emollm_qwen3_8b.yaml                  # training: a GRPO config with a
-                                                                   `dialogue:` section
+the judges of a whole dialogue (their prompts and parsers: judge.py), the grouping that
+dialogue/rl.py trains with (EmoLLM, CARE); the dialogue evaluation is dialogue/evaluation.py.
 
 Role-play (EmoLLM 3.2.2 and Appendix H, CARE 3.4). An episode starts from a scenario seed's opening
 user message. Every turn, the policy answers all live episodes at once (ONE batched `model.generate`
@@ -37,8 +33,13 @@ import data
 import dataset
 import judge
 import rewards
+from config import bounded
 from data import THINK_END, THINK_START, DataError
-from dialogue_judges import (
+from fsdp import GatheredSampler, is_sharded
+from judge import (
+    JudgeCall,
+    JudgeConfig,
+    dialogue_text,
     emotional_state_request,
     parse_emotional_state,
     parse_prediction,
@@ -49,14 +50,38 @@ from dialogue_judges import (
     user_ends_dialogue,
     user_turn_request,
 )
-from judge import JudgeCall, JudgeConfig, dialogue_text
 from rewards import DIALOGUE_GROUPING
-from rollout import DialogueSettings, Group, PromptSampler, Sample, Slot
+from rollout import Group, PromptSampler, Sample, Slot
 
 # ----------------------------------------------------------------------------- config
 
 
 # ----------------------------------------------------------------------------- scenario seeds
+
+
+@dataclass
+class DialogueSettings:
+    """A dialogue run's role-play (the config's `dialogue:` section): how long episodes run, what
+    the policy is asked to write, who plays the user."""
+
+    max_turns: int = bounded(8, ge=1)  # assistant turns per episode at most (EmoLLM D.2, CARE A: 8)
+    # ask the policy for an ARG trace with lookahead steps (EmoLLM's training prompt)
+    arg_scaffold: bool = False
+    # n: the reverse-perspective steps the scaffold asks for at most (EmoLLM: 3)
+    lookahead: int = bounded(3, ge=1)
+    # the user simulator's endpoint and sampling (None: the judge's)
+    simulator: JudgeConfig | None = None
+    rubric_judge: JudgeConfig | None = None  # CARE's rubric generator (None: the judge's)
+    # CARE's fixed-criteria ablation (Table 3): these 2-4 criteria per dimension replace every
+    # generated rubric's, its weights kept (None: the generated criteria)
+    fixed_criteria: dict[str, list[str]] | None = None
+    # EmoLLM's reverse-perspective predictor T (B.1; None: the judge's)
+    predictor: JudgeConfig | None = None
+    # the prompt the policy samples under, cut at turn boundaries (None: whole)
+    context_tokens: int | None = None
+    # the prompt the update's log-probs use, cut the same way (None: whole)
+    update_context_tokens: int | None = None
+
 
 SCENARIO_FIELDS = ("id", "scenario", "initial_prompt")
 
@@ -675,10 +700,10 @@ def played_slots(policy, tok, slots: list[Slot], cfg, seed: int, counts: dict) -
 
 
 class DialogueSampler(PromptSampler):
-    """Dialogue rollouts (rollout.py's interface; grpo.py's sampler when the config has a
-    `dialogue:` section): the scenario seeds as one segment, `open` plays a turn reward's episodes
-    into one slot per state, `sample` draws groups (sample_dialogue_groups), `judge` asks the
-    dialogue judges (judge_groups)."""
+    """Dialogue rollouts (rollout.py's interface; the sampler of dialogue/rl.py's runs): the
+    scenario seeds as one segment, `open` plays a turn reward's episodes into one slot per state,
+    `sample` draws groups (sample_dialogue_groups), `judge` asks the dialogue judges
+    (judge_groups)."""
 
     def segments(self, scenarios: list[Scenario]) -> list[dataset.Segment]:
         return [dataset.Segment("scenarios", scenarios)]
@@ -698,3 +723,10 @@ class DialogueSampler(PromptSampler):
             self.cfg.dialogue,
             self.cfg.judge,
         )
+
+
+def dialogue_sampler(cfg, policy, tok, ranks, out_dir) -> DialogueSampler | GatheredSampler:
+    """grpo.train's `sampler_for` of a dialogue run: a DialogueSampler, a sharded policy gathered
+    whole for it."""
+    sampler = DialogueSampler(policy, tok, cfg)
+    return GatheredSampler(sampler, policy) if is_sharded(policy) else sampler

@@ -3,7 +3,7 @@ against (rewards.py's social_r1 reads it from `meta.reference`). A teacher write
 example, shown the gold option and bound to reach it; the examples whose reference passes
 `judge.parse_sip_reference` are written for grpo.py.
 
-    python prepare_references.py config.yaml [key=value ...]   # examples -> teacher -> out
+    python -m prepare.references config.yaml [key=value ...]   # examples -> teacher -> out
                                                                  (grpo.py's train_data)
 
 Every answer is journaled as it arrives in `<out stem>.references.jsonl` (teacher.py): a rerun of
@@ -27,11 +27,11 @@ from teacher import ask_journaled, load_journal, raw_text, request_key, write_ro
 
 @dataclass
 class ReferenceSettings:
-    """`python prepare_references.py config.yaml`: write `out` (the first file of grpo.py's
+    """`python -m prepare.references config.yaml`: write `out` (the first file of grpo.py's
     `train_data`) from `examples` with each example's reference SIP analysis in `meta.reference`,
     through a teacher endpoint."""
 
-    examples: str  # gold examples without references (e.g. convert.py tombench)
+    examples: str  # gold examples without references (e.g. prepare/convert.py tombench)
     out: str  # the examples with references (grpo.py's train_data[0])
     # its own endpoint and sampling
     teacher: judge.JudgeConfig = field(default_factory=judge.JudgeConfig)

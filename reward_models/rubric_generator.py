@@ -2,11 +2,14 @@
 fine-tuned on, the human preference pairs its preference RL and its evaluation read, and the
 chosen-response win rate.
 
-    python rubric_generator.py targets config.yaml [key=value ...]       # teacher rubrics, checked,
+    python -m reward_models.rubric_generator targets config.yaml [key=value ...]       # teacher
+    rubrics, checked,
                                                                          # screened -> SFT rows
-    python rubric_generator.py examples config.yaml [key=value ...]      # preference pairs ->
+    python -m reward_models.rubric_generator examples config.yaml [key=value ...]      # preference
+    pairs ->
                                                                          # grpo.py examples
-    python rubric_generator.py care_winrate config.yaml [key=value ...]  # win rate of a served
+    python -m reward_models.rubric_generator care_winrate config.yaml [key=value ...]  # win rate of
+    a served
                                                                          # generator, held-out pairs
 
 The three stages (configs/care_generator_*.yaml):
@@ -270,8 +273,8 @@ class TargetsConfig:
 
 @dataclass
 class WinRateConfig:
-    """`rubric_generator.py care_winrate`: the generator writes a rubric per held-out pair, the
-    evaluator scores both."""
+    """`reward_models/rubric_generator.py care_winrate`: the generator writes a rubric per held-out
+    pair, the evaluator scores both."""
 
     pairs: str  # held-out preference pairs (module docstring); the paper: 166
     # the served generator (vLLM, judge_server.py)
@@ -490,7 +493,8 @@ def main(argv=None) -> None:
     try:
         if command is None:
             raise ConfigError(
-                "usage: rubric_generator.py targets | examples | care_winrate config.yaml"
+                "usage: python -m reward_models.rubric_generator targets | examples | care_winrate "
+                "config.yaml"
             )
         cfg = parse_cli(GeneratorDataConfig, argv)
         section, run = commands[command]

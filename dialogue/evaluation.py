@@ -1,7 +1,8 @@
 """The dialogue evaluation (EmoLLM Appendix F, CARE): every scenario seed played `runs` times by a
 checkpoint or a served policy against the simulated user (dialogue.play), then scored by the judges:
 
-    python evaluate_dialogue.py config.yaml [key=value ...]    # EmoLLM's metrics and CARE's rubric
+    python -m dialogue.evaluation config.yaml [key=value ...]    # EmoLLM's metrics and CARE's
+    rubric
                                                                  score
 
 Writes episodes.jsonl (resumable), eval.json and table.md in output_dir."""
@@ -30,7 +31,8 @@ from config import (
     save_resolved_config,
 )
 from data import DataError
-from dialogue import (
+from dialogue.play import (
+    DialogueSettings,
     Episode,
     PolicyTurn,
     Respond,
@@ -41,15 +43,17 @@ from dialogue import (
     play,
     split_reply,
 )
-from dialogue_judges import (
+from judge import (
     TURN_QUALITY_KEYS,
+    JudgeCall,
+    JudgeConfig,
+    JudgeError,
+    dialogue_text,
     emotional_state_request,
     parse_emotional_state,
     parse_turn_quality,
     turn_quality_request,
 )
-from judge import JudgeCall, JudgeConfig, JudgeError, dialogue_text
-from rollout import DialogueSettings
 from sampling import SamplingConfig, endpoint_config
 
 
@@ -271,7 +275,7 @@ def read_episodes(path) -> list[dict]:
             )
         ):
             raise evaluate.EvalError(
-                f"{path}:{number}: not an episode record of this evaluate_dialogue.py (another "
+                f"{path}:{number}: not an episode record of this dialogue/evaluation.py (another "
                 f"file, or an older version's); use a new output_dir"
             )
     return records
@@ -384,8 +388,8 @@ def evaluate_dialogues(cfg: DialogueEvalConfig) -> dict:
 
 
 def main(argv: list[str]) -> None:
-    """`python evaluate_dialogue.py config.yaml [key=value ...]`: bad input, or a server that keeps
-    failing, is one line and exit status 2."""
+    """`python -m dialogue.evaluation config.yaml [key=value ...]`: bad input, or a server that
+    keeps failing, is one line and exit status 2."""
     cfg = parse_cli(DialogueEvalConfig, argv)
     try:
         evaluate_dialogues(cfg)

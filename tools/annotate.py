@@ -3,9 +3,11 @@ annotation page, and the report (evidence alignment F1 per model, the grounding 
 test). Reached through evaluate.py's command line; kept apart so that evaluate.py reads in one
 sitting.
 
-    python annotate.py pairs RUN_A RUN_B --out PAIRS.jsonl [--n 50] [--seed 0]
-    python annotate.py annotate PAIRS.jsonl [--port 8765] [--host 127.0.0.1] [--out ANSWERS.jsonl]
-    python annotate.py annotate-report PAIRS.jsonl ANSWERS.jsonl [ANSWERS.jsonl ...] [--json FILE]
+    python -m tools.annotate pairs RUN_A RUN_B --out PAIRS.jsonl [--n 50] [--seed 0]
+    python -m tools.annotate annotate PAIRS.jsonl [--port 8765] [--host 127.0.0.1] [--out
+    ANSWERS.jsonl]
+    python -m tools.annotate annotate-report PAIRS.jsonl ANSWERS.jsonl [ANSWERS.jsonl ...] [--json
+    FILE]
 
 The page (annotate.html, plain HTML and JavaScript) asks for the annotator's name, then for each
 item: first select the conversation lines needed for the judgment and confirm them (they lock), then
@@ -549,10 +551,10 @@ def report_markdown(report: dict) -> str:
 
 
 def main(argv: list[str]) -> None:
-    """`python annotate.py pairs | annotate | annotate-report ...`: the human evaluation's three
-    steps."""
+    """`python -m tools.annotate pairs | annotate | annotate-report ...`: the human evaluation's
+    three steps."""
     parser = argparse.ArgumentParser(
-        prog="annotate.py", description="The human evaluation (paper 5.2)."
+        prog="python -m tools.annotate", description="The human evaluation (paper 5.2)."
     )
     commands = parser.add_subparsers(dest="command", required=True)
     pairs = commands.add_parser("pairs", help="draw paired items from two evaluation runs")
@@ -561,7 +563,7 @@ def main(argv: list[str]) -> None:
     pairs.add_argument("--n", type=int, default=50, help="items (default 50, as in the paper)")
     pairs.add_argument("--seed", type=int, default=0)
     serve = commands.add_parser("annotate", help="serve the annotation page")
-    serve.add_argument("pairs", help="PAIRS.jsonl from `annotate.py pairs`")
+    serve.add_argument("pairs", help="PAIRS.jsonl from `tools/annotate.py pairs`")
     serve.add_argument(
         "--host", default="127.0.0.1", help="address to bind (default: loopback only)"
     )

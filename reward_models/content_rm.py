@@ -1,9 +1,11 @@
 """Social-R1's content reward model RM_content (Section 4, Appendix C.2, D): a Qwen with a scalar
 value head, trained with LoRA on preference pairs, and the pairs it learns from.
 
-    python reward_model.py pairs config.yaml [key=value ...]   # rollouts -> teacher -> tiers ->
+    python -m reward_models.content_rm pairs config.yaml [key=value ...]   # rollouts -> teacher ->
+    tiers ->
                                                                  pair file
-    python reward_model.py config.yaml [key=value ...]         # train on the pairs; the same under
+    python -m reward_models.content_rm config.yaml [key=value ...]         # train on the pairs; the
+    same under
                                                                  torchrun
 
 Model. r(x, y) = w . h + b, where h is the final-norm hidden state of the last token of
@@ -23,7 +25,7 @@ A trained RM is a folder: the LoRA adapter in PEFT's format (adapter_config.json
 adapter_model.safetensors) and beside it HEAD_FILE, value_head.safetensors, with tensors `weight`
 [1, hidden] and `bias` [1] (float32; metadata: format = HEAD_FORMAT, hidden_size, base_model), plus
 reward_model.json (base model, max_length, held-out accuracy) and its model card README.md.
-`load_reward_model(path)` reads it back; `judge_server.py --backend reward_model` serves it.
+`load_reward_model(path)` reads it back; `python -m reward_models.content_rm serve` serves it.
 
 Pairs (Appendix C.2). A pair file is JSONL, one pair per line: {"context", "chosen", "rejected",
 "tiers"} and optionally "id" (the instance); `tiers` names the rule of the priority scheme that made
@@ -32,11 +34,11 @@ it:
     P4 "late>early"  a late-stage short trajectory over an early-stage long one
 with the tiers of a segment: S the teacher's reference; A correct answer and score >= 0.8; B correct
 and 0.6 <= score < 0.8; C correct and score < 0.6; D wrong answer and score <= `d_max` (the paper:
-"very low"). `python reward_model.py pairs` builds one from rollouts sampled from policy checkpoints
-(evaluate.py's completions.jsonl of each): the teacher writes a reference SIP analysis from the gold
-answer (examples with `meta.reference` keep theirs), the scorer rates every segment against it with
-judge.py's R_content rubric, and the rules above pair them. Every teacher answer is journaled as it
-arrives: a rerun asks only the rest.
+"very low"). `python -m reward_models.content_rm pairs` builds one from rollouts sampled from
+policy checkpoints (evaluate.py's completions.jsonl of each): the teacher writes a reference SIP
+analysis from the gold answer (examples with `meta.reference` keep theirs), the scorer rates every
+segment against it with judge.py's R_content rubric, and the rules above pair them. Every teacher
+answer is journaled as it arrives: a rerun asks only the rest.
 """
 
 from __future__ import annotations
@@ -45,14 +47,16 @@ import json
 import math
 import random
 import sys
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
+import judge_server
 from checkpoint import ModelCard, resume, save_checkpoint, trim_log
 from config import (
     ConfigError,
@@ -70,6 +74,7 @@ from data import DataError, Example, parse_answer, render_conversation, split_co
 from dataset import load_jsonl, read_jsonl
 from distributed import DistributedSettings, all_reduce_sum, setup_distributed
 from judge import (
+    JUDGES,
     JudgeConfig,
     JudgeError,
     parse_sip_content,
@@ -77,6 +82,7 @@ from judge import (
     sip_content_request,
     sip_reference_request,
 )
+from judge_server import SECTION_RE, UnsupportedRequest
 from model import (
     CheckpointError,
     Qwen,
@@ -88,7 +94,6 @@ from model import (
     read_json,
     save_adapter,
 )
-from rewards import RM_INFO, ContentModelSettings
 from teacher import ask_journaled, failed_calls, journal_key, load_journal
 from train import (
     LoraSettings,
@@ -99,6 +104,22 @@ from train import (
     set_lr,
     sync_gradients,
 )
+
+RM_INFO = "reward_model.json"  # what marks a folder as a reward model this module wrote
+
+
+@dataclass
+class ContentModelSettings:
+    """reward_models/social_r1.py's `content_model:` section: social_r1's R_content from a trained
+    RM instead of the prompted judge."""
+
+    # the RM folder, scored in-process on the trainer's device (each rank holds a copy)
+    path: str | None = None
+    base: str | None = None  # its base checkpoint (default: the one its reward_model.json names)
+    batch_size: int = 8  # segments scored together
+    # or: a served RM (`python -m reward_models.content_rm serve`); then no path
+    endpoint: JudgeConfig | None = None
+
 
 HEAD_FILE = "value_head.safetensors"
 HEAD_FORMAT = "clue-mini-value-head/1"
@@ -270,7 +291,7 @@ def load_reward_model(
     path = Path(path)
     if not (path / RM_INFO).is_file():
         raise CheckpointError(
-            f"{path}: no {RM_INFO} (not a reward-model folder written by reward_model.py)"
+            f"{path}: no {RM_INFO} (not a reward-model folder reward_models/content_rm.py wrote)"
         )
     info = read_json(path / RM_INFO)
     for key, kind in (("base_model", str), ("max_length", int)):
@@ -287,14 +308,44 @@ def load_reward_model(
     return ContentRM(rm.eval(), load_tokenizer(base), int(info["max_length"]), batch_size)
 
 
-def content_scorer(settings: ContentModelSettings | None, device=None, dtype=None):
-    """What rewards.judge_rollouts takes as `content`: None (no RM: the prompted judge), the served
-    RM's endpoint, or a function scoring rollouts in-process, R_content =
-    sigmoid(r(rm_context(example), reasoning))."""
-    if settings is None or settings.endpoint is not None:
-        return None if settings is None else settings.endpoint
+def content_scorer(settings: ContentModelSettings, device=None, dtype=None):
+    """What rewards.judge_rollouts takes as `content`: the served RM's endpoint, or a function
+    scoring rollouts in-process, R_content = sigmoid(r(rm_context(example), reasoning))."""
+    if settings.endpoint is not None:
+        return settings.endpoint
     rm = load_reward_model(settings.path, settings.base, device, dtype, settings.batch_size)
     return lambda rollouts: rm.scores([(rm_context(r.example), r.reasoning) for r in rollouts])
+
+
+class RewardModelBackend:
+    """A judge_server.py backend answering the R_content judge prompts (judge.sip_content_request,
+    with a reference or without) with a trained content RM instead of a prompted judge: `<r> |
+    <sigmoid(r), two decimals>`, the prompted judge's own format, so a trainer reaches a served RM
+    through judge.chat and reads it with parse_sip_content, the one HTTP client and the one parser.
+    The RM's context is rebuilt from the request's <task> and <conversation> sections (rm_context's
+    layout; the reference, when sent, is not read). Refuses every other prompt."""
+
+    def __init__(self, path: str, base: str | None = None, device: str | None = None):
+        self.rm = load_reward_model(path, base, device)
+        self.lock = threading.Lock()
+
+    def __call__(self, messages: list[dict[str, str]], params: dict[str, Any]) -> str:
+        system = messages[0]["content"] if messages and messages[0]["role"] == "system" else ""
+        if system not in (JUDGES["sip_content"].system, JUDGES["sip_content_free"].system):
+            raise UnsupportedRequest(
+                "the reward_model backend answers only the SIP content (R_content) prompt"
+            )
+        parts = {m.group(1): m.group(3) for m in SECTION_RE.finditer(messages[-1]["content"])}
+        if not {"task", "conversation", "reasoning"} <= set(parts):
+            raise UnsupportedRequest(
+                "an R_content prompt without its task, conversation or reasoning section"
+            )
+        with self.lock:
+            [r] = self.rm.rewards(
+                [(f"{parts['task']}\n\n{parts['conversation']}", parts["reasoning"])]
+            )
+        score = 1 / (1 + math.exp(-r)) if r >= 0 else math.exp(r) / (1 + math.exp(r))
+        return f"reward model r = {r:.4f} | {score:.2f}"
 
 
 # ----------------------------------------------------------------------------- pair files
@@ -476,8 +527,8 @@ class RolloutFile:
 
 @dataclass
 class PairsConfig:
-    """`python reward_model.py pairs`: rate sampled rollouts with a teacher and write the pair file
-    (`out`)."""
+    """`python -m reward_models.content_rm pairs`: rate sampled rollouts with a teacher and write
+    the pair file (`out`)."""
 
     # gold examples (data.py's JSONL); meta.reference, where present, is the S-tier reference
     examples: str
@@ -841,13 +892,17 @@ def check_heldout(cfg: RMConfig, path: str) -> None:
 
 def main(argv=None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["serve"]:
+        serve = {"reward_model": lambda a: RewardModelBackend(a.model, a.base, a.device)}
+        return judge_server.main(["--backend", "reward_model", *argv[1:]], serve)
     command = argv.pop(0) if argv[:1] == ["pairs"] else "train"
     try:
         cfg = parse_cli(RMConfig, argv)
         if command == "pairs":
             if cfg.build is None:
                 raise ConfigError(
-                    f"{argv[0]}: missing section 'build' (what `reward_model.py pairs` reads)"
+                    f"{argv[0]}: missing section 'build' (what `python -m reward_models.content_rm "
+                    "pairs` reads)"
                 )
             held = cfg.build_heldout
             if held is not None:

@@ -2,7 +2,7 @@
 have a teacher refine each toward the gold labels, and keep the refinements that reach them with
 verified quotes: the rows sft.py trains on (its `clue` objective).
 
-    python prepare_traces.py config.yaml [key=value ...]   # examples -> sampled traces -> teacher
+    python -m prepare.traces config.yaml [key=value ...]   # examples -> sampled traces -> teacher
                                                              -> out
 
 The traces come from `sampler` (an OpenAI-compatible endpoint serving the base model) or, without
@@ -55,7 +55,7 @@ from verifier import extract_quotes, format_score, verify_quote
 
 @dataclass
 class PrepareConfig:
-    """`python prepare_traces.py`: sample traces from the base model, refine them toward the gold
+    """`python -m prepare.traces`: sample traces from the base model, refine them toward the gold
     labels with a teacher, and write the accepted ones to `out` (the `data` of sft.py's config)."""
 
     examples: str  # gold examples (data.py's JSONL)

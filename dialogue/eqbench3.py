@@ -1,6 +1,9 @@
 """Judge-scored benchmarks in EQ-Bench 3's style (CARE reports EQBench3): the policy plays scripted
-multi-turn role-play scenarios, then a judge scores each transcript on a rubric. evaluate.py imports
-this module only when a set has `kind: eqbench3`, and puts the row beside the accuracy rows.
+multi-turn role-play scenarios, then a judge scores each transcript on a rubric. The benchmark table
+with such sets (`kind: eqbench3`) beside the accuracy rows is evaluate.py's, run through this
+module's entry point, which hands it the kind (EQBENCH3, an evaluate.JudgedKind):
+
+    python -m dialogue.eqbench3 configs/eval_benchmarks.yaml [key=value ...]
 
 Scenario file: EQ-Bench 3's `data/scenario_prompts.txt` layout. A scenario starts at a header line
 `######## <id> | <category> | <title>` (category and title may be left out) and holds the user's
@@ -23,25 +26,31 @@ malformed judge answer leaves its transcript unscored: counted, and left out of 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
-from config import excerpt, open_log, print0, read_log
+import evaluate
+from config import ConfigError, excerpt, open_log, print0, read_log
 from data import DataError
 from dataset import check_new_id, read_data_text
-from dialogue import split_reply
+from dialogue.play import split_reply
+from evaluate import EvalConfig, EvalSet, JudgedKind, load_model, mean_sd
 from judge import (
     DATA_NOTICE,
     JudgeCall,
     JudgeConfig,
     JudgeError,
+    chat_many,
     chat_messages,
     dialogue_text,
     section,
     verdict_lines,
 )
+from sampling import endpoint_config, sample_completions
 from teacher import ask_journaled, failed_calls, load_journal, request_key
 
 ROLEPLAY, RUBRIC = "roleplay.jsonl", "rubric.jsonl"
@@ -146,7 +155,7 @@ def read_roleplay(path) -> dict[tuple[str, str, int], list[str]]:
         if replies is None or r["turn"] != len(replies):
             raise DataError(
                 f"{path}:{number}: not a role-play record {{set, id, sample, turn, completion, "
-                f"reply}} of benchmarks.py, the next turn of its transcript"
+                f"reply}} of dialogue/eqbench3.py, the next turn of its transcript"
             )
         replies.append(r["reply"])
     return done
@@ -302,3 +311,78 @@ def summarize_set(
         for c in RUBRIC_CRITERIA:
             criteria[c].append(_mean([5 * s[c] for s in scored]))
     return per_run, {"n_items": len(scenarios), "unscored": unscored, "criteria": criteria}
+
+
+# ------------------------------------------------------------------- the benchmark table's sets
+
+
+def roleplay_completer(cfg: EvalConfig):
+    """Complete for the evaluated model: a `chat_many` batch to the endpoint (None where
+    a request failed), or the checkpoint in-process (sample_completions, one completion per chat,
+    seeded by its key), loaded on the first call."""
+    loaded = []
+
+    def complete(chats, keys):
+        if cfg.endpoint is not None:
+            calls = [JudgeCall(chat, cfg.sampling.max_new_tokens) for chat in chats]
+            return chat_many(calls, endpoint_config(cfg.endpoint, cfg.sampling))[0]
+        if not loaded:
+            loaded.extend(load_model(cfg))
+        model, tok = loaded
+        texts = sample_completions(
+            model, tok, chats, keys, cfg.sampling, 1, cfg.seed, cfg.batch_size
+        )
+        return [row[0] for row in texts]
+
+    return complete
+
+
+def judged_entries(cfg: EvalConfig, sets: list[EvalSet], out: Path) -> dict:
+    """The eqbench3 sets' eval.json entries: every scenario played n_samples times (resuming from
+    roleplay.jsonl), each finished transcript scored by the judge (rubric.jsonl); `rubric_score` is
+    the 0-1 mean transcript score, mean ± SD over the runs, beside each criterion's (0-100)."""
+    roleplay = {s.name: load_roleplay(s.path) for s in sets}
+    done = read_roleplay(out / ROLEPLAY)
+    stopped = play(roleplay, cfg.n_samples, done, out / ROLEPLAY, roleplay_completer(cfg))
+    if stopped:
+        raise JudgeError(
+            f"{stopped} role-play transcripts stopped on failed requests to "
+            f"{cfg.endpoint.base_url}; rerun the same command to resume"
+        )
+    scores = score_transcripts(roleplay, cfg.n_samples, done, cfg.judge, out / RUBRIC)
+    entries = {}
+    for name, scenarios in roleplay.items():
+        runs, numbers = summarize_set(name, scenarios, cfg.n_samples, scores)
+        entries[name] = {
+            "kind": "eqbench3",
+            "domain": None,
+            "decoding": dataclasses.asdict(cfg.sampling) | {"n_samples": cfg.n_samples},
+            "rubric_score": mean_sd(runs),
+            **numbers,
+            "criteria": {c: mean_sd(v) for c, v in numbers["criteria"].items()},
+        }
+        if any(numbers["unscored"]):
+            print0(
+                f"{name}: unscored transcripts per run (no usable judge answer): "
+                f"{numbers['unscored']}"
+            )
+    return entries
+
+
+def check_set(cfg: EvalConfig, s: EvalSet) -> None:
+    if s.task or s.causes or s.domain or cfg.report != "accuracy":
+        raise ConfigError(
+            f"set '{s.name}': a kind eqbench3 set takes no 'task', 'causes' or 'domain' and "
+            "needs report: accuracy"
+        )
+
+
+EQBENCH3 = JudgedKind(check_set, judged_entries)
+
+
+def main(argv=None) -> None:
+    evaluate.main(argv, {"eqbench3": EQBENCH3})
+
+
+if __name__ == "__main__":
+    main()

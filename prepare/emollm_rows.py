@@ -1,17 +1,17 @@
 """EmoLLM Stage I data (section 3.2.1, D.1, Appendix H): the rows of its two parts, which sft.py
 then trains.
 
-    python emollm_data.py configs/emollm_stage1_cpt_prepare.yaml   # objective lm: CPT rows with
-                                                                     knowledge prefixes
-    python emollm_data.py configs/emollm_stage1_sft_prepare.yaml   # objective target: ARG SFT rows
-                                                                     from a teacher
+    python -m prepare.emollm_rows configs/emollm_stage1_cpt_prepare.yaml
+        # objective lm: CPT rows with knowledge prefixes
+    python -m prepare.emollm_rows configs/emollm_stage1_sft_prepare.yaml
+        # objective target: ARG SFT rows from a teacher
 
 The config (EmoLLMData) names the part by its `objective`, sft.py's objective that trains on the
 rows, and the checkpoint (`model`) whose tokenizer measures `max_length` as sft.py encodes the rows.
 
 Dialogues (`dialogues`: files in ESConv's layout, a JSON array as ESConv.json ships, or JSONL with
-one dialogue per line, as convert.py writes for EmpatheticDialogues, MSDialog, MedDialog and ICLR's
-review threads): each dialogue is
+one dialogue per line, as prepare/convert.py writes for EmpatheticDialogues, MSDialog, MedDialog
+and ICLR's review threads): each dialogue is
 an object with `dialog`, a list of turns {"speaker": "seeker" | "supporter", "content": non-empty
 text, "annotation"?: {"strategy"?: text}}, and optionally "id", "situation", "problem_type",
 "emotion_type" (ESConv's own fields). Consecutive utterances of one speaker make one turn (their
@@ -46,9 +46,9 @@ ARG SFT: `share` of each source's contexts (a source is one file of `dialogues`;
 (judge.chat, concurrent, resumable: teacher.ask_journaled journals every answer in
 `<out>.teacher.jsonl`) writes the ARG state in Appendix H's order (Facts, Needs, Appraisal, Emotion,
 Strategy, then optionally up to `lookahead` reverse-perspective steps and the strategy chosen after
-them, as the Stage II scaffold of dialogue.py names them), the gating label r_t and the reply. An
-answer missing a section or the reply, or out of that format, is rejected and counted. Row: {"id",
-"prompt": [the context as chat messages], "target", "meta": {"gate", ...}}, target =
+them, as the Stage II scaffold of dialogue/play.py names them), the gating label r_t and the reply.
+An answer missing a section or the reply, or out of that format, is rejected and counted. Row:
+{"id", "prompt": [the context as chat messages], "target", "meta": {"gate", ...}}, target =
 "<think>\\n<ARG>\\n</think>\\n\\n<reply>" when r_t = 1, the reply alone when r_t = 0; a row longer
 than max_length is dropped and counted.
 
@@ -81,8 +81,15 @@ from config import (
 )
 from data import THINK_END, THINK_START, DataError
 from dataset import check_new_id, parse_json, read_data_text, reject_json_constant, typed_field
-from dialogue_judges import ARG_SECTIONS
-from judge import DATA_NOTICE, JudgeCall, JudgeConfig, JudgeError, chat_messages, section
+from judge import (
+    ARG_SECTIONS,
+    DATA_NOTICE,
+    JudgeCall,
+    JudgeConfig,
+    JudgeError,
+    chat_messages,
+    section,
+)
 from model import CheckpointError, load_tokenizer
 from teacher import ask_journaled, load_journal, raw_text, request_key, write_rows
 
@@ -101,8 +108,8 @@ class Relations:
 
 @dataclass
 class EmoLLMData:
-    """`python emollm_data.py` for EmoLLM's Stage I (module docstring); rows go to `out` (sft.py's
-    `data`)."""
+    """`python -m prepare.emollm_rows` for EmoLLM's Stage I (module docstring); rows go to `out`
+    (sft.py's `data`)."""
 
     dialogues: list[str]  # ESConv-layout files
     # sft.py's objective for the rows: lm (CPT) or target (ARG SFT)
@@ -581,7 +588,7 @@ def prepare(
     max_length."""
     if objective not in ("lm", "target"):
         raise ConfigError(
-            f"objective: emollm_data.py builds rows for lm (CPT) or target (ARG SFT), not "
+            f"objective: prepare/emollm_rows.py builds rows for lm (CPT) or target (ARG SFT), not "
             f"{excerpt(objective)}"
         )
     if objective == "lm" and settings.knowledge is None:

@@ -3,11 +3,12 @@ ConvoKit Wikipedia talk pages, MMLU, and the social-reasoning benchmarks SocialI
 Hi-ToM, EmoBench, MotiveBench and TactfulToM as tom_mc multiple choice) to our example JSONL, each
 checked by dataset.py's schema.
 
-    python convert.py FORMAT IN OUT [--text FILE] [--task NAME]... [--per-label N] [--seed S]
+    python -m prepare.convert FORMAT IN OUT [--text FILE] [--task NAME]... [--per-label N]
+        [--seed S]
 
 EmpatheticDialogues, MSDialog, MedDialog-EN and ICLR's OpenReview review threads become dialogues
-in ESConv's layout for EmoLLM's Stage I (emollm_data.py), or with --seeds the scenario seeds of
-grpo.py's dialogue mode.
+in ESConv's layout for EmoLLM's Stage I (prepare/emollm_rows.py), or with --seeds the scenario
+seeds of grpo.py's dialogue mode.
 
 A local Hugging Face dataset (`hf`: a save_to_disk folder, parquet or JSON lines) converts with a
 column mapping, `--column FIELD=COLUMN` and `--value FIELD=VALUE` (the optional `datasets` package).
@@ -840,7 +841,7 @@ def convert_mmlu(path) -> list[Example]:
 
 
 # EmpatheticDialogues, MSDialog, MedDialog and ICLR reviews (EmoLLM's SFT/RL sources): dialogues in
-# ESConv's layout, which emollm_data.py reads, or scenario seeds for grpo.py's
+# ESConv's layout, which prepare/emollm_rows.py reads, or scenario seeds for grpo.py's
 # dialogue mode (`--seeds`). Each dialogue: {"id", "situation"?, "problem_type"?,
 # "emotion_type"?, "dialog": [{"speaker": "seeker" | "supporter", "content"}]}.
 _ED_COLUMNS = ["conv_id", "utterance_idx", "context", "prompt", "speaker_idx", "utterance"]
@@ -1242,7 +1243,7 @@ def _positive_int(text: str) -> int:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(
-        prog="convert.py", description="Convert a public dataset to our JSONL."
+        prog="python -m prepare.convert", description="Convert a public dataset to our JSONL."
     )
     parser.add_argument("format", choices=[*CONVERTERS, *DIALOGUE_CONVERTERS, "hf"])
     parser.add_argument(

@@ -1,20 +1,20 @@
 """EmoLLM's scenario seeds (C.2, C.3): a teacher model summarizes each dialogue into the seed an
-episode of grpo.py's dialogue mode or evaluate_dialogue.py starts from.
+episode of grpo.py's dialogue mode or dialogue/evaluation.py starts from.
 
-    python emollm_seeds.py configs/emollm_seeds_prepare.yaml [key=value ...]   # dialogues -> seeds
+    python -m prepare.emollm_seeds configs/emollm_seeds_prepare.yaml [key=value ...]  # -> seeds
 
-The dialogues are files in ESConv's layout (emollm_data.py reads them; convert.py writes them for
-EmpatheticDialogues, MSDialog, MedDialog and ICLR's review threads). From each source (one file),
-`per_source` dialogues are drawn at random (seed; all when None; C.3: 100 per dataset's test split),
-each with at least one user turn. The teacher (judge.chat, concurrent; teacher.ask_journaled keeps
-every answer in `<out>.teacher.jsonl`, so a rerun asks only for what failed or was never asked) sees
-the whole dialogue and answers with one JSON object {"scenario", "initial_prompt"}: who the
-assistant is and what the user faces, and the user's opening message, carrying nothing from later
-turns. A seed is {"id": the dialogue's id, "scenario", "initial_prompt"} as the teacher wrote them;
-an answer of any other shape is rejected and counted.
+The dialogues are files in ESConv's layout (prepare/emollm_rows.py reads them; prepare/convert.py
+writes them for EmpatheticDialogues, MSDialog, MedDialog and ICLR's review threads). From each
+source (one file), `per_source` dialogues are drawn at random (seed; all when None; C.3: 100 per
+dataset's test split), each with at least one user turn. The teacher (judge.chat, concurrent;
+teacher.ask_journaled keeps every answer in `<out>.teacher.jsonl`, so a rerun asks only for what
+failed or was never asked) sees the whole dialogue and answers with one JSON object {"scenario",
+"initial_prompt"}: who the assistant is and what the user faces, and the user's opening message,
+carrying nothing from later turns. A seed is {"id": the dialogue's id, "scenario",
+"initial_prompt"} as the teacher wrote them; an answer of any other shape is rejected and counted.
 
-Offline, without a teacher: `python convert.py FORMAT IN OUT --seeds` builds seeds by rule (the
-situation as the scenario, the user's first turn as the opening), not by the paper's summary.
+Offline, without a teacher: `python -m prepare.convert FORMAT IN OUT --seeds` builds seeds by rule
+(the situation as the scenario, the user's first turn as the opening), not by the paper's summary.
 """
 
 from __future__ import annotations
@@ -27,16 +27,16 @@ from pathlib import Path
 
 from config import ConfigError, bounded, check_output_file, parse_cli, print0
 from data import DataError
-from emollm_data import Dialogue, contexts, load_dialogues, render_context
 from judge import DATA_NOTICE, JudgeCall, JudgeConfig, JudgeError, chat_messages, section
+from prepare.emollm_rows import Dialogue, contexts, load_dialogues, render_context
 from teacher import ask_journaled, load_journal, request_key, write_rows
 
 
 @dataclass
 class SeedSettings:
-    """`python emollm_seeds.py config.yaml`: scenario seeds summarized by a teacher from
+    """`python -m prepare.emollm_seeds config.yaml`: scenario seeds summarized by a teacher from
     ESConv-layout dialogues (module docstring), written to `out` (grpo.py's train_data,
-    evaluate_dialogue.py's scenarios)."""
+    dialogue/evaluation.py's scenarios)."""
 
     dialogues: list[str]  # ESConv-layout files, one per source
     out: str  # the seeds (JSONL)

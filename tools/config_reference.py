@@ -1,7 +1,7 @@
 """Writes docs/config-reference.md, every config key of every script, from the dataclass schemas the
-scripts check their configs against: `python config_reference.py` (tests/test_config.py fails when
-the committed page differs from what this writes). Each key's note is the comment beside or above
-its field in the source; a range is the one `config.bounded` gives it."""
+scripts check their configs against: `python -m tools.config_reference` (tests/test_config.py fails
+when the committed page differs from what this writes). Each key's note is the comment beside or
+above its field in the source; a range is the one `config.bounded` gives it."""
 
 from __future__ import annotations
 
@@ -21,14 +21,14 @@ PAGE = Path(__file__).resolve().parent / "docs" / "config-reference.md"
 SCRIPTS = {
     "sft.py": "SFTConfig",
     "grpo.py": "GRPOConfig",
-    "reward_model.py": "RMConfig",
-    "prepare_traces.py": "PrepareConfig",
-    "prepare_references.py": "ReferenceSettings",
-    "emollm_data.py": "EmoLLMData",
-    "emollm_seeds.py": "SeedSettings",
-    "rubric_generator.py": "GeneratorDataConfig",
+    "reward_models/content_rm.py": "RMConfig",
+    "prepare/traces.py": "PrepareConfig",
+    "prepare/references.py": "ReferenceSettings",
+    "prepare/emollm_rows.py": "EmoLLMData",
+    "prepare/emollm_seeds.py": "SeedSettings",
+    "reward_models/rubric_generator.py": "GeneratorDataConfig",
     "evaluate.py": "EvalConfig",
-    "evaluate_dialogue.py": "DialogueEvalConfig",
+    "dialogue/evaluation.py": "DialogueEvalConfig",
 }
 
 
@@ -125,8 +125,8 @@ def page() -> str:
         "Every key each script's config takes (`python X.py config.yaml [key=value ...]`),\n"
         "with its type, default, range and the note its dataclass gives: the paper section a\n"
         "value comes from, or why it was chosen. Generated from the schemas by\n"
-        "`python config_reference.py`; do not edit by hand. How configs are read and checked:\n"
-        "[configs.md](configs.md).\n"
+        "`python -m tools.config_reference`; do not edit by hand. How configs are read and\n"
+        "checked: [configs.md](configs.md).\n"
     ]
     for script, name in SCRIPTS.items():
         schema = getattr(importlib.import_module(script.removesuffix(".py")), name)
