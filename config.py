@@ -314,11 +314,15 @@ def parse_cli(schema, argv=None):
     line. `--help` lists the schema's top-level keys and points to docs/config-reference.md."""
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help"):
-        script = Path(sys.argv[0]).name
+        # `python -m folder.script` runs a script of a folder: its section is folder/script.py
+        spec = getattr(sys.modules["__main__"], "__spec__", None)
+        command = f"python -m {spec.name}" if spec else Path(sys.argv[0]).name
+        section = spec.name.replace(".", "/") + ".py" if spec else Path(sys.argv[0]).name
         keys = ", ".join(f.name for f in dataclasses.fields(schema) if f.init)
         print(
-            f"usage: {script} config.yaml [key=value ...]\ntop-level keys: {keys}\nevery key with "
-            f"its type, default and source: docs/config-reference.md#{script.replace('.', '')}",
+            f"usage: {command} config.yaml [key=value ...]\ntop-level keys: {keys}\nevery key "
+            f"with its type, default and source: docs/config-reference.md#"
+            f"{section.replace('.', '').replace('/', '')}",
             file=sys.stdout if argv else sys.stderr,
         )
         raise SystemExit(0 if argv else 2)

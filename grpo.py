@@ -373,7 +373,7 @@ class PromptSource:
 def rollout_sampler(cfg: GRPOConfig, policy: Qwen, tok, ranks: Ranks, out_dir: Path, content=None):
     """The run's sampler (rollout.py's interface): a vLLM server with `rollout.engine: vllm`, else
     rollout.PromptSampler; a sharded policy sampled here is gathered whole. `content`: a scorer of
-    R_content in the prompted judge's place (reward_models/grpo.py's trained RM)."""
+    R_content in the prompted judge's place (reward_models/social_r1.py's trained RM)."""
     if cfg.rollout.engine == "vllm":
         return VLLMSampler(policy, tok, cfg, ranks, out_dir, content)
     sampler = PromptSampler(policy, tok, cfg, content)
@@ -853,7 +853,7 @@ def check_inputs(cfg: GRPOConfig, config_path: str) -> list:
         raise config_error(
             config_path,
             "reward.name",
-            f"{cfg.reward.name} trains on role-played dialogues: run `python -m dialogue.grpo`",
+            f"{cfg.reward.name} trains on role-played dialogues: run `python -m dialogue.rl`",
         )
     return load_examples(cfg, config_path)
 
@@ -965,7 +965,7 @@ def run_summary(records: list[dict]) -> tuple[int, str]:
 def train(cfg: GRPOConfig, examples: list, sampler_for=rollout_sampler) -> None:
     """The run: `updates` updates of the six steps (module docstring), checkpoints, the final model.
     `sampler_for(cfg, policy, tok, ranks, out_dir)` builds the run's sampler (an extension's own:
-    dialogue/grpo.py)."""
+    dialogue/rl.py)."""
     ranks = setup_distributed(cfg.model.device, cfg.distributed, cfg.output_dir)
     out_dir = Path(cfg.output_dir)
     save_resolved_config(cfg, out_dir)
@@ -1146,7 +1146,7 @@ def main(
     """`python grpo.py config.yaml [key=value ...]`: the config read and checked (`check`: the
     examples), each endpoint asked once (`probes`: judge.probe), then `train`. An extension runs its
     kind of GRPO through here with its own config class, checks, probes and sampler
-    (dialogue/grpo.py, reward_models/grpo.py)."""
+    (dialogue/rl.py, reward_models/social_r1.py)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     cfg = parse_cli(config_class, argv)
     try:

@@ -87,7 +87,7 @@ class RolloutError(RuntimeError):
 class PromptSampler:
     """Single-turn rollouts (`cfg`: grpo.GRPOConfig): the curriculum's segments, K completions per
     prompt, and the judges the reward needs (`rewards.judge_rollouts`, with `content`, when given,
-    scoring R_content in the prompted judge's place: reward_models/grpo.py's trained RM)."""
+    scoring R_content in the prompted judge's place: reward_models/social_r1.py's trained RM)."""
 
     def __init__(self, policy, tok, cfg, content=None):
         self.policy = policy

@@ -787,14 +787,6 @@ def _select(model, tok, heldout, cfg, ranks, step: int, state: dict, metrics) ->
 
 
 def main(argv=None) -> None:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["prepare"]:
-        print(
-            "`sft.py prepare` moved: run `python -m prepare.traces CFG` (CLUE traces) or "
-            "`python -m prepare.emollm_rows CFG` (EmoLLM Stage I rows)",
-            file=sys.stderr,
-        )
-        raise SystemExit(2)
     cfg = parse_cli(SFTConfig, argv)
     try:
         train(cfg)

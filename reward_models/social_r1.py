@@ -24,9 +24,8 @@ class SocialR1Config(grpo.GRPOConfig):
 
 
 def check_inputs(cfg: SocialR1Config, config_path: str) -> list:
-    """grpo.check_settings, then the content RM: reward social_r1 with R_content on, either a path
-    holding a trained RM or an endpoint (its key); the examples need no reference."""
-    grpo.check_settings(cfg, config_path)
+    """The content RM (reward social_r1 with R_content on, either a path holding a trained RM or an
+    endpoint, with its key), then grpo.check_settings; the examples need no reference."""
     rm = cfg.content_model
     if cfg.reward.name != "social_r1" or (rm.path is None) == (rm.endpoint is None):
         raise grpo.config_error(
@@ -46,6 +45,7 @@ def check_inputs(cfg: SocialR1Config, config_path: str) -> list:
         )
     if rm.endpoint is not None:
         grpo.check_api_key(rm.endpoint, "content_model.endpoint", config_path)
+    grpo.check_settings(cfg, config_path)
     return grpo.load_examples(cfg, config_path, content_scorer=True)
 
 

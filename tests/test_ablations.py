@@ -15,8 +15,11 @@ import dataset
 import grpo
 import sft
 from config import load_config
+from dialogue import rl as dialogue_rl
+from dialogue.rl import DialogueConfig
 from judge import CARE_RUBRIC_SYSTEM, CARE_SCORES_SYSTEM, SIP_STAGES
 from judge_server import JudgeServer, rules_backend
+from reward_models import social_r1 as social_r1_rl
 from rewards import Rollout, care, social_r1
 from train import linear_warmup_decay
 
@@ -31,14 +34,11 @@ SOCIAL_R1_ROWS = {
         "save_every": 30,
         "keep_checkpoints": 20,
     },
-    "social_r1_qwen3_8b_no_content.yaml": {
-        "reward.params.use_content": 0,
-        "content_model": None,
-    },
+    # the rows without R_content have no content RM either: grpo.py runs them
+    "social_r1_qwen3_8b_no_content.yaml": {"reward.params.use_content": 0},
     "social_r1_qwen3_8b_only_out.yaml": {
         "reward.params.use_struct": 0,
         "reward.params.use_content": 0,
-        "content_model": None,
     },
     "social_r1_qwen3_8b_no_len.yaml": {"reward.params.use_len": 0},
 }
@@ -77,9 +77,14 @@ def test_an_ablation_config_changes_only_its_keys(base_name, name, changes):
         for k in base.keys() | row.keys()
         if k != "output_dir" and base.get(k, KeyError) != row.get(k, KeyError)
     }
-    # a null content_model replaces the base's content_model.* leaves
-    nulled = {k for k in base if k.startswith("content_model.") and "content_model" in changes}
-    assert differ == set(changes) | nulled
+    # a row without R_content drops the base's content_model section, every leaf of it
+    dropped = {k for k in base if k.startswith("content_model.") and k not in row}
+    assert dropped == (
+        {k for k in base if k.startswith("content_model.")}
+        if changes.get("reward.params.use_content") == 0
+        else set()
+    )
+    assert differ == set(changes) | dropped
     assert all(v is None or row[k] == v for k, v in changes.items())
     assert row["output_dir"] == f"runs/{name.removesuffix('.yaml')}"
 
@@ -152,13 +157,17 @@ def sip_backend(seen):
     ],
 )
 def test_a_table_2_row_runs_asking_only_its_judges(tmp_path, assets, name, asked):
+    """Each row through its entry point: with R_content, reward_models/social_r1.py, its content
+    RM served (here the scripted backend answers its prompt), so the examples need no reference;
+    without, grpo.py."""
     base, _ = assets
     train = tmp_path / "tom.jsonl"
-    # only the rows with R_content read a reference
-    dataset.save_jsonl([tom_example(reference="content" in asked)], train)
+    dataset.save_jsonl([tom_example(reference=False)], train)
     seen = []
     with JudgeServer(sip_backend(seen)).start() as server:
-        grpo.main(
+        served = f"content_model={{path: null, endpoint: {{base_url: {server.url}, retries: 0}}}}"
+        run, rm = (social_r1_rl.main, [served]) if "content" in asked else (grpo.main, [])
+        run(
             [
                 str(CONFIGS / name),
                 f"output_dir={tmp_path / 'run'}",
@@ -175,9 +184,9 @@ def test_a_table_2_row_runs_asking_only_its_judges(tmp_path, assets, name, asked
                 "rollout.group_size=2",
                 "rollout.max_new_tokens=4",
                 "loss.micro_batch_size=4",
-                "content_model=null",  # the full rows' RM replaced by the prompted judge
                 f"judge.base_url={server.url}",
                 "judge.retries=0",
+                *rm,
             ]
         )
     records = read_jsonl(tmp_path / "run" / "metrics.jsonl")
@@ -188,7 +197,9 @@ def test_a_table_2_row_runs_asking_only_its_judges(tmp_path, assets, name, asked
 
 def test_a_switch_is_0_or_1(tmp_path, assets, capsys):
     with pytest.raises(SystemExit) as stop:
-        grpo.main([str(CONFIGS / "social_r1_qwen3_8b_no_len.yaml"), "reward.params.use_len=0.5"])
+        grpo.main(
+            [str(CONFIGS / "social_r1_qwen3_8b_no_content.yaml"), "reward.params.use_len=0.5"]
+        )
     assert stop.value.code == 2
     assert (
         "'reward.params.use_len': a switch: 0 (off) or 1 (on), got 0.5" in capsys.readouterr().err
@@ -235,7 +246,7 @@ def test_a_table_3_row_runs(tmp_path, assets, name):
             f"{k}.base_url={server.url}"
             for k in ("judge", "dialogue.rubric_judge", "dialogue.simulator")
         ]
-        grpo.main(
+        dialogue_rl.main(
             [
                 str(CONFIGS / name),
                 f"output_dir={tmp_path / 'run'}",
@@ -268,7 +279,7 @@ def test_a_table_3_row_runs(tmp_path, assets, name):
 
 
 def test_care_trains_every_weight_of_the_policy_and_the_generator():
-    policy = load_config(CONFIGS / "care_qwen2_5_7b.yaml", [], grpo.GRPOConfig)
+    policy = load_config(CONFIGS / "care_qwen2_5_7b.yaml", [], DialogueConfig)
     assert (policy.finetune, policy.lora, policy.optim.lr, policy.optim.lr_floor) == (
         "full",
         None,
@@ -336,7 +347,9 @@ def test_the_rm_pairs_read_checkpoints_the_run_without_r_struct_keeps():
     from reward_models import content_rm as reward_model
 
     rm = load_config(CONFIGS / "social_r1_rm_qwen3_4b.yaml", [], reward_model.RMConfig)
-    run = load_config(CONFIGS / "social_r1_qwen3_8b_no_struct.yaml", [], grpo.GRPOConfig)
+    run = load_config(
+        CONFIGS / "social_r1_qwen3_8b_no_struct.yaml", [], social_r1_rl.SocialR1Config
+    )
     steps = [r.step for r in rm.build.rollouts]
     assert steps == [30, 90, 120, 180, 270, 360, 420, 510, 570, 600]  # Appendix C.2
     saved = range(run.save_every, run.updates + 1, run.save_every)

@@ -306,9 +306,15 @@ def test_a_huge_config_value_is_cut_in_its_error(tmp_path):
         ("sft", "SFTConfig", "lora.rank", 0, "'lora.rank' must be >= 1, got 0"),
         ("sft", "SFTConfig", "lr", -1, "'lr' must be >= 0, got -1.0"),
         ("sft", "SFTConfig", "epochs", -1, "'epochs' must be >= 1, got -1"),
-        ("reward_model", "RMConfig", "heldout_fraction", 2, "must be > 0 and <= 0.5, got 2.0"),
-        ("reward_model", "RMConfig", "save_every", 0, "'save_every' must be >= 1, got 0"),
-        ("reward_model", "RMConfig", "keep_checkpoints", 0, "must be >= 1, got 0"),
+        (
+            "reward_models.content_rm",
+            "RMConfig",
+            "heldout_fraction",
+            2,
+            "must be > 0 and <= 0.5, got 2.0",
+        ),
+        ("reward_models.content_rm", "RMConfig", "save_every", 0, "must be >= 1, got 0"),
+        ("reward_models.content_rm", "RMConfig", "keep_checkpoints", 0, "must be >= 1, got 0"),
         ("grpo", "GRPOConfig", "rollout.vllm.timeout", -1, "'rollout.vllm.timeout' must be > 0"),
         ("grpo", "GRPOConfig", "judge.concurrency", 0, "'judge.concurrency' must be >= 1, got 0"),
     ],
@@ -321,7 +327,7 @@ def test_numeric_settings_out_of_range_name_the_file_line_and_key(
     config_class = getattr(importlib.import_module(script), schema)
     required = {
         "sft": "model: m\ndata: d\n",
-        "reward_model": "model: m\npairs: p\n",
+        "reward_models.content_rm": "model: m\npairs: p\n",
         "grpo": "output_dir: o\ntrain_data: [t]\nmodel:\n  path: m\n",
     }
     path = tmp_path / "c.yaml"
@@ -365,19 +371,23 @@ def _dotted_keys(mapping, prefix=""):
 
 
 @pytest.mark.parametrize(
-    "script, config",
+    "scripts, config",
     [
-        ("grpo.py", "clue_qwen3_5_9b.yaml"),
-        ("sft.py", "sft_example.yaml"),
-        ("grpo.py", "care_qwen2_5_7b.yaml"),
+        (["grpo.py"], "clue_qwen3_5_9b.yaml"),
+        (["sft.py"], "sft_example.yaml"),
+        (["grpo.py", "dialogue/rl.py"], "care_qwen2_5_7b.yaml"),  # an extension: its own and grpo's
+        (["grpo.py", "reward_models/social_r1.py"], "social_r1_qwen3_8b.yaml"),
     ],
 )
-def test_the_reference_lists_every_key_a_shipped_config_sets_in_its_scripts_section(script, config):
+def test_the_reference_lists_every_key_a_shipped_config_sets_in_its_scripts_section(
+    scripts, config
+):
     from tools import config_reference
 
     sections = config_reference.PAGE.read_text(encoding="utf-8").split("\n## ")
-    (section,) = [s for s in sections if s.startswith(script + "\n")]
-    listed = set(re.findall(r"^\| `([^`]+)` \|", section, re.MULTILINE))
+    mine = [s for s in sections if s.split("\n")[0] in scripts]
+    assert len(mine) == len(scripts)
+    listed = {k for s in mine for k in re.findall(r"^\| `([^`]+)` \|", s, re.MULTILINE)}
     raw = yaml.safe_load((REPO / "configs" / config).read_text())
     assert set(_dotted_keys(raw)) <= listed, set(_dotted_keys(raw)) - listed
 

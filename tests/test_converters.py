@@ -647,13 +647,13 @@ def test_a_failed_write_leaves_nothing_behind(tmp_path):
 def test_stats_names_a_bad_tokenizer_path(tmp_path):
     path = tmp_path / "in.jsonl"
     path.write_text(GOOD_LINE + "\n")
-    result = run_cli("dataset.py", "stats", path, "--tokenizer", tmp_path / "absent")
+    result = run_cli("dataset", "stats", path, "--tokenizer", tmp_path / "absent")
     assert (result.returncode, result.stderr) == (
         2,
         f"error: {tmp_path / 'absent'}: not a readable tokenizer.json: No such file or directory "
         f"(os error 2)\n",
     )
-    result = run_cli("dataset.py", "stats", path, "--tokenizer", path)
+    result = run_cli("dataset", "stats", path, "--tokenizer", path)
     assert result.returncode == 2 and result.stderr.startswith(
         f"error: {path}: not a readable tokenizer.json: "
     )

@@ -36,7 +36,9 @@ from config import load_config
 from data import DataError
 from dialogue import evaluation as evaluate_dialogue
 from dialogue import play as dialogue
+from dialogue import rl as dialogue_rl
 from dialogue.play import DialogueSettings, PolicyTurn, Scenario, State
+from dialogue.rl import DialogueConfig
 from judge import CARE_RUBRIC_SYSTEM, JudgeConfig
 from judge_server import ACTION, SCRIPTED_USER, Faults, JudgeServer, rules_backend
 from rollout import Slot
@@ -485,7 +487,7 @@ def demo_cfg(base, url, *overrides):
             "rollout.max_new_tokens=8",
             *overrides,
         ],
-        grpo.GRPOConfig,
+        DialogueConfig,
     )
 
 
@@ -610,7 +612,7 @@ def test_turn_groups_share_one_rubric_per_state(base, monkeypatch):
                 "filtering.resamples=2",
                 "filtering.replacements=1",
             ],
-            grpo.GRPOConfig,
+            DialogueConfig,
         )
         source, _ = slots_of(cfg, ["p", "q"])
         groups, counts = grpo.collect_groups(
@@ -663,7 +665,7 @@ def test_trajectory_reward_against_a_hand_computation(monkeypatch):
                 f"reward.params={json.dumps(params)}",
                 "dialogue.max_turns=5",
             ],
-            grpo.GRPOConfig,
+            DialogueConfig,
         )
         groups = dialogue.sample_dialogue_groups(None, None, [scenario("p")], cfg, 0, {})
         grpo.score_groups(groups, cfg, dialogue.DialogueSampler(None, None, cfg).judge)
@@ -707,7 +709,7 @@ def test_a_judge_failing_mid_episode_makes_the_reward_none_not_a_crash(monkeypat
                     "filtering.resamples=1",
                     "dialogue.max_turns=3",
                 ],
-                grpo.GRPOConfig,
+                DialogueConfig,
             )
             source, slots = slots_of(cfg, ["p"])
             groups, counts = grpo.collect_groups(
@@ -725,7 +727,7 @@ def test_a_judge_failing_mid_episode_makes_the_reward_none_not_a_crash(monkeypat
         cfg = load_config(
             DEMO,
             [f"judge.base_url={judge_cfg.base_url}", "judge.retries=0", "filtering.enabled=false"],
-            grpo.GRPOConfig,
+            DialogueConfig,
         )
         groups = dialogue.sample_dialogue_groups(None, None, [scenario("p")], cfg, 0, {})
         grpo.score_groups(groups, cfg, dialogue.DialogueSampler(None, None, cfg).judge)
@@ -895,7 +897,7 @@ def load_config_dict(tmp_path, raw: dict):
 
 
 def test_paper_configs_carry_the_papers_settings():
-    emollm = load_config(REPO / "configs" / "emollm_qwen3_8b.yaml", [], grpo.GRPOConfig)
+    emollm = load_config(REPO / "configs" / "emollm_qwen3_8b.yaml", [], DialogueConfig)
     assert (emollm.lora.rank, emollm.lora.alpha, emollm.lora.dropout) == (16, 32, 0.1)
     assert (emollm.optim.lr, emollm.rollout.group_size, emollm.loss.beta, emollm.updates) == (
         1e-5,
@@ -917,7 +919,7 @@ def test_paper_configs_carry_the_papers_settings():
         and emollm.reward.name == "emollm"
     )
     assert grpo.lr_at(1, emollm.optim, 50) == grpo.lr_at(50, emollm.optim, 50) == 1e-5
-    care = load_config(REPO / "configs" / "care_qwen2_5_7b.yaml", [], grpo.GRPOConfig)
+    care = load_config(REPO / "configs" / "care_qwen2_5_7b.yaml", [], DialogueConfig)
     assert care.model.path.endswith("Qwen2.5-7B-Instruct") and care.reward.name == "care"
     assert (
         care.rollout.prompts_per_update,
@@ -932,7 +934,7 @@ def test_paper_configs_carry_the_papers_settings():
 @pytest.mark.parametrize("reward", ["emollm", "care"])
 def test_demo_config_trains_against_the_local_server(base, tmp_path, reward):
     with serving() as judge_cfg:
-        grpo.main(
+        dialogue_rl.main(
             [
                 str(DEMO),
                 f"model.path={base}",
@@ -980,14 +982,14 @@ def test_a_killed_dialogue_run_resumes_to_the_same_result(tmp_path, reward):
                 "lora.dropout=0.1",
             ]
 
-        grpo.main(argv("straight"))
+        dialogue_rl.main(argv("straight"))
         kill_after_checkpoint(argv("killed"), tmp_path / "killed", "ckpt-000001")
         assert CK.latest_checkpoint(tmp_path / "killed").name in (
             "ckpt-000001",
             "ckpt-000002",
             "ckpt-000003",
         )
-        grpo.main(argv("killed"))  # resume: auto
+        dialogue_rl.main(argv("killed"))  # resume: auto
     assert_same_run(tmp_path / "straight", tmp_path / "killed")
 
 
@@ -999,14 +1001,15 @@ def test_bad_dialogue_inputs_are_one_line(base, tmp_path, capsys):
     cases = [
         (
             ["reward.name=clue"],
-            "'dialogue': rewards emollm, emollm_turn, care train on role-played dialogues",
+            "'reward.name': a dialogue run trains emollm, emollm_turn, care, not clue "
+            "(single-turn rewards run with grpo.py)",
         ),
         ([f"train_data=[{bad}]"], f"{bad}:2: field 'initial_prompt': missing"),
         (["dialogue.lookahead=0"], "'dialogue.lookahead' must be >= 1, got 0"),
     ]
     for overrides, message in cases:
         with pytest.raises(SystemExit) as stop:
-            grpo.main(
+            dialogue_rl.main(
                 [str(DEMO), f"model.path={base}", f"output_dir={tmp_path / 'run'}", *overrides]
             )
         err = capsys.readouterr().err.strip()
@@ -1025,5 +1028,6 @@ def test_bad_dialogue_inputs_are_one_line(base, tmp_path, capsys):
     with pytest.raises(SystemExit):
         grpo.main([str(plain)])
     assert (
-        "they, and only they, need a 'dialogue' section (reward: emollm)" in capsys.readouterr().err
+        "'reward.name': emollm trains on role-played dialogues: run `python -m dialogue.rl`"
+        in capsys.readouterr().err
     )

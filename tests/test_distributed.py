@@ -23,7 +23,7 @@ def test_torch_release_reads_major_and_minor(version, release):
     assert D.torch_release(version) == release
 
 
-@pytest.mark.parametrize("script", ["sft", "grpo", "reward_model"])
+@pytest.mark.parametrize("script", ["sft", "grpo", "reward_models.content_rm"])
 def test_a_trainer_on_an_older_torch_stops_with_one_line(script):
     code = f"import torch; torch.__version__ = '2.8.1'; import {script}"
     done = subprocess.run(

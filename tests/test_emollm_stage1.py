@@ -14,10 +14,11 @@ import yaml
 from helpers import grpo_checkpoint as write_checkpoint
 from helpers import read_jsonl
 
-import grpo
 import model as M
 import sft
 from config import load_config
+from dialogue import rl as dialogue_rl
+from dialogue.rl import DialogueConfig
 from judge_server import JudgeServer, rules_backend
 from prepare import emollm_rows as E
 
@@ -453,7 +454,7 @@ def test_the_stage1_configs_hold_d1s_values():
     ]
     cpt_rows = E.parse_cli(E.EmoLLMData, [str(REPO / "configs/emollm_stage1_cpt_prepare.yaml")])
     assert [Path(p).name for p in cpt_rows.dialogues] == ["ESConv.json"]
-    rl = load_config(REPO / "configs/emollm_qwen3_8b.yaml", [], grpo.GRPOConfig)
+    rl = load_config(REPO / "configs/emollm_qwen3_8b.yaml", [], DialogueConfig)
     assert rl.model.path == arg.output_dir + "/merged"
 
 
@@ -485,7 +486,7 @@ def test_stage1_cpt_then_arg_sft_then_grpo_dialogue_demo_from_the_merged_model(
         stage1 = tmp_path / "sft" / "merged"
         # 3 rows by 2, twice
         assert [m["step"] for m in read_jsonl(tmp_path / "sft" / "metrics.jsonl")] == [1, 2, 3, 4]
-        grpo.main(
+        dialogue_rl.main(
             [
                 str(REPO / "configs/dialogue_demo.yaml"),
                 f"model.path={stage1}",
@@ -503,7 +504,7 @@ def test_stage1_cpt_then_arg_sft_then_grpo_dialogue_demo_from_the_merged_model(
     assert merged == M.load_tokenizer(stage1).family == family
 
 
-@pytest.mark.parametrize("case", ["objective clue", "lm without knowledge", "sft.py prepare"])
+@pytest.mark.parametrize("case", ["objective clue", "lm without knowledge"])
 def test_the_config_must_name_a_part_it_can_build(tmp_path, capsys, case):
     emollm = {"dialogues": [str(ESCONV)]} | (
         {} if case == "lm without knowledge" else {"knowledge": str(ECOK)}
@@ -517,11 +518,7 @@ def test_the_config_must_name_a_part_it_can_build(tmp_path, capsys, case):
         emollm=emollm,
     )
     with pytest.raises(SystemExit) as stop:
-        (
-            sft.main(["prepare", str(path)])
-            if case == "sft.py prepare"
-            else E.main([str(prep(path))])
-        )
+        E.main([str(prep(path))])
     err = capsys.readouterr().err
     assert (
         stop.value.code == 2
@@ -535,7 +532,6 @@ def test_the_config_must_name_a_part_it_can_build(tmp_path, capsys, case):
         "lm without knowledge": (
             rf"config error: {prep(path)}: 'knowledge': the CPT rows \(objective lm\)"
         ),
-        "sft.py prepare": r"`sft.py prepare` moved: run `python -m prepare.traces CFG`",
     }[case]
     assert re.match(expected, err), err
 

@@ -19,6 +19,7 @@ import evaluate as ev
 from config import load_config, open_log, read_log
 from data import DataError, Example, Turn
 from dataset import save_jsonl
+from dialogue import eqbench3
 from judge import JudgeConfig
 from judge_server import Faults, JudgeServer, rules_backend
 
@@ -1099,10 +1100,10 @@ def test_benchmark_table_has_the_judged_row_beside_the_accuracy_rows(
             ],
         }
         (tmp_path / "bench.yaml").write_text(json.dumps(config))
-        ev.main([str(tmp_path / "bench.yaml")])
+        eqbench3.main([str(tmp_path / "bench.yaml")])
         printed = capsys.readouterr().out
         journal = (tmp_path / "out" / "roleplay.jsonl").read_text()
-        ev.main([str(tmp_path / "bench.yaml")])  # resumes: nothing left to play or ask
+        eqbench3.main([str(tmp_path / "bench.yaml")])  # resumes: nothing left to play or ask
         assert capsys.readouterr().out.count("role-play:") == 0
     assert (tmp_path / "out" / "roleplay.jsonl").read_text() == journal
     table = (tmp_path / "out" / "table.md").read_text()
@@ -1163,7 +1164,7 @@ def test_a_benchmark_whose_judge_fails_stops_after_journaling_and_writes_no_tabl
         }
         (tmp_path / "bench.yaml").write_text(json.dumps(config))
         with pytest.raises(SystemExit) as stop:
-            ev.main([str(tmp_path / "bench.yaml")])
+            eqbench3.main([str(tmp_path / "bench.yaml")])
         out = tmp_path / "out"
         err = capsys.readouterr().err
         assert stop.value.code == 2 and err.startswith(
@@ -1172,7 +1173,7 @@ def test_a_benchmark_whose_judge_fails_stops_after_journaling_and_writes_no_tabl
         )
         assert len(read_log(out / "rubric.jsonl", ValueError)) == 5  # 3 scenarios x 2 runs - 1
         assert not (out / "eval.json").exists() and not (out / "table.md").exists()
-        ev.main([str(tmp_path / "bench.yaml")])
+        eqbench3.main([str(tmp_path / "bench.yaml")])
     assert len(calls) == 6 and len(read_log(out / "rubric.jsonl", ValueError)) == 6
     assert "| EQBench3 | 3 |" in (out / "table.md").read_text()
 
@@ -1182,13 +1183,17 @@ def test_a_judged_set_takes_no_task_and_needs_the_benchmark_table():
 
     judged = ev.EvalSet("EQBench3", str(EQBENCH3), kind="eqbench3")
     ok = ev.EvalConfig("out", [judged], checkpoint="ckpt", report="accuracy")
-    ev.check_config(ok)
+    kinds = {"eqbench3": eqbench3.EQBENCH3}
+    ev.check_config(ok, kinds)
     for cfg in (
         dataclasses.replace(ok, report="f1"),
         dataclasses.replace(ok, sets=[dataclasses.replace(judged, task="tom_mc")]),
     ):
         with pytest.raises(ConfigError, match="a kind eqbench3 set takes no 'task'"):
-            ev.check_config(cfg)
+            ev.check_config(cfg, kinds)
+    # evaluate.py alone scores its own kind: the judged one goes through its extension
+    with pytest.raises(ConfigError, match="evaluate.py scores kind examples, not 'eqbench3'"):
+        ev.check_config(ok, {})
 
 
 def test_a_served_policy_plays_the_scripted_turns_and_resumes_after_a_failed_request(tmp_path):
@@ -1220,12 +1225,12 @@ def test_a_served_policy_plays_the_scripted_turns_and_resumes_after_a_failed_req
         }
         (tmp_path / "bench.yaml").write_text(json.dumps(config))
         with pytest.raises(SystemExit) as stop:
-            ev.main([str(tmp_path / "bench.yaml")])
+            eqbench3.main([str(tmp_path / "bench.yaml")])
         assert stop.value.code == 2
         kept = (tmp_path / "out" / "roleplay.jsonl").read_text().splitlines()
         assert len(kept) == 4  # three first turns and one of the two second turns
         first = len(chats)
-        ev.main([str(tmp_path / "bench.yaml")])
+        eqbench3.main([str(tmp_path / "bench.yaml")])
     assert len(chats) == first + 1  # only the missing turn is asked again
     records = [json.loads(line) for line in (tmp_path / "out" / "roleplay.jsonl").open()]
     assert sorted((r["id"], r["turn"]) for r in records) == [

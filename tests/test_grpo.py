@@ -44,9 +44,11 @@ import rewards
 import rollout
 import train as T
 from config import MetricsWriter, load_config
+from dialogue.rl import DialogueConfig
 from judge import SIP_REFERENCE_SYSTEM, SIP_STAGES, parse_sip_reference
 from judge_server import Faults, JudgeServer, rules_backend
 from prepare import references
+from reward_models import social_r1 as social_r1_rl
 
 REPO = Path(__file__).resolve().parents[1]
 METRIC_KEYS = [
@@ -102,7 +104,7 @@ def test_group_advantages_population_std_for_emollm():
     )
     unbiased = grpo.group_advantages([0.0, 0.0, 0.0, 1.0], 4, eps=0.0)
     torch.testing.assert_close(unbiased, torch.tensor([-0.5, -0.5, -0.5, 1.5]))
-    emollm = load_config(REPO / "configs" / "emollm_qwen3_8b.yaml", [], grpo.GRPOConfig)
+    emollm = load_config(REPO / "configs" / "emollm_qwen3_8b.yaml", [], DialogueConfig)
     clue = load_config(REPO / "configs" / "clue_qwen3_5_9b.yaml", [], grpo.GRPOConfig)
     assert (emollm.loss.adv_std, clue.loss.adv_std) == ("population", "unbiased")
     example = data.Example("e", "meld_emotion", [data.Turn("A", "hi")], 0, ["joy"])
@@ -275,9 +277,8 @@ def test_social_r1_weight_reaches_one_plus_gamma_at_the_last_update(assets):
             "rollout.group_size=2",
             "rollout.max_new_tokens=2",
         ],
-        grpo.GRPOConfig,
+        social_r1_rl.SocialR1Config,
     )
-    cfg.content_model = None  # the rollouts' step counts only: no reward model loaded
     policy, tok = grpo.build_policy(cfg, D.Ranks(0, 1, torch.device("cpu")))
     story = data.Example(
         "s",
@@ -1089,13 +1090,16 @@ def test_convert_prepare_references_then_a_social_r1_run(tmp_path, assets):
             "rollout.prompts_per_update=2",
             "rollout.group_size=2",
             "finetune=lora",
-            "content_model=null",  # the config's LoRA variant with the prompted judge
             "rollout.max_new_tokens=4",
             "loss.micro_batch_size=4",
             f"judge.base_url={server.url}",
             "judge.retries=0",
         ]
-        config = str(REPO / "configs" / "social_r1_qwen3_8b.yaml")
+        # the config without its content RM: R_content from the prompted judge and the references
+        raw = yaml.safe_load((REPO / "configs" / "social_r1_qwen3_8b.yaml").read_text())
+        del raw["content_model"]
+        config = tmp_path / "prompted.yaml"
+        config.write_text(yaml.safe_dump(raw))
         prep = [
             str(REPO / "configs" / "social_r1_qwen3_8b_prepare.yaml"),
             f"examples={gold}",
@@ -1121,7 +1125,7 @@ def test_convert_prepare_references_then_a_social_r1_run(tmp_path, assets):
             "Response: the response of the story",
             "Answer: F",
         ]
-        grpo.main([config, *overrides])
+        grpo.main([str(config), *overrides])
     (record,) = read_jsonl(tmp_path / "run" / "metrics.jsonl")
     # every R_content was scored against the reference the prepare step wrote (0.1 without one)
     assert record["step"] == 1 and record["rewards/R_content/mean"] == pytest.approx(0.7)

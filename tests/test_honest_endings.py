@@ -17,6 +17,7 @@ import evaluate as ev
 import grpo
 import model as M
 import rewards
+from dialogue import rl as dialogue_rl
 from judge_server import JudgeServer, UnsupportedRequest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -239,7 +240,7 @@ def test_a_dialogue_runs_simulator_nobody_serves_stops_the_run_before_any_model_
         f"dialogue.simulator={{base_url: {url}, retries: 0, backoff: 0.01}}",
     ]
     with pytest.raises(SystemExit) as stop:
-        grpo.main(argv)
+        dialogue_rl.main(argv)
     assert stop.value.code == 2
     assert capsys.readouterr().err == (
         f"error: 'dialogue.simulator': asked once before the run: judge at {url}/chat/"

@@ -390,12 +390,11 @@ def test_a_port_out_of_range_is_a_usage_error(port, capsys):
 
 
 def test_a_broken_reward_model_folder_is_one_line(tmp_path, capsys):
-    import judge_server
     from reward_models import content_rm as reward_model
 
     (tmp_path / "reward_model.json").write_text('{"max_length": 64}')
     with pytest.raises(SystemExit) as stop:
-        judge_server.main(["--backend", "reward_model", "--model", str(tmp_path)])
+        reward_model.main(["serve", "--model", str(tmp_path)])
     error = capsys.readouterr().err.strip()
     assert stop.value.code == 2 and "\n" not in error
     assert error.endswith("reward_model.json: field 'base_model': missing or not a str")
@@ -421,63 +420,63 @@ DEAD = "http://127.0.0.1:9/v1"  # nothing listens there
     "script, config, argv, expected",
     [
         (
-            "rubric_generator targets",
+            "reward_models.rubric_generator targets",
             "targets: {{turns: {tmp}/ex.jsonl, out: {tmp}}}\n",
             [],
             "'targets.out': {tmp} is a folder; name the file to write",
         ),
         (
-            "rubric_generator targets",
+            "reward_models.rubric_generator targets",
             "targets: {{turns: {tmp}/ex.jsonl, out: {tmp}/t.jsonl, journal: {tmp}}}\n",
             [],
             "'targets.journal': {tmp} is a folder; name the file to write",
         ),
         (
-            "rubric_generator examples",
+            "reward_models.rubric_generator examples",
             "rl: {{pairs: {tmp}/ex.jsonl, out: {tmp}}}\n",
             [],
             "'rl.out': {tmp} is a folder; name the file to write",
         ),
         (
-            "rubric_generator care_winrate",
+            "reward_models.rubric_generator care_winrate",
             "winrate: {{pairs: {tmp}/ex.jsonl, output_dir: {tmp}/ex.jsonl}}\n",
             [],
             "'winrate.output_dir': {tmp}/ex.jsonl/winrate.json cannot be written",
         ),
         (
-            "reward_model pairs",
+            "reward_models.content_rm pairs",
             "model: m\npairs: p\nbuild:\n  examples: {tmp}/ex.jsonl\n  out: {tmp}/pairs.jsonl\n"
             "  rollouts: [{{step: 1, path: {tmp}/ids.jsonl}}]\n",
             [],
             "ids.jsonl:1: field 'id': ['a'] is not an example of",
         ),
         (
-            "reward_model pairs",
+            "reward_models.content_rm pairs",
             "model: m\npairs: p\nbuild:\n  examples: {tmp}/ex.jsonl\n  out: {tmp}\n",
             [],
             "'build.out': {tmp} is a folder; name the file to write",
         ),
         (
-            "prepare_references",
+            "prepare.references",
             "out: {tmp}/train.jsonl\n",
             [],
             "c.yaml: missing required key 'examples'",
         ),
         (
-            "prepare_references",
+            "prepare.references",
             "examples: {tmp}/absent.jsonl\nout: {tmp}/train.jsonl\n",
             [],
             "absent.jsonl: no such data file",
         ),
         (
-            "emollm_data",
+            "prepare.emollm_rows",
             f"out: {{tmp}}/arg.jsonl\nobjective: target\nmodel: m\n"
             f"dialogues: [{ESCONV}, {ESCONV}]\nteacher: {{{{base_url: '{DEAD}'}}}}\n",
             [],
             "esconv.json:2: field 'id': 'esconv-0' appears twice",
         ),
         (
-            "emollm_data",
+            "prepare.emollm_rows",
             f"out: {{tmp}}/arg.jsonl\nobjective: target\nmodel: m\ndialogues: [{ESCONV}]\n",
             ["share=0"],
             "override 'share=0': 'share' must be > 0 and <= 1, got 0",

@@ -449,10 +449,13 @@ def test_rules_backend_cause_verdicts_and_unsupported_prompts():
         texts, stats = judge.chat_many(calls, cfg)
     assert judge.parse_cause_verdict(texts[0]) is True  # quotes turn [2] where it names the emotion
     assert judge.parse_cause_verdict(texts[1]) is False  # turn [1] is quoted, but not as a reason
-    assert (
-        texts[2] is None
-        and "only the IU_G, cause, CARE and dialogue/play.py prompts" in stats["errors"][2]
-    )
+    # a judge of judge.JUDGES the stand-in has no rule for: refused, naming it
+    assert texts[2] is None and "has no rule for the judge 'sip_structure'" in stats["errors"][2]
+    with serving() as server:
+        texts, stats = judge.chat_many(
+            [judge.JudgeCall([{"role": "user", "content": "Grade this essay."}], 8)], config(server)
+        )
+    assert texts == [None] and "only the prompts of judge.JUDGES" in stats["errors"][0]
 
 
 def test_cause_request_numbers_the_visible_turns_and_marks_the_target():

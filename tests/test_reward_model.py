@@ -609,7 +609,7 @@ def structure_judge(messages, params):
 def test_social_r1_takes_r_content_from_the_trained_rm_in_a_grpo_run(tmp_path, mode):
     from helpers import grpo_checkpoint, read_jsonl, run_config, write_examples
 
-    import grpo
+    from reward_models import social_r1
 
     # no references
     base, examples = grpo_checkpoint(tmp_path / "base"), write_examples(tmp_path / "train.jsonl")
@@ -635,7 +635,7 @@ def test_social_r1_takes_r_content_from_the_trained_rm_in_a_grpo_run(tmp_path, m
             content_model=rm,
             filtering={"enabled": False},
         )
-        grpo.main([str(config)])
+        social_r1.main([str(config)])
     by_id = {e.id: e for e in RM.load_jsonl(examples)}
     records = read_jsonl(tmp_path / "run" / "completions.jsonl")
     assert len(records) == 2 * 2 * 4 and all(r["R_struct"] == 1.0 for r in records)
@@ -654,7 +654,7 @@ def test_social_r1_takes_r_content_from_the_trained_rm_in_a_grpo_run(tmp_path, m
 def test_a_content_model_is_for_social_r1_only_and_must_exist(tmp_path, capsys):
     from helpers import run_config, write_examples
 
-    import grpo
+    from reward_models import social_r1
 
     examples = write_examples(tmp_path / "train.jsonl")
     for overrides, message in [
@@ -669,6 +669,6 @@ def test_a_content_model_is_for_social_r1_only_and_must_exist(tmp_path, capsys):
     ]:
         config = run_config(tmp_path, (tmp_path, examples), "http://127.0.0.1:9/v1", **overrides)
         with pytest.raises(SystemExit) as stop:
-            grpo.main([str(config)])
+            social_r1.main([str(config)])
         err = capsys.readouterr().err.strip()
         assert stop.value.code == 2 and len(err.splitlines()) == 1 and message in err, err

@@ -382,7 +382,9 @@ def test_the_generator_rl_config_and_the_care_run_point_at_each_other():
     )
     data = G.parse_cli(G.GeneratorDataConfig, [str(root / "care_generator_data.yaml")])
     assert rl.train_data == [data.rl.out]
-    care = load_config(root / "care_qwen2_5_7b.yaml", [], grpo.GRPOConfig)
+    from dialogue.rl import DialogueConfig
+
+    care = load_config(root / "care_qwen2_5_7b.yaml", [], DialogueConfig)
     # the same served generator
     assert care.dialogue.rubric_judge.model == data.winrate.generator.model
 

@@ -9,8 +9,6 @@ from pathlib import Path
 
 import pytest
 
-import grpo
-import sft
 import teacher
 from judge import JudgeCall, JudgeConfig, JudgeError
 from judge_server import Faults, JudgeServer
@@ -123,13 +121,3 @@ def test_a_file_that_is_not_a_journal_stops_with_its_line(tmp_path):
     journal.write_text('{"key": "k", "value": "v"}\nnot json\n{"key": "k2", "value": "v"}\n')
     with pytest.raises(JudgeError, match=r"journal.jsonl:2: not valid JSON"):
         teacher.load_journal(journal)
-
-
-@pytest.mark.parametrize(
-    "script, pointer", [(sft, "prepare/traces.py CFG"), (grpo, "prepare/references.py CFG")]
-)
-def test_the_old_prepare_commands_point_to_the_new_scripts(tmp_path, capsys, script, pointer):
-    with pytest.raises(SystemExit) as stop:
-        script.main(["prepare", str(tmp_path / "x.yaml")])
-    err = capsys.readouterr().err
-    assert stop.value.code == 2 and len(err.strip().splitlines()) == 1 and pointer in err, err

@@ -16,11 +16,13 @@ import types
 import typing
 from pathlib import Path
 
-PAGE = Path(__file__).resolve().parent / "docs" / "config-reference.md"
-# script -> the schema its parse_cli reads
+PAGE = Path(__file__).resolve().parents[1] / "docs" / "config-reference.md"
+# script -> the schema its parse_cli reads (a script in a folder runs as `python -m folder.script`)
 SCRIPTS = {
     "sft.py": "SFTConfig",
     "grpo.py": "GRPOConfig",
+    "dialogue/rl.py": "DialogueConfig",
+    "reward_models/social_r1.py": "SocialR1Config",
     "reward_models/content_rm.py": "RMConfig",
     "prepare/traces.py": "PrepareConfig",
     "prepare/references.py": "ReferenceSettings",
@@ -100,12 +102,12 @@ def default_text(field) -> str:
     return f"`{json.dumps(value, ensure_ascii=False)}`"
 
 
-def rows(schema, prefix: str = "") -> list[tuple[str, str, str, str, str]]:
-    """(key, type, default, range, note) of every key of `schema`, sections followed by their
-    keys."""
+def rows(schema, prefix: str = "", skip=()) -> list[tuple[str, str, str, str, str]]:
+    """(key, type, default, range, note) of every key of `schema` but the fields `skip` names,
+    sections followed by their keys."""
     hints, notes = typing.get_type_hints(schema), field_comments(schema)
     out = []
-    for field in (f for f in dataclasses.fields(schema) if f.init):
+    for field in (f for f in dataclasses.fields(schema) if f.init and f.name not in skip):
         key, tp = prefix + field.name, hints[field.name]
         bounds, inner = field.metadata.get("bounds"), nested_schema(tp)
         note = notes.get(field.name) or (class_comment(inner) if inner else "")
@@ -115,6 +117,11 @@ def rows(schema, prefix: str = "") -> list[tuple[str, str, str, str, str]]:
     return out
 
 
+def anchor(script: str) -> str:
+    """The page's link target of a script's section (GitHub's: punctuation dropped)."""
+    return script.replace(".", "").replace("/", "")
+
+
 def cell(text: str) -> str:
     return text.replace("|", "\\|")
 
@@ -122,23 +129,32 @@ def cell(text: str) -> str:
 def page() -> str:
     parts = [
         "# Config reference\n\n"
-        "Every key each script's config takes (`python X.py config.yaml [key=value ...]`),\n"
+        "Every key each script's config takes (`python X.py config.yaml [key=value ...]`, a\n"
+        "script in a folder as `python -m folder.X`),\n"
         "with its type, default, range and the note its dataclass gives: the paper section a\n"
         "value comes from, or why it was chosen. Generated from the schemas by\n"
         "`python -m tools.config_reference`; do not edit by hand. How configs are read and\n"
         "checked: [configs.md](configs.md).\n"
     ]
-    for script, name in SCRIPTS.items():
-        schema = getattr(importlib.import_module(script.removesuffix(".py")), name)
+    schemas = {
+        script: getattr(importlib.import_module(script.removesuffix(".py").replace("/", ".")), name)
+        for script, name in SCRIPTS.items()
+    }
+    for script, schema in schemas.items():
+        name = schema.__name__
         doc = schema.__doc__ or ""
         doc = "" if doc.startswith(f"{name}(") else " ".join(doc.split())  # dataclass's own
+        # an extension's config: its parent script's keys, and its own
+        parent = next((s for s, base in schemas.items() if base in schema.__mro__[1:]), None)
+        inherited = [f.name for f in dataclasses.fields(schemas[parent])] if parent else []
+        also = f" Every key of [{parent}](#{anchor(parent)}), and:" if parent else ""
         parts.append(
-            f"\n## {script}\n\n`{name}`. {doc}".rstrip()
+            f"\n## {script}\n\n`{name}`. {doc}{also}".rstrip()
             + "\n\n| key | type | default | range | note |\n|---|---|---|---|---|\n"
         )
         parts += [
             f"| `{key}` | {cell(tp)} | {cell(default)} | {cell(bounds)} | {cell(note)} |\n"
-            for key, tp, default, bounds, note in rows(schema)
+            for key, tp, default, bounds, note in rows(schema, skip=inherited)
         ]
     return "".join(parts)
 
