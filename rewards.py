@@ -361,10 +361,10 @@ def social_r1_reference_free(rollout, cfg):
 
 # ----------------------------------------------------------------------------- EmoLLM
 
-# What EmoLLM's turn judge (dialogue_judges.turn_scores_request) rates, with each
+# What EmoLLM's turn judge (judge.turn_scores_request) rates, with each
 # score's range: cognitive reliability, the ARG trace's quality and the plausibility
 # of the predictor's reverse-perspective forecast (1-5), and overthinking (0 none, 1
-# some, 2 heavy). dialogue_judges.parse_turn_scores reads exactly these.
+# some, 2 heavy). judge.parse_turn_scores reads exactly these.
 EMOLLM_TERMS = ("R_cog", "R_ARG", "R_RP", "R_overthink")
 
 

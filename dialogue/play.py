@@ -385,7 +385,7 @@ def play(
     return episodes, stats
 
 
-# -------------------------------------------------------- training groups (grpo.py's dialogue mode)
+# ---------------------------------------------------------- training groups (dialogue/rl.py's runs)
 
 
 def turn_rollout(state: State, turn: PolicyTurn) -> rewards.Rollout:

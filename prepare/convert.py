@@ -8,7 +8,7 @@ checked by dataset.py's schema.
 
 EmpatheticDialogues, MSDialog, MedDialog-EN and ICLR's OpenReview review threads become dialogues
 in ESConv's layout for EmoLLM's Stage I (prepare/emollm_rows.py), or with --seeds the scenario
-seeds of grpo.py's dialogue mode.
+seeds of dialogue/rl.py's runs.
 
 A local Hugging Face dataset (`hf`: a save_to_disk folder, parquet or JSON lines) converts with a
 column mapping, `--column FIELD=COLUMN` and `--value FIELD=VALUE` (the optional `datasets` package).
@@ -842,7 +842,7 @@ def convert_mmlu(path) -> list[Example]:
 
 # EmpatheticDialogues, MSDialog, MedDialog and ICLR reviews (EmoLLM's SFT/RL sources): dialogues in
 # ESConv's layout, which prepare/emollm_rows.py reads, or scenario seeds for grpo.py's
-# dialogue mode (`--seeds`). Each dialogue: {"id", "situation"?, "problem_type"?,
+# dialogue runs (`--seeds`). Each dialogue: {"id", "situation"?, "problem_type"?,
 # "emotion_type"?, "dialog": [{"speaker": "seeker" | "supporter", "content"}]}.
 _ED_COLUMNS = ["conv_id", "utterance_idx", "context", "prompt", "speaker_idx", "utterance"]
 

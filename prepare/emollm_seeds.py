@@ -1,5 +1,5 @@
 """EmoLLM's scenario seeds (C.2, C.3): a teacher model summarizes each dialogue into the seed an
-episode of grpo.py's dialogue mode or dialogue/evaluation.py starts from.
+episode of dialogue/rl.py or dialogue/evaluation.py starts from.
 
     python -m prepare.emollm_seeds configs/emollm_seeds_prepare.yaml [key=value ...]  # -> seeds
 

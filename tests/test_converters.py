@@ -727,7 +727,7 @@ def test_empathetic_dialogues_and_msdialog_become_esconv_layout_dialogues_and_se
             ).returncode
             == 0
         )
-        assert len(dialogue.load_scenarios(seeds)) == n  # what grpo.py's dialogue mode reads
+        assert len(dialogue.load_scenarios(seeds)) == n  # what dialogue/rl.py reads
     [first, _] = dialogue.load_scenarios(tmp_path / "empathetic_dialogues.seeds.jsonl")
     assert first.scenario.endswith(
         "only us. You feel sentimental."

@@ -1,4 +1,4 @@
-"""dialogue/play.py and grpo.py's dialogue mode, against the local judge server over real HTTP:
+"""dialogue/play.py and dialogue/rl.py, against the local judge server over real HTTP:
 scenario seeds with located errors, the judges' parsers, episodes that end by the user or at the
 turn limit, reasoning that never reaches the simulator, one generate call and one simulator batch
 per turn, group shapes and advantages in both grouping modes, one CARE rubric per state, the
@@ -474,7 +474,7 @@ def test_context_is_cut_at_turn_boundaries_for_sampling_and_for_the_update(base)
     )
 
 
-# ----------------------------------------------------------------------------- grpo's dialogue mode
+# ------------------------------------------------------------------------ dialogue/rl.py's runs
 
 
 def demo_cfg(base, url, *overrides):

@@ -862,7 +862,7 @@ def test_a_full_grpo_run_on_two_ranks_resumes_after_sigkill_to_the_same_result(t
 
 @pytest.mark.parametrize("reward", ["emollm", "care"])
 def test_a_full_dialogue_run_on_two_ranks_trains_and_exports(tmp_path, reward):
-    """The dialogue mode (trajectory groups for emollm, turn groups for care) in full mode on 2
+    """dialogue/rl.py's runs (trajectory groups for emollm, turn groups for care) in full mode on 2
     ranks: both updates run, the weights move, and the exported model loads."""
     from helpers import DEMO
     from helpers import DIALOGUE_WORDS as WORDS
@@ -871,7 +871,8 @@ def test_a_full_dialogue_run_on_two_ranks_trains_and_exports(tmp_path, reward):
     base = write_grpo_checkpoint(tmp_path / "base", words=WORDS, hidden=16)
     with JudgeServer(rules_backend).start() as server:
         run = torchrun(
-            REPO / "grpo.py",
+            "-m",  # torchrun -m dialogue.rl
+            "dialogue.rl",
             DEMO,
             f"model.path={base}",
             f"output_dir={tmp_path / 'run'}",

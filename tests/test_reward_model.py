@@ -7,6 +7,7 @@ failed calls), and one-line errors for bad pair files."""
 import hashlib
 import json
 import math
+import os
 import random
 import re
 import signal
@@ -172,8 +173,9 @@ def test_a_killed_rm_run_resumes_to_the_same_model_as_a_run_never_stopped(checkp
         }
         (folder / "rm.yaml").write_text(json.dumps(raw))  # JSON is YAML
         process = subprocess.Popen(
-            [sys.executable, str(REPO / "reward_models/content_rm.py"), str(folder / "rm.yaml")],
+            [sys.executable, "-m", "reward_models.content_rm", str(folder / "rm.yaml")],
             cwd=tmp_path,
+            env=os.environ | {"PYTHONPATH": str(REPO)},
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
         )

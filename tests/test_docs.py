@@ -1,0 +1,93 @@
+"""The commands the docs give run what they name: every `python X.py`, `python -m pkg.mod` and
+`torchrun ... X.py | -m pkg.mod` in README.md, docs/, the configs' comments and the scripts'
+docstrings names a script or module of this repository, and every repository file a doc links to
+exists (a file that moved would otherwise leave a command that fails)."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+DOCS = [
+    REPO / "README.md",
+    *sorted((REPO / "docs").glob("*.md")),
+    *sorted((REPO / "configs").glob("*.yaml")),
+    *sorted(p for p in REPO.glob("*.py")),
+    *sorted(p for p in REPO.glob("*/*.py") if p.parent.name != "tests"),
+]
+# `python X.py`, `python -m a.b`, `torchrun [options] X.py` / `torchrun [options] -m a.b`
+COMMAND = re.compile(
+    r"(?:\bpython3?|\btorchrun(?:\s+--?[\w-]+(?:[ =](?!-m\b)[^\s-][^\s]*)?)*)\s+"
+    r"(?:-m\s+(?P<module>[A-Za-z_][\w.]*)|(?P<script>[\w/.-]+\.py)\b)"
+)
+OUTSIDE = {"pytest", "pip", "venv", "vllm.entrypoints.openai.api_server", "torch.distributed.run"}
+PLACEHOLDERS = {"folder.X", "folder.script"}  # how a docstring names the pattern
+
+
+def targets(text: str):
+    for match in COMMAND.finditer(text):
+        if match.group("module"):
+            yield "module", match.group("module")
+        else:
+            yield "script", match.group("script")
+
+
+@pytest.mark.parametrize("path", DOCS, ids=lambda p: str(p.relative_to(REPO)))
+def test_every_command_names_a_script_or_module_that_exists(path):
+    text = path.read_text(encoding="utf-8")
+    missing = []
+    for kind, name in targets(text):
+        if kind == "module":
+            if name.split(".")[0] in OUTSIDE or name in OUTSIDE | PLACEHOLDERS:
+                continue
+            parts = name.split(".")
+            found = (REPO / Path(*parts)).with_suffix(".py").is_file() or (
+                REPO / Path(*parts) / "__init__.py"
+            ).is_file()
+        else:
+            found = (REPO / name).is_file() or name.startswith(("path/", "X.py", "script"))
+        if not found:
+            missing.append(f"{kind} {name}")
+    assert not missing, f"{path.relative_to(REPO)}: {sorted(set(missing))}"
+
+
+def test_every_markdown_link_to_a_file_of_the_repository_exists():
+    broken = []
+    for doc in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", doc.read_text(encoding="utf-8")):
+            if "://" in target or target.startswith("mailto:"):
+                continue
+            if not (doc.parent / target).exists():
+                broken.append(f"{doc.relative_to(REPO)} -> {target}")
+    assert not broken, broken
+
+
+# a command with a shipped config: `python X.py configs/C.yaml`, `... -m a.b configs/C.yaml`
+WITH_CONFIG = re.compile(
+    r"(?:\bpython3?|\btorchrun(?:\s+--?[\w-]+(?:[ =](?!-m\b)[^\s-][^\s]*)?)*)\s+"
+    r"(?:-m\s+(?P<module>[A-Za-z_][\w.]*)|(?P<script>[\w/.-]+\.py))\s+(?P<config>configs/[\w.-]+\.yaml)"
+)
+
+
+def test_every_documented_config_loads_against_the_schema_of_the_script_it_is_given_to():
+    """A config given to the wrong entry point (a dialogue config to grpo.py) stops at its first
+    key: each documented pair is loaded here as its script loads it (overrides aside)."""
+    import importlib
+
+    from config import ConfigError, load_config
+    from tools.config_reference import SCRIPTS
+
+    wrong, checked = [], 0
+    for path in DOCS:
+        for match in WITH_CONFIG.finditer(path.read_text(encoding="utf-8")):
+            script = match.group("script") or match.group("module").replace(".", "/") + ".py"
+            if script not in SCRIPTS:
+                continue
+            module = importlib.import_module(script.removesuffix(".py").replace("/", "."))
+            try:
+                load_config(REPO / match.group("config"), [], getattr(module, SCRIPTS[script]))
+                checked += 1
+            except ConfigError as e:
+                wrong.append(f"{path.relative_to(REPO)}: {script} {match.group('config')}: {e}")
+    assert checked > 20 and not wrong, wrong
