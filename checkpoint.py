@@ -51,7 +51,8 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 from config import atomic_write_text, read_metrics, resolved_config_text
 from distributed import Ranks, barrier, broadcast_parameters, is_distributed
 from fsdp import export_full, is_sharded
-from model import CheckpointError, Qwen, atomic_write, load_adapter, save_adapter
+from model import Qwen, atomic_write, load_adapter, save_adapter
+from tokenizer import CheckpointError
 from train import optimizer_parameters
 
 _CKPT = "ckpt-"

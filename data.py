@@ -710,6 +710,23 @@ def compact_prompt(task: Task, example: Example) -> str:
 
 # ----------------------------------------------------------------------------- completions
 
+
+def is_chat(value) -> bool:
+    """A chat as prompts carry it: a non-empty list of {"role": system / user / assistant,
+    "content": text} messages, no other key."""
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(
+            isinstance(m, dict)
+            and set(m) == {"role", "content"}
+            and m["role"] in ("system", "user", "assistant")
+            and isinstance(m["content"], str)
+            for m in value
+        )
+    )
+
+
 THINK_START, THINK_END = "<think>", "</think>"  # the reasoning's tags, defined here only
 _ANSWER_LINE = re.compile(r"^\s*answer\s*:(.*)$", re.IGNORECASE)
 

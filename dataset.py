@@ -25,6 +25,7 @@ from data import (
     Turn,
     count_tokens,
     get_task,
+    is_chat,
     label_completion,
     reject_json_constant,
     visible_turns,
@@ -137,18 +138,7 @@ def check_example(example: Example) -> Example:
             f"field 'target': task {task.name} analyzes the whole input; target must be null"
         )
     if task.own_prompt:  # a generation task: its prompt in meta.prompt, no labels
-        prompt = example.meta.get("prompt")
-        if not (
-            isinstance(prompt, list)
-            and prompt
-            and all(
-                isinstance(m, dict)
-                and set(m) == {"role", "content"}
-                and m["role"] in ("system", "user", "assistant")
-                and isinstance(m["content"], str)
-                for m in prompt
-            )
-        ):
+        if not is_chat(example.meta.get("prompt")):
             raise DataError(
                 f"field 'meta.prompt': task {task.name} needs its chat prompt, a list of {{role, "
                 f"content}}"

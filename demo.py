@@ -386,7 +386,7 @@ def evaluate_checkpoint(
     (rewards.RewardSpec), its judges asked over HTTP as `judge` (a judge.JudgeConfig) says. Returns
     (the means, one record per completion)."""
     import rewards
-    from data import count_tokens, get_task, split_completion
+    from data import count_tokens, get_task
     from evaluate import SamplingConfig, sample_completions
     from model import Qwen, load_tokenizer
     from verifier import extract_quotes, verify_quote
@@ -406,7 +406,7 @@ def evaluate_checkpoint(
             e,
             text,
             n_completion_tokens=len(tok.encode(text)),
-            n_reasoning_tokens=count_tokens(split_completion(text)[0], tok),
+            count_tokens=lambda reasoning: count_tokens(reasoning, tok),
         )
         for e, [text] in zip(examples, texts)
     ]

@@ -61,7 +61,7 @@ from data import (
 from dataset import load_jsonl
 from judge import JudgeCall, JudgeConfig, JudgeError, cause_request, chat_many, parse_cause_verdict
 from sampling import SamplingConfig, endpoint_config, sample_completions
-from tokenizer import CheckpointError
+from tokenizer import CheckpointError, load_tokenizer
 from verifier import extract_quotes, locate_quote
 
 COMPLETIONS, CAUSES, EVAL_JSON, TABLE, F1_FIGURE = (
@@ -484,8 +484,8 @@ def load_model(cfg: EvalConfig):
         net = qwen.Qwen.from_pretrained(cfg.checkpoint, dtype, device)
         for adapter in adapter_chain(cfg):
             qwen.merge_lora(qwen.load_adapter(net, adapter))
-        tok = qwen.load_tokenizer(tokenizer_path(cfg))
-    except qwen.CheckpointError as e:
+        tok = load_tokenizer(tokenizer_path(cfg))
+    except CheckpointError as e:
         raise EvalError(str(e)) from None
     if len(tok) > net.config.vocab_size:
         raise EvalError(

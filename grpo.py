@@ -38,6 +38,7 @@ frozen sharded reference; out: `model/`.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import sys
@@ -76,13 +77,11 @@ from fsdp import (
 from judge import JudgeAuthError, JudgeConfig, JudgeError
 from judge import probe as judge_probe
 from model import (
-    CheckpointError,
     Packing,
     Qwen,
     add_lora,
     add_special_tokens,
     load_adapter,
-    load_tokenizer,
     lora_disabled,
     merge_lora,
     save_merged,
@@ -97,6 +96,7 @@ from rollout import (
     rank_report,
     update_metrics,
 )
+from tokenizer import CheckpointError, load_tokenizer
 from train import (
     LoraSettings,
     Progress,
@@ -439,12 +439,12 @@ def filter_slots(
     return decisions
 
 
-def timed(counts: dict, key: str, fn, *args):
-    """`fn(*args)`, its seconds added to counts[key]: the steps' timing, kept out of the steps."""
+@contextlib.contextmanager
+def timer(counts: dict, key: str):
+    """The block's seconds added to counts[key]: the steps' timing, kept out of the steps."""
     start = time.perf_counter()
-    result = fn(*args)
+    yield
     counts[key] += time.perf_counter() - start
-    return result
 
 
 def count_calls(counts: dict, judge_stats: dict) -> None:
@@ -479,14 +479,8 @@ def collect_groups(
         "malformed": 0,
         "judge_error": None,  # the first failed call's reason, for unscored_stop's line
     }
-    slots = timed(
-        counts,
-        "generate_s",
-        sampler.open,
-        slots,
-        derived_seed(cfg.seed, "play", update, ranks.rank),
-        counts,
-    )
+    with timer(counts, "generate_s"):
+        slots = sampler.open(slots, derived_seed(cfg.seed, "play", update, ranks.rank), counts)
     pending = list(slots)
     rounds = 0
     while pending:
@@ -494,12 +488,14 @@ def collect_groups(
         fresh = [s for s in pending if s.group is None]  # a played state's first group is there
         if fresh:  # 1. sample
             examples = [s.example for s in fresh]
-            sampled = timed(counts, "generate_s", sampler.sample, examples, update, seed, counts)
+            with timer(counts, "generate_s"):
+                sampled = sampler.sample(examples, update, seed, counts)
             for slot, group in zip(fresh, sampled):
                 slot.group = group
                 slot.example = group.example  # a seed's state: its resamples share its rubric
         groups = [s.group for s in pending]
-        judge_stats = timed(counts, "judge_s", score_groups, groups, cfg, sampler.judge)  # 2. score
+        with timer(counts, "judge_s"):  # 2. score
+            judge_stats = score_groups(groups, cfg, sampler.judge)
         count_calls(counts, judge_stats)
         decisions = filter_slots(pending, source, cfg, update)  # 3. filter
         count_decisions(counts, decisions)
@@ -993,6 +989,20 @@ def train(cfg: GRPOConfig, examples: list, sampler_for=rollout_sampler) -> None:
         trim_log(out_dir / name, start, ranks)
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_ids[0]
     progress = Progress(cfg.updates, first_step=start)
+
+    def save(update: int, cursor, unscored_streak: int) -> None:
+        """The checkpoint of the state after `update` updates, exact resume's trainer state."""
+        trainer = {"update": update, "cursor": list(cursor), "unscored_streak": unscored_streak}
+        save_checkpoint(
+            out_dir,
+            update,
+            policy,
+            optimizer,
+            trainer,
+            cfg.rollout.prompts_per_update,
+            keep=cfg.keep_checkpoints,
+        )
+
     with (
         MetricsWriter(out_dir / "metrics.jsonl", cfg.report_to, cfg) as metrics_log,
         MetricsWriter(out_dir / "completions.jsonl") as completions_log,
@@ -1017,15 +1027,7 @@ def train(cfg: GRPOConfig, examples: list, sampler_for=rollout_sampler) -> None:
                     groups, counts = collect_groups(sampler, source, slots, cfg, update, ranks)
             # nothing of this update is trained: the checkpoint holds the state before it
             except RolloutError as e:
-                save_checkpoint(
-                    out_dir,
-                    update,
-                    policy,
-                    optimizer,
-                    {"update": update, "cursor": list(cursor)},
-                    cfg.rollout.prompts_per_update,
-                    keep=cfg.keep_checkpoints,
-                )
+                save(update, cursor, unscored_streak)
                 print0(
                     f"error: {e}\nstopped after update {update}: the rollouts failed; checkpoint "
                     f"saved, the same command resumes from {out_dir}",
@@ -1042,9 +1044,8 @@ def train(cfg: GRPOConfig, examples: list, sampler_for=rollout_sampler) -> None:
             )
             # 5-6. loss and step, `loss.passes` times
             # (policy_update: accumulate_loss, then optimizer_step)
-            trained = timed(
-                counts, "train_s", policy_update, policy, optimizer, batches, cfg, ranks, reference
-            )
+            with timer(counts, "train_s"):
+                trained = policy_update(policy, optimizer, batches, cfg, ranks, reference)
             reports = gather_json(rank_report(groups, counts, trained), ranks)
             metrics = update_metrics(reports, update + 1, lr, cfg.loss.beta)
             records = gather_json(
@@ -1071,19 +1072,7 @@ def train(cfg: GRPOConfig, examples: list, sampler_for=rollout_sampler) -> None:
             give_up = unscored_streak >= cfg.filtering.max_unscored_updates
             stopping = stop.requested(ranks.device)
             if done % cfg.save_every == 0 or done == cfg.updates or stopping or give_up:
-                save_checkpoint(
-                    out_dir,
-                    done,
-                    policy,
-                    optimizer,
-                    {
-                        "update": done,
-                        "cursor": list(source.cursor),
-                        "unscored_streak": unscored_streak,
-                    },
-                    cfg.rollout.prompts_per_update,
-                    keep=cfg.keep_checkpoints,
-                )
+                save(done, source.cursor, unscored_streak)
             if give_up:
                 print0(
                     f"error: {unscored_streak} updates in a row trained nothing (filtering."

@@ -5,18 +5,23 @@ simulator, the emotional state, EmoLLM's turn judge and predictor, the evaluatio
 small local OpenAI-compatible server for offline runs, tests and benchmarks in
 judge_server.py.
 
-Judges (builder -> parser -> parsed shape; `rewards.py` reads the parsed value from
-`rollout.judged[name]`):
+Every judge has a name in the table JUDGES (at the end of this file): its system prompt, and for
+a judge a reward reads about a single-turn rollout its request builder and strict parser:
 
-| name | builder | parser | parsed shape | |---|---|---|---| | `iu` | `iu_request` |
-`parse_iu_verdicts` | `list[int]`, J_j per block (1 = GAIN, 0 = NO_GAIN) | | `cause` |
-`cause_request` | `parse_cause_verdict` | `bool` (the reasoning uses turn k as a cause) | |
-`sip_structure` | `sip_structure_request` | `parse_sip_structure` | `float` in [0, 1] (SIP stages
-done in order) | | `sip_content` | `sip_content_request` | `parse_sip_content` | `float` in [0, 1]
-(SIP content against a reference) | | `sip_content_free` | `sip_content_request` |
-`parse_sip_content` | the same, against the conversation alone | | `care_rubric` |
-`care_rubric_request` | `parse_care_rubric` | `{dim: {"weight", "rationale"?, "criteria"}}` | |
-`care_scores` | `care_scores_request` | `parse_care_scores` | `{dim: [int 0-5 per criterion]}` |
+| judge | builder | parser | asked by |
+|---|---|---|---|
+| `iu` | `iu_request` | `parse_iu_verdicts` | rewards.judge_rollouts |
+| `sip_structure` | `sip_structure_request` | `parse_sip_structure` | rewards.judge_rollouts |
+| `sip_content`, `sip_content_free` | `sip_content_request` | `parse_sip_content` | judge_rollouts |
+| `care_chosen_scores`, `care_rejected_scores` | `care_scores_request` | `parse_care_scores` | " |
+| `user_turn` | `user_turn_request` | `parse_user_turn` | dialogue/play.py |
+| `emotional_state` | `emotional_state_request` | `parse_emotional_state` | dialogue/play.py |
+| `prediction` | `predictor_request` | `parse_prediction` | dialogue/play.py |
+| `turn_scores` | `turn_scores_request` | `parse_turn_scores` | dialogue/play.py |
+| `care_rubric` | `care_rubric_request` | `parse_care_rubric` | dialogue/play.py |
+| `care_scores` | `care_scores_request` | `parse_care_scores` | dialogue/play.py |
+| `turn_quality` | `turn_quality_request` | `parse_turn_quality` | dialogue/evaluation.py |
+| `cause` | `cause_request` | `parse_cause_verdict` | evaluate.py |
 
 Every parser returns None on any answer that is not exactly in its format: a missing judgement is
 reported as missing, never guessed. Conversation text, candidate reasoning and model output are

@@ -41,6 +41,7 @@ from judge import (
     SECTION_TAGS,
     user_ends_dialogue,
 )
+from tokenizer import load_tokenizer
 
 log = logging.getLogger("judge_server")
 # ----------------------------------------------------------------------- the local server: backends
@@ -381,7 +382,7 @@ class ModelBackend:
 
         self._generate = qwen.generate
         self.model = qwen.Qwen.from_pretrained(path, device=device)
-        self.tok = qwen.load_tokenizer(path)
+        self.tok = load_tokenizer(path)
         self.lock = threading.Lock()
 
     def __call__(self, messages: list[dict[str, str]], params: dict[str, Any]) -> str:

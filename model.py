@@ -30,9 +30,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from config import excerpt
-
-# load_tokenizer: re-exported
-from tokenizer import CheckpointError, QwenTokenizer, load_tokenizer, read_json  # noqa: F401
+from tokenizer import CheckpointError, QwenTokenizer, read_json
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")

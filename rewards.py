@@ -11,21 +11,25 @@ the reward needs is missing or malformed): the trainer resamples the group, it n
 
 Judge-backed rewards read already-parsed judge outputs from `rollout.judged`; `judge_rollouts` fills
 it for a batch of single-turn rollouts through judge.py, in one concurrent batch of HTTP calls
-(`dialogue.judge_groups` does the same for role-played dialogues: EmoLLM and CARE). A
+(dialogue/play.py's `judge_groups` does the same for role-played dialogues: EmoLLM and CARE). A
 trainer calls `check_reward_data(spec, examples)` at start-up: data a reward cannot use (Social-R1
 without reference analyses) stops the run there, with one line, instead of masking every group.
 
-| key | shape | used by | |---|---|---| | `iu` | list[int], 1 = GAIN / 0 = NO_GAIN per reasoning
-block | iu_g, clue | | `sip_structure` | float in [0, 1], SIP stage adherence | social_r1,
-social_r1_reference_free | | `sip_content` | float in [0, 1], SIP content against the reference
-analysis (or the content RM's score) | social_r1 | | `sip_content_free` | float in [0, 1], SIP
-content against the conversation alone | social_r1_reference_free | | `turn_scores` | {"cognitive",
-"trace", "lookahead": 1-5, "overthinking": 0-2} for one reply | emollm_turn, emollm | |
-`emotional_state` | int 1-5, the user's state in reply to the turn (an episode's: its opening
-message) | emollm | | `care_rubric` | {"cognitive" / "affective" / "proactive": {"weight": w,
-"criteria": [str, ...]}} | care | | `care_scores` | {"cognitive" / "affective" / "proactive": [int
-0-5 per criterion]} | care | | `care_chosen_scores`, `care_rejected_scores` | care_scores of a
-pair's replies, generated rubric | care_generator |
+The judges a reward declares (`@reward(judges=...)`; judge.JUDGES builds and parses each), and
+the parsed answer each leaves in `rollout.judged[name]`:
+
+| judge | parsed answer | declared by |
+|---|---|---|
+| `iu` | list[int]: J_j per reasoning block, 1 = GAIN, 0 = NO_GAIN | iu_g, clue |
+| `sip_structure` | float in [0, 1]: the SIP stages done in order | social_r1 (and _free) |
+| `sip_content` | float in [0, 1]: SIP content against the reference analysis | social_r1 |
+| `sip_content_free` | float in [0, 1]: SIP content against the conversation | ..._reference_free |
+| `prediction` | str: the predictor's forecast s^(n) after the reply | emollm_turn, emollm |
+| `turn_scores` | {"cognitive", "trace", "lookahead": 1-5, "overthinking": 0-2} | emollm(_turn) |
+| `emotional_state` | int 1-5: the user's state (an episode's: at its opening) | emollm |
+| `care_rubric` | {cognitive / affective / proactive: {"weight", "criteria"}} | care |
+| `care_scores` | {cognitive / affective / proactive: [int 0-5 per criterion]} | care |
+| `care_chosen_scores`, `_rejected_scores` | care_scores of a pair's two replies | care_generator |
 """
 
 from __future__ import annotations
@@ -65,12 +69,13 @@ class Rollout:
         example: data.Example,
         completion: str,
         *,
-        n_reasoning_tokens: int,
+        count_tokens: Callable[[str], int],
         n_completion_tokens: int,
         **rest,
     ) -> Rollout:
         """A rollout with its reasoning, blocks and answer parsed from the completion text
-        (data.py's rules; a multiple-choice answer is checked against the example's own options)."""
+        (data.py's rules; a multiple-choice answer is checked against the example's own options)
+        and T = count_tokens(reasoning)."""
         reasoning, _ = data.split_completion(completion)
         return cls(
             example,
@@ -78,7 +83,7 @@ class Rollout:
             reasoning,
             data.split_blocks(reasoning),
             data.parse_answer(completion, example),
-            n_reasoning_tokens,
+            count_tokens(reasoning),
             n_completion_tokens,
             **rest,
         )
@@ -694,7 +699,7 @@ def judge_probes(
         else f"{_STAND_IN_REASONING}\n{data.THINK_END}\nAnswer: {', '.join(example.labels)}"
     )
     rollout = Rollout.from_completion(
-        example, completion, n_reasoning_tokens=12, n_completion_tokens=16
+        example, completion, count_tokens=lambda text: len(text.split()), n_completion_tokens=16
     )
     return [
         (name, judge.JUDGES[_asked_as(name, content)].request(rollout, cfg))

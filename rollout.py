@@ -144,12 +144,11 @@ class PromptSampler:
             rollouts = []
             for i in rows:
                 text = tok.decode(new[i][:-1] if new[i] and new[i][-1] in eos else new[i])
-                reasoning, _ = data.split_completion(text)
                 rollouts.append(
                     rewards.Rollout.from_completion(
                         example,
                         text,
-                        n_reasoning_tokens=data.count_tokens(reasoning, tok),
+                        count_tokens=lambda reasoning: data.count_tokens(reasoning, tok),
                         n_completion_tokens=len(new[i]),
                         step=update + 1,
                         # t counts from 1: w(t) reaches 1 + gamma at the last

@@ -26,6 +26,18 @@ class SamplingConfig:
     enable_thinking: bool | None = None
 
 
+def sampling_from(settings, enable_thinking: bool | None) -> SamplingConfig:
+    """The SamplingConfig of a config section that names temperature, top_p, top_k and
+    max_new_tokens itself (sft.py's `selection`, prepare/traces.py's config)."""
+    return SamplingConfig(
+        temperature=settings.temperature,
+        top_p=settings.top_p,
+        top_k=settings.top_k,
+        max_new_tokens=settings.max_new_tokens,
+        enable_thinking=enable_thinking,
+    )
+
+
 def sample_completions(
     model,
     tok,

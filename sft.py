@@ -77,6 +77,7 @@ from data import (
     Example,
     f1_scores,
     get_task,
+    is_chat,
     parse_answer,
     split_completion,
     visible_turns,
@@ -85,19 +86,17 @@ from dataset import example_from_json, load_jsonl, read_jsonl, typed_field
 from distributed import DistributedSettings, all_reduce_sum, setup_distributed
 from fsdp import gathered, is_sharded, pad_batches, shard_model, sharded_weight
 from model import (
-    CheckpointError,
     Packing,
     Qwen,
-    QwenTokenizer,
     add_lora,
     add_special_tokens,
     load_adapter,
-    load_tokenizer,
     save_merged,
     token_logprobs,
     train_token_rows,
 )
-from sampling import SamplingConfig, sample_completions
+from sampling import sample_completions, sampling_from
+from tokenizer import CheckpointError, QwenTokenizer, load_tokenizer
 from train import (
     LoraSettings,
     Progress,
@@ -219,18 +218,7 @@ def row_from_example(example: Example, completion: str, prompt: list[dict] | Non
 
 
 def _chat_messages(value) -> list[dict[str, str]]:
-    ok = (
-        isinstance(value, list)
-        and value
-        and all(
-            isinstance(m, dict)
-            and set(m) == {"role", "content"}
-            and m["role"] in ("system", "user", "assistant")
-            and isinstance(m["content"], str)
-            for m in value
-        )
-    )
-    if not ok:
+    if not is_chat(value):
         raise DataError(
             "field 'prompt': expected a non-empty list of {role: system/user/assistant, content}"
         )
@@ -537,19 +525,12 @@ def heldout_macro_f1(
     indicators."""
     s = cfg.selection
     mine = list(range(rank, len(heldout), world))
-    sampling = SamplingConfig(
-        temperature=s.temperature,
-        top_p=s.top_p,
-        top_k=s.top_k,
-        max_new_tokens=s.max_new_tokens,
-        enable_thinking=cfg.enable_thinking,
-    )
     texts = sample_completions(
         model,
         tok,
         [heldout[i].prompt for i in mine],
         [heldout[i].id for i in mine],
-        sampling,
+        sampling_from(s, cfg.enable_thinking),
         seed=s.seed,
         batch_size=s.batch_size,
     )

@@ -79,8 +79,8 @@ def sync_gradients(params: list[torch.nn.Parameter]) -> None:
 
 
 def clip_gradients(params: list[torch.nn.Parameter], max_norm: float) -> float:
-    """Clip the global gradient norm of `params` to `max_norm` X
-    sharded gradients); returns the norm before clipping."""
+    """Clip the global gradient norm of `params` to `max_norm` (fsdp.clip_sharded for sharded
+    gradients); returns the norm before clipping."""
     if any(isinstance(p, DTensor) for p in params):
         return clip_sharded(params, max_norm)
     return torch.nn.utils.clip_grad_norm_(params, max_norm).item()

@@ -42,6 +42,7 @@ import distributed as D
 import fsdp as FS  # noqa: E402
 import model as M  # noqa: E402
 import train as T
+from tokenizer import QwenTokenizer  # noqa: E402
 
 GOAL = 1.8  # issue 23: per-rank state at 2 ranks at least 1.8x smaller than replicated
 
@@ -139,7 +140,7 @@ def startup(args, out: Path) -> None:
     docstring)."""
     torch.manual_seed(0)
     model = M.Qwen(M.QwenConfig.from_dict(model_config(args))).to(torch.bfloat16)
-    tok = M.QwenTokenizer.__new__(M.QwenTokenizer)  # save_merged writes the tokenizer: none here
+    tok = QwenTokenizer.__new__(QwenTokenizer)  # save_merged writes the tokenizer: none here
     tok.save = lambda folder: None
     M.save_merged(model, tok, out / "checkpoint")
     size = sum(f.stat().st_size for f in (out / "checkpoint").glob("*.safetensors"))

@@ -40,6 +40,7 @@ import grpo  # noqa: E402
 import model as M  # noqa: E402
 from distributed import Ranks  # noqa: E402
 from rollout import PromptSampler  # noqa: E402
+from tokenizer import load_tokenizer  # noqa: E402
 from vllm_engine import VLLMSampler, VLLMSettings  # noqa: E402
 
 
@@ -153,7 +154,7 @@ def main():
                 f"{server.startup_s:.0f} s; {n_threads} torch thread(s) for model.generate\n"
             )
             tok, policy = (
-                M.load_tokenizer(folder / "base"),
+                load_tokenizer(folder / "base"),
                 M.Qwen.from_pretrained(folder / "base", dtype="float32"),
             )
             M.add_lora(policy, 16, 32)  # B = 0: the policy of a first update, served as an adapter

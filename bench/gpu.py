@@ -57,6 +57,7 @@ import grpo  # noqa: E402
 import model as M  # noqa: E402
 import sft  # noqa: E402
 import train as T
+from tokenizer import load_tokenizer  # noqa: E402
 from vllm_engine import (
     VLLMEngine,
     VLLMSettings,  # noqa: E402
@@ -593,7 +594,7 @@ def vllm_rollout(model, args, device) -> list[list]:
     (folder / "tokenizer_config.json").write_text(
         json.dumps({"eos_token": f"w{model.config.vocab_size - 1}"})
     )
-    M.save_merged(model, M.load_tokenizer(folder), folder)
+    M.save_merged(model, load_tokenizer(folder), folder)
     group = prompts(model, args.grpo_prompts, args.prompt, seed=3)
     settings = grpo.RolloutSettings(max_new_tokens=args.new)
     server = VLLMServer(

@@ -90,8 +90,8 @@ from judge import (
     chat_messages,
     section,
 )
-from model import CheckpointError, load_tokenizer
 from teacher import ask_journaled, load_journal, raw_text, request_key, write_rows
+from tokenizer import CheckpointError, load_tokenizer
 
 # ----------------------------------------------------------------------------- config
 

@@ -45,9 +45,10 @@ from judge import (
     section,
     strict_json_object,
 )
-from model import CheckpointError, Qwen, load_tokenizer
-from sampling import SamplingConfig, sample_completions
+from model import Qwen
+from sampling import sample_completions, sampling_from
 from teacher import ask_journaled, load_journal, raw_text, request_key, write_rows
+from tokenizer import CheckpointError, load_tokenizer
 from verifier import extract_quotes, format_score, verify_quote
 
 # ----------------------------------------------------------------------------- config
@@ -329,19 +330,12 @@ def sample_traces(
         device = setup_distributed(cfg.device).device
         dtype = cfg.dtype or ("bfloat16" if device.type == "cuda" else "float32")
         tok, model = load_tokenizer(cfg.model), Qwen.from_pretrained(cfg.model, dtype, device)
-        sampling = SamplingConfig(
-            temperature=cfg.temperature,
-            top_p=cfg.top_p,
-            top_k=cfg.top_k,
-            max_new_tokens=cfg.max_new_tokens,
-            enable_thinking=cfg.enable_thinking,
-        )
         per_example = sample_completions(
             model,
             tok,
             prompts[:: cfg.samples],
             [e.id for e in examples],
-            sampling,
+            sampling_from(cfg, cfg.enable_thinking),
             n=cfg.samples,
             seed=cfg.seed,
             batch_size=cfg.batch_size,

@@ -83,18 +83,9 @@ from judge import (
     sip_reference_request,
 )
 from judge_server import SECTION_RE, UnsupportedRequest
-from model import (
-    CheckpointError,
-    Qwen,
-    QwenTokenizer,
-    add_lora,
-    load_adapter,
-    load_tokenizer,
-    open_safetensors,
-    read_json,
-    save_adapter,
-)
+from model import Qwen, add_lora, load_adapter, open_safetensors, save_adapter
 from teacher import ask_journaled, failed_calls, journal_key, load_journal
+from tokenizer import CheckpointError, QwenTokenizer, load_tokenizer, read_json
 from train import (
     LoraSettings,
     Progress,

@@ -35,6 +35,7 @@ from safetensors.torch import load_file, save_file
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
 import model as M
+from tokenizer import load_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -114,7 +115,7 @@ def write_tiny_checkpoint(
         with torch.no_grad():
             for p in model.parameters():
                 p.normal_(0, 0.3 if p.dim() > 1 else 0.05).add_(1.0 if p.dim() == 1 else 0.0)
-        M.save_merged(model, M.load_tokenizer(path), path)
+        M.save_merged(model, load_tokenizer(path), path)
     elif weights == "wide_head":
         torch.nn.init.normal_(model.lm_head.weight, std=1.0)
         save_file(
@@ -213,7 +214,7 @@ def sft_adapter(base: Path, out: Path) -> Path:
     """An SFT adapter for the tiny GRPO checkpoint as sft.py leaves one: LoRA on every projection
     and trained <evidence> rows, all far from zero."""
     model = M.Qwen.from_pretrained(base)
-    ids = M.add_special_tokens(model, M.load_tokenizer(base), ["<evidence>", "</evidence>"])
+    ids = M.add_special_tokens(model, load_tokenizer(base), ["<evidence>", "</evidence>"])
     params = M.add_lora(model, rank=4, alpha=8) + M.train_token_rows(model, ids)
     g = torch.Generator().manual_seed(7)
     with torch.no_grad():

@@ -106,7 +106,7 @@ def test_each_row_computes_its_table_2_formula():
     r = Rollout.from_completion(
         tom_example(),
         completion,
-        n_reasoning_tokens=1450,
+        count_tokens=lambda _: 1450,
         n_completion_tokens=1455,
         step=300,
         total_steps=600,

@@ -15,7 +15,8 @@ import dataset
 import demo
 import rewards
 from judge import JudgeConfig
-from model import Qwen, load_tokenizer
+from model import Qwen
+from tokenizer import load_tokenizer
 from verifier import EVIDENCE_OPEN, extract_quotes, verify_quote
 
 REPO = Path(__file__).resolve().parents[1]
@@ -60,7 +61,7 @@ def test_traces_answer_right_and_only_tagged_quotes_earn_iu_g(judge):
             )
             rollouts.append(
                 rewards.Rollout.from_completion(
-                    example, trace, n_reasoning_tokens=60, n_completion_tokens=70
+                    example, trace, count_tokens=lambda _: 60, n_completion_tokens=70
                 )
             )
     spec = rewards.RewardSpec("clue", {"lambda_iu": 0.5})

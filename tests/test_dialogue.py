@@ -42,6 +42,7 @@ from dialogue.rl import DialogueConfig
 from judge import CARE_RUBRIC_SYSTEM, JudgeConfig
 from judge_server import ACTION, SCRIPTED_USER, Faults, JudgeServer, rules_backend
 from rollout import Slot
+from tokenizer import load_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 CPU = D.Ranks(0, 1, torch.device("cpu"))
@@ -409,7 +410,7 @@ def test_every_policy_turn_is_one_batched_generate_call(base, monkeypatch):
             calls.append(len(prompts)) or generate(model, prompts, *a, **k)
         ),
     )
-    tok, policy = M.load_tokenizer(base), M.Qwen.from_pretrained(base, dtype="float32")
+    tok, policy = load_tokenizer(base), M.Qwen.from_pretrained(base, dtype="float32")
     sampling = grpo.RolloutSettings(max_new_tokens=6)
     settings = DialogueSettings(max_turns=3, arg_scaffold=True, lookahead=2)
     starts = [dialogue.as_state(scenario(name)) for name in ("a", "a", "b")]
@@ -434,7 +435,7 @@ def test_context_is_cut_at_turn_boundaries_for_sampling_and_for_the_update(base)
     # EmoLLM D.3: 2,048 tokens of dialogue context in generation, 896 in the update. Whole exchanges
     # go, oldest first; the system message and the latest user message stay; the update's rows use
     # their own (shorter) prompt, whose log-prob difference to the sampler's is grpo's logp_mismatch
-    tok = M.load_tokenizer(base)
+    tok = load_tokenizer(base)
     history = [
         ("user", "I feel worried"),
         ("assistant", "I hear you"),

@@ -21,6 +21,7 @@ from dialogue import rl as dialogue_rl
 from dialogue.rl import DialogueConfig
 from judge_server import JudgeServer, rules_backend
 from prepare import emollm_rows as E
+from tokenizer import load_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "fixtures" / "emollm"
@@ -149,7 +150,7 @@ def test_cpt_rows_carry_g_t_and_drop_the_oldest_turns_to_fit(base, tmp_path, cap
     )
     assert rows[3]["text"].endswith("</think>\nUser: My partner left me and I cannot stop crying.")
     assert "Appraisal: (none retrieved)" in rows[3]["text"] and rows[3]["meta"]["knowledge"] == 2
-    tok, cfg = M.load_tokenizer(base), sft.parse_cli(sft.SFTConfig, [str(path)])
+    tok, cfg = load_tokenizer(base), sft.parse_cli(sft.SFTConfig, [str(path)])
     lengths = [len(sft.encode_text_row(tok, sft.TextRow("", r["text"]), cfg)[0]) for r in rows]
     assert max(lengths) == 67 and lengths[0] == 67  # t1 fits whole, with 67 tokens
     # t5 (101 tokens whole) lost its three oldest turns
@@ -501,7 +502,7 @@ def test_stage1_cpt_then_arg_sft_then_grpo_dialogue_demo_from_the_merged_model(
     assert record["step"] == 1 and record["judge/calls"] > 0
     family = "llama" if backbone == "llama_base" else "qwen3"
     merged = M.QwenConfig.from_json(stage1 / "config.json").family
-    assert merged == M.load_tokenizer(stage1).family == family
+    assert merged == load_tokenizer(stage1).family == family
 
 
 @pytest.mark.parametrize("case", ["objective clue", "lm without knowledge"])

@@ -48,6 +48,7 @@ import fsdp as FS
 import model as M
 import sft
 import train as T
+from tokenizer import QwenTokenizer, load_tokenizer
 
 pytestmark = pytest.mark.slow  # gloo ranks and torchrun
 REPO = Path(__file__).resolve().parents[1]
@@ -108,9 +109,7 @@ def test_full_sft_on_two_ranks_and_another_split_equals_one_process(checkpoint, 
         assert final[name].keys() == final["one"].keys()
         for key, value in final["one"].items():
             torch.testing.assert_close(final[name][key], value, rtol=1e-5, atol=1e-6, msg=key)
-    tags = [
-        M.load_tokenizer(runs["one"] / "best").token_id(t) for t in ("<evidence>", "</evidence>")
-    ]
+    tags = [load_tokenizer(runs["one"] / "best").token_id(t) for t in ("<evidence>", "</evidence>")]
     for key, value in final["two"].items():
         # frozen but for the <evidence> rows
         if key in ("model.embed_tokens.weight", "lm_head.weight"):
@@ -255,7 +254,7 @@ def _export_worker(rank, port, out, tied):
     with torch.no_grad():
         logits = model(ids)
     # save_merged writes the tokenizer: a stand-in that writes none
-    tok = M.QwenTokenizer.__new__(M.QwenTokenizer)
+    tok = QwenTokenizer.__new__(QwenTokenizer)
     tok.save = lambda folder: None
     FS.export_full(model, tok, out)
     if ranks.main:

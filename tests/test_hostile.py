@@ -23,6 +23,7 @@ import judge
 import verifier
 from judge import JudgeCall, JudgeConfig, JudgeError
 from judge_server import Faults, JudgeServer, ModelBackend, UnsupportedRequest, sampling_settings
+from tokenizer import CheckpointError
 
 REPO = Path(__file__).resolve().parents[1]
 SECRET = "sk-test-Zq8LmR2vXc7Tn4Wp"
@@ -400,7 +401,7 @@ def test_a_broken_reward_model_folder_is_one_line(tmp_path, capsys):
     assert error.endswith("reward_model.json: field 'base_model': missing or not a str")
     head = tmp_path / "value_head.safetensors"
     head.write_bytes(b"\x40\x00\x00\x00\x00\x00\x00\x00{")  # a header cut short
-    with pytest.raises(reward_model.CheckpointError, match="unreadable safetensors file"):
+    with pytest.raises(CheckpointError, match="unreadable safetensors file"):
         reward_model.RewardModel.load_head(None, head)  # fails at the file, before the model
 
 

@@ -20,7 +20,7 @@ from helpers import (
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 import model as M
-from tokenizer import chat_template
+from tokenizer import CheckpointError, chat_template, load_tokenizer
 
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
@@ -408,11 +408,11 @@ def test_lora_trains_only_adapter_parameters(qwen3):
 def test_bad_adapter_files_are_clear_errors(qwen3, tmp_path):
     _, _, path = qwen3
     M.save_adapter(lora_model(path, rank=4), tmp_path)
-    with pytest.raises(M.CheckpointError, match="lora_A.weight' has shape"):
+    with pytest.raises(CheckpointError, match="lora_A.weight' has shape"):
         M.load_adapter(lora_model(path, rank=2), tmp_path)
     cfg = json.loads((tmp_path / "adapter_config.json").read_text())
     (tmp_path / "adapter_config.json").write_text(json.dumps(dict(cfg, use_dora=True)))
-    with pytest.raises(M.CheckpointError, match="adapter_config.json: field 'use_dora'"):
+    with pytest.raises(CheckpointError, match="adapter_config.json: field 'use_dora'"):
         M.load_adapter(M.Qwen.from_pretrained(path), tmp_path)
     with pytest.raises(FileNotFoundError, match="adapter_config.json"):
         M.load_adapter(M.Qwen.from_pretrained(path), tmp_path / "nowhere")
@@ -446,7 +446,7 @@ def write_tokenizer(path, model_type, template="", specials=SPECIALS, eos="<|im_
         json.loads((path / "config.json").read_text()) if (path / "config.json").exists() else {}
     )
     (path / "config.json").write_text(json.dumps(dict(config, model_type=model_type)))
-    return M.load_tokenizer(path)
+    return load_tokenizer(path)
 
 
 def test_chatml_strings(tmp_path):
@@ -545,7 +545,7 @@ def test_llama3_chat_strings_equal_llama_31s_template(tmp_path):
     llama3 = llama_tokenizer(tmp_path / "3.0", template="{{ bos_token }}{% for message in ...")
     assert llama3.chat(msgs) == "<|begin_of_text|>" + user + assistant
     (tmp_path / "2").mkdir()
-    with pytest.raises(M.CheckpointError, match="only Llama 3's chat format"):
+    with pytest.raises(CheckpointError, match="only Llama 3's chat format"):
         write_tokenizer(tmp_path / "2", "llama")
 
 
@@ -607,7 +607,7 @@ def test_chat_template_rendered_by_jinja_equals_chat(tmp_path):
         assert saved["chat_template"] == written
         assert saved["eos_token"] == ("<|eot_id|>" if family == "llama" else "<|im_end|>")
         (tmp_path / family / "saved" / "config.json").write_text(json.dumps({"model_type": family}))
-        again = M.load_tokenizer(tmp_path / family / "saved")
+        again = load_tokenizer(tmp_path / family / "saved")
         assert (again.family, again.default_system, again.system_preamble) == (
             tok.family,
             tok.default_system,
@@ -619,7 +619,7 @@ def test_chat_template_rendered_by_jinja_equals_chat(tmp_path):
         theirs = hf.apply_chat_template(
             CONVERSATIONS[1], tokenize=False, add_generation_prompt=True, **thinking
         )
-        assert theirs == M.load_tokenizer(tmp_path / family).chat(CONVERSATIONS[1], **thinking)
+        assert theirs == load_tokenizer(tmp_path / family).chat(CONVERSATIONS[1], **thinking)
 
 
 def test_special_token_rows_train_round_trip_and_merge(qwen3, tmp_path):
@@ -662,7 +662,7 @@ def test_special_token_rows_train_round_trip_and_merge(qwen3, tmp_path):
         )
         close(merged_hf(x).logits, trained)
         close(M.merge_lora(loaded)(x), trained)
-    assert M.load_tokenizer(tmp_path / "merged").encode("a <evidence> b") == [4, 15, 5]
+    assert load_tokenizer(tmp_path / "merged").encode("a <evidence> b") == [4, 15, 5]
 
 
 def test_add_special_tokens_resizes_when_no_spare_rows(tmp_path_factory, tmp_path):
@@ -717,7 +717,7 @@ def test_bad_checkpoints_are_clear_errors(qwen3, tmp_path):
         bad = tmp_path / name
         shutil.copytree(path, bad)
         (bad / "config.json").write_text(json.dumps(dict(config, **change)))
-        with pytest.raises(M.CheckpointError, match=message) as err:
+        with pytest.raises(CheckpointError, match=message) as err:
             M.Qwen.from_pretrained(bad)
         assert "config.json" in str(err.value)
     (tmp_path / "shape" / "model.safetensors").unlink()
@@ -726,7 +726,7 @@ def test_bad_checkpoints_are_clear_errors(qwen3, tmp_path):
     tied = tmp_path / "tied"
     shutil.copytree(path, tied)
     (tied / "config.json").write_text(json.dumps(dict(config, num_hidden_layers=1)))
-    with pytest.raises(M.CheckpointError, match=r"unexpected \['model.layers.1."):
+    with pytest.raises(CheckpointError, match=r"unexpected \['model.layers.1."):
         M.Qwen.from_pretrained(tied)
 
 
@@ -740,7 +740,7 @@ def copy_with(src, dst, **files):
 
 
 def one_line_error(message, fn, *args):
-    with pytest.raises(M.CheckpointError, match=message) as err:
+    with pytest.raises(CheckpointError, match=message) as err:
         fn(*args)
     assert "\n" not in str(err.value)
 

@@ -9,6 +9,7 @@ import torch
 from helpers import Q35_TEXT, check_cache_against_full_forward, close, hf_greedy, ids, randomize
 
 import model as M
+from tokenizer import CheckpointError
 
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
@@ -169,7 +170,7 @@ def test_bad_qwen35_configs_are_clear_errors(pair, tmp_path):
     text = config.get("text_config", config)
     text["layer_types"] = ["linear_attention", "sliding_attention"]
     (tmp_path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(M.CheckpointError, match="field 'layer_types'"):
+    with pytest.raises(CheckpointError, match="field 'layer_types'"):
         M.QwenConfig.from_json(tmp_path / "config.json")
 
 

@@ -3,6 +3,8 @@
 import dataclasses
 import json
 import math
+import re
+from pathlib import Path
 
 import pytest
 
@@ -32,6 +34,8 @@ from rewards import (
     social_r1_reference_free,
 )
 
+REPO = Path(__file__).resolve().parents[1]
+
 TURNS = [
     Turn("Ana", "I lost my job today."),
     Turn("Ben", "Oh no, what happened?"),
@@ -48,7 +52,7 @@ def rollout(completion, task="meld_emotion", labels=("sadness",), t_reason=100, 
     return Rollout.from_completion(
         example(task, labels),
         completion,
-        n_reasoning_tokens=t_reason,
+        count_tokens=lambda _: t_reason,
         n_completion_tokens=t_reason + 5,
         **rest,
     )
@@ -80,7 +84,8 @@ def test_rollout_from_completion_parses_reasoning_blocks_and_answer():
 
 
 def test_registry_holds_every_reward_and_one_convention():
-    assert set(REWARDS) == {
+    # the built-in rewards (a reward of your own added beside them does not fail this)
+    assert set(REWARDS) >= {
         "correctness",
         "accuracy_only",
         "evidence_format",
@@ -494,40 +499,86 @@ def test_care_reads_the_rubric_as_the_judge_parser_does():
 # ----------------------------------------------------------------------------- your own reward
 
 
-def test_a_reward_of_your_own_is_one_function_and_one_config_line(tmp_path):
-    """The README's example, verbatim, and its config line read through the config loader."""
+def guide_code(heading: str | None = None) -> list[str]:
+    """The Python blocks of docs/adding-a-reward.md's section `heading` (None: the text above the
+    first section), in order."""
+    text = (REPO / "docs" / "adding-a-reward.md").read_text(encoding="utf-8")
+    section = text.split(f"## {heading}\n", 1)[1] if heading else text
+    return re.findall(r"```python\n(.*?)```", section.split("\n## ", 1)[0], re.DOTALL)
+
+
+def test_a_reward_of_your_own_is_one_function_and_one_config_line(tmp_path, monkeypatch):
+    """The guide's first example, as the guide writes it, and its config line read through the
+    config loader."""
     from dataclasses import dataclass, field
 
-    import verifier
+    import rewards
     from config import load_config
-    from rewards import conversation_texts, reward
 
-    @reward(min_quotes=1)
-    def quoted_blocks(rollout, cfg):
-        """The share of reasoning blocks that carry at least `min_quotes` verified quotations."""
-        if not rollout.blocks:
-            return 0.0
-        quotes = verifier.quotes_by_block(rollout.blocks, conversation_texts(rollout.example))
-        return sum(sum(ok for _, ok in block) >= cfg["min_quotes"] for block in quotes) / len(
-            rollout.blocks
-        )
+    monkeypatch.setattr(rewards, "REWARDS", dict(REWARDS))
+    (code,) = guide_code()
+    exec(code, dict(vars(rewards)))
 
     @dataclass
     class RunConfig:
         reward: RewardSpec = field(default_factory=RewardSpec)
 
-    try:
-        path = tmp_path / "run.yaml"
-        path.write_text("reward: {name: quoted_blocks, params: {min_quotes: 2}}\n")
-        spec = load_config(path, [], RunConfig).reward
-        two_quotes = "<evidence>I lost my job today</evidence> and <evidence>Oh no</evidence>"
-        r = rollout(f"{two_quotes}\n\n{BLOCKS[0]}\n\nno quote</think>\nAnswer: sadness")
-        assert score(r, spec) == pytest.approx(1 / 3)  # only the first block has 2 verified quotes
-        # default min_quotes = 1
-        assert score(r, RewardSpec("quoted_blocks")) == pytest.approx(2 / 3)
-    finally:
-        del REWARDS["quoted_blocks"]
+    path = tmp_path / "run.yaml"
+    path.write_text("reward: {name: quoted_blocks, params: {min_quotes: 2}}\n")
+    spec = load_config(path, [], RunConfig).reward
+    two_quotes = "<evidence>I lost my job today</evidence> and <evidence>Oh no</evidence>"
+    r = rollout(f"{two_quotes}\n\n{BLOCKS[0]}\n\nno quote</think>\nAnswer: sadness")
+    assert rewards.score(r, spec) == pytest.approx(1 / 3)  # only the first block has 2 quotes
+    # default min_quotes = 1
+    assert rewards.score(r, RewardSpec("quoted_blocks")) == pytest.approx(2 / 3)
     assert RewardSpec() == RewardSpec("clue", {})
+
+
+def test_a_judge_backed_reward_written_as_the_guide_says_trains(
+    tmp_path, assets, monkeypatch, capsys
+):
+    """docs/adding-a-reward.md's judge-backed example as written: its judge's prompt, builder and
+    parser in judge.py's namespace, its line in JUDGES, its reward; two GRPO updates against a
+    local judge server answering the prompt (a politeness from the reply's length) ask the judge
+    and train groups; the same reward declaring a misspelled judge stops at start-up."""
+    from helpers import read_jsonl, run_config
+
+    import grpo
+    import rewards
+    from judge_server import JudgeServer
+
+    judge_code, entry, reward_code = guide_code("Rewards that need a judge")
+    namespace = dict(vars(judge))
+    exec(judge_code, namespace)
+    monkeypatch.setattr(judge, "JUDGES", judge.JUDGES | eval("{" + entry + "}", namespace))
+    monkeypatch.setattr(rewards, "REWARDS", dict(REWARDS))
+    exec(reward_code, dict(vars(rewards)))
+    asked = []
+
+    def politeness_judge(messages, params):
+        assert messages[0]["content"] == namespace["POLITENESS_SYSTEM"]
+        asked.append(messages[-1]["content"])
+        return f"scripted | {1 + len(messages[-1]['content']) % 5}"
+
+    with JudgeServer(politeness_judge).start() as server:
+        overrides = {"reward.name": "polite_and_right", "updates": 2}
+        grpo.main([str(run_config(tmp_path, assets, server.url, **overrides))])
+    metrics = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [1, 2] and asked
+    assert sum(m["judge/calls"] for m in metrics) + 1 == len(asked)  # + the start-up probe
+    assert all(m["judge/failures"] == m["judge/malformed"] == 0 for m in metrics)
+    assert sum(m["tokens/trained"] for m in metrics) > 0  # groups trained, not masked
+
+    misspelled = reward_code.replace('judges=("politeness",)', 'judges=("politness",)')
+    exec(misspelled.replace("polite_and_right", "polite_misspelled"), dict(vars(rewards)))
+    config = run_config(tmp_path / "b", assets, server.url, **{"reward.name": "polite_misspelled"})
+    with pytest.raises(SystemExit) as stop:
+        grpo.main([str(config)])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.startswith(
+        f"error: {config}: 'reward.name': reward polite_misspelled declares the judge "
+        "'politness', which judge.JUDGES does not hold (known: iu, "
+    )
 
 
 # ------------------------------------------------------------------------ judging a batch over HTTP
@@ -603,7 +654,7 @@ def test_judge_rollouts_asks_the_social_r1_judges_with_and_without_a_reference()
     referenced = Rollout.from_completion(
         dataclasses.replace(example(), meta={"reference": "REF-ANALYSIS"}),
         completion,
-        n_reasoning_tokens=1450,
+        count_tokens=lambda _: 1450,
         n_completion_tokens=1460,
     )
     bare = rollout(completion, t_reason=1450)

@@ -231,7 +231,7 @@ def generator_rollout(completion, counts=None, chosen=None, rejected=None):
     )
     judged = {"care_chosen_scores": chosen, "care_rejected_scores": rejected}
     return rewards.Rollout.from_completion(
-        example, completion, n_reasoning_tokens=0, n_completion_tokens=9, judged=judged
+        example, completion, count_tokens=lambda _: 0, n_completion_tokens=9, judged=judged
     )
 
 

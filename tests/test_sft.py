@@ -52,6 +52,7 @@ from data import Example, Turn
 from dataset import example_to_json
 from judge_server import JudgeServer, UnsupportedRequest
 from prepare import traces as P
+from tokenizer import load_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -81,7 +82,7 @@ def test_completion_weights_hand_values():
 
 def test_encode_row_on_hand_made_tokens(checkpoint, tmp_path):
     cfg = config(checkpoint, tmp_path)
-    tok = M.load_tokenizer(checkpoint)
+    tok = load_tokenizer(checkpoint)
     tags = [AddedToken(t, special=True, normalized=False) for t in ("<evidence>", "</evidence>")]
     tok.tokenizer.add_special_tokens(tags)
     vocab = tok.tokenizer.get_vocab()
@@ -310,7 +311,7 @@ def test_one_step_changes_only_lora_and_the_two_rows_at_ten_times_the_lr_without
     lora_group, row_group = state["param_groups"]
     assert (lora_group["lr"], lora_group["weight_decay"]) == (pytest.approx(1e-3), 0.5)
     assert (row_group["lr"], row_group["weight_decay"]) == (pytest.approx(1e-2), 0.0)
-    tok = M.load_tokenizer(checkpoint)
+    tok = load_tokenizer(checkpoint)
     for key, index, table in (
         ("model.embed_tokens", row_group["params"][0], "model.embed_tokens.weight"),
         ("lm_head", row_group["params"][1], "lm_head.weight"),
@@ -408,7 +409,7 @@ def test_best_loads_in_peft_as_is_with_the_trained_evidence_rows(model, request,
     checkpoint = request.getfixturevalue(model)
     run = sft.train(config(checkpoint, tmp_path, epochs=3, lr=5e-2))
     ours = M.load_adapter(M.Qwen.from_pretrained(checkpoint, dtype="float32"), run / "best")
-    tok = M.load_tokenizer(run / "best")  # best/ carries the tokenizer with the added tags
+    tok = load_tokenizer(run / "best")  # best/ carries the tokenizer with the added tags
     row = tok.encode("Bo says <evidence> I failed the exam again </evidence> so Bo is sad .")
     evidence = [tok.encode(t, special_tokens=True)[0] for t in ("<evidence>", "</evidence>")]
     assert set(evidence) <= set(row) and ours.row_ids.tolist() == evidence
@@ -423,7 +424,7 @@ def test_best_loads_in_peft_as_is_with_the_trained_evidence_rows(model, request,
 
 def test_llama_rows_are_llama_3_turns(llama_checkpoint, tmp_path):
     """A Llama 3 model's SFT row: its chat's headers, the completion closed by <|eot_id|>."""
-    tok = M.load_tokenizer(llama_checkpoint)
+    tok = load_tokenizer(llama_checkpoint)
     cfg = config(llama_checkpoint, tmp_path)
     row = sft.row_from_json(sad_row(0))
     ids, weights = sft.encode_row(tok, row, cfg)

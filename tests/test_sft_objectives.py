@@ -22,6 +22,7 @@ from helpers import (
 
 import model as M
 import sft
+from tokenizer import load_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +58,7 @@ def hand_logp(checkpoint, ids: list[int]) -> torch.Tensor:
 
 
 def test_target_rows_weigh_the_target_tokens_and_end_of_turn_only(checkpoint, tmp_path):
-    cfg, tok = config(checkpoint, tmp_path, objective="target"), M.load_tokenizer(checkpoint)
+    cfg, tok = config(checkpoint, tmp_path, objective="target"), load_tokenizer(checkpoint)
     rows = [sft.text_row_from_json(r, "target") for r in TARGETS]
     ids, weights = sft.encode_text_row(tok, rows[1], cfg)
     target = [
@@ -85,7 +86,7 @@ def test_target_rows_weigh_the_target_tokens_and_end_of_turn_only(checkpoint, tm
 
 
 def test_lm_rows_weigh_every_token_after_the_first(checkpoint, tmp_path):
-    cfg, tok = config(checkpoint, tmp_path, objective="lm"), M.load_tokenizer(checkpoint)
+    cfg, tok = config(checkpoint, tmp_path, objective="lm"), load_tokenizer(checkpoint)
     ids, weights = sft.encode_text_row(tok, sft.text_row_from_json(TEXTS[1], "lm"), cfg)
     assert ids == [V[w] for w in "Bo : We won the bid !".split()] + [tok.token_id("<|endoftext|>")]
     assert weights == [0.0] + [1.0] * 7
@@ -112,7 +113,7 @@ def test_a_two_row_cpu_run_logs_the_hand_computed_loss_first(
         epochs=2,
         save_merged=True,
     )
-    tok, per_row = M.load_tokenizer(checkpoint), []
+    tok, per_row = load_tokenizer(checkpoint), []
     for raw in rows:
         if objective == "lm":
             ids = [tok.token_id(w) if w.startswith("<") else V[w] for w in raw["text"].split()]
@@ -133,7 +134,7 @@ def test_a_two_row_cpu_run_logs_the_hand_computed_loss_first(
     # no <evidence> rows
     assert best["r"] == 4 and not (run / "best" / "token_rows.safetensors").exists()
     assert not (run / "selection.json").exists() and (run / "merged" / "config.json").is_file()
-    assert M.load_tokenizer(run / "merged").tokenizer.token_to_id("<evidence>") is None
+    assert load_tokenizer(run / "merged").tokenizer.token_to_id("<evidence>") is None
 
 
 @pytest.mark.parametrize(

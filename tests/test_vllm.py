@@ -32,6 +32,7 @@ import model as M
 from checkpoint import checkpoint_path
 from distributed import Ranks
 from judge import JudgeConfig, chat_many, iu_request, post_json
+from tokenizer import load_tokenizer
 from verifier import EVIDENCE_CLOSE, EVIDENCE_OPEN
 from vllm_engine import EngineError, VLLMEngine, VLLMSettings
 
@@ -68,7 +69,7 @@ def served_checkpoint(root: Path) -> Path:
     end with EOS. Written by save_merged, as RL inputs are."""
     demo.prepare(root / "demo", demo.DemoData(train=40, heldout=10))
     tok, policy = (
-        M.load_tokenizer(root / "demo" / "base"),
+        load_tokenizer(root / "demo" / "base"),
         M.Qwen.from_pretrained(root / "demo" / "base"),
     )
     tags = M.add_special_tokens(policy, tok, [EVIDENCE_OPEN, EVIDENCE_CLOSE])
@@ -108,7 +109,7 @@ def served(tmp_path_factory):
     print(f"\nvLLM ready in {server.startup_s:.0f}s at {server.url}")
     try:
         yield SimpleNamespace(
-            url=server.url, checkpoint=checkpoint, root=root, tok=M.load_tokenizer(checkpoint)
+            url=server.url, checkpoint=checkpoint, root=root, tok=load_tokenizer(checkpoint)
         )
     finally:
         server.stop()
@@ -205,7 +206,7 @@ def test_refused_adapter_wrong_weights_and_no_server_are_one_line_errors(served,
     other = M.Qwen.from_pretrained(served.root / "demo" / "base")
     with pytest.raises(EngineError, match="does not serve the trainer's weights"):
         engine.probe(
-            other, M.load_tokenizer(served.root / "demo" / "base"), rollout(temperature=1.0), ONE
+            other, load_tokenizer(served.root / "demo" / "base"), rollout(temperature=1.0), ONE
         )
     down = f"http://127.0.0.1:{free_port()}/v1"
     with pytest.raises(EngineError, match=f"no usable vLLM server \\(vLLM at {down}/completions: "):
