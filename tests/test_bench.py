@@ -218,6 +218,31 @@ def test_bench_grpo_tiny():
     assert verdicts(out) == {"grpo update": pytest.approx(ratio, abs=0.01)}
 
 
+def test_bench_packing_tiny():
+    out = run("bench_packing.py", "--new", "64", "--layers", "1", "--repeats", "0")
+    padded, packed = table(out, "batches")
+    assert (padded["batches"], packed["batches"]) == ("padded", "packed")
+    assert (
+        padded["tokens"] == packed["tokens"] == packed["computed"] and packed["padding"] == "0.0%"
+    )
+    assert number(padded["computed"]) > number(padded["tokens"])
+    positive(padded["train s"]), positive(packed["speed vs padded"])
+
+
+def test_bench_decode_tiny():
+    out = run("bench_decode.py", "--new", "8", "--layers", "1", "--repeats", "0")
+    rows = table(out, "decode")
+    assert [r["decode"] for r in rows] == ["eager", "static", "compiled"]
+    for r in rows:
+        positive(r["ms/step"]), positive(r["speed vs eager"])
+        assert r["tokens equal eager's"] == "yes" and positive(r["aten operators per token"]) > 10
+    # Inductor fuses the elementwise operators: far fewer aten calls per token
+    assert (
+        number(rows[2]["aten operators per token"])
+        < number(rows[0]["aten operators per token"]) / 2
+    )
+
+
 def test_bench_verifier_tiny(shared_data):
     if not (shared_data / "meld" / "train_sent_emo.csv").is_file():
         pytest.skip(f"MELD not found under {shared_data}")
