@@ -9,8 +9,11 @@ flash-linear-attention are optional CUDA-only speed-ups, the plain PyTorch path 
 Batches of different-length sequences: pad on the RIGHT. Every layer is causal (attention, the
 causal conv and the delta-rule recurrence), so a real token never sees the padding after it and its
 logits are those of the unpadded sequence; read logits or log-probabilities only at real positions
-(a mask). `model(input_ids)` is the training forward; set `model.gradient_checkpointing = True` (in
-train mode) to recompute each layer in backward. Generation uses the same layout."""
+(a mask). Or pack them into one row without padding (`Packing`: positions, attention and the
+recurrence kept within each sequence). `model(input_ids)` is the training forward; set
+`model.gradient_checkpointing = True` (in train mode) to recompute each layer in backward.
+Generation uses the padded layout, with a decode step that can be made static and captured as a
+CUDA graph (`generate(..., decode=...)`)."""
 
 import contextlib
 import functools

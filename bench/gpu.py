@@ -1166,7 +1166,7 @@ def main():
     p.add_argument("--decode-prompt", type=int, default=1024, help="the group's shared prompt")
     p.add_argument("--decode-new", type=int, default=128, help="new tokens, eager vs static")
     p.add_argument("--decode-long", type=int, default=1024, help="new tokens, static, long")
-    p.add_argument("--launch-steps", type=int, default=8)
+    p.add_argument("--launch-steps", type=int, default=4, help="profiled: runs of n and 2n")
     p.add_argument("--compiled", action="store_true", help="also decode through torch.compile")
     p.add_argument("--grpo-prompts", type=int, default=4)
     p.add_argument("--prompt", type=int, default=512, help="GRPO prompt tokens")
