@@ -1319,12 +1319,15 @@ def token_logprobs(
     `chunk_size` positions at a time, each forming its gradient at once (`HeadLogprobs`), so no [B,
     T, vocab] float32 tensor ever exists. With entropy=True also returns the entropy [B, T-1] of
     each position's temperature-scaled distribution. With `packing`, input_ids [1, N] holds
-    sequences packed one after another (`Packing`): the mask must leave out the last token of each,
-    whose next token starts the next sequence."""
+    sequences packed one after another (`Packing`): the last token of each predicts nothing (its
+    next token opens the next sequence), so a mask must leave it out; the default mask does."""
     if temperature <= 0:
         raise ValueError(f"token_logprobs: temperature must be > 0, got {temperature}")
     h = model.hidden_states(input_ids, packing=packing)[:, :-1]
     targets = input_ids[:, 1:]
+    if mask is None and packing is not None:
+        last = packing.cu[1:-1].long() - 1  # each sequence's last token but the row's
+        mask = torch.ones_like(targets, dtype=torch.bool).index_fill_(1, last, False)
     where = (torch.ones_like(targets, dtype=torch.bool) if mask is None else mask).nonzero(
         as_tuple=True
     )
