@@ -1228,6 +1228,8 @@ def main():
             torch.cuda.empty_cache()
     if "fsdp" in args.sections:
         full_parameter(args, device, dtype, known, report)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
     # last: profiling CUDA graphs is the step most likely to break the CUDA context
     for shape in args.shapes if "launches" in args.sections else []:
         model = policy_model(shape_model(shape, args, device, dtype))
