@@ -388,7 +388,8 @@ def evaluate_checkpoint(
     import rewards
     from data import count_tokens, get_task
     from evaluate import SamplingConfig, sample_completions
-    from model import Qwen, load_tokenizer
+    from model import Qwen
+    from tokenizer import load_tokenizer
     from verifier import extract_quotes, verify_quote
 
     model, tok = Qwen.from_pretrained(path), load_tokenizer(path)

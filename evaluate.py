@@ -512,7 +512,7 @@ def generate_missing(
             if cfg.endpoint is None and model is None:
                 model, tok = load_model(cfg)
             elif cfg.endpoint is not None and tok is None and cfg.tokenizer:
-                from model import load_tokenizer
+                from tokenizer import load_tokenizer
 
                 tok = load_tokenizer(cfg.tokenizer)
             progress = CompletionProgress(

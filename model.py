@@ -9,8 +9,11 @@ flash-linear-attention are optional CUDA-only speed-ups, the plain PyTorch path 
 Batches of different-length sequences: pad on the RIGHT. Every layer is causal (attention, the
 causal conv and the delta-rule recurrence), so a real token never sees the padding after it and its
 logits are those of the unpadded sequence; read logits or log-probabilities only at real positions
-(a mask). `model(input_ids)` is the training forward; set `model.gradient_checkpointing = True` (in
-train mode) to recompute each layer in backward. Generation uses the same layout."""
+(a mask). Or pack them into one row without padding (`Packing`: positions, attention and the
+recurrence kept within each sequence). `model(input_ids)` is the training forward; set
+`model.gradient_checkpointing = True` (in train mode) to recompute each layer in backward.
+Generation uses the padded layout, with a decode step that can be made static and captured as a
+CUDA graph (`generate(..., decode=...)`)."""
 
 import contextlib
 import functools
@@ -559,14 +562,21 @@ def delta_rule_chunked(q, k, v, g, beta, state, chunk: int = 64):
     return torch.cat(out, 2)[:, :, :T], state
 
 
-def delta_rule(q, k, v, g, beta, state):
+def kernel_inputs(q, k, v, g, beta, dtype) -> list:
+    """The gated delta rule's inputs as flash-linear-attention's kernels take them: q, k, v and beta
+    in the model's `dtype` (the kernels accumulate in float32), the log-decay g in float32."""
+    return [t.to(dtype) for t in (q, k, v)] + [g, beta.to(dtype)]
+
+
+def delta_rule(q, k, v, g, beta, state, dtype=torch.float32):
     """Dispatch on [B, H, T, *] float32 inputs: flash-linear-attention's kernels on CUDA when
-    installed, else the recurrent form for a single token and the chunked form otherwise."""
+    installed (`kernel_inputs` in the model's `dtype`, the state float32), else the recurrent form
+    for a single token and the chunked form otherwise, in float32."""
     name = "fused_recurrent_gated_delta_rule" if q.shape[2] == 1 else "chunk_gated_delta_rule"
     fla = optional_kernel("fla.ops.gated_delta_rule", name) if q.is_cuda else None
     if fla is not None:
         o, state = fla(
-            *(x.transpose(1, 2).contiguous() for x in (q, k, v, g, beta)),
+            *(x.transpose(1, 2).contiguous() for x in kernel_inputs(q, k, v, g, beta, dtype)),
             scale=1.0,
             initial_state=state,
             output_final_state=True,
@@ -577,17 +587,19 @@ def delta_rule(q, k, v, g, beta, state):
     )
 
 
-def delta_rule_packed(q, k, v, g, beta, packing: Packing):
+def delta_rule_packed(q, k, v, g, beta, packing: Packing, dtype=torch.float32):
     """The gated delta rule over each sequence of a packed row from a zero state: q, k [1, N, H,
     dk], v [1, N, H, dv], g, beta [1, N, H] (float32); returns o [1, N, H, dv].
-    flash-linear-attention's chunked kernel with cu_seqlens on CUDA when installed; else the
-    sequences as right-padded rows (padding inert: g = 0, beta = 0) through `delta_rule_chunked`,
-    so the recurrence, not the rest of the layer, pays for the padding of its longest sequence."""
+    flash-linear-attention's chunked kernel with cu_seqlens on CUDA when installed (its inputs in
+    the model's `dtype`, `kernel_inputs`); else the sequences as right-padded rows (padding inert:
+    g = 0, beta = 0) through `delta_rule_chunked`, in float32, so the recurrence, not the rest of
+    the layer, pays for the padding of its longest sequence."""
     fla = (
         optional_kernel("fla.ops.gated_delta_rule", "chunk_gated_delta_rule") if q.is_cuda else None
     )
     if fla is not None:
-        return fla(q, k, v, g, beta, scale=1.0, cu_seqlens=packing.cu.long())[0]
+        inputs = kernel_inputs(q, k, v, g, beta, dtype)
+        return fla(*inputs, scale=1.0, cu_seqlens=packing.cu.long())[0]
     rows = [packing.to_rows(t).transpose(1, 2) for t in (q, k, v, g, beta)]
     zero = q.new_zeros(len(packing.lens), q.shape[2], q.shape[3], v.shape[3])
     return packing.from_rows(delta_rule_chunked(*rows, zero)[0].transpose(1, 2))
@@ -663,14 +675,15 @@ class GatedDeltaNet(nn.Module):
             beta = beta * step.valid[..., None]
             g = g * step.valid[..., None]
         if step.packing is not None:
-            o = delta_rule_packed(q, k, v, g, beta, step.packing)
+            o = delta_rule_packed(q, k, v, g, beta, step.packing, x.dtype)
         else:
             initial = (
                 torch.zeros(B, self.Hv, self.dk, self.dv, device=x.device)
                 if state is None
                 else state[1]
             )
-            o, final = delta_rule(*(t.transpose(1, 2) for t in (q, k, v, g, beta)), initial)
+            inputs = (t.transpose(1, 2) for t in (q, k, v, g, beta))
+            o, final = delta_rule(*inputs, initial, x.dtype)
             o = o.transpose(1, 2)
             if state is not None:
                 state[1].copy_(final)
@@ -1304,12 +1317,15 @@ def token_logprobs(
     `chunk_size` positions at a time, each forming its gradient at once (`HeadLogprobs`), so no [B,
     T, vocab] float32 tensor ever exists. With entropy=True also returns the entropy [B, T-1] of
     each position's temperature-scaled distribution. With `packing`, input_ids [1, N] holds
-    sequences packed one after another (`Packing`): the mask must leave out the last token of each,
-    whose next token starts the next sequence."""
+    sequences packed one after another (`Packing`): the last token of each predicts nothing (its
+    next token opens the next sequence), so a mask must leave it out; the default mask does."""
     if temperature <= 0:
         raise ValueError(f"token_logprobs: temperature must be > 0, got {temperature}")
     h = model.hidden_states(input_ids, packing=packing)[:, :-1]
     targets = input_ids[:, 1:]
+    if mask is None and packing is not None:
+        last = packing.cu[1:-1].long() - 1  # each sequence's last token but the row's
+        mask = torch.ones_like(targets, dtype=torch.bool).index_fill_(1, last, False)
     where = (torch.ones_like(targets, dtype=torch.bool) if mask is None else mask).nonzero(
         as_tuple=True
     )

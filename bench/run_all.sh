@@ -19,6 +19,8 @@ benchmarks=(
   "python bench/bench_logprobs.py --methods naive ours --repeats 0"
   "python bench/bench_sft.py --threads $threads --profile"
   "python bench/bench_grpo.py --threads $threads --profile"
+  "python bench/bench_packing.py --threads $threads"
+  "python bench/bench_decode.py --threads $threads"
   "python bench/bench_verifier.py --data $CLUE_DATA_DIR"
   "python bench/bench_verifier_bounds.py"
   "python bench/bench_judge.py"

@@ -218,6 +218,31 @@ def test_bench_grpo_tiny():
     assert verdicts(out) == {"grpo update": pytest.approx(ratio, abs=0.01)}
 
 
+def test_bench_packing_tiny():
+    out = run("bench_packing.py", "--new", "64", "--layers", "1", "--repeats", "0")
+    padded, packed = table(out, "batches")
+    assert (padded["batches"], packed["batches"]) == ("padded", "packed")
+    assert (
+        padded["tokens"] == packed["tokens"] == packed["computed"] and packed["padding"] == "0.0%"
+    )
+    assert number(padded["computed"]) > number(padded["tokens"])
+    positive(padded["train s"]), positive(packed["speed vs padded"])
+
+
+def test_bench_decode_tiny():
+    out = run("bench_decode.py", "--new", "8", "--layers", "1", "--repeats", "0")
+    rows = table(out, "decode")
+    assert [r["decode"] for r in rows] == ["eager", "static", "compiled"]
+    for r in rows:
+        positive(r["ms/step"]), positive(r["speed vs eager"])
+        assert r["tokens equal eager's"] == "yes" and positive(r["aten operators per token"]) > 10
+    # Inductor fuses the elementwise operators: far fewer aten calls per token
+    assert (
+        number(rows[2]["aten operators per token"])
+        < number(rows[0]["aten operators per token"]) / 2
+    )
+
+
 def test_bench_verifier_tiny(shared_data):
     if not (shared_data / "meld" / "train_sent_emo.csv").is_file():
         pytest.skip(f"MELD not found under {shared_data}")
@@ -355,6 +380,8 @@ def test_decode_bytes_of_qwen3_8b_equal_a_hand_count():
     assert gpu.step_bytes(model, 64, 640) == (weights, weights + kv_bytes)
     # the H200 roofline RESULTS.md states
     assert abs(64 * 4.8e12 / (weights + kv_bytes) - 14_507) < 1
+    # a GRPO group: 8 rows of 100 tokens of their own after a 1,024-token prompt read once
+    assert gpu.step_bytes(model, 8, 100, shared=1024)[1] == weights + (800 + 1024) * 36 * 2 * kv * 2
 
 
 def test_recomputed_layer_bytes_equal_a_hand_count_and_the_saved_tensors():
@@ -399,6 +426,14 @@ def test_recomputed_layer_bytes_equal_a_hand_count_and_the_saved_tensors():
     assert sum(saved.values()) == B * T * hand
 
 
+def gpu_tables(section: str) -> dict[str, list[dict[str, str]]]:
+    """The tables of one `## ` section of gpu_results.md: title -> rows as {header: cell}."""
+    return {
+        title: table(section[section.index(f"### {title}") :], first)
+        for title, first in re.findall(r"### (.+)\n\n\| (.+?) \|", section)
+    }
+
+
 @pytest.mark.slow
 def test_gpu_script_runs_tiny_on_the_cpu(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1")
@@ -411,17 +446,60 @@ def test_gpu_script_runs_tiny_on_the_cpu(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-2000:]
     text = (tmp_path / "gpu_results.md").read_text()
+    assert "optional packages: " in text.splitlines()[2]
     sections = text.split("\n## ")[1:]
-    assert [s.split(":")[0] for s in sections] == ["qwen3-8b (tiny)", "qwen3.5-9b (tiny)"]
-    for section in sections:
-        tables = re.findall(r"### (.+)\n\n\| .+\n\|[-|]+\n((?:\|.+\n)+)", section)
-        assert [name for name, _ in tables] == ["decode", "capacity", "SFT step", "GRPO update"]
-        tokens_per_s = [
-            float(row.split("|")[5].replace(",", "")) for row in tables[0][1].splitlines()
+    assert [s.split("\n")[0] for s in sections] == [
+        "qwen3-8b (tiny): 0.11M multiplied weights, torch.float32",
+        "qwen3.5-9b (tiny): 0.20M multiplied weights, torch.float32",
+        "full-parameter GRPO at world size 1: qwen3-8b, torch.float32",
+        "qwen3-8b (tiny): launches",
+        "qwen3.5-9b (tiny): launches",
+    ]
+    for section in sections[:2]:
+        tables = gpu_tables(section)
+        assert list(tables) == [
+            "decode on GRPO's path (a group sharing its prompt)",
+            "GRPO update, padded and packed",
         ]
-        assert tokens_per_s and min(tokens_per_s) > 0
-        assert (
-            tables[2][1].split("|")[3].strip() != "0" and tables[3][1].split("|")[5].strip() != "0"
-        )
-        # the CPU's pretend device holds 4x the batch of 4
-        assert tables[1][1].split("|")[6].strip() == "16"
+        decode, packing = tables.values()
+        assert [r["decode"] for r in decode] == ["eager", "static", "static"]
+        assert [r["rows x (prompt + new)"] for r in decode] == ["2 x (16 shared + 8)"] * 2 + [
+            "2 x (16 shared + 16)"
+        ]
+        for r in decode:
+            positive(r["ms/step"]), positive(r["tokens/s"]), positive(r["roofline tokens/s"])
+            assert r["of roofline"].endswith("%") and r["ran with"]
+        padded, packed = packing
+        assert (padded["batches"], packed["batches"]) == ("padded", "packed")
+        # the same sequences: packed computes exactly their tokens, padded more
+        assert packed["tokens"] == padded["tokens"] == packed["computed"]
+        assert number(padded["computed"]) > number(padded["tokens"]) and packed["padding"] == "0.0%"
+        assert packed["ran with"] == "SDPA per sequence"
+        positive(padded["train s"]), positive(packed["tokens/s"])
+    tables = gpu_tables(sections[2])
+    [fsdp] = tables["FSDP update"]
+    positive(fsdp["s/update"]), positive(fsdp["tokens/s"])
+    assert fsdp["ran with"].startswith("FSDP2 over 1 rank (gloo)")
+    [sync] = tables["save of a full-parameter vLLM sync"]
+    positive(sync["seconds"]), positive(sync["GB/s"])
+    assert not (tmp_path / "sync-weights").exists()  # deleted once timed
+    for section in sections[3:]:
+        [launches] = gpu_tables(section).values()
+        assert [r["decode"] for r in launches] == ["eager", "static"]
+        for r in launches:
+            assert positive(r["per token"]) > 100 and r["counted"] == "aten operator calls"
+
+
+def test_a_failed_section_keeps_the_rows_before_it_and_the_run_goes_on(tmp_path):
+    report = gpu.Report(tmp_path / "out.md", "# header\n\n")
+
+    def measure(emit):
+        emit([1, 2])
+        raise RuntimeError("capture failed")
+
+    report.section("first", ["a", "b"], measure)
+    report.section("second", ["a", "b"], lambda emit: emit([3, 4]))
+    text = (tmp_path / "out.md").read_text()
+    assert report.failed == ["first"]
+    assert "| 1 | 2 |\n\n**failed**: RuntimeError: capture failed" in text
+    assert text.index("**failed**") < text.index("### second") < text.index("| 3 | 4 |")

@@ -72,6 +72,19 @@ def test_packed_loss_and_gradients_equal_the_padded_batch(family):
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6 * scale + 1e-8, msg=name)
 
 
+def test_the_default_mask_of_a_packed_row_leaves_out_each_sequences_last_token():
+    model = random_model("qwen3")
+    seqs = sequences(model.config.vocab_size)
+    packing = M.Packing.of(LENGTHS, "cpu")
+    with torch.no_grad():
+        found = M.token_logprobs(model, torch.cat(seqs)[None], packing=packing)[0]
+        expected = [M.token_logprobs(model, s[None])[0] for s in seqs]
+    boundaries = packing.cu[1:-1].long() - 1
+    assert (found[boundaries] == 0).all()
+    kept = torch.ones_like(found, dtype=torch.bool).index_fill_(0, boundaries, False)
+    torch.testing.assert_close(found[kept], torch.cat(expected), rtol=1e-5, atol=1e-5)
+
+
 def test_token_budget_parts_take_the_longest_first_and_never_exceed_the_budget():
     assert T.token_budget_parts([3, 9, 4, 12, 2, 5], 10) == [[3], [1], [5, 2], [0, 4]]
     # one sequence longer than the budget goes alone; every index once
