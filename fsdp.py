@@ -60,8 +60,10 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
+from data import EVIDENCE_CLOSE, EVIDENCE_OPEN
 from model import (
     Qwen,
+    add_special_tokens,
     checkpoint_name,
     load_adapter,
     lora_modules,
@@ -156,6 +158,27 @@ def shard_model(
     with torch.no_grad():
         # the root's forward makes it the FSDP root
         model(torch.zeros((1, 1), dtype=torch.long, device=device))
+    return model
+
+
+def sharded_policy(cfg, tok, device: torch.device, like: Qwen | None = None) -> Qwen:
+    """GRPO's policy of a full-parameter run (`cfg`: grpo.GRPOConfig): every rank reads only its
+    shards of the base (the reference, `like`'s frozen copy, not even the embedding and lm_head: it
+    shares the policy's), the <evidence> rows added with the ids the SFT run gave them, sharded
+    (`shard_model`), then the SFT adapter's delta merged into the shards (`merge_adapter`)."""
+    model = Qwen.from_pretrained(
+        cfg.model.path,
+        dtype=cfg.model.dtype,
+        device=device,
+        on_meta=(lambda name: True) if like is not None else sharded_weight,
+    )
+    if cfg.model.sft_adapter:
+        add_special_tokens(model, tok, [EVIDENCE_OPEN, EVIDENCE_CLOSE])
+    torch.manual_seed(cfg.seed)
+    shard_model(model, device, like, cfg.model.path, replicas=cfg.distributed.replicas)
+    if cfg.model.sft_adapter:
+        merge_adapter(model, cfg.model.sft_adapter)
+    model.gradient_checkpointing = cfg.model.gradient_checkpointing
     return model
 
 

@@ -66,14 +66,7 @@ from config import (
     save_resolved_config,
 )
 from distributed import DistributedSettings, Ranks, all_reduce_sum, gather_json, setup_distributed
-from fsdp import (
-    GatheredSampler,
-    is_sharded,
-    merge_adapter,
-    pad_batches,
-    shard_model,
-    sharded_weight,
-)
+from fsdp import GatheredSampler, pad_batches, sharded_policy
 from judge import JudgeAuthError, JudgeConfig, JudgeError
 from judge import probe as judge_probe
 from model import (
@@ -377,7 +370,7 @@ def rollout_sampler(cfg: GRPOConfig, policy: Qwen, tok, ranks: Ranks, out_dir: P
     if cfg.rollout.engine == "vllm":
         return VLLMSampler(policy, tok, cfg, ranks, out_dir, content)
     sampler = PromptSampler(policy, tok, cfg, content)
-    return GatheredSampler(sampler, policy) if is_sharded(policy) else sampler
+    return GatheredSampler(sampler, policy) if cfg.finetune == "full" else sampler
 
 
 def score_groups(groups: list[Group], cfg: GRPOConfig, judge) -> dict:
@@ -864,33 +857,20 @@ def judge_probes(cfg: GRPOConfig, examples: list) -> list:
 
 
 def build_policy(cfg: GRPOConfig, ranks: Ranks, like: Qwen | None = None):
-    """The base model with the SFT adapter (and its <evidence> rows) merged in, plus a fresh LoRA:
-    the only trainable parameters (embedding and lm_head stay frozen); disabling it gives the
-    reference. `finetune: full`: those weights sharded (fsdp.shard_model), all but embedding and
-    lm_head trainable; `like`: the frozen reference of it."""
+    """(policy, tokenizer): the base model with the SFT adapter (and its <evidence> rows) merged
+    in, plus a fresh LoRA: the only trainable parameters (embedding and lm_head stay frozen);
+    disabling it gives the reference. `finetune: full`: fsdp.sharded_policy (`like`: the frozen
+    reference of such a policy)."""
     tok = load_tokenizer(cfg.model.path)
-    # a full run reads only its shards (the reference not even the embedding and lm_head: it
-    # shares the policy's), then merges the SFT adapter into them
-    sharded = cfg.lora is None
-    on_meta = (lambda name: True) if like is not None else sharded_weight
-    policy = Qwen.from_pretrained(
-        cfg.model.path,
-        dtype=cfg.model.dtype,
-        device=ranks.device,
-        on_meta=on_meta if sharded else None,
-    )
+    if cfg.finetune == "full":
+        return sharded_policy(cfg, tok, ranks.device, like), tok
+    policy = Qwen.from_pretrained(cfg.model.path, dtype=cfg.model.dtype, device=ranks.device)
     if cfg.model.sft_adapter:
         # the ids the SFT run gave them
         add_special_tokens(policy, tok, [data.EVIDENCE_OPEN, data.EVIDENCE_CLOSE])
-        if not sharded:
-            merge_lora(load_adapter(policy, cfg.model.sft_adapter))
+        merge_lora(load_adapter(policy, cfg.model.sft_adapter))
     torch.manual_seed(cfg.seed)
-    if cfg.lora is not None:
-        add_lora(policy, cfg.lora.rank, cfg.lora.alpha, cfg.lora.dropout, cfg.lora.targets)
-    else:
-        shard_model(policy, ranks.device, like, cfg.model.path, replicas=cfg.distributed.replicas)
-        if cfg.model.sft_adapter:
-            merge_adapter(policy, cfg.model.sft_adapter)
+    add_lora(policy, cfg.lora.rank, cfg.lora.alpha, cfg.lora.dropout, cfg.lora.targets)
     policy.gradient_checkpointing = cfg.model.gradient_checkpointing
     return policy, tok
 
@@ -1087,7 +1067,7 @@ def train(cfg: GRPOConfig, examples: list, sampler_for=rollout_sampler) -> None:
                 print0(f"stopped after update {done}; `resume: auto` continues from {out_dir}")
                 return
     # a full-parameter run: a whole checkpoint
-    final = out_dir / ("model" if is_sharded(policy) else "adapter")
+    final = out_dir / ("model" if cfg.finetune == "full" else "adapter")
     trained_tokens, summary = run_summary(read_metrics(out_dir / "metrics.jsonl"))
     card = ModelCard(
         cfg.model.path,
@@ -1111,7 +1091,7 @@ def train(cfg: GRPOConfig, examples: list, sampler_for=rollout_sampler) -> None:
         # PEFT would load the adapter on this base; with an SFT adapter the base is not on disk
         base_model_name_or_path=None if cfg.model.sft_adapter else cfg.model.path,
         card=card,
-        lineage=None if is_sharded(policy) else lineage,
+        lineage=None if cfg.finetune == "full" else lineage,
     )
     if ranks.main and cfg.save_merged:
         with atomic_folder(out_dir / "merged") as tmp:

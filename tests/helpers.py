@@ -672,12 +672,12 @@ def fixed_groups(n_groups=4, k=3, seed=0):
     return groups
 
 
-def kill_after_checkpoint(argv: list[str], run: Path, checkpoint: str) -> None:
-    """Start `python grpo.py *argv` and SIGKILL it as soon as `run` holds `checkpoint`, before the
-    run ends."""
+def kill_after_checkpoint(argv: list[str], run: Path, checkpoint: str, entry=("grpo.py",)) -> None:
+    """Start `python *entry *argv` (grpo.py, or an extension's `-m folder.script`) and SIGKILL it
+    as soon as `run` holds `checkpoint`, before the run ends."""
     env = dict(os.environ, PYTHONPATH=str(REPO))
     proc = subprocess.Popen(
-        [sys.executable, str(REPO / "grpo.py"), *argv],
+        [sys.executable, *entry, *argv],
         cwd=REPO,
         env=env,
         stdout=subprocess.DEVNULL,

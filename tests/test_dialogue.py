@@ -984,7 +984,9 @@ def test_a_killed_dialogue_run_resumes_to_the_same_result(tmp_path, reward):
             ]
 
         dialogue_rl.main(argv("straight"))
-        kill_after_checkpoint(argv("killed"), tmp_path / "killed", "ckpt-000001")
+        kill_after_checkpoint(
+            argv("killed"), tmp_path / "killed", "ckpt-000001", ("-m", "dialogue.rl")
+        )
         assert CK.latest_checkpoint(tmp_path / "killed").name in (
             "ckpt-000001",
             "ckpt-000002",

@@ -790,10 +790,11 @@ def test_three_updates_write_every_output(tmp_path, assets, judge, umask_022):
 
 @pytest.mark.slow
 def test_killed_run_resumes_to_the_same_result(tmp_path, assets):
+    trains = {"filtering": {"resamples": 3, "replacements": 2}}  # groups trained, not all masked
     with JudgeServer(rules_backend, faults=Faults(latency=0.05)).start() as server:
-        straight = run_config(tmp_path / "a", assets, server.url)
+        straight = run_config(tmp_path / "a", assets, server.url, **trains)
         grpo.main([str(straight)])
-        killed = run_config(tmp_path / "b", assets, server.url)
+        killed = run_config(tmp_path / "b", assets, server.url, **trains)
         run = tmp_path / "b" / "run"
         kill_after_checkpoint([str(killed)], run, "ckpt-000002")
         assert CK.latest_checkpoint(run).name in ("ckpt-000002", "ckpt-000003")
@@ -817,7 +818,7 @@ runpy.run_path("grpo.py", run_name="__main__")
 
 @pytest.mark.slow
 def test_a_kill_during_the_final_save_leaves_no_temporary_in_the_result(tmp_path, assets, judge):
-    config = run_config(tmp_path, assets, judge.url, updates=2)
+    config = run_config(tmp_path, assets, judge.url, filtering={"resamples": 3, "replacements": 2})
     run = tmp_path / "run"
     killed = subprocess.run(
         [sys.executable, "-c", KILL_IN_FINAL_SAVE, str(config)],
@@ -826,10 +827,11 @@ def test_a_kill_during_the_final_save_leaves_no_temporary_in_the_result(tmp_path
         env=dict(os.environ, PYTHONPATH=str(REPO)),
         timeout=300,
     )
-    assert killed.returncode == -signal.SIGKILL and (run / "ckpt-000002").is_dir(), (
+    assert killed.returncode == -signal.SIGKILL and (run / "ckpt-000003").is_dir(), (
         killed.stderr.decode()[-2000:]
     )
-    whole = ["README.md", "adapter_config.json", "adapter_model.safetensors"]  # with its card
+    # with its card and lineage
+    whole = ["README.md", "adapter_config.json", "adapter_model.safetensors", "lineage.json"]
     # absent or whole, never half-written
     assert not (run / "adapter").exists() or sorted(os.listdir(run / "adapter")) == whole
     grpo.main([str(config)])  # the rerun: resumes at its last update, then saves again
