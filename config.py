@@ -451,19 +451,26 @@ def read_metrics(path) -> list[dict]:
 
 def read_log(path, error: type[Exception] = ValueError) -> list:
     """The records of a JSONL file we append to (a journal, completions.jsonl), or [] when it does
-    not exist. A torn last line (a run killed mid-write) is ignored, and the file is left as it is;
-    any other line that is not JSON raises `error` naming the file and line. Lines end at "\\n"
-    only: a text may hold U+2028."""
+    not exist. A torn last line (a run killed mid-write: not JSON, or cut inside a character) is
+    ignored, and the file is left as it is; any other line that is not JSON, or not UTF-8, raises
+    `error` naming the file and line. Lines end at "\\n" only: a text may hold U+2028."""
     path = Path(path)
     if not path.exists():
         return []
-    lines = re.findall(r"[^\n]*\n|[^\n]+$", path.read_text(encoding="utf-8"))
+    lines = re.findall(rb"[^\n]*\n|[^\n]+$", path.read_bytes())
     records = []
     for number, line in enumerate(lines, 1):
+        torn = number == len(lines) and not line.endswith(b"\n")
         try:
-            records.append(json.loads(line))
+            text = line.decode("utf-8")
+        except UnicodeDecodeError:
+            if torn:
+                break
+            raise error(f"{path}:{number}: not UTF-8 text") from None
+        try:
+            records.append(json.loads(text))
         except json.JSONDecodeError:
-            if number < len(lines) or line.endswith("\n"):
+            if not torn:
                 raise error(f"{path}:{number}: not valid JSON") from None
     return records
 
@@ -524,9 +531,16 @@ def read_text(path, error: type[Exception] = ValueError) -> str:
         raise error(f"{path}:{line}: not UTF-8 text (byte {e.start})") from None
 
 
-def check_output_file(path, key: str) -> None:
-    """ConfigError, before any work, when the file setting `key` is a folder or sits in a file."""
+def check_output_file(path, key: str, inputs: dict | None = None) -> None:
+    """ConfigError, before any work, when the file setting `key` is a folder, sits in a file, or is
+    one of the run's `inputs` ({key: a path or a list of paths}), which it would replace."""
     path = Path(path)
+    for input_key, paths in (inputs or {}).items():
+        for given in paths if isinstance(paths, (list, tuple)) else [paths]:
+            if given is not None and Path(given).resolve() == path.resolve():
+                raise ConfigError(
+                    f"'{key}': {path} is also '{input_key}': name another file to write"
+                )
     if path.is_dir():
         raise ConfigError(f"'{key}': {path} is a folder; name the file to write")
     if any(parent.exists() and not parent.is_dir() for parent in path.parents):

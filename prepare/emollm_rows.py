@@ -593,7 +593,9 @@ def prepare(
         )
     if objective == "lm" and settings.knowledge is None:
         raise ConfigError("knowledge: the CPT rows (objective lm) need the knowledge triples")
-    check_output_file(out, "out")
+    check_output_file(
+        out, "out", {"dialogues": settings.dialogues, "knowledge": settings.knowledge}
+    )
     dialogues = load_dialogues(settings.dialogues)
     if objective == "lm":
         knowledge = Knowledge(

@@ -117,7 +117,7 @@ def sample_dialogues(
 def prepare(cfg: SeedSettings) -> dict[str, int]:
     """Write `out` from the dialogues through the teacher; returns (and prints) the counts."""
     out = Path(cfg.out)
-    check_output_file(out, "out")
+    check_output_file(out, "out", {"dialogues": cfg.dialogues})
     chosen = sample_dialogues(load_dialogues(cfg.dialogues), cfg.per_source, cfg.seed)
     calls = [seed_request(d, cfg.max_tokens) for d in chosen]
     keys = [request_key("seed", d.id, cfg.teacher, c) for d, c in zip(chosen, calls)]

@@ -71,7 +71,7 @@ def add_references(
 def prepare(cfg: ReferenceSettings) -> dict[str, int]:
     """`out` from `examples`, with references; returns (and prints) the counts."""
     out = Path(cfg.out)
-    check_output_file(out, "out")
+    check_output_file(out, "out", {"examples": cfg.examples})
     examples = dataset.load_jsonl(cfg.examples)
     journal = out.with_suffix(".references.jsonl")
     kept, n = add_references(examples, cfg.teacher, journal)

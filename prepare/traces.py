@@ -364,7 +364,7 @@ def prepare(cfg: PrepareConfig) -> dict[str, int]:
     have the teacher refine each toward the gold labels (C.3), keep the refinements that answer the
     gold labels with verified quotes, and write them to `cfg.out` (example + prompt + completion),
     the conflict records beside them. Returns the counts it prints."""
-    check_output_file(cfg.out, "out")
+    check_output_file(cfg.out, "out", {"examples": cfg.examples})
     examples = load_jsonl(cfg.examples)
     if not examples:
         raise DataError(f"{cfg.examples}: no examples (the file is empty)")

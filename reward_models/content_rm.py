@@ -563,7 +563,11 @@ def build_pairs(p: PairsConfig) -> dict[str, int]:
     """References, segment ratings, tiers, pairs: writes `p.out` and returns (and prints) the
     counts. Stops with JudgeError when calls failed (the answers so far are journaled; rerun to
     continue)."""
-    check_output_file(p.out, "build.out")
+    check_output_file(
+        p.out,
+        "build.out",
+        {"build.examples": p.examples, "build.rollouts": [r.path for r in p.rollouts]},
+    )
     examples = {e.id: e for e in load_jsonl(p.examples)}
     segments = load_segments(p, examples)
     if not segments:

@@ -315,7 +315,7 @@ def build_targets(cfg: GeneratorDataConfig) -> dict[str, int]:
     run (rerun to continue)."""
     t = cfg.targets
     journal = Path(t.journal or t.out + ".journal.jsonl")
-    check_output_file(t.out, "targets.out")
+    check_output_file(t.out, "targets.out", {"targets.turns": t.turns})
     check_output_file(journal, "targets.journal")
     turns = load_turns(t.turns, pairs=False, strategy_map=cfg.strategy_map)
     done = load_journal(journal)
@@ -390,7 +390,7 @@ def preference_examples(cfg: GeneratorDataConfig) -> list[Example]:
     the generator's prompt (judge.care_rubric_request, as in SFT and in a CARE run) in meta.prompt,
     and what care_generator reads: meta chosen, rejected and dimension_counts. Written to
     `rl.out`."""
-    check_output_file(cfg.rl.out, "rl.out")
+    check_output_file(cfg.rl.out, "rl.out", {"rl.pairs": cfg.rl.pairs})
     pairs = load_turns(cfg.rl.pairs, pairs=True, strategy_map=cfg.strategy_map)
     examples = [
         Example(

@@ -501,3 +501,55 @@ def test_entry_points_stop_on_bad_input_in_one_line(
     assert stop.value.code == 2 and "\n" not in error and len(error) <= 400, error
     assert expected.format(tmp=tmp_path) in error, error
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing written
+
+
+# ------------------------------------------------ issue 48: the last wave's surfaces, under faults
+
+
+def test_a_torn_last_record_cut_inside_a_character_is_ignored_like_any_torn_line(tmp_path):
+    """A run killed while writing `é` leaves a last line that is not whole UTF-8: read_log ignores
+    it (the file kept), as it ignores an unparsable one; open_log moves it aside."""
+    from config import open_log, read_log
+
+    journal = tmp_path / "roleplay.jsonl"
+    whole = '{"key": "a", "value": "caf\\u00e9"}\n'.encode()
+    journal.write_bytes(whole + '{"key": "b", "value": "caf'.encode() + "é".encode()[:1])
+    assert read_log(journal) == [{"key": "a", "value": "café"}]
+    with open_log(journal) as f:
+        f.write('{"key": "c", "value": 1}\n')
+    assert [r["key"] for r in read_log(journal)] == ["a", "c"]
+    # an earlier line that is not UTF-8 is no torn line: one located error
+    journal.write_bytes(b'{"key": "\xff"}\n' + whole)
+    with pytest.raises(ValueError, match=rf"^{journal}:1: not UTF-8 text$"):
+        read_log(journal)
+
+
+def test_an_output_that_is_one_of_the_inputs_is_refused_before_any_work(tmp_path, capsys):
+    """emollm_seeds with `out` naming its own dialogues file, prepare.traces with `out` its
+    examples: one line naming both keys, the input unchanged, no teacher asked (none is there)."""
+    from prepare import emollm_seeds, traces
+
+    dialogues = tmp_path / "dialogues.jsonl"
+    dialogues.write_text(ESCONV.read_text())
+    before = dialogues.read_bytes()
+    seeds = tmp_path / "seeds.yaml"
+    seeds.write_text(
+        f"dialogues: [{dialogues}]\nout: {dialogues}\nteacher: {{base_url: '{DEAD}'}}\n"
+    )
+    examples = tmp_path / "ex.jsonl"
+    examples.write_text(json.dumps(EXAMPLE) + "\n")
+    prep = tmp_path / "prep.yaml"
+    prep.write_text(f"examples: {examples}\nout: {examples}\nmodel: m\n")
+    for main, argv, path, key in (
+        (emollm_seeds.main, [str(seeds)], dialogues, "dialogues"),
+        (traces.main, [str(prep)], examples, "examples"),
+    ):
+        kept = path.read_bytes()
+        with pytest.raises(SystemExit) as stop:
+            main(argv)
+        err = capsys.readouterr().err.strip()
+        assert stop.value.code == 2 and err == (
+            f"error: 'out': {path} is also '{key}': name another file to write"
+        ), err
+        assert path.read_bytes() == kept
+    assert dialogues.read_bytes() == before
