@@ -350,10 +350,10 @@ def port_number(text: str) -> int:
 ReportTo = list[typing.Literal[tuple(sinks.PACKAGES)]]
 
 
-def check_report_to(names) -> None:
-    """Raise a ConfigError, worded for a schema's __post_init__, when a sink's package is
-    missing."""
-    problem = sinks.missing_package(names)
+def check_report_to(names, out_dir) -> None:
+    """Raise a ConfigError, worded for a schema's __post_init__, when a sink's package is missing
+    or its folder in `out_dir` is taken by a file."""
+    problem = sinks.missing_package(names) or sinks.taken_folder(names, out_dir)
     if problem:
         raise ConfigError(f"report_to: {problem}")
 

@@ -215,7 +215,7 @@ class GRPOConfig:
     seed: int = 42
 
     def __post_init__(self):
-        check_report_to(self.report_to)
+        check_report_to(self.report_to, self.output_dir)
         self.lora = finetune_settings(self.finetune, self.lora, self.save_merged, LoraSettings())
 
 

@@ -191,7 +191,8 @@ def _rope(raw: dict, src: str, family: str) -> tuple[float, float, dict | None]:
     """(theta, partial_rotary_factor, Llama 3's scaling or None). Hub configs keep `rope_theta` at
     the top level (Llama 3.1's scaling in `rope_scaling`); transformers >= 5 writes
     `rope_parameters`. Qwen3.5's mrope fields reduce to plain RoPE for text."""
-    params = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+    field = "rope_parameters" if raw.get("rope_parameters") else "rope_scaling"
+    params = raw.get(field) or {}
     rope_type = params.get("rope_type", params.get("type", "default"))
     if rope_type not in ("default", "llama3") or (rope_type == "llama3" and family != "llama"):
         raise CheckpointError(
@@ -203,6 +204,15 @@ def _rope(raw: dict, src: str, family: str) -> tuple[float, float, dict | None]:
         if missing := [key for key in LLAMA3_ROPE if not isinstance(params.get(key), (int, float))]:
             raise CheckpointError(f"{src}: field 'rope_parameters.{missing[0]}' must be a number")
         scaling = {key: float(params[key]) for key in LLAMA3_ROPE}
+        # the frequency formula divides by high - low and by the factor: NaN frequencies otherwise
+        for key in ("factor", "low_freq_factor", "original_max_position_embeddings"):
+            if not 0 < scaling[key] < math.inf:
+                raise CheckpointError(f"{src}: field '{field}.{key}' = {params[key]} must be > 0")
+        if not scaling["high_freq_factor"] > scaling["low_freq_factor"]:
+            raise CheckpointError(
+                f"{src}: field '{field}.high_freq_factor' = {params['high_freq_factor']} must be "
+                f"above low_freq_factor {params['low_freq_factor']}"
+            )
     theta = params.get("rope_theta", raw.get("rope_theta"))
     if theta is None:
         raise CheckpointError(f"{src}: missing field 'rope_theta'")

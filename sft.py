@@ -183,7 +183,7 @@ class SFTConfig:
     report_to: ReportTo = field(default_factory=list)
 
     def __post_init__(self):  # a full-parameter run (fsdp.py) takes no LoRA-only key
-        check_report_to(self.report_to)
+        check_report_to(self.report_to, self.output_dir)
         # Table 5 (lost): PEFT's usual small dropout on r 16 / alpha 32, every projection
         self.lora = finetune_settings(
             self.finetune, self.lora, self.save_merged, LoraSettings(dropout=0.05)

@@ -13,6 +13,19 @@ from pathlib import Path
 PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb"}
 
 
+def taken_folder(names, out_dir) -> str | None:
+    """One line naming the first sink in `names` whose folder in `out_dir` (OUT/tensorboard,
+    OUT/wandb) is taken by a file, else None: said when the config is read, not after the model
+    has loaded."""
+    for name in names:
+        folder = Path(out_dir) / name
+        if folder.exists() and not folder.is_dir():
+            return (
+                f"{name} writes into {folder}, a file there: move it or choose another output_dir"
+            )
+    return None
+
+
 def missing_package(names) -> str | None:
     """One line naming the first sink in `names` whose package is not installed, else None."""
     for name in names:

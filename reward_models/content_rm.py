@@ -682,7 +682,7 @@ class RMConfig:
     report_to: ReportTo = field(default_factory=list)
 
     def __post_init__(self):
-        check_report_to(self.report_to)
+        check_report_to(self.report_to, self.output_dir)
 
 
 def encode_pairs(

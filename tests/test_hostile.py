@@ -553,3 +553,29 @@ def test_an_output_that_is_one_of_the_inputs_is_refused_before_any_work(tmp_path
         ), err
         assert path.read_bytes() == kept
     assert dialogues.read_bytes() == before
+
+
+def test_a_sinks_path_taken_by_a_file_stops_before_any_model_loads(tmp_path, monkeypatch, capsys):
+    """A `tensorboard` file of the user's in the output folder: one line when the config is read,
+    before any model loads, the file kept (was a FileExistsError traceback after loading)."""
+    pytest.importorskip("tensorboard")
+    from helpers import grpo_checkpoint, run_config, write_examples
+
+    import grpo
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(grpo.Qwen, "from_pretrained", no_load)
+    assets = (grpo_checkpoint(tmp_path / "base"), write_examples(tmp_path / "train.jsonl"))
+    config = run_config(tmp_path, assets, DEAD, report_to=["tensorboard"])
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "tensorboard").write_text("my notes")
+    with pytest.raises(SystemExit) as stop:
+        grpo.main([str(config)])
+    err = capsys.readouterr().err.strip()
+    assert stop.value.code == 2 and "\n" not in err and err.endswith(
+        f"'report_to': tensorboard writes into {tmp_path / 'run' / 'tensorboard'}, a file there: "
+        "move it or choose another output_dir"
+    ), err
+    assert (tmp_path / "run" / "tensorboard").read_text() == "my notes"

@@ -3,6 +3,7 @@ random-weight checkpoints with every parameter moved away from its initial value
 
 import dataclasses
 import json
+import re
 import shutil
 
 import pytest
@@ -867,3 +868,31 @@ def test_bad_adapter_json_and_token_rows_are_one_line_errors(qwen3, tmp_path):
     assert torch.equal(loaded.head_rows, ours.head_rows) and torch.equal(
         loaded.embed_rows, ours.embed_rows
     )
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"factor": 0}, "field 'rope_scaling.factor' = 0 must be > 0"),
+        ({"factor": -8.0}, "field 'rope_scaling.factor' = -8.0 must be > 0"),
+        ({"low_freq_factor": 0}, "field 'rope_scaling.low_freq_factor' = 0 must be > 0"),
+        (
+            {"low_freq_factor": 4.0, "high_freq_factor": 1.0},
+            "field 'rope_scaling.high_freq_factor' = 1.0 must be above low_freq_factor 4.0",
+        ),
+        (
+            {"original_max_position_embeddings": 0},
+            "field 'rope_scaling.original_max_position_embeddings' = 0 must be > 0",
+        ),
+    ],
+)
+def test_llama3_rope_scaling_that_would_give_nan_frequencies_is_refused(change, message):
+    """Values that enter the frequency formula are bounded where they are read: a factor of 0 or a
+    high-frequency factor at or below the low one (division by zero, NaN frequencies) is one line
+    naming the field, never a model that runs."""
+    from helpers import LLAMA_TINY, TINY
+
+    raw = dict(TINY, **LLAMA_TINY)
+    raw["rope_scaling"] = dict(raw["rope_scaling"], **change)
+    with pytest.raises(CheckpointError, match=re.escape(message)):
+        M.QwenConfig.from_dict(raw, "config.json")
