@@ -385,6 +385,11 @@ def convert_hitom(path) -> list[Example]:
     files = _files(path, "**/order_*.txt", lambda f: "CoT" not in f.parts)
     examples = []
     for file in files:
+        if not re.fullmatch(r"order_\d+", file.stem):
+            raise DataError(
+                f"{file}: not a Hi-ToM story file name (order_K.txt, K the ToM order): a copy? "
+                "rename or remove it"
+            )
         match = _HITOM.search(read_data_text(file))
         if match is None:
             raise DataError(f"{file}: not a Hi-ToM story (Story:, Question:, Answer:, Choices:)")
@@ -441,6 +446,11 @@ def convert_emobench(path) -> list[Example]:
         for where, item in _json_records(file):
             with _record(where):
                 language = item["language"]
+                if language not in _EMOBENCH_QUESTIONS:
+                    raise DataError(
+                        f"{where}: field 'language': {excerpt(language)} is not a language "
+                        f"EmoBench's questions are written in ({', '.join(_EMOBENCH_QUESTIONS)})"
+                    )
                 questions = _EMOBENCH_QUESTIONS[language]
                 subject, scenario = item["subject"], [Turn("", item["scenario"])]
                 if "emotion_choices" in item:

@@ -8,6 +8,7 @@ import http.client
 import json
 import logging
 import resource
+import shutil
 import socket
 import subprocess
 import sys
@@ -574,8 +575,42 @@ def test_a_sinks_path_taken_by_a_file_stops_before_any_model_loads(tmp_path, mon
     with pytest.raises(SystemExit) as stop:
         grpo.main([str(config)])
     err = capsys.readouterr().err.strip()
-    assert stop.value.code == 2 and "\n" not in err and err.endswith(
-        f"'report_to': tensorboard writes into {tmp_path / 'run' / 'tensorboard'}, a file there: "
-        "move it or choose another output_dir"
+    assert (
+        stop.value.code == 2
+        and "\n" not in err
+        and err.endswith(
+            f"'report_to': tensorboard writes into {tmp_path / 'run' / 'tensorboard'}, a file "
+            "there: move it or choose another output_dir"
+        )
     ), err
     assert (tmp_path / "run" / "tensorboard").read_text() == "my notes"
+
+
+def test_converter_lines_name_what_is_wrong(tmp_path):
+    """A re-downloaded `order_0 (1).txt` beside Hi-ToM's files is named as a file whose name is not
+    order_K.txt (was: the folder malformed); an EmoBench line in a language its questions are not
+    written in names the field and the languages (was: "field 'fr': missing")."""
+    from data import DataError
+    from prepare.convert import convert_emobench, convert_hitom
+
+    hitom = tmp_path / "hitom"
+    shutil.copytree(REPO / "tests" / "fixtures" / "benchmarks" / "hitom", hitom)
+    sample = hitom / "Hi-ToM_data" / "Tell" / "MC" / "length_1" / "sample_1"
+    shutil.copy(sample / "order_0.txt", sample / "order_0 (1).txt")
+    with pytest.raises(DataError) as error:
+        convert_hitom(hitom)
+    assert str(error.value) == (
+        f"{sample / 'order_0 (1).txt'}: not a Hi-ToM story file name (order_K.txt, K the ToM "
+        "order): a copy? rename or remove it"
+    )
+    emobench = tmp_path / "EA.jsonl"
+    line = json.loads(
+        (REPO / "tests/fixtures/benchmarks/emobench/data/EA.jsonl").read_text().splitlines()[0]
+    )
+    emobench.write_text(json.dumps(line | {"language": "fr"}) + "\n")
+    with pytest.raises(DataError) as error:
+        convert_emobench(emobench)
+    assert str(error.value) == (
+        f"{emobench}:1: field 'language': 'fr' is not a language EmoBench's questions are written "
+        "in (en, zh)"
+    )
