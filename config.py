@@ -475,7 +475,32 @@ def read_log(path, error: type[Exception] = ValueError) -> list:
     return records
 
 
-def open_log(path):
+class LogFile:
+    """A JSONL file opened for appending (open_log): a write that fails (a full disk) names it."""
+
+    def __init__(self, path: Path):
+        self.path, self._file = path, open(path, "a", encoding="utf-8")
+
+    def _named(self, call, *args):
+        try:
+            return call(*args)
+        except OSError as e:
+            raise OSError(e.errno, e.strerror, str(self.path)) from None
+
+    def write(self, text: str) -> int:
+        return self._named(self._file.write, text)
+
+    def flush(self) -> None:
+        self._named(self._file.flush)
+
+    def __enter__(self) -> LogFile:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._named(self._file.close)
+
+
+def open_log(path) -> LogFile:
     """`path` opened for appending records (its folder made). A torn last line, which `read_log`
     ignores, is moved first to `<path>.torn` (appended there) and said so on stderr, so that the
     next record starts a line of its own; a last record missing only its newline gets one."""
@@ -500,7 +525,7 @@ def open_log(path):
                 "appending",
                 file=sys.stderr,
             )
-    return open(path, "a", encoding="utf-8")
+    return LogFile(path)
 
 
 _SECRET_KEY = re.compile(r"api[_-]?key|secret|password|auth[_-]?token", re.IGNORECASE)

@@ -614,3 +614,32 @@ def test_converter_lines_name_what_is_wrong(tmp_path):
         f"{emobench}:1: field 'language': 'fr' is not a language EmoBench's questions are written "
         "in (en, zh)"
     )
+
+
+FULL_DISK_APPEND = """
+import resource, sys
+sys.path.insert(0, sys.argv[2])
+from config import open_log
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+try:
+    with open_log(sys.argv[1]) as f:
+        for _ in range(100):
+            f.write('{"turn": "' + 'x' * 100 + '"}\\n')
+            f.flush()
+except OSError as e:
+    print(e, file=sys.stderr)
+"""
+
+
+def test_a_disk_that_fills_while_a_journal_is_appended_to_names_the_journal(tmp_path):
+    """What the EQBench3 play, the teacher journal and completions.jsonl append through (open_log):
+    a write that fails for want of space names the file being written (the file-size limit stands
+    in for a full disk: Python ignores SIGXFSZ, so the write fails with EFBIG)."""
+    journal = tmp_path / "roleplay.jsonl"
+    done = subprocess.run(
+        [sys.executable, "-c", FULL_DISK_APPEND, str(journal), str(REPO)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.stderr == f"[Errno 27] File too large: '{journal}'\n", done.stderr
