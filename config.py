@@ -388,7 +388,8 @@ class MetricsWriter:
     """Appends one JSON object per line to a `.jsonl` file (rank 0 only) and flushes after every
     record, so a crash never loses a step already logged; appending continues a resumed run. With
     `report_to` (sinks.py: tensorboard, wandb), each record's numbers also go to those sinks at its
-    `step`, which are given `run_config` with its secrets removed."""
+    `step`, which are given `run_config` with its secrets removed; the steps after the file's last
+    one (those a resumed run logs again) are first purged from the sinks that can."""
 
     def __init__(self, path, report_to=(), run_config=None):
         self.path = Path(path)
@@ -399,7 +400,13 @@ class MetricsWriter:
             self._file = open(self.path, "a", encoding="utf-8")
             if report_to:
                 resolved = redact_secrets(_jsonable(run_config))
-                self._sinks = sinks.open_sinks(report_to, self.path.parent, resolved)
+                # a resumed run's log was trimmed to its checkpoint: later steps leave the sinks too
+                steps = [
+                    r["step"] for r in read_metrics(self.path) if isinstance(r.get("step"), int)
+                ]
+                self._sinks = sinks.open_sinks(
+                    report_to, self.path.parent, resolved, max(steps, default=0) + 1
+                )
 
     def write(self, record: dict) -> None:
         if self._file is not None:

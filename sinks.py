@@ -35,10 +35,13 @@ def missing_package(names) -> str | None:
 
 
 class TensorBoardSink:
-    def __init__(self, out_dir: Path, run_config: dict):
+    """TensorBoard event files; the events of steps from `first_step` on, which a resumed run logs
+    again, are purged (SummaryWriter's purge_step), so no step shows twice."""
+
+    def __init__(self, out_dir: Path, run_config: dict, first_step: int):
         from torch.utils.tensorboard import SummaryWriter
 
-        self._writer = SummaryWriter(log_dir=str(out_dir / "tensorboard"))
+        self._writer = SummaryWriter(log_dir=str(out_dir / "tensorboard"), purge_step=first_step)
 
     def log(self, values: dict, step: int) -> None:
         for key, value in values.items():
@@ -50,11 +53,12 @@ class TensorBoardSink:
 
 
 class WandbSink:
-    """One W&B run per process start (a resumed run is a new W&B run). The project is
+    """One W&B run per process start: a resumed run is a new W&B run, which logs again the steps
+    after the checkpoint (the killed run's W&B run keeps them; docs/configs.md). The project is
     WANDB_PROJECT (default clue-mini); WANDB_MODE=offline writes only the local folder. The run's
     config is the resolved config with secrets removed; W&B reads its key from WANDB_API_KEY."""
 
-    def __init__(self, out_dir: Path, run_config: dict):
+    def __init__(self, out_dir: Path, run_config: dict, first_step: int):
         import wandb
 
         self._run = wandb.init(
@@ -74,6 +78,7 @@ class WandbSink:
 _SINKS = {"tensorboard": TensorBoardSink, "wandb": WandbSink}
 
 
-def open_sinks(names, out_dir, run_config: dict) -> list:
-    """The sinks `names` asks for, writing under `out_dir`; `run_config` must hold no secret."""
-    return [_SINKS[name](Path(out_dir), run_config) for name in dict.fromkeys(names)]
+def open_sinks(names, out_dir, run_config: dict, first_step: int = 1) -> list:
+    """The sinks `names` asks for, writing under `out_dir`, the next step logged `first_step`;
+    `run_config` must hold no secret."""
+    return [_SINKS[name](Path(out_dir), run_config, first_step) for name in dict.fromkeys(names)]

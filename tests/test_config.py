@@ -404,3 +404,26 @@ def test_help_lists_the_top_level_keys_and_points_to_the_scripts_section():
         keys.removeprefix("top-level keys: ").split(", ")
     )
     assert pointer.endswith("docs/config-reference.md#grpopy") and "\n## grpo.py\n" in page
+
+
+def test_a_resumed_runs_tensorboard_holds_each_logged_step_once(tmp_path):
+    """A run killed after logging update 3 but before its checkpoint resumes from 2: metrics.jsonl
+    is trimmed to steps 1-2 and step 3 logged again; the TensorBoard events, read back by
+    tensorboard's own reader, then hold steps 1, 2, 3 once each, step 3 with its new value (was:
+    step 3 twice, a doubled point on the curve)."""
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from checkpoint import trim_log
+    from distributed import Ranks
+
+    path = tmp_path / "metrics.jsonl"
+    with MetricsWriter(path, ["tensorboard"], {}) as log:
+        for step in (1, 2, 3):
+            log.write({"step": step, "loss": float(step)})
+    trim_log(path, 2, Ranks(0, 1, None))  # the resume: back to the checkpoint of update 2
+    with MetricsWriter(path, ["tensorboard"], {}) as log:
+        log.write({"step": 3, "loss": 30.0})
+    events = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"scalars": 0})
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("loss")] == [(1, 1.0), (2, 2.0), (3, 30.0)]
