@@ -240,12 +240,20 @@ class VLLMEngine:
                 self._post("/collective_rpc", body, _any_answer, at_root=True)
                 self._post("/reset_prefix_cache", {}, _reset, at_root=True)
             except EngineError as e:
-                error = (
-                    f"vLLM did not reload the weights {folder}: {e} (a full-parameter run needs "
-                    f"the server started with VLLM_SERVER_DEV_MODE=1)"
-                )
+                error = reload_failure(e, folder)
         agree(error, ranks)
         return self.probe(policy, tok, sampling, ranks, retries=None)
+
+
+def reload_failure(error: EngineError, folder) -> str:
+    """The line of a weight reload that failed: a server without the route (HTTP 404) was started
+    without the setting that adds it; one that did not answer is reported as it failed."""
+    hint = (
+        " (a full-parameter run needs the server started with VLLM_SERVER_DEV_MODE=1)"
+        if "HTTP 404" in str(error)
+        else ""
+    )
+    return f"vLLM did not reload the weights {folder}: {error}{hint}"
 
 
 def agree(error: str | None, ranks: Ranks) -> None:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import requests
+from instruments import free_port
 
 import judge
 import verifier
@@ -643,3 +644,27 @@ def test_a_disk_that_fills_while_a_journal_is_appended_to_names_the_journal(tmp_
         timeout=60,
     )
     assert done.stderr == f"[Errno 27] File too large: '{journal}'\n", done.stderr
+
+
+def test_a_weight_reload_that_fails_names_the_setting_only_when_the_route_is_missing(tmp_path):
+    """A full-parameter run's weight reload: a server without the route (404: started without
+    VLLM_SERVER_DEV_MODE=1) gets the setting's hint; a server that is down gets its own reason,
+    not that hint (was: the hint both times)."""
+    from judge_server import JudgeServer, rules_backend
+    from vllm_engine import EngineError, VLLMEngine, VLLMSettings, reload_failure
+
+    def reload_error(url):
+        engine = VLLMEngine(VLLMSettings(base_url=url, retries=0, backoff=0.01), "t", tmp_path)
+        try:
+            engine._post("/collective_rpc", {"method": "reload_weights"}, dict, at_root=True)
+        except EngineError as e:
+            return reload_failure(e, tmp_path / "weights")
+        raise AssertionError("the reload was answered")
+
+    with JudgeServer(rules_backend).start() as server:  # no /collective_rpc route: HTTP 404
+        missing_route = reload_error(server.url)
+    assert "HTTP 404" in missing_route and missing_route.endswith(
+        "(a full-parameter run needs the server started with VLLM_SERVER_DEV_MODE=1)"
+    )
+    down = reload_error(f"http://127.0.0.1:{free_port()}/v1")
+    assert "Connection refused" in down and "VLLM_SERVER_DEV_MODE" not in down, down
