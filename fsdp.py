@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -81,20 +82,29 @@ def sharded_weight(name: str) -> bool:
     return name.startswith(SHARDED)
 
 
-def device_mesh(device: torch.device, replicas: int = 1) -> DeviceMesh:
+def device_mesh(
+    device: torch.device, replicas: int = 1, timeout_s: float | None = None
+) -> DeviceMesh:
     """The 1-D mesh of all ranks, or with `replicas` > 1 (dividing the world size) the 2-D mesh
     ("replicate", "shard") of `replicas` rows of consecutive ranks: rank r in row r // (world /
     replicas). A plain (non-torchrun) run joins a process group of its own first, so one process
-    trains through the same sharded code as many."""
+    trains through the same sharded code as many. The mesh's own process groups (a 2-D mesh's rows
+    and columns, which torch creates with its default timeout) get `timeout_s`
+    (distributed.timeout_s), as the world's has."""
     if not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     world = dist.get_world_size()
     if replicas == 1:
         return init_device_mesh(device.type, (world,), mesh_dim_names=("shard",))
-    return init_device_mesh(
-        device.type, (replicas, world // replicas), mesh_dim_names=("replicate", "shard")
-    )
+    names = ("replicate", "shard")
+    mesh = init_device_mesh(device.type, (replicas, world // replicas), mesh_dim_names=names)
+    if timeout_s is not None:
+        for name in names:  # torch's own setter of a group's timeout
+            dist.distributed_c10d._set_pg_timeout(
+                timedelta(seconds=timeout_s), mesh.get_group(name)
+            )
+    return mesh
 
 
 def is_sharded(model: torch.nn.Module) -> bool:
@@ -119,7 +129,12 @@ def frozen_whole(model: Qwen) -> set[torch.nn.Parameter]:
 
 
 def shard_model(
-    model: Qwen, device: torch.device, like: Qwen | None = None, checkpoint=None, replicas: int = 1
+    model: Qwen,
+    device: torch.device,
+    like: Qwen | None = None,
+    checkpoint=None,
+    replicas: int = 1,
+    timeout_s: float | None = None,
 ) -> Qwen:
     """Shard `model` (loaded in its checkpoint dtype, token rows already added) as the module
     docstring says, in place; returns it. With `like` (GRPO's reference of the sharded policy
@@ -127,7 +142,8 @@ def shard_model(
     and lm_head those of `like` (one copy on a rank, not two). With `checkpoint` (the Hugging Face
     folder `model` came from, its sharded weights left on the meta device: `from_pretrained(...,
     on_meta=sharded_weight)`), every rank reads only its own shards of them (`load_shards`): no
-    rank ever holds a whole layer. `replicas` > 1: hybrid sharding on `device_mesh`'s 2-D mesh."""
+    rank ever holds a whole layer. `replicas` > 1: hybrid sharding on `device_mesh`'s 2-D mesh,
+    whose groups wait `timeout_s`."""
     compute, trainable = model.dtype, like is None
     if like is not None:
         model.model.embed_tokens.weight = like.model.embed_tokens.weight
@@ -137,7 +153,7 @@ def shard_model(
     model.model.embed_tokens.weight.requires_grad_(False)
     model.head_weight().requires_grad_(False)
     model.source_dtypes = {n: p.dtype for n, p in model.named_parameters() if p not in whole}
-    mesh = device_mesh(device, replicas)
+    mesh = device_mesh(device, replicas, timeout_s)
     policy = MixedPrecisionPolicy(
         param_dtype=compute, reduce_dtype=torch.float32, cast_forward_inputs=False
     )
@@ -175,7 +191,14 @@ def sharded_policy(cfg, tok, device: torch.device, like: Qwen | None = None) -> 
     if cfg.model.sft_adapter:
         add_special_tokens(model, tok, [EVIDENCE_OPEN, EVIDENCE_CLOSE])
     torch.manual_seed(cfg.seed)
-    shard_model(model, device, like, cfg.model.path, replicas=cfg.distributed.replicas)
+    shard_model(
+        model,
+        device,
+        like,
+        cfg.model.path,
+        replicas=cfg.distributed.replicas,
+        timeout_s=cfg.distributed.timeout_s,
+    )
     if cfg.model.sft_adapter:
         merge_adapter(model, cfg.model.sft_adapter)
     model.gradient_checkpointing = cfg.model.gradient_checkpointing

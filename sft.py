@@ -621,7 +621,13 @@ def train(cfg: SFTConfig) -> Path:
     if tag_ids:
         train_token_rows(model, tag_ids)
     if full:
-        shard_model(model, ranks.device, checkpoint=cfg.model, replicas=cfg.distributed.replicas)
+        shard_model(
+            model,
+            ranks.device,
+            checkpoint=cfg.model,
+            replicas=cfg.distributed.replicas,
+            timeout_s=cfg.distributed.timeout_s,
+        )
     model.gradient_checkpointing = cfg.gradient_checkpointing
     # the rows of one update over all ranks: the data position is the update count, at any world
     # size that keeps this number (checkpoint.py)

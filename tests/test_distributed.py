@@ -1,11 +1,13 @@
 """distributed.py's start-up: the torch minimum, the process group's timeout, the shared output
 folder."""
 
+import json
 import subprocess
 import sys
 import time
 
 import pytest
+import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from helpers import REPO, gloo_rank
@@ -57,6 +59,30 @@ def test_the_timeout_reaches_the_process_group(tmp_path):
     mp.spawn(_timeout_worker, args=(free_port(), tmp_path), nprocs=2)
     waited, outcome = (tmp_path / "rank0.txt").read_text().split(" ", 1)
     assert outcome.startswith("error") and 1.5 <= float(waited) < 6, (waited, outcome)
+
+
+def _mesh_timeout_worker(rank, port, out):
+    import fsdp
+
+    gloo_rank(rank, port, world_size=4)
+    D.setup_distributed("cpu", D.DistributedSettings(timeout_s=2.0, replicas=2))
+    mesh = fsdp.device_mesh(torch.device("cpu"), replicas=2, timeout_s=2.0)
+    timeouts = [
+        mesh.get_group(name)._get_backend(torch.device("cpu")).options._timeout.total_seconds()
+        for name in ("replicate", "shard")
+    ]
+    out.joinpath(f"rank{rank}.txt").write_text(json.dumps(timeouts))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_the_timeout_reaches_the_meshs_own_process_groups(tmp_path):
+    """distributed.replicas 2 on 4 ranks: the 2-D mesh's row and column groups, which torch creates
+    with its own default (30 minutes for gloo), wait distributed.timeout_s like the world's."""
+    mp.spawn(_mesh_timeout_worker, args=(free_port(), tmp_path), nprocs=4)
+    for rank in range(4):
+        assert json.loads((tmp_path / f"rank{rank}.txt").read_text()) == [2.0, 2.0], rank
 
 
 def _shared_worker(rank, port, out):
