@@ -1131,20 +1131,33 @@ def _hf_rows(path: Path) -> list[dict]:
         ) from None
     if not path.exists():
         raise DataError(f"{path}: not found")
-    datasets.disable_progress_bars()  # errors stay one line on stderr
-    if path.is_dir():
-        loaded = datasets.load_from_disk(str(path))
-        if isinstance(loaded, datasets.DatasetDict):
-            raise DataError(
-                f"{path}: a dataset of several splits ({', '.join(loaded)}); give one split's "
-                f"folder, e.g. {path / next(iter(loaded))}"
-            )
-    elif path.suffix == ".parquet":
-        loaded = datasets.Dataset.from_parquet(str(path))
-    elif path.suffix in (".jsonl", ".json"):
-        loaded = datasets.Dataset.from_json(str(path))
-    else:
+    if path.suffix == ".jsonl" and not path.is_dir():  # our reader names a broken line
+        rows = [_object(raw, f"{path}:{number}") for number, raw in read_jsonl(path)]
+        if not rows:
+            raise DataError(f"{path}: no rows (the file is empty)")
+        return rows
+    if not path.is_dir() and path.suffix not in (".parquet", ".json"):
         raise DataError(f"{path}: expected a save_to_disk folder, a .parquet or a .jsonl file")
+    datasets.disable_progress_bars()  # errors stay one line on stderr: no bars, no logged traces
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL + 1)
+    kind = "save_to_disk folder" if path.is_dir() else f"{path.suffix[1:]} file"
+    try:
+        if path.is_dir():
+            loaded = datasets.load_from_disk(str(path))
+        elif path.suffix == ".parquet":
+            loaded = datasets.Dataset.from_parquet(str(path))
+        else:
+            loaded = datasets.Dataset.from_json(str(path))
+    except Exception as e:  # pyarrow's and datasets' many errors of a file cut short or not theirs
+        reason = " ".join(str(e).split())[:200]
+        raise DataError(f"{path}: not a readable {kind} ({type(e).__name__}: {reason})") from None
+    if isinstance(loaded, datasets.DatasetDict):
+        raise DataError(
+            f"{path}: a dataset of several splits ({', '.join(loaded)}); give one split's "
+            f"folder, e.g. {path / next(iter(loaded))}"
+        )
+    if not len(loaded):
+        raise DataError(f"{path}: no rows (the file is empty)")
     return loaded.to_list()
 
 

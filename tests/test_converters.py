@@ -1312,3 +1312,26 @@ def test_benchmark_formats_convert_from_the_command_line(tmp_path, fmt, source, 
     written = load_jsonl(out)
     assert written and all(e.task == "tom_mc" for e in written)
     assert f"wrote {len(written)} examples" in capsys.readouterr().out
+
+
+def test_a_broken_hugging_face_file_is_one_line_naming_it(tmp_path):
+    """`python -m prepare.convert hf` on a parquet file cut in half, a JSON lines file with a broken
+    line, an empty file: exit 2 and one line naming the file (and the line where there is one),
+    never the library's traceback."""
+    parquet = tmp_path / "data.parquet"
+    _user_dataset().to_parquet(str(parquet))
+    cut = tmp_path / "cut.parquet"
+    cut.write_bytes(parquet.read_bytes()[: parquet.stat().st_size // 2])
+    broken = tmp_path / "rows.jsonl"
+    broken.write_text('{"id": "a", "emotion": "joy"}\n{"id": "b", "emotion": \n')
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    for source, start in (
+        (cut, f"error: {cut}: not a readable parquet file ("),
+        (broken, f"error: {broken}:2: not valid JSON"),
+        (empty, f"error: {empty}: no rows (the file is empty)"),
+    ):
+        result = run_cli("prepare.convert", "hf", source, tmp_path / "out.jsonl", *HF_FLAGS)
+        assert result.returncode == 2 and result.stderr.startswith(start), result.stderr
+        assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+    assert not (tmp_path / "out.jsonl").exists()
