@@ -102,10 +102,8 @@ class JudgeConfig:
         key = _checked_key(
             os.environ.get(self.api_key_env), f"the environment variable {self.api_key_env}"
         )
-        if not key:
-            raise JudgeError(
-                f"judge: the environment variable {self.api_key_env} (judge.api_key_env) is not set"
-            )
+        if not key:  # the caller names its setting (judge.api_key_env, teacher.api_key_env, ...)
+            raise JudgeError(f"the environment variable {self.api_key_env} is not set")
         return key
 
     def sampling_params(self, max_tokens: int) -> dict[str, Any]:
@@ -442,11 +440,15 @@ def probe(call: JudgeCall, cfg: JudgeConfig, key: str) -> str:
     starting, or one fault, should not stop a run that the same server can serve."""
     source = f"the key from {cfg.api_key_env}" if cfg.api_key_env else "no api_key_env set"
     try:
+        api_key = cfg.read_api_key()
+    except JudgeError as e:
+        raise JudgeError(f"'{key}.api_key_env': {e}") from None
+    try:
         return _chat_with_retries(
             call.messages,
             base_url=cfg.base_url,
             model=cfg.model,
-            api_key=cfg.read_api_key(),
+            api_key=api_key,
             timeout=cfg.timeout,
             retries=max(cfg.retries, PROBE_RETRIES),
             backoff=cfg.backoff,

@@ -226,7 +226,7 @@ def test_api_key_never_appears_in_errors_or_logs(monkeypatch, caplog):
     for output in outputs:
         assert all(secret[i : i + 6] not in output for i in range(len(secret) - 5)), output
     monkeypatch.delenv("JUDGE_TEST_KEY")
-    with pytest.raises(JudgeError, match=r"JUDGE_TEST_KEY \(judge.api_key_env\) is not set"):
+    with pytest.raises(JudgeError, match=r"^the environment variable JUDGE_TEST_KEY is not set$"):
         config(server, api_key_env="JUDGE_TEST_KEY").read_api_key()
 
 

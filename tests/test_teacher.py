@@ -121,3 +121,16 @@ def test_a_file_that_is_not_a_journal_stops_with_its_line(tmp_path):
     journal.write_text('{"key": "k", "value": "v"}\nnot json\n{"key": "k2", "value": "v"}\n')
     with pytest.raises(JudgeError, match=r"journal.jsonl:2: not valid JSON"):
         teacher.load_journal(journal)
+
+
+def test_a_missing_teacher_key_names_the_teachers_setting(tmp_path, monkeypatch):
+    """A preparation whose teacher key variable is unset: one line naming `teacher.api_key_env`
+    (was: `judge.api_key_env`, another setting), before any request."""
+    monkeypatch.delenv("TEACHER_TEST_KEY", raising=False)
+    cfg = JudgeConfig(base_url="http://127.0.0.1:9/v1", api_key_env="TEACHER_TEST_KEY")
+    with pytest.raises(teacher.JudgeError) as error:
+        teacher.ask_journaled(requests("a"), cfg, tmp_path / "journal.jsonl", {}, "teacher")
+    assert str(error.value) == (
+        "'teacher.api_key_env': the environment variable TEACHER_TEST_KEY is not set"
+    )
+    assert not (tmp_path / "journal.jsonl").exists()
