@@ -799,7 +799,12 @@ def evaluate(cfg: EvalConfig, judged: dict[str, JudgedKind] | None = None) -> di
     if cfg.report == "f1":
         try:
             if not plot_f1_vs_tokens(evals, out / F1_FIGURE):
-                print0(f"no reasoning-token counts: no {F1_FIGURE}")
+                why = (
+                    "no reasoning-token counts (an endpoint needs 'tokenizer')"
+                    if any(e["averages"] for e in evals)
+                    else "no set has a domain (in or out), whose averages it plots"
+                )
+                print0(f"no {F1_FIGURE}: {why}")
         except PlotUnavailable as e:
             print0(f"{e}; no {F1_FIGURE}")
     return summary

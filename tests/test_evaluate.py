@@ -1249,3 +1249,22 @@ def test_a_served_policy_plays_the_scripted_turns_and_resumes_after_a_failed_req
         {"role": "assistant", "content": "reply 0"},
         {"role": "user", "content": frame(prompt=scenario.prompts[1])},
     ]
+
+
+def test_no_figure_says_why_a_set_without_a_domain_has_none(tmp_path, capsys):
+    """An ECF-style evaluation whose one set has no domain (in or out): the F1 figure plots the
+    domains' averages, so none is drawn, and the line says that, not that reasoning tokens were not
+    counted (they were: the table shows them)."""
+    paths = write_sets(tmp_path)
+    with JudgeServer(scripted_model, port=0).start() as server:
+        endpoint = JudgeConfig(base_url=server.url, model="scripted", timeout=10, retries=0)
+        cfg = ev.EvalConfig(
+            output_dir=str(tmp_path / "out"),
+            sets=[ev.EvalSet("meld", str(paths["meld"]))],
+            endpoint=endpoint,
+            tokenizer=None,
+        )
+        ev.evaluate(cfg)
+    out = capsys.readouterr().out
+    assert "no f1_vs_tokens.png: no set has a domain (in or out), whose averages it plots" in out
+    assert "no reasoning-token counts" not in out
