@@ -427,3 +427,22 @@ def test_a_resumed_runs_tensorboard_holds_each_logged_step_once(tmp_path):
     events = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"scalars": 0})
     events.Reload()
     assert [(e.step, e.value) for e in events.Scalars("loss")] == [(1, 1.0), (2, 2.0), (3, 30.0)]
+
+
+def test_the_reference_writer_prints_help_and_writes_nothing_on_help(tmp_path):
+    """`python -m tools.config_reference --help` prints its usage and leaves the page alone (it used
+    to rewrite it)."""
+    from tools import config_reference
+
+    page = config_reference.PAGE
+    before = page.stat().st_mtime_ns
+    done = subprocess.run(
+        [sys.executable, "-m", "tools.config_reference", "--help"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0 and done.stdout.startswith(
+        "usage: python -m tools.config_reference"
+    )
+    assert page.stat().st_mtime_ns == before

@@ -5,6 +5,7 @@ above its field in the source; a range is the one `config.bounded` gives it."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import importlib
 import inspect
@@ -159,6 +160,16 @@ def page() -> str:
     return "".join(parts)
 
 
-if __name__ == "__main__":
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m tools.config_reference",
+        description=f"Write {PAGE.relative_to(PAGE.parents[1])}: every config key of every script, "
+        "from the schemas (run it after changing a config dataclass).",
+    )
+    parser.parse_args(argv)
     PAGE.write_text(page(), encoding="utf-8")
     print(f"wrote {PAGE}")
+
+
+if __name__ == "__main__":
+    main()
