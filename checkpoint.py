@@ -316,12 +316,14 @@ class ModelCard:
     method: str  # the objective and its paper, e.g. "GRPO with the CLUE reward (CLUE, section 3)"
     data_files: list[str]
     config: object  # the run's resolved config (secrets removed when written)
-    metrics_file: Path  # the run's metrics.jsonl: its last record is the card's final metrics
+    metrics_file: Path  # the run's metrics.jsonl: each key's last logged value, the final metrics
     sft_adapter: str | None = None  # the adapter merged into the base before training
     trained: list[str] = dataclasses.field(default_factory=list)  # what the run trained, lines
 
     def text(self) -> str:
-        final = (read_metrics(self.metrics_file) or [{}])[-1] if self.metrics_file.is_file() else {}
+        final = {}  # a training step's record and a selection's hold different keys
+        for record in read_metrics(self.metrics_file) if self.metrics_file.is_file() else []:
+            final |= record
         data = "\n".join(f"- `{f}`: sha256 `{file_sha256(f)}`" for f in self.data_files)
         numbers = "\n".join(
             f"| {k} | {v:.6g} |" for k, v in final.items() if isinstance(v, (int, float))
@@ -336,7 +338,7 @@ class ModelCard:
             f"# Model card\n\n- base model: `{self.base_model}`\n{stands_on}"
             f"- method: {self.method}\n\n"
             + (f"## What was trained\n\n{trained}\n" if trained else "")
-            + f"## Data\n\n{data}\n\n## Final metrics (metrics.jsonl, last record)\n\n"
+            + f"## Data\n\n{data}\n\n## Final metrics (metrics.jsonl, each key's last value)\n\n"
             f"| metric | value |\n|---|---|\n{numbers}\n\n"
             f"## Resolved config\n\n```yaml\n{resolved_config_text(self.config)}```\n"
         )

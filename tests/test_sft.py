@@ -494,6 +494,11 @@ def test_selection_keeps_the_adapter_with_the_best_mean_macro_f1(
     logged = [m for m in metrics(run) if "eval/mean_macro_f1" in m]
     assert [m["eval/mean_macro_f1"] for m in logged] == [0, 0, 1, 0, 0.5, 1, 0, 0]
     assert logged[4]["eval/meld_emotion/macro_f1"] == 1.0 and logged[4]["step"] == 5
+    # best/'s model card, written at step 3: that step's loss beside its selection F1 (was: the
+    # F1 record alone, the last one logged)
+    card = (run / "best" / "README.md").read_text()
+    loss_at_3 = next(m["loss"] for m in metrics(run) if m["step"] == 3 and "loss" in m)
+    assert f"| loss | {loss_at_3:.6g} |" in card and "| eval/mean_macro_f1 | 1 |" in card
 
 
 def test_rows_sharing_a_held_out_target_are_recognized():
