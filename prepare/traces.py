@@ -22,7 +22,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from config import ConfigError, atomic_write_text, check_output_file, parse_cli, print0
+from config import ConfigError, atomic_write_text, bounded, check_output_file, parse_cli, print0
 from data import (
     THINK_END,
     THINK_START,
@@ -80,6 +80,9 @@ class PrepareConfig:
     device: str | None = None  # model.py: None: cuda:LOCAL_RANK when available, else the CPU
     # the refiner (its own sampling settings)
     teacher: JudgeConfig = field(default_factory=JudgeConfig)
+    # the refiner's new tokens per trace: a refinement copies the trace back with its evidence (a
+    # local teacher at a few tokens/s takes minutes a call: lower it, or raise its timeout)
+    refine_max_tokens: int = bounded(8192, ge=1)
 
     def __post_init__(self):
         if self.sampler is None and self.model is None:
@@ -196,7 +199,7 @@ class ReferenceConflict:
 
 
 def refinement_request(
-    example: Example, prompt_messages: list[dict[str, str]], completion: str
+    example: Example, prompt_messages: list[dict[str, str]], completion: str, max_tokens: int
 ) -> JudgeCall:
     """The trace-refinement call for one sampled `completion` to `prompt_messages` (the task prompt
     it answered), toward the gold `example.labels`. The paper has the refiner copy the prompt back;
@@ -209,7 +212,7 @@ def refinement_request(
         section("original_completion", completion),
         section("labels", json.dumps(example.labels, ensure_ascii=False)),
     )
-    return JudgeCall(messages, 8192)
+    return JudgeCall(messages, max_tokens)
 
 
 def _exact_quotes(spans: list, example: Example) -> bool:
@@ -326,7 +329,8 @@ def sample_traces(
     answers are journaled."""
     if cfg.sampler is None:
         stand_in = f"{_STAND_IN_TRACE}\n{THINK_END}\nAnswer: {', '.join(examples[0].labels)}"
-        probe(refinement_request(examples[0], prompts[0], stand_in), cfg.teacher, "teacher")
+        stand_in_call = refinement_request(examples[0], prompts[0], stand_in, cfg.refine_max_tokens)
+        probe(stand_in_call, cfg.teacher, "teacher")
         device = setup_distributed(cfg.device).device
         dtype = cfg.dtype or ("bfloat16" if device.type == "cuda" else "float32")
         tok, model = load_tokenizer(cfg.model), Qwen.from_pretrained(cfg.model, dtype, device)
@@ -374,7 +378,7 @@ def prepare(cfg: PrepareConfig) -> dict[str, int]:
     prompts = [get_task(e.task).messages(e) for e in owners]
     traces, errors = sample_traces(cfg, examples, prompts, journal, done)
     todo = [(e, m, t) for e, m, t in zip(owners, prompts, traces) if t is not None]
-    calls = [refinement_request(e, m, t) for e, m, t in todo]
+    calls = [refinement_request(e, m, t, cfg.refine_max_tokens) for e, m, t in todo]
     keys = [request_key("refine", e.id, cfg.teacher, c) for (e, _, _), c in zip(todo, calls)]
     asked = ask_journaled(
         [(k, c, raw_text) for k, c in zip(keys, calls)], cfg.teacher, journal, done
