@@ -198,12 +198,19 @@ def example_to_json(example: Example) -> dict:
     return raw
 
 
-def load_jsonl(path) -> list[Example]:
-    """Read examples, one JSON object per line (UTF-8, an optional BOM, blank lines skipped). Any
-    bad line (or a repeated id) raises DataError naming the file, the line number and the field."""
+# what an SFT row adds to its example (sft.py's data, docs/sft.md)
+SFT_ROW_FIELDS = ("completion", "prompt")
+
+
+def load_jsonl(path, sft_rows: bool = False) -> list[Example]:
+    """Read examples, one JSON object per line (UTF-8, an optional BOM, blank lines skipped); with
+    `sft_rows`, the examples of SFT rows (their SFT_ROW_FIELDS set aside). Any bad line (or a
+    repeated id) raises DataError naming the file, the line number and the field."""
     examples, ids = [], set()
     for number, raw in read_jsonl(path):
         try:
+            if sft_rows and isinstance(raw, dict):
+                raw = {k: v for k, v in raw.items() if k not in SFT_ROW_FIELDS}
             examples.append(example_from_json(raw))
             check_new_id(examples[-1].id, ids)
         except DataError as e:
@@ -392,7 +399,9 @@ def main(argv=None) -> None:
         prog="dataset.py", description="Inspect a JSONL file of examples."
     )
     commands = parser.add_subparsers(dest="command", required=True)
-    show = commands.add_parser("stats", help="counts per task and label, turns, prompt lengths")
+    show = commands.add_parser(
+        "stats", help="counts per task and label, turns, prompt lengths (examples or SFT rows)"
+    )
     show.add_argument("file")
     show.add_argument("--tokenizer", help="tokenizer.json, or the model folder holding it")
     labels = commands.add_parser("label-sft", help="CLUE's Label SFT rows (sft.py's data)")
@@ -417,7 +426,7 @@ def main(argv=None) -> None:
                 raise DataError(
                     f"{path}: not a readable tokenizer.json: {' '.join(str(e).split())[:200]}"
                 ) from None
-        print(stats(load_jsonl(args.file), tokenizer))
+        print(stats(load_jsonl(args.file, sft_rows=True), tokenizer))
     except (DataError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None

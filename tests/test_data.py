@@ -708,3 +708,31 @@ def test_stats_counts_an_own_prompt_tasks_messages(word_tokenizer, tmp_path, cap
         "1 examples\n\ncare_rubric: 1 examples\n  visible turns: min 1, median 1, mean 1.0, max 1\n"
         "  prompt tokens: min 11, median 11, mean 11.0, max 11\n"
     )
+
+
+def test_stats_reads_the_sft_rows_docs_sft_md_describes(tmp_path, capsys):
+    """`python dataset.py stats` on SFT rows (an example with its `completion`, and a `prompt` of
+    its own): the example's counts (was: "field 'completion': unknown field")."""
+    import dataset
+
+    example = {
+        "id": "r1",
+        "task": "meld_emotion",
+        "turns": [{"speaker": "A", "text": "I failed again."}],
+        "target": 0,
+        "labels": ["sadness"],
+    }
+    rows = tmp_path / "sft.jsonl"
+    rows.write_text(
+        json.dumps(example | {"completion": "<think>\nx\n</think>\n\nAnswer: sadness"})
+        + "\n"
+        + json.dumps(
+            example
+            | {"id": "r2", "completion": "Answer: sadness"}
+            | {"prompt": [{"role": "user", "content": "the emotion?"}]}
+        )
+        + "\n"
+    )
+    dataset.main(["stats", str(rows)])
+    out = capsys.readouterr().out
+    assert "meld_emotion" in out and "2" in out
