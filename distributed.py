@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from config import ConfigError, bounded
+from config import ConfigError, bounded, print0
 
 # the oldest torch with every API the trainers use: HuggingFaceStorageWriter's save_distributed
 # (checkpoint.save_sharded) is the newest of them (docs/fsdp.md#the-torch-minimum)
@@ -59,6 +59,10 @@ class DistributedSettings:
     # ranks form a replicas x (world size / replicas) mesh, each weight sharded within a row of
     # consecutive ranks (one node) and replicated across rows; 1: sharded over every rank
     replicas: int = bounded(1, ge=1)
+    # a CPU run's threads per rank (torch.set_num_threads); 0: OMP_NUM_THREADS when it is set,
+    # else this machine's usable cores divided by the ranks on it (LOCAL_WORLD_SIZE), so that the
+    # ranks do not oversubscribe the cores (on a machine other jobs share, 1 is often fastest)
+    cpu_threads: int = bounded(0, ge=0)
 
 
 @dataclass
@@ -74,17 +78,31 @@ class Ranks:
         return self.rank == 0
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity, which a container or taskset limits)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def cpu_threads(settings: DistributedSettings) -> int:
+    """A CPU rank's thread count: the setting, else OMP_NUM_THREADS, else its share of the cores."""
+    if settings.cpu_threads:
+        return settings.cpu_threads
+    if os.environ.get("OMP_NUM_THREADS", "").isdigit():
+        return max(1, int(os.environ["OMP_NUM_THREADS"]))
+    return max(1, usable_cores() // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+
+
 def setup_distributed(
     device: str | None = None,
     settings: DistributedSettings | None = None,
     output_dir: str | os.PathLike | None = None,
 ) -> Ranks:
     """Read RANK, WORLD_SIZE and LOCAL_RANK (set by torchrun; a plain run is rank 0 of 1), pick
-    this rank's device (`cuda:LOCAL_RANK` when CUDA is available, else the CPU, or `device`) and,
-    with several ranks, join the process group (nccl on GPUs, gloo on the CPU) with the settings'
-    timeout. `settings.replicas` must divide the world size (a ConfigError before any process group
-    forms). With `output_dir`, every rank then checks that it is one folder shared by all ranks
-    (`check_shared_folder`)."""
+    this rank's device (`cuda:LOCAL_RANK` when CUDA is available, else the CPU, or `device`; on the
+    CPU, its thread count: `cpu_threads`) and, with several ranks, join the process group (nccl on
+    GPUs, gloo on the CPU) with the settings' timeout. `settings.replicas` must divide the world
+    size (a ConfigError before any process group forms). With `output_dir`, every rank then checks
+    that it is one folder shared by all ranks (`check_shared_folder`)."""
     settings = settings or DistributedSettings()
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     local = int(os.environ.get("LOCAL_RANK", "0"))
@@ -96,6 +114,9 @@ def setup_distributed(
         )
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
+    else:
+        torch.set_num_threads(cpu_threads(settings))
+        print0(f"cpu: {torch.get_num_threads()} threads per rank (distributed.cpu_threads)")
     if world > 1 and not dist.is_initialized():
         dist.init_process_group(
             "nccl" if dev.type == "cuda" else "gloo",

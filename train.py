@@ -212,11 +212,14 @@ def _duration(seconds: float) -> str:
 
 
 class Progress:
-    """One console line per logged step on rank 0: step, the given values, tokens/s and the ETA."""
+    """One console line per logged step on rank 0: step, the given values, tokens/s and the ETA.
+    The ETA counts from the end of the first logged step, whose time (the first batch's warm-up,
+    a compile) says little about the rest."""
 
     def __init__(self, total_steps: int, first_step: int = 0):
         self.total, self.first, self.start = total_steps, first_step, time.perf_counter()
         self.tokens = 0
+        self.warm: tuple[int, float] | None = None  # (steps done, elapsed) at the first line
 
     def log(self, step: int, tokens: int, **values: float) -> dict:
         """Print the line for `step` (0-based, done), counting `tokens` processed since the last
@@ -224,7 +227,10 @@ class Progress:
         self.tokens += tokens
         elapsed = time.perf_counter() - self.start
         done = step + 1 - self.first
-        eta = elapsed / max(1, done) * (self.total - step - 1)
+        since_done, since_elapsed = self.warm or (0, 0.0)
+        per_step = (elapsed - since_elapsed) / max(1, done - since_done)
+        self.warm = self.warm or (done, elapsed)
+        eta = per_step * (self.total - step - 1)
         shown = " | ".join(f"{k} {v:.4g}" for k, v in values.items())
         speed = self.tokens / max(elapsed, 1e-9)
         print0(

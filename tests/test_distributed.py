@@ -108,3 +108,27 @@ def test_every_rank_stops_with_one_line_when_output_dir_is_not_one_shared_folder
             "there; every rank (every node) needs the same shared folder (a network file system)"
         ), found
     assert list((tmp_path / "shared").iterdir()) == []  # the probe is gone
+
+
+@pytest.mark.parametrize(
+    "env, setting, threads",
+    [
+        ({}, 0, 2),  # one rank on a 2-core machine: both cores
+        ({"LOCAL_WORLD_SIZE": "2"}, 0, 1),  # two ranks on 2 cores: one each, as torchrun advises
+        ({"LOCAL_WORLD_SIZE": "4"}, 0, 1),  # never fewer than one
+        ({"LOCAL_WORLD_SIZE": "2", "OMP_NUM_THREADS": "2"}, 0, 2),  # the user's variable wins
+        ({"OMP_NUM_THREADS": "2"}, 1, 1),  # and the setting wins over both
+    ],
+)
+def test_a_cpu_run_picks_threads_that_do_not_oversubscribe(monkeypatch, env, setting, threads):
+    for name in ("LOCAL_WORLD_SIZE", "OMP_NUM_THREADS"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(D, "usable_cores", lambda: 2)
+    before = torch.get_num_threads()
+    try:
+        D.setup_distributed("cpu", D.DistributedSettings(cpu_threads=setting))
+        assert torch.get_num_threads() == threads
+    finally:
+        torch.set_num_threads(before)

@@ -268,3 +268,16 @@ def test_sigterm_sets_the_stop_flag_instead_of_killing():
         os.kill(os.getpid(), signal.SIGTERM)
         assert stop.requested(torch.device("cpu"))
     assert signal.getsignal(signal.SIGTERM) is not stop._handle
+
+
+def test_the_eta_settles_after_the_first_step(monkeypatch, capsys):
+    # 10 steps; the first takes 10 s (loading, warm-up), each later one 1 s: after step 3 the
+    # 7 steps left take 7 s, not the 28 s that the mean over all three steps would say
+    clock = iter([0.0, 10.0, 11.0, 12.0])
+    monkeypatch.setattr(T.time, "perf_counter", lambda: next(clock))
+    progress = T.Progress(10)
+    for step in range(3):
+        progress.log(step, tokens=100, loss=1.0)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-1].endswith("ETA 0m07s"), lines[-1]
+    assert lines[0].endswith("ETA 1m30s"), lines[0]  # one step seen: 10 s each for the 9 left
