@@ -5,8 +5,7 @@ the Table-1 Markdown, Figures 4-5, the human evaluation.
 
     python evaluate.py config.yaml [key=value ...]      # a checkpoint in-process, or an endpoint
     python evaluate.py compare A/eval.json B/eval.json ... [--out DIR]
-    python evaluate.py plot RUN_DIR ... [--out FILE]    # training curves from metrics.jsonl (Figure
-                                                          5)
+    python evaluate.py plot RUN_DIR ... [--out FILE] [--overwrite]  # training curves (Figure 5)
 
 An evaluation writes into `output_dir`: config.yaml (resolved), completions.jsonl (one line per
 completion, appended as they come: rerunning the same command resumes), causes.jsonl (cause-judge
@@ -967,6 +966,26 @@ def _pyplot():
     return plt
 
 
+def point_labels(marks: list[tuple[str, float, float]]) -> list[tuple[str, float, float]]:
+    """One label per place in a figure: (name, x, y) marks that coincide (to the figure's
+    resolution) share a label, their names joined, so no two labels print over each other."""
+    places: dict[tuple[float, float], list] = {}
+    for name, x, y in marks:
+        places.setdefault((round(x, 1), round(y, 2)), [[], x, y])[0].append(name)
+    return [(", ".join(names), x, y) for names, x, y in places.values()]
+
+
+def f1_limits(lo: float, hi: float, least: float = 10.0) -> tuple[float, float]:
+    """The F1 axis (in %): at least `least` points wide around the data and inside 0-100."""
+    if hi - lo < least:
+        mid = (lo + hi) / 2
+        lo, hi = mid - least / 2, mid + least / 2
+    if hi - lo <= 100:
+        shift = max(0.0, -lo) - max(0.0, hi - 100)
+        lo, hi = lo + shift, hi + shift
+    return max(lo, 0.0), min(hi, 100.0)
+
+
 def plot_f1_vs_tokens(evals: list[dict], path) -> bool:
     """Figure 4: average weighted F1 against mean reasoning tokens per completion, a point per model
     (error bar: SD over runs), a panel per domain. False (nothing drawn) without both numbers."""
@@ -989,13 +1008,15 @@ def plot_f1_vs_tokens(evals: list[dict], path) -> bool:
         for i, name, x, f1 in marks:
             y, sd = 100 * f1["mean"], None if f1["sd"] is None else 100 * f1["sd"]
             ax.errorbar(x, y, yerr=sd, fmt="o", ms=8, capsize=4, color=f"C{i}", label=name)
-            ax.annotate(name, (x, y), textcoords="offset points", xytext=(7, 7), fontsize=9)
+        for label, x, y in point_labels([(n, x, 100 * f1["mean"]) for _, n, x, f1 in marks]):
+            ax.annotate(label, (x, y), textcoords="offset points", xytext=(7, 7), fontsize=9)
         ax.set(
             title=DOMAINS[domain],
             xlabel="Mean reasoning tokens per completion",
             ylabel="Average weighted F1 (%)",
         )
         ax.margins(0.25)
+        ax.set_ylim(*f1_limits(*ax.get_ylim()))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=9)
     fig.tight_layout()
@@ -1014,37 +1035,63 @@ CURVES = (
     ("Loss", "loss", "loss"),
     ("Eval macro F1", "macro F1", "eval/*/macro_f1"),
 )
+# a run that logs a reward counts GRPO updates, any other (SFT, a reward model) optimizer steps
+UNITS = {True: ("GRPO update", "GRPO"), False: ("SFT step", "SFT")}
+FEW_POINTS = 30  # a series with at most this many points is drawn with a dot on each
 
 
-def plot_training_curves(run_dirs: list, path) -> list[str]:
-    """Figure 5: the training curves of runs (their metrics.jsonl) as one PNG, a panel per quantity
-    some run logged (CURVES: mean reward with its SD band, each reward component, completion length,
-    KL, masked groups, LR, loss, evaluation macro F1); a colour per run. Returns the panels
-    drawn."""
-    plt = _pyplot()
-    runs = []
-    for d in map(Path, run_dirs):
-        file = d / "metrics.jsonl" if d.is_dir() else d
-        if not file.is_file():
-            raise EvalError(f"{file}: no metrics.jsonl")
-        runs.append((d.name if d.is_dir() else d.parent.name, read_metrics(file)))
-    panels = [
-        (title, ylabel, pattern, keys)
-        for title, ylabel, pattern in CURVES
-        if (
-            keys := sorted(
-                {k for _, recs in runs for r in recs for k in r if fnmatch.fnmatch(k, pattern)}
-            )
+@dataclass
+class Series:
+    """One line of a panel; `band` (the mean reward's): (low, high) per step."""
+
+    label: str
+    color: str
+    style: str
+    steps: tuple
+    values: tuple
+    band: tuple | None = None
+
+    @property
+    def marker(self) -> str:
+        return "o" if len(self.steps) <= FEW_POINTS else ""
+
+
+@dataclass
+class Panel:
+    title: str
+    xlabel: str
+    ylabel: str
+    series: list[Series]
+
+
+def reward_band(record: dict) -> tuple[float, float] | None:
+    """The mean reward ± its SD across a group's members, never past the update's lowest or
+    highest reward (older metrics.jsonl files without them: unclipped)."""
+    mean, sd = record["reward"], record.get("reward_std")
+    if mean is None or sd is None:
+        return None
+    low, high = record.get("reward_min"), record.get("reward_max")
+    return (
+        mean - sd if low is None else max(mean - sd, low),
+        mean + sd if high is None else min(mean + sd, high),
+    )
+
+
+def curve_panels(runs: list[tuple[str, list[dict]]]) -> list[Panel]:
+    """The panels of the training-curve figure for (run name, metrics records) pairs: a panel per
+    quantity in CURVES that some run logged, and per x unit (SFT steps and GRPO updates are
+    different things, so a quantity both kinds of run log gets a panel for each, its title
+    suffixed); a colour per run (per component or task with one run)."""
+    panels = []
+    for title, ylabel, pattern in CURVES:
+        keys = sorted(
+            {k for _, recs in runs for r in recs for k in r if fnmatch.fnmatch(k, pattern)}
         )
-    ]
-    if not panels:
-        raise EvalError("none of the runs logged a quantity to plot")
-    cols, rows = min(3, len(panels)), math.ceil(len(panels) / 3)
-    fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 3.6 * rows), squeeze=False)
-    for ax, (title, ylabel, pattern, keys) in zip(axes.flat, panels):
+        by_unit: dict[bool, list[Series]] = {}
         for i, (run, recs) in enumerate(runs):
+            grpo = any("reward" in r for r in recs)
             for k, key in enumerate(keys):
-                points = [(r["step"], r[key], r.get("reward_std")) for r in recs if key in r]
+                points = [r for r in recs if key in r and r[key] is not None]
                 if not points:
                     continue
                 part = key.split("/")[1] if "*" in pattern else ""  # the reward component or task
@@ -1052,17 +1099,59 @@ def plot_training_curves(run_dirs: list, path) -> list[str]:
                 color, style = (
                     (f"C{k}", "-") if len(runs) == 1 else (f"C{i}", ("-", "--", ":", "-.")[k % 4])
                 )
-                steps, values, sds = zip(*points)
-                ax.plot(steps, values, style, color=color, label=label, lw=1.2)
-                if key == "reward" and None not in sds:
-                    ax.fill_between(
-                        steps,
-                        [v - d for v, d in zip(values, sds)],
-                        [v + d for v, d in zip(values, sds)],
-                        color=color,
-                        alpha=0.15,
+                bands = [reward_band(r) for r in points] if key == "reward" else [None]
+                by_unit.setdefault(grpo, []).append(
+                    Series(
+                        label,
+                        color,
+                        style,
+                        tuple(r["step"] for r in points),
+                        tuple(r[key] for r in points),
+                        None if None in bands else tuple(bands),
                     )
-        ax.set(title=title, xlabel="Step", ylabel=ylabel)
+                )
+        for grpo, series in by_unit.items():
+            xlabel, kind = UNITS[grpo]
+            named = f"{title} ({kind})" if len(by_unit) > 1 else title
+            panels.append(Panel(named, xlabel, ylabel, series))
+    return panels
+
+
+def plot_training_curves(run_dirs: list, path) -> list[str]:
+    """Figure 5: the training curves of runs (their metrics.jsonl) as one PNG, the panels of
+    `curve_panels` (mean reward with its band, each reward component, completion length, KL,
+    masked groups, LR, loss, evaluation macro F1). Returns the panels' titles."""
+    plt = _pyplot()
+    from matplotlib.ticker import MaxNLocator
+
+    runs = []
+    for d in map(Path, run_dirs):
+        file = d / "metrics.jsonl" if d.is_dir() else d
+        if not file.is_file():
+            raise EvalError(f"{file}: no metrics.jsonl")
+        runs.append((d.name if d.is_dir() else d.parent.name, read_metrics(file)))
+    panels = curve_panels(runs)
+    if not panels:
+        raise EvalError("none of the runs logged a quantity to plot")
+    cols, rows = min(3, len(panels)), math.ceil(len(panels) / 3)
+    fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 3.6 * rows), squeeze=False)
+    for ax, panel in zip(axes.flat, panels):
+        for line in panel.series:
+            ax.plot(
+                line.steps,
+                line.values,
+                line.style,
+                color=line.color,
+                label=line.label,
+                lw=1.2,
+                marker=line.marker,
+                ms=3,
+            )
+            if line.band is not None:
+                low, high = zip(*line.band)
+                ax.fill_between(line.steps, low, high, color=line.color, alpha=0.15)
+        ax.set(title=panel.title, xlabel=panel.xlabel, ylabel=panel.ylabel)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     for ax in list(axes.flat)[len(panels) :]:
@@ -1070,7 +1159,7 @@ def plot_training_curves(run_dirs: list, path) -> list[str]:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
-    return [title for title, *_ in panels]
+    return [panel.title for panel in panels]
 
 
 # ----------------------------------------------------------------------------- command line
@@ -1105,15 +1194,22 @@ def _plot(argv: list[str]) -> None:
     )
     parser.add_argument("runs", nargs="+", help="run folders holding metrics.jsonl (or the files)")
     parser.add_argument(
-        "--out", help="PNG to write (default: training_curves.png in the first run folder)"
+        "--out",
+        help="PNG to write (default with one run: training_curves.png in its folder; several "
+        "runs need it)",
     )
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     args = parser.parse_args(argv[1:])
+    if args.out is None and len(args.runs) > 1:
+        parser.error("several runs: say where their figure goes with --out FILE.png")
     first = Path(args.runs[0])
     out = (
         Path(args.out)
         if args.out
         else (first if first.is_dir() else first.parent) / "training_curves.png"
     )
+    if out.exists() and not args.overwrite:
+        parser.error(f"{out} exists; pass --overwrite to replace it, or choose another --out")
     panels = plot_training_curves(args.runs, out)
     print(f"wrote {out} ({', '.join(panels)})")
 

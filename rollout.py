@@ -208,7 +208,8 @@ def update_metrics(reports: list[dict], update: int, lr: float, beta: float) -> 
         return sum(r[key] for r in reports)
 
     group_rewards = [g for r in reports for g in r["rewards"]]
-    mean, _ = _mean_std([v for g in group_rewards for v in g])
+    scored = [v for g in group_rewards for v in g if v is not None]
+    mean, _ = _mean_std(scored)
     group_stds = [_mean_std(g)[1] for g in group_rewards if sum(v is not None for v in g) > 1]
     zero_std = sum(s == 0 for s in group_stds) + len(group_rewards) - len(group_stds)
     lengths = [n for r in reports for n in r["lengths"]]
@@ -224,6 +225,8 @@ def update_metrics(reports: list[dict], update: int, lr: float, beta: float) -> 
         "grad_norm": reports[0]["grad_norm"],
         "reward": mean,
         "reward_std": sum(group_stds) / len(group_stds) if group_stds else None,
+        "reward_min": min(scored, default=None),
+        "reward_max": max(scored, default=None),
     }
     for name in dict.fromkeys(name for r in reports for g in r["parts"] for name in g):
         part_mean, part_std = _mean_std([v for r in reports for g in r["parts"] for v in g[name]])

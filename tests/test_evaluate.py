@@ -1268,3 +1268,60 @@ def test_no_figure_says_why_a_set_without_a_domain_has_none(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "no f1_vs_tokens.png: no set has a domain (in or out), whose averages it plots" in out
     assert "no reasoning-token counts" not in out
+
+
+def test_curve_panels_keep_steps_and_updates_apart_and_bands_inside_the_rewards_seen():
+    sft = [{"step": s, "loss": 2.0 / s, "lr": 1e-4} for s in range(1, 41)]
+    grpo = [
+        {"step": 1, "loss": 0.0, "lr": 1e-6, "reward": 0.1, "reward_std": 0.3,
+         "reward_min": 0.0, "reward_max": 0.6},
+        {"step": 2, "loss": 0.0, "lr": 1e-6, "reward": 0.9, "reward_std": 0.3,
+         "reward_min": 0.5, "reward_max": 1.0},
+    ]  # fmt: skip
+    panels = ev.curve_panels([("sft", sft), ("grpo", grpo)])
+    assert [(p.title, p.xlabel) for p in panels] == [
+        ("Mean reward", "GRPO update"),
+        ("Learning rate (SFT)", "SFT step"),
+        ("Learning rate (GRPO)", "GRPO update"),
+        ("Loss (SFT)", "SFT step"),
+        ("Loss (GRPO)", "GRPO update"),
+    ]
+    (reward,) = panels[0].series
+    assert reward.steps == (1, 2)
+    # mean ± SD, never past the update's lowest or highest reward: 0.1 - 0.3 stops at 0.0, 0.9 + 0.3
+    # at 1.0
+    assert [v for band in reward.band for v in band] == pytest.approx([0.0, 0.4, 0.6, 1.0])
+    sft_loss = panels[3].series[0]
+    assert not sft_loss.marker and panels[4].series[0].marker  # 40 points: a line; 2: dots
+    # one GRPO run alone: no suffix, as before
+    assert [p.title for p in ev.curve_panels([("grpo", grpo)])][-1] == "Loss"
+
+
+def test_plot_refuses_to_replace_a_figure_and_asks_where_several_runs_go(tmp_path):
+    runs = []
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "metrics.jsonl").write_text('{"step": 1, "loss": 1.0}\n')
+        runs.append(str(tmp_path / name))
+    (tmp_path / "a" / "training_curves.png").write_bytes(b"earlier figure")
+
+    def plot(*args):
+        return subprocess.run(
+            [sys.executable, str(REPO / "evaluate.py"), "plot", *args],
+            capture_output=True, text=True, cwd=REPO, timeout=120,
+        )  # fmt: skip
+
+    replace = plot(runs[0])
+    assert replace.returncode == 2 and "--overwrite" in replace.stderr, replace.stderr
+    assert (tmp_path / "a" / "training_curves.png").read_bytes() == b"earlier figure"
+    several = plot(*runs)
+    assert several.returncode == 2 and "--out" in several.stderr, several.stderr
+    assert not (tmp_path / "b" / "training_curves.png").exists()
+
+
+def test_f1_figure_labels_coinciding_points_once_and_keeps_f1_in_its_range():
+    marks = [("Base", 400.0, 0.0), ("SFT", 400.0, 0.0), ("CLUE", 350.0, 0.0)]
+    assert ev.point_labels(marks) == [("Base, SFT", 400.0, 0.0), ("CLUE", 350.0, 0.0)]
+    assert ev.f1_limits(-0.06, 0.06) == (0.0, 10.0)  # all F1 zero: a readable 0-10% axis
+    assert ev.f1_limits(35.0, 62.0) == (35.0, 62.0)
+    assert ev.f1_limits(-3.0, 104.0) == (0.0, 100.0)

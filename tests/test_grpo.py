@@ -1191,3 +1191,28 @@ def test_prepare_references_with_the_teacher_down_keeps_the_existing_file(tmp_pa
         f"failed, the first: judge at {server.url}/chat/completions: HTTP 503"
     )
     assert "\n" not in error and len(error) <= 400
+
+
+def test_an_updates_metrics_hold_the_lowest_and_highest_reward_over_every_rank():
+    from rollout import update_metrics
+
+    def report(rewards):
+        keys = ("tokens", "masked", "unscored", "resampled", "replaced", "truncated", "kl")
+        keys += ("entropy", "clip_low", "clip_high", "mismatch_sum", "mismatch_max")
+        keys += ("generate_s", "judge_s", "train_s", "calls", "retries", "failures", "malformed")
+        return {
+            **dict.fromkeys(keys, 0),
+            "loss": 0.0,
+            "grad_norm": 0.0,
+            "skipped_nonfinite": 0,
+            "rewards": rewards,
+            "parts": [],
+            "lengths": [1],
+        }
+
+    # rank 0: a group with an unscored member; rank 1: the lowest and the highest
+    metrics = update_metrics([report([[0.5, None]]), report([[0.0, 1.0]])], 1, 1e-6, 0.0)
+    assert (metrics["reward_min"], metrics["reward_max"]) == (0.0, 1.0)
+    assert metrics["reward"] == pytest.approx(0.5)
+    nothing = update_metrics([report([[None, None]])], 1, 1e-6, 0.0)
+    assert (nothing["reward_min"], nothing["reward_max"]) == (None, None)
