@@ -115,8 +115,10 @@ def setup_distributed(
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
     else:
-        torch.set_num_threads(cpu_threads(settings))
-        print0(f"cpu: {torch.get_num_threads()} threads per rank (distributed.cpu_threads)")
+        threads, before = cpu_threads(settings), torch.get_num_threads()
+        torch.set_num_threads(threads)
+        if threads != before:  # said only when it changes torch's own choice
+            print0(f"cpu: {threads} thread(s) per rank, not {before} (distributed.cpu_threads)")
     if world > 1 and not dist.is_initialized():
         dist.init_process_group(
             "nccl" if dev.type == "cuda" else "gloo",

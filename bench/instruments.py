@@ -30,9 +30,19 @@ def gloo_rank(rank: int, port: int, world_size: int = 2) -> None:
         RANK=str(rank),
         WORLD_SIZE=str(world_size),
         LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world_size),
+        OMP_NUM_THREADS="1",
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
     )
+
+
+def end_rank() -> None:
+    """Leave an mp.spawn rank whose results are written: wait for the others, then exit at once.
+    Exiting through the interpreter runs gloo's C++ destructors, which on rare runs race with the
+    other rank's teardown and abort ("terminate called without an active exception")."""
+    dist.barrier()
+    os._exit(0)
 
 
 def resident_kib(field: str) -> int:

@@ -8,10 +8,9 @@ import time
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.multiprocessing as mp
 from helpers import REPO, gloo_rank
-from instruments import free_port
+from instruments import end_rank, free_port
 
 import distributed as D
 from config import ConfigError
@@ -72,8 +71,7 @@ def _mesh_timeout_worker(rank, port, out):
         for name in ("replicate", "shard")
     ]
     out.joinpath(f"rank{rank}.txt").write_text(json.dumps(timeouts))
-    dist.barrier()
-    dist.destroy_process_group()
+    end_rank()
 
 
 @pytest.mark.slow
@@ -94,8 +92,7 @@ def _shared_worker(rank, port, out):
     except ConfigError as e:
         found = str(e)
     out.joinpath(f"rank{rank}.txt").write_text(found)
-    dist.barrier()
-    dist.destroy_process_group()
+    end_rank()
 
 
 @pytest.mark.slow
@@ -120,15 +117,21 @@ def test_every_rank_stops_with_one_line_when_output_dir_is_not_one_shared_folder
         ({"OMP_NUM_THREADS": "2"}, 1, 1),  # and the setting wins over both
     ],
 )
-def test_a_cpu_run_picks_threads_that_do_not_oversubscribe(monkeypatch, env, setting, threads):
+def test_a_cpu_run_picks_threads_that_do_not_oversubscribe(
+    monkeypatch, capsys, env, setting, threads
+):
+    """Said in one line only where the count differs from torch's own (2 here)."""
     for name in ("LOCAL_WORLD_SIZE", "OMP_NUM_THREADS"):
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setattr(D, "usable_cores", lambda: 2)
     before = torch.get_num_threads()
+    torch.set_num_threads(2)
     try:
         D.setup_distributed("cpu", D.DistributedSettings(cpu_threads=setting))
         assert torch.get_num_threads() == threads
     finally:
         torch.set_num_threads(before)
+    said = "" if threads == 2 else "cpu: 1 thread(s) per rank, not 2 (distributed.cpu_threads)\n"
+    assert capsys.readouterr().out == said

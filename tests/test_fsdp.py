@@ -39,7 +39,7 @@ from helpers import (
 from helpers import (
     sft_checkpoint as write_checkpoint,
 )
-from instruments import free_port
+from instruments import end_rank, free_port
 from torch.distributed.tensor import DTensor
 
 import checkpoint as CK
@@ -158,8 +158,7 @@ def _hsdp_worker(rank, port, cfg, out):
     sft.train(cfg)
     found = [[list(m.mesh_dim_names), m.mesh.tolist()] for m in meshes]
     out.joinpath(f"mesh{rank}.json").write_text(json.dumps(found))
-    dist.barrier()
-    dist.destroy_process_group()
+    end_rank()
 
 
 def test_full_sft_on_a_two_by_two_mesh_equals_one_process_and_resumes(checkpoint, tmp_path):
@@ -687,8 +686,7 @@ def _grpo_worker(rank, port, base, out):
     found = updated_weights(base, mine, micro_batch_size=2)  # rank 1 runs an idle micro-batch
     if rank == 0:
         torch.save(found, out / "two.pt")
-    dist.barrier()  # neither rank tears gloo down while the other still works (a rare SIGABRT)
-    dist.destroy_process_group()
+    end_rank()
 
 
 def test_full_grpo_update_on_two_ranks_and_another_split_equals_one_process(assets, tmp_path):
@@ -732,8 +730,7 @@ def _adapter_worker(rank, port, base, adapter, out):
     found["whole_reads"] = whole_reads
     if rank == 0:
         torch.save(found, out / "merged.pt")
-    dist.barrier()
-    dist.destroy_process_group()
+    end_rank()
 
 
 def _hsdp_grpo_worker(rank, port, base, out):
@@ -747,8 +744,7 @@ def _hsdp_grpo_worker(rank, port, base, out):
     out.joinpath(f"mesh{rank}.json").write_text(
         json.dumps([[list(m.mesh_dim_names), m.mesh.tolist()] for m in meshes])
     )
-    dist.barrier()
-    dist.destroy_process_group()
+    end_rank()
 
 
 def test_full_grpo_from_an_sft_adapter_loads_shards_and_equals_peft_s_merge(assets, tmp_path):
