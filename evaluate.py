@@ -204,6 +204,42 @@ def group_accuracy(
     return sum(items.values()) / len(items) if items else None
 
 
+# The meta fields (prepare/convert.py) that hold a benchmark's per-ability or per-subset breakdown
+# in its paper's appendix tables: ToMBench's ability, SimpleToM's subset, EmoBench's and
+# TactfulToM's category, MotiveBench's source, Hi-ToM's order; a set is broken down by the first of
+# them its items carry.
+BREAKDOWN_FIELDS = ("ability", "subset", "category", "source", "order")
+
+
+def breakdown(examples: list[Example], completions: list[list[str]]) -> dict | None:
+    """{"field", "values": {value: mean_sd of the runs' group accuracies | {"n_items"}}}: the set's
+    group accuracy within each value of its breakdown field (items without it: "(none)"), run r
+    being the r-th completion of every example; None when no item carries a BREAKDOWN_FIELDS
+    field. The examples must share one task."""
+    field = next(
+        (f for f in BREAKDOWN_FIELDS if any(e.meta.get(f) is not None for e in examples)), None
+    )
+    if field is None:
+        return None
+    catch_all = get_task(examples[0].task).catch_all
+    by_value: dict[str, list[int]] = {}
+    for i, e in enumerate(examples):
+        value = e.meta.get(field)
+        by_value.setdefault("(none)" if value is None else str(value), []).append(i)
+    values = {}
+    for value, rows in sorted(by_value.items()):
+        part = [examples[i] for i in rows]
+        accuracies = [
+            group_accuracy(
+                part, [parse_answer(completions[i][r], examples[i]) for i in rows], catch_all
+            )
+            for r in range(min(len(completions[i]) for i in rows))
+        ]
+        items = len({e.meta.get("group", e.id) for e in part})
+        values[value] = mean_sd(accuracies) | {"n_items": items}
+    return {"field": field, "values": values}
+
+
 def score_runs(examples: list[Example], completions: list[list[str]]) -> list[dict]:
     """f1_scores for each sampled run (run r = the r-th completion of every example), with the run's
     invalid-answer rate over all its completions and its group accuracy. The examples must share
@@ -646,7 +682,8 @@ def summarize(
         examples = sets[s.name]
         sampling, n = decoding_for(cfg, examples[0].task)
         records = [[done[(s.name, e.id, r)] for r in range(n)] for e in examples]
-        runs = score_runs(examples, [[rec["completion"] for rec in recs] for recs in records])
+        completions = [[rec["completion"] for rec in recs] for recs in records]
+        runs = score_runs(examples, completions)
         tokens = [[recs[r]["reasoning_tokens"] for recs in records] for r in range(n)]
         for run, counts in zip(runs, tokens):
             run["reasoning_tokens"] = None if None in counts else sum(counts) / len(counts)
@@ -669,6 +706,8 @@ def summarize(
                 ("reasoning_tokens", "reasoning_tokens"),
             )
         } | {"runs": runs}
+        if cfg.report == "accuracy" and (parts := breakdown(examples, completions)):
+            entry["breakdown"] = parts
         if s.causes:
             targets = [(e, turns) for e in examples if (turns := cause_turns(e))]
             found = [
@@ -912,7 +951,8 @@ def accuracy_table(evals: list[dict]) -> str:
     counts once; a judge-scored set's items are its scenarios), then a column per model with the
     group accuracy in percent (a judge-scored set: its 0-100 rubric score), mean ± sample SD over
     the sampled runs, the invalid-answer rate (unscored transcripts) beside it, and a last row
-    averaging the accuracy rows, each weighted equally."""
+    averaging the accuracy rows, each weighted equally (Social-R1's Overall); below it, a table per
+    set whose items carry a breakdown field."""
     sets = list(dict.fromkeys(n for e in evals for n in e["sets"]))
     judged = [n for n in sets if any(e["sets"].get(n, {}).get("kind") for e in evals)]
     runs = sorted({e["sets"][n]["decoding"]["n_samples"] for e in evals for n in e["sets"]})
@@ -943,7 +983,31 @@ def accuracy_table(evals: list[dict]) -> str:
             f"{', '.join(judged)}: the judge's rubric score (0-100) over the role-play scenarios, "
             "not an accuracy, and not in the average.",
         ]
+    for name in sets:
+        lines += _breakdown_table(name, evals)
     return "\n".join(lines) + "\n"
+
+
+def _breakdown_table(name: str, evals: list[dict]) -> list[str]:
+    """A set's breakdown under the benchmark table (its paper's appendix table): a row per value of
+    its breakdown field, the group accuracy per model; no lines when no model's entry has one."""
+    parts = [e["sets"].get(name, {}).get("breakdown") for e in evals]
+    found = [p for p in parts if p]
+    if not found:
+        return []
+    field = found[0]["field"]
+    lines = [
+        "",
+        f"#### {name} by {field}",
+        "",
+        f"| {field} | Items | " + " | ".join(e["name"] for e in evals) + " |",
+        "|---" * (len(evals) + 2) + "|",
+    ]
+    for value in sorted({v for p in found for v in p["values"]}):
+        items = next(p["values"][value]["n_items"] for p in found if value in p["values"])
+        cells = [_cell((p or {}).get("values", {}).get(value), 100, 2) for p in parts]
+        lines.append(f"| {value} | {items} | " + " | ".join(cells) + " |")
+    return lines
 
 
 # ----------------------------------------------------------------------------- figures

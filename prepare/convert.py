@@ -501,8 +501,8 @@ def convert_motivebench(path) -> list[Example]:
     """MotiveBench (Persona/Persona_questions.json, Amazon/..., Blog/...): a JSON list of items,
     each with three questions (motivation, behavior, both) that hold their scenario, "Options N"
     lettered "A. ..." to "F. ..." and "Correct Answer N" a letter. Three examples per item, the
-    options in the file's order (MotiveBench also averages over five reorderings). `path` is a file
-    or a folder."""
+    options in the file's order (MotiveBench also averages over five reorderings); the file's
+    source (Persona, Amazon, Blog) is kept as meta["source"]. `path` is a file or a folder."""
     files = _files(path, "**/*_questions.json")
     examples = []
     for file in files:
@@ -524,6 +524,7 @@ def convert_motivebench(path) -> list[Example]:
                             OPTION_LETTERS.index(answer) if answer in OPTION_LETTERS else -1,
                             f"{where}: field 'Correct Answer {n}'",
                             kind=kind,
+                            source=source,
                         )
                     )
     return examples

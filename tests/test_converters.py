@@ -1230,6 +1230,7 @@ def test_motivebench_three_questions_per_item_letters_stripped():
         ],
         "B",
         kind="motivation",
+        source="Persona",  # the file's folder: the paper's Amazon / Blog / Persona columns
     )
 
 

@@ -806,6 +806,7 @@ def benchmark_files(folder: Path) -> dict[str, Path]:
     lines = []
     for n, (answer, place) in enumerate([("A", "box"), ("B", "bag")]):
         line = {"STORY": f"Ann puts the ball in the {place}.", "QUESTION": "Where is the ball?"}
+        line["ABILITY"] = ["Belief: first order", "Belief: second order"][n]
         line |= {"故事": "安把球放进去。", "问题": "球在哪里？", "答案\nANSWER": answer}
         line |= {"OPTION-A": "box", "OPTION-B": "bag", "选项A": "盒子", "选项B": "包"}
         lines.append(json.dumps(line, ensure_ascii=False))
@@ -881,11 +882,28 @@ def test_benchmark_table_from_a_tiny_checkpoint_matches_a_hand_count(
     printed = capsys.readouterr().out
     table = (tmp_path / "out" / "table.md").read_text()
     assert table in printed
-    rows = [line for line in table.splitlines() if line.startswith("| ")][1:]
+    main, *parts = table.split("\n#### ")
+    rows = [line for line in main.splitlines() if line.startswith("| ")][1:]
     assert [row.split(" | ")[0][2:] for row in rows] == [*paths, "Average"]
 
     examples = {e.id: e for path in paths.values() for e in load_jsonl(path)}
     records = [json.loads(line) for line in (tmp_path / "out" / "completions.jsonl").open()]
+    # a table per set whose items carry its paper's breakdown field (SocialIQA has none), each row
+    # the hand count over that value's items
+    fields = {"ToMBench": "ability", "EmoBench": "category", "MotiveBench": "source"}
+    fields |= {"SimpleToM": "subset", "Hi-ToM": "order", "TactfulToM": "category"}
+    assert [part.splitlines()[0] for part in parts] == [f"{n} by {f}" for n, f in fields.items()]
+    for (name, field), part in zip(fields.items(), parts):
+        values = {}
+        for e in load_jsonl(paths[name]):
+            values.setdefault(str(e.meta[field]), set()).add(e.id)
+        lines = [line for line in part.splitlines() if line.startswith("| ")][1:]
+        assert len(lines) == len(values) and (name != "ToMBench" or len(values) == 2), name
+        for line in lines:
+            value, items, cell = line[2:-2].split(" | ")
+            runs = hand_accuracy([r for r in records if r["id"] in values[value]], examples, 2)
+            sd = abs(runs[0] - runs[1]) / 2**0.5
+            assert cell == f"{50 * sum(runs):.2f} ± {100 * sd:.2f}", (name, line)
     assert len(records) == 2 * len(examples) == 2 * 23
     valid = [r for r in records if r["answer"] is not None]
     assert 0 < len(valid) < len(records)  # some completions end in an answer line, some do not
@@ -909,15 +927,16 @@ def test_benchmark_table_from_a_tiny_checkpoint_matches_a_hand_count(
     assert any(m > 0 for m in means)  # some answers are right
 
 
-def test_benchmark_config_lists_the_eight_benchmarks():
+def test_benchmark_config_lists_social_r1s_eight_benchmarks_and_eqbench3():
     cfg = load_config(REPO / "configs" / "eval_benchmarks.yaml", [], ev.EvalConfig)
     assert cfg.report == "accuracy" and cfg.n_samples == 3
-    assert [(s.name, s.kind) for s in cfg.sets] == [
+    assert [(s.name, s.kind) for s in cfg.sets] == [  # Social-R1's Table 2, in its order
         ("ToMBench", "examples"),
+        ("ToMBench-Hard", "examples"),
         ("SocialIQA", "examples"),
+        ("SimpleToM", "examples"),
         ("EmoBench", "examples"),
         ("MotiveBench", "examples"),
-        ("SimpleToM", "examples"),
         ("Hi-ToM", "examples"),
         ("TactfulToM", "examples"),
         ("EQBench3", "eqbench3"),
