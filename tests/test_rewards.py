@@ -276,6 +276,23 @@ def test_r_fmt(completion, expected):
     assert r_fmt(rollout(completion)) == expected
 
 
+def test_social_r1_only_r_out_in_both_readings():
+    """Table 2's "only R_out" row (docs/open-choices.md): ours keeps R_fmt and R_len, so a right
+    answer after 150 reasoning tokens (under len_min 400) earns 2 sigmoid(-5) sigmoid(47), about
+    0.013; with use_len 0 as well, R_out alone: w_o = 2. No judge verdict is needed in either."""
+    completion = (
+        "Ana lost her job and the company is closing so she is sad</think>\nAnswer: sadness"
+    )
+    only_out = {"use_struct": 0.0, "use_content": 0.0}
+    r = rollout(completion, t_reason=150, step=0, total_steps=600, judged={})
+    assert social_r1(r, only_out) == pytest.approx(2 * sigmoid(-5) * sigmoid(47))
+    assert social_r1(r, only_out | {"use_len": 0.0}) == 2.0
+    wrong = rollout(completion.replace("sadness", "joy"), t_reason=150, judged={})
+    assert social_r1(wrong, only_out | {"use_len": 0.0}) == 0.0
+    malformed = rollout(completion + "\nextra line", t_reason=150, judged={})
+    assert social_r1(malformed, only_out | {"use_len": 0.0}) == 0.0  # R_fmt gates both readings
+
+
 def test_social_r1_composite_with_time_dependent_weights():
     completion = (
         "Ana lost her job and the company is closing so she is sad</think>\nAnswer: sadness"
