@@ -67,8 +67,9 @@ class DialogueSettings:
     max_turns: int = bounded(8, ge=1)  # assistant turns per episode at most (EmoLLM D.2, CARE A: 8)
     # ask the policy for an ARG trace with lookahead steps (EmoLLM's training prompt)
     arg_scaffold: bool = False
-    # n: the reverse-perspective steps the scaffold asks for at most (EmoLLM: 3)
-    lookahead: int = bounded(3, ge=1)
+    # n: the reverse-perspective steps the scaffold asks for at most (EmoLLM: 3; 0: none, the
+    # first point of its Figure 5)
+    lookahead: int = bounded(3, ge=0)
     # the user simulator's endpoint and sampling (None: the judge's)
     simulator: JudgeConfig | None = None
     rubric_judge: JudgeConfig | None = None  # CARE's rubric generator (None: the judge's)
@@ -161,13 +162,21 @@ Appraisal: how the person seems to judge the situation against those needs: does
 against their goals, can they influence it, who do they hold responsible.
 Emotion: the feelings that follow from that appraisal.
 Strategy: how you will respond (tone, and what to focus on) given all of the above.
-Lookahead 1: how the person's needs, appraisal and feelings would likely change after a reply with \
-this strategy.
+{lookahead}After </think>, write only your reply to the person: natural, warm and practical, usually two to \
+five sentences."""
+
+LOOKAHEAD_LINES = """Lookahead 1: how the person's needs, appraisal and feelings would likely \
+change after a reply with this strategy.
 Lookahead 2, 3, ...: each one exchange further ahead, at most {n} in all; stop as soon as the \
 prediction settles.
 Choice: the strategy you keep, or the change the lookahead calls for.
-After </think>, write only your reply to the person: natural, warm and practical, usually two to \
-five sentences."""
+"""
+
+
+def arg_scaffold(n: int) -> str:
+    """The ARG scaffold asking for at most `n` lookahead steps; with n = 0 the lookahead and the
+    choice it informs are left out."""
+    return ARG_SCAFFOLD.format(lookahead=LOOKAHEAD_LINES.format(n=n) if n else "")
 
 
 def fit_context(
@@ -193,7 +202,7 @@ def policy_messages(state: State, settings: DialogueSettings) -> list[dict[str, 
     """The chat the policy answers: the ARG scaffold as the system message when asked for, then the
     dialogue."""
     system = (
-        [{"role": "system", "content": ARG_SCAFFOLD.format(n=settings.lookahead)}]
+        [{"role": "system", "content": arg_scaffold(settings.lookahead)}]
         if settings.arg_scaffold
         else []
     )

@@ -431,6 +431,29 @@ def test_every_policy_turn_is_one_batched_generate_call(base, monkeypatch):
         assert e.state.history[1::2] == tuple(("assistant", t.candidates[0].reply) for t in e.turns)
 
 
+def test_the_arg_scaffold_asks_for_n_lookahead_steps_and_for_none_at_zero():
+    """EmoLLM's Figure 5 starts at n = 0: the config takes it, and the scaffold then asks for the
+    appraisal and the strategy alone, no lookahead and no choice between strategies."""
+    cfg = load_config(DEMO, ["dialogue.arg_scaffold=true", "dialogue.lookahead=0"], DialogueConfig)
+    start = dialogue.as_state(Scenario("a", "A friend listens.", "I lost my job today."))
+    [system, _] = dialogue.policy_messages(start, cfg.dialogue)
+    assert cfg.dialogue.lookahead == 0 and "Lookahead" not in system["content"]
+    assert "given all of the above.\nAfter </think>" in system["content"]
+    settings = DialogueSettings(arg_scaffold=True, lookahead=3)
+    [system, user] = dialogue.policy_messages(start, settings)
+    lines = system["content"].splitlines()
+    assert [line.split(":")[0] for line in lines[5:9]] == [
+        "Strategy",
+        "Lookahead 1",
+        "Lookahead 2, 3, ...",
+        "Choice",
+    ]
+    assert "at most 3 in all" in lines[7] and user == {
+        "role": "user",
+        "content": "I lost my job today.",
+    }
+
+
 def test_context_is_cut_at_turn_boundaries_for_sampling_and_for_the_update(base):
     # EmoLLM D.3: 2,048 tokens of dialogue context in generation, 896 in the update. Whole exchanges
     # go, oldest first; the system message and the latest user message stay; the update's rows use
