@@ -307,24 +307,23 @@ METRICS = (
 
 
 def markdown_table(summary: dict) -> str:
-    """One row in the layout of EmoLLM's Table 1, with EG/Turn, FA and CARE beside it: mean ± SD
-    over runs."""
-    cells = []
-    for key, _, digits in METRICS:
-        stat = summary["metrics"][key]
-        sd = "" if stat["sd"] is None else f" ± {stat['sd']:.{digits}f}"
-        cells.append("–" if stat["mean"] is None else f"{stat['mean']:.{digits}f}{sd}")
+    """EmoLLM's Table 1 layout, with EG/Turn, FA and CARE beside it: mean ± SD over runs; a row per
+    test set (scenario file) when there are several, then the row over all of them."""
+
+    def row(label: str, metrics: dict) -> str:
+        cells = []
+        for key, _, digits in METRICS:
+            stat = metrics[key]
+            sd = "" if stat["sd"] is None else f" ± {stat['sd']:.{digits}f}"
+            cells.append("–" if stat["mean"] is None else f"{stat['mean']:.{digits}f}{sd}")
+        return f"| {label} | {' | '.join(cells)} |"
+
     heads = [head for _, head, _ in METRICS]
-    return (
-        "\n".join(
-            [
-                f"| Model | {' | '.join(heads)} |",
-                "|---" * (len(heads) + 1) + "|",
-                f"| {summary['name']} | {' | '.join(cells)} |",
-            ]
-        )
-        + "\n"
-    )
+    sets = summary.get("test_sets", {})
+    rows = [row(f"{summary['name']}: {n}", s["metrics"]) for n, s in sets.items()]
+    rows.append(row(summary["name"] + (": all" if sets else ""), summary["metrics"]))
+    lines = [f"| Model | {' | '.join(heads)} |", "|---" * (len(heads) + 1) + "|", *rows]
+    return "\n".join(lines) + "\n"
 
 
 def evaluate_dialogues(cfg: DialogueEvalConfig) -> dict:
@@ -335,15 +334,21 @@ def evaluate_dialogues(cfg: DialogueEvalConfig) -> dict:
         raise ConfigError(
             "give exactly one of 'checkpoint' (in-process) and 'endpoint' (a served policy)"
         )
-    for key, value in (
-        ("runs", cfg.runs),
-        ("dialogue.max_turns", cfg.dialogue.max_turns),
-        ("dialogue.lookahead", cfg.dialogue.lookahead),
-    ):
+    for key, value in (("runs", cfg.runs), ("dialogue.max_turns", cfg.dialogue.max_turns)):
         if value < 1:
             raise ConfigError(f"'{key}' must be at least 1, got {value}")
     out = Path(cfg.output_dir)
-    scenarios = [as_state(s) for path in cfg.scenarios for s in load_scenarios(path)]
+    source: dict[str, str] = {}  # scenario id -> its file's name, a test set of its own
+    scenarios = []
+    for path in cfg.scenarios:
+        for seed in load_scenarios(path):
+            if seed.id in source:
+                raise ConfigError(
+                    f"scenario id {seed.id!r} is in {path} and in an earlier file of 'scenarios' "
+                    f"({source[seed.id]}): each test set's ids must differ"
+                )
+            source[seed.id] = Path(path).stem
+            scenarios.append(as_state(seed))
     if (out / EPISODES).exists() and (out / "config.yaml").exists():
         old = load_config(out / "config.yaml", [], DialogueEvalConfig)
         if _generation_identity(old) != _generation_identity(cfg):
@@ -381,6 +386,17 @@ def evaluate_dialogues(cfg: DialogueEvalConfig) -> dict:
         "runs": runs,
         "config": redact_secrets(dataclasses.asdict(cfg)),
     }
+    if len(cfg.scenarios) > 1:  # EmoLLM reports each test set on its own
+        summary["test_sets"] = {}
+        for name in dict.fromkeys(source.values()):
+            mine = [
+                dialogue_metrics([e for e in done[r] if source[e["id"]] == name])
+                for r in range(cfg.runs)
+            ]
+            summary["test_sets"][name] = {
+                "n_scenarios": sum(v == name for v in source.values()),
+                "metrics": {k: evaluate.mean_sd([run[k] for run in mine]) for k, _, _ in METRICS},
+            }
     atomic_write_text(out / EVAL_JSON, json.dumps(summary, indent=1, ensure_ascii=False) + "\n")
     atomic_write_text(out / TABLE, markdown_table(summary))
     print0(markdown_table(summary))

@@ -32,7 +32,7 @@ import distributed as D
 import grpo
 import judge
 import model as M
-from config import load_config
+from config import ConfigError, load_config
 from data import DataError
 from dialogue import evaluation as evaluate_dialogue
 from dialogue import play as dialogue
@@ -909,6 +909,51 @@ def test_a_served_policy_is_evaluated_through_its_endpoint(tmp_path, capsys):
         with pytest.raises(SystemExit) as stop:
             evaluate_dialogue.main([str(path)])
     assert stop.value.code == 2 and "6 requests to the policy at" in capsys.readouterr().err
+
+
+def test_each_test_set_has_its_row_and_the_row_over_all_follows(tmp_path):
+    """EmoLLM reports each test set on its own: two scenario files, a served policy that comforts
+    in the first file's scenarios (thanked after turn 1: SR 100, AT 1) and is cold in the second's
+    (never eased: SR 0 over max_turns 2); the last row pools them (SR 2 of 6)."""
+    lines = (REPO / "configs" / "dialogue_demo_scenarios.jsonl").read_text().splitlines()
+    kind, cold = tmp_path / "kind.jsonl", tmp_path / "cold.jsonl"
+    kind.write_text("\n".join(lines[:2]) + "\n")
+    cold.write_text("\n".join(lines[2:]) + "\n")
+    openings = {json.loads(line)["initial_prompt"] for line in lines[:2]}
+
+    def policy(messages, params):
+        first = next(m["content"] for m in messages if m["role"] == "user")
+        return STYLES["kind"] if first in openings else STYLES["cold"]
+
+    with serving() as judge_cfg, serving(policy) as policy_cfg:
+        config = {
+            "output_dir": str(tmp_path / "out"),
+            "name": "m",
+            "scenarios": [str(kind), str(cold)],
+            "endpoint": {"base_url": policy_cfg.base_url, "retries": 0},
+            "runs": 1,
+            "care": False,
+            "dialogue": {"max_turns": 2},
+            "sampling": {"max_new_tokens": 64},
+            "judge": {"base_url": judge_cfg.base_url, "retries": 0},
+        }
+        summary = evaluate_dialogue.evaluate_dialogues(load_config_dict(tmp_path, config))
+    sets = summary["test_sets"]
+    assert {n: s["n_scenarios"] for n, s in sets.items()} == {"kind": 2, "cold": 4}
+    assert sets["kind"]["metrics"]["success_rate"]["mean"] == 100
+    assert sets["kind"]["metrics"]["avg_turns"]["mean"] == 1
+    assert sets["cold"]["metrics"]["success_rate"]["mean"] == 0
+    assert summary["metrics"]["success_rate"]["mean"] == pytest.approx(100 * 2 / 6)
+    rows = (tmp_path / "out" / "table.md").read_text().splitlines()[2:]
+    assert [r.split(" | ")[0:2] for r in rows] == [
+        ["| m: kind", "100.0"],
+        ["| m: cold", "0.0"],
+        ["| m: all", "33.3"],
+    ]
+    # one id in two files: one line before anything is played
+    cold.write_text(lines[0] + "\n")
+    with pytest.raises(ConfigError, match="'deadline' is in .*cold.jsonl and in an earlier file"):
+        evaluate_dialogue.evaluate_dialogues(load_config_dict(tmp_path, config))
 
 
 def load_config_dict(tmp_path, raw: dict):
