@@ -193,7 +193,7 @@ def test_per_source_sampling_by_hand(tmp_path):
 
 @pytest.mark.parametrize(
     "name, per_source",
-    [("emollm_seeds_prepare.yaml", None), ("emollm_eval_seeds_prepare.yaml", 100)],
+    [("emollm_seeds_prepare.yaml", 100), ("emollm_eval_seeds_prepare.yaml", 100)],
 )
 def test_the_seed_configs_hold_c3s_values(name, per_source):
     cfg = S.parse_cli(S.SeedSettings, [str(REPO / "configs" / name)])
@@ -205,6 +205,8 @@ def test_the_seed_configs_hold_c3s_values(name, per_source):
         "meddialog",
         "iclr",
     ]
-    if per_source is None:  # the training seeds are what Stage II trains on
+    if "eval" not in name:  # the training seeds are what Stage II trains on, as many as it draws
         rl = yaml.safe_load((REPO / "configs" / "emollm_qwen3_8b.yaml").read_text())
         assert rl["train_data"] == [cfg.out]
+        drawn = rl["updates"] * rl["rollout"]["prompts_per_update"]
+        assert cfg.per_source * len(cfg.dialogues) == drawn == 400
