@@ -65,16 +65,19 @@ def test_every_markdown_link_to_a_file_of_the_repository_exists():
     assert not broken, broken
 
 
-# a command with a shipped config: `python X.py configs/C.yaml`, `... -m a.b configs/C.yaml`
+# a command with a shipped config: `python X.py configs/C.yaml [key=value ...]`, `... -m a.b
+# configs/C.yaml ...`, its overrides on the same line or after a backslash line break
 WITH_CONFIG = re.compile(
     r"(?:\bpython3?|\btorchrun(?:\s+--?[\w-]+(?:[ =](?!-m\b)[^\s-][^\s]*)?)*)\s+"
     r"(?:-m\s+(?P<module>[A-Za-z_][\w.]*)|(?P<script>[\w/.-]+\.py))\s+(?P<config>configs/[\w.-]+\.yaml)"
+    r"(?P<overrides>(?:[ \t]+(?:\\\n[ \t]*)?[a-z_][\w.]*=[^\s`|]+)*)"
 )
 
 
 def test_every_documented_config_loads_against_the_schema_of_the_script_it_is_given_to():
     """A config given to the wrong entry point (a dialogue config to grpo.py) stops at its first
-    key: each documented pair is loaded here as its script loads it (overrides aside)."""
+    key, and so does an override the script has no key for: each documented command's config is
+    loaded here as its script loads it, with the command's overrides."""
     import importlib
 
     from config import ConfigError, load_config
@@ -88,7 +91,10 @@ def test_every_documented_config_loads_against_the_schema_of_the_script_it_is_gi
                 continue
             module = importlib.import_module(script.removesuffix(".py").replace("/", "."))
             try:
-                load_config(REPO / match.group("config"), [], getattr(module, SCRIPTS[script]))
+                overrides = re.findall(r"[a-z_][\w.]*=[^\s`|]+", match.group("overrides"))
+                load_config(
+                    REPO / match.group("config"), overrides, getattr(module, SCRIPTS[script])
+                )
                 checked += 1
             except ConfigError as e:
                 wrong.append(f"{path.relative_to(REPO)}: {script} {match.group('config')}: {e}")
