@@ -5,6 +5,8 @@ then trains.
         # objective lm: CPT rows with knowledge prefixes
     python -m prepare.emollm_rows configs/emollm_stage1_sft_prepare.yaml
         # objective target: ARG SFT rows from a teacher
+    python -m prepare.emollm_rows configs/emollm_sft_baseline_prepare.yaml
+        # objective target, reply_only: the recorded replies (the SFT baseline)
 
 The config (EmoLLMData) names the part by its `objective`, sft.py's objective that trains on the
 rows, and the checkpoint (`model`) whose tokenizer measures `max_length` as sft.py encodes the rows.
@@ -51,6 +53,9 @@ An answer missing a section or the reply, or out of that format, is rejected and
 {"id", "prompt": [the context as chat messages], "target", "meta": {"gate", ...}}, target =
 "<think>\\n<ARG>\\n</think>\\n\\n<reply>" when r_t = 1, the reply alone when r_t = 0; a row longer
 than max_length is dropped and counted.
+
+Reply SFT (`reply_only: true`, Table 1's response-only SFT baseline): the same sampled contexts,
+each with the supporter's recorded reply as its target; no teacher, no ARG.
 
 Bad input (a turn without speaker or with empty content, a malformed triple) raises DataError naming
 the file, the line (of the record; in a JSON array, the line where the dialogue starts) and the
@@ -128,6 +133,9 @@ class EmoLLMData:
     fact_words: int = 25  # words of the current user turn kept among the facts
     # objective target: the share of each source's contexts sent to the teacher (None: all)
     share: float | None = bounded(None, gt=0, le=1)
+    # objective target: each sampled context's recorded supporter reply as its target, no teacher
+    # and no ARG (Table 1's response-only SFT baseline)
+    reply_only: bool = False
     # most reverse-perspective steps the teacher may write (Appendix H: three)
     lookahead: int = bounded(3, ge=1)
     max_tokens: int = 1024  # the teacher's new tokens per answer
@@ -577,6 +585,33 @@ def arg_rows(
     return rows, counts | {"errors": asked["errors"]}
 
 
+def reply_rows(
+    dialogues: list[Dialogue], settings: EmoLLMData, fits: Callable[[list | None, str], bool]
+) -> tuple[list[dict], dict[str, int]]:
+    """(rows, counts) of Table 1's response-only SFT baseline: the contexts arg_rows samples, each
+    with the supporter's recorded reply to it as the target (a context the dialogue never answers
+    is counted under "no reply")."""
+    pool = sample_contexts(dialogues, settings.share, settings.seed)
+    rows, counts = [], {"contexts": len(pool), "no reply": 0, "too long": 0}
+    for dialogue, t in pool:
+        if t + 1 == len(dialogue.turns):
+            counts["no reply"] += 1
+            continue
+        prompt, reply = chat_prompt(dialogue.turns[: t + 1]), dialogue.turns[t + 1][1]
+        if not fits(prompt, reply):
+            counts["too long"] += 1
+            continue
+        rows.append(
+            {
+                "id": f"{dialogue.id}/t{t}",
+                "prompt": prompt,
+                "target": reply,
+                "meta": context_meta(dialogue, t),
+            }
+        )
+    return rows, counts
+
+
 # ----------------------------------------------------------------------------- the command
 
 
@@ -612,16 +647,17 @@ def prepare(
             "with knowledge": sum(r["meta"]["knowledge"] > 0 for r in rows),
         }
         errors, journal = [], None
+    elif settings.reply_only:
+        rows, counts = reply_rows(dialogues, settings, fits)
+        counts["rows"] = len(rows)
+        errors, journal = [], None
     else:
         journal = Path(str(out) + ".teacher.jsonl")
         rows, counts = arg_rows(dialogues, settings, journal, fits)
         errors = counts.pop("errors")
         counts |= {"rows": len(rows), "reasoned": sum(r["meta"]["gate"] for r in rows)}
-    print0(
-        f"emollm {'CPT' if objective == 'lm' else 'ARG SFT'}: "
-        + ", ".join(f"{k} {v}" for k, v in counts.items())
-        + f" -> {out}"
-    )
+    part = "CPT" if objective == "lm" else "reply SFT" if settings.reply_only else "ARG SFT"
+    print0(f"emollm {part}: " + ", ".join(f"{k} {v}" for k, v in counts.items()) + f" -> {out}")
     write_rows(out, [json.dumps(r, ensure_ascii=False) + "\n" for r in rows], errors, journal)
     return counts
 

@@ -24,6 +24,7 @@ from prepare import emollm_rows as E
 from tokenizer import load_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
+CONFIGS = REPO / "configs"
 FIXTURES = Path(__file__).parent / "fixtures" / "emollm"
 ESCONV, ECOK = FIXTURES / "esconv.json", FIXTURES / "ecok.jsonl"
 WORDS = (
@@ -314,6 +315,44 @@ def test_arg_rows_from_a_scripted_teacher_gate_both_forms_and_resume(base, tmp_p
         )
         assert "arg.jsonl: not written: no row was kept" in captured.err
         assert read_jsonl(tmp_path / "arg.jsonl") == rows
+
+
+def test_reply_rows_are_the_recorded_replies_with_no_teacher(base, tmp_path, capsys):
+    """Table 1's SFT baseline (reply_only): every context answered in the fixture, its supporter's
+    next turn the target (read off esconv.json by hand); the teacher's URL answers nothing."""
+    path = sft_config(base, tmp_path, "http://127.0.0.1:9/v1", emollm={"reply_only": True})
+    E.main([str(prep(path))])
+    assert "reply SFT: contexts 5, no reply 2, too long 0, rows 3" in capsys.readouterr().out
+    rows = read_jsonl(tmp_path / "arg.jsonl")
+    assert [(r["id"], r["target"]) for r in rows] == [
+        ("esconv-0/t1", "That sounds really stressful, losing a job and then worrying about rent."),
+        ("esconv-0/t3", "Losing a job does not make you a failure."),
+        ("esconv-1/t0", "After a long relationship ends, crying is a natural way to grieve."),
+    ]
+    assert rows[1]["prompt"][-1] == {"role": "user", "content": "Yes. I feel like a failure."}
+    assert len(rows[1]["prompt"]) == 4 and rows[2]["prompt"] == [
+        {"role": "user", "content": "My partner left me and I cannot stop crying."}
+    ]
+
+
+def test_the_sft_baseline_configs_differ_from_stage1_sft_in_base_data_and_rows_only():
+    """EmoLLM's SFT baseline trains Stage I (ii)'s settings on the base model and the recorded
+    replies of the same contexts."""
+    base, row = (
+        yaml.safe_load((CONFIGS / f"emollm_{name}.yaml").read_text())
+        for name in ("stage1_sft", "sft_baseline")
+    )
+    changed = {k for k in base.keys() | row.keys() if base.get(k) != row.get(k)}
+    assert changed == {"model", "data", "output_dir"} and row["model"] == "checkpoints/Qwen3-8B"
+    base, row = (
+        yaml.safe_load((CONFIGS / f"emollm_{name}_prepare.yaml").read_text())
+        for name in ("stage1_sft", "sft_baseline")
+    )
+    assert row["reply_only"] and (row["out"], row["model"]) == (
+        yaml.safe_load((CONFIGS / "emollm_sft_baseline.yaml").read_text())["data"],
+        "checkpoints/Qwen3-8B",
+    )
+    assert all(row[k] == base[k] for k in ("dialogues", "share", "seed", "max_length", "objective"))
 
 
 def test_the_arg_contexts_are_a_share_of_each_source_by_hand(tmp_path):
