@@ -162,8 +162,8 @@ Appraisal: how the person seems to judge the situation against those needs: does
 against their goals, can they influence it, who do they hold responsible.
 Emotion: the feelings that follow from that appraisal.
 Strategy: how you will respond (tone, and what to focus on) given all of the above.
-{lookahead}After </think>, write only your reply to the person: natural, warm and practical, usually two to \
-five sentences."""
+{lookahead}After </think>, write only your reply to the person: natural, warm and practical, \
+usually two to five sentences."""
 
 LOOKAHEAD_LINES = """Lookahead 1: how the person's needs, appraisal and feelings would likely \
 change after a reply with this strategy.

@@ -28,9 +28,12 @@ CONFIGS = REPO / "configs"
 
 # Social-R1 Table 2: the row's config and what it changes in configs/social_r1_qwen3_8b.yaml
 SOCIAL_R1_ROWS = {
-    # also the RM pairs' source: every checkpoint they read is kept
-    "social_r1_qwen3_8b_no_struct.yaml": {
+    "social_r1_qwen3_8b_no_struct.yaml": {"reward.params.use_struct": 0},
+    # the RM pairs' source: the same row before any RM exists (R_content from the prompted judge,
+    # grpo.py runs it), every checkpoint the pairs read kept
+    "social_r1_rm_source.yaml": {
         "reward.params.use_struct": 0,
+        "content_model": None,
         "save_every": 30,
         "keep_checkpoints": 20,
     },
@@ -77,14 +80,14 @@ def test_an_ablation_config_changes_only_its_keys(base_name, name, changes):
         for k in base.keys() | row.keys()
         if k != "output_dir" and base.get(k, KeyError) != row.get(k, KeyError)
     }
-    # a row without R_content drops the base's content_model section, every leaf of it
+    # a row without R_content, or without the RM, drops the base's content_model section, every leaf
     dropped = {k for k in base if k.startswith("content_model.") and k not in row}
     assert dropped == (
         {k for k in base if k.startswith("content_model.")}
-        if changes.get("reward.params.use_content") == 0
+        if changes.get("reward.params.use_content") == 0 or "content_model" in changes
         else set()
     )
-    assert differ == set(changes) | dropped
+    assert differ == set(changes) - {"content_model"} | dropped
     assert all(v is None or row[k] == v for k, v in changes.items())
     assert row["output_dir"] == f"runs/{name.removesuffix('.yaml')}"
 
@@ -343,18 +346,22 @@ def test_label_sft_rows_are_the_answer_alone_and_train(tmp_path):
     assert (run / "best" / "adapter_model.safetensors").is_file()
 
 
-def test_the_rm_pairs_read_checkpoints_the_run_without_r_struct_keeps():
+def test_the_rm_pairs_read_checkpoints_the_pair_source_run_keeps():
+    """The pair source (the run without R_struct, before any RM: grpo.py's config, no
+    content_model) keeps every checkpoint the pairs read, each sampled on its own split."""
     from reward_models import content_rm as reward_model
 
     rm = load_config(CONFIGS / "social_r1_rm_qwen3_4b.yaml", [], reward_model.RMConfig)
-    run = load_config(
-        CONFIGS / "social_r1_qwen3_8b_no_struct.yaml", [], social_r1_rl.SocialR1Config
-    )
+    run = load_config(CONFIGS / "social_r1_rm_source.yaml", [], grpo.GRPOConfig)
     steps = [r.step for r in rm.build.rollouts]
     assert steps == [30, 90, 120, 180, 270, 360, 420, 510, 570, 600]  # Appendix C.2
+    assert [r.step for r in rm.build_heldout.rollouts] == steps
     saved = range(run.save_every, run.updates + 1, run.save_every)
     assert set(steps) <= set(saved) and run.keep_checkpoints >= len(saved)
-    assert all("no_struct" in r.path for r in rm.build.rollouts)
+    for split, rollouts in (("", rm.build.rollouts), ("test_", rm.build_heldout.rollouts)):
+        assert [r.path for r in rollouts] == [
+            f"runs/eval_social_r1_rm_source_{split}step{s}/completions.jsonl" for s in steps
+        ]
 
 
 def test_the_documented_cpt_command_reaches_the_stated_peak_lr():

@@ -674,3 +674,118 @@ def test_a_content_model_is_for_social_r1_only_and_must_exist(tmp_path, capsys):
             social_r1.main([str(config)])
         err = capsys.readouterr().err.strip()
         assert stop.value.code == 2 and len(err.splitlines()) == 1 and message in err, err
+
+
+# ----------------------------------------------------------------------------- the whole chain
+
+
+def chain_judge(messages, params):
+    """The teacher, the judges and the pair scorer of the content-RM chain: a reference ending in
+    the gold A; every SIP stage done; a content score set by the reasoning's length (0 to 1 in
+    quarters), so that segments fall into every tier."""
+    system, user = messages[0]["content"], messages[-1]["content"]
+    if system == SIP_REFERENCE_SYSTEM:
+        stages = "\n".join(f"{stage}: Ann hid the key" for stage in judge.SIP_STAGES)
+        return stages + "\nAnswer: A"
+    if system == judge._SIP_STRUCTURE_SYSTEM:
+        return structure_judge(messages, params)
+    reasoning = re.search(r"<reasoning>\n(.*?)\n</reasoning>", user, re.DOTALL).group(1)
+    return f"scripted | {len(reasoning.split()) % 5 / 4:.2f}"
+
+
+@pytest.mark.slow
+def test_the_content_rm_chain_runs_in_the_documented_order(tmp_path, monkeypatch, capsys):
+    """docs/paper-configs.md's chain with the shipped configs, shrunk to the tiny model by
+    overrides only, in the folders the configs name (relative to the working directory): the
+    references, the pair-source run (no RM yet), each checkpoint exported and sampled on both
+    splits, the pairs, the RM, then the main run scoring R_content with that RM."""
+    from helpers import grpo_checkpoint
+
+    import evaluate
+    import grpo
+    from prepare import references
+    from reward_models import social_r1
+    from tools.export_checkpoint import export_checkpoint
+
+    words = ["Ann", "hid", "key", "so", "</think>\nAnswer: A", "</think>\nAnswer: B"]
+    base = grpo_checkpoint(tmp_path / "base", words=words)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    for name, ids in (("gold", range(4)), ("test", range(4, 6))):
+        Path(f"data/tombench_hard_{name}.jsonl").write_text(
+            "".join(json.dumps(example_to_json(tom_example(i))) + "\n" for i in ids)
+        )
+    config = lambda name: str(REPO / "configs" / name)  # noqa: E731
+    tiny = [f"model.path={base}", "model.dtype=float32", "model.gradient_checkpointing=false"]
+    tiny += ["updates=2", "rollout.prompts_per_update=2", "rollout.max_new_tokens=8"]
+    tiny += ["loss.micro_batch_size=5", "judge.retries=0"]
+    steps = (1, 2)
+    with JudgeServer(chain_judge).start() as server:
+        url = [f"judge.base_url={server.url}"]
+        references.main(
+            [config("social_r1_qwen3_8b_prepare.yaml"), f"teacher.base_url={server.url}"]
+        )
+        try:  # 1. the pair source: R_content from the prompted judge, a checkpoint an update
+            grpo.main([config("social_r1_rm_source.yaml"), *tiny, *url, "save_every=1"])
+        finally:
+            torch.distributed.destroy_process_group()
+        for step in steps:  # 2. each checkpoint exported, then K samples on each split
+            export = f"runs/social_r1_rm_source/export-{step}"
+            export_checkpoint(f"runs/social_r1_rm_source/ckpt-{step:06d}", export)
+            for name, split in (
+                ("social_r1_rm_rollouts", ""),
+                ("social_r1_rm_rollouts_heldout", "test_"),
+            ):
+                evaluate.main(
+                    [
+                        config(f"{name}.yaml"),
+                        f"checkpoint={export}",
+                        f"output_dir=runs/eval_social_r1_rm_source_{split}step{step}",
+                        "n_samples=6",
+                        "sampling.max_new_tokens=8",
+                        "device=cpu",
+                    ]
+                )
+        path = "runs/eval_social_r1_rm_source_{}step{}/completions.jsonl"
+        rollouts = {
+            split: "["
+            + ", ".join(f"{{step: {s}, path: {path.format(split, s)}}}" for s in steps)
+            + "]"
+            for split in ("", "test_")
+        }
+        endpoints = [
+            f"{section}.{role}.{key}={value}"
+            for section in ("build", "build_heldout")
+            for role in ("teacher", "scorer")
+            for key, value in (("base_url", server.url), ("api_key_env", "null"))
+        ]
+        rm_tiny = [f"model={base}", "dtype=float32", "gradient_checkpointing=false", "device=cpu"]
+        rm_tiny += ["epochs=1", "batch_size=2", "grad_accum=1", "max_length=512"]
+        rm_tiny += ["lora.rank=4", "lora.alpha=8"]
+        RM.main(  # 3. the pairs, both splits
+            [
+                "pairs",
+                config("social_r1_rm_qwen3_4b.yaml"),
+                *rm_tiny,
+                *endpoints,
+                f"build.rollouts={rollouts['']}",
+                f"build_heldout.rollouts={rollouts['test_']}",
+            ]
+        )
+        RM.main([config("social_r1_rm_qwen3_4b.yaml"), *rm_tiny])  # 4. the RM
+        try:  # 5. the main run, R_content from that RM
+            social_r1.main([config("social_r1_qwen3_8b.yaml"), *tiny, *url])
+        finally:
+            torch.distributed.destroy_process_group()
+    pairs = RM.load_pairs("data/social_pairs.jsonl")
+    assert pairs and RM.load_pairs("data/social_pairs_heldout.jsonl")
+    info = json.loads(Path("runs/social_r1_rm_qwen3_4b/reward_model.json").read_text())
+    assert info["base_model"] == str(base)
+    records = [json.loads(line) for line in open("runs/social_r1_qwen3_8b/completions.jsonl")]
+    rm = RM.load_reward_model("runs/social_r1_rm_qwen3_4b")
+    examples = {e.id: e for e in RM.load_jsonl("data/tombench_hard_train.jsonl")}
+    expected = rm.scores(
+        [(RM.rm_context(examples[r["id"]]), RM.rm_segment(r["completion"])) for r in records]
+    )
+    assert [r["R_content"] for r in records] == pytest.approx(expected, abs=1e-6)
+    assert Path("runs/social_r1_qwen3_8b/model/config.json").is_file()
