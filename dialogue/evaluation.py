@@ -55,6 +55,7 @@ from judge import (
     turn_quality_request,
 )
 from sampling import SamplingConfig, endpoint_config
+from tokenizer import load_tokenizer
 
 
 def endpoint_policy(endpoint: JudgeConfig, sampling: SamplingConfig) -> Respond:
@@ -95,7 +96,7 @@ class DialogueEvalConfig:
     adapter: str | None = None
     # a served policy instead of `checkpoint` (evaluate.EvalConfig's endpoint)
     endpoint: JudgeConfig | None = None
-    tokenizer: str | None = None
+    tokenizer: str | None = None  # with an endpoint: counts the policy's output tokens
     device: str | None = None
     dtype: str | None = None
     runs: int = 3  # EmoLLM D.3: results averaged over three runs
@@ -119,7 +120,8 @@ def dialogue_metrics(episodes: list[dict]) -> dict:
     - FA, factual accuracy (%): the share of the fact-sensitive turns (those the judge rates
       fact_sensitive = 1, Appendix F) rated reliable; None when no turn is fact-sensitive
       (`fa_turns`: how many there are);
-    - CARE: the rubric score (rewards.care_score, 0-1) over all turns.
+    - CARE: the rubric score (rewards.care_score, 0-1) over all turns;
+    - Tokens: the policy's output tokens per turn (EmoLLM's Table 7), over the turns counted.
     A judgement that is missing leaves its episode or turn out of that metric (SR and AT: an episode
     whose success turn cannot be told), and is counted in `unjudged`. Every metric is None when
     nothing was judged."""
@@ -152,6 +154,9 @@ def dialogue_metrics(episodes: list[dict]) -> dict:
         "fa": None if fa is None else 100 * fa,
         "fa_turns": len(fa_turns),
         "care": mean([t["care"] for t in turns if t["care"] is not None]),
+        "output_tokens": mean(
+            [t["output_tokens"] for t in turns if t["output_tokens"] is not None]
+        ),
         "episodes": len(episodes),
         "unjudged": {
             "success": len(episodes) - judged,
@@ -163,11 +168,20 @@ def dialogue_metrics(episodes: list[dict]) -> dict:
     }
 
 
-def judge_episodes(episodes: list[Episode], cfg: DialogueEvalConfig) -> list[dict]:
+def output_tokens(turn: PolicyTurn, tok) -> int | None:
+    """The tokens the policy wrote in a turn, reasoning and reply (EOS aside; EmoLLM's Table 7): its
+    sampled ids in-process; for a served policy, `tok`'s count of its text (None without `tok`)."""
+    if turn.completion:
+        return len(turn.completion) - (not turn.truncated)
+    return None if tok is None else len(tok.encode(turn.text, special_tokens=False))
+
+
+def judge_episodes(episodes: list[Episode], cfg: DialogueEvalConfig, tok=None) -> list[dict]:
     """Every judgement the metrics need, each batch at once: e_0 and e_T per episode and each turn's
     quality (sr_proxy, ea, fact_sensitive, fa; a turn without a follow-up has none), with `care`
     each state's rubric (the rubric judge), then each reply's scores. One record per episode: the
-    dialogue and its judgements."""
+    dialogue, each turn's output tokens (`output_tokens`, `tok` for a served policy) and the
+    judgements."""
     records, asks, rubrics = [], [], []
     for e in episodes:
         scenario = e.start.scenario
@@ -203,6 +217,7 @@ def judge_episodes(episodes: list[Episode], cfg: DialogueEvalConfig) -> list[dic
                 "user": turn.state.history[-1][1],
                 "reasoning": reply.reasoning,
                 "reply": reply.reply,
+                "output_tokens": output_tokens(reply, tok),
                 "follow_up": e.follow_up(k),
                 "quality": None,
                 "rubric": None,
@@ -262,7 +277,8 @@ def judge_episodes(episodes: list[Episode], cfg: DialogueEvalConfig) -> list[dic
 
 def read_episodes(path) -> list[dict]:
     """The records of an episodes.jsonl (read_log); EvalError naming the line of one that
-    `judge_episodes` did not write, or wrote before a turn-quality key (fact_sensitive) existed."""
+    `judge_episodes` did not write, or wrote before a turn key (fact_sensitive, output_tokens)
+    existed."""
     records = read_log(path, evaluate.EvalError)
     for number, r in enumerate(records, 1):
         if not (
@@ -271,7 +287,8 @@ def read_episodes(path) -> list[dict]:
             and {"e_0", "e_T", "n_turns"} <= set(r)
             and isinstance(r.get("turns"), list)
             and all(
-                isinstance(t, dict) and {*TURN_QUALITY_KEYS, "care"} <= set(t) for t in r["turns"]
+                isinstance(t, dict) and {*TURN_QUALITY_KEYS, "care", "output_tokens"} <= set(t)
+                for t in r["turns"]
             )
         ):
             raise evaluate.EvalError(
@@ -303,6 +320,7 @@ METRICS = (
     ("ea", "EA", 2),
     ("fa", "FA (%)", 1),
     ("care", "CARE", 3),
+    ("output_tokens", "Tokens", 1),
 )
 
 
@@ -361,13 +379,14 @@ def evaluate_dialogues(cfg: DialogueEvalConfig) -> dict:
     for record in read_episodes(out / EPISODES):
         done.setdefault(record["run"], []).append(record)
     respond = None
+    tok = load_tokenizer(cfg.tokenizer) if cfg.endpoint is not None and cfg.tokenizer else None
     for run in (r for r in range(cfg.runs) if r not in done):
         respond = respond or _policy(cfg)
         seed = random.Random(f"{cfg.seed}/run{run}").getrandbits(63)
         episodes, _ = play(
             respond, scenarios, cfg.dialogue, cfg.dialogue.simulator or cfg.judge, 1, seed
         )
-        done[run] = [record | {"run": run} for record in judge_episodes(episodes, cfg)]
+        done[run] = [record | {"run": run} for record in judge_episodes(episodes, cfg, tok)]
         with open_log(out / EPISODES) as f:  # a run's episodes at once: a run is whole or absent
             f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in done[run]))
         print0(

@@ -762,17 +762,29 @@ def test_a_judge_failing_mid_episode_makes_the_reward_none_not_a_crash(monkeypat
 
 
 def test_dialogue_metrics_by_hand():
-    def turn(sr, ea, fa, care, fact_sensitive=1):
-        return {"sr_proxy": sr, "ea": ea, "fact_sensitive": fact_sensitive, "fa": fa, "care": care}
+    def turn(sr, ea, fa, care, fact_sensitive=1, tokens=10):
+        return {
+            "sr_proxy": sr,
+            "ea": ea,
+            "fact_sensitive": fact_sensitive,
+            "fa": fa,
+            "care": care,
+            "output_tokens": tokens,
+        }
 
     episodes = [
         {
             "n_turns": 3,
             "e_0": 2,
             "e_T": 5,
-            "turns": [turn(0, 3, 1, 0.5), turn(1, 4, 1, 0.7), turn(0, 5, 0, None)],
+            "turns": [turn(0, 3, 1, 0.5, tokens=40), turn(1, 4, 1, 0.7), turn(0, 5, 0, None)],
         },
-        {"n_turns": 2, "e_0": 1, "e_T": 2, "turns": [turn(0, 2, 0, 0.1), turn(0, None, None, 0.3)]},
+        {
+            "n_turns": 2,
+            "e_0": 1,
+            "e_T": 2,
+            "turns": [turn(0, 2, 0, 0.1, tokens=None), turn(0, None, None, 0.3)],
+        },
         {
             "n_turns": 2,
             "e_0": None,
@@ -794,6 +806,8 @@ def test_dialogue_metrics_by_hand():
     assert m["fa_turns"] == 4
     assert m["care"] == pytest.approx((0.5 + 0.7 + 0.1 + 0.3 + 0.9) / 5)
     assert m["unjudged"] == {"success": 1, "e_0": 1, "e_T": 0, "turns": 1, "care": 2}
+    # output tokens over the six turns counted (one unknown): 40 and five of 10
+    assert m["output_tokens"] == pytest.approx((40 + 5 * 10) / 6)
     assert evaluate_dialogue.dialogue_metrics([])["success_rate"] is None
     # no fact-sensitive turn: FA is None, not 0 or 100
     none = evaluate_dialogue.dialogue_metrics([{**episodes[2], "e_0": 2}])
@@ -845,9 +859,12 @@ def test_evaluation_runs_judges_resumes_and_writes_its_table(base, tmp_path, cap
     ]
     assert summary["metrics"]["ea"]["mean"] == pytest.approx((runs[0]["ea"] + runs[1]["ea"]) / 2)
     assert (
-        "| Model | SR (%) | AT | ES | EG/Turn | EA | FA (%) | CARE |"
+        "| Model | SR (%) | AT | ES | EG/Turn | EA | FA (%) | CARE | Tokens |"
         in (tmp_path / "out" / "table.md").read_text()
     )
+    # in-process, a turn's output tokens are its sampled ids: at most max_new_tokens
+    counts = [t["output_tokens"] for e in episodes for t in e["turns"]]
+    assert all(0 <= n <= 8 for n in counts) and max(counts) > 0
     config.write_text(config.read_text().replace("max_turns: 3", "max_turns: 4"))
     with pytest.raises(SystemExit) as stop:
         evaluate_dialogue.main([str(config)])
@@ -954,6 +971,35 @@ def test_each_test_set_has_its_row_and_the_row_over_all_follows(tmp_path):
     cold.write_text(lines[0] + "\n")
     with pytest.raises(ConfigError, match="'deadline' is in .*cold.jsonl and in an earlier file"):
         evaluate_dialogue.evaluate_dialogues(load_config_dict(tmp_path, config))
+
+
+def test_a_served_policys_output_tokens_are_counted_with_the_given_tokenizer(base, tmp_path):
+    """EmoLLM's Table 7 for a served policy: its reply "I understand sorry you" is four words of
+    the tiny vocabulary, so four tokens a turn; without `tokenizer` the count is unknown."""
+
+    def policy(messages, params):
+        return "I understand sorry you"
+
+    found = {}
+    with serving() as judge_cfg, serving(policy) as policy_cfg:
+        for name, tokenizer in (("counted", str(base)), ("unknown", None)):
+            config = {
+                "output_dir": str(tmp_path / name),
+                "scenarios": [str(REPO / "configs" / "dialogue_demo_scenarios.jsonl")],
+                "endpoint": {"base_url": policy_cfg.base_url, "retries": 0},
+                "tokenizer": tokenizer,
+                "runs": 1,
+                "care": False,
+                "dialogue": {"max_turns": 2},
+                "sampling": {"max_new_tokens": 64},
+                "judge": {"base_url": judge_cfg.base_url, "retries": 0},
+            }
+            found[name] = evaluate_dialogue.evaluate_dialogues(load_config_dict(tmp_path, config))
+    turns = [t for e in read_jsonl(tmp_path / "counted" / "episodes.jsonl") for t in e["turns"]]
+    assert turns and all(t["output_tokens"] == 4 for t in turns)
+    assert found["counted"]["metrics"]["output_tokens"]["mean"] == 4
+    assert found["unknown"]["metrics"]["output_tokens"]["mean"] is None
+    assert (tmp_path / "unknown" / "table.md").read_text().splitlines()[2].endswith(" – |")
 
 
 def load_config_dict(tmp_path, raw: dict):
@@ -1076,7 +1122,7 @@ def test_bad_dialogue_inputs_are_one_line(base, tmp_path, capsys):
             "(single-turn rewards run with grpo.py)",
         ),
         ([f"train_data=[{bad}]"], f"{bad}:2: field 'initial_prompt': missing"),
-        (["dialogue.lookahead=0"], "'dialogue.lookahead' must be >= 1, got 0"),
+        (["dialogue.lookahead=-1"], "'dialogue.lookahead' must be >= 0, got -1"),
     ]
     for overrides, message in cases:
         with pytest.raises(SystemExit) as stop:
