@@ -1,0 +1,144 @@
+"""integrations/: this project's rewards inside TRL's GRPOTrainer, run on a tiny random checkpoint
+against the local judge server (TRL is a test-only dependency here; a user brings their own)."""
+
+import functools
+import json
+
+import pytest
+import torch
+from helpers import grpo_checkpoint, write_examples
+
+import rewards
+from dataset import example_from_json, load_jsonl
+from integrations.trl import examples_dataset, reward_function
+from judge import JudgeConfig
+from judge_server import JudgeServer, rules_backend
+from tokenizer import load_tokenizer
+
+
+def test_the_dataset_holds_each_examples_prompt_as_our_trainers_render_it(tmp_path):
+    pytest.importorskip("datasets")
+    from data import get_task
+
+    base, examples = grpo_checkpoint(tmp_path / "base"), write_examples(tmp_path / "ex.jsonl")
+    tok = load_tokenizer(base)
+    rows = examples_dataset([str(examples)], tok)
+    found = load_jsonl(examples)
+    assert len(rows) == len(found) == 4
+    for row, e in zip(rows, found):
+        assert example_from_json(json.loads(row["example"])) == e
+        # the task's messages in ChatML, the assistant's turn opened, as grpo.py prompts (TRL
+        # tokenizes the text again: a tag the instructions spell becomes its token there)
+        messages = get_task(e.task).messages(e)
+        assert row["prompt"] == "".join(
+            f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages
+        ) + ("<|im_start|>assistant\n")
+
+
+def test_trls_grpo_trainer_logs_the_clue_reward_that_rewards_score_gives(tmp_path):
+    """Two GRPOTrainer steps with the CLUE reward (IU_G asks the rules judge): the rewards TRL logs
+    for the last generation batch equal, as float32, rewards.score of the same completions (their
+    ids decoded with special tokens kept, the judge asked again), and every call returned one
+    reward per completion."""
+    trl = pytest.importorskip("trl")
+    transformers = pytest.importorskip("transformers")
+    base, examples = grpo_checkpoint(tmp_path / "base"), write_examples(tmp_path / "ex.jsonl")
+    tok = load_tokenizer(base)
+    specs = [rewards.RewardSpec("clue", {"lambda_iu": 0.5}), rewards.RewardSpec("r_len")]
+    calls = {spec.name: [] for spec in specs}
+
+    def recorded(spec):
+        function = reward_function(spec, judge_cfg, tok)
+
+        @functools.wraps(function)
+        def call(*args, **kwargs):
+            found = function(*args, **kwargs)
+            calls[spec.name].append((kwargs["completion_ids"], kwargs["example"], found))
+            return found
+
+        return call
+
+    with JudgeServer(rules_backend).start() as server:
+        judge_cfg = JudgeConfig(base_url=server.url, retries=0, concurrency=8)
+
+        args = trl.GRPOConfig(
+            output_dir=str(tmp_path / "trl"),
+            per_device_train_batch_size=4,
+            num_generations=4,
+            max_completion_length=6,
+            max_steps=2,
+            learning_rate=1e-2,
+            logging_steps=1,
+            report_to=[],
+            save_strategy="no",
+            use_cpu=True,
+            bf16=False,
+            seed=0,
+        )
+        trainer = trl.GRPOTrainer(
+            model=transformers.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32),
+            processing_class=transformers.AutoTokenizer.from_pretrained(base),
+            reward_funcs=[recorded(spec) for spec in specs],
+            train_dataset=examples_dataset([str(examples)], tok),
+            args=args,
+        )
+        trainer.train()
+        eos = set(tok.eos_token_ids)
+        for spec in specs:
+            assert len(calls[spec.name]) == 2
+            assert all(len(c[2]) == len(c[0]) == 4 for c in calls[spec.name])
+            ids, raw, returned = calls[spec.name][-1]
+            again = [
+                rewards.Rollout.from_completion(
+                    example_from_json(json.loads(r)),
+                    tok.decode([i for i in c if i not in eos]),
+                    count_tokens=lambda text: len(tok.encode(text)),
+                    n_completion_tokens=len(c),
+                    step=2,
+                    total_steps=2,
+                )
+                for c, r in zip(ids, raw)
+            ]
+            rewards.judge_rollouts(again, spec, judge_cfg)
+            expected = [rewards.score(r, spec) for r in again]
+            assert returned == expected, spec.name
+            logged = list(trainer._logs["rewards"][spec.name])
+            assert logged == [torch.tensor(v, dtype=torch.float32).item() for v in expected]
+    # r_len's values differ from one completion to the next: the float32 match is not of zeros
+    assert len({v for _, _, found in calls["r_len"] for v in found}) > 1
+
+
+def test_grpo_py_configs_map_to_trls_settings():
+    """configs/clue_qwen3_5_9b.yaml through trl_arguments: an update is 8 prompts x 8 completions
+    (TRL's generation batch), with the paper's sampling, KL and clip, AdamW and the peak LR."""
+    pytest.importorskip("trl")
+    from helpers import REPO
+
+    import grpo
+    from config import load_config
+    from integrations.trl import trl_arguments
+
+    cfg = load_config(REPO / "configs" / "clue_qwen3_5_9b.yaml", [], grpo.GRPOConfig)
+    found = trl_arguments(cfg)
+    assert (found["num_generations"], found["generation_batch_size"]) == (8, 64)
+    assert (found["max_steps"], found["learning_rate"], found["beta"]) == (723, 1e-5, 0.04)
+    assert (found["temperature"], found["top_p"], found["top_k"]) == (1.0, 1.0, 0)
+    assert (found["epsilon"], found["epsilon_high"], found["loss_type"]) == (0.2, 0.2, "grpo")
+    import trl
+
+    trl.GRPOConfig(**found | {"use_cpu": True, "bf16": False})  # TRL accepts every key
+
+
+def test_a_grpo_py_config_trains_through_trl(tmp_path):
+    """`python -m integrations.trl CONFIG`: two updates of grpo.py's tiny config, the LoRA saved."""
+    pytest.importorskip("trl")
+    pytest.importorskip("peft")
+    from helpers import run_config
+
+    from integrations import trl as plug
+
+    base, examples = grpo_checkpoint(tmp_path / "base"), write_examples(tmp_path / "ex.jsonl")
+    with JudgeServer(rules_backend).start() as server:
+        config = run_config(tmp_path, (base, examples), server.url, updates=2)
+        plug.main([str(config), "rollout.max_new_tokens=4"])
+    assert (tmp_path / "run" / "adapter_config.json").is_file()
