@@ -21,7 +21,14 @@ COMMAND = re.compile(
     r"(?:\bpython3?|\btorchrun(?:\s+--?[\w-]+(?:[ =](?!-m\b)[^\s-][^\s]*)?)*)\s+"
     r"(?:-m\s+(?P<module>[A-Za-z_][\w.]*)|(?P<script>[\w/.-]+\.py)\b)"
 )
-OUTSIDE = {"pytest", "pip", "venv", "vllm.entrypoints.openai.api_server", "torch.distributed.run"}
+OUTSIDE = {
+    "pytest",
+    "pip",
+    "venv",
+    "vllm.entrypoints.openai.api_server",
+    "torch.distributed.run",
+    "verl.trainer.main_ppo",
+}
 PLACEHOLDERS = {"folder.X", "folder.script"}  # how a docstring names the pattern
 
 

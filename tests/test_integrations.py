@@ -3,10 +3,21 @@ against the local judge server (TRL is a test-only dependency here; a user bring
 
 import functools
 import json
+import os
+import subprocess
+from pathlib import Path
 
 import pytest
 import torch
-from helpers import grpo_checkpoint, write_examples
+from helpers import (
+    ANSWERS,
+    GRPO_WORDS,
+    REPO,
+    TINY,
+    grpo_checkpoint,
+    write_examples,
+    write_tiny_checkpoint,
+)
 
 import rewards
 from dataset import example_from_json, load_jsonl
@@ -142,3 +153,118 @@ def test_a_grpo_py_config_trains_through_trl(tmp_path):
         config = run_config(tmp_path, (base, examples), server.url, updates=2)
         plug.main([str(config), "rollout.max_new_tokens=4"])
     assert (tmp_path / "run" / "adapter_config.json").is_file()
+
+
+VERL_VENV = Path(os.environ.get("VERL_VENV", REPO / ".venv-verl"))
+# run in the verl venv: verl's own Hydra config with our overrides, its loader for our function,
+# its BatchRewardManager on a hand-built batch; writes what it scored
+VERL_SCRIPT = """
+import json, sys
+import numpy as np, torch
+from hydra import compose, initialize_config_dir
+from transformers import AutoTokenizer
+import verl
+from verl import DataProto
+from verl.trainer.ppo.reward import get_custom_reward_fn
+from verl.workers.reward_manager.batch import BatchRewardManager
+
+spec = json.load(open(sys.argv[1]))
+configs = str(__import__("pathlib").Path(verl.__file__).parent / "trainer" / "config")
+with initialize_config_dir(config_dir=configs, version_base=None):
+    config = compose(config_name="ppo_trainer", overrides=spec["overrides"])
+tok = AutoTokenizer.from_pretrained(spec["base"])
+responses = [tok(r["completion"], add_special_tokens=False)["input_ids"] for r in spec["rows"]]
+n, width, pad = len(responses), max(map(len, responses)), tok.pad_token_id
+prompts = torch.full((n, 2), pad)
+padded = torch.full((n, width), pad)
+mask = torch.zeros(n, 2 + width, dtype=torch.long)
+mask[:, :2] = 1
+for i, ids in enumerate(responses):
+    padded[i, : len(ids)] = torch.tensor(ids)
+    mask[i, 2 : 2 + len(ids)] = 1
+column = lambda key: np.array([r[key] for r in spec["rows"]], dtype=object)
+data = DataProto.from_dict(
+    tensors={"prompts": prompts, "responses": padded, "attention_mask": mask},
+    non_tensors={k: column(k) for k in ("data_source", "reward_model", "extra_info")},
+)
+assert config.reward.reward_manager.name == "batch"
+manager = BatchRewardManager(tok, num_examine=0, compute_score=get_custom_reward_fn(config))
+out = manager(data, return_dict=True)
+json.dump(
+    {
+        "rewards": out["reward_tensor"].sum(-1).tolist(),
+        "scored": list(out["reward_extra_info"]["scored"]),
+        "texts": [tok.decode(ids, skip_special_tokens=True) for ids in responses],
+    },
+    open(sys.argv[2], "w"),
+)
+"""
+
+
+def test_verls_batch_reward_manager_scores_with_our_function_as_rewards_score_does(tmp_path):
+    """A grpo.py config's verl overrides compose against verl's own ppo_trainer config; verl's
+    loader finds integrations/verl.py's compute_score through them, and its BatchRewardManager
+    scores a hand-built batch (right, wrong and unparsable answers, a quotation) with the judge
+    asked: each reward equals rewards.score of the text verl decoded, as float32."""
+    if not (VERL_VENV / "bin" / "python").is_file():
+        pytest.skip(f"no verl venv at {VERL_VENV} (build it with `bash .ci/verl_venv.sh`)")
+    import grpo
+    from config import load_config
+    from integrations.verl import verl_overrides, verl_rows
+
+    # the think tags and answer lines ordinary added tokens, as Qwen3's think tags are: verl
+    # decodes with skip_special_tokens=True
+    config = dict(TINY, vocab_size=None)
+    base = write_tiny_checkpoint(
+        tmp_path / "base",
+        ["[UNK]", *GRPO_WORDS],
+        ["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        config,
+        added=("<think>", "</think>", *ANSWERS),
+    )
+    examples = write_examples(tmp_path / "ex.jsonl")
+    rows = verl_rows([str(examples)])
+    completions = [
+        "so happy that I won</think>\nAnswer: joy",
+        "so happy</think>\nAnswer: sadness",
+        "I lost my keys",
+        "<think>she said that I won the prize</think>\nAnswer: joy",
+    ]
+    with JudgeServer(rules_backend).start() as server:
+        cfg = load_config(
+            REPO / "configs" / "clue_qwen3_5_9b.yaml",
+            [f"model.path={base}", f"judge.base_url={server.url}", "judge.model=rules"],
+            grpo.GRPOConfig,
+        )
+        spec = {
+            "base": str(base),
+            "overrides": verl_overrides(cfg, str(tmp_path / "train.parquet")),
+            "rows": [r | {"completion": c} for r, c in zip(rows, completions)],
+        }
+        (tmp_path / "spec.json").write_text(json.dumps(spec))
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        run = subprocess.run(
+            [str(VERL_VENV / "bin" / "python"), "-c", VERL_SCRIPT, "spec.json", "out.json"],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert run.returncode == 0, run.stderr[-3000:]
+        found = json.loads((tmp_path / "out.json").read_text())
+        tok = load_tokenizer(base)
+        again = [
+            rewards.Rollout.from_completion(
+                example_from_json(json.loads(r["extra_info"]["example"])),
+                text,
+                count_tokens=lambda t: len(tok.encode(t)),
+                n_completion_tokens=len(tok.encode(text)),
+            )
+            for r, text in zip(rows, found["texts"])
+        ]
+        rewards.judge_rollouts(again, cfg.reward, cfg.judge)
+    expected = [rewards.score(r, cfg.reward) for r in again]
+    assert None not in expected and len(set(expected)) > 1, (expected, found["texts"])
+    assert found["rewards"] == [torch.tensor(v, dtype=torch.float32).item() for v in expected]
+    assert found["scored"] == [1, 1, 1, 1]
