@@ -21,6 +21,7 @@ a judge a reward reads about a single-turn rollout its request builder and stric
 | `care_rubric` | `care_rubric_request` | `parse_care_rubric` | dialogue/play.py |
 | `care_scores` | `care_scores_request` | `parse_care_scores` | dialogue/play.py |
 | `turn_quality` | `turn_quality_request` | `parse_turn_quality` | dialogue/evaluation.py |
+| `response_quality` | `response_quality_request` | `parse_response_quality` | " |
 | `cause` | `cause_request` | `parse_cause_verdict` | evaluate.py |
 
 Every parser returns None on any answer that is not exactly in its format: a missing judgement is
@@ -1367,6 +1368,59 @@ def parse_turn_quality(text: str) -> dict[str, float] | None:
     )
     return (
         None if verdicts is None else {key: float(v) for key, v in zip(TURN_QUALITY_KEYS, verdicts)}
+    )
+
+
+# EmoLLM's Figure 6 (Appendix G.1): six dimensions of one reply, each 1-5
+RESPONSE_QUALITY_DIMENSIONS = (
+    "empathy",
+    "topic_guidance",
+    "value_guidance",
+    "intention_following",
+    "fluency",
+    "colloquial_expression",
+)
+
+RESPONSE_QUALITY_SYSTEM = f"""You rate one assistant reply of an emotional-support conversation on \
+six dimensions, each on its own, from 1 (poor) to 5 (excellent).
+
+You receive <context> (the conversation before the reply) and <reply>. {DATA_NOTICE}
+
+- empathy: it recognizes what the user feels and responds to it with warmth and validation.
+- topic_guidance: it keeps the conversation on what matters to the user and moves it forward.
+- value_guidance: it steers toward constructive, healthy views and actions, without preaching.
+- intention_following: it answers what the user actually asked for or wants now.
+- fluency: it is clear, coherent and well formed.
+- colloquial_expression: it sounds like natural spoken conversation, not formal or stilted text.
+
+Output exactly six lines, in this order, and nothing else:
+empathy: <short assessment> | 1 to 5
+topic_guidance: <short assessment> | 1 to 5
+value_guidance: <short assessment> | 1 to 5
+intention_following: <short assessment> | 1 to 5
+fluency: <short assessment> | 1 to 5
+colloquial_expression: <short assessment> | 1 to 5
+Do not use the character | inside an assessment."""
+
+
+def response_quality_request(context: list[tuple[str, str]], reply: str) -> JudgeCall:
+    """The evaluation's response-quality judge call (EmoLLM's Figure 6) for one `reply`."""
+    messages = chat_messages(
+        RESPONSE_QUALITY_SYSTEM,
+        section("context", dialogue_text(context)),
+        section("reply", reply),
+    )
+    return JudgeCall(messages, 256)
+
+
+def parse_response_quality(text: str) -> dict[str, float] | None:
+    """The six 1-5 scores of RESPONSE_QUALITY_DIMENSIONS, or None unless the answer is the six
+    lines in order."""
+    verdicts = verdict_lines(text, [(d, "[1-5]") for d in RESPONSE_QUALITY_DIMENSIONS])
+    return (
+        None
+        if verdicts is None
+        else {d: float(v) for d, v in zip(RESPONSE_QUALITY_DIMENSIONS, verdicts)}
     )
 
 

@@ -44,6 +44,7 @@ from dialogue.play import (
     split_reply,
 )
 from judge import (
+    RESPONSE_QUALITY_DIMENSIONS,
     TURN_QUALITY_KEYS,
     JudgeCall,
     JudgeConfig,
@@ -51,7 +52,9 @@ from judge import (
     dialogue_text,
     emotional_state_request,
     parse_emotional_state,
+    parse_response_quality,
     parse_turn_quality,
+    response_quality_request,
     turn_quality_request,
 )
 from sampling import SamplingConfig, endpoint_config
@@ -102,6 +105,8 @@ class DialogueEvalConfig:
     runs: int = 3  # EmoLLM D.3: results averaged over three runs
     seed: int = 0
     care: bool = True  # also CARE's rubric score (a rubric and a scoring call per turn)
+    # also EmoLLM's Figure 6: each reply rated on six dimensions, 1-5 (one more call per turn)
+    response_quality: bool = False
     # the scaffold stays off: EmoLLM H
     dialogue: DialogueSettings = field(default_factory=DialogueSettings)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
@@ -121,7 +126,8 @@ def dialogue_metrics(episodes: list[dict]) -> dict:
       fact_sensitive = 1, Appendix F) rated reliable; None when no turn is fact-sensitive
       (`fa_turns`: how many there are);
     - CARE: the rubric score (rewards.care_score, 0-1) over all turns;
-    - Tokens: the policy's output tokens per turn (EmoLLM's Table 7), over the turns counted.
+    - Tokens: the policy's output tokens per turn (EmoLLM's Table 7), over the turns counted;
+    - response_quality: each of Figure 6's six dimensions (1-5) over the turns rated.
     A judgement that is missing leaves its episode or turn out of that metric (SR and AT: an episode
     whose success turn cannot be told), and is counted in `unjudged`. Every metric is None when
     nothing was judged."""
@@ -157,6 +163,10 @@ def dialogue_metrics(episodes: list[dict]) -> dict:
         "output_tokens": mean(
             [t["output_tokens"] for t in turns if t["output_tokens"] is not None]
         ),
+        "response_quality": {
+            d: mean([t["dimensions"][d] for t in turns if t["dimensions"] is not None])
+            for d in RESPONSE_QUALITY_DIMENSIONS
+        },
         "episodes": len(episodes),
         "unjudged": {
             "success": len(episodes) - judged,
@@ -220,6 +230,7 @@ def judge_episodes(episodes: list[Episode], cfg: DialogueEvalConfig, tok=None) -
                 "output_tokens": output_tokens(reply, tok),
                 "follow_up": e.follow_up(k),
                 "quality": None,
+                "dimensions": None,
                 "rubric": None,
                 "scores": None,
             }
@@ -235,6 +246,15 @@ def judge_episodes(episodes: list[Episode], cfg: DialogueEvalConfig, tok=None) -
                             row["follow_up"],
                         ),
                         parse_turn_quality,
+                    )
+                )
+            if cfg.response_quality:
+                asks.append(
+                    (
+                        row,
+                        "dimensions",
+                        response_quality_request(list(turn.state.history), reply.reply),
+                        parse_response_quality,
                     )
                 )
             if cfg.care:
@@ -277,8 +297,8 @@ def judge_episodes(episodes: list[Episode], cfg: DialogueEvalConfig, tok=None) -
 
 def read_episodes(path) -> list[dict]:
     """The records of an episodes.jsonl (read_log); EvalError naming the line of one that
-    `judge_episodes` did not write, or wrote before a turn key (fact_sensitive, output_tokens)
-    existed."""
+    `judge_episodes` did not write, or wrote before a turn key (fact_sensitive, output_tokens,
+    dimensions) existed."""
     records = read_log(path, evaluate.EvalError)
     for number, r in enumerate(records, 1):
         if not (
@@ -287,7 +307,8 @@ def read_episodes(path) -> list[dict]:
             and {"e_0", "e_T", "n_turns"} <= set(r)
             and isinstance(r.get("turns"), list)
             and all(
-                isinstance(t, dict) and {*TURN_QUALITY_KEYS, "care", "output_tokens"} <= set(t)
+                isinstance(t, dict)
+                and {*TURN_QUALITY_KEYS, "care", "output_tokens", "dimensions"} <= set(t)
                 for t in r["turns"]
             )
         ):
@@ -324,23 +345,35 @@ METRICS = (
 )
 
 
+def _cell(stat: dict, digits: int) -> str:
+    if stat["mean"] is None:
+        return "–"
+    sd = "" if stat["sd"] is None else f" ± {stat['sd']:.{digits}f}"
+    return f"{stat['mean']:.{digits}f}{sd}"
+
+
 def markdown_table(summary: dict) -> str:
     """EmoLLM's Table 1 layout, with EG/Turn, FA and CARE beside it: mean ± SD over runs; a row per
     test set (scenario file) when there are several, then the row over all of them."""
 
     def row(label: str, metrics: dict) -> str:
-        cells = []
-        for key, _, digits in METRICS:
-            stat = metrics[key]
-            sd = "" if stat["sd"] is None else f" ± {stat['sd']:.{digits}f}"
-            cells.append("–" if stat["mean"] is None else f"{stat['mean']:.{digits}f}{sd}")
-        return f"| {label} | {' | '.join(cells)} |"
+        return f"| {label} | {' | '.join(_cell(metrics[k], d) for k, _, d in METRICS)} |"
 
     heads = [head for _, head, _ in METRICS]
     sets = summary.get("test_sets", {})
     rows = [row(f"{summary['name']}: {n}", s["metrics"]) for n, s in sets.items()]
     rows.append(row(summary["name"] + (": all" if sets else ""), summary["metrics"]))
     lines = [f"| Model | {' | '.join(heads)} |", "|---" * (len(heads) + 1) + "|", *rows]
+    if summary.get("response_quality"):  # Figure 6
+        cells = [_cell(summary["response_quality"][d], 2) for d in RESPONSE_QUALITY_DIMENSIONS]
+        lines += [
+            "",
+            "Response quality (1-5, EmoLLM Figure 6), mean ± SD over runs:",
+            "",
+            "| Model | " + " | ".join(RESPONSE_QUALITY_DIMENSIONS) + " |",
+            "|---" * (len(RESPONSE_QUALITY_DIMENSIONS) + 1) + "|",
+            f"| {summary['name']} | {' | '.join(cells)} |",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -402,6 +435,12 @@ def evaluate_dialogues(cfg: DialogueEvalConfig) -> dict:
         "model": evaluate.model_identity(cfg),
         "n_scenarios": len(scenarios),
         "metrics": {key: evaluate.mean_sd([run[key] for run in runs]) for key, _, _ in METRICS},
+        "response_quality": {
+            d: evaluate.mean_sd([run["response_quality"][d] for run in runs])
+            for d in RESPONSE_QUALITY_DIMENSIONS
+        }
+        if cfg.response_quality
+        else None,
         "runs": runs,
         "config": redact_secrets(dataclasses.asdict(cfg)),
     }

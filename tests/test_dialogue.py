@@ -39,7 +39,12 @@ from dialogue import play as dialogue
 from dialogue import rl as dialogue_rl
 from dialogue.play import DialogueSettings, PolicyTurn, Scenario, State
 from dialogue.rl import DialogueConfig
-from judge import CARE_RUBRIC_SYSTEM, JudgeConfig
+from judge import (
+    CARE_RUBRIC_SYSTEM,
+    RESPONSE_QUALITY_DIMENSIONS,
+    RESPONSE_QUALITY_SYSTEM,
+    JudgeConfig,
+)
 from judge_server import ACTION, SCRIPTED_USER, Faults, JudgeServer, rules_backend
 from rollout import Slot
 from tokenizer import load_tokenizer
@@ -762,7 +767,8 @@ def test_a_judge_failing_mid_episode_makes_the_reward_none_not_a_crash(monkeypat
 
 
 def test_dialogue_metrics_by_hand():
-    def turn(sr, ea, fa, care, fact_sensitive=1, tokens=10):
+    def turn(sr, ea, fa, care, fact_sensitive=1, tokens=10, empathy=None):
+        dimensions = None if empathy is None else dict.fromkeys(RESPONSE_QUALITY_DIMENSIONS, 3.0)
         return {
             "sr_proxy": sr,
             "ea": ea,
@@ -770,6 +776,7 @@ def test_dialogue_metrics_by_hand():
             "fa": fa,
             "care": care,
             "output_tokens": tokens,
+            "dimensions": dimensions and dimensions | {"empathy": empathy},
         }
 
     episodes = [
@@ -777,7 +784,11 @@ def test_dialogue_metrics_by_hand():
             "n_turns": 3,
             "e_0": 2,
             "e_T": 5,
-            "turns": [turn(0, 3, 1, 0.5, tokens=40), turn(1, 4, 1, 0.7), turn(0, 5, 0, None)],
+            "turns": [
+                turn(0, 3, 1, 0.5, tokens=40, empathy=5),
+                turn(1, 4, 1, 0.7, empathy=2),
+                turn(0, 5, 0, None),
+            ],
         },
         {
             "n_turns": 2,
@@ -808,6 +819,8 @@ def test_dialogue_metrics_by_hand():
     assert m["unjudged"] == {"success": 1, "e_0": 1, "e_T": 0, "turns": 1, "care": 2}
     # output tokens over the six turns counted (one unknown): 40 and five of 10
     assert m["output_tokens"] == pytest.approx((40 + 5 * 10) / 6)
+    # Figure 6's dimensions over the two turns rated
+    assert m["response_quality"]["empathy"] == 3.5 and m["response_quality"]["fluency"] == 3
     assert evaluate_dialogue.dialogue_metrics([])["success_rate"] is None
     # no fact-sensitive turn: FA is None, not 0 or 100
     none = evaluate_dialogue.dialogue_metrics([{**episodes[2], "e_0": 2}])
@@ -1000,6 +1013,37 @@ def test_a_served_policys_output_tokens_are_counted_with_the_given_tokenizer(bas
     assert found["counted"]["metrics"]["output_tokens"]["mean"] == 4
     assert found["unknown"]["metrics"]["output_tokens"]["mean"] is None
     assert (tmp_path / "unknown" / "table.md").read_text().splitlines()[2].endswith(" – |")
+
+
+def test_response_quality_rates_each_reply_on_figure_6s_six_dimensions(tmp_path):
+    """response_quality: true asks one more judge call per turn; a scripted judge rates a reply
+    of two words 2 on every dimension and fluency 4, so eval.json and the second table hold
+    exactly those (one run: no SD)."""
+
+    def judge_backend(messages, params):
+        if messages[0]["content"] == RESPONSE_QUALITY_SYSTEM:
+            scores = dict.fromkeys(RESPONSE_QUALITY_DIMENSIONS, 2) | {"fluency": 4}
+            return "\n".join(f"{d}: scripted | {v}" for d, v in scores.items())
+        return rules_backend(messages, params)
+
+    with serving(judge_backend) as judge_cfg, serving(lambda m, p: "Noted. Sorry.") as policy:
+        config = {
+            "output_dir": str(tmp_path / "out"),
+            "name": "m",
+            "scenarios": [str(REPO / "configs" / "dialogue_demo_scenarios.jsonl")],
+            "endpoint": {"base_url": policy.base_url, "retries": 0},
+            "runs": 1,
+            "care": False,
+            "response_quality": True,
+            "dialogue": {"max_turns": 2},
+            "sampling": {"max_new_tokens": 64},
+            "judge": {"base_url": judge_cfg.base_url, "retries": 0},
+        }
+        summary = evaluate_dialogue.evaluate_dialogues(load_config_dict(tmp_path, config))
+    found = {d: stat["mean"] for d, stat in summary["response_quality"].items()}
+    assert found == dict.fromkeys(RESPONSE_QUALITY_DIMENSIONS, 2.0) | {"fluency": 4.0}
+    table = (tmp_path / "out" / "table.md").read_text().splitlines()
+    assert table[-1] == "| m | 2.00 | 2.00 | 2.00 | 2.00 | 4.00 | 2.00 |"
 
 
 def load_config_dict(tmp_path, raw: dict):
