@@ -7,6 +7,7 @@ anything that needs a newer torch, so an older one ends in one line."""
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import secrets
@@ -125,10 +126,18 @@ def setup_distributed(
             device_id=dev if dev.type == "cuda" else None,
             timeout=timedelta(seconds=settings.timeout_s),
         )
+        # torch's own advice: a group left to the interpreter's teardown can abort the process
+        # after its work is done ("terminate called without an active exception")
+        atexit.register(_destroy_process_group)
     ranks = Ranks(rank, world, dev)
     if output_dir is not None:
         check_shared_folder(Path(output_dir), ranks)
     return ranks
+
+
+def _destroy_process_group() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def check_shared_folder(folder: Path, ranks: Ranks) -> None:

@@ -675,9 +675,12 @@ class _Handler(BaseHTTPRequestHandler):
 # ----------------------------------------------------------------------------- CLI
 
 
-def main(argv: list[str] | None = None, backends: dict | None = None) -> None:
+def main(
+    argv: list[str] | None = None, backends: dict | None = None, without_model: tuple = ()
+) -> None:
     """`python judge_server.py --backend rules|model ...`; `backends`: an extension's own backends,
-    by name, each built from the parsed arguments (`python -m reward_models.content_rm serve`)."""
+    by name, each built from the parsed arguments (`python -m reward_models.content_rm serve`);
+    `without_model`: those of them that need no --model."""
     backends = {
         "rules": lambda args: rules_backend,
         "model": lambda args: ModelBackend(args.model, args.device),
@@ -747,7 +750,7 @@ def main(argv: list[str] | None = None, backends: dict | None = None) -> None:
     script = tuple(a for a in args.script.split(",") if a)
     if unknown := [a for a in script if a not in FAULT_ACTIONS]:
         parser.error(f"--script: unknown action(s) {unknown}; known: {', '.join(FAULT_ACTIONS)}")
-    if args.backend != "rules" and not args.model:
+    if args.backend not in ("rules", *without_model) and not args.model:
         parser.error(f"--backend {args.backend} needs --model PATH")
     api_key = os.environ.get(args.api_key_env, "").strip() if args.api_key_env else None
     if args.api_key_env and not api_key:
@@ -763,7 +766,7 @@ def main(argv: list[str] | None = None, backends: dict | None = None) -> None:
             2, f"judge_server.py: error: --model {args.model}: {' '.join(str(e).split())}\n"
         )
     faults = Faults(args.latency, args.fail_rate, script, args.retry_after, args.hang, args.seed)
-    name = "rules" if args.backend == "rules" else os.path.basename(os.path.normpath(args.model))
+    name = os.path.basename(os.path.normpath(args.model)) if args.model else args.backend
     try:
         server = JudgeServer(
             backend,

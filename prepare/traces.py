@@ -22,6 +22,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import judge_server
 from config import ConfigError, atomic_write_text, bounded, check_output_file, parse_cli, print0
 from data import (
     THINK_END,
@@ -49,7 +50,7 @@ from model import Qwen
 from sampling import sample_completions, sampling_from
 from teacher import ask_journaled, load_journal, raw_text, request_key, write_rows
 from tokenizer import CheckpointError, load_tokenizer
-from verifier import extract_quotes, format_score, verify_quote
+from verifier import EVIDENCE_CLOSE, EVIDENCE_OPEN, extract_quotes, format_score, verify_quote
 
 # ----------------------------------------------------------------------------- config
 
@@ -420,7 +421,38 @@ def prepare(cfg: PrepareConfig) -> dict[str, int]:
 # ----------------------------------------------------------------------------- command line
 
 
+# ----------------------------------------------------------------------------- offline teacher
+
+
+def rule_refinement(messages: list[dict[str, str]], params: dict) -> str:
+    """A RULE STAND-IN for the refiner, for offline runs on a CPU; it understands nothing. Asked the
+    refinement prompt, it returns a trace that quotes, in evidence tags, the turn to analyze (the
+    text after the speaker's name on the last line of data.py's task prompt) and ends with the
+    reference labels; any other prompt goes to judge_server's rules backend (IU_G, cause, ...)."""
+    if not messages or messages[0]["content"] != _REFINEMENT_SYSTEM:
+        return judge_server.rules_backend(messages, params)
+    found = {
+        m.group(1): m.group(3) for m in judge_server.SECTION_RE.finditer(messages[-1]["content"])
+    }
+    last = json.loads(found["source_messages"])[-1]["content"].strip().splitlines()[-1]
+    quote = last.split(": ", 1)[-1]
+    reasoning = f"The turn to analyze reads {EVIDENCE_OPEN}{quote}{EVIDENCE_CLOSE}."
+    labels = ", ".join(json.loads(found["labels"]))
+    completion = f"{THINK_START}\n{reasoning}\n{THINK_END}\n\nAnswer: {labels}"
+    record = {"id": found["id"], "task": found["task_name"], "completion": completion}
+    return json.dumps(record, ensure_ascii=False)
+
+
 def main(argv=None) -> None:
+    """`python -m prepare.traces config.yaml [key=value ...]`, or `python -m prepare.traces
+    serve-rules [--port N]`: a local server whose refiner is the rule stand-in above (and whose
+    other answers are the rules backend's), for an offline stage 1 on a CPU."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["serve-rules"]:
+        backends = {"refine_rules": lambda args: rule_refinement}
+        return judge_server.main(
+            ["--backend", "refine_rules", *argv[1:]], backends, without_model=("refine_rules",)
+        )
     cfg = parse_cli(PrepareConfig, argv)
     try:
         prepare(cfg)
