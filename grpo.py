@@ -28,7 +28,8 @@ One update (`train`, in this order):
 section dialogue/play.py's, which samples and judges episodes or per-state candidate replies;
 nothing else changes.
 
-Ranks own whole groups; only LoRA gradients and metrics cross ranks; rank 0 writes. Outputs in
+Ranks own whole groups; the groups filtering sends back are dealt across the ranks each round
+(`deal_slots`); only LoRA gradients, metrics and those slots cross ranks; rank 0 writes. Outputs in
 `output_dir`: config.yaml, metrics.jsonl (one line per update, keys in `update_metrics`),
 completions.jsonl, `ckpt-<update>` checkpoints (exact resume with `resume: auto`), `adapter/` (the
 RL LoRA in PEFT format, on top of the SFT-merged base) and, with `save_merged: true`, `merged/`.
@@ -341,6 +342,8 @@ class PromptSource:
     def __init__(self, segments: list[dataset.Segment], cursor=(0, 0)):
         self.segments = segments
         self.cursor = tuple(cursor)
+        # each example's position in its segment: how a slot names its prompt to another rank
+        self.positions = [{id(e): i for i, e in enumerate(s.examples)} for s in segments]
 
     def take(self, n: int) -> list[tuple[data.Example, int]]:
         out = []
@@ -452,13 +455,45 @@ def count_decisions(counts: dict, decisions: list[str]) -> None:
         counts[key] += decisions.count(decision)
 
 
+def deal_slots(
+    pending: list[Slot], source: PromptSource, ranks: Ranks, error: str | None
+) -> tuple[list[Slot], int]:
+    """Every rank's slots waiting for a group, gathered and dealt in turn by slot index, so that no
+    rank idles through a round while another resamples (a collective: every rank calls it once per
+    round). A slot travels as its index, its prompt's place in the curriculum and what filtering
+    has spent on it. `error`: this rank's RolloutError of the last round, raised on every rank.
+    Returns this rank's share and the number waiting on all ranks."""
+    mine = [
+        [
+            s.index,
+            s.segment,
+            source.positions[s.segment][id(s.example)],
+            s.resamples,
+            s.replacements,
+        ]
+        for s in pending
+    ]
+    everyone = gather_json({"slots": mine, "error": error}, ranks)
+    errors = [r["error"] for r in everyone if r["error"] is not None]
+    if errors:
+        raise RolloutError(error or f"another rank's rollouts failed: {errors[0]}")
+    waiting = sorted(row for r in everyone for row in r["slots"])
+    share = [
+        Slot(index, source.segments[segment].examples[position], segment, resamples, replaced)
+        for index, segment, position, resamples, replaced in waiting[ranks.rank :: ranks.world_size]
+    ]
+    return share, len(waiting)
+
+
 def collect_groups(
     sampler, source: PromptSource, slots: list[Slot], cfg: GRPOConfig, update: int, ranks: Ranks
 ) -> tuple[list[Group], dict]:
     """Steps 1-3 for this rank's slots: sample, score, filter, again for the slots filtering sends
-    back, until every slot holds a usable group or is out of attempts. `sampler.open` may first turn
-    the slots into others (a dialogue run with a turn reward: one per state played). Returns the
-    groups and the update's counters."""
+    back, until every slot holds a usable group or is out of attempts. With a sampler that
+    `deals_slots`, each round's waiting slots are dealt across the ranks (`deal_slots`), and a
+    group is trained by the rank that sampled it. `sampler.open` may first turn the slots into
+    others (a dialogue run with a turn reward: one per state played). Returns the groups and the
+    update's counters."""
     counts = {
         "resampled": 0,
         "replaced": 0,
@@ -474,33 +509,57 @@ def collect_groups(
     }
     with timer(counts, "generate_s"):
         slots = sampler.open(slots, derived_seed(cfg.seed, "play", update, ranks.rank), counts)
-    pending = list(slots)
-    rounds = 0
-    while pending:
+    pending, done, error, rounds = list(slots), [], None, 0
+    while True:
+        if sampler.deals_slots:
+            pending, waiting = deal_slots(pending, source, ranks, error)
+        else:
+            waiting = len(pending)
+        if not waiting:
+            break
         seed = derived_seed(cfg.seed, "sample", update, ranks.rank, rounds)
-        fresh = [s for s in pending if s.group is None]  # a played state's first group is there
-        if fresh:  # 1. sample
-            examples = [s.example for s in fresh]
-            with timer(counts, "generate_s"):
-                sampled = sampler.sample(examples, update, seed, counts)
-            for slot, group in zip(fresh, sampled):
-                slot.group = group
-                slot.example = group.example  # a seed's state: its resamples share its rubric
-        groups = [s.group for s in pending]
-        with timer(counts, "judge_s"):  # 2. score
-            judge_stats = score_groups(groups, cfg, sampler.judge)
-        count_calls(counts, judge_stats)
-        decisions = filter_slots(pending, source, cfg, update)  # 3. filter
-        count_decisions(counts, decisions)
-        pending = [
-            slot
-            for slot, decision in zip(pending, decisions)
-            if decision in ("resample", "replace")
-        ]
+        try:
+            finished, pending = sample_score_filter(
+                sampler, source, pending, cfg, update, seed, counts
+            )
+        except RolloutError as e:
+            if not sampler.deals_slots:
+                raise
+            finished, pending, error = [], [], str(e)  # the next deal raises it on every rank
+        done += finished
         rounds += 1
-    groups = [s.group for s in slots]
+    groups = [s.group for s in sorted(done, key=lambda s: s.index)]
     counts["unscored"] = sum(g.masked and None in g.rewards for g in groups)
     return groups, counts
+
+
+def sample_score_filter(
+    sampler,
+    source: PromptSource,
+    slots: list[Slot],
+    cfg: GRPOConfig,
+    update: int,
+    seed: int,
+    counts: dict,
+) -> tuple[list[Slot], list[Slot]]:
+    """Steps 1-3 once for these slots: sample the ones without a group, score, filter. Returns the
+    slots done with (kept or masked) and the ones filtering sends back."""
+    if not slots:
+        return [], []
+    fresh = [s for s in slots if s.group is None]  # a played state's first group is there
+    if fresh:  # 1. sample
+        with timer(counts, "generate_s"):
+            sampled = sampler.sample([s.example for s in fresh], update, seed, counts)
+        for slot, group in zip(fresh, sampled):
+            slot.group = group
+            slot.example = group.example  # a seed's state: its resamples share its rubric
+    with timer(counts, "judge_s"):  # 2. score
+        judge_stats = score_groups([s.group for s in slots], cfg, sampler.judge)
+    count_calls(counts, judge_stats)
+    decisions = filter_slots(slots, source, cfg, update)  # 3. filter
+    count_decisions(counts, decisions)
+    again = [d in ("resample", "replace") for d in decisions]
+    return [s for s, a in zip(slots, again) if not a], [s for s, a in zip(slots, again) if a]
 
 
 # ---------------------------------------------------------------- steps 4-6: advantages, loss, step

@@ -13,6 +13,8 @@ interface every way of sampling implements. grpo.py picks the run's sampler once
         sampler.sample(examples, update, seed, counts)    K samplings of each example: a `Group`
                                                           each
         sampler.judge(groups)            the judge calls the reward needs; returns their statistics
+    sampler.deals_slots                  True: a slot is only its prompt, so grpo.collect_groups
+                                         deals each round's waiting slots across the ranks
 
 `PromptSampler` is the single-turn implementation: K completions of each prompt in one batched
 `model.generate` call (`complete`), parsed into `rewards.Rollout`s. Beside it:
@@ -88,6 +90,8 @@ class PromptSampler:
     """Single-turn rollouts (`cfg`: grpo.GRPOConfig): the curriculum's segments, K completions per
     prompt, and the judges the reward needs (`rewards.judge_rollouts`, with `content`, when given,
     scoring R_content in the prompted judge's place: reward_models/social_r1.py's trained RM)."""
+
+    deals_slots = True  # any rank can sample any slot's prompt: resamples are shared
 
     def __init__(self, policy, tok, cfg, content=None):
         self.policy = policy

@@ -714,6 +714,8 @@ class DialogueSampler(PromptSampler):
     `sample` draws groups (sample_dialogue_groups), `judge` asks the dialogue judges
     (judge_groups)."""
 
+    deals_slots = False  # a slot may hold a state played on this rank: it stays here
+
     def segments(self, scenarios: list[Scenario]) -> list[dataset.Segment]:
         return [dataset.Segment("scenarios", scenarios)]
 

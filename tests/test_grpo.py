@@ -31,7 +31,7 @@ from helpers import (
 from helpers import (
     grpo_checkpoint as write_checkpoint,
 )
-from instruments import free_port
+from instruments import end_rank, free_port
 from safetensors.torch import load_file
 
 import checkpoint as CK
@@ -452,6 +452,78 @@ def test_filtering_off_draws_nothing_again_and_masks_unusable_groups(monkeypatch
     groups, counts, seen = scripted_filtering(monkeypatch, script, enabled=False)
     assert seen == {"p0": 1, "p1": 1, "p2": 1} and counts["resampled"] == counts["replaced"] == 0
     assert [g.masked for g in groups] == [True, True, False] and counts["masked"] == 2
+
+
+def _dealing_worker(rank, port, out):
+    """Rank `rank` of 2: collect_groups on 4 prompts whose rewards follow the script by how often
+    each prompt was sampled on either rank (`out` counts across processes): p0 and p2, rank 0's
+    own, are all-equal twice; p1 and p3 are usable at once. Then a round in which rank 0's sampler
+    fails."""
+    gloo_rank(rank, port)
+    ranks = D.setup_distributed("cpu")
+    cfg = load_config(
+        REPO / "configs" / "clue_qwen3_5_9b.yaml", ["rollout.group_size=2"], grpo.GRPOConfig
+    )
+    examples = [
+        data.Example(f"p{i}", "meld_emotion", [data.Turn("A", "hi")], 0, ["joy"]) for i in range(4)
+    ]
+    script = {"p0": [(0.5, 0.5)] * 2 + [(1.0, 0.0)], "p2": [(0.5, 0.5)] * 2 + [(0.0, 1.0)]}
+    calls = []
+
+    def scripted_sample(sampler, batch, update, seed, counts):
+        calls.append([e.id for e in batch])
+        groups = []
+        for example in batch:
+            k = out[example.id] = out.get(example.id, 0) + 1
+            rewards_ = script.get(example.id, [(1.0, 0.0)])
+            samples = [[rollout.Sample([1], [t], [0.0], False)] for t in (2, 3)]
+            groups.append(
+                rollout.Group(example, samples, [], list(rewards_[min(k, len(rewards_)) - 1]))
+            )
+        return groups
+
+    grpo.PromptSampler.sample = scripted_sample
+    grpo.score_groups = lambda groups, cfg, judge: {"calls": 0, "retries": 0, "failures": 0}
+    source = grpo.PromptSource([dataset.Segment("full", examples)])
+    drawn = source.take(4)
+    slots = [rollout.Slot(i, e, seg) for i, (e, seg) in enumerate(drawn) if i % 2 == rank]
+    sampler = grpo.PromptSampler(None, None, cfg)
+    groups, counts = grpo.collect_groups(sampler, source, slots, cfg, 0, ranks)
+    out[f"calls{rank}"] = calls
+    out[f"groups{rank}"] = [(g.example.id, g.rewards, g.masked) for g in groups]
+    out[f"resampled{rank}"] = counts["resampled"]
+
+    def failing_sample(sampler, batch, update, seed, counts):
+        if rank == 0:
+            raise rollout.RolloutError("the server at X failed")
+        return scripted_sample(sampler, batch, update, seed, counts)
+
+    grpo.PromptSampler.sample = failing_sample
+    slots = [rollout.Slot(i, e, seg) for i, (e, seg) in enumerate(drawn) if i % 2 == rank]
+    try:
+        grpo.collect_groups(sampler, source, slots, cfg, 1, ranks)
+    except rollout.RolloutError as e:
+        out[f"error{rank}"] = str(e)
+    end_rank()
+
+
+@pytest.mark.slow
+def test_two_ranks_share_the_resamples_and_an_error_on_one_is_raised_on_both():
+    """Without sharing, rank 0 would sample three rounds (p0 and p2 each time) while rank 1 idles
+    after its first; dealt, rank 1 samples p2 again while rank 0 samples p0."""
+    out = mp.Manager().dict()
+    mp.spawn(_dealing_worker, args=(free_port(), out), nprocs=2)
+    assert out["calls0"] == [["p0", "p2"], ["p0"], ["p0"]]
+    assert out["calls1"] == [["p1", "p3"], ["p2"], ["p2"]]
+    assert out["groups0"] == [("p0", [1.0, 0.0], False)]
+    assert out["groups1"] == [
+        ("p1", [1.0, 0.0], False),
+        ("p2", [0.0, 1.0], False),
+        ("p3", [1.0, 0.0], False),
+    ]
+    assert out["resampled0"] + out["resampled1"] == 4
+    assert out["error0"] == "the server at X failed"
+    assert out["error1"] == "another rank's rollouts failed: the server at X failed"
 
 
 # ----------------------------------------------------------------------------- gradients
