@@ -50,7 +50,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 
 from config import atomic_write_text, read_metrics, resolved_config_text
 from distributed import Ranks, barrier, broadcast_parameters, is_distributed
-from fsdp import export_full, is_sharded
+from fsdp import export_full, export_trained, is_sharded
 from model import Qwen, atomic_write, load_adapter, save_adapter
 from tokenizer import CheckpointError
 from train import optimizer_parameters
@@ -379,16 +379,18 @@ def save_model(
     with_tokenizer: bool = False,
     card: ModelCard | None = None,
     lineage: dict | None = None,
+    trained_only: bool = False,
 ) -> None:
     """The trained model in `folder`, replaced whole (every rank calls it): a LoRA run's adapter and
     token rows (model.save_adapter, by rank 0; `with_tokenizer`: the tokenizer beside them), or a
-    full-parameter run's whole Hugging Face checkpoint (export_full). Built in `staging_folder`,
-    swapped in by `publish_folder`; with `card`, its README.md beside them; with `lineage` (a LoRA
-    run's {"base", "sft_adapter"}), LINEAGE beside the adapter."""
+    full-parameter run's whole Hugging Face checkpoint (export_full; `trained_only`: only the
+    weights training changes, export_trained). Built in `staging_folder`, swapped in by
+    `publish_folder`; with `card`, its README.md beside them; with `lineage` (a LoRA run's {"base",
+    "sft_adapter"}), LINEAGE beside the adapter."""
     tmp = staging_folder(folder, clear=ranks.main)
     barrier()
     if is_sharded(model):
-        export_full(model, tok, tmp)
+        (export_trained if trained_only else export_full)(model, tok, tmp)
     elif ranks.main:
         save_adapter(model, tmp, base_model_name_or_path)
         if lineage is not None:

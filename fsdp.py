@@ -52,6 +52,7 @@ from __future__ import annotations
 import contextlib
 import os
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -65,6 +66,7 @@ from data import EVIDENCE_CLOSE, EVIDENCE_OPEN
 from model import (
     Qwen,
     add_special_tokens,
+    atomic_write,
     checkpoint_name,
     load_adapter,
     lora_modules,
@@ -301,6 +303,29 @@ def clip_sharded(params: list[torch.nn.Parameter], max_norm: float) -> float:
         for g in grads:
             g.mul_(coef)
     return norm
+
+
+def export_trained(model: Qwen, tok, out_dir) -> None:
+    """Write what training changes in a sharded model, for a server that holds the rest
+    (vllm_engine's weight sync after its first): every parameter that requires grad, each shard
+    cast to the dtype it was loaded in before the gather (the gather moves that dtype, not the
+    float32 master), written by rank 0 under its Hugging Face name as model.safetensors. The frozen
+    embedding and lm_head stay out; a model whose token rows train folds them into those, so it is
+    written whole (export_full). A collective."""
+    trained = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    if any(name in ROWS for name, _ in trained):
+        return export_full(model, tok, out_dir)
+    main, tensors = dist.get_rank() == 0, {}
+    for name, p in trained:
+        shard = p.detach().to(model.source_dtypes.get(name, p.dtype))
+        full = shard.full_tensor() if isinstance(shard, DTensor) else shard
+        if main:
+            tensors[checkpoint_name(model.config, name)] = full.cpu()
+        del shard, full
+    if main:
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        atomic_write(Path(out_dir) / "model.safetensors", tensors)
+    dist.barrier()
 
 
 def export_full(model: Qwen, tok, out_dir) -> None:

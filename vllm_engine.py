@@ -1,9 +1,9 @@
 """Rollouts through a vLLM server: grpo.py's `rollout.engine: vllm`. The trainer keeps the weights;
 vLLM serves the same base model and, after every optimizer step, what the step changed: the RL LoRA
-adapter the trainer just wrote or, in a full-parameter run, the whole weights. `base_url` names one
-server or a list of them: each rank deals its prompt groups across the servers in turn, and every
-server is probed, loads each adapter and reloads the weights. Everything crosses HTTP through
-judge.post_json (retries with backoff, one-line errors):
+adapter the trainer just wrote or, in a full-parameter run, the weights (whole the first time, then
+the trained ones alone). `base_url` names one server or a list of them: each rank deals its prompt
+groups across the servers in turn, and every server is probed, loads each adapter and reloads the
+weights. Everything crosses HTTP through judge.post_json (retries with backoff, one-line errors):
 
     POST {base_url}/completions          a group's prompt token ids, n = K, the rollout's sampling
                                          settings and a seed; back: each choice's token ids
@@ -13,9 +13,10 @@ judge.post_json (retries with backoff, one-line errors):
                                          VLLM_ALLOW_RUNTIME_LORA_UPDATING=True)
     POST {base_url}/unload_lora_adapter  {lora_name}: the adapter of the previous update
     POST {root}/collective_rpc           full-parameter runs: {"method": "reload_weights",
-                                         "kwargs": {"weights_path": folder}}, the Hugging Face
-                                         checkpoint the trainer just exported (root: base_url
-                                         without its /v1; the server needs VLLM_SERVER_DEV_MODE=1)
+                                         "kwargs": {"weights_path": folder}}, the weights the
+                                         trainer just exported (a layer not in the folder keeps
+                                         its weights; root: base_url without its /v1; the server
+                                         needs VLLM_SERVER_DEV_MODE=1)
     POST {root}/reset_prefix_cache       then: no cached prefix of the old weights is reused
 
 The server must return log-probabilities of the distribution it samples from, at the rollout
@@ -115,6 +116,9 @@ class VLLMEngine:
         except RolloutError as e:
             raise EngineError(str(e)) from None
         self.adapter: str | None = None  # the adapter sampled from; None: the base weights
+        # a full-parameter run's folder the servers last reloaded (None: not yet), and its number
+        self.weights: Path | None = None
+        self.syncs = 0
 
     def _post(self, path: str, body: dict, parse, retries=None, at_root=False, server: int = 0):
         """POST to the base URL of server number `server`, + path (`at_root`: to the server's root,
@@ -263,12 +267,15 @@ class VLLMEngine:
         self.adapter = name
 
     def sync_weights(self, policy: Qwen, tok, sampling, ranks: Ranks) -> float:
-        """Serve a sharded policy's current weights: every rank exports them (checkpoint.save_model:
-        one Hugging Face checkpoint, written by rank 0) to `<name>-weights`, rank 0 has every server
-        reload them in place and drop its prefix cache, and every rank then probes that each serves
-        them (`probe`). A refusal raises EngineError on every rank; returns the probe's gap."""
-        folder, error = (self.root / f"{self.name}-weights").resolve(), None
-        save_model(policy, tok, folder, ranks)
+        """Serve a sharded policy's current weights: every rank exports them into a new folder
+        `<name>-weights-<n>` (checkpoint.save_model: the first time a whole Hugging Face
+        checkpoint, after that only what training changes, so the frozen embedding and lm_head
+        cross once), rank 0 has every server reload it in place and drop its prefix cache, then
+        removes the folder before it, and every rank probes that each server serves the weights
+        (`probe`). A refusal raises EngineError on every rank; returns the probe's gap."""
+        self.syncs += 1
+        folder, error = (self.root / f"{self.name}-weights-{self.syncs}").resolve(), None
+        save_model(policy, tok, folder, ranks, trained_only=self.weights is not None)
         if ranks.main:
             body = {"method": "reload_weights", "kwargs": {"weights_path": str(folder)}}
             for server in range(len(self.urls)):
@@ -278,7 +285,10 @@ class VLLMEngine:
                 except EngineError as e:
                     error = reload_failure(e, folder)
                     break
+            if error is None and self.weights is not None:
+                shutil.rmtree(self.weights, ignore_errors=True)
         agree(error, ranks)
+        self.weights = folder
         return self.probe(policy, tok, sampling, ranks, retries=None)
 
 

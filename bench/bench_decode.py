@@ -26,7 +26,7 @@ from types import SimpleNamespace
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from common import best_times, markdown_table, threads  # noqa: E402
+from common import best_times, markdown_table, qwen3_shape, threads  # noqa: E402
 from gpu import launches  # noqa: E402
 
 import model as M  # noqa: E402
@@ -49,18 +49,7 @@ def main():
     p.add_argument("--threads", type=int, default=None)
     args = p.parse_args()
     n_threads = threads(args.threads)
-    raw = dict(
-        model_type="qwen3",
-        vocab_size=args.vocab,
-        hidden_size=args.hidden,
-        intermediate_size=3 * args.hidden,
-        num_hidden_layers=args.layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=args.hidden // 4,
-        rope_theta=1e6,
-        tie_word_embeddings=True,
-    )
+    raw = qwen3_shape(args.vocab, args.hidden, args.layers, tied=True)
     if args.family == "qwen3_5":
         raw |= dict(
             model_type="qwen3_5_text",

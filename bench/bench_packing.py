@@ -23,7 +23,7 @@ from types import SimpleNamespace
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from common import best_times, markdown_table, threads  # noqa: E402
+from common import best_times, markdown_table, qwen3_shape, threads  # noqa: E402
 from gpu import computed_tokens, grpo_sequences  # noqa: E402
 
 import distributed as D  # noqa: E402
@@ -49,22 +49,7 @@ def main():
     args = p.parse_args()
     n_threads = threads(args.threads)
     torch.manual_seed(0)
-    model = M.Qwen(
-        M.QwenConfig.from_dict(
-            dict(
-                model_type="qwen3",
-                vocab_size=args.vocab,
-                hidden_size=args.hidden,
-                intermediate_size=3 * args.hidden,
-                num_hidden_layers=args.layers,
-                num_attention_heads=4,
-                num_key_value_heads=2,
-                head_dim=args.hidden // 4,
-                rope_theta=1e6,
-                tie_word_embeddings=False,
-            )
-        )
-    )
+    model = M.Qwen(M.QwenConfig.from_dict(qwen3_shape(args.vocab, args.hidden, args.layers, False)))
     M.add_lora(model, 16, 32)
     cfg = grpo.GRPOConfig(output_dir="", train_data=[], model=grpo.ModelSettings(path=""))
     optimizer = T.build_optimizer(model, cfg.optim.lr, cfg.optim.weight_decay, cfg.optim.betas)

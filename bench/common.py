@@ -11,6 +11,23 @@ def markdown_table(header: list[str], rows: list[list]) -> str:
     return "\n".join(lines + ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows])
 
 
+def qwen3_shape(vocab: int, hidden: int, layers: int, tied: bool) -> dict:
+    """The benchmarks' Qwen3-shaped model as Hugging Face config fields: 4 heads (2 KV) of
+    hidden / 4, an FFN of 3 x hidden."""
+    return dict(
+        model_type="qwen3",
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=3 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=hidden // 4,
+        rope_theta=1e6,
+        tie_word_embeddings=tied,
+    )
+
+
 def verdict(name: str, ratio: float, goal: float) -> bool:
     """Print `target: NAME RATIOx (goal >= GOALx): met|MISSED`, the line bench/run_all.sh collects;
     True if met."""

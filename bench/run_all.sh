@@ -25,6 +25,7 @@ benchmarks=(
   "python bench/bench_verifier_bounds.py"
   "python bench/bench_judge.py"
   "python bench/bench_fsdp.py --layers 12 --repeats 2"
+  "python bench/bench_sync.py"
   "python bench/bench_rollout.py --threads $threads"
   "python bench/gpu.py --paper"
 )

@@ -368,6 +368,36 @@ def test_bench_rollout_tiny():
     assert greedy["prompts"] == "2" and 0 <= number(greedy["identical"]) <= 2
 
 
+def test_bench_sync_tiny():
+    out = run(
+        "bench_sync.py", "--vocab", "512", "--hidden", "32", "--layers", "1", "--repeats", "1"
+    )
+    today, trained = table(out, "path")
+    # vocab 512, hidden 32, FFN 96, 1 layer, 4 heads of 8 (2 KV): the hand count of the weights
+    d, kv, ffn, vocab = 32, 2 * 8, 96, 512
+    layer = 2 * d * d + 2 * d * kv + 3 * d * ffn + 2 * d + 2 * 8
+    sharded = layer + d  # the layer and the final norm; embedding and lm_head frozen
+    assert number(trained["gathered MB"]) == round(2 * sharded / 1e6, 1)
+    assert number(today["gathered MB"]) == round(4 * sharded / 1e6, 1)
+    assert number(trained["written MB"]) < number(today["written MB"])
+    assert number(today["written MB"]) >= round(2 * (sharded + 2 * vocab * d) / 1e6, 1)
+    found = verdicts(out)
+    assert set(found) == {
+        "sync bytes moved, today / trained only (measured)",
+        "sync bytes moved, today / trained only (qwen3-8b, arithmetic)",
+        "sync bytes moved, today / trained only (qwen3.5-9b, arithmetic)",
+    }
+    # qwen3-8b by hand: 36 layers sharded, float32 before and bf16 after; 2 x 151936 x 4096 frozen
+    per_layer = 2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 12288 + 2 * 4096 + 2 * 128
+    sharded, frozen = 36 * per_layer + 4096, 2 * 151936 * 4096
+    before = 4 * sharded + 2 * 2 * (sharded + frozen)
+    after = 2 * sharded + 2 * 2 * sharded
+    assert (
+        abs(found["sync bytes moved, today / trained only (qwen3-8b, arithmetic)"] - before / after)
+        < 0.01
+    )
+
+
 def test_decode_bytes_of_qwen3_8b_equal_a_hand_count():
     model = gpu.random_model(gpu.SHAPES["qwen3-8b"], torch.bfloat16, torch.device("meta"))
     d, kv, ffn, vocab, layers = 4096, 8 * 128, 12288, 151936, 36

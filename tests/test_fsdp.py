@@ -278,6 +278,48 @@ def test_the_exported_checkpoint_gives_the_in_memory_logits(tmp_path, tied):
     assert ours.lm_head is None if tied else ours.lm_head is not None
 
 
+def _trained_export_worker(rank, port, out):
+    gloo_rank(rank, port)
+    ranks = D.setup_distributed("cpu")
+    tok = QwenTokenizer.__new__(QwenTokenizer)
+    tok.save = lambda folder: None  # save_merged writes the tokenizer: a stand-in that writes none
+    for rows in (False, True):
+        torch.manual_seed(0)
+        model = M.Qwen(M.QwenConfig.from_dict(TIED | {"tie_word_embeddings": False}))
+        model.to(torch.bfloat16)
+        if rows:
+            M.train_token_rows(model, [5, 9])
+        FS.shard_model(model, ranks.device)
+        optimizer = T.build_optimizer(model, lr=1e-2, weight_decay=0.0, betas=(0.9, 0.99))
+        ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(1))
+        (-M.token_logprobs(model.train(), ids).mean()).backward()
+        T.sync_gradients(T.optimizer_parameters(optimizer))
+        optimizer.step()
+        FS.export_full(model, tok, out / f"full-{rows}")
+        FS.export_trained(model, tok, out / f"trained-{rows}")
+    end_rank()
+
+
+def test_a_trained_only_export_holds_every_trained_weight_as_the_whole_export_does(tmp_path):
+    """A bf16 model, sharded on 2 ranks, one step: export_trained writes every trained weight,
+    equal (same dtype, same bits) to export_full's tensor of that name, and neither the frozen
+    embedding nor lm_head; with trainable token rows (which fold into those) it writes the whole
+    export."""
+    mp.spawn(_trained_export_worker, args=(free_port(), tmp_path), nprocs=2)
+
+    def weights(folder):
+        return {k: v for f in sorted(folder.glob("*.safetensors")) for k, v in tensors(f).items()}
+
+    whole, sent = weights(tmp_path / "full-False"), weights(tmp_path / "trained-False")
+    assert sorted(sent) == sorted(
+        n for n in whole if "embed_tokens" not in n and "lm_head" not in n
+    )
+    assert len(sent) == len(whole) - 2 and all(t.dtype == torch.bfloat16 for t in sent.values())
+    assert all(torch.equal(sent[n], whole[n]) for n in sent)
+    whole, sent = weights(tmp_path / "full-True"), weights(tmp_path / "trained-True")
+    assert sorted(sent) == sorted(whole) and all(torch.equal(sent[n], whole[n]) for n in sent)
+
+
 def _loading_worker(rank, port, checkpoint, out):
     torch.set_num_threads(1)
     os.environ.update(

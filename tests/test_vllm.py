@@ -20,6 +20,7 @@ import requests
 import torch
 from helpers import JSONHandler, read_jsonl, serve
 from instruments import VLLMServer, free_port
+from safetensors.torch import load_file
 
 import data
 import dataset
@@ -223,9 +224,12 @@ def serve_checkpoint_again(served) -> None:
 
 
 def test_a_sharded_policy_s_weights_after_an_update_are_the_ones_served(served, tmp_path):
-    """One AdamW step of a sharded (1-rank) policy against the log-likelihood of its first greedy
-    completion, then `sync_weights`: vLLM's greedy tokens equal model.py's on the exported trained
-    checkpoint and differ from the ones before the step."""
+    """Two AdamW steps of a sharded (1-rank) policy against the log-likelihood of its first greedy
+    completion, each followed by `sync_weights`: the first sends a whole checkpoint, the second
+    only the trained weights (no embedding, no lm_head) into a new folder, the first removed. After
+    each, vLLM's greedy tokens and log-probabilities are model.py's on the weights sent (the second:
+    the served checkpoint with the trained tensors loaded over it; its embedding and lm_head never
+    train), and not those of the step before."""
     tok = served.tok
     batch = prompts(served.root / "demo", tok, 4)
     engine = VLLMEngine(VLLMSettings(base_url=served.url, retries=0), "full", tmp_path)
@@ -234,18 +238,30 @@ def test_a_sharded_policy_s_weights_after_an_update_are_the_ones_served(served, 
     policy = FS.shard_model(M.Qwen.from_pretrained(served.checkpoint), torch.device("cpu"))
     try:
         trained = [p for p in policy.parameters() if p.requires_grad]
-        optimizer = torch.optim.AdamW(trained, lr=3e-2)
         ids = torch.tensor([batch[0] + before[0]])
-        M.token_logprobs(policy.train(), ids).sum().backward()
-        optimizer.step()
-        policy.eval()
-        gap = engine.sync_weights(policy, tok, rollout(), ONE)
-        after = engine.generate(batch, 1, greedy, 0, tok.eos_token_ids)[0]
-        exported = M.Qwen.from_pretrained(tmp_path / "full-weights")
-        assert gap < TOL and after != before
-        assert after == M.generate(
+        served_rows = []
+        for sign in (1, -1):  # up the completion's likelihood, then down: each step moves tokens
+            optimizer = torch.optim.AdamW(trained, lr=1e-3)
+            (sign * M.token_logprobs(policy.train(), ids).sum()).backward()
+            optimizer.step()
+            policy.eval()
+            assert engine.sync_weights(policy, tok, rollout(), ONE) < TOL
+            served_rows.append(engine.generate(batch, 1, greedy, 0, tok.eos_token_ids))
+        assert not (tmp_path / "full-weights-1").exists()
+        assert engine.weights == tmp_path / "full-weights-2"
+        sent = load_file(engine.weights / "model.safetensors")
+        assert len(sent) == len(trained)
+        assert not any("embed_tokens" in n or "lm_head" in n for n in sent)
+        exported = M.Qwen.from_pretrained(served.checkpoint)
+        missing, unexpected = exported.load_state_dict(sent, strict=False)
+        assert not unexpected and all("embed_tokens" in n or "lm_head" in n for n in missing)
+        (tokens1, logps1), (tokens2, logps2) = served_rows
+        assert tokens1 != before and tokens2 != tokens1
+        assert tokens2 == M.generate(
             exported, batch, 32, temperature=0, eos_token_ids=tok.eos_token_ids
         )
+        assert max(gaps(exported, batch, tokens2, logps2)) < TOL
+        assert max(gaps(exported, batch, tokens1, logps1)) > 1.0  # not the first step's weights
     finally:
         serve_checkpoint_again(served)
         torch.distributed.destroy_process_group()
