@@ -271,8 +271,9 @@ class VLLMEngine:
         `<name>-weights-<n>` (checkpoint.save_model: the first time a whole Hugging Face
         checkpoint, after that only what training changes, so the frozen embedding and lm_head
         cross once), rank 0 has every server reload it in place and drop its prefix cache, then
-        removes the folder before it, and every rank probes that each server serves the weights
-        (`probe`). A refusal raises EngineError on every rank; returns the probe's gap."""
+        removes the folders before it (a killed run's too), and every rank probes that each server
+        serves the weights (`probe`). A refusal raises EngineError on every rank; returns the
+        probe's gap."""
         self.syncs += 1
         folder, error = (self.root / f"{self.name}-weights-{self.syncs}").resolve(), None
         save_model(policy, tok, folder, ranks, trained_only=self.weights is not None)
@@ -285,8 +286,10 @@ class VLLMEngine:
                 except EngineError as e:
                     error = reload_failure(e, folder)
                     break
-            if error is None and self.weights is not None:
-                shutil.rmtree(self.weights, ignore_errors=True)
+            if error is None:  # the folder before, or at a run's first sync any an earlier run left
+                for old in self.root.glob(f"{self.name}-weights-*"):
+                    if old.resolve() != folder:
+                        shutil.rmtree(old, ignore_errors=True)
         agree(error, ranks)
         self.weights = folder
         return self.probe(policy, tok, sampling, ranks, retries=None)

@@ -239,6 +239,7 @@ def test_a_sharded_policy_s_weights_after_an_update_are_the_ones_served(served, 
     try:
         trained = [p for p in policy.parameters() if p.requires_grad]
         ids = torch.tensor([batch[0] + before[0]])
+        (tmp_path / "full-weights-7").mkdir()  # what a killed run of the same name left
         served_rows = []
         for sign in (1, -1):  # up the completion's likelihood, then down: each step moves tokens
             optimizer = torch.optim.AdamW(trained, lr=1e-3)
@@ -247,7 +248,7 @@ def test_a_sharded_policy_s_weights_after_an_update_are_the_ones_served(served, 
             policy.eval()
             assert engine.sync_weights(policy, tok, rollout(), ONE) < TOL
             served_rows.append(engine.generate(batch, 1, greedy, 0, tok.eos_token_ids))
-        assert not (tmp_path / "full-weights-1").exists()
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["full-weights-2"]
         assert engine.weights == tmp_path / "full-weights-2"
         sent = load_file(engine.weights / "model.safetensors")
         assert len(sent) == len(trained)
