@@ -256,9 +256,9 @@ class VLLMEngine:
                     error = f"vLLM did not load the adapter {path}: {e}"
                     break
             if error is None and self.adapter is not None:
+                body = {"lora_name": self.adapter}
                 for server, url in enumerate(self.urls):
                     try:
-                        body = {"lora_name": self.adapter}
                         self._post("/unload_lora_adapter", body, _any_answer, server=server)
                     except EngineError as e:  # a leaked adapter costs server memory only
                         log.warning("vLLM at %s did not unload %s: %s", url, self.adapter, e)
@@ -286,7 +286,7 @@ class VLLMEngine:
                 except EngineError as e:
                     error = reload_failure(e, folder)
                     break
-            if error is None:  # the folder before, or at a run's first sync any an earlier run left
+            if error is None:  # the folder before, and at a run's first sync any a killed run left
                 for old in self.root.glob(f"{self.name}-weights-*"):
                     if old.resolve() != folder:
                         shutil.rmtree(old, ignore_errors=True)
