@@ -20,8 +20,8 @@ that cannot be scored (a judge failed) is None: TRL leaves that completion out o
 baseline.
 One difference in what the policy reads: TRL tokenizes the prompt text itself, so a tag that the
 task's instructions spell (`<evidence>`) becomes that special token, where our trainers encode
-message text as plain text. TRL and datasets are the user's: this module imports only `datasets`,
-lazily."""
+message text as plain text. TRL, transformers, peft and datasets are the user's: imported lazily
+(integrations.require)."""
 
 from __future__ import annotations
 
@@ -36,6 +36,7 @@ import rewards
 from config import ConfigError, parse_cli
 from data import count_tokens, get_task
 from dataset import example_from_json, example_to_json, load_jsonl
+from integrations import exits_if_missing, require
 from judge import JudgeConfig
 from tokenizer import QwenTokenizer, load_tokenizer
 
@@ -44,8 +45,7 @@ def examples_dataset(paths: list[str], tok: QwenTokenizer, enable_thinking: bool
     """A `datasets.Dataset` of the examples in `paths` (data.py's JSONL schema), one row each:
     `prompt`, the chat text our trainers sample under (the task's messages in `tok`'s chat format,
     the generation prompt appended), and `example`, the example as JSON for the reward."""
-    import datasets  # TRL's own dependency, not this project's
-
+    datasets = require("datasets")  # TRL's own dependency, not this project's
     rows = [
         {
             "prompt": tok.chat(get_task(e.task).messages(e), enable_thinking=enable_thinking),
@@ -143,9 +143,7 @@ def trl_arguments(cfg: grpo.GRPOConfig) -> dict[str, Any]:
 
 def peft_lora(lora):
     """Our LoraSettings as peft's LoraConfig (peft: TRL's LoRA route, the user's install)."""
-    import peft
-
-    return peft.LoraConfig(
+    return require("peft").LoraConfig(
         r=lora.rank,
         lora_alpha=lora.alpha,
         lora_dropout=lora.dropout,
@@ -153,13 +151,12 @@ def peft_lora(lora):
     )
 
 
+@exits_if_missing
 def main(argv=None) -> None:
     """`accelerate launch -m integrations.trl CONFIG [key=value ...]`: grpo.py's config trained by
     trl.GRPOTrainer (our data, reward and judge; the model a Hugging Face folder, an SFT model
     merged already; LoRA as the config asks)."""
-    import transformers
-    import trl
-
+    transformers, trl = require("transformers"), require("trl")
     argv = list(sys.argv[1:] if argv is None else argv)
     cfg = parse_cli(grpo.GRPOConfig, argv)
     if cfg.model.sft_adapter:
@@ -168,6 +165,7 @@ def main(argv=None) -> None:
             "merged/ as model.path and model.sft_adapter=null"
         )
     tok = load_tokenizer(cfg.model.path)
+    peft_config = None if cfg.lora is None else peft_lora(cfg.lora)  # peft asked before the model
     trainer = trl.GRPOTrainer(
         model=transformers.AutoModelForCausalLM.from_pretrained(
             cfg.model.path, dtype=cfg.model.dtype or "auto"
@@ -176,7 +174,7 @@ def main(argv=None) -> None:
         reward_funcs=[reward_function(cfg.reward, cfg.judge, tok)],
         train_dataset=examples_dataset(cfg.train_data, tok, cfg.rollout.enable_thinking),
         args=trl.GRPOConfig(**trl_arguments(cfg)),
-        peft_config=None if cfg.lora is None else peft_lora(cfg.lora),
+        peft_config=peft_config,
     )
     trainer.train()
     trainer.save_model(cfg.output_dir)

@@ -32,6 +32,7 @@ import rewards
 from config import parse_cli
 from data import count_tokens, get_task
 from dataset import example_from_json, example_to_json, load_jsonl
+from integrations import exits_if_missing, require
 from judge import JudgeConfig
 from tokenizer import load_tokenizer
 
@@ -149,11 +150,11 @@ def verl_overrides(cfg, train_parquet: str) -> list[str]:
     ]
 
 
+@exits_if_missing
 def main(argv=None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["parquet"] and len(argv) >= 3:
-        import datasets  # verl's own dependency
-
+        datasets = require("datasets")  # verl's own dependency
         *paths, out = argv[1:]
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         datasets.Dataset.from_list(verl_rows(paths)).to_parquet(out)

@@ -5,6 +5,7 @@ import functools
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -268,3 +269,36 @@ def test_verls_batch_reward_manager_scores_with_our_function_as_rewards_score_do
     assert None not in expected and len(set(expected)) > 1, (expected, found["texts"])
     assert found["rewards"] == [torch.tensor(v, dtype=torch.float32).item() for v in expected]
     assert found["scored"] == [1, 1, 1, 1]
+
+
+# runs an entry point as `python -m` would, with one package made unimportable
+BLOCKED_RUN = """import runpy, sys
+sys.modules[sys.argv[1]] = None
+sys.argv = sys.argv[2:]
+runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)"""
+
+
+@pytest.mark.parametrize(
+    ("package", "command"),
+    [
+        ("trl", ["integrations.trl", "config.yaml"]),
+        ("transformers", ["integrations.trl", "config.yaml"]),
+        ("datasets", ["integrations.verl", "parquet", "ex.jsonl", "out.parquet"]),
+    ],
+)
+def test_an_entry_point_without_its_package_says_so_in_one_line(tmp_path, package, command):
+    """TRL, verl and their packages are the user's: a missing one ends the command with exit 2 and
+    one line naming the package and its install, not a traceback."""
+    write_examples(tmp_path / "ex.jsonl")
+    run = subprocess.run(
+        [sys.executable, "-c", BLOCKED_RUN, package, *command],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    lines = run.stderr.strip().splitlines()
+    assert run.returncode == 2, run.stderr[-2000:]
+    assert len(lines) == 1 and f"pip install {package}" in lines[0], run.stderr[-2000:]
+    assert not (tmp_path / "out.parquet").exists()
