@@ -3,7 +3,7 @@ error naming the file, the line and the field), the curriculum of the GRPO stage
 file report. The task contract (the registry, prompts, rendering, the completion format) is
 data.py's.
 
-    python dataset.py stats FILE [--tokenizer PATH]
+    python dataset.py stats FILE [--tokenizer PATH] [--by FIELD ...]
     python dataset.py label-sft FILE OUT    # CLUE's Label SFT rows: each example, its answer alone
 """
 
@@ -365,10 +365,25 @@ def _spread(values: list[int]) -> str:
     )
 
 
-def stats(examples: list[Example], tokenizer=None) -> str:
+def meta_counts(examples: list[Example], fields: list[str], indent: str = "  ") -> list[str]:
+    """Lines counting `examples` by the value of meta[fields[0]], most frequent first, each value
+    then counted by the next field, and so on (Social-R1's Table 3: ability, then sub-ability)."""
+    if not fields:
+        return []
+    groups: dict[str, list[Example]] = {}
+    for e in examples:
+        groups.setdefault(str(e.meta.get(fields[0])), []).append(e)
+    lines = []
+    for value, group in sorted(groups.items(), key=lambda item: (-len(item[1]), item[0])):
+        lines.append(f"{indent}{fields[0]} {value}: {len(group)}")
+        lines += meta_counts(group, fields[1:], indent + "  ")
+    return lines
+
+
+def stats(examples: list[Example], tokenizer=None, by: list[str] | None = None) -> str:
     """A report of what a file holds: examples per task and gold label, visible turns per example,
-    and (given a tokenizer) prompt lengths in tokens (the messages' text; the chat template adds a
-    few)."""
+    (given a tokenizer) prompt lengths in tokens (the messages' text; the chat template adds a
+    few), and (given `by`) the examples counted by those meta fields, nested."""
     lines = [f"{len(examples)} examples"]
     for name in dict.fromkeys(e.task for e in examples):
         group = [e for e in examples if e.task == name]
@@ -388,6 +403,7 @@ def stats(examples: list[Example], tokenizer=None) -> str:
                 for e in group
             ]
             lines.append("  prompt tokens: " + _spread(lengths))
+        lines += meta_counts(group, by or [])
     return "\n".join(lines)
 
 
@@ -404,6 +420,12 @@ def main(argv=None) -> None:
     )
     show.add_argument("file")
     show.add_argument("--tokenizer", help="tokenizer.json, or the model folder holding it")
+    show.add_argument(
+        "--by",
+        nargs="+",
+        metavar="FIELD",
+        help="count the examples by these meta fields, nested (e.g. ability sub_ability)",
+    )
     labels = commands.add_parser("label-sft", help="CLUE's Label SFT rows (sft.py's data)")
     labels.add_argument("file")
     labels.add_argument("out")
@@ -426,7 +448,7 @@ def main(argv=None) -> None:
                 raise DataError(
                     f"{path}: not a readable tokenizer.json: {' '.join(str(e).split())[:200]}"
                 ) from None
-        print(stats(load_jsonl(args.file, sft_rows=True), tokenizer))
+        print(stats(load_jsonl(args.file, sft_rows=True), tokenizer, args.by))
     except (DataError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None

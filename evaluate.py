@@ -88,6 +88,13 @@ class EvalSet:
     # examples: scored by their answers; another kind: scored by the extension whose entry point
     # names it (dialogue/eqbench3.py: eqbench3, EQ-Bench 3's role-plays judged on a rubric)
     kind: str = "examples"
+    # the values of the set's breakdown field (BREAKDOWN_FIELDS) whose accuracies its table cell
+    # averages, each weighted equally, as Social-R1's appendix tables make a benchmark's Overall;
+    # null: the cell is the share of items right
+    categories: list[str] | None = None
+    # questions sharing meta["group"] are one item, right only when all are (EmoBench's own rule);
+    # false: each question counts alone (Social-R1's Table 10 counts two per EmoBench EU item)
+    grouped: bool = True
 
 
 @dataclass
@@ -189,17 +196,25 @@ def mean_sd(values: list[float | None]) -> dict:
     return {"mean": mean, "sd": sd, "runs": list(values)}
 
 
+def item_key(example: Example, grouped: bool = True) -> str:
+    """The item an example belongs to: its meta["group"] when `grouped` (EmoBench's emotion and
+    cause questions are one item), else the example itself."""
+    return example.meta.get("group", example.id) if grouped else example.id
+
+
 def group_accuracy(
-    examples: list[Example], pred: list[list[str] | None], catch_all: str | None = None
+    examples: list[Example],
+    pred: list[list[str] | None],
+    catch_all: str | None = None,
+    grouped: bool = True,
 ) -> float | None:
-    """The share of items answered right, where the examples sharing a meta["group"] are one item
-    that counts only when all of them are right (EmoBench's emotion and cause questions) and any
-    other example is an item of its own; an invalid answer is wrong. Targets whose gold is the
-    catch-all are not scored (as in f1_scores). None when no target is scored."""
+    """The share of items (item_key) answered right, an item counting only when all of its
+    examples are right; an invalid answer is wrong. Targets whose gold is the catch-all are not
+    scored (as in f1_scores). None when no target is scored."""
     items: dict[str, bool] = {}
     for example, answer in zip(examples, pred, strict=True):
         if catch_all is None or example.labels != [catch_all]:
-            key = example.meta.get("group", example.id)
+            key = item_key(example, grouped)
             items[key] = items.get(key, True) and set(answer or ()) == set(example.labels)
     return sum(items.values()) / len(items) if items else None
 
@@ -211,14 +226,21 @@ def group_accuracy(
 BREAKDOWN_FIELDS = ("ability", "subset", "category", "source", "order")
 
 
-def breakdown(examples: list[Example], completions: list[list[str]]) -> dict | None:
+def breakdown_field(examples: list[Example]) -> str | None:
+    """The first of BREAKDOWN_FIELDS some example carries, None when none does."""
+    return next(
+        (f for f in BREAKDOWN_FIELDS if any(e.meta.get(f) is not None for e in examples)), None
+    )
+
+
+def breakdown(
+    examples: list[Example], completions: list[list[str]], grouped: bool = True
+) -> dict | None:
     """{"field", "values": {value: mean_sd of the runs' group accuracies | {"n_items"}}}: the set's
     group accuracy within each value of its breakdown field (items without it: "(none)"), run r
     being the r-th completion of every example; None when no item carries a BREAKDOWN_FIELDS
     field. The examples must share one task."""
-    field = next(
-        (f for f in BREAKDOWN_FIELDS if any(e.meta.get(f) is not None for e in examples)), None
-    )
+    field = breakdown_field(examples)
     if field is None:
         return None
     catch_all = get_task(examples[0].task).catch_all
@@ -231,16 +253,45 @@ def breakdown(examples: list[Example], completions: list[list[str]]) -> dict | N
         part = [examples[i] for i in rows]
         accuracies = [
             group_accuracy(
-                part, [parse_answer(completions[i][r], examples[i]) for i in rows], catch_all
+                part,
+                [parse_answer(completions[i][r], examples[i]) for i in rows],
+                catch_all,
+                grouped,
             )
             for r in range(min(len(completions[i]) for i in rows))
         ]
-        items = len({e.meta.get("group", e.id) for e in part})
+        items = len({item_key(e, grouped) for e in part})
         values[value] = mean_sd(accuracies) | {"n_items": items}
     return {"field": field, "values": values}
 
 
-def score_runs(examples: list[Example], completions: list[list[str]]) -> list[dict]:
+def category_accuracy(parts: dict, categories: list[str]) -> dict:
+    """mean_sd over runs of the mean of `categories`' accuracies in a breakdown's `parts`, each
+    category weighted equally whatever its size (Social-R1's Overall in Tables 4 and 6-11)."""
+    runs = [parts["values"][c]["runs"] for c in categories]
+    return mean_sd([None if None in column else sum(column) / len(column) for column in zip(*runs)])
+
+
+def check_categories(s: EvalSet, examples: list[Example]) -> None:
+    """A set's `categories` must be values of its breakdown field: checked before any sampling."""
+    if not s.categories:
+        return
+    field = breakdown_field(examples)
+    found = {str(e.meta.get(field)) for e in examples} if field else set()
+    if len(set(s.categories)) != len(s.categories):
+        raise ConfigError(f"set '{s.name}': categories: {excerpt(s.categories)} repeat a value")
+    missing = [c for c in s.categories if c not in found]
+    if missing:
+        where = f"{field!r}, whose values are {excerpt(sorted(found))}" if field else "none"
+        raise ConfigError(
+            f"set '{s.name}': categories: {excerpt(missing)} not found in {s.path} (its breakdown "
+            f"field: {where})"
+        )
+
+
+def score_runs(
+    examples: list[Example], completions: list[list[str]], grouped: bool = True
+) -> list[dict]:
     """f1_scores for each sampled run (run r = the r-th completion of every example), with the run's
     invalid-answer rate over all its completions and its group accuracy. The examples must share
     one task."""
@@ -256,7 +307,7 @@ def score_runs(examples: list[Example], completions: list[list[str]]) -> list[di
             scores
             | {
                 "invalid": sum(p is None for p in pred) / len(pred),
-                "group_accuracy": group_accuracy(examples, pred, spec.catch_all),
+                "group_accuracy": group_accuracy(examples, pred, spec.catch_all, grouped),
             }
         )
     return runs
@@ -683,7 +734,7 @@ def summarize(
         sampling, n = decoding_for(cfg, examples[0].task)
         records = [[done[(s.name, e.id, r)] for r in range(n)] for e in examples]
         completions = [[rec["completion"] for rec in recs] for recs in records]
-        runs = score_runs(examples, completions)
+        runs = score_runs(examples, completions, s.grouped)
         tokens = [[recs[r]["reasoning_tokens"] for recs in records] for r in range(n)]
         for run, counts in zip(runs, tokens):
             run["reasoning_tokens"] = None if None in counts else sum(counts) / len(counts)
@@ -692,7 +743,7 @@ def summarize(
             "domain": s.domain,
             "n_examples": len(examples),
             "n_scored": runs[0]["n"],
-            "n_items": len({e.meta.get("group", e.id) for e in examples}),
+            "n_items": len({item_key(e, s.grouped) for e in examples}),
             "decoding": dataclasses.asdict(sampling) | {"n_samples": n},
         }
         entry |= {
@@ -706,8 +757,13 @@ def summarize(
                 ("reasoning_tokens", "reasoning_tokens"),
             )
         } | {"runs": runs}
-        if cfg.report == "accuracy" and (parts := breakdown(examples, completions)):
+        if (cfg.report == "accuracy" or s.categories) and (
+            parts := breakdown(examples, completions, s.grouped)
+        ):
             entry["breakdown"] = parts
+        if s.categories:
+            entry["categories"] = list(s.categories)
+            entry["category_accuracy"] = category_accuracy(parts, s.categories)
         if s.causes:
             targets = [(e, turns) for e in examples if (turns := cause_turns(e))]
             found = [
@@ -805,6 +861,8 @@ def evaluate(cfg: EvalConfig, judged: dict[str, JudgedKind] | None = None) -> di
     # the sets scored by their answers; the judge-scored ones are run apart, by their kind
     answered = dataclasses.replace(cfg, sets=[s for s in cfg.sets if s.kind == "examples"])
     sets = {s.name: load_set(s) for s in answered.sets}
+    for s in answered.sets:
+        check_categories(s, sets[s.name])
     baseline = load_eval(cfg.baseline) if cfg.baseline else None
     save_resolved_config(cfg, out)
     by_id = {(name, e.id): e for name, examples in sets.items() for e in examples}
@@ -933,26 +991,41 @@ def markdown_tables(evals: list[dict]) -> str:
     return "\n".join(parts)
 
 
+def benchmark_score(entry: dict) -> dict | None:
+    """A benchmark's score: the mean of its categories' accuracies where the set names categories
+    (as its paper makes the cell), else its group accuracy."""
+    return entry.get("category_accuracy", entry.get("group_accuracy"))
+
+
 def _benchmark_cell(entry: dict) -> str:
-    """A benchmark row's cell: the group accuracy in percent with the invalid-answer rate beside it,
-    or a judge-scored set's rubric score (0-100) with its unscored transcripts."""
+    """A benchmark row's cell: its benchmark_score in percent with, beside it, the share of items
+    right where that differs and the invalid-answer rate; or a judge-scored set's rubric score
+    (0-100) with its unscored transcripts."""
     if "rubric_score" in entry:
         score, unscored = _cell(entry.get("rubric_score"), 100, 2), entry["unscored"]
         transcripts = entry["n_items"] * len(unscored)
         return score if score == "–" else f"{score} ({sum(unscored)} of {transcripts} unscored)"
-    score, invalid = _cell(entry.get("group_accuracy"), 100, 2), entry.get("invalid")
-    if score == "–" or not invalid or invalid["mean"] is None:
+    score, invalid = _cell(benchmark_score(entry), 100, 2), entry.get("invalid")
+    if score == "–":
         return score
-    return f"{score} ({100 * invalid['mean']:.1f}% invalid)"
+    notes = []
+    items = entry.get("group_accuracy") or {}
+    if "category_accuracy" in entry and items.get("mean") is not None:
+        if f"{100 * items['mean']:.2f}" != score.split(" ")[0]:
+            notes.append(f"items {100 * items['mean']:.2f}")
+    if invalid and invalid["mean"] is not None:
+        notes.append(f"{100 * invalid['mean']:.1f}% invalid")
+    return f"{score} ({'; '.join(notes)})" if notes else score
 
 
 def accuracy_table(evals: list[dict]) -> str:
     """The benchmark table (`report: accuracy`): one row per set, its items (a group of questions
     counts once; a judge-scored set's items are its scenarios), then a column per model with the
-    group accuracy in percent (a judge-scored set: its 0-100 rubric score), mean ± sample SD over
-    the sampled runs, the invalid-answer rate (unscored transcripts) beside it, and a last row
-    averaging the accuracy rows, each weighted equally (Social-R1's Overall); below it, a table per
-    set whose items carry a breakdown field."""
+    set's benchmark_score in percent (a judge-scored set: its 0-100 rubric score), mean ± sample SD
+    over the sampled runs, the share of items right (where the score is a category mean) and the
+    invalid-answer rate (unscored transcripts) beside it, and a last row averaging the accuracy
+    rows, each weighted equally (Social-R1's Overall); below it, a table per set whose items carry
+    a breakdown field."""
     sets = list(dict.fromkeys(n for e in evals for n in e["sets"]))
     judged = [n for n in sets if any(e["sets"].get(n, {}).get("kind") for e in evals)]
     runs = sorted({e["sets"][n]["decoding"]["n_samples"] for e in evals for n in e["sets"]})
@@ -969,7 +1042,7 @@ def accuracy_table(evals: list[dict]) -> str:
     averages = []
     for e in evals:
         means = [
-            e["sets"].get(n, {}).get("group_accuracy", {}).get("mean")
+            (benchmark_score(e["sets"].get(n, {})) or {}).get("mean")
             for n in sets
             if n not in judged
         ]
@@ -977,12 +1050,31 @@ def accuracy_table(evals: list[dict]) -> str:
             "–" if None in means or not means else f"{100 * sum(means) / len(means):.2f}"
         )
     lines.append(f"| Average | | {' | '.join(averages)} |")
-    if judged:
-        lines += [
-            "",
-            f"{', '.join(judged)}: the judge's rubric score (0-100) over the role-play scenarios, "
-            "not an accuracy, and not in the average.",
+    notes = []
+    by_category = {}
+    for e in evals:
+        for n, entry in e["sets"].items():
+            if "categories" in entry:
+                left = set(entry["breakdown"]["values"]) - set(entry["categories"])
+                by_category.setdefault(n, (entry["breakdown"]["field"], set()))[1].update(left)
+    if by_category:
+        notes.append(
+            f"{', '.join(by_category)}: the mean of the accuracies of the set's categories, each "
+            "weighted equally, as the paper's appendix tables make the cell; the share of items "
+            "right beside it where that differs."
+        )
+        notes += [
+            f"{n}: items whose {field} is {', '.join(sorted(left))} are in the share of items, not "
+            "in the categories' mean."
+            for n, (field, left) in by_category.items()
+            if left
         ]
+    if judged:
+        notes.append(
+            f"{', '.join(judged)}: the judge's rubric score (0-100) over the role-play scenarios, "
+            "not an accuracy, and not in the average."
+        )
+    lines += [line for note in notes for line in ("", note)]
     for name in sets:
         lines += _breakdown_table(name, evals)
     return "\n".join(lines) + "\n"

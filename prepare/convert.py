@@ -3,8 +3,8 @@ ConvoKit Wikipedia talk pages, MMLU, and the social-reasoning benchmarks SocialI
 Hi-ToM, EmoBench, MotiveBench and TactfulToM as tom_mc multiple choice) to our example JSONL, each
 checked by dataset.py's schema.
 
-    python -m prepare.convert FORMAT IN OUT [--text FILE] [--task NAME]... [--per-label N]
-        [--seed S]
+    python -m prepare.convert FORMAT IN OUT [--text FILE] [--task NAME]... [--language L]...
+        [--per-label N] [--seed S]
 
 EmpatheticDialogues, MSDialog, MedDialog-EN and ICLR's OpenReview review threads become dialogues
 in ESConv's layout for EmoLLM's Stage I (prepare/emollm_rows.py), or with --seeds the scenario
@@ -204,23 +204,55 @@ def _present(value) -> bool:
 
 
 _TOMBENCH_KEYS = {"en": ("STORY", "QUESTION", "OPTION-{}"), "zh": ("故事", "问题", "选项{}")}
+# ToMBench's six abilities, the columns of Social-R1's Tables 4, 8 and 11 (the release spells the
+# last one two ways).
+TOMBENCH_ABILITIES = (
+    "Belief",
+    "Desire",
+    "Emotion",
+    "Intention",
+    "Knowledge",
+    "Non-literal communication",
+)
 
 
-def convert_tombench(path) -> list[Example]:
-    """ToMBench JSONL (a file or a folder of them): two tom_mc examples per item, English and
-    Chinese. Handles the release's quirks: keys with a literal newline ("答案\\nANSWER"), the bare
-    NaN (and NaN for absent options: two-option items), options that repeat their letter ("A. ...")
-    and answers with trailing text ("A. "). Options run from A up to the first absent letter, as
-    many as the item has (ToMBench-Hard's files in the same layout go up to F); one after a gap is
-    an error."""
+def tombench_ability(raw: str) -> str:
+    """The ability an ABILITY string ("Belief: Location false beliefs") names: one of
+    TOMBENCH_ABILITIES, matched case-insensitively on the text before its first colon; a string
+    naming none is kept as written."""
+    head = raw.split(":", 1)[0].strip()
+    return next((a for a in TOMBENCH_ABILITIES if a.lower() == head.lower()), raw.strip())
+
+
+def convert_tombench(path, languages: tuple[str, ...] = ("en", "zh")) -> list[Example]:
+    """ToMBench JSONL (a file, or a folder of them and of subfolders holding them: ToMBench-Hard's
+    train/ and test/ give its 800 items): a tom_mc example per item and language of
+    `languages` (English and Chinese by default; ToMBench-Hard's files may hold English only).
+    Handles the release's quirks: keys with a literal newline ("答案\\nANSWER"), the bare NaN (and
+    NaN for absent options: two-option items), options that repeat their letter ("A. ...") and
+    answers with trailing text ("A. "). Options run from A up to the first absent letter, as many as
+    the item has (ToMBench-Hard's go up to F); one after a gap is an error. meta["ability"] is the
+    ability of TOMBENCH_ABILITIES the item tests, meta["sub_ability"] its ABILITY string as
+    written."""
     examples = []
-    for file in _files(path, "*.jsonl"):
+    for file in _files(path, "**/*.jsonl"):
+        # a file in a subfolder (ToMBench-Hard's train/ and test/) is named by its path below `path`
+        name = (
+            file.relative_to(path).with_suffix("").as_posix() if Path(path).is_dir() else file.stem
+        )
         for number, record in read_jsonl(file, allow_nan=True):
             where = f"{file}:{number}"
             with _record(where):
                 item = {key.split("\n")[-1]: value for key, value in _object(record, where).items()}
                 answer = str(item.get("ANSWER", "")).strip()[:1].upper()
-                for language, (story, question, option) in _TOMBENCH_KEYS.items():
+                raw = str(item["ABILITY"]) if _present(item.get("ABILITY")) else None
+                for language in languages:
+                    story, question, option = _TOMBENCH_KEYS[language]
+                    if not _present(item.get(story)):
+                        raise DataError(
+                            f"{where}: field {story!r} is missing: the item has no {language} text "
+                            f"(an English-only file converts with --language en)"
+                        )
                     present = [
                         _present(item.get(option.format(letter))) for letter in OPTION_LETTERS
                     ]
@@ -244,10 +276,9 @@ def convert_tombench(path) -> list[Example]:
                             f"{where}: field 'ANSWER': {excerpt(item.get('ANSWER'))} is not one "
                             f"of the {len(options)} options ({language})"
                         )
-                    ability = item.get("ABILITY") if _present(item.get("ABILITY")) else None
                     examples.append(
                         Example(
-                            f"tombench-{language}-{file.stem}-{number}",
+                            f"tombench-{language}-{name}-{number}",
                             "tom_mc",
                             [Turn("", item[story])],
                             None,
@@ -256,7 +287,8 @@ def convert_tombench(path) -> list[Example]:
                             meta={
                                 "question": item[question],
                                 "options": options,
-                                "ability": ability,
+                                "ability": None if raw is None else tombench_ability(raw),
+                                "sub_ability": None if raw is None else raw.strip(),
                             },
                         )
                     )
@@ -435,12 +467,32 @@ _EMOBENCH_QUESTIONS = {
 }
 
 
+# EmoBench's categories as Social-R1's Table 10 names its columns: Emotional Understanding's four
+# coarse categories, and Emotional Application's problems split by whose they are (its column
+# sizes, 100 and 100 of 200 English questions, match -Self and -Others, not Personal and Social).
+_EMOBENCH_CATEGORIES = {
+    "complex_emotions": "Complex Emotions",
+    "emotional_cues": "Emotional Cues",
+    "personal_beliefs_and_experiences": "Personal Beliefs & Experiences",
+    "perspective_taking": "Perspective Taking",
+}
+
+
+def emobench_category(raw: str) -> str:
+    """The Table 10 column of an EmoBench category ("complex_emotions", "Personal-Others"); one
+    it does not name is kept as written."""
+    if raw.endswith(("-Self", "-Others")):
+        return "Self" if raw.endswith("-Self") else "Interpersonal"
+    return _EMOBENCH_CATEGORIES.get(raw, raw)
+
+
 def convert_emobench(path) -> list[Example]:
     """EmoBench (data/EU.jsonl, data/EA.jsonl; English and Chinese lines): an Emotional Application
     item is one question (the most effective action or response), its label the gold choice's text;
     an Emotional Understanding item is two, the emotion and its cause, which share meta["group"]:
-    EmoBench counts the item right only when both are (evaluate.py's group accuracy). `path` is a
-    file or the data folder."""
+    EmoBench counts the item right only when both are (evaluate.py's group accuracy).
+    meta["category"] is the item's column in Social-R1's Table 10 (emobench_category),
+    meta["source_category"] the file's own. `path` is a file or the data folder."""
     examples = []
     for file in _files(path, "E[AU].jsonl"):
         for where, item in _json_records(file):
@@ -469,7 +521,8 @@ def convert_emobench(path) -> list[Example]:
                                 where,
                                 language,
                                 group=group,
-                                category=item["coarse_category"],
+                                category=emobench_category(item["coarse_category"]),
+                                source_category=item["coarse_category"],
                             )
                         )
                 else:
@@ -484,7 +537,8 @@ def convert_emobench(path) -> list[Example]:
                             _gold(options, item["label"], f"{where}: field 'label'"),
                             where,
                             language,
-                            category=item["category"],
+                            category=emobench_category(item["category"]),
+                            source_category=item["category"],
                         )
                     )
     return examples
@@ -1221,17 +1275,28 @@ def stratified_sample(examples: list[Example], per_label: int, seed: int = 0) ->
     return [e for i, e in enumerate(examples) if i in keep]
 
 
-def convert(fmt: str, source, text: str | None = None) -> list[Example]:
+def convert(
+    fmt: str, source, text: str | None = None, languages: list[str] | None = None
+) -> list[Example]:
     """Convert `source` from one of CONVERTERS' formats (`ccu` also needs the conversation
-    `text`)."""
+    `text`); ToMBench reads the fields of `languages` only, when given."""
     if fmt not in CONVERTERS:
         raise DataError(f"unknown format {excerpt(fmt)} (known: {', '.join(CONVERTERS)})")
     if (fmt == "ccu") != (text is not None):
         raise DataError(
             "--text (the conversation JSONL) is needed for, and only for, the ccu format"
         )
+    if fmt == "tombench" and languages and set(languages) - set(_TOMBENCH_KEYS):
+        raise DataError(
+            f"--language: ToMBench is written in {' and '.join(_TOMBENCH_KEYS)}, not "
+            f"{excerpt(sorted(set(languages) - set(_TOMBENCH_KEYS))[0])}"
+        )
     with _record(str(source)):
-        return convert_ccu(source, text) if fmt == "ccu" else CONVERTERS[fmt](source)
+        if fmt == "ccu":
+            return convert_ccu(source, text)
+        if fmt == "tombench" and languages:
+            return convert_tombench(source, tuple(dict.fromkeys(languages)))
+        return CONVERTERS[fmt](source)
 
 
 CONVERTERS = {
@@ -1279,6 +1344,12 @@ def main(argv=None) -> None:
     )
     parser.add_argument("--task", action="append", help="keep only this task (repeatable)")
     parser.add_argument(
+        "--language",
+        action="append",
+        help="keep only this language's examples, e.g. en (repeatable); tombench then reads only "
+        "its fields, so an English-only file converts",
+    )
+    parser.add_argument(
         "--per-label", type=_positive_int, help="keep at most N examples per task and gold label"
     )
     parser.add_argument("--seed", type=int, default=0, help="seed for --per-label sampling")
@@ -1325,7 +1396,7 @@ def main(argv=None) -> None:
                 _field_pairs(args.value, "--value", as_json=True),
             )
             if args.format == "hf"
-            else convert(args.format, args.input, args.text)
+            else convert(args.format, args.input, args.text, args.language)
         )
         if not examples:
             raise DataError(f"{args.input}: no examples in the input")
@@ -1339,6 +1410,10 @@ def main(argv=None) -> None:
             examples = [e for e in examples if e.task in args.task]
             if not examples:
                 raise DataError(f"{args.input}: no examples of task {', '.join(args.task)}")
+        if args.language:
+            examples = [e for e in examples if e.language in args.language]
+            if not examples:
+                raise DataError(f"{args.input}: no examples in {', '.join(args.language)}")
         if args.per_label:
             examples = stratified_sample(examples, args.per_label, args.seed)
         save_jsonl(examples, args.output)

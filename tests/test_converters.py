@@ -190,8 +190,65 @@ def test_tombench_both_languages_and_quirks(shared_data):
     belief = by_id["tombench-en-False Belief Task-1"]
     assert belief.meta["question"] == "Where is the cabbage now?" and belief.labels == ["A"]
     assert belief.meta["options"] == ["Backpack", "Handbag", "Tote bag", "Briefcase"]
-    assert belief.meta["ability"] == "Belief: Location false beliefs"
+    assert belief.meta["ability"] == "Belief"
+    assert belief.meta["sub_ability"] == "Belief: Location false beliefs"
     assert "\nA. Backpack\nB. Handbag\nC. Tote bag\nD. Briefcase" in build_prompt(belief)
+
+
+def test_tombench_abilities_are_the_six_of_social_r1s_tables(shared_data):
+    # Tables 8 and 11 break ToMBench down by six abilities; the release's ABILITY strings name
+    # 33 sub-abilities ("Belief: Location false beliefs"), the ability before the colon,
+    # spelled "Non-Literal Communication" in some files and "Non-literal communication" in others.
+    # Counted by hand from the files' ABILITY fields: 2,860 items per language.
+    english = convert_tombench(shared_data / "tombench", ("en",))
+    counts = {}
+    for e in english:
+        counts[e.meta["ability"]] = counts.get(e.meta["ability"], 0) + 1
+    assert counts == {
+        "Belief": 882,
+        "Desire": 180,
+        "Emotion": 420,
+        "Intention": 340,
+        "Knowledge": 290,
+        "Non-literal communication": 748,
+    }
+    assert len({e.meta["sub_ability"] for e in english}) == 33  # one spelled with a trailing space
+    # DeepSeek-R1's Table 8 row is a whole number of items right in each of these: 692/882 = 0.7846
+    assert f"{692 / counts['Belief']:.4f}" == "0.7846"
+
+
+def test_tombench_english_only_items_convert_with_the_language_setting(tmp_path):
+    # ToMBench-Hard is unreleased: its files may hold English only. The default (both languages)
+    # names the missing field and the setting; --language en converts them, one example an item.
+    line = {"STORY": "Mia hides the cake.", "QUESTION": "Where will Leo look?"}
+    line |= {"OPTION-A": "box", "OPTION-B": "bag", "ANSWER": "B", "ABILITY": "Belief: x"}
+    path = tmp_path / "hard.jsonl"
+    path.write_text(json.dumps(line) + "\n" + json.dumps(line | {"ANSWER": "A"}) + "\n")
+    with pytest.raises(DataError, match=rf"{path}:1: field '故事' is missing.*--language en"):
+        convert_tombench(path)
+    out = tmp_path / "out.jsonl"
+    main(["tombench", str(path), str(out), "--language", "en"])
+    examples = load_jsonl(out)
+    assert [(e.language, e.labels) for e in examples] == [("en", ["B"]), ("en", ["A"])]
+    with pytest.raises(SystemExit) as stop:
+        main(["tombench", str(path), str(out), "--language", "fr"])
+    assert stop.value.code == 2
+
+
+def test_tombench_hard_folder_of_splits_converts_whole(tmp_path):
+    # the full set of Tables 1 and 4 (all 800 items): train/ and test/ files of the same names
+    # convert together, each item once, named by its path below the folder
+    line = {"STORY": "s", "QUESTION": "q", "OPTION-A": "x", "OPTION-B": "y", "ANSWER": "A"}
+    for split, n in (("train", 3), ("test", 1)):
+        (tmp_path / "hard" / split).mkdir(parents=True)
+        (tmp_path / "hard" / split / "Belief.jsonl").write_text((json.dumps(line) + "\n") * n)
+    examples = convert_tombench(tmp_path / "hard", ("en",))
+    assert [e.id for e in examples] == [
+        "tombench-en-test/Belief-1",
+        *(f"tombench-en-train/Belief-{n}" for n in (1, 2, 3)),
+    ]
+    # one split converted alone keeps its file's name
+    assert convert_tombench(tmp_path / "hard" / "test", ("en",))[0].id == "tombench-en-Belief-1"
 
 
 def test_tombench_bad_answer_is_located(tmp_path):
@@ -1141,13 +1198,42 @@ def test_hitom_stories_with_their_rules_and_cot_copies_skipped():
     ]
 
 
+def test_emobench_categories_are_table_10s_columns():
+    # EmoBench's release (Sahandfer/EmoBench data/*.jsonl): EU's coarse categories hold 49, 28, 56
+    # and 67 items per language, EA's four categories 50 questions each. Table 10's columns count
+    # 98, 56, 112, 134 (EU questions, two per item) and 100, 100: EA by whose problem it is.
+    from prepare.convert import emobench_category
+
+    assert [emobench_category(c) for c in ("Personal-Self", "Social-Self")] == ["Self"] * 2
+    assert [emobench_category(c) for c in ("Personal-Others", "Social-Others")] == [
+        "Interpersonal"
+    ] * 2
+    assert [
+        emobench_category(c)
+        for c in (
+            "complex_emotions",
+            "emotional_cues",
+            "personal_beliefs_and_experiences",
+            "perspective_taking",
+            "something_new",
+        )
+    ] == [
+        "Complex Emotions",
+        "Emotional Cues",
+        "Personal Beliefs & Experiences",
+        "Perspective Taking",
+        "something_new",
+    ]
+
+
 def test_emobench_understanding_is_two_grouped_questions_application_one():
     en = (
         "Omar burnt the cake for his mother's party, but she laughed and said it was the best "
         "one yet."
     )
     zh = "奥马尔把妈妈生日会的蛋糕烤糊了，但妈妈笑着说这是最好吃的一个。"
-    eu = dict(category="complex_emotions")
+    # category: Social-R1's Table 10 column; source_category: the file's own
+    eu = dict(category="Complex Emotions", source_category="complex_emotions")
     assert convert_emobench(BENCH / "emobench" / "data") == [
         mc(
             "emobench-ea-en-1",
@@ -1160,7 +1246,8 @@ def test_emobench_understanding_is_two_grouped_questions_application_one():
                 "Book her another test right away",
             ],
             "B",
-            category="Personal-Others",
+            category="Interpersonal",
+            source_category="Personal-Others",
         ),
         mc(
             "emobench-eu-en-1-emotion",

@@ -736,3 +736,27 @@ def test_stats_reads_the_sft_rows_docs_sft_md_describes(tmp_path, capsys):
     dataset.main(["stats", str(rows)])
     out = capsys.readouterr().out
     assert "meld_emotion" in out and "2" in out
+
+
+def test_stats_counts_by_meta_fields_nested_as_social_r1s_table_3(tmp_path, capsys):
+    """`stats --by ability sub_ability`: the examples per ability, then per sub-ability within it,
+    most frequent first (Table 3's layout), counted by hand here: 3 Belief (2 + 1), 1 Desire."""
+    import dataset
+
+    def item(n, ability, sub):
+        meta = {"question": "?", "options": ["x", "y"], "ability": ability, "sub_ability": sub}
+        return Example(f"q{n}", "tom_mc", [Turn("", "s")], None, ["A"], meta=meta)
+
+    path = tmp_path / "hard.jsonl"
+    subs = [("Belief", "Second-order"), ("Desire", "Multiple"), ("Belief", "Location")]
+    save_jsonl([item(n, a, s) for n, (a, s) in enumerate([*subs, subs[0]])], path)
+    dataset.main(["stats", str(path), "--by", "ability", "sub_ability"])
+    out = capsys.readouterr().out.splitlines()
+    at = out.index("  ability Belief: 3")
+    assert out[at : at + 5] == [
+        "  ability Belief: 3",
+        "    sub_ability Second-order: 2",
+        "    sub_ability Location: 1",
+        "  ability Desire: 1",
+        "    sub_ability Multiple: 1",
+    ]

@@ -793,6 +793,95 @@ def test_group_accuracy_counts_a_group_once_and_only_when_all_its_questions_are_
     # without groups it is the plain share of right answers (f1_scores' accuracy)
     plain = [q(f"q{i}", g) for i, g in enumerate("AABB")]
     assert ev.group_accuracy(plain, [["A"], ["B"], ["B"], None]) == 0.5
+    # grouped=False: each question alone (Social-R1 counts EmoBench's two questions apart): 4 of 5
+    assert ev.group_accuracy(examples, pred, grouped=False) == pytest.approx(4 / 5)
+
+
+def ability_set(right: dict[str, tuple[int, int]]) -> tuple[list[Example], dict]:
+    """tom_mc examples with meta["ability"], `right[a]` = (answered right, items) per ability, and
+    the journaled completions of one run (right ones answer A, the gold; the others B)."""
+    examples, done = [], {}
+    for ability, (hits, n) in right.items():
+        for i in range(n):
+            meta = {"question": "?", "options": ["x", "y"], "ability": ability}
+            e = Example(f"{ability}-{i}", "tom_mc", [Turn("", "s")], None, ["A"], meta=meta)
+            examples.append(e)
+            letter = "A" if i < hits else "B"
+            done[("Hard", e.id, 0)] = {"completion": f"r</think>\nAnswer: {letter}"}
+            done[("Hard", e.id, 0)] |= {"reasoning_tokens": 1, "answer": [letter]}
+    return examples, done
+
+
+def test_tombench_hard_cell_is_the_mean_of_its_six_abilities_as_table_11_prints_it():
+    """SocialR1-8B Full in Table 11: 0.5000, 0.3333, 0.8000, 0.7949, 0.7143, 0.6250 over the
+    100-item test split, whose ability sizes those fractions give (14/12/20/39/7/8, 68 items right).
+    The paper's cell is the abilities' mean, 0.6279, not the share of items, 0.68."""
+    right = {"Belief": (7, 14), "Desire": (4, 12), "Emotion": (16, 20), "Intention": (31, 39)}
+    right |= {"Knowledge": (5, 7), "Non-literal communication": (5, 8)}
+    examples, done = ability_set(right)
+    s = ev.EvalSet("Hard", "hard.jsonl", categories=list(right))
+    cfg = ev.EvalConfig("out", [s], endpoint=JudgeConfig(), report="accuracy", n_samples=1)
+    summary = ev.summarize(cfg, {"Hard": examples}, done, {}, "SocialR1-8B")
+    entry = summary["sets"]["Hard"]
+    assert f"{entry['category_accuracy']['mean']:.4f}" == "0.6279"
+    assert entry["group_accuracy"]["mean"] == pytest.approx(0.68)
+    rows = ev.accuracy_table([summary]).splitlines()
+    assert "| Hard | 100 | 62.79 (items 68.00; 0.0% invalid) |" in rows
+    assert "| Average | | 62.79 |" in rows
+    # the same set without categories: the share of items right, as before
+    plain = dataclasses.replace(cfg, sets=[ev.EvalSet("Hard", "hard.jsonl")])
+    summary = ev.summarize(plain, {"Hard": examples}, done, {}, "SocialR1-8B")
+    assert "| Hard | 100 | 68.00 (0.0% invalid) |" in ev.accuracy_table([summary]).splitlines()
+
+
+def test_social_r1_table_2_row_from_its_appendix_rows():
+    """DeepSeek-R1's rows of Tables 6-11 (each category's accuracy as printed) in, Table 2's cells
+    and Overall out: ToMBench 0.6834, ToMBench-Hard 0.4436, SimpleToM 0.7187, EmoBench 0.7387,
+    MotiveBench 0.8655, TactfulToM 0.6969; SocialIQA 0.8060 and Hi-ToM 0.7059 have no appendix table
+    (item accuracy); Overall 0.7073."""
+    appendix = {
+        "ToMBench": [0.7846, 0.5611, 0.6905, 0.7824, 0.6332, 0.6484],
+        "ToMBench-Hard": [0.5000, 0.4167, 0.8500, 0.3590, 0.2857, 0.2500],
+        "SocialIQA": None,
+        "SimpleToM": [0.6818, 0.6452, 0.8291],
+        "EmoBench": [0.7959, 0.7857, 0.7143, 0.7164, 0.7000, 0.7200],
+        "MotiveBench": [0.9000, 0.8333, 0.8633],
+        "Hi-ToM": None,
+        "TactfulToM": [0.4036, 0.7629, 0.7300, 0.9300, 0.8529, 0.6413, 0.8333, 0.4214],
+    }
+    items = {"SocialIQA": 0.8060, "Hi-ToM": 0.7059}
+    printed = {"ToMBench": "68.34", "ToMBench-Hard": "44.36", "SocialIQA": "80.60"}
+    printed |= {"SimpleToM": "71.87", "EmoBench": "73.87", "MotiveBench": "86.55"}
+    printed |= {"Hi-ToM": "70.59", "TactfulToM": "69.69"}
+    sets = {}
+    for name, values in appendix.items():
+        entry = {"n_items": 1, "decoding": {"n_samples": 1}, "invalid": None}
+        if values is None:
+            entry["group_accuracy"] = {"mean": items[name], "sd": None}
+        else:
+            categories = [f"c{i}" for i in range(len(values))]
+            parts = {"values": {c: {"runs": [v]} for c, v in zip(categories, values)}}
+            entry["category_accuracy"] = ev.category_accuracy(parts, categories)
+            entry["group_accuracy"] = {"mean": 0.0, "sd": None}  # shown beside, not averaged
+        sets[name] = entry
+    rows = ev.accuracy_table([{"name": "DeepSeek-R1", "sets": sets}]).splitlines()
+    cells = {
+        name: cell for name, _, cell in (re.split(r" *\| *", row.strip("| ")) for row in rows[4:])
+    }
+    for name, cell in printed.items():
+        assert cells[name].split(" ")[0] == cell, name
+    assert cells["Average"] == "70.73"
+
+
+def test_categories_that_the_file_does_not_hold_stop_before_any_sampling(tmp_path):
+    examples, _ = ability_set({"Belief": (1, 2), "Desire": (0, 1)})
+    path = tmp_path / "hard.jsonl"
+    save_jsonl(examples, path)
+    s = ev.EvalSet("Hard", str(path), categories=["Belief", "Non-Literal Communication"])
+    cfg = ev.EvalConfig(str(tmp_path / "out"), [s], endpoint=JudgeConfig(), report="accuracy")
+    with pytest.raises(ev.ConfigError, match=r"set 'Hard': categories: \['Non-Literal Comm"):
+        ev.evaluate(cfg)
+    assert not (tmp_path / "out").exists()  # nothing written, no server asked
 
 
 def benchmark_files(folder: Path) -> dict[str, Path]:
@@ -806,7 +895,7 @@ def benchmark_files(folder: Path) -> dict[str, Path]:
     lines = []
     for n, (answer, place) in enumerate([("A", "box"), ("B", "bag")]):
         line = {"STORY": f"Ann puts the ball in the {place}.", "QUESTION": "Where is the ball?"}
-        line["ABILITY"] = ["Belief: first order", "Belief: second order"][n]
+        line["ABILITY"] = ["Belief: first order", "Desire: discrepant desires"][n]
         line |= {"故事": "安把球放进去。", "问题": "球在哪里？", "答案\nANSWER": answer}
         line |= {"OPTION-A": "box", "OPTION-B": "bag", "选项A": "盒子", "选项B": "包"}
         lines.append(json.dumps(line, ensure_ascii=False))
@@ -941,6 +1030,26 @@ def test_benchmark_config_lists_social_r1s_eight_benchmarks_and_eqbench3():
         ("TactfulToM", "examples"),
         ("EQBench3", "eqbench3"),
     ]
+    # each cell as the paper makes it: the categories of its appendix table, named as the
+    # converters write them
+    from prepare.convert import _TACTFUL_BINARY, _TACTFUL_CHOICE, TOMBENCH_ABILITIES
+
+    categories = {s.name: s.categories for s in cfg.sets if s.categories}
+    assert categories["ToMBench"] == categories["ToMBench-Hard"] == list(TOMBENCH_ABILITIES)
+    assert set(categories["TactfulToM"]) == {*_TACTFUL_CHOICE, *_TACTFUL_BINARY} - {
+        "justificationQA"
+    }
+    assert len(categories["EmoBench"]) == 6 and len(categories["TactfulToM"]) == 8
+    assert [s.name for s in cfg.sets if not s.grouped] == ["EmoBench"]
+    # Social-R1's Tables 6-11; SocialIQA and Hi-ToM have none
+    assert set(categories) == {
+        "ToMBench",
+        "ToMBench-Hard",
+        "SimpleToM",
+        "EmoBench",
+        "MotiveBench",
+        "TactfulToM",
+    }
 
 
 def test_benchmark_table_from_an_endpoint_equals_the_in_process_one(
