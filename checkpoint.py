@@ -215,8 +215,8 @@ def load_checkpoint(path, model: Qwen, global_batch: int) -> dict:
         raise CheckpointError(
             f"{path}: written by {meta['world_size']} rank(s) at {saved} examples per update, "
             f"this run has {world} rank(s) at {global_batch}; a resume at "
-            f"another world size needs the same examples per update (batch_size x grad_accum x "
-            f"ranks; GRPO: rollout.prompts_per_update), or start afresh with resume=none"
+            f"another world size needs the same examples per update (SFT: rows_per_update; "
+            f"GRPO: rollout.prompts_per_update), or start afresh with resume=none"
         )
     if mode == "lora":
         load_adapter(model, path)

@@ -150,11 +150,14 @@ class SFTConfig:
     # a warm-up of this many steps instead of warmup_fraction
     warmup_steps: int | None = bounded(None, ge=0)
     epochs: int = bounded(2, ge=1)
-    batch_size: int = bounded(1, ge=1)  # examples per device per micro-batch
-    # set: this rank's rows of an update (batch_size x grad_accum) packed without padding into
-    # micro-batches of at most this many tokens (`pack`), instead of batch_size padded rows each
+    # rows of one optimizer update over all ranks, whatever their number: A.1's 1 example per
+    # device x 4 accumulation steps on its one GPU. Each rank takes every world-th row and
+    # accumulates them in micro-batches of batch_size.
+    rows_per_update: int = bounded(4, ge=1)
+    batch_size: int = bounded(1, ge=1)  # rows per device per micro-batch
+    # set: this rank's rows of an update packed without padding into micro-batches of at most
+    # this many tokens (`pack`), instead of batch_size padded rows each
     micro_batch_tokens: int | None = bounded(None, ge=2)
-    grad_accum: int = bounded(4, ge=1)
     seed: int = 42
     # Table 5 (lost): prompt + completion tokens; longer rows are skipped and counted
     max_length: int = bounded(16384, ge=1)
@@ -504,10 +507,14 @@ def update_norm(samples, update: list[int], cfg: SFTConfig) -> float:
     return float(len(update) if by_row else sum(sum(w > 0 for w in samples[i][1]) for i in update))
 
 
+def rank_rows(update: list[int], rank: int, world: int) -> list[int]:
+    """The rows of an update that `rank` of `world` trains: every world-th, from its own."""
+    return update[rank::world]
+
+
 def update_rows(n_rows: int, step: int, group: int, seed: int) -> list[int]:
     """Row indices of optimizer update `step`: each epoch a fresh permutation (seed + epoch), cut
-    into consecutive groups of `group` = batch size x accumulation x world size (the last may be
-    short)."""
+    into consecutive groups of `group` = rows_per_update (the last may be short)."""
     per_epoch = math.ceil(n_rows / group)
     epoch, position = divmod(step, per_epoch)
     order = torch.randperm(n_rows, generator=torch.Generator().manual_seed(seed + epoch)).tolist()
@@ -629,9 +636,13 @@ def train(cfg: SFTConfig) -> Path:
             timeout_s=cfg.distributed.timeout_s,
         )
     model.gradient_checkpointing = cfg.gradient_checkpointing
-    # the rows of one update over all ranks: the data position is the update count, at any world
-    # size that keeps this number (checkpoint.py)
-    group = cfg.batch_size * cfg.grad_accum * ranks.world_size
+    # the data position is the update count, at any world size (checkpoint.py)
+    group = cfg.rows_per_update
+    if ranks.world_size > group:
+        print0(
+            f"rows_per_update {group} over {ranks.world_size} ranks: {ranks.world_size - group} "
+            "rank(s) hold no row of an update (more ranks than rows do not speed it up)"
+        )
     optimizer, meta, checkpoint = resume(
         out,
         model,
@@ -663,7 +674,7 @@ def train(cfg: SFTConfig) -> Path:
             lr = linear_warmup_decay(step, total, cfg.lr, cfg.warmup_fraction, cfg.warmup_steps)
             set_lr(optimizer, lr)
             update = update_rows(len(samples), step, group, cfg.seed)
-            mine = [samples[i] for i in update[ranks.rank :: ranks.world_size]]
+            mine = [samples[i] for i in rank_rows(update, ranks.rank, ranks.world_size)]
             batches = (
                 [
                     collate(mine[j : j + cfg.batch_size], pad, ranks.device)

@@ -507,7 +507,7 @@ def config_file(checkpoint, tmp_path, **overrides) -> Path:
         output_dir=str(tmp_path / "run"),
         lr=1e-2,
         epochs=1,
-        grad_accum=1,
+        rows_per_update=1,
         lora={"rank": 4, "alpha": 8, "dropout": 0.0},
         selection={"per_task": 0},
     )

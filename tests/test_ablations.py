@@ -333,7 +333,7 @@ def test_label_sft_rows_are_the_answer_alone_and_train(tmp_path):
             "lora.rank=4",
             "lora.alpha=8",
             "epochs=1",
-            "grad_accum=1",
+            "rows_per_update=1",
             "selection.per_task=1",
             "selection.max_new_tokens=4",
         ],
@@ -376,9 +376,11 @@ def test_the_documented_cpt_command_reaches_the_stated_peak_lr():
     world = re.search(r"--nproc_per_node[= ](\d+)", command)
     world = int(world.group(1)) if world else 1
     cfg = load_config(CONFIGS / "emollm_stage1_cpt.yaml", [], sft.SFTConfig)
-    assert (cfg.lr, cfg.warmup_steps, cfg.batch_size, cfg.grad_accum) == (1e-4, 100, 16, 2)  # D.1
+    # D.1: per-device batch 16, accumulation 2; the update's 32 rows hold at the command's world
+    assert (cfg.lr, cfg.warmup_steps, cfg.batch_size, cfg.rows_per_update) == (1e-4, 100, 16, 32)
+    assert sum(len(sft.rank_rows(list(range(32)), r, world)) for r in range(world)) == 32
     rows = 13_000  # about one ESConv context per supporter turn
-    total = cfg.epochs * math.ceil(rows / (cfg.batch_size * cfg.grad_accum * world))
+    total = cfg.epochs * math.ceil(rows / cfg.rows_per_update)
     lrs = [
         linear_warmup_decay(s, total, cfg.lr, cfg.warmup_fraction, cfg.warmup_steps)
         for s in range(total)

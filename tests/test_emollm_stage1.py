@@ -56,7 +56,7 @@ def write_config(tmp_path: Path, name: str, emollm: dict | None = None, **raw) -
                 "lr": 1e-2,
                 "epochs": 1,
                 "batch_size": 2,
-                "grad_accum": 1,
+                "rows_per_update": 2,
                 "lora": {"rank": 4, "alpha": 8, "dropout": 0.0},
                 "device": "cpu",
                 "save_merged": True,
@@ -449,20 +449,34 @@ def test_bad_input_stops_with_one_line_and_writes_nothing(tmp_path, capsys, case
 
 def test_the_stage1_configs_hold_d1s_values():
     cpt = sft.parse_cli(sft.SFTConfig, [str(REPO / "configs/emollm_stage1_cpt.yaml")])
-    assert (cpt.objective, cpt.lr, cpt.batch_size, cpt.grad_accum, cpt.epochs, cpt.max_length) == (
+    assert (
+        cpt.objective,
+        cpt.lr,
+        cpt.batch_size,
+        cpt.rows_per_update,
+        cpt.epochs,
+        cpt.max_length,
+    ) == (
         "lm",
         1e-4,
         16,
-        2,
+        16 * 2,  # D.1: per-device batch 16, accumulation 2, one GPU's
         1,
         320,
     )
     arg = sft.parse_cli(sft.SFTConfig, [str(REPO / "configs/emollm_stage1_sft.yaml")])
-    assert (arg.objective, arg.lr, arg.batch_size, arg.grad_accum, arg.epochs, arg.max_length) == (
+    assert (
+        arg.objective,
+        arg.lr,
+        arg.batch_size,
+        arg.rows_per_update,
+        arg.epochs,
+        arg.max_length,
+    ) == (
         "target",
         2e-4,
         2,
-        4,
+        2 * 4 * 8,  # D.1: per-device batch 2, accumulation 4; 8 GPUs, as its command runs
         3,
         2048,
     )

@@ -84,13 +84,14 @@ def test_full_sft_on_two_ranks_and_another_split_equals_one_process(checkpoint, 
     (float32 on the CPU)."""
     data = str(write_rows(tmp_path / "rows5.jsonl", [sad_row(i) for i in range(5)]))
     runs = {}
-    for name, ranks, batch, accum in (("one", 1, 1, 4), ("two", 2, 1, 2), ("split", 2, 2, 1)):
+    # four rows per update: one rank in four micro-batches, two ranks in two or one
+    for name, ranks, batch in (("one", 1, 1), ("two", 2, 1), ("split", 2, 2)):
         cfg = config(
             checkpoint,
             tmp_path / name,
             data=data,
             batch_size=batch,
-            grad_accum=accum,
+            rows_per_update=4,
             lr=1e-3,
             output_dir=str(tmp_path / name / "run"),
             gradient_checkpointing=name == "split",
@@ -129,9 +130,9 @@ def test_full_sft_on_two_ranks_and_another_split_equals_one_process(checkpoint, 
 # ---------------------------------------------------------- the 2-D mesh: 2 replicas x 2 shards
 
 
-def six_rows_config(checkpoint, tmp_path, name, grad_accum, mode=FULL, **extra):
-    """Six rows, batch_size 1 x `grad_accum` x the ranks per update (two on 2 ranks: three updates;
-    four on 4: the second update has two, so a second replica runs idle micro-batches there), a
+def six_rows_config(checkpoint, tmp_path, name, rows_per_update, mode=FULL, **extra):
+    """Six rows, `rows_per_update` per update in micro-batches of 1 (two: three updates; four: the
+    second update has two, so on 4 ranks a second replica runs idle micro-batches there), a
     checkpoint after each update, all kept; `mode` FULL, or {} for LoRA (no dropout)."""
     data = tmp_path / "rows6.jsonl"
     if not data.is_file():
@@ -140,7 +141,7 @@ def six_rows_config(checkpoint, tmp_path, name, grad_accum, mode=FULL, **extra):
         checkpoint,
         tmp_path / name,
         data=str(data),
-        grad_accum=grad_accum,
+        rows_per_update=rows_per_update,
         lr=1e-3,
         save_every=1,
         keep_checkpoints=None,
@@ -169,7 +170,7 @@ def test_full_sft_on_a_two_by_two_mesh_equals_one_process_and_resumes(checkpoint
     ranks, within that tolerance."""
     single_process(six_rows_config(checkpoint, tmp_path, "one", 4))
     hybrid = {"distributed.replicas": 2}
-    cfg = six_rows_config(checkpoint, tmp_path, "hsdp", 1, **hybrid)
+    cfg = six_rows_config(checkpoint, tmp_path, "hsdp", 4, **hybrid)
     mp.spawn(_hsdp_worker, args=(free_port(), cfg, tmp_path), nprocs=4)
     one, hsdp = tmp_path / "one" / "run", tmp_path / "hsdp" / "run"
     for rank in range(4):  # rows of consecutive ranks: {0, 1} and {2, 3} each hold every shard
@@ -186,7 +187,7 @@ def test_full_sft_on_a_two_by_two_mesh_equals_one_process_and_resumes(checkpoint
     for name, replicas in (("resumed", 2), ("reshaped", 1)):  # the same mesh, the 1-D mesh
         resumed = stopped_copy(hsdp, tmp_path / name / "run", after=1)
         written = (resumed / ckpt(1) / "state.json").stat().st_mtime_ns
-        cfg = six_rows_config(checkpoint, tmp_path, name, 1, **{"distributed.replicas": replicas})
+        cfg = six_rows_config(checkpoint, tmp_path, name, 4, **{"distributed.replicas": replicas})
         mp.spawn(_rank_run, args=(free_port(), cfg, 4), nprocs=4)
         # resumed from ckpt-1 (a restart would have rewritten it)
         assert (resumed / ckpt(1) / "state.json").stat().st_mtime_ns == written
@@ -508,7 +509,7 @@ def test_a_full_run_killed_resumes_equal_to_an_uninterrupted_one(checkpoint, tmp
             tmp_path / name,
             data=str(rows),
             epochs=4,
-            grad_accum=1,
+            rows_per_update=2,
             save_every=1,
             keep_checkpoints=None,
             **FULL,
@@ -534,7 +535,7 @@ def test_a_full_run_killed_resumes_equal_to_an_uninterrupted_one(checkpoint, tmp
             tmp_path / "whole",
             data=str(rows),
             epochs=4,
-            grad_accum=1,
+            rows_per_update=2,
             save_every=1,
             keep_checkpoints=None,
             **FULL,
@@ -640,9 +641,9 @@ def world_size(run: Path, step: int) -> int:
 
 @pytest.fixture(scope="module")
 def two_rank_run(checkpoint, tmp_path_factory):
-    """The uninterrupted run on 2 ranks (grad_accum 1): its ckpt-1, -2, -3 are the oracle."""
+    """The uninterrupted run on 2 ranks (one row each): its ckpt-1, -2, -3 are the oracle."""
     tmp = tmp_path_factory.mktemp("reshard")
-    mp.spawn(_rank_run, args=(free_port(), six_rows_config(checkpoint, tmp, "a", 1)), nprocs=2)
+    mp.spawn(_rank_run, args=(free_port(), six_rows_config(checkpoint, tmp, "a", 2)), nprocs=2)
     return tmp / "a" / "run"
 
 
@@ -650,16 +651,16 @@ def test_a_full_run_resumes_at_another_world_size_to_the_same_global_batch_s_res
     checkpoint, two_rank_run, tmp_path
 ):
     """2 ranks -> 1 -> 2. The oracle: the uninterrupted 2-rank run's checkpoints. Its ckpt-1,
-    resumed on 1 rank with grad_accum 2 (the same 2 rows per update, the same rows: the update
-    count is the data position), gives after update 2 the weights and AdamW moments (exp_avg,
-    exp_avg_sq, step) of its ckpt-2; that 1-rank ckpt-2, resumed on 2 ranks with grad_accum 1,
+    resumed on 1 rank (the same 2 rows per update, the same rows: the update count is the data
+    position), gives after update 2 the weights and AdamW moments (exp_avg, exp_avg_sq, step) of
+    its ckpt-2; that 1-rank ckpt-2, resumed on 2 ranks,
     gives its ckpt-3; the losses logged equal its. Stated tolerance: rtol 1e-5, atol 1e-6 (float32
     on the CPU; the sums run in another order at another world size)."""
     one = stopped_copy(two_rank_run, tmp_path / "one" / "run", after=1)
     single_process(six_rows_config(checkpoint, tmp_path, "one", 2))
     two = stopped_copy(one, tmp_path / "two" / "run", after=2)
     mp.spawn(
-        _rank_run, args=(free_port(), six_rows_config(checkpoint, tmp_path, "two", 1)), nprocs=2
+        _rank_run, args=(free_port(), six_rows_config(checkpoint, tmp_path, "two", 2)), nprocs=2
     )
     for run, step, world in ((one, 2, 1), (two, 3, 2)):
         # the checkpoint it resumed from is still the other world size's (a restart would have
@@ -686,12 +687,12 @@ def test_a_lora_run_resumes_at_another_world_size_to_the_same_global_batch_s_res
     run's ckpt-2 and ckpt-3 (adapter and token rows, AdamW's state), rtol 1e-5, atol 1e-6."""
     lora = {}
     base = tmp_path / "a" / "run"
-    cfg = six_rows_config(checkpoint, tmp_path, "a", 1, lora)
+    cfg = six_rows_config(checkpoint, tmp_path, "a", 2, lora)
     mp.spawn(_rank_run, args=(free_port(), cfg), nprocs=2)
     one = stopped_copy(base, tmp_path / "one" / "run", after=1)
     single_process(six_rows_config(checkpoint, tmp_path, "one", 2, lora))
     two = stopped_copy(one, tmp_path / "two" / "run", after=2)
-    cfg = six_rows_config(checkpoint, tmp_path, "two", 1, lora)
+    cfg = six_rows_config(checkpoint, tmp_path, "two", 2, lora)
     mp.spawn(_rank_run, args=(free_port(), cfg), nprocs=2)
     for run, step, world in ((one, 2, 1), (two, 3, 2)):
         assert [world_size(run, step - 1), world_size(run, step)] == [3 - world, world]
@@ -705,8 +706,8 @@ def test_a_lora_run_resumes_at_another_world_size_to_the_same_global_batch_s_res
 def test_resuming_at_another_world_size_and_global_batch_stops_with_one_line(
     checkpoint, two_rank_run, tmp_path, capsys
 ):
-    """At 1 rank with grad_accum 1 an update would take 1 row, not the checkpoint's 2: the rows of
-    an update would not be the run's, so the run stops, naming both world sizes."""
+    """At 1 rank with rows_per_update 1 an update would take 1 row, not the checkpoint's 2: the
+    rows of an update would not be the run's, so the run stops, naming both world sizes."""
     stopped_copy(two_rank_run, tmp_path / "run", after=1)
     cfg = dict(data=str(two_rank_run.parent.parent / "rows6.jsonl"), save_every=1, **FULL)
     path = config_file(checkpoint, tmp_path, lr=1e-3, **cfg)
@@ -940,10 +941,14 @@ def test_a_full_dialogue_run_on_two_ranks_trains_and_exports(tmp_path, reward):
 
 def test_full_sft_on_two_nodes_equals_one_process(checkpoint, tmp_path):
     """`torchrun --nnodes 2 --nproc_per_node 1` twice on localhost: four rows, two updates of two
-    (grad_accum 1 a rank; 2 in the one process). Stated tolerance: rtol 1e-5, atol 1e-6."""
+    (one row a rank; both in the one process). Stated tolerance: rtol 1e-5, atol 1e-6."""
     data = str(write_rows(tmp_path / "rows4.jsonl", [sad_row(i) for i in range(4)]))
-    single_process(config(checkpoint, tmp_path / "one", data=data, grad_accum=2, lr=1e-3, **FULL))
-    path = config_file(checkpoint, tmp_path / "nodes", data=data, grad_accum=1, lr=1e-3, **FULL)
+    single_process(
+        config(checkpoint, tmp_path / "one", data=data, rows_per_update=2, lr=1e-3, **FULL)
+    )
+    path = config_file(
+        checkpoint, tmp_path / "nodes", data=data, rows_per_update=2, lr=1e-3, **FULL
+    )
     two_nodes(REPO / "sft.py", path, cwd=tmp_path)
     one, nodes = tmp_path / "one" / "run", tmp_path / "nodes" / "run"
     assert world_size(nodes, 2) == 2 and len(metrics(one)) == 2

@@ -48,6 +48,7 @@ import checkpoint as CK
 import model as M
 import sft
 import train as T
+from config import load_config
 from data import Example, Turn
 from dataset import example_to_json
 from judge_server import JudgeServer, UnsupportedRequest
@@ -223,7 +224,7 @@ def test_a_packed_run_trains_like_a_padded_one(checkpoint, tmp_path):
     rows = str(write_rows(tmp_path / "rows6.jsonl", [sad_row(i) for i in range(6)]))
     runs = {
         name: sft.train(
-            config(checkpoint, tmp_path / name, data=rows, batch_size=3, grad_accum=1, **extra)
+            config(checkpoint, tmp_path / name, data=rows, batch_size=3, rows_per_update=3, **extra)
         )
         for name, extra in (("padded", {}), ("packed", {"micro_batch_tokens": 4096}))
     }
@@ -252,11 +253,19 @@ def test_two_gloo_ranks_train_like_one_process_with_two_accumulation_steps(check
         **{"selection.per_task": 1, "selection.max_new_tokens": 4},
     )
     single = config(
-        checkpoint, tmp_path / "one", grad_accum=2, output_dir=str(tmp_path / "one/run"), **settings
+        checkpoint,
+        tmp_path / "one",
+        rows_per_update=2,
+        output_dir=str(tmp_path / "one/run"),
+        **settings,
     )
     sft.train(single)
     ranks = config(
-        checkpoint, tmp_path / "two", grad_accum=1, output_dir=str(tmp_path / "two/run"), **settings
+        checkpoint,
+        tmp_path / "two",
+        rows_per_update=2,
+        output_dir=str(tmp_path / "two/run"),
+        **settings,
     )
     mp.spawn(_rank_run, args=(free_port(), ranks), nprocs=2)
     runs = [Path(c.output_dir) for c in (single, ranks)]
@@ -340,7 +349,7 @@ def test_one_step_changes_only_lora_and_the_two_rows_at_ten_times_the_lr_without
 def test_a_tiny_model_overfits_a_few_examples(checkpoint, tmp_path):
     rows = [sad_row(0), sad_row(1, "meld_emotion", "joy"), sad_row(2, "ccu_emotion", "Trust")]
     data = str(write_rows(tmp_path / "three.jsonl", rows))
-    cfg = config(checkpoint, tmp_path, epochs=30, grad_accum=3, lr=3e-2, data=data)
+    cfg = config(checkpoint, tmp_path, epochs=30, rows_per_update=3, lr=3e-2, data=data)
     losses = [m["loss"] for m in metrics(sft.train(cfg))]
     assert len(losses) == 30  # full-batch updates: three completions per step
     # stated: a 1000x drop within 30 steps
@@ -749,7 +758,7 @@ def test_prepare_samples_with_model_py_when_no_endpoint_is_given(checkpoint, tmp
 
 def test_the_example_config_parses():
     cfg = sft.parse_cli(sft.SFTConfig, [str(REPO / "configs/sft_example.yaml")])
-    assert (cfg.epochs, cfg.grad_accum, cfg.seed, cfg.selection.per_task) == (2, 4, 42, 8)
+    assert (cfg.epochs, cfg.rows_per_update, cfg.seed, cfg.selection.per_task) == (2, 4, 42, 8)
     prep = P.parse_cli(P.PrepareConfig, [str(REPO / "configs/sft_example_prepare.yaml")])
     assert prep.teacher.api_key_env == "TEACHER_API_KEY" and (prep.out, prep.model) == (
         cfg.data,
@@ -964,3 +973,41 @@ def test_refinement_request_carries_the_packet_as_data():
         )
         == PROMPT
     )
+
+
+def documented_sft_commands():
+    """(page, config, overrides, processes) of every `sft.py` command in the README, docs/ and the
+    configs' comments."""
+    pattern = re.compile(
+        r"(?:torchrun(?: --nproc_per_node[= ](\d+))?|python) sft\.py (configs/\S+\.yaml)"
+        r"((?: [\w.]+=\S+)*)"
+    )
+    pages = [REPO / "README.md", *(REPO / "docs").glob("*.md"), *(REPO / "configs").glob("*.yaml")]
+    for page in pages:
+        for match in pattern.finditer(page.read_text(encoding="utf-8")):
+            procs, config, overrides = match.groups()
+            yield page.name, config, overrides.split(), int(procs or 1)
+
+
+def test_every_documented_sft_command_keeps_its_global_batch_at_any_world_size():
+    """CLUE A.1: 1 example per device x 4 accumulation steps on one GPU, 4 rows per update. Every
+    documented command's config, at its own world size, at 1 and at 8 ranks: the ranks' rows of an
+    update (sft.rank_rows) add up to the config's rows_per_update, the CLUE configs' to 4 (Table 1's
+    Reasoning SFT and Label SFT alike), each row trained by one rank."""
+    commands = list(documented_sft_commands())
+    assert {c for _, c, _, _ in commands} >= {
+        "configs/sft_example.yaml",
+        "configs/clue_label_sft.yaml",
+        "configs/demo_sft.yaml",
+        "configs/emollm_stage1_cpt.yaml",
+    }
+    for page, path, overrides, procs in commands:
+        cfg = load_config(REPO / path, overrides, sft.SFTConfig)
+        update = sft.update_rows(1000, 0, cfg.rows_per_update, cfg.seed)
+        for world in (1, 8, procs):
+            rows = [sft.rank_rows(update, rank, world) for rank in range(world)]
+            assert sorted(i for part in rows for i in part) == sorted(update), (page, path)
+            assert len(update) == cfg.rows_per_update
+        if path in ("configs/sft_example.yaml", "configs/clue_label_sft.yaml"):
+            assert (cfg.rows_per_update, cfg.batch_size) == (4, 1), (page, path)
+            assert procs <= 4, (page, "more processes than rows per update")
