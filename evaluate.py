@@ -58,7 +58,15 @@ from data import (
     visible_turns,
 )
 from dataset import load_jsonl
-from judge import JudgeCall, JudgeConfig, JudgeError, cause_request, chat_many, parse_cause_verdict
+from judge import (
+    JudgeCall,
+    JudgeConfig,
+    JudgeError,
+    cause_request,
+    chat_many,
+    parse_cause_verdict,
+    request_fields,
+)
 from sampling import SamplingConfig, endpoint_config, sample_completions
 from tokenizer import CheckpointError, load_tokenizer
 from verifier import extract_quotes, locate_quote
@@ -506,6 +514,15 @@ def _generation_identity(cfg: EvalConfig) -> dict:
     }
 
 
+def endpoint_unsent(endpoint: JudgeConfig | None, sampling: SamplingConfig) -> list[str]:
+    """The decoding settings a served model was not sent (its kind's API refuses them); none
+    in-process."""
+    if endpoint is None:
+        return []
+    served = endpoint_config(endpoint, sampling)
+    return request_fields(served.kind, served.requested(sampling.max_new_tokens))[1]
+
+
 def check_resume(cfg: EvalConfig, out: Path) -> None:
     """Refuse to mix completions of another model or decoding into an output_dir."""
     if not (out / COMPLETIONS).exists() or not (out / "config.yaml").exists():
@@ -658,6 +675,8 @@ def _sample_endpoint(
     cfg: EvalConfig, sampling: SamplingConfig, units: list[tuple[Example, int]], write
 ) -> None:
     endpoint = endpoint_config(cfg.endpoint, sampling)
+    if line := endpoint.not_sent():
+        print0(f"endpoint: {line}")
     failed, reasons = 0, []
     step = max(1, endpoint.concurrency) * 4
     for start in range(0, len(units), step):
@@ -744,7 +763,9 @@ def summarize(
             "n_examples": len(examples),
             "n_scored": runs[0]["n"],
             "n_items": len({item_key(e, s.grouped) for e in examples}),
-            "decoding": dataclasses.asdict(sampling) | {"n_samples": n},
+            "decoding": dataclasses.asdict(sampling)
+            | {"n_samples": n}
+            | ({"not_sent": unsent} if (unsent := endpoint_unsent(cfg.endpoint, sampling)) else {}),
         }
         entry |= {
             name: mean_sd([run[key] for run in runs])

@@ -43,13 +43,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 import requests
 import urllib3
 from requests.adapters import HTTPAdapter
 
-from config import bounded
+from config import bounded, print0
 from data import (
     EVIDENCE_CLOSE,
     EVIDENCE_OPEN,
@@ -69,6 +69,38 @@ log = logging.getLogger("judge")
 # ----------------------------------------------------------------------------- config
 
 
+# The request fields OpenAI's Chat Completions API takes: it answers any other (top_k,
+# repetition_penalty, chat_template_kwargs, ...) with a 400 invalid_request_error. Its reasoning
+# models (the o-series, gpt-5) also refuse the sampling fields below and take max_completion_tokens
+# (hidden reasoning included) where other models take max_tokens.
+OPENAI_FIELDS = frozenset(
+    """audio frequency_penalty logit_bias logprobs max_completion_tokens max_tokens metadata
+    modalities n parallel_tool_calls prediction presence_penalty reasoning_effort response_format
+    seed service_tier stop store stream stream_options temperature tool_choice tools top_logprobs
+    top_p user verbosity web_search_options""".split()
+)
+OPENAI_REASONING_REFUSED = frozenset(
+    "temperature top_p presence_penalty frequency_penalty logprobs top_logprobs logit_bias".split()
+)
+EndpointKind = Literal["vllm", "openai", "openai_reasoning"]
+
+
+def request_fields(kind: EndpointKind, params: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """(the fields of `params` a request to an endpoint of `kind` carries, the names left out):
+    vllm (vLLM, SGLang: every field), openai (OPENAI_FIELDS only), openai_reasoning (those, less
+    OPENAI_REASONING_REFUSED, max_tokens sent as max_completion_tokens unless that is given)."""
+    if kind == "vllm":
+        return dict(params), []
+    sent = {k: v for k, v in params.items() if k in OPENAI_FIELDS}
+    if kind == "openai_reasoning":
+        budget = sent.pop("max_tokens", None)
+        if budget is not None:
+            sent.setdefault("max_completion_tokens", budget)
+        sent = {k: v for k, v in sent.items() if k not in OPENAI_REASONING_REFUSED}
+    renamed = {"max_tokens"} if "max_completion_tokens" in sent else set()
+    return sent, sorted(set(params) - set(sent) - renamed)
+
+
 @dataclass
 class JudgeConfig:
     """Where the judge is served and how it is sampled. The defaults are the CLUE paper's IU_G judge
@@ -77,6 +109,11 @@ class JudgeConfig:
 
     base_url: str = "http://127.0.0.1:8000/v1"
     model: str = "judge"
+    # what the server accepts (request_fields): vllm (vLLM, SGLang: top_k, chat_template_kwargs and
+    # the rest), openai (OpenAI's API and others that refuse fields it lacks: those are not sent,
+    # and said once at start-up), openai_reasoning (OpenAI's o-series and gpt-5: no temperature or
+    # top_p, max_completion_tokens)
+    kind: EndpointKind = "vllm"
     # name of the environment variable holding the key; never the key
     api_key_env: str | None = None
     # seconds to connect, to wait for bytes, and to receive the whole answer
@@ -107,7 +144,8 @@ class JudgeConfig:
             raise JudgeError(f"the environment variable {self.api_key_env} is not set")
         return key
 
-    def sampling_params(self, max_tokens: int) -> dict[str, Any]:
+    def requested(self, max_tokens: int) -> dict[str, Any]:
+        """The sampling this config asks for, before `kind` leaves out what the server refuses."""
         params = {
             "temperature": self.temperature,
             "top_p": self.top_p,
@@ -117,6 +155,22 @@ class JudgeConfig:
         }
         params.update(self.sampling)
         return {k: v for k, v in params.items() if v is not None}
+
+    def sampling_params(self, max_tokens: int) -> dict[str, Any]:
+        """The sampling fields a request carries (request_fields)."""
+        return request_fields(self.kind, self.requested(max_tokens))[0]
+
+    def not_sent(self) -> str | None:
+        """One line naming the settings this endpoint's kind does not send, None when all are."""
+        requested = self.requested(1)
+        left = request_fields(self.kind, requested)[1]
+        if not left:
+            return None
+        shown = ", ".join(f"{k}={json.dumps(requested[k])}" for k in left)
+        return (
+            f"{self.base_url} ({self.model}, kind {self.kind}) is not sent {shown}: its API "
+            "refuses these fields"
+        )
 
 
 @dataclass
@@ -440,6 +494,8 @@ def probe(call: JudgeCall, cfg: JudgeConfig, key: str) -> str:
     5xx are retried at least PROBE_RETRIES times, whatever `cfg.retries` says: a server still
     starting, or one fault, should not stop a run that the same server can serve."""
     source = f"the key from {cfg.api_key_env}" if cfg.api_key_env else "no api_key_env set"
+    if line := cfg.not_sent():
+        print0(f"'{key}': {line}")
     try:
         api_key = cfg.read_api_key()
     except JudgeError as e:

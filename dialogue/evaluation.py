@@ -66,6 +66,8 @@ def endpoint_policy(endpoint: JudgeConfig, sampling: SamplingConfig) -> Respond:
     request stops the evaluation (JudgeError). Serve it without a reasoning parser, so that the
     reasoning can be split off."""
     cfg = endpoint_config(endpoint, sampling)
+    if line := cfg.not_sent():
+        print0(f"endpoint: {line}")
 
     def respond(chats, n, seed):
         calls = [JudgeCall(chat, sampling.max_new_tokens) for chat in chats for _ in range(n)]

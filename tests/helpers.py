@@ -21,6 +21,7 @@ puts tests/ on sys.path, so `from helpers import ...` finds this file.
 
 import json
 import os
+import re
 import signal
 import struct
 import subprocess
@@ -827,3 +828,90 @@ def serve(handler) -> tuple[ThreadingHTTPServer, str]:
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server, f"http://127.0.0.1:{server.server_address[1]}/v1"
+
+
+# ------------------------------------------------------------------------ the docs' commands
+
+# The pages whose commands the tests read: the README, docs/, the configs' comments and the
+# scripts' docstrings.
+DOC_PAGES = [
+    REPO / "README.md",
+    *sorted((REPO / "docs").glob("*.md")),
+    *sorted((REPO / "configs").glob("*.yaml")),
+    *sorted(p for p in REPO.glob("*.py")),
+    *sorted(p for p in REPO.glob("*/*.py") if p.parent.name != "tests"),
+]
+# a command with a shipped config: `python X.py configs/C.yaml [key=value ...]`, `... -m a.b
+# configs/C.yaml ...`, its overrides on the same line or after a backslash line break
+WITH_CONFIG = re.compile(
+    r"(?:\bpython3?|\btorchrun(?:\s+--?[\w-]+(?:[ =](?!-m\b)[^\s-][^\s]*)?)*)\s+"
+    r"(?:-m\s+(?P<module>[A-Za-z_][\w.]*)|(?P<script>[\w/.-]+\.py))\s+(?P<config>configs/[\w.-]+\.yaml)"
+    r"(?P<overrides>(?:[ \t]+(?:\\\n[ \t]*)?[a-z_][\w.]*=[^\s`|]+)*)"
+)
+
+
+# entry points that read another script's config (dialogue.eqbench3 runs evaluate.py's main)
+SCHEMA_OF = {"dialogue/eqbench3.py": "evaluate.py"}
+
+
+def documented_config_commands():
+    """(page, script, config, overrides) of every documented command with a shipped config whose
+    script has a config schema (tools.config_reference.SCRIPTS); `script` as a path (a module's
+    `a/b.py`), the one whose schema the config has (SCHEMA_OF)."""
+    from tools.config_reference import SCRIPTS
+
+    for page in DOC_PAGES:
+        for match in WITH_CONFIG.finditer(page.read_text(encoding="utf-8")):
+            script = match.group("script") or match.group("module").replace(".", "/") + ".py"
+            script = SCHEMA_OF.get(script, script)
+            if script in SCRIPTS:
+                overrides = re.findall(r"[a-z_][\w.]*=[^\s`|]+", match.group("overrides"))
+                yield page, script, match.group("config"), overrides
+
+
+def load_documented_config(script: str, config: str, overrides: list[str]):
+    """A documented command's config, loaded with its overrides as its script loads it."""
+    import importlib
+
+    from config import load_config
+    from tools.config_reference import SCRIPTS
+
+    module = importlib.import_module(script.removesuffix(".py").replace("/", "."))
+    return load_config(REPO / config, overrides, getattr(module, SCRIPTS[script]))
+
+
+# ------------------------------------------------------- a stub of OpenAI's chat completions API
+
+# The request fields OpenAI's Chat Completions API documents (written out here, not read from
+# judge.py: the stub is the oracle), and the models it treats as reasoning models.
+OPENAI_REQUEST_FIELDS = set(
+    """model messages audio frequency_penalty logit_bias logprobs max_completion_tokens max_tokens
+    metadata modalities n parallel_tool_calls prediction presence_penalty reasoning_effort
+    response_format seed service_tier stop store stream stream_options temperature tool_choice tools
+    top_logprobs top_p user verbosity web_search_options""".split()
+)
+OPENAI_REASONING_MODEL = re.compile(r"^(o\d|gpt-5)")
+
+
+def openai_stub_backend(messages, request: dict) -> str:
+    """A judge_server backend that refuses a request as OpenAI's API does (HTTP 400,
+    invalid_request_error): a field it does not know; for a reasoning model, max_tokens, and a
+    temperature or top_p other than 1. Otherwise it answers "ok"."""
+    from judge_server import UnsupportedRequest
+
+    for key in request:
+        if key not in OPENAI_REQUEST_FIELDS:
+            raise UnsupportedRequest(f"Unrecognized request argument supplied: {key}")
+    if OPENAI_REASONING_MODEL.match(str(request.get("model"))):
+        if "max_tokens" in request:
+            raise UnsupportedRequest(
+                "Unsupported parameter: 'max_tokens' is not supported with this model. Use "
+                "'max_completion_tokens' instead."
+            )
+        for key in ("temperature", "top_p"):
+            if request.get(key, 1) != 1:
+                raise UnsupportedRequest(
+                    f"Unsupported value: '{key}' does not support {request[key]} with this "
+                    "model. Only the default (1) value is supported."
+                )
+    return "ok"

@@ -7,15 +7,10 @@ import re
 from pathlib import Path
 
 import pytest
+from helpers import DOC_PAGES as DOCS
+from helpers import documented_config_commands, load_documented_config
 
 REPO = Path(__file__).resolve().parents[1]
-DOCS = [
-    REPO / "README.md",
-    *sorted((REPO / "docs").glob("*.md")),
-    *sorted((REPO / "configs").glob("*.yaml")),
-    *sorted(p for p in REPO.glob("*.py")),
-    *sorted(p for p in REPO.glob("*/*.py") if p.parent.name != "tests"),
-]
 # `python X.py`, `python -m a.b`, `torchrun [options] X.py` / `torchrun [options] -m a.b`
 COMMAND = re.compile(
     r"(?:\bpython3?|\btorchrun(?:\s+--?[\w-]+(?:[ =](?!-m\b)[^\s-][^\s]*)?)*)\s+"
@@ -72,37 +67,17 @@ def test_every_markdown_link_to_a_file_of_the_repository_exists():
     assert not broken, broken
 
 
-# a command with a shipped config: `python X.py configs/C.yaml [key=value ...]`, `... -m a.b
-# configs/C.yaml ...`, its overrides on the same line or after a backslash line break
-WITH_CONFIG = re.compile(
-    r"(?:\bpython3?|\btorchrun(?:\s+--?[\w-]+(?:[ =](?!-m\b)[^\s-][^\s]*)?)*)\s+"
-    r"(?:-m\s+(?P<module>[A-Za-z_][\w.]*)|(?P<script>[\w/.-]+\.py))\s+(?P<config>configs/[\w.-]+\.yaml)"
-    r"(?P<overrides>(?:[ \t]+(?:\\\n[ \t]*)?[a-z_][\w.]*=[^\s`|]+)*)"
-)
-
-
 def test_every_documented_config_loads_against_the_schema_of_the_script_it_is_given_to():
     """A config given to the wrong entry point (a dialogue config to grpo.py) stops at its first
     key, and so does an override the script has no key for: each documented command's config is
     loaded here as its script loads it, with the command's overrides."""
-    import importlib
-
-    from config import ConfigError, load_config
-    from tools.config_reference import SCRIPTS
+    from config import ConfigError
 
     wrong, checked = [], 0
-    for path in DOCS:
-        for match in WITH_CONFIG.finditer(path.read_text(encoding="utf-8")):
-            script = match.group("script") or match.group("module").replace(".", "/") + ".py"
-            if script not in SCRIPTS:
-                continue
-            module = importlib.import_module(script.removesuffix(".py").replace("/", "."))
-            try:
-                overrides = re.findall(r"[a-z_][\w.]*=[^\s`|]+", match.group("overrides"))
-                load_config(
-                    REPO / match.group("config"), overrides, getattr(module, SCRIPTS[script])
-                )
-                checked += 1
-            except ConfigError as e:
-                wrong.append(f"{path.relative_to(REPO)}: {script} {match.group('config')}: {e}")
+    for page, script, config, overrides in documented_config_commands():
+        try:
+            load_documented_config(script, config, overrides)
+            checked += 1
+        except ConfigError as e:
+            wrong.append(f"{page.relative_to(REPO)}: {script} {config}: {e}")
     assert checked > 20 and not wrong, wrong

@@ -857,3 +857,86 @@ def test_care_rubric_rationales_are_optional_for_a_judge_and_required_of_generat
         broken = json.loads(json.dumps(with_why))
         broken["cognitive"]["rationale"] = bad
         assert judge.care_rubric(broken) is None, bad
+
+
+# ----------------------------------------------------------------------------- hosted APIs
+
+
+def test_request_fields_by_endpoint_kind():
+    """By hand: vllm sends everything; openai only OpenAI's fields; openai_reasoning neither the
+    sampling fields reasoning models refuse nor max_tokens, which becomes max_completion_tokens
+    (an explicit max_completion_tokens wins)."""
+    params = {"temperature": 0.3, "top_p": 0.95, "top_k": 20, "max_tokens": 64}
+    params |= {"repetition_penalty": 1.1, "chat_template_kwargs": {"enable_thinking": False}}
+    assert judge.request_fields("vllm", params) == (params, [])
+    assert judge.request_fields("openai", params) == (
+        {"temperature": 0.3, "top_p": 0.95, "max_tokens": 64},
+        ["chat_template_kwargs", "repetition_penalty", "top_k"],
+    )
+    assert judge.request_fields("openai_reasoning", params) == (
+        {"max_completion_tokens": 64},
+        ["chat_template_kwargs", "repetition_penalty", "temperature", "top_k", "top_p"],
+    )
+    explicit = params | {"max_completion_tokens": 4096}
+    assert judge.request_fields("openai_reasoning", explicit)[0] == {"max_completion_tokens": 4096}
+    cfg = JudgeConfig(base_url="https://api.openai.com/v1", model="gpt-4o", kind="openai")
+    assert cfg.not_sent() == (
+        "https://api.openai.com/v1 (gpt-4o, kind openai) is not sent chat_template_kwargs="
+        '{"enable_thinking": false}, top_k=20: its API refuses these fields'
+    )
+    assert JudgeConfig().not_sent() is None
+
+
+def hosted_endpoints(value, sampling=None):
+    """(JudgeConfig as its requests go out) for every hosted endpoint in a loaded config: an
+    evaluated model's `endpoint` with its config's `sampling` (sampling.endpoint_config), any other
+    JudgeConfig as it is."""
+    import dataclasses
+
+    from sampling import SamplingConfig, endpoint_config
+
+    if isinstance(value, JudgeConfig):
+        if value.base_url.startswith("https://"):  # a hosted API, not a server of ours
+            yield value if sampling is None else endpoint_config(value, sampling)
+    elif dataclasses.is_dataclass(value):
+        own = getattr(value, "sampling", None)
+        for f in dataclasses.fields(value):
+            child = getattr(value, f.name)
+            given = own if f.name == "endpoint" and isinstance(own, SamplingConfig) else None
+            yield from hosted_endpoints(child, given)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from hosted_endpoints(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from hosted_endpoints(item)
+
+
+def test_every_documented_hosted_command_sends_a_request_openais_api_accepts():
+    """Every documented command whose config (or overrides) names a hosted endpoint (OpenAI's, o3,
+    gpt-5 and gpt-5-mini among them, and DeepSeek's, which takes OpenAI's fields): its request, as
+    the script would build it, sent to a stub that refuses what OpenAI's API refuses, is answered
+    (was: Social-R1's GPT-4o row sent top_k, EmoLLM's proprietary rows top_k and
+    repetition_penalty, the o3 teacher max_tokens)."""
+    from helpers import documented_config_commands, load_documented_config, openai_stub_backend
+
+    sent, refused = set(), []
+    with JudgeServer(openai_stub_backend).start() as server:
+        for page, script, config, overrides in documented_config_commands():
+            cfg = load_documented_config(script, config, overrides)
+            for endpoint in hosted_endpoints(cfg):
+                request = endpoint.sampling_params(512)
+                try:
+                    judge.chat(
+                        [{"role": "user", "content": "hi"}],
+                        base_url=server.url,
+                        model=endpoint.model,
+                        retries=0,
+                        **request,
+                    )
+                    sent.add((config, endpoint.model))
+                except JudgeError as e:
+                    refused.append(f"{page.name}: {config} {' '.join(overrides)}: {e}")
+    assert not refused, refused
+    models = {model for _, model in sent}
+    assert {"gpt-4o", "gpt-5-mini", "o3", "gpt-5", "deepseek-v4-flash"} <= models, sent
