@@ -59,6 +59,7 @@ from data import (
 )
 from dataset import load_jsonl
 from judge import (
+    STAND_IN,
     JudgeCall,
     JudgeConfig,
     JudgeError,
@@ -1095,6 +1096,15 @@ def accuracy_table(evals: list[dict]) -> str:
             f"{', '.join(judged)}: the judge's rubric score (0-100) over the role-play scenarios, "
             "not an accuracy, and not in the average."
         )
+        stand_in = [
+            e["name"]
+            for e in evals
+            if any(e["sets"].get(n, {}).get("judge") == STAND_IN for n in judged)
+        ]
+        if stand_in:
+            lines[0] += (
+                f" (rubric scores of {', '.join(stand_in)}: the rules stand-in, not a judge)"
+            )
     lines += [line for note in notes for line in ("", note)]
     for name in sets:
         lines += _breakdown_table(name, evals)

@@ -83,6 +83,7 @@ OPENAI_REASONING_REFUSED = frozenset(
     "temperature top_p presence_penalty frequency_penalty logprobs top_logprobs logit_bias".split()
 )
 EndpointKind = Literal["vllm", "openai", "openai_reasoning"]
+STAND_IN = "rules"  # the model name judge_server.py's rules backend serves
 
 
 def request_fields(kind: EndpointKind, params: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
@@ -133,6 +134,11 @@ class JudgeConfig:
     # Extra or overriding request fields; a value of None drops a field, e.g. {top_k: null,
     # chat_template_kwargs: null} for a hosted API that rejects the fields vLLM accepts.
     sampling: dict[str, Any] = field(default_factory=dict)
+
+    def is_stand_in(self) -> bool:
+        """Whether this is the local rules server (`judge_server.py --backend rules`, which serves
+        the model name "rules"): scripted answers and scores, not a judge."""
+        return self.model == STAND_IN
 
     def read_api_key(self) -> str | None:
         if self.api_key_env is None:

@@ -358,6 +358,7 @@ def judged_entries(cfg: EvalConfig, sets: list[EvalSet], out: Path) -> dict:
             "domain": None,
             "decoding": dataclasses.asdict(cfg.sampling) | {"n_samples": cfg.n_samples},
             "rubric_score": mean_sd(runs),
+            "judge": cfg.judge.model,
             **numbers,
             "criteria": {c: mean_sd(v) for c, v in numbers["criteria"].items()},
         }

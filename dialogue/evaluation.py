@@ -45,6 +45,7 @@ from dialogue.play import (
 )
 from judge import (
     RESPONSE_QUALITY_DIMENSIONS,
+    STAND_IN,
     TURN_QUALITY_KEYS,
     JudgeCall,
     JudgeConfig,
@@ -363,9 +364,16 @@ def markdown_table(summary: dict) -> str:
 
     heads = [head for _, head, _ in METRICS]
     sets = summary.get("test_sets", {})
+    judges = summary["judges"]
+    title = (
+        f"### Dialogue evaluation, mean ± SD over {len(summary['runs'])} runs: judge "
+        f"{judges['judge']}, user simulator {judges['simulator']}"
+    )
+    if STAND_IN in judges.values():
+        title += " (the RULES STAND-IN: scripted scores and user, not a judge)"
     rows = [row(f"{summary['name']}: {n}", s["metrics"]) for n, s in sets.items()]
     rows.append(row(summary["name"] + (": all" if sets else ""), summary["metrics"]))
-    lines = [f"| Model | {' | '.join(heads)} |", "|---" * (len(heads) + 1) + "|", *rows]
+    lines = [title, "", f"| Model | {' | '.join(heads)} |", "|---" * (len(heads) + 1) + "|", *rows]
     if summary.get("response_quality"):  # Figure 6
         cells = [_cell(summary["response_quality"][d], 2) for d in RESPONSE_QUALITY_DIMENSIONS]
         lines += [
@@ -436,6 +444,10 @@ def evaluate_dialogues(cfg: DialogueEvalConfig) -> dict:
         "name": cfg.name or out.resolve().name,
         "model": evaluate.model_identity(cfg),
         "n_scenarios": len(scenarios),
+        "judges": {
+            "judge": cfg.judge.model,
+            "simulator": (cfg.dialogue.simulator or cfg.judge).model,
+        },
         "metrics": {key: evaluate.mean_sd([run[key] for run in runs]) for key, _, _ in METRICS},
         "response_quality": {
             d: evaluate.mean_sd([run["response_quality"][d] for run in runs])

@@ -965,16 +965,18 @@ def test_each_test_set_has_its_row_and_the_row_over_all_follows(tmp_path):
             "care": False,
             "dialogue": {"max_turns": 2},
             "sampling": {"max_new_tokens": 64},
-            "judge": {"base_url": judge_cfg.base_url, "retries": 0},
+            "judge": {"base_url": judge_cfg.base_url, "retries": 0, "model": "rules"},
         }
         summary = evaluate_dialogue.evaluate_dialogues(load_config_dict(tmp_path, config))
+    title = (tmp_path / "out" / "table.md").read_text().splitlines()[0]
+    assert title.endswith("(the RULES STAND-IN: scripted scores and user, not a judge)"), title
     sets = summary["test_sets"]
     assert {n: s["n_scenarios"] for n, s in sets.items()} == {"kind": 2, "cold": 4}
     assert sets["kind"]["metrics"]["success_rate"]["mean"] == 100
     assert sets["kind"]["metrics"]["avg_turns"]["mean"] == 1
     assert sets["cold"]["metrics"]["success_rate"]["mean"] == 0
     assert summary["metrics"]["success_rate"]["mean"] == pytest.approx(100 * 2 / 6)
-    rows = (tmp_path / "out" / "table.md").read_text().splitlines()[2:]
+    rows = (tmp_path / "out" / "table.md").read_text().splitlines()[4:]
     assert [r.split(" | ")[0:2] for r in rows] == [
         ["| m: kind", "100.0"],
         ["| m: cold", "0.0"],
@@ -1012,7 +1014,7 @@ def test_a_served_policys_output_tokens_are_counted_with_the_given_tokenizer(bas
     assert turns and all(t["output_tokens"] == 4 for t in turns)
     assert found["counted"]["metrics"]["output_tokens"]["mean"] == 4
     assert found["unknown"]["metrics"]["output_tokens"]["mean"] is None
-    assert (tmp_path / "unknown" / "table.md").read_text().splitlines()[2].endswith(" – |")
+    assert (tmp_path / "unknown" / "table.md").read_text().splitlines()[4].endswith(" – |")
 
 
 def test_response_quality_rates_each_reply_on_figure_6s_six_dimensions(tmp_path):
@@ -1044,6 +1046,10 @@ def test_response_quality_rates_each_reply_on_figure_6s_six_dimensions(tmp_path)
     assert found == dict.fromkeys(RESPONSE_QUALITY_DIMENSIONS, 2.0) | {"fluency": 4.0}
     table = (tmp_path / "out" / "table.md").read_text().splitlines()
     assert table[-1] == "| m | 2.00 | 2.00 | 2.00 | 2.00 | 4.00 | 2.00 |"
+    # a served judge: the title names it, and nothing says stand-in
+    assert table[0] == (
+        "### Dialogue evaluation, mean ± SD over 1 runs: judge judge, user simulator judge"
+    )
 
 
 def load_config_dict(tmp_path, raw: dict):
@@ -1192,3 +1198,27 @@ def test_bad_dialogue_inputs_are_one_line(base, tmp_path, capsys):
         "'reward.name': emollm trains on role-played dialogues: run `python -m dialogue.rl`"
         in capsys.readouterr().err
     )
+
+
+def test_the_documented_emollm_and_care_evaluations_name_the_papers_judges():
+    """EmoLLM judges and role-plays the user with gpt-5-mini (D.3); CARE scores EQBench3 with
+    DeepSeek-V4-Pro, Gemini-2.5-Pro and GPT-5.5: every documented dialogue evaluation, and every
+    EQBench3 evaluation of CARE's rows, names such a judge with its key's variable, not the rules
+    stand-in or an unnamed local server."""
+    from helpers import documented_config_commands, load_documented_config
+
+    care_judges = {"deepseek-v4-pro", "gemini-2.5-pro", "gpt-5.5"}
+    seen = {"emollm": 0, "care": 0}
+    for page, script, config, overrides in documented_config_commands():
+        cfg = load_documented_config(script, config, overrides)
+        where = f"{page.name}: {config} {' '.join(overrides)}"
+        if script == "dialogue/evaluation.py":
+            simulator = cfg.dialogue.simulator or cfg.judge
+            assert (cfg.judge.model, simulator.model) == ("gpt-5-mini",) * 2, where
+            assert cfg.judge.api_key_env, where
+            seen["emollm"] += 1
+        elif page.name == "paper-configs.md" and "eval_benchmarks" in config:
+            if any(o.startswith("judge.") for o in overrides):
+                assert cfg.judge.model in care_judges and cfg.judge.api_key_env, where
+                seen["care"] += 1
+    assert seen["emollm"] >= 3 and seen["care"] >= 2, seen

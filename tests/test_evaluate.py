@@ -1453,3 +1453,12 @@ def test_f1_figure_labels_coinciding_points_once_and_keeps_f1_in_its_range():
     assert ev.f1_limits(-0.06, 0.06) == (0.0, 10.0)  # all F1 zero: a readable 0-10% axis
     assert ev.f1_limits(35.0, 62.0) == (35.0, 62.0)
     assert ev.f1_limits(-3.0, 104.0) == (0.0, 100.0)
+
+
+def test_a_rubric_judged_by_the_rules_stand_in_says_so_in_the_tables_title():
+    judged = {"kind": "eqbench3", "n_items": 2, "decoding": {"n_samples": 1}, "unscored": [0]}
+    judged |= {"rubric_score": {"mean": 0.5, "sd": None}}
+    for judge, said in (("rules", True), ("deepseek-v4-pro", False)):
+        table = ev.accuracy_table([{"name": "m", "sets": {"EQBench3": judged | {"judge": judge}}}])
+        title = table.splitlines()[0]
+        assert ("(rubric scores of m: the rules stand-in, not a judge)" in title) == said, title
