@@ -135,11 +135,6 @@ class JudgeConfig:
     # chat_template_kwargs: null} for a hosted API that rejects the fields vLLM accepts.
     sampling: dict[str, Any] = field(default_factory=dict)
 
-    def is_stand_in(self) -> bool:
-        """Whether this is the local rules server (`judge_server.py --backend rules`, which serves
-        the model name "rules"): scripted answers and scores, not a judge."""
-        return self.model == STAND_IN
-
     def read_api_key(self) -> str | None:
         if self.api_key_env is None:
             return None
