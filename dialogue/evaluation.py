@@ -15,6 +15,7 @@ import random
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import evaluate
 import judge
@@ -22,6 +23,7 @@ import rewards
 from config import (
     ConfigError,
     atomic_write_text,
+    bounded,
     load_config,
     open_log,
     parse_cli,
@@ -106,6 +108,9 @@ class DialogueEvalConfig:
     device: str | None = None
     dtype: str | None = None
     runs: int = 3  # EmoLLM D.3: results averaged over three runs
+    # EmoLLM's Best-of-N baseline (E.2): N replies a turn, each answered by the simulator and rated
+    # by the turn judge; the one of highest EA goes on (best_of_n). 1: the policy's first reply
+    best_of: int = bounded(1, ge=1)
     seed: int = 0
     care: bool = True  # also CARE's rubric score (a rubric and a scoring call per turn)
     # also EmoLLM's Figure 6: each reply rated on six dimensions, 1-5 (one more call per turn)
@@ -130,6 +135,8 @@ def dialogue_metrics(episodes: list[dict]) -> dict:
       (`fa_turns`: how many there are);
     - CARE: the rubric score (rewards.care_score, 0-1) over all turns;
     - Tokens: the policy's output tokens per turn (EmoLLM's Table 7), over the turns counted;
+    - Tokens/conv.: the policy's output tokens per episode, over the episodes whose every turn is
+      counted (Table 7's per conversation);
     - response_quality: each of Figure 6's six dimensions (1-5) over the turns rated.
     A judgement that is missing leaves its episode or turn out of that metric (SR and AT: an episode
     whose success turn cannot be told), and is counted in `unjudged`. Every metric is None when
@@ -166,6 +173,13 @@ def dialogue_metrics(episodes: list[dict]) -> dict:
         "output_tokens": mean(
             [t["output_tokens"] for t in turns if t["output_tokens"] is not None]
         ),
+        "conversation_tokens": mean(
+            [
+                sum(t["output_tokens"] for t in e["turns"])
+                for e in episodes
+                if e["turns"] and all(t["output_tokens"] is not None for t in e["turns"])
+            ]
+        ),
         "response_quality": {
             d: mean([t["dimensions"][d] for t in turns if t["dimensions"] is not None])
             for d in RESPONSE_QUALITY_DIMENSIONS
@@ -187,6 +201,36 @@ def output_tokens(turn: PolicyTurn, tok) -> int | None:
     if turn.completion:
         return len(turn.completion) - (not turn.truncated)
     return None if tok is None else len(tok.encode(turn.text, special_tokens=False))
+
+
+def best_of_n(cfg: DialogueEvalConfig) -> Callable[[list[Episode], list[list]], list[int]]:
+    """play()'s `choose` for Best-of-N: each candidate rated by the same turn judge the metrics use
+    (its reply and the simulator's follow-up), the highest empathic appropriateness picked, the
+    earliest among equals; a candidate without a rating (no follow-up, a failed call) ranks last."""
+
+    def choose(live: list[Episode], drawn: list[list]) -> list[int]:
+        asks = [
+            (
+                turn_quality_request(
+                    e.start.scenario.scenario, list(e.state.history), r.reply, r.follow_up
+                ),
+                parse_turn_quality,
+            )
+            for e, replies in zip(live, drawn)
+            for r in replies
+            if r.follow_up is not None
+        ]
+        ratings = iter(judge.ask(asks, cfg.judge)[0])
+        picks = []
+        for replies in drawn:
+            ea = []
+            for r in replies:
+                rating = next(ratings) if r.follow_up is not None else None
+                ea.append(-1.0 if rating is None else rating["ea"])
+            picks.append(ea.index(max(ea)))
+        return picks
+
+    return choose
 
 
 def judge_episodes(episodes: list[Episode], cfg: DialogueEvalConfig, tok=None) -> list[dict]:
@@ -325,7 +369,7 @@ def read_episodes(path) -> list[dict]:
 def _generation_identity(cfg: DialogueEvalConfig) -> dict:
     return {
         key: dataclasses.asdict(cfg)[key]
-        for key in ("checkpoint", "adapter", "endpoint", "seed", "sampling", "dialogue")
+        for key in ("checkpoint", "adapter", "endpoint", "seed", "sampling", "dialogue", "best_of")
     }
 
 
@@ -345,6 +389,7 @@ METRICS = (
     ("fa", "FA (%)", 1),
     ("care", "CARE", 3),
     ("output_tokens", "Tokens", 1),
+    ("conversation_tokens", "Tokens/conv.", 1),
 )
 
 
@@ -427,7 +472,13 @@ def evaluate_dialogues(cfg: DialogueEvalConfig) -> dict:
         respond = respond or _policy(cfg)
         seed = random.Random(f"{cfg.seed}/run{run}").getrandbits(63)
         episodes, _ = play(
-            respond, scenarios, cfg.dialogue, cfg.dialogue.simulator or cfg.judge, 1, seed
+            respond,
+            scenarios,
+            cfg.dialogue,
+            cfg.dialogue.simulator or cfg.judge,
+            cfg.best_of,
+            seed,
+            best_of_n(cfg) if cfg.best_of > 1 else None,
         )
         done[run] = [record | {"run": run} for record in judge_episodes(episodes, cfg, tok)]
         with open_log(out / EPISODES) as f:  # a run's episodes at once: a run is whole or absent

@@ -349,6 +349,7 @@ def play(
     simulator: JudgeConfig,
     candidates: int = 1,
     seed: int = 0,
+    choose: Callable[[list[Episode], list[list[PolicyTurn]]], list[int]] | None = None,
 ) -> tuple[list[Episode], dict]:
     """Play an episode from each start state, all at once, until every one has ended (see the module
     docstring); every turn draws `candidates` replies per live episode in one `respond` call, then
@@ -356,8 +357,9 @@ def play(
     its own user reply before the turn rewards). The episode goes on with candidate 0 and its reply:
     the candidates are exchangeable draws, so the first is a random one and the episode visits the
     states the policy itself reaches; taking the best-judged would need the turn's rewards before
-    the next turn and steer later states toward what the judge already favours. Returns the episodes
-    and the simulator's call statistics."""
+    the next turn and steer later states toward what the judge already favours. `choose(live,
+    drawn)`, when given, picks each live episode's candidate instead (an evaluation's Best-of-N),
+    which is then put first. Returns the episodes and the simulator's call statistics."""
     episodes = [Episode(start, start) for start in starts]
     live, stats = list(episodes), {}
     while live:
@@ -376,9 +378,13 @@ def play(
         messages, asked = judge.ask([(call, parse_user_turn) for call in calls], simulator)
         add_stats(stats, asked)
         answers = iter(messages)
-        for episode, replies in zip(live, drawn):
+        for replies in drawn:
             for reply in replies:
                 reply.follow_up = next(answers)
+        if choose is not None:
+            picks = choose(live, drawn)
+            drawn = [[r[k], *r[:k], *r[k + 1 :]] for r, k in zip(drawn, picks)]
+        for episode, replies in zip(live, drawn):
             episode.turns.append(EpisodeTurn(episode.state, replies))
             episode.state = episode.state.then("assistant", replies[0].reply)
             message = replies[0].follow_up

@@ -872,7 +872,7 @@ def test_evaluation_runs_judges_resumes_and_writes_its_table(base, tmp_path, cap
     ]
     assert summary["metrics"]["ea"]["mean"] == pytest.approx((runs[0]["ea"] + runs[1]["ea"]) / 2)
     assert (
-        "| Model | SR (%) | AT | ES | EG/Turn | EA | FA (%) | CARE | Tokens |"
+        "| Model | SR (%) | AT | ES | EG/Turn | EA | FA (%) | CARE | Tokens | Tokens/conv. |"
         in (tmp_path / "out" / "table.md").read_text()
     )
     # in-process, a turn's output tokens are its sampled ids: at most max_new_tokens
@@ -1014,7 +1014,13 @@ def test_a_served_policys_output_tokens_are_counted_with_the_given_tokenizer(bas
     assert turns and all(t["output_tokens"] == 4 for t in turns)
     assert found["counted"]["metrics"]["output_tokens"]["mean"] == 4
     assert found["unknown"]["metrics"]["output_tokens"]["mean"] is None
-    assert (tmp_path / "unknown" / "table.md").read_text().splitlines()[4].endswith(" – |")
+    assert (tmp_path / "unknown" / "table.md").read_text().splitlines()[4].endswith(" – | – |")
+    # per conversation (Table 7): four tokens times the episode's assistant turns, averaged by hand
+    episodes = read_jsonl(tmp_path / "counted" / "episodes.jsonl")
+    per_episode = [4 * len(e["turns"]) for e in episodes]
+    assert found["counted"]["metrics"]["conversation_tokens"]["mean"] == pytest.approx(
+        sum(per_episode) / len(per_episode)
+    )
 
 
 def test_response_quality_rates_each_reply_on_figure_6s_six_dimensions(tmp_path):
@@ -1222,3 +1228,26 @@ def test_the_documented_emollm_and_care_evaluations_name_the_papers_judges():
                 assert cfg.judge.model in care_judges and cfg.judge.api_key_env, where
                 seen["care"] += 1
     assert seen["emollm"] >= 3 and seen["care"] >= 2, seen
+
+
+def test_best_of_n_goes_on_with_the_reply_the_turn_judge_rates_highest():
+    """EmoLLM's Best-of-N (E.2): three replies a turn (cold, kind, slow), each answered by the
+    simulator and rated by the turn judge (the rules stand-in: EA = 1 + comfort words, so 1, 4 and
+    2); the kind one goes on, put first, and the scripted user thanks at once. The policy's first
+    reply (best_of 1) is the cold one, which never eases the user."""
+    styles = ["cold", "kind", "slow"]
+    respond = scripted(lambda row, chat: styles[row % 3])
+    with serving() as judge_cfg:
+        cfg = evaluate_dialogue.DialogueEvalConfig("out", [], judge=judge_cfg, best_of=3)
+        starts = [dialogue.as_state(scenario("kind"))]
+        settings = DialogueSettings(max_turns=2)
+        (best,), _ = dialogue.play(
+            respond, starts, settings, judge_cfg, 3, 0, evaluate_dialogue.best_of_n(cfg)
+        )
+        (first,), _ = dialogue.play(respond, starts, settings, judge_cfg, 3, 0)
+    assert [c.reply for c in best.turns[0].candidates] == [
+        STYLES[s] for s in ("kind", "cold", "slow")
+    ]
+    assert (best.ended_by, len(best.turns)) == ("user", 1)
+    assert first.turns[0].candidates[0].reply == STYLES["cold"]
+    assert (first.ended_by, len(first.turns)) == ("turn limit", 2)
