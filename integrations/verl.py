@@ -126,6 +126,8 @@ def verl_overrides(cfg, train_parquet: str) -> list[str]:
     reward function. verl loads that function from this file's path: run verl with the repository
     on PYTHONPATH."""
     r, loss, optim = cfg.rollout, cfg.loss, cfg.optim
+    if loss.adv_std != "unbiased":
+        raise ConfigError("'loss.adv_std': verl's GRPO divides by the unbiased std only")
     # verl's schedulers warm up from 0; they hold (constant) or decay (cosine), not both: the hold
     # when the run ends inside it, else the cosine from the warm-up's end to lr_floor
     schedule = "constant" if cfg.updates <= optim.hold_until else "cosine"
@@ -143,7 +145,7 @@ def verl_overrides(cfg, train_parquet: str) -> list[str]:
     }
     return [
         "algorithm.adv_estimator=grpo",
-        f"algorithm.norm_adv_by_std_in_grpo={loss.adv_std == 'unbiased'}",
+        "algorithm.norm_adv_by_std_in_grpo=True",
         f"data.train_files={train_parquet}",
         f"data.train_batch_size={r.prompts_per_update}",
         f"data.max_response_length={r.max_new_tokens}",
@@ -225,7 +227,11 @@ def main(argv=None) -> None:
         import grpo
 
         cfg = parse_cli(grpo.GRPOConfig, argv[2:])
-        words = [f"'{w}'" for w in verl_overrides(cfg, argv[1])]
+        try:
+            words = [f"'{w}'" for w in verl_overrides(cfg, argv[1])]
+        except ConfigError as e:
+            print(f"error: {argv[2]}: {e}", file=sys.stderr)
+            raise SystemExit(2) from None
         print(" \\\n    ".join(["python -m verl.trainer.main_ppo", *words]))
     else:
         print(__doc__.split("\n\n")[1].strip(), file=sys.stderr)

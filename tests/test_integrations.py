@@ -151,17 +151,70 @@ def test_grpo_py_configs_map_to_trls_settings():
     assert eight["steps_per_generation"] == eight["gradient_accumulation_steps"]
 
 
-def test_a_grpo_py_config_trains_through_trl(tmp_path):
-    """`python -m integrations.trl CONFIG`: two updates of grpo.py's tiny config, the LoRA saved."""
+def test_a_grpo_py_config_trains_through_trl(tmp_path, capsys):
+    """`python -m integrations.trl CONFIG save_merged=true log_completions=false`: two updates of
+    grpo.py's tiny config; grpo.py's end line; adapter/ with its lineage; merged/ a checkpoint
+    our model loads with the logits transformers + peft give the base with adapter/; no
+    completions logged."""
     pytest.importorskip("trl")
-    pytest.importorskip("peft")
+    peft = pytest.importorskip("peft")
+    transformers = pytest.importorskip("transformers")
+    import model as M
+    from checkpoint import read_lineage
     from integrations import trl as plug
 
     base, examples = grpo_checkpoint(tmp_path / "base"), write_examples(tmp_path / "ex.jsonl")
     with JudgeServer(rules_backend).start() as server:
         config = run_config(tmp_path, (base, examples), server.url, updates=2)
-        plug.main([str(config), "rollout.max_new_tokens=4"])
-    assert (tmp_path / "run" / "adapter" / "adapter_config.json").is_file()
+        plug.main(
+            [str(config), "rollout.max_new_tokens=4", "save_merged=true", "log_completions=false"]
+        )
+    run = tmp_path / "run"
+    assert capsys.readouterr().out.splitlines()[-1].startswith(f"done: {run / 'adapter'}: trained ")
+    assert read_lineage(run / "adapter") == {"base": str(base.resolve()), "sft_adapter": None}
+    assert [m["step"] for m in read_jsonl(run / "metrics.jsonl")] == [1, 2]
+    assert read_jsonl(run / "completions.jsonl") == []
+    ids = torch.tensor([[1, 5, 6, 7, 8, 9]])
+    hf = transformers.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    hf = peft.PeftModel.from_pretrained(hf, run / "adapter").eval()
+    merged = M.Qwen.from_pretrained(run / "merged", dtype=torch.float32)
+    with torch.no_grad():
+        assert torch.allclose(merged(ids), hf(ids).logits, atol=1e-5)
+        with hf.disable_adapter():
+            assert not torch.allclose(merged(ids), hf(ids).logits, atol=1e-5)  # it trained
+
+
+@pytest.mark.slow
+def test_a_trl_run_resumes_from_its_newest_checkpoint_with_its_logs_trimmed(tmp_path, capsys):
+    """A TRL run of 2 updates loses its last checkpoint (as a kill before it was written would):
+    the same command resumes from checkpoint-1 through TRL, metrics.jsonl and completions.jsonl
+    trimmed to update 1, so each update is logged once, and ends as a run that did its work."""
+    pytest.importorskip("trl")
+    pytest.importorskip("peft")
+    import shutil
+
+    from integrations import trl as plug
+
+    base, examples = (
+        grpo_checkpoint(tmp_path / "base", seed=2),
+        write_examples(tmp_path / "ex.jsonl"),
+    )
+    run = tmp_path / "run"
+    with JudgeServer(rules_backend).start() as server:
+        config = run_config(tmp_path, (base, examples), server.url, updates=2)
+        argv = [str(config), "rollout.max_new_tokens=8", "rollout.group_size=8"]
+        plug.main(argv)
+        first = read_jsonl(run / "completions.jsonl")
+        shutil.rmtree(run / "checkpoint-2")
+        capsys.readouterr()
+        plug.main(argv)
+    out = capsys.readouterr().out.splitlines()
+    assert f"resuming from {run / 'checkpoint-1'} (update 1 of 2)" in out
+    assert out[-1].startswith(f"done: {run / 'adapter'}: ")
+    assert [m["step"] for m in read_jsonl(run / "metrics.jsonl")] == [1, 2]
+    again = read_jsonl(run / "completions.jsonl")
+    assert [c["step"] for c in again] == [1] * 16 + [2] * 16
+    assert again[:16] == first[:16]  # update 1 kept as it was
 
 
 def test_trls_schedule_is_warmup_hold_cosine_at_every_optimizer_step():
@@ -333,6 +386,7 @@ def test_the_trl_route_stops_before_any_model_loads_on_a_judge_nobody_serves(
         ("output_dir", "{base}", "is, holds or sits inside model.path"),
         ("output_dir", "{base}/run", "is, holds or sits inside model.path"),
         ("output_dir", "{base_parent}", "is, holds or sits inside model.path"),
+        ("loss.adv_std", "population", "TRL divides by the unbiased std only"),
     ],
 )
 def test_the_trl_route_checks_its_inputs_before_any_model_loads(
@@ -431,6 +485,22 @@ def test_a_trl_run_whose_rewards_never_differ_in_a_group_ends_non_zero(
     assert stop.value.code == 1
     assert capsys.readouterr().err.splitlines()[-1] == (
         f"error: the run trained nothing: {summary}; {run / 'adapter'} holds the starting model"
+    )
+
+
+def test_verls_overrides_refuse_a_std_verl_cannot_divide_by(tmp_path, capsys):
+    """loss.adv_std=population (EmoLLM's): verl's GRPO divides by the unbiased std or by nothing,
+    so the command refuses in one line, exit 2 (was: norm_adv_by_std_in_grpo=False printed, exit
+    0: no std at all)."""
+    from integrations import verl as plug
+
+    config = str(REPO / "configs" / "clue_qwen3_5_9b.yaml")
+    with pytest.raises(SystemExit) as stop:
+        plug.main(["overrides", "train.parquet", config, "loss.adv_std=population"])
+    captured = capsys.readouterr()
+    assert stop.value.code == 2 and captured.out == ""
+    assert captured.err == (
+        f"error: {config}: 'loss.adv_std': verl's GRPO divides by the unbiased std only\n"
     )
 
 
