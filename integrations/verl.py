@@ -51,8 +51,6 @@ def verl_rows(paths: list[str]) -> list[dict]:
     a bad line, raises DataError naming it."""
     rows = []
     for path in paths:
-        if not Path(path).is_file():
-            raise DataError(f"{path}: file not found")
         examples = load_jsonl(path)
         if not examples:
             raise DataError(f"{path}: no examples (the file is empty)")

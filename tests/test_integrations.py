@@ -546,7 +546,7 @@ def test_verls_parquet_writes_every_example_and_leaves_no_temporary(tmp_path, ca
             "output is an input",
             "'output': {tmp}/a.parquet is also 'input': name another file to write",
         ),
-        ("missing file", "{tmp}/missing.jsonl: file not found"),
+        ("missing file", "{tmp}/missing.jsonl: no such data file"),
         ("bad line", "{tmp}/bad.jsonl:2: "),
         ("folder as output", "'output': {tmp}/verl is a folder; name the file to write"),
         ("empty input", "{tmp}/empty.jsonl: no examples (the file is empty)"),
