@@ -311,13 +311,17 @@ def load_config(path, overrides, schema):
 
 def parse_cli(schema, argv=None):
     """`script.py config.yaml [key=value ...]` -> the config; a bad config exits with one error
-    line. `--help` lists the schema's top-level keys and points to docs/config-reference.md."""
+    line. `--help` lists the schema's top-level keys and points to docs/config-reference.md, to
+    the section of the script that defines the schema (integrations/trl.py reads grpo.py's)."""
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help"):
         # `python -m folder.script` runs a script of a folder: its section is folder/script.py
         spec = getattr(sys.modules["__main__"], "__spec__", None)
         command = f"python -m {spec.name}" if spec else Path(sys.argv[0]).name
-        section = spec.name.replace(".", "/") + ".py" if spec else Path(sys.argv[0]).name
+        module = spec.name if spec else Path(sys.argv[0]).stem
+        if schema.__module__ != "__main__":
+            module = schema.__module__
+        section = module.replace(".", "/") + ".py"
         keys = ", ".join(f.name for f in dataclasses.fields(schema) if f.init)
         print(
             f"usage: {command} config.yaml [key=value ...]\ntop-level keys: {keys}\nevery key "

@@ -46,7 +46,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Literal, NoReturn
 
 import torch
 
@@ -997,6 +997,32 @@ def run_summary(records: list[dict]) -> tuple[int, str]:
     )
 
 
+def unscored_stop(streak: int, metrics: dict, cause: str, out_dir) -> NoReturn:
+    """The stop after `streak` updates in a row that trained nothing for want of rewards (the last
+    one's metrics line `metrics`, `cause` from unscored_cause), its checkpoint saved: one line, exit
+    1."""
+    print0(
+        f"error: {streak} updates in a row trained nothing (filtering.max_unscored_updates), the "
+        f"last update {metrics['step']}: rewards were missing in {metrics['groups/unscored']} of "
+        f"{metrics['groups/total']} groups; {cause}. Checkpoint saved: the same command resumes "
+        f"from {out_dir}",
+        file=sys.stderr,
+    )
+    raise SystemExit(1)
+
+
+def end_line(final, trained_tokens: int, summary: str) -> None:
+    """A run's last line (`summary` from run_summary; `final` the saved model): done, or, when the
+    run trained no token at all, an error and exit 1."""
+    if not trained_tokens:
+        print0(
+            f"error: the run trained nothing: {summary}; {final} holds the starting model",
+            file=sys.stderr,
+        )
+        raise SystemExit(1)
+    print0(f"done: {final}: {summary}")
+
+
 def train(cfg: GRPOConfig, examples: list, sampler_for=rollout_sampler) -> None:
     """The run: `updates` updates of the six steps (module docstring), checkpoints, the final model.
     `sampler_for(cfg, policy, tok, ranks, out_dir)` builds the run's sampler (an extension's own:
@@ -1113,15 +1139,7 @@ def train(cfg: GRPOConfig, examples: list, sampler_for=rollout_sampler) -> None:
             if done % cfg.save_every == 0 or done == cfg.updates or stopping or give_up:
                 save(done, source.cursor, unscored_streak)
             if give_up:
-                print0(
-                    f"error: {unscored_streak} updates in a row trained nothing (filtering."
-                    f"max_unscored_updates), the last update {done}: rewards were missing in "
-                    f"{metrics['groups/unscored']} of {metrics['groups/total']} groups; "
-                    f"{unscored_cause(reports)}. Checkpoint saved: the same command resumes "
-                    f"from {out_dir}",
-                    file=sys.stderr,
-                )
-                raise SystemExit(1)
+                unscored_stop(unscored_streak, metrics, unscored_cause(reports), out_dir)
             if stopping:
                 print0(f"stopped after update {done}; `resume: auto` continues from {out_dir}")
                 return
@@ -1155,13 +1173,21 @@ def train(cfg: GRPOConfig, examples: list, sampler_for=rollout_sampler) -> None:
     if ranks.main and cfg.save_merged:
         with atomic_folder(out_dir / "merged") as tmp:
             save_merged(policy, tok, tmp)
-    if not trained_tokens:
-        print0(
-            f"error: the run trained nothing: {summary}; {final} holds the starting model",
-            file=sys.stderr,
-        )
-        raise SystemExit(1)
-    print0(f"done: {final}: {summary}")
+    end_line(final, trained_tokens, summary)
+
+
+def start_up(cfg, config_path: str, check=check_inputs, probes=judge_probes) -> list:
+    """The examples of a run, once `check` has passed its inputs (before any model loads) and each
+    endpoint of `probes` has answered a real request (judge.probe): every trainer entry point
+    starts here (integrations/trl.py too). A failure ends the command with one line, exit 2."""
+    try:
+        examples = check(cfg, config_path)
+        for key, endpoint, call in probes(cfg, examples):
+            judge_probe(call, endpoint, key)
+    except (ConfigError, data.DataError, JudgeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    return examples
 
 
 def main(
@@ -1177,13 +1203,7 @@ def main(
     (dialogue/rl.py, reward_models/social_r1.py)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     cfg = parse_cli(config_class, argv)
-    try:
-        examples = check(cfg, argv[0])
-        for key, endpoint, call in probes(cfg, examples):
-            judge_probe(call, endpoint, key)
-    except (ConfigError, data.DataError, JudgeError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
+    examples = start_up(cfg, argv[0], check, probes)
     try:
         train(cfg, examples, sampler_for)
     # a refused key; vLLM at start-up (down, other weights, no adapter); a checkpoint of

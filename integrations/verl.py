@@ -1,21 +1,26 @@
 """This project's rewards and data inside verl, for runs across many nodes (docs/scale.md).
 
-    python -m integrations.verl parquet data/tombench_hard_train.jsonl data/verl/train.parquet
+    python -m integrations.verl parquet [--overwrite] EXAMPLES.jsonl [...] OUT.parquet
     python -m integrations.verl overrides data/verl/train.parquet \
         configs/social_r1_qwen3_8b_no_content.yaml [key=value ...]   # verl's command
 
 `parquet` writes our examples in verl's dataset layout: `data_source` (clue-mini/<task>), `prompt`
 (the task's chat messages), `ability` (the task), `reward_model` ({"style": "rule",
 "ground_truth": the gold labels as JSON}) and `extra_info` ({"index", "example": the example as
-JSON}). `overrides` prints the Hydra overrides that carry a grpo.py config's settings into
-`python -m verl.trainer.main_ppo` (group size, batch, lengths, LR, KL, clip range, aggregation, the
-reward and its parameters, the judge), with `compute_score` below as the custom reward function of
-verl's batch reward manager.
+JSON}). Every input is read and checked first; the output is the last argument, a `.parquet` file
+that is none of the inputs and does not exist yet (`--overwrite` replaces one), written under a
+temporary name and moved into place. `overrides` prints the Hydra overrides that carry a grpo.py
+config's settings into `python -m verl.trainer.main_ppo` (group size, batch, one optimizer step per
+generation `loss.passes` times, lengths, AdamW, the LR schedule as near as verl's schedulers come,
+KL, clip range, aggregation, the reward and its parameters, the judge, output_dir), with
+`compute_score` below as the custom reward function of verl's batch reward manager.
 
 `compute_score` is verl's batched reward function: it receives the decoded responses and our
 `extra_info`, scores them with rewards.score (the judges the reward reads asked at once) and
-returns {"score", "scored"} per response. verl has no missing reward: a response a judge could not
-score gets 0.0 and scored 0 (verl logs `scored` beside the score). verl decodes responses with
+returns {"score", "scored", and the reward's parts} per response (NaN for a part that could not be
+computed): verl keeps them beside each response in its rollout dumps (trainer.rollout_data_dir,
+output_dir/rollouts with log_completions), not in its metrics. verl has no missing reward: a
+response a judge could not score gets 0.0 and scored 0. verl decodes responses with
 skip_special_tokens=True, so tags that are special tokens of the policy's tokenizer (the
 <evidence> tags an SFT run adds) never reach the reward: use verl for rewards that read no such
 tag (Social-R1's, or CLUE's correctness alone), or keep CLUE's IU_G on grpo.py or TRL."""
@@ -24,13 +29,15 @@ from __future__ import annotations
 
 import functools
 import json
+import math
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
 import rewards
-from config import parse_cli
-from data import count_tokens, get_task
+from config import ConfigError, check_output_file, parse_cli
+from data import DataError, count_tokens, get_task
 from dataset import example_from_json, example_to_json, load_jsonl
 from integrations import exits_if_missing, require
 from judge import JudgeConfig
@@ -40,10 +47,14 @@ _tokenizer = functools.cache(load_tokenizer)  # once per reward worker
 
 
 def verl_rows(paths: list[str]) -> list[dict]:
-    """Our examples as rows of verl's dataset layout (module docstring)."""
+    """Our examples as rows of verl's dataset layout (module docstring). A missing or empty file, or
+    a bad line, raises DataError naming it."""
     rows = []
     for path in paths:
-        for e in load_jsonl(path):
+        examples = load_jsonl(path)
+        if not examples:
+            raise DataError(f"{path}: no examples (the file is empty)")
+        for e in examples:
             rows.append(
                 {
                     "data_source": f"clue-mini/{e.task}",
@@ -87,8 +98,16 @@ def compute_score(
         for text, info in zip(solution_strs, extra_infos, strict=True)
     ]
     rewards.judge_rollouts(rollouts, spec, JudgeConfig(**judge))
-    scores = [rewards.score(r, spec) for r in rollouts]
-    return [{"score": 0.0 if s is None else s, "scored": int(s is not None)} for s in scores]
+    parts = rewards.REWARDS[reward].parts
+    results = []
+    for r in rollouts:
+        score = rewards.score(r, spec)
+        values = {name: part(r, spec.params) for name, part in parts.items()}
+        results.append(
+            {"score": 0.0 if score is None else score, "scored": int(score is not None)}
+            | {name: math.nan if v is None else v for name, v in values.items()}
+        )
+    return results
 
 
 def hydra_value(value) -> str:
@@ -105,6 +124,12 @@ def verl_overrides(cfg, train_parquet: str) -> list[str]:
     reward function. verl loads that function from this file's path: run verl with the repository
     on PYTHONPATH."""
     r, loss, optim = cfg.rollout, cfg.loss, cfg.optim
+    if loss.adv_std != "unbiased":
+        raise ConfigError("'loss.adv_std': verl's GRPO divides by the unbiased std only")
+    # verl's schedulers warm up from 0; they hold (constant) or decay (cosine), not both: the hold
+    # when the run ends inside it, else the cosine from the warm-up's end to lr_floor
+    schedule = "constant" if cfg.updates <= optim.hold_until else "cosine"
+    floor = min(1.0, optim.lr_floor / optim.lr) if optim.lr else 0.0
     judge = {
         k: v
         for k, v in (("base_url", cfg.judge.base_url), ("model", cfg.judge.model))
@@ -118,7 +143,7 @@ def verl_overrides(cfg, train_parquet: str) -> list[str]:
     }
     return [
         "algorithm.adv_estimator=grpo",
-        f"algorithm.norm_adv_by_std_in_grpo={loss.adv_std == 'unbiased'}",
+        "algorithm.norm_adv_by_std_in_grpo=True",
         f"data.train_files={train_parquet}",
         f"data.train_batch_size={r.prompts_per_update}",
         f"data.max_response_length={r.max_new_tokens}",
@@ -129,6 +154,10 @@ def verl_overrides(cfg, train_parquet: str) -> list[str]:
         f"actor_rollout_ref.rollout.top_k={r.top_k if r.top_k else -1}",
         f"actor_rollout_ref.actor.optim.lr={optim.lr}",
         f"actor_rollout_ref.actor.optim.weight_decay={optim.weight_decay}",
+        f"actor_rollout_ref.actor.optim.betas=[{optim.betas[0]},{optim.betas[1]}]",
+        f"actor_rollout_ref.actor.optim.lr_warmup_steps={optim.warmup_updates}",
+        f"actor_rollout_ref.actor.optim.lr_scheduler_type={schedule}",
+        f"actor_rollout_ref.actor.optim.min_lr_ratio={floor}",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={r.prompts_per_update}",
         f"actor_rollout_ref.actor.ppo_epochs={loss.passes}",
         f"actor_rollout_ref.actor.use_kl_loss={loss.beta > 0}",
@@ -140,6 +169,12 @@ def verl_overrides(cfg, train_parquet: str) -> list[str]:
         f"actor_rollout_ref.actor.grad_clip={optim.grad_clip}",
         f"trainer.total_training_steps={cfg.updates}",
         f"trainer.save_freq={cfg.save_every}",
+        f"trainer.default_local_dir={cfg.output_dir}",
+        *(
+            [f"trainer.rollout_data_dir={Path(cfg.output_dir) / 'rollouts'}"]
+            if cfg.log_completions
+            else []
+        ),
         "reward.reward_manager.name=batch",
         f"reward.custom_reward_function.path={Path(__file__).resolve()}",
         "reward.custom_reward_function.name=compute_score",
@@ -150,20 +185,51 @@ def verl_overrides(cfg, train_parquet: str) -> list[str]:
     ]
 
 
+def write_parquet(paths: list[str], out: str, overwrite: bool = False) -> int:
+    """The examples of `paths` as verl's parquet `out`, every input read and checked before it is
+    written under a temporary name and moved into place; returns the row count. Refused
+    (ConfigError): an output that is not a .parquet name, is an input, a folder, or exists
+    (unless `overwrite`)."""
+    datasets = require("datasets")  # verl's own dependency
+    check_output_file(out, "output", {"input": paths})
+    if Path(out).suffix != ".parquet":
+        raise ConfigError(
+            f"'output': {out} is not a .parquet name (the last argument is the output)"
+        )
+    if Path(out).exists() and not overwrite:
+        raise ConfigError(f"'output': {out} exists; name a new file, or pass --overwrite")
+    rows = verl_rows(paths)
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    staged = Path(out).with_name(f".{Path(out).name}.tmp{os.getpid()}")
+    try:
+        datasets.Dataset.from_list(rows).to_parquet(str(staged))
+        os.replace(staged, out)
+    finally:
+        staged.unlink(missing_ok=True)
+    return len(rows)
+
+
 @exits_if_missing
 def main(argv=None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["parquet"] and len(argv) >= 3:
-        datasets = require("datasets")  # verl's own dependency
-        *paths, out = argv[1:]
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        datasets.Dataset.from_list(verl_rows(paths)).to_parquet(out)
-        print(f"parquet: {len(paths)} file(s) -> {out}")
+    files = [a for a in argv[1:] if a != "--overwrite"]
+    if argv[:1] == ["parquet"] and len(files) >= 2:
+        *paths, out = files
+        try:
+            n = write_parquet(paths, out, overwrite="--overwrite" in argv[1:])
+        except (ConfigError, DataError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            raise SystemExit(2) from None
+        print(f"parquet: {n} examples of {len(paths)} file(s) -> {out}")
     elif argv[:1] == ["overrides"] and len(argv) >= 3:
         import grpo
 
         cfg = parse_cli(grpo.GRPOConfig, argv[2:])
-        words = [f"'{w}'" for w in verl_overrides(cfg, argv[1])]
+        try:
+            words = [f"'{w}'" for w in verl_overrides(cfg, argv[1])]
+        except ConfigError as e:
+            print(f"error: {argv[2]}: {e}", file=sys.stderr)
+            raise SystemExit(2) from None
         print(" \\\n    ".join(["python -m verl.trainer.main_ppo", *words]))
     else:
         print(__doc__.split("\n\n")[1].strip(), file=sys.stderr)
