@@ -2,15 +2,15 @@
 fine-tuned on, the human preference pairs its preference RL and its evaluation read, and the
 chosen-response win rate.
 
-    python -m reward_models.rubric_generator targets config.yaml [key=value ...]       # teacher
-    rubrics, checked,
-                                                                         # screened -> SFT rows
-    python -m reward_models.rubric_generator examples config.yaml [key=value ...]      # preference
-    pairs ->
-                                                                         # grpo.py examples
-    python -m reward_models.rubric_generator care_winrate config.yaml [key=value ...]  # win rate of
-    a served
-                                                                         # generator, held-out pairs
+    python -m reward_models.rubric_generator targets config.yaml [key=value ...]
+    python -m reward_models.rubric_generator examples config.yaml [key=value ...]
+    python -m reward_models.rubric_generator care_winrate config.yaml [key=value ...]
+    python -m reward_models.rubric_generator care_priorities config.yaml [key=value ...]
+
+`targets`: teacher rubrics, checked and screened, as SFT rows; `examples`: preference pairs as
+grpo.py examples; `care_winrate`: a served generator's win rate on held-out pairs;
+`care_priorities`: how the rubrics of that run weigh the three dimensions by turn and by the
+seeker's emotion (the paper's Figures 3, 4 and 9), read from its journal.
 
 The three stages (configs/care_generator_*.yaml):
 1. `targets` writes sft.py rows of the free-form objective (`objective: target`): {"id", "prompt",
@@ -26,8 +26,10 @@ The three stages (configs/care_generator_*.yaml):
 Turn records (`targets` input), JSONL: {"id", "dialogue": [{"role": "user" | "assistant",
 "content"}, ...] ending with the seeker's message, "reference": the supporter's actual next reply,
 "strategies": [its support strategies]}. Preference pairs, JSONL: {"id", "dialogue", "chosen",
-"rejected", "strategies": [the chosen reply's strategies]}. Strategy names map to the three
-dimensions by `STRATEGY_DIMENSIONS` (Appendix H; extend it with `strategy_map`).
+"rejected", "strategies": [the chosen reply's strategies]}; either may carry "emotion", the
+seeker's emotion label (ESConv's emotion_type), which care_priorities groups by. Strategy names
+map to the three dimensions by `STRATEGY_DIMENSIONS` (Appendix H; extend it with
+`strategy_map`).
 """
 
 from __future__ import annotations
@@ -135,6 +137,7 @@ class Record:
     chosen: str  # a turn record's reference reply
     rejected: str | None
     counts: dict[str, int]  # the chosen reply's strategies per dimension
+    emotion: str | None = None  # the seeker's emotion label, when the source has one (ESConv's)
 
 
 def load_turns(
@@ -151,6 +154,7 @@ def load_turns(
                 "id",
                 "dialogue",
                 "strategies",
+                "emotion",
                 *(("chosen", "rejected") if pairs else ("reference",)),
             }
             if unknown := sorted(set(raw) - fields):
@@ -166,6 +170,7 @@ def load_turns(
                 _text(raw, "chosen" if pairs else "reference"),
                 _text(raw, "rejected") if pairs else None,
                 dimension_counts(strategies, strategy_map),
+                _text(raw, "emotion") if raw.get("emotion") is not None else None,
             )
             if pairs and turn.chosen.strip() == turn.rejected.strip():
                 raise DataError("field 'rejected': identical to 'chosen'")
@@ -479,6 +484,80 @@ def win_rate(cfg: GeneratorDataConfig) -> dict[str, Any]:
     return result
 
 
+# --------------------------------------------------- rubric priorities (Figures 3, 4 and 9)
+
+
+def rubric_priorities(rubrics: list[tuple[Record, dict]]) -> dict[str, dict]:
+    """How the generated rubrics weigh the three dimensions, as CARE's analyses show them: per
+    dialogue turn (the seeker's messages so far; Figures 3 and 9) and per seeker emotion (Figure 4),
+    the rubrics' count, each dimension's mean weight and the share of rubrics whose strict largest
+    weight it has (`dominant`; a tie for the largest is counted under "tie")."""
+
+    def summary(group: list[dict]) -> dict:
+        dominant = dict.fromkeys([*CARE_DIMENSIONS, "tie"], 0)
+        for rubric in group:
+            top = max(rubric[d]["weight"] for d in CARE_DIMENSIONS)
+            leaders = [d for d in CARE_DIMENSIONS if rubric[d]["weight"] == top]
+            dominant[leaders[0] if len(leaders) == 1 else "tie"] += 1
+        return {
+            "n": len(group),
+            "weights": {
+                d: sum(r[d]["weight"] for r in group) / len(group) for d in CARE_DIMENSIONS
+            },
+            "dominant": {k: v / len(group) for k, v in dominant.items()},
+        }
+
+    by: dict[str, dict[str, list]] = {"turn": {}, "emotion": {}}
+    for record, rubric in rubrics:
+        turn = str(sum(role == "user" for role, _ in record.dialogue))
+        by["turn"].setdefault(turn, []).append(rubric)
+        by["emotion"].setdefault(record.emotion or "(none)", []).append(rubric)
+    return {
+        "turn": {k: summary(v) for k, v in sorted(by["turn"].items(), key=lambda kv: int(kv[0]))},
+        "emotion": {k: summary(v) for k, v in sorted(by["emotion"].items())},
+    }
+
+
+def priorities_table(priorities: dict[str, dict], by: str) -> str:
+    """One Markdown table of rubric_priorities: a row per turn or emotion."""
+    heads = [f"w {d}" for d in CARE_DIMENSIONS] + [f"top {d}" for d in (*CARE_DIMENSIONS, "tie")]
+    lines = [f"| {by} | rubrics | {' | '.join(heads)} |", "|---" * (len(heads) + 2) + "|"]
+    for key, s in priorities[by].items():
+        cells = [f"{s['weights'][d]:.3f}" for d in CARE_DIMENSIONS]
+        cells += [f"{100 * s['dominant'][d]:.1f}%" for d in (*CARE_DIMENSIONS, "tie")]
+        lines.append(f"| {key} | {s['n']} | {' | '.join(cells)} |")
+    return "\n".join(lines) + "\n"
+
+
+def care_priorities(cfg: GeneratorDataConfig) -> dict[str, dict]:
+    """The rubric priorities of the rubrics a care_winrate run's generator wrote for the held-out
+    pairs (read from its journal, nothing asked): priorities.json in winrate.output_dir, and the
+    tables by turn and by emotion printed."""
+    w = cfg.winrate
+    out = Path(w.output_dir)
+    pairs = load_turns(w.pairs, pairs=True, strategy_map=cfg.strategy_map)
+    done = load_journal(out / "journal.jsonl")
+    rubrics = [
+        (p, done[k])
+        for p in pairs
+        if done.get(k := journal_key("rubric", w.generator.model, p.id, json.dumps(p.dialogue)))
+    ]
+    if not rubrics:
+        raise DataError(
+            f"{out / 'journal.jsonl'}: no rubric of {w.generator.model} for the pairs of "
+            f"{w.pairs}: run care_winrate with the same config first"
+        )
+    priorities = rubric_priorities(rubrics)
+    result = {"generator": w.generator.model, "rubrics": len(rubrics), "pairs": len(pairs)}
+    atomic_write_text(out / "priorities.json", json.dumps(result | priorities, indent=1) + "\n")
+    print0(
+        f"rubric priorities of {w.generator.model} ({len(rubrics)} rubrics of {len(pairs)} pairs)"
+        f"\n\nby turn (Figures 3 and 9):\n\n{priorities_table(priorities, 'turn')}"
+        f"\nby the seeker's emotion (Figure 4):\n\n{priorities_table(priorities, 'emotion')}"
+    )
+    return priorities
+
+
 # ----------------------------------------------------------------------------- command line
 
 
@@ -488,13 +567,14 @@ def main(argv=None) -> None:
         "targets": ("targets", build_targets),
         "examples": ("rl", preference_examples),
         "care_winrate": ("winrate", win_rate),
+        "care_priorities": ("winrate", care_priorities),
     }
     command = argv.pop(0) if argv[:1] and argv[0] in commands else None
     try:
         if command is None:
             raise ConfigError(
                 "usage: python -m reward_models.rubric_generator targets | examples | care_winrate "
-                "config.yaml"
+                "| care_priorities config.yaml"
             )
         cfg = parse_cli(GeneratorDataConfig, argv)
         section, run = commands[command]

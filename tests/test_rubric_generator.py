@@ -154,6 +154,65 @@ def test_the_win_rate_counts_pairs_whose_chosen_reply_scores_higher_under_the_ge
     assert json.loads((tmp_path / "out" / "winrate.json").read_text()) == result
 
 
+def test_care_priorities_weigh_the_dimensions_by_turn_and_emotion_as_a_hand_count(tmp_path, capsys):
+    """CARE's Figures 3, 4 and 9 from the rubrics a win-rate run's generator wrote: a scripted
+    generator weighs (cognitive, affective, proactive) by the seeker's words; per turn and per
+    emotion, the mean weights and the share of rubrics each dimension strictly leads, by hand."""
+    weights = {"worried": (0.5, 0.3, 0.2), "down": (0.2, 0.5, 0.3), "again": (0.4, 0.4, 0.2)}
+
+    def generator(messages, params):
+        if messages[0]["content"] == judge.CARE_RUBRIC_SYSTEM:
+            word = next(w for w in weights if w in messages[-1]["content"])
+            return json.dumps(rubric(weights[word], why=False))
+        return rules_backend(messages, params)
+
+    def pair(i, messages, emotion):
+        dialogue = [{"role": r, "content": c} for r, c in messages]
+        return {"id": f"p{i}", "dialogue": dialogue, "chosen": "I hear you.", "rejected": "Ok."} | {
+            "strategies": [],
+            "emotion": emotion,
+        }
+
+    pairs = [
+        pair(0, [("user", "I am worried")], "anxiety"),
+        pair(1, [("user", "I feel down")], "sadness"),
+        pair(2, [("user", "hi"), ("assistant", "hello"), ("user", "it happened again")], "anxiety"),
+    ]
+    (tmp_path / "pairs.jsonl").write_text("".join(json.dumps(p) + "\n" for p in pairs))
+    with JudgeServer(generator).start() as server:
+        cfg = G.GeneratorDataConfig(
+            winrate=G.WinRateConfig(
+                pairs=str(tmp_path / "pairs.jsonl"),
+                generator=JudgeConfig(base_url=server.url, model="gen"),
+                evaluator=JudgeConfig(base_url=server.url, model="eval"),
+                output_dir=str(tmp_path / "out"),
+            )
+        )
+        G.win_rate(cfg)
+    found = G.care_priorities(cfg)  # reads the journal: no server
+    approx = pytest.approx
+    assert found["turn"]["1"]["n"] == 2 and found["turn"]["2"]["n"] == 1
+    assert found["turn"]["1"]["weights"] == approx(
+        {"cognitive": 0.35, "affective": 0.4, "proactive": 0.25}
+    )
+    assert found["turn"]["1"]["dominant"] == approx(
+        {"cognitive": 0.5, "affective": 0.5, "proactive": 0.0, "tie": 0.0}
+    )
+    assert found["turn"]["2"]["dominant"]["tie"] == 1.0  # 0.4 and 0.4: no strict leader
+    assert found["emotion"]["anxiety"]["weights"] == approx(
+        {"cognitive": 0.45, "affective": 0.35, "proactive": 0.2}
+    )
+    assert found["emotion"]["anxiety"]["dominant"] == approx(
+        {"cognitive": 0.5, "affective": 0.0, "proactive": 0.0, "tie": 0.5}
+    )
+    assert found["emotion"]["sadness"]["dominant"]["affective"] == 1.0
+    saved = json.loads((tmp_path / "out" / "priorities.json").read_text())
+    assert saved["rubrics"] == 3 and saved["turn"] == json.loads(json.dumps(found["turn"]))
+    assert (
+        "| 1 | 2 | 0.350 | 0.400 | 0.250 | 50.0% | 50.0% | 0.0% | 0.0% |" in capsys.readouterr().out
+    )
+
+
 def test_strategies_map_to_the_three_dimensions_and_an_unknown_one_is_an_error():
     assert G.dimension_counts(
         ["Question", "question", "Information", "Self-disclosure", "Others"]
