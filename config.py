@@ -250,19 +250,40 @@ def _build(schema, raw: dict, prefix: str, where):
         raise ConfigError(f"{where(prefix + key)}: '{prefix}{key}': {problem}") from None
 
 
+def override_key(key: str) -> str:
+    """An override's dotted key as the config's errors name it: a number is a list index
+    (`sets.0.path` -> `sets[0].path`)."""
+    return re.sub(r"\.(\d+)(?=\.|$)", r"[\1]", key)
+
+
 def _apply_override(raw: dict, override: str) -> None:
+    """Set `key=value` in `raw`: a dotted key reaches into sections, a number into a list's item
+    (`sets.0.path=...`), which must exist."""
     key, sep, text = override.partition("=")
     if not sep or not key or any(not part for part in key.split(".")):
         raise ConfigError(f"override '{override}': expected key=value, e.g. optim.lr=1e-5")
-    *parents, leaf = key.split(".")
-    node = raw
-    for part in parents:
-        child = node.setdefault(part, {})
-        if not isinstance(child, dict):
-            raise ConfigError(f"override '{override}': '{part}' is not a section")
-        node = child
+    parts = key.split(".")
+    node, at = raw, ""
+    for depth, part in enumerate(parts):
+        if isinstance(node, list):
+            if not part.isdigit() or int(part) >= len(node):
+                raise ConfigError(
+                    f"override '{override}': '{at}' is a list of {len(node)} item(s): give an "
+                    f"index from 0 to {len(node) - 1}, or the whole list ({at}=[...])"
+                )
+            index = int(part)
+        elif isinstance(node, dict):
+            index = part
+        else:
+            raise ConfigError(f"override '{override}': '{at}' is not a section")
+        at = override_key(f"{at}.{part}" if at else part)
+        if depth == len(parts) - 1:
+            break
+        if isinstance(node, dict) and part not in node:
+            node[part] = {}
+        node = node[index]
     try:
-        node[leaf] = _load_yaml(text)[0]
+        node[index] = _load_yaml(text)[0]
     except (yaml.YAMLError, RecursionError) as e:
         raise ConfigError(f"override '{override}': not valid YAML: {_yaml_problem(e)}") from None
 
@@ -294,19 +315,39 @@ def load_config(path, overrides, schema):
         raise ConfigError(
             f"{path}: the top level must be a mapping of keys, got {type(raw).__name__}"
         )
-    from_override = {}
     for override in overrides:
         _apply_override(raw, override)
-        from_override[override.partition("=")[0]] = override
+    return _build(schema, raw, "", ConfigSource(str(path), tuple(overrides), lines).where)
 
-    def where(key: str) -> str:
-        for prefix, override in from_override.items():
-            if key == prefix or key.startswith(prefix + ".") or key.startswith(prefix + "["):
+
+@dataclasses.dataclass(frozen=True)
+class ConfigSource:
+    """A config file and the command line's overrides on it: where a key was set, for an error
+    about it found after loading (a reward's settings, a folder a key names). Reads as the file's
+    path."""
+
+    path: str
+    overrides: tuple[str, ...] = ()
+    lines: dict[str, int] | None = None  # the file's key lines (_key_lines); read when needed
+
+    def __str__(self) -> str:
+        return self.path
+
+    def where(self, key: str) -> str:
+        """The last override that set `key` or a section above it, else the file and the key's
+        line (a list item's: its list's)."""
+        for override in reversed(self.overrides):
+            prefix = override_key(override.partition("=")[0])
+            if key == prefix or key.startswith((prefix + ".", prefix + "[")):
                 return f"override '{override}'"
+        lines = self.lines
+        if lines is None:
+            try:
+                lines = _key_lines(_load_yaml(read_text(self.path, ConfigError))[1])
+            except (OSError, ConfigError, yaml.YAMLError, RecursionError):
+                lines = {}
         line = lines.get(key.split("[")[0])
-        return f"{path}:{line}" if line else str(path)
-
-    return _build(schema, raw, "", where)
+        return f"{self.path}:{line}" if line else self.path
 
 
 def parse_cli(schema, argv=None):

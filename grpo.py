@@ -56,6 +56,7 @@ import rewards
 from checkpoint import ModelCard, atomic_folder, resume, save_checkpoint, save_model, trim_log
 from config import (
     ConfigError,
+    ConfigSource,
     MetricsWriter,
     ReportTo,
     bounded,
@@ -817,11 +818,14 @@ def policy_update(
 # ----------------------------------------------------------------------------- setup
 
 
-def config_error(config_path: str, key: str, problem: str) -> ConfigError:
-    return ConfigError(f"{config_path}: '{key}': {problem}")
+def config_error(config_path, key: str, problem: str) -> ConfigError:
+    """A problem with `key`, located where it was set: its override, or the config file's line
+    (`config_path` a ConfigSource; a plain path names the file)."""
+    where = config_path.where(key) if isinstance(config_path, ConfigSource) else config_path
+    return ConfigError(f"{where}: '{key}': {problem}")
 
 
-def check_settings(cfg: GRPOConfig, config_path: str) -> None:
+def check_settings(cfg: GRPOConfig, config_path: str | ConfigSource) -> None:
     """The settings a user can get wrong, checked before any model loads: the reward, its settings
     and judges, the vLLM server's key, the checkpoint folders, the judge's key when the reward asks
     one. Raises ConfigError with one line."""
@@ -863,14 +867,16 @@ def check_settings(cfg: GRPOConfig, config_path: str) -> None:
         check_api_key(cfg.judge, "judge", config_path)
 
 
-def check_api_key(endpoint: JudgeConfig, key: str, config_path: str) -> None:
+def check_api_key(endpoint: JudgeConfig, key: str, config_path: str | ConfigSource) -> None:
     try:
         endpoint.read_api_key()
     except JudgeError as e:
         raise config_error(config_path, f"{key}.api_key_env", str(e)) from None
 
 
-def load_examples(cfg: GRPOConfig, config_path: str, content_scorer: bool = False) -> list:
+def load_examples(
+    cfg: GRPOConfig, config_path: str | ConfigSource, content_scorer: bool = False
+) -> list:
     """The examples of `train_data`, each file checked against what the reward reads
     (rewards.check_reward_data; `content_scorer`: R_content comes from a scorer that needs no
     reference). Raises ConfigError / DataError with one line."""
@@ -893,7 +899,7 @@ def load_examples(cfg: GRPOConfig, config_path: str, content_scorer: bool = Fals
     return examples
 
 
-def check_inputs(cfg: GRPOConfig, config_path: str) -> list:
+def check_inputs(cfg: GRPOConfig, config_path: str | ConfigSource) -> list:
     """Everything a user can get wrong in a single-turn run, checked before any model loads
     (check_settings, load_examples); returns the examples."""
     check_settings(cfg, config_path)
@@ -1176,7 +1182,7 @@ def train(cfg: GRPOConfig, examples: list, sampler_for=rollout_sampler) -> None:
     end_line(final, trained_tokens, summary)
 
 
-def start_up(cfg, config_path: str, check=check_inputs, probes=judge_probes) -> list:
+def start_up(cfg, config_path, check=check_inputs, probes=judge_probes) -> list:
     """The examples of a run, once `check` has passed its inputs (before any model loads) and each
     endpoint of `probes` has answered a real request (judge.probe): every trainer entry point
     starts here (integrations/trl.py too). A failure ends the command with one line, exit 2."""
@@ -1203,7 +1209,7 @@ def main(
     (dialogue/rl.py, reward_models/social_r1.py)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     cfg = parse_cli(config_class, argv)
-    examples = start_up(cfg, argv[0], check, probes)
+    examples = start_up(cfg, ConfigSource(argv[0], tuple(argv[1:])), check, probes)
     try:
         train(cfg, examples, sampler_for)
     # a refused key; vLLM at start-up (down, other weights, no adapter); a checkpoint of

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import grpo
 import rewards
+from config import ConfigSource
 from dialogue.play import DialogueSettings, dialogue_sampler, judge_probes, load_scenarios
 from judge import CARE_DIMENSIONS, care_rubric
 
@@ -23,7 +24,7 @@ class DialogueConfig(grpo.GRPOConfig):
     dialogue: DialogueSettings = field(default_factory=DialogueSettings)
 
 
-def check_inputs(cfg: DialogueConfig, config_path: str) -> list:
+def check_inputs(cfg: DialogueConfig, config_path: str | ConfigSource) -> list:
     """grpo.check_settings, then what a dialogue run adds: a dialogue reward, CARE's fixed criteria,
     the keys of the dialogue's endpoints, the scenario seeds (returned). One line each."""
     grpo.check_settings(cfg, config_path)

@@ -46,7 +46,15 @@ import torch
 import grpo
 import rewards
 from checkpoint import LINEAGE, publish_folder, staging_folder, trim_log
-from config import ConfigError, MetricsWriter, parse_cli, print0, read_metrics, save_resolved_config
+from config import (
+    ConfigError,
+    ConfigSource,
+    MetricsWriter,
+    parse_cli,
+    print0,
+    read_metrics,
+    save_resolved_config,
+)
 from data import Example, count_tokens, get_task
 from dataset import example_from_json, example_to_json
 from distributed import Ranks
@@ -219,7 +227,7 @@ def peft_lora(lora):
     )
 
 
-def check_inputs(cfg: grpo.GRPOConfig, config_path: str) -> list[Example]:
+def check_inputs(cfg: grpo.GRPOConfig, config_path: str | ConfigSource) -> list[Example]:
     """What this route adds to grpo.py's checks, then grpo.check_inputs (the reward, its judges,
     the model folder, the data), before any model loads; returns the examples. Refused: an SFT
     adapter (TRL loads one folder), an output_dir that is, holds or sits inside model.path (TRL
@@ -410,7 +418,7 @@ def main(argv=None) -> None:
     transformers, trl = require("transformers"), require("trl")
     argv = list(sys.argv[1:] if argv is None else argv)
     cfg = parse_cli(grpo.GRPOConfig, argv)
-    examples = grpo.start_up(cfg, argv[0], check=check_inputs)
+    examples = grpo.start_up(cfg, ConfigSource(argv[0], tuple(argv[1:])), check=check_inputs)
     peft_config = None if cfg.lora is None else peft_lora(cfg.lora)  # peft asked before the model
     out = Path(cfg.output_dir)
     ranks = Ranks(int(os.environ.get("RANK", "0")), processes(), None)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import grpo
 import rewards
+from config import ConfigSource
 from reward_models.content_rm import RM_INFO, ContentModelSettings, content_scorer
 
 
@@ -23,7 +24,7 @@ class SocialR1Config(grpo.GRPOConfig):
     content_model: ContentModelSettings = field(default_factory=ContentModelSettings)
 
 
-def check_inputs(cfg: SocialR1Config, config_path: str) -> list:
+def check_inputs(cfg: SocialR1Config, config_path: str | ConfigSource) -> list:
     """The content RM (reward social_r1 with R_content on, either a path holding a trained RM or an
     endpoint, with its key), then grpo.check_settings; the examples need no reference."""
     rm = cfg.content_model

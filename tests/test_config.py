@@ -131,6 +131,45 @@ def test_bad_override_is_named(tmp_path):
         load_config(path, ["agg=sum"], Cfg)
 
 
+def test_a_list_item_is_overridden_by_its_index(tmp_path):
+    """`rewards.1.weight=3` sets the second item's key (an evaluation's `sets.0.path=...`); an
+    index past the list, or a key the item lacks, is refused naming the override."""
+    path = write(tmp_path, "model_path: /m\nrewards:\n  - {name: a}\n  - {name: b, weight: 2}\n")
+    cfg = load_config(path, ["rewards.1.weight=3", "rewards.0.name=c"], Cfg)
+    assert [(r.name, r.weight) for r in cfg.rewards] == [("c", 1.0), ("b", 3.0)]
+    with pytest.raises(
+        ConfigError, match=r"override 'rewards\.2\.name=x': 'rewards' is a list of 2 item\(s\)"
+    ):
+        load_config(path, ["rewards.2.name=x"], Cfg)
+    with pytest.raises(
+        ConfigError, match=r"override 'rewards\.0\.colour=1': unknown key 'rewards\[0\]\.colour'"
+    ):
+        load_config(path, ["rewards.0.colour=1"], Cfg)
+    with pytest.raises(ConfigError, match=r"override 'rewards\.0\.weight=heavy'.*expects float"):
+        load_config(path, ["rewards.0.weight=heavy"], Cfg)
+
+
+def test_a_reward_setting_given_as_an_override_is_named_by_its_override(capsys):
+    """A check after loading (grpo.check_settings: the reward's own settings) names the override
+    that set the key, not the YAML file; a key set in the file keeps its file and line."""
+    import grpo
+
+    with pytest.raises(SystemExit) as stop:
+        grpo.main([str(REPO / "configs" / "demo_grpo.yaml"), "reward.params.lambda_i=1"])
+    err = capsys.readouterr().err.strip()
+    assert stop.value.code == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith("error: override 'reward.params.lambda_i=1': 'reward.params.lambda_i'")
+    with pytest.raises(SystemExit):
+        grpo.main([str(REPO / "configs" / "demo_grpo.yaml"), "reward.name=social_r1"])
+    err = capsys.readouterr().err
+    line = next(
+        n
+        for n, text in enumerate((REPO / "configs" / "demo_grpo.yaml").read_text().splitlines(), 1)
+        if "params: {lambda_iu" in text
+    )
+    assert f"demo_grpo.yaml:{line}: 'reward.params.lambda_iu': not a setting" in err, err
+
+
 def test_missing_required_key_and_file_errors(tmp_path):
     with pytest.raises(ConfigError, match="missing required key 'model_path'"):
         load_config(write(tmp_path, "seed: 1\n"), [], Cfg)

@@ -4,6 +4,7 @@ against the local judge server (TRL is a test-only dependency here; a user bring
 import functools
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -418,7 +419,10 @@ def test_the_trl_route_checks_its_inputs_before_any_model_loads(
         plug.main([str(config)])
     err = capsys.readouterr().err
     assert stop.value.code == 2, err
-    assert err.count("\n") == 1 and err.startswith(f"error: {config}: '{key}': "), err
+    # the file, and the key's line where the key is in it
+    assert err.count("\n") == 1 and re.match(
+        rf"error: {re.escape(str(config))}(:\d+)?: '{key}': ", err
+    ), err
     assert fill(problem) in err
     assert folder_state(base) == before
     assert not (tmp_path / "run").exists()
