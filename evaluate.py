@@ -70,7 +70,7 @@ from judge import (
 )
 from sampling import SamplingConfig, endpoint_config, sample_completions
 from tokenizer import CheckpointError, load_tokenizer
-from verifier import extract_quotes, locate_quote
+from verifier import extract_quotes, locate_quote, verify_quote
 
 COMPLETIONS, CAUSES, EVAL_JSON, TABLE, F1_FIGURE = (
     "completions.jsonl",
@@ -318,8 +318,48 @@ def score_runs(
                 "invalid": sum(p is None for p in pred) / len(pred),
                 "group_accuracy": group_accuracy(examples, pred, spec.catch_all, grouped),
             }
+            | grounding([c[r] for c in completions], examples)
         )
     return runs
+
+
+def grounding(completions: list[str], examples: list[Example]) -> dict:
+    """{"quoting": the share of completions whose reasoning quotes (<evidence> tags), "verified":
+    the share of their quotations the verifier finds in the conversation (None when none quotes)}:
+    whether grounding happens at all, which a format term of 1.0 cannot tell (no tags, f = 1)."""
+    quotes = [
+        [verify_quote(q, [t.text for t in visible_turns(e)]) for q in extract_quotes(reasoning)]
+        for e, reasoning in zip(examples, (split_completion(c)[0] for c in completions))
+    ]
+    found = [v for q in quotes for v in q]
+    return {
+        "quoting": sum(bool(q) for q in quotes) / len(quotes),
+        "verified": sum(found) / len(found) if found else None,
+    }
+
+
+def baselines(examples: list[Example]) -> dict:
+    """Weighted and macro F1 of two answers that read nothing, on the same scored targets: always
+    the most frequent gold label (`majority`; the first in the task's order among equals), and a
+    label drawn uniformly from the task's labels for every target (`uniform`, its expected counts:
+    TP_c = g_c / L, FP_c = (n - g_c) / L, FN_c = g_c (1 - 1 / L) for a label of gold count g_c
+    among n targets and L labels, the catch-all excluded, as f1_scores counts)."""
+    spec = get_task(examples[0].task)
+    labels = [label for label in spec.labels if label != spec.catch_all]
+    gold = [e.labels for e in examples if spec.catch_all is None or e.labels != [spec.catch_all]]
+    counts = {label: sum(label in g for g in gold) for label in labels}
+    majority = max(labels, key=lambda label: counts[label])  # max keeps the first of equals
+    best = f1_scores(gold, [[majority]] * len(gold), labels, spec.catch_all)
+    n, size = len(gold), len(labels)
+    f1 = {c: (2 * g / size) / (n / size + g) if n else 0.0 for c, g in counts.items()}
+    support = sum(counts.values())
+    return {
+        "majority": {"label": majority, "weighted": best["weighted"], "macro": best["macro"]},
+        "uniform": {
+            "weighted": sum(f1[c] * counts[c] for c in labels) / support if support else None,
+            "macro": sum(f1.values()) / len(f1) if n else None,
+        },
+    }
 
 
 def task_scores(examples: list[Example], completions: list[list[str]]) -> dict[str, dict]:
@@ -741,7 +781,7 @@ def _domain_average(entries: list[dict], key: str) -> dict:
     return {"mean": None if None in means else sum(means) / len(means), "sd": None, "runs": None}
 
 
-AVERAGED = ("weighted_f1", "macro_f1", "invalid", "reasoning_tokens")
+AVERAGED = ("weighted_f1", "macro_f1", "invalid", "reasoning_tokens", "quoting", "verified")
 DOMAINS = {"in": "In-domain", "out": "Out-of-domain"}
 
 
@@ -777,8 +817,10 @@ def summarize(
                 ("group_accuracy", "group_accuracy"),
                 ("invalid", "invalid"),
                 ("reasoning_tokens", "reasoning_tokens"),
+                ("quoting", "quoting"),
+                ("verified", "verified"),
             )
-        } | {"runs": runs}
+        } | {"runs": runs, "baselines": baselines(examples), "examples": examples_digest(examples)}
         if (cfg.report == "accuracy" or s.categories) and (
             parts := breakdown(examples, completions, s.grouped)
         ):
@@ -822,8 +864,19 @@ def summarize(
     return {"name": name, "model": model_identity(cfg), "sets": entries, "averages": averages}
 
 
+# a relative gain on a base below this (weighted F1, 0-1) is not shown: +350% of 2 points says less
+# than the 7 points it is
+GAIN_FLOOR = 0.10
+
+
 def _gain(ours: float | None, base: float | None) -> float | None:
     return None if ours is None or not base else 100 * (ours - base) / base
+
+
+def examples_digest(examples: list[Example]) -> str:
+    """A fingerprint of a held-out set: its examples' ids, tasks and gold labels, in order."""
+    rows = [(e.id, e.task, e.labels) for e in examples]
+    return hashlib.sha256(json.dumps(rows, ensure_ascii=False).encode()).hexdigest()[:16]
 
 
 def relative_gains(summary: dict, base: dict) -> dict:
@@ -954,7 +1007,22 @@ def _stat(e: dict, kind: str, key: str, metric: str) -> dict | None:
     return (e["sets"] if kind == "set" else e["averages"]).get(key, {}).get(metric)
 
 
-def _table(evals: list[dict], metric: str, title: str, scale: float = 100, digits: int = 2) -> str:
+def _baseline_cell(evals: list[dict], kind: str, key: str, base: str, average: str) -> str:
+    """A baseline's F1 (percent) in a column: a set's, or its domain's sets' mean."""
+    sets = {n: s for e in evals for n, s in e["sets"].items()}
+    names = [key] if kind == "set" else [n for n, s in sets.items() if s.get("domain") == key]
+    values = [sets[n].get("baselines", {}).get(base, {}).get(average) for n in names]
+    return "–" if not values or None in values else f"{100 * sum(values) / len(values):.2f}"
+
+
+def _table(
+    evals: list[dict],
+    metric: str,
+    title: str,
+    scale: float = 100,
+    digits: int = 2,
+    differences: bool = True,
+) -> str:
     columns = [c for c in _columns(evals) if any(_stat(e, *c, metric) for e in evals)]
     heads = [key if kind == "set" else f"{DOMAINS[key]} avg" for kind, key in columns]
     lines = [
@@ -967,7 +1035,7 @@ def _table(evals: list[dict], metric: str, title: str, scale: float = 100, digit
     for e in evals:
         cells = [_cell(_stat(e, *c, metric), scale, digits) for c in columns]
         lines.append(f"| {e['name']} | " + " | ".join(cells) + " |")
-        if e is not first:
+        if e is not first and differences:
             pairs = [(_stat(e, *c, metric), _stat(first, *c, metric)) for c in columns]
             diffs = [
                 f"{(a['mean'] - b['mean']) * scale:+.{digits}f}"
@@ -976,40 +1044,59 @@ def _table(evals: list[dict], metric: str, title: str, scale: float = 100, digit
                 for a, b in pairs
             ]
             lines.append(f"| Δ vs {first['name']} | " + " | ".join(diffs) + " |")
+    average = {"weighted_f1": "weighted", "macro_f1": "macro"}.get(metric)
+    for base, label in (("majority", "majority label"), ("uniform", "uniform random")):
+        if average:
+            cells = [_baseline_cell(evals, *c, base, average) for c in columns]
+            lines.append(f"| *{label} (baseline)* | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
-def markdown_tables(evals: list[dict]) -> str:
+def markdown_tables(evals: list[dict], differences: bool = True) -> str:
     """Tables in the layout of the paper's Table 1 (one row per model, mean ± SD over sampled runs,
-    sets grouped by domain with their averages), with each later model's difference to the first."""
+    sets grouped by domain with their averages), with each later model's difference to the first
+    (`differences`), the grounding the completions show, and the baselines' F1."""
     runs = sorted({e["sets"][n]["decoding"]["n_samples"] for e in evals for n in e["sets"]})
-    parts = [
-        _table(
-            evals,
-            "weighted_f1",
-            f"Weighted F1 (%), mean ± sample SD over {'/'.join(map(str, runs))} runs",
-        ),
-        _table(evals, "macro_f1", "Macro F1 (%)"),
-        _table(evals, "reasoning_tokens", "Mean reasoning tokens per completion", 1, 0),
-        _table(evals, "invalid", "Invalid answers (%)"),
+    tables = [
+        ("weighted_f1", f"Weighted F1 (%), mean ± sample SD over {'/'.join(map(str, runs))} runs"),
+        ("macro_f1", "Macro F1 (%)"),
+        ("reasoning_tokens", "Mean reasoning tokens per completion", 1, 0),
+        ("invalid", "Invalid answers (%)"),
+        ("quoting", "Completions that quote their evidence (%)"),
+        ("verified", "Quotations the verifier finds in the conversation (%)"),
     ]
     if any("cause_rate" in s for e in evals for s in e["sets"].values()):
-        parts.append(
-            _table(
-                evals,
+        tables.append(
+            (
                 "cause_rate",
-                "Cause identification (%): targets whose annotated earlier "
-                "cause the reasoning uses",
+                "Cause identification (%): targets whose annotated earlier cause the reasoning "
+                "uses",
             )
         )
-    for e in evals[1:]:
-        gains = relative_gains(e, evals[0])["averages"]
-        shown = ", ".join(f"{DOMAINS[d]} {g:+.1f}%" for d, g in gains.items() if g is not None)
+    parts = [_table(evals, *t, differences=differences) for t in tables]
+    for e in evals[1:] if differences else []:
+        shown = []
+        for d in DOMAINS:
+            ours, base = (_stat(x, "avg", d, "weighted_f1") for x in (e, evals[0]))
+            if not ours or not base or None in (ours["mean"], base["mean"]):
+                continue
+            points = 100 * (ours["mean"] - base["mean"])
+            relative = (
+                f"{_gain(ours['mean'], base['mean']):+.1f}%"
+                if base["mean"] >= GAIN_FLOOR
+                else f"no relative gain on a base under {100 * GAIN_FLOOR:.0f} points"
+            )
+            shown.append(f"{DOMAINS[d]} {points:+.2f} points ({relative})")
         if shown:
             parts.append(
-                f"Relative gain of {e['name']} over {evals[0]['name']} in average weighted F1: "
-                f"{shown}\n"
+                f"Gain of {e['name']} over {evals[0]['name']} in average weighted F1: "
+                f"{', '.join(shown)}\n"
             )
+    parts.append(
+        "Baselines read nothing: the majority label answers every target with the set's most "
+        "frequent gold label, uniform random draws each answer from the task's labels (expected "
+        "counts).\n"
+    )
     return "\n".join(parts)
 
 
@@ -1352,6 +1439,26 @@ def plot_training_curves(run_dirs: list, path) -> list[str]:
 # ----------------------------------------------------------------------------- command line
 
 
+def incomparable(evals: list[dict], paths: list[Path]) -> str | None:
+    """Why later evaluations cannot be set against the first, or None: no set in common, or a set
+    of the same name with another task or other examples (eval.json's `examples` fingerprint)."""
+    first = evals[0]["sets"]
+    for e, path in zip(evals[1:], paths[1:]):
+        common = [n for n in e["sets"] if n in first]
+        if not common:
+            return f"{paths[0]} and {path} have no set in common"
+        for name in common:
+            a, b = first[name], e["sets"][name]
+            if a.get("task") and b.get("task") and a["task"] != b["task"]:
+                return f"set '{name}' is task {a['task']} in {paths[0]}, {b['task']} in {path}"
+            if a.get("examples") and b.get("examples") and a["examples"] != b["examples"]:
+                return (
+                    f"set '{name}' holds other examples in {paths[0]} ({a['n_examples']}) than "
+                    f"in {path} ({b['n_examples']})"
+                )
+    return None
+
+
 def _compare(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(
         prog="evaluate.py compare",
@@ -1363,11 +1470,23 @@ def _compare(argv: list[str]) -> None:
         "--out",
         help="also write table.md (and, for F1 evaluations, f1_vs_tokens.png) into this folder",
     )
+    parser.add_argument(
+        "--side-by-side",
+        action="store_true",
+        help="evaluations of different tasks or held-out sets in one table, without differences",
+    )
     args = parser.parse_args(argv[1:])
-    evals = [load_eval(Path(p) / EVAL_JSON if Path(p).is_dir() else p) for p in args.evals]
+    paths = [Path(p) / EVAL_JSON if Path(p).is_dir() else Path(p) for p in args.evals]
+    evals = [load_eval(p) for p in paths]
+    if not args.side_by_side and (problem := incomparable(evals, paths)):
+        raise EvalError(f"compare: {problem}; --side-by-side shows them without differences")
     # benchmark evaluations (report: accuracy) side by side as the benchmark table
     accuracy = all(e.get("config", {}).get("report") == "accuracy" for e in evals)
-    tables = accuracy_table(evals) if accuracy else markdown_tables(evals)
+    tables = (
+        accuracy_table(evals)
+        if accuracy
+        else markdown_tables(evals, differences=not args.side_by_side)
+    )
     print(tables)
     if args.out:
         atomic_write_text(Path(args.out) / TABLE, tables)

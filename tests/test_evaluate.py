@@ -565,6 +565,8 @@ def fake_eval(name, f1_in, f1_out, tokens_in, tokens_out, sd=0.01):
             "macro_f1": stat(f1 - 0.05),
             "invalid": stat(0.02),
             "reasoning_tokens": stat(tokens),
+            "quoting": stat(0.5),
+            "verified": stat(0.75),
         }
 
     sets = {
@@ -607,8 +609,8 @@ def test_compare_prints_table_one_layout_with_differences(tmp_path):
     assert (tmp_path / "cmp" / "table.md").read_text() == ev.markdown_tables([base, clue])
     assert (tmp_path / "cmp" / "f1_vs_tokens.png").stat().st_size > 10_000
     assert (
-        "Relative gain of CLUE over Base in average weighted F1: In-domain +17.5%, "
-        "Out-of-domain +10.0%"
+        "Gain of CLUE over Base in average weighted F1: In-domain +7.00 points (+17.5%), "
+        "Out-of-domain +5.00 points (+10.0%)"
     ) in lines
 
 
@@ -1462,3 +1464,70 @@ def test_a_rubric_judged_by_the_rules_stand_in_says_so_in_the_tables_title():
         table = ev.accuracy_table([{"name": "m", "sets": {"EQBench3": judged | {"judge": judge}}}])
         title = table.splitlines()[0]
         assert ("(rubric scores of m: the rules stand-in, not a judge)" in title) == said, title
+
+
+def test_baselines_by_hand():
+    """Gold joy, joy, joy, sadness among MELD's seven labels. Majority (joy for all): joy F1 6/7,
+    sadness 0: weighted 3/4 x 6/7, macro over the two labels seen 3/7. Uniform random (expected
+    counts, L = 7, n = 4): F1_c = (2 g_c / 7) / (4 / 7 + g_c): joy 6/25, sadness 2/11, the five
+    unseen 0; weighted (3 x 6/25 + 2/11) / 4, macro (6/25 + 2/11) / 7."""
+    gold = ["joy", "joy", "joy", "sadness"]
+    examples = [
+        Example(f"m{i}", "meld_emotion", [Turn("A", "x")], 0, [label])
+        for i, label in enumerate(gold)
+    ]
+    found = ev.baselines(examples)
+    assert found["majority"]["label"] == "joy"
+    assert found["majority"]["weighted"] == pytest.approx(3 / 4 * 6 / 7)
+    assert found["majority"]["macro"] == pytest.approx(3 / 7)
+    assert found["uniform"]["weighted"] == pytest.approx((3 * 6 / 25 + 2 / 11) / 4)
+    assert found["uniform"]["macro"] == pytest.approx((6 / 25 + 2 / 11) / 7)
+
+
+def test_grounding_counts_quoting_completions_and_verified_quotations():
+    """Three completions on one conversation: two quote (one verified and one invented quotation;
+    one verified), one does not: 2/3 quote, 2 of 3 quotations verify."""
+    e = Example(
+        "g", "meld_emotion", [Turn("A", "My grandfather passed away on Sunday.")], 0, ["sadness"]
+    )
+    texts = [
+        "<evidence>My grandfather passed away</evidence> and <evidence>I won</evidence></think>\n"
+        "Answer: sadness",
+        "<evidence>passed away on Sunday</evidence></think>\nAnswer: sadness",
+        "no quote</think>\nAnswer: sadness",
+    ]
+    assert ev.grounding(texts, [e] * 3) == {"quoting": 2 / 3, "verified": 2 / 3}
+    assert ev.grounding(["nothing</think>\nAnswer: joy"], [e]) == {"quoting": 0.0, "verified": None}
+
+
+def test_compare_refuses_evaluations_of_other_tasks_unless_asked_side_by_side(tmp_path, capsys):
+    base, other = fake_eval("A", 0.40, 0.50, 900, 800), fake_eval("B", 0.02, 0.03, 400, 350)
+    for e, task in ((base, "ccu_emotion"), (other, "cped_emotion")):
+        for s in e["sets"].values():
+            s |= {"task": task, "n_examples": 10, "examples": task}
+        (tmp_path / e["name"]).mkdir()
+        (tmp_path / e["name"] / "eval.json").write_text(json.dumps(e))
+    with pytest.raises(SystemExit) as stop:
+        ev.main(["compare", str(tmp_path / "A"), str(tmp_path / "B")])
+    err = capsys.readouterr().err.strip()
+    assert stop.value.code == 2 and len(err.splitlines()) == 1, err
+    assert "set 'ccu_zh_emotion' is task ccu_emotion in" in err and "--side-by-side" in err
+    ev.main(["compare", str(tmp_path / "A"), str(tmp_path / "B"), "--side-by-side"])
+    out = capsys.readouterr().out
+    assert "| B | 2.00 ± 1.00 |" in out and "Δ vs" not in out and "Gain of" not in out
+    # the same task, other examples: refused too
+    for s in other["sets"].values():
+        s |= {"task": "ccu_emotion", "n_examples": 12, "examples": "another"}
+    (tmp_path / "B" / "eval.json").write_text(json.dumps(other))
+    with pytest.raises(SystemExit):
+        ev.main(["compare", str(tmp_path / "A"), str(tmp_path / "B")])
+    assert "holds other examples in" in capsys.readouterr().err
+
+
+def test_a_relative_gain_on_a_base_under_the_floor_is_not_shown():
+    low, high = fake_eval("Low", 0.05, 0.30, 1, 1), fake_eval("High", 0.20, 0.36, 1, 1)
+    line = next(x for x in ev.markdown_tables([low, high]).splitlines() if x.startswith("Gain of"))
+    assert line == (
+        "Gain of High over Low in average weighted F1: In-domain +15.00 points (no relative gain "
+        "on a base under 10 points), Out-of-domain +6.00 points (+20.0%)"
+    )
