@@ -1302,6 +1302,8 @@ def plot_f1_vs_tokens(evals: list[dict], path) -> bool:
 CURVES = (
     ("Mean reward", "reward", "reward"),
     ("Reward components", "reward", "rewards/*/mean"),
+    # f is 1 without any tag: beside it, the share of completions that quote at all
+    ("Grounding", "share", "completions/quoting"),
     ("Completion length", "tokens", "completions/mean_length"),
     ("KL to reference", "KL", "kl"),
     ("Masked groups", "groups", "groups/masked"),

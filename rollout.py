@@ -38,6 +38,7 @@ import data
 import dataset
 import rewards
 from model import generate
+from verifier import extract_quotes
 
 
 @dataclass
@@ -193,8 +194,12 @@ def _mean_std(values: list) -> tuple[float | None, float | None]:
 def rank_report(groups: list[Group], counts: dict, train: dict) -> dict:
     """What this rank saw in one update, as plain JSON for `gather_json`."""
     samples = [s for g in groups for member in g.samples for s in member]
+    rollouts = [r for g in groups for r in g.rollouts]
     return {
         "rewards": [g.rewards for g in groups],
+        "rollouts": len(rollouts),
+        # whether grounding happens at all: the format term is 1 without tags too
+        "quoting": sum(bool(extract_quotes(r.reasoning)) for r in rollouts),
         "parts": [g.parts for g in groups],
         "lengths": [len(s.completion) for s in samples],
         "truncated": sum(s.truncated for s in samples),
@@ -247,6 +252,7 @@ def update_metrics(reports: list[dict], update: int, lr: float, beta: float) -> 
         "completions/mean_length": sum(lengths) / max(1, len(lengths)),
         "completions/max_length": max(lengths, default=0),
         "completions/clipped_ratio": total("truncated") / max(1, len(lengths)),
+        "completions/quoting": total("quoting") / max(1, total("rollouts")),
         "kl": per_token("kl") if beta != 0 else None,
         "entropy": per_token("entropy"),
         "clip_ratio/low_mean": per_token("clip_low"),

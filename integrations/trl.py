@@ -55,13 +55,14 @@ from config import (
     read_metrics,
     save_resolved_config,
 )
-from data import Example, count_tokens, get_task
+from data import Example, count_tokens, get_task, split_completion
 from dataset import example_from_json, example_to_json
 from distributed import Ranks
 from integrations import exits_if_missing, require
 from judge import JudgeAuthError, JudgeConfig
 from rollout import update_metrics
 from tokenizer import CheckpointError, QwenTokenizer, load_tokenizer
+from verifier import extract_quotes
 
 
 def examples_dataset(
@@ -273,6 +274,8 @@ def update_lines(packs: list[dict], logs: dict, update: int, cfg: grpo.GRPOConfi
         "rewards": [[line["reward"] for line in g] for g in groups],
         "parts": [{name: [line[name] for line in g] for name in parts} for g in groups],
         "lengths": [line["tokens"] for line in lines],
+        "rollouts": len(lines),
+        "quoting": sum(bool(extract_quotes(split_completion(ln["completion"])[0])) for ln in lines),
         "truncated": sum(line["truncated"] for line in lines),
         "tokens": sum(line["tokens"] for line in lines if line["advantage"] != 0),
         "masked": len(idle),

@@ -834,6 +834,12 @@ def test_three_updates_write_every_output(tmp_path, assets, judge, umask_022):
     assert {"step", "id", "prompt", "completion", "reward", "c", "f", "IU_G", "advantage"} <= set(
         completions[0]
     )
+    for m in metrics:  # the share of the update's completions whose reasoning opens a quotation
+        texts = [r["completion"] for r in completions if r["step"] == m["step"]]
+        mine = [t.rpartition("</think>")[0] if "</think>" in t else t for t in texts]
+        assert m["completions/quoting"] == pytest.approx(
+            sum("<evidence>" in text for text in mine) / len(mine)
+        )
     assert sorted(p.name for p in out.glob("ckpt-*")) == ["ckpt-000002", "ckpt-000003"]
     assert json.loads((out / "ckpt-000003" / "state.json").read_text())["trainer"]["update"] == 3
     assert yaml.safe_load((out / "config.yaml").read_text())["reward"]["name"] == "clue"
@@ -1270,6 +1276,7 @@ def test_an_updates_metrics_hold_the_lowest_and_highest_reward_over_every_rank()
 
     def report(rewards):
         keys = ("tokens", "masked", "unscored", "resampled", "replaced", "truncated", "kl")
+        keys += ("rollouts", "quoting")
         keys += ("entropy", "clip_low", "clip_high", "mismatch_sum", "mismatch_max")
         keys += ("generate_s", "judge_s", "train_s", "calls", "retries", "failures", "malformed")
         return {
