@@ -736,8 +736,8 @@ def _select(model, tok, heldout, cfg, ranks, step: int, state: dict, metrics) ->
     """Score the held-out targets at `step`, log them, and keep the adapter when it is the best so
     far."""
     # a full-parameter run samples from whole weights: no collective per token
-    with gathered(model) if is_sharded(model) else contextlib.nullcontext():
-        scores = heldout_macro_f1(model, tok, heldout, cfg, ranks.rank, ranks.world_size)
+    with gathered(model) if is_sharded(model) else contextlib.nullcontext(model) as decoder:
+        scores = heldout_macro_f1(decoder, tok, heldout, cfg, ranks.rank, ranks.world_size)
     mean = sum(scores.values()) / len(scores)
     state["selection"].append({"step": step, "macro_f1": scores, "mean_macro_f1": mean})
     metrics.write(

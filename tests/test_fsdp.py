@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import instruments as INSTR
 import pytest
@@ -40,6 +41,7 @@ from helpers import (
     sft_checkpoint as write_checkpoint,
 )
 from instruments import end_rank, free_port
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 import checkpoint as CK
@@ -48,6 +50,7 @@ import fsdp as FS
 import model as M
 import sft
 import train as T
+from rollout import PromptSampler
 from tokenizer import QwenTokenizer, load_tokenizer
 
 pytestmark = pytest.mark.slow  # gloo ranks and torchrun
@@ -401,6 +404,74 @@ def test_a_rollout_under_gathered_runs_no_collective_and_decodes_like_the_unshar
     for rank in range(2):
         found = torch.load(tmp_path / f"rank{rank}.pt")
         assert found["during"] == 0 and found["after"] > 0 and found["same"], found
+
+
+def _static_rollout_worker(rank, port, out):
+    gloo_rank(rank, port)
+    ranks = D.setup_distributed("cpu")
+    torch.manual_seed(0)
+    cfg = M.QwenConfig.from_dict(dict(TIED, tie_word_embeddings=False))
+    policy, reference = M.Qwen(cfg), M.Qwen(cfg)
+    reference.load_state_dict(policy.state_dict())
+    FS.shard_model(policy, ranks.device)
+    settings = SimpleNamespace(
+        rollout=SimpleNamespace(
+            group_size=2,
+            max_new_tokens=5 + 3 * rank,
+            temperature=0.0,
+            top_p=1.0,
+            top_k=0,
+            repetition_penalty=1.0,
+            decode="static",
+        )
+    )
+    sampler = FS.GatheredSampler(
+        PromptSampler(policy, SimpleNamespace(eos_token_ids=()), settings), policy
+    )
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8][: 2 + rank]]
+    fired = []  # FSDP's hooks run in the forward of an FSDP unit: count those forwards
+
+    def count(module, args):
+        if isinstance(module, FSDPModule):
+            fired.append(type(module).__name__)
+
+    hook = torch.nn.modules.module.register_module_forward_pre_hook(count)
+    try:
+        with sampler.rollouts(0):
+            tokens, logps = sampler.complete(prompts, seed=0)
+    finally:
+        hook.remove()
+    expected, expected_logps = M.generate(
+        reference,
+        [p for p in prompts for _ in range(2)],
+        5 + 3 * rank,
+        temperature=0,
+        return_logprobs=True,
+    )
+    torch.save(
+        {
+            "fired": fired,
+            "same": tokens == expected,
+            "logp_gap": max(
+                abs(a - b) for x, y in zip(logps, expected_logps) for a, b in zip(x, y)
+            ),
+            "restored": sampler.sampler.policy is policy,
+        },
+        out / f"rank{rank}.pt",
+    )
+    dist.destroy_process_group()
+
+
+def test_a_static_rollout_of_a_sharded_policy_runs_no_fsdp_hook_and_decodes_like_eager(tmp_path):
+    """`finetune: full` with `rollout.decode: static`: a unit's FSDP hooks inside the decode step
+    would run inside the CUDA-graph capture, which they break; the rollout decodes through the
+    gathered weights' hook-free view instead. Greedy, float32: the eager decode of an unsharded copy
+    is the oracle."""
+    mp.spawn(_static_rollout_worker, args=(free_port(), tmp_path), nprocs=2)
+    for rank in range(2):
+        found = torch.load(tmp_path / f"rank{rank}.pt")
+        assert found["fired"] == [] and found["same"] and found["restored"], found
+        assert found["logp_gap"] < 1e-5, found
 
 
 # ----------------------------------------------------------------------------- prefetch
