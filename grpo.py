@@ -133,8 +133,9 @@ class RolloutSettings:  # paper A.2: temperature 1, top-p 1, no top-k, repetitio
     repetition_penalty: float = 1.0
     enable_thinking: bool | None = None  # None: the chat template's default (Qwen3 / 3.5 think)
     # engine local, single-turn prompts: model.generate's decode step; static: one CUDA graph per
-    # step (captured once per batch), compiled: also through torch.compile (eager until measured)
-    decode: Literal["eager", "static", "compiled"] = "eager"
+    # step (captured once per batch), compiled: also through torch.compile; auto: static on CUDA,
+    # eager on a CPU (model.resolve_decode)
+    decode: Literal["auto", "eager", "static", "compiled"] = "auto"
     # vllm: sampled by the server in `vllm` (vllm_engine.py), the LoRA or whole weights synced
     engine: Literal["local", "vllm"] = "local"
     vllm: VLLMSettings = field(default_factory=VLLMSettings)

@@ -1488,7 +1488,16 @@ class CapturedStep:
         return first
 
 
-DECODE = ("eager", "static", "compiled")
+DECODE = ("auto", "eager", "static", "compiled")
+
+
+def resolve_decode(decode: str, device) -> str:
+    """The decode step `generate` runs on `device` for the setting `decode` (DECODE): "auto" is
+    "static" on CUDA (one CUDA graph a step: 6.2x eager on an H200, bench/RESULTS.md) and "eager"
+    elsewhere (on a CPU the static step is no faster); the others are themselves."""
+    if decode != "auto":
+        return decode
+    return "static" if torch.device(device).type == "cuda" else "eager"
 
 
 def decode_step(model: Qwen, cache: Cache, decode: str):
@@ -1536,7 +1545,8 @@ def generate(
     `decode` (DECODE, `decode_step`): "eager" runs each step's operators one by one; "static" makes
     the cache static after the prefill (`Cache.make_static`: every step the same shapes, no
     compaction, each query over all of its row's slots) and on CUDA replays the step as one CUDA
-    graph; "compiled" also runs it through torch.compile. The tokens are the same (greedy: equal;
+    graph; "compiled" also runs it through torch.compile; "auto" is static on CUDA, eager elsewhere
+    (`resolve_decode`). The tokens are the same (greedy: equal;
     sampled: up to float rounding of the logits)."""
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("generate: prompts must be a non-empty list of non-empty token lists")
@@ -1554,6 +1564,7 @@ def generate(
             f"generate: invalid settings {temperature=} {top_p=} {top_k=} {repetition_penalty=} "
             f"{max_new_tokens=} {max_rows=} {compact_below=} {decode=}"
         )
+    decode = resolve_decode(decode, model.device)
     rng = torch.Generator().manual_seed(seed) if seed is not None else None
     uniform = (
         torch.rand(len(prompts), max_new_tokens, generator=rng, dtype=torch.float64)
