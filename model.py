@@ -1074,6 +1074,27 @@ def lora_disabled(model: Qwen):
             setattr(owner, name, state)
 
 
+@contextlib.contextmanager
+def lora_merged(model: Qwen):
+    """Decoding off LoRA's side path (two products and their casts in every adapted projection of
+    every step): in the block each enabled LoRA projection computes with a weight of its own,
+    W + (alpha / r) B A rounded to the model dtype (`Linear.merged_weight`), and leaves its factors
+    alone. Nothing is un-merged: on exit each projection gets back its own weight, a tensor the
+    block never wrote, so training's weights are bit for bit those before; the merged copies are
+    freed. While the block runs they cost one more copy of the adapted weights."""
+    merged = [m for m in lora_modules(model).values() if m.lora_enabled]
+    weights = [m.weight for m in merged]
+    try:
+        with torch.no_grad():
+            for m in merged:
+                m.weight = nn.Parameter(m.merged_weight(), requires_grad=False)
+                m.lora_enabled = False
+        yield model
+    finally:
+        for m, weight in zip(merged, weights):
+            m.weight, m.lora_enabled = weight, True
+
+
 def train_token_rows(model: Qwen, token_ids) -> list[nn.Parameter]:
     """Make the embedding and lm_head rows of `token_ids` trainable (float32 copies; the frozen
     matrices are untouched until `merge_lora`). Returns the new parameters."""

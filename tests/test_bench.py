@@ -243,6 +243,25 @@ def test_bench_decode_tiny():
     )
 
 
+def test_bench_decode_tiny_with_a_lora_counts_fewer_operators_merged():
+    out = run(
+        "bench_decode.py",
+        *("--new", "8", "--layers", "1", "--repeats", "0"),
+        *("--lora", "4", "--dtype", "bfloat16"),
+    )
+    rows = {(r["decode"], r["LoRA"]): r for r in table(out, "decode")}
+    assert list(rows) == [
+        ("eager", "side path"),
+        ("eager", "merged"),
+        ("static", "side path"),
+        ("static", "merged"),
+        ("compiled", "merged"),
+    ]
+    for way in ("eager", "static"):  # per adapted projection: 2 products and 4 casts fewer
+        side, merged = (number(rows[way, p]["aten operators per token"]) for p in gpu.LORA_PATHS)
+        assert merged < side - 6 * 7
+
+
 def test_bench_verifier_tiny(shared_data):
     if not (shared_data / "meld" / "train_sent_emo.csv").is_file():
         pytest.skip(f"MELD not found under {shared_data}")
@@ -492,8 +511,14 @@ def test_gpu_script_runs_tiny_on_the_cpu(tmp_path):
             "GRPO update, padded and packed",
         ]
         decode, packing = tables.values()
-        assert [r["decode"] for r in decode] == ["eager", "static", "static"]
-        assert [r["rows x (prompt + new)"] for r in decode] == ["2 x (16 shared + 8)"] * 2 + [
+        assert [(r["decode"], r["LoRA"]) for r in decode] == [
+            ("eager", "side path"),
+            ("eager", "merged"),
+            ("static", "side path"),
+            ("static", "merged"),
+            ("static", "merged"),
+        ]
+        assert [r["rows x (prompt + new)"] for r in decode] == ["2 x (16 shared + 8)"] * 4 + [
             "2 x (16 shared + 16)"
         ]
         for r in decode:
@@ -515,9 +540,16 @@ def test_gpu_script_runs_tiny_on_the_cpu(tmp_path):
     assert not (tmp_path / "sync-weights").exists()  # deleted once timed
     for section in sections[3:]:
         [launches] = gpu_tables(section).values()
-        assert [r["decode"] for r in launches] == ["eager", "static"]
+        assert [(r["decode"], r["LoRA"]) for r in launches] == [
+            ("eager", "side path"),
+            ("eager", "merged"),
+            ("static", "side path"),
+            ("static", "merged"),
+        ]
         for r in launches:
             assert positive(r["per token"]) > 100 and r["counted"] == "aten operator calls"
+        for side, merged in (launches[:2], launches[2:]):  # no LoRA side path: fewer operators
+            assert number(merged["per token"]) < number(side["per token"])
 
 
 def test_a_failed_section_keeps_the_rows_before_it_and_the_run_goes_on(tmp_path):
