@@ -16,7 +16,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import instruments as INSTR
 import pytest
@@ -29,6 +28,7 @@ from helpers import (
     config_file,
     gloo_rank,
     metrics,
+    prompt_sampler,
     sad_row,
     sft_adapter,
     tensors,
@@ -50,7 +50,6 @@ import fsdp as FS
 import model as M
 import sft
 import train as T
-from rollout import PromptSampler
 from tokenizer import QwenTokenizer, load_tokenizer
 
 pytestmark = pytest.mark.slow  # gloo ranks and torchrun
@@ -414,20 +413,7 @@ def _static_rollout_worker(rank, port, out):
     policy, reference = M.Qwen(cfg), M.Qwen(cfg)
     reference.load_state_dict(policy.state_dict())
     FS.shard_model(policy, ranks.device)
-    settings = SimpleNamespace(
-        rollout=SimpleNamespace(
-            group_size=2,
-            max_new_tokens=5 + 3 * rank,
-            temperature=0.0,
-            top_p=1.0,
-            top_k=0,
-            repetition_penalty=1.0,
-            decode="static",
-        )
-    )
-    sampler = FS.GatheredSampler(
-        PromptSampler(policy, SimpleNamespace(eos_token_ids=()), settings), policy
-    )
+    sampler = FS.GatheredSampler(prompt_sampler(policy, 2, 5 + 3 * rank, 0.0, "static"), policy)
     prompts = [[1, 2, 3], [4, 5, 6, 7, 8][: 2 + rank]]
     fired = []  # FSDP's hooks run in the forward of an FSDP unit: count those forwards
 

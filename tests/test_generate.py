@@ -3,8 +3,6 @@ rows-per-chunk cap and the sampler, against transformers' greedy generate, one-r
 generation, a hand-built model whose outputs are known in advance, and the sampling distribution;
 the static decode step (decode="static", "compiled") against the eager one."""
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 from helpers import (
@@ -14,12 +12,12 @@ from helpers import (
     hf_checkpoint,
     hf_greedy,
     ids,
+    prompt_sampler,
     random_model,
     randomize,
 )
 
 import model as M
-from rollout import PromptSampler
 
 transformers = pytest.importorskip("transformers")
 scipy_stats = pytest.importorskip("scipy.stats")
@@ -435,18 +433,7 @@ def test_a_rollout_decodes_off_the_lora_side_path_with_its_tokens_and_weights_un
     0.018 against 0.013)."""
     model = lora_policy(dtype)
     before = {name: (p, p.detach().clone()) for name, p in model.named_parameters()}
-    settings = SimpleNamespace(
-        rollout=SimpleNamespace(
-            group_size=3,
-            max_new_tokens=10,
-            temperature=1.0,
-            top_p=1.0,
-            top_k=0,
-            repetition_penalty=1.0,
-            decode="eager",
-        )
-    )
-    sampler = PromptSampler(model, SimpleNamespace(eos_token_ids=()), settings)
+    sampler = prompt_sampler(model, 3, 10, temperature=1.0, decode="eager")
     prompts = [[1, 2, 3, 4], [5, 6]]
     rows = [p for p in prompts for _ in range(3)]
     side_path = []
