@@ -3,8 +3,9 @@ with its RoPE frequency scaling) in plain PyTorch:
 config, forward, safetensors loading, LoRA (inject, disable, merge, PEFT-format save/load),
 trainable special-token rows, a preallocated generation cache, batched sampling and chunked token
 log-probabilities. The tokenizer and ChatML live in tokenizer.py (re-exported here: `from model
-import load_tokenizer`); config's `excerpt` is the only other project import; flash-attn and
-flash-linear-attention are optional CUDA-only speed-ups, the plain PyTorch path is the reference.
+import load_tokenizer`); config's `excerpt` is the only other project import; flash-attn,
+flash-linear-attention and torch's own varlen attention are optional CUDA-only speed-ups, the plain
+PyTorch path is the reference.
 
 Batches of different-length sequences: pad on the RIGHT. Every layer is causal (attention, the
 causal conv and the delta-rule recurrence), so a real token never sees the padding after it and its
@@ -18,6 +19,7 @@ CUDA graph (`generate(..., decode=...)`)."""
 import contextlib
 import functools
 import importlib
+import inspect
 import json
 import math
 import os
@@ -232,7 +234,8 @@ def parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
     return DTYPES[dtype]
 
 
-# optional_kernel's answers: a plain dict, which torch.compile reads (it cannot trace an import)
+# optional_kernel's and varlen_kernel's answers: a plain dict, which torch.compile reads (it cannot
+# trace an import)
 KERNELS: dict[tuple[str, str], object] = {}
 
 
@@ -489,16 +492,11 @@ def attention(q, k, v, step: ForwardState, layer_idx: int):
 
 def packed_attention(q, k, v, packing: Packing):
     """Causal attention within each sequence of a packed row, q [1, N, H, D] over k, v [1, N, Hkv,
-    D]: flash-attn's varlen kernel on CUDA in half precision when it is installed, else SDPA on each
-    sequence in turn (no [N, N] mask, no work across sequences)."""
-    varlen = (
-        optional_kernel("flash_attn", "flash_attn_varlen_func")
-        if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
-        else None
-    )
+    D]: one varlen kernel call where one runs (`packed_kernel`), else SDPA on each sequence in turn
+    (no [N, N] mask, no work across sequences)."""
+    varlen = packed_kernel(q)
     if varlen is not None:
-        width = max(packing.lens)
-        return varlen(q[0], k[0], v[0], packing.cu, packing.cu, width, width, causal=True)[None]
+        return varlen(q[0], k[0], v[0], packing.cu, max(packing.lens))[None]
     return torch.cat(
         [
             F.scaled_dot_product_attention(
@@ -508,6 +506,35 @@ def packed_attention(q, k, v, packing: Packing):
         ],
         1,
     )
+
+
+def packed_kernel(q):
+    """The varlen kernel a packed batch runs for q's device and dtype: `varlen_kernel` on CUDA in
+    half precision (flash kernels, which run nowhere else), else None."""
+    return varlen_kernel() if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) else None
+
+
+def varlen_kernel():
+    """Causal varlen attention, f(q [N, H, D], k and v [N, Hkv, D], cu, longest) -> [N, H, D]:
+    flash-attn's `flash_attn_varlen_func` when it is installed, else torch's own
+    `torch.nn.attention.varlen.varlen_attn` where this torch has it with GQA (`enable_gqa`; its
+    flash kernel runs on CUDA only), else None. Looked up once (KERNELS)."""
+    if ("varlen", "causal") not in KERNELS:
+        flash = optional_kernel("flash_attn", "flash_attn_varlen_func")
+        native = optional_kernel("torch.nn.attention.varlen", "varlen_attn")
+        kernel = None
+        if flash is not None:
+
+            def kernel(q, k, v, cu, n):
+                return flash(q, k, v, cu, cu, n, n, causal=True)
+
+        elif native is not None and "enable_gqa" in inspect.signature(native).parameters:
+
+            def kernel(q, k, v, cu, n):
+                return native(q, k, v, cu, cu, n, n, window_size=(-1, 0), enable_gqa=True)
+
+        KERNELS["varlen", "causal"] = kernel
+    return KERNELS["varlen", "causal"]
 
 
 def attend(q, k, v, mask):

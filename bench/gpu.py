@@ -686,8 +686,10 @@ def attention_path(device, dtype, packed: bool) -> str:
     """Which attention a training batch runs here (model.attention, model.packed_attention)."""
     half = device.type == "cuda" and dtype in (torch.float16, torch.bfloat16)
     if packed:
-        varlen = half and M.optional_kernel("flash_attn", "flash_attn_varlen_func")
-        return "flash-attn varlen" if varlen else "SDPA per sequence"
+        if not half or M.varlen_kernel() is None:
+            return "SDPA per sequence"
+        flash = M.optional_kernel("flash_attn", "flash_attn_varlen_func")
+        return "flash-attn varlen" if flash else "torch varlen_attn"
     return "SDPA causal"
 
 
