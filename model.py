@@ -273,28 +273,30 @@ class RMSNorm(nn.Module):
 
 class Linear(nn.Linear):
     """nn.Linear with an optional LoRA delta: y = x W^T + b + (alpha / r) * dropout(x) A^T B^T.
-    A [r, in] and B [out, r] are float32 (like PEFT) and computed in float32."""
+    A [r, in] and B [out, r] are float32 (like PEFT), computed in float32, or with `lora_compute`
+    "model" as copies cast to the base's dtype each forward (the float32 factors stay what AdamW
+    trains; their gradients come back float32 through the casts)."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False):
         super().__init__(in_features, out_features, bias=bias)
         self.lora_A = self.lora_B = None  # nn.Parameter when added by add_lora
         self.lora_scale, self.lora_dropout, self.lora_enabled = 0.0, 0.0, True
+        self.lora_compute = "float32"
 
     def forward(self, x):
         if self.lora_A is None or not self.lora_enabled:
             return F.linear(x, self.weight, self.bias)
-        xa = F.linear(
-            F.dropout(x, self.lora_dropout, self.training).to(self.lora_A.dtype), self.lora_A
-        )
+        A, B = self.lora_A, self.lora_B
+        if self.lora_compute == "model":
+            A, B = A.to(self.weight.dtype), B.to(self.weight.dtype)
+        xa = F.linear(F.dropout(x, self.lora_dropout, self.training).to(A.dtype), A)
         if xa.dtype != self.weight.dtype:  # float32 factors on a half-precision base
-            return F.linear(x, self.weight, self.bias) + (
-                F.linear(xa, self.lora_B) * self.lora_scale
-            ).to(x.dtype)
+            return F.linear(x, self.weight, self.bias) + (F.linear(xa, B) * self.lora_scale).to(
+                x.dtype
+            )
         # y += s (x A^T) B^T in place, in one product
         y = F.linear(x.flatten(0, -2), self.weight, self.bias)
-        return y.addmm_(xa.flatten(0, -2), self.lora_B.T, alpha=self.lora_scale).view(
-            *x.shape[:-1], -1
-        )
+        return y.addmm_(xa.flatten(0, -2), B.T, alpha=self.lora_scale).view(*x.shape[:-1], -1)
 
     def merged_weight(self) -> torch.Tensor:
         if self.lora_A is None:
@@ -857,6 +859,7 @@ class Qwen(nn.Module):
         self.embed_rows = self.head_rows = None  # nn.Parameter when trained (train_token_rows)
         self.rows_enabled = True
         self.gradient_checkpointing = False  # recompute each layer in backward (training only)
+        self.compiled_layers = None  # `compile_layers`
 
     @classmethod
     def from_pretrained(cls, path, dtype=None, device=None, on_meta=None) -> "Qwen":
@@ -910,6 +913,14 @@ class Qwen(nn.Module):
             model.load_state_dict(state, strict=False, assign=True)
         model.source = path
         return model.eval()
+
+    def compile_layers(self) -> None:
+        """torch.compile each decoder layer's forward for the forwards without a cache (training,
+        log-probabilities): Inductor fuses its norms, RoPE, activations and casts, forward and
+        backward; each new input shape compiles once (a second one makes it dynamic). Decoding
+        stays as it is (`generate(decode="compiled")` compiles its own step). No module hook runs
+        inside: not for a sharded model."""
+        self.compiled_layers = [torch.compile(layer.forward) for layer in self.model.layers]
 
     device = property(lambda self: self.model.embed_tokens.weight.device)
     dtype = property(lambda self: self.model.embed_tokens.weight.dtype)
@@ -982,7 +993,8 @@ class Qwen(nn.Module):
             and torch.is_grad_enabled()
             and cache is None
         )
-        for layer in self.model.layers:
+        compiled = cache is None and self.compiled_layers is not None
+        for layer in self.compiled_layers if compiled else self.model.layers:
             x = checkpoint(layer, x, step, use_reentrant=False) if recompute else layer(x, step)
         if cache is not None:
             cache.lens += lengths  # in place, as every cache write: a captured step replays them
@@ -1056,11 +1068,14 @@ def lora_modules(model: Qwen) -> dict[str, Linear]:
 
 
 def add_lora(
-    model: Qwen, rank=16, alpha=32, dropout=0.0, targets=LORA_TARGETS
+    model: Qwen, rank=16, alpha=32, dropout=0.0, targets=LORA_TARGETS, compute="float32"
 ) -> list[nn.Parameter]:
     """Freeze every base parameter and give each Linear whose name ends in one of `targets` float32
-    factors `lora_A` (Kaiming-uniform, as PEFT) and `lora_B` (zeros, so the model is unchanged).
-    Returns the new trainable parameters."""
+    factors `lora_A` (Kaiming-uniform, as PEFT) and `lora_B` (zeros, so the model is unchanged),
+    computed in `compute` ("float32", or "model": cast to the base's dtype, `Linear`). Returns the
+    new trainable parameters."""
+    if compute not in ("float32", "model"):
+        raise ValueError(f"add_lora: compute {excerpt(compute)} is not float32 or model")
     model.requires_grad_(False)
     params = []
     for name, m in model.named_modules():
@@ -1072,6 +1087,7 @@ def add_lora(
                 nn.Parameter(torch.zeros(m.out_features, rank, device=A.device)),
             )
             m.lora_scale, m.lora_dropout, m.lora_enabled = alpha / rank, dropout, True
+            m.lora_compute = compute
             params += [m.lora_A, m.lora_B]
     if not params:
         raise ValueError(f"add_lora: no module matches targets {list(targets)}")
