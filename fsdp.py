@@ -282,7 +282,10 @@ def plain_view(model: Qwen) -> Qwen:
         strict=False,
         assign=True,
     )
-    view.row_ids, view.embed_rows, view.head_rows = model.row_ids, model.embed_rows, model.head_rows
+    if model.row_ids is not None:  # detached, so the view's requires_grad_ leaves them trainable
+        view.row_ids, view.embed_rows = model.row_ids, model.embed_rows.detach()
+        tied = model.head_rows is model.embed_rows
+        view.head_rows = view.embed_rows if tied else model.head_rows.detach()
     view.rows_enabled = model.rows_enabled
     if missing := [name for name, p in view.named_parameters() if p.is_meta]:
         raise RuntimeError(f"plain_view: {missing[0]} is not gathered")

@@ -412,7 +412,9 @@ def _static_rollout_worker(rank, port, out):
     cfg = M.QwenConfig.from_dict(dict(TIED, tie_word_embeddings=False))
     policy, reference = M.Qwen(cfg), M.Qwen(cfg)
     reference.load_state_dict(policy.state_dict())
+    M.train_token_rows(policy, [3, 5])  # SFT's <evidence> rows: trainable, whole on every rank
     FS.shard_model(policy, ranks.device)
+    trainable = {name: p.requires_grad for name, p in policy.named_parameters()}
     sampler = FS.GatheredSampler(prompt_sampler(policy, 2, 5 + 3 * rank, 0.0, "static"), policy)
     prompts = [[1, 2, 3], [4, 5, 6, 7, 8][: 2 + rank]]
     fired = []  # FSDP's hooks run in the forward of an FSDP unit: count those forwards
@@ -441,7 +443,8 @@ def _static_rollout_worker(rank, port, out):
             "logp_gap": max(
                 abs(a - b) for x, y in zip(logps, expected_logps) for a, b in zip(x, y)
             ),
-            "restored": sampler.sampler.policy is policy,
+            "restored": sampler.sampler.policy is policy
+            and trainable == {name: p.requires_grad for name, p in policy.named_parameters()},
         },
         out / f"rank{rank}.pt",
     )
