@@ -679,8 +679,11 @@ def test_a_packed_run_trains_like_a_padded_one(tmp_path):
     padded, packed = (read_jsonl(runs[n] / "metrics.jsonl") for n in ("padded", "packed"))
     assert [m["step"] for m in packed] == [1, 2] and all(m["grad_norm"] > 0 for m in padded)
     for a, b in zip(packed, padded):
-        for key in ("loss", "kl", "grad_norm", "entropy", "logp_mismatch/max", "reward"):
+        for key in ("loss", "kl", "grad_norm", "entropy", "reward"):
             assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-7), key
+        # the sampler decodes with the LoRA merged, a float32 rounding (about 1e-6) away from the
+        # trainer's side path: the largest gap moves by float32 rounding between the layouts
+        assert a["logp_mismatch/max"] == pytest.approx(b["logp_mismatch/max"], abs=1e-6)
     found, expected = (
         load_file(runs[n] / "adapter" / "adapter_model.safetensors") for n in ("packed", "padded")
     )
