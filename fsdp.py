@@ -256,30 +256,58 @@ def pad_batches(batches: list, idle, device: torch.device) -> list:
 @contextlib.contextmanager
 def gathered(model: Qwen):
     """Every unit's weights all-gathered once (in the compute dtype) and kept through the block, so
-    decoding runs no collective per token; resharded on exit, before training."""
+    decoding runs no collective per token; yields `plain_view(model)`, the model to decode with.
+    Resharded on exit, before training (the view's tensors are then freed)."""
     for unit in units(model):
         unit.set_reshard_after_forward(False, recurse=False)
         unit.unshard()
     try:
-        yield model
+        yield plain_view(model)
     finally:
         for unit in units(model):
             unit.reshard()
             unit.set_reshard_after_forward(unit is not model, recurse=False)
 
 
+def plain_view(model: Qwen) -> Qwen:
+    """A Qwen over the gathered weights of a sharded `model` (`gathered`), the same tensors without
+    FSDP's module hooks: each unit's pre-forward hook makes FSDP's streams wait on the current one,
+    which a CUDA-graph capture (`rollout.decode: static`) does not survive; a decode step through
+    the view runs the same operators on the same weights, and nothing else."""
+    with torch.device("meta"):
+        view = Qwen(model.config)
+    rows = ("embed_rows", "head_rows")  # not in a fresh Qwen's state: set below
+    view.load_state_dict(
+        {name: p.detach() for name, p in model.named_parameters() if name not in rows},
+        strict=False,
+        assign=True,
+    )
+    if model.row_ids is not None:  # detached, so the view's requires_grad_ leaves them trainable
+        view.row_ids, view.embed_rows = model.row_ids, model.embed_rows.detach()
+        tied = model.head_rows is model.embed_rows
+        view.head_rows = view.embed_rows if tied else model.head_rows.detach()
+    view.rows_enabled = model.rows_enabled
+    if missing := [name for name, p in view.named_parameters() if p.is_meta]:
+        raise RuntimeError(f"plain_view: {missing[0]} is not gathered")
+    return view.requires_grad_(False).eval()
+
+
 class GatheredSampler:
     """A sampler (rollout.py's interface) for a sharded policy: an update's rollouts run with the
     policy's weights gathered whole (`gathered`), once per update on every rank, however many
-    sampling rounds each rank runs."""
+    sampling rounds each rank runs, and decode through their hook-free `plain_view`."""
 
     def __init__(self, sampler, policy: Qwen):
         self.sampler, self.policy = sampler, policy
 
     @contextlib.contextmanager
     def rollouts(self, update: int):
-        with gathered(self.policy), self.sampler.rollouts(update):
-            yield
+        with gathered(self.policy) as view, self.sampler.rollouts(update):
+            self.sampler.policy = view
+            try:
+                yield
+            finally:
+                self.sampler.policy = self.policy
 
     def __getattr__(self, name):  # segments, open, sample, judge: the wrapped sampler's
         return getattr(self.sampler, name)

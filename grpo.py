@@ -97,6 +97,7 @@ from train import (
     Progress,
     StopRequest,
     build_optimizer,
+    check_compile,
     clip_gradients,
     finetune_settings,
     optimizer_parameters,
@@ -120,6 +121,8 @@ class ModelSettings:
     dtype: str = "bfloat16"
     device: str | None = None  # default: cuda:LOCAL_RANK when available, else the CPU
     gradient_checkpointing: bool = False
+    # torch.compile each layer for training's forwards and backwards (Qwen.compile_layers)
+    compile: bool = False
 
 
 @dataclass
@@ -134,8 +137,9 @@ class RolloutSettings:  # paper A.2: temperature 1, top-p 1, no top-k, repetitio
     repetition_penalty: float = 1.0
     enable_thinking: bool | None = None  # None: the chat template's default (Qwen3 / 3.5 think)
     # engine local, single-turn prompts: model.generate's decode step; static: one CUDA graph per
-    # step (captured once per batch), compiled: also through torch.compile (eager until measured)
-    decode: Literal["eager", "static", "compiled"] = "eager"
+    # step (captured once per batch), compiled: also through torch.compile; auto: static on CUDA,
+    # eager on a CPU (model.resolve_decode)
+    decode: Literal["auto", "eager", "static", "compiled"] = "auto"
     # vllm: sampled by the server in `vllm` (vllm_engine.py), the LoRA or whole weights synced
     engine: Literal["local", "vllm"] = "local"
     vllm: VLLMSettings = field(default_factory=VLLMSettings)
@@ -219,6 +223,8 @@ class GRPOConfig:
     def __post_init__(self):
         check_report_to(self.report_to, self.output_dir)
         self.lora = finetune_settings(self.finetune, self.lora, self.save_merged, LoraSettings())
+        if self.model.compile:
+            check_compile("model.compile", self.finetune, self.loss.micro_batch_tokens)
 
 
 # ----------------------------------------------------------------------------- the math
@@ -935,8 +941,12 @@ def build_policy(cfg: GRPOConfig, ranks: Ranks, like: Qwen | None = None):
         add_special_tokens(policy, tok, [data.EVIDENCE_OPEN, data.EVIDENCE_CLOSE])
         merge_lora(load_adapter(policy, cfg.model.sft_adapter))
     torch.manual_seed(cfg.seed)
-    add_lora(policy, cfg.lora.rank, cfg.lora.alpha, cfg.lora.dropout, cfg.lora.targets)
+    add_lora(
+        policy, cfg.lora.rank, cfg.lora.alpha, cfg.lora.dropout, cfg.lora.targets, cfg.lora.compute
+    )
     policy.gradient_checkpointing = cfg.model.gradient_checkpointing
+    if cfg.model.compile:
+        policy.compile_layers()
     return policy, tok
 
 

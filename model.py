@@ -3,8 +3,9 @@ with its RoPE frequency scaling) in plain PyTorch:
 config, forward, safetensors loading, LoRA (inject, disable, merge, PEFT-format save/load),
 trainable special-token rows, a preallocated generation cache, batched sampling and chunked token
 log-probabilities. The tokenizer and ChatML live in tokenizer.py (re-exported here: `from model
-import load_tokenizer`); config's `excerpt` is the only other project import; flash-attn and
-flash-linear-attention are optional CUDA-only speed-ups, the plain PyTorch path is the reference.
+import load_tokenizer`); config's `excerpt` is the only other project import; flash-attn,
+flash-linear-attention and torch's own varlen attention are optional CUDA-only speed-ups, the plain
+PyTorch path is the reference.
 
 Batches of different-length sequences: pad on the RIGHT. Every layer is causal (attention, the
 causal conv and the delta-rule recurrence), so a real token never sees the padding after it and its
@@ -18,6 +19,7 @@ CUDA graph (`generate(..., decode=...)`)."""
 import contextlib
 import functools
 import importlib
+import inspect
 import json
 import math
 import os
@@ -232,7 +234,8 @@ def parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
     return DTYPES[dtype]
 
 
-# optional_kernel's answers: a plain dict, which torch.compile reads (it cannot trace an import)
+# optional_kernel's and varlen_kernel's answers: a plain dict, which torch.compile reads (it cannot
+# trace an import)
 KERNELS: dict[tuple[str, str], object] = {}
 
 
@@ -270,28 +273,30 @@ class RMSNorm(nn.Module):
 
 class Linear(nn.Linear):
     """nn.Linear with an optional LoRA delta: y = x W^T + b + (alpha / r) * dropout(x) A^T B^T.
-    A [r, in] and B [out, r] are float32 (like PEFT) and computed in float32."""
+    A [r, in] and B [out, r] are float32 (like PEFT), computed in float32, or with `lora_compute`
+    "model" as copies cast to the base's dtype each forward (the float32 factors stay what AdamW
+    trains; their gradients come back float32 through the casts)."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False):
         super().__init__(in_features, out_features, bias=bias)
         self.lora_A = self.lora_B = None  # nn.Parameter when added by add_lora
         self.lora_scale, self.lora_dropout, self.lora_enabled = 0.0, 0.0, True
+        self.lora_compute = "float32"
 
     def forward(self, x):
         if self.lora_A is None or not self.lora_enabled:
             return F.linear(x, self.weight, self.bias)
-        xa = F.linear(
-            F.dropout(x, self.lora_dropout, self.training).to(self.lora_A.dtype), self.lora_A
-        )
+        A, B = self.lora_A, self.lora_B
+        if self.lora_compute == "model":
+            A, B = A.to(self.weight.dtype), B.to(self.weight.dtype)
+        xa = F.linear(F.dropout(x, self.lora_dropout, self.training).to(A.dtype), A)
         if xa.dtype != self.weight.dtype:  # float32 factors on a half-precision base
-            return F.linear(x, self.weight, self.bias) + (
-                F.linear(xa, self.lora_B) * self.lora_scale
-            ).to(x.dtype)
+            return F.linear(x, self.weight, self.bias) + (F.linear(xa, B) * self.lora_scale).to(
+                x.dtype
+            )
         # y += s (x A^T) B^T in place, in one product
         y = F.linear(x.flatten(0, -2), self.weight, self.bias)
-        return y.addmm_(xa.flatten(0, -2), self.lora_B.T, alpha=self.lora_scale).view(
-            *x.shape[:-1], -1
-        )
+        return y.addmm_(xa.flatten(0, -2), B.T, alpha=self.lora_scale).view(*x.shape[:-1], -1)
 
     def merged_weight(self) -> torch.Tensor:
         if self.lora_A is None:
@@ -489,16 +494,11 @@ def attention(q, k, v, step: ForwardState, layer_idx: int):
 
 def packed_attention(q, k, v, packing: Packing):
     """Causal attention within each sequence of a packed row, q [1, N, H, D] over k, v [1, N, Hkv,
-    D]: flash-attn's varlen kernel on CUDA in half precision when it is installed, else SDPA on each
-    sequence in turn (no [N, N] mask, no work across sequences)."""
-    varlen = (
-        optional_kernel("flash_attn", "flash_attn_varlen_func")
-        if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
-        else None
-    )
+    D]: one varlen kernel call where one runs (`packed_kernel`), else SDPA on each sequence in turn
+    (no [N, N] mask, no work across sequences)."""
+    varlen = packed_kernel(q)
     if varlen is not None:
-        width = max(packing.lens)
-        return varlen(q[0], k[0], v[0], packing.cu, packing.cu, width, width, causal=True)[None]
+        return varlen(q[0], k[0], v[0], packing.cu, max(packing.lens))[None]
     return torch.cat(
         [
             F.scaled_dot_product_attention(
@@ -508,6 +508,35 @@ def packed_attention(q, k, v, packing: Packing):
         ],
         1,
     )
+
+
+def packed_kernel(q):
+    """The varlen kernel a packed batch runs for q's device and dtype: `varlen_kernel` on CUDA in
+    half precision (flash kernels, which run nowhere else), else None."""
+    return varlen_kernel() if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) else None
+
+
+def varlen_kernel():
+    """Causal varlen attention, f(q [N, H, D], k and v [N, Hkv, D], cu, longest) -> [N, H, D]:
+    flash-attn's `flash_attn_varlen_func` when it is installed, else torch's own
+    `torch.nn.attention.varlen.varlen_attn` where this torch has it with GQA (`enable_gqa`; its
+    flash kernel runs on CUDA only), else None. Looked up once (KERNELS)."""
+    if ("varlen", "causal") not in KERNELS:
+        flash = optional_kernel("flash_attn", "flash_attn_varlen_func")
+        native = optional_kernel("torch.nn.attention.varlen", "varlen_attn")
+        kernel = None
+        if flash is not None:
+
+            def kernel(q, k, v, cu, n):
+                return flash(q, k, v, cu, cu, n, n, causal=True)
+
+        elif native is not None and "enable_gqa" in inspect.signature(native).parameters:
+
+            def kernel(q, k, v, cu, n):
+                return native(q, k, v, cu, cu, n, n, window_size=(-1, 0), enable_gqa=True)
+
+        KERNELS["varlen", "causal"] = kernel
+    return KERNELS["varlen", "causal"]
 
 
 def attend(q, k, v, mask):
@@ -830,6 +859,7 @@ class Qwen(nn.Module):
         self.embed_rows = self.head_rows = None  # nn.Parameter when trained (train_token_rows)
         self.rows_enabled = True
         self.gradient_checkpointing = False  # recompute each layer in backward (training only)
+        self.compiled_layers = None  # `compile_layers`
 
     @classmethod
     def from_pretrained(cls, path, dtype=None, device=None, on_meta=None) -> "Qwen":
@@ -883,6 +913,14 @@ class Qwen(nn.Module):
             model.load_state_dict(state, strict=False, assign=True)
         model.source = path
         return model.eval()
+
+    def compile_layers(self) -> None:
+        """torch.compile each decoder layer's forward for the forwards without a cache (training,
+        log-probabilities): Inductor fuses its norms, RoPE, activations and casts, forward and
+        backward; each new input shape compiles once (a second one makes it dynamic). Decoding
+        stays as it is (`generate(decode="compiled")` compiles its own step). No module hook runs
+        inside: not for a sharded model."""
+        self.compiled_layers = [torch.compile(layer.forward) for layer in self.model.layers]
 
     device = property(lambda self: self.model.embed_tokens.weight.device)
     dtype = property(lambda self: self.model.embed_tokens.weight.dtype)
@@ -955,7 +993,8 @@ class Qwen(nn.Module):
             and torch.is_grad_enabled()
             and cache is None
         )
-        for layer in self.model.layers:
+        compiled = cache is None and self.compiled_layers is not None
+        for layer in self.compiled_layers if compiled else self.model.layers:
             x = checkpoint(layer, x, step, use_reentrant=False) if recompute else layer(x, step)
         if cache is not None:
             cache.lens += lengths  # in place, as every cache write: a captured step replays them
@@ -1029,11 +1068,14 @@ def lora_modules(model: Qwen) -> dict[str, Linear]:
 
 
 def add_lora(
-    model: Qwen, rank=16, alpha=32, dropout=0.0, targets=LORA_TARGETS
+    model: Qwen, rank=16, alpha=32, dropout=0.0, targets=LORA_TARGETS, compute="float32"
 ) -> list[nn.Parameter]:
     """Freeze every base parameter and give each Linear whose name ends in one of `targets` float32
-    factors `lora_A` (Kaiming-uniform, as PEFT) and `lora_B` (zeros, so the model is unchanged).
-    Returns the new trainable parameters."""
+    factors `lora_A` (Kaiming-uniform, as PEFT) and `lora_B` (zeros, so the model is unchanged),
+    computed in `compute` ("float32", or "model": cast to the base's dtype, `Linear`). Returns the
+    new trainable parameters."""
+    if compute not in ("float32", "model"):
+        raise ValueError(f"add_lora: compute {excerpt(compute)} is not float32 or model")
     model.requires_grad_(False)
     params = []
     for name, m in model.named_modules():
@@ -1045,6 +1087,7 @@ def add_lora(
                 nn.Parameter(torch.zeros(m.out_features, rank, device=A.device)),
             )
             m.lora_scale, m.lora_dropout, m.lora_enabled = alpha / rank, dropout, True
+            m.lora_compute = compute
             params += [m.lora_A, m.lora_B]
     if not params:
         raise ValueError(f"add_lora: no module matches targets {list(targets)}")
@@ -1072,6 +1115,27 @@ def lora_disabled(model: Qwen):
     finally:
         for (owner, name), state in zip(switches, previous):
             setattr(owner, name, state)
+
+
+@contextlib.contextmanager
+def lora_merged(model: Qwen):
+    """Decoding off LoRA's side path (two products and their casts in every adapted projection of
+    every step): in the block each enabled LoRA projection computes with a weight of its own,
+    W + (alpha / r) B A rounded to the model dtype (`Linear.merged_weight`), and leaves its factors
+    alone. Nothing is un-merged: on exit each projection gets back its own weight, a tensor the
+    block never wrote, so training's weights are bit for bit those before; the merged copies are
+    freed. While the block runs they cost one more copy of the adapted weights."""
+    merged = [m for m in lora_modules(model).values() if m.lora_enabled]
+    weights = [m.weight for m in merged]
+    try:
+        with torch.no_grad():
+            for m in merged:
+                m.weight = nn.Parameter(m.merged_weight(), requires_grad=False)
+                m.lora_enabled = False
+        yield model
+    finally:
+        for m, weight in zip(merged, weights):
+            m.weight, m.lora_enabled = weight, True
 
 
 def train_token_rows(model: Qwen, token_ids) -> list[nn.Parameter]:
@@ -1488,7 +1552,16 @@ class CapturedStep:
         return first
 
 
-DECODE = ("eager", "static", "compiled")
+DECODE = ("auto", "eager", "static", "compiled")
+
+
+def resolve_decode(decode: str, device) -> str:
+    """The decode step `generate` runs on `device` for the setting `decode` (DECODE): "auto" is
+    "static" on CUDA (one CUDA graph a step: 6.2x eager on an H200, bench/RESULTS.md) and "eager"
+    elsewhere (on a CPU the static step is no faster); the others are themselves."""
+    if decode != "auto":
+        return decode
+    return "static" if torch.device(device).type == "cuda" else "eager"
 
 
 def decode_step(model: Qwen, cache: Cache, decode: str):
@@ -1536,7 +1609,8 @@ def generate(
     `decode` (DECODE, `decode_step`): "eager" runs each step's operators one by one; "static" makes
     the cache static after the prefill (`Cache.make_static`: every step the same shapes, no
     compaction, each query over all of its row's slots) and on CUDA replays the step as one CUDA
-    graph; "compiled" also runs it through torch.compile. The tokens are the same (greedy: equal;
+    graph; "compiled" also runs it through torch.compile; "auto" is static on CUDA, eager elsewhere
+    (`resolve_decode`). The tokens are the same (greedy: equal;
     sampled: up to float rounding of the logits)."""
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("generate: prompts must be a non-empty list of non-empty token lists")
@@ -1554,6 +1628,7 @@ def generate(
             f"generate: invalid settings {temperature=} {top_p=} {top_k=} {repetition_penalty=} "
             f"{max_new_tokens=} {max_rows=} {compact_below=} {decode=}"
         )
+    decode = resolve_decode(decode, model.device)
     rng = torch.Generator().manual_seed(seed) if seed is not None else None
     uniform = (
         torch.rand(len(prompts), max_new_tokens, generator=rng, dtype=torch.float64)

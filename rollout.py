@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 import data
 import dataset
 import rewards
-from model import generate
+from model import generate, lora_merged
 from verifier import extract_quotes
 
 
@@ -113,22 +113,23 @@ class PromptSampler:
         self, prompts: list[list[int]], seed: int
     ) -> tuple[list[list[int]], list[list[float]]]:
         """K completions of each prompt, group after group: (token ids, the sampler's log-probs of
-        them)."""
+        them), decoded with the LoRA merged into the weights (`lora_merged`)."""
         r = self.cfg.rollout
         self.policy.eval()
-        return generate(
-            self.policy,
-            [p for p in prompts for _ in range(r.group_size)],
-            r.max_new_tokens,
-            temperature=r.temperature,
-            top_p=r.top_p,
-            top_k=r.top_k,
-            repetition_penalty=r.repetition_penalty,
-            eos_token_ids=self.tok.eos_token_ids,
-            seed=seed,
-            return_logprobs=True,
-            decode=r.decode,
-        )
+        with lora_merged(self.policy):
+            return generate(
+                self.policy,
+                [p for p in prompts for _ in range(r.group_size)],
+                r.max_new_tokens,
+                temperature=r.temperature,
+                top_p=r.top_p,
+                top_k=r.top_k,
+                repetition_penalty=r.repetition_penalty,
+                eos_token_ids=self.tok.eos_token_ids,
+                seed=seed,
+                return_logprobs=True,
+                decode=r.decode,
+            )
 
     def sample(
         self, examples: list[data.Example], update: int, seed: int, counts: dict

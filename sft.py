@@ -102,6 +102,7 @@ from train import (
     Progress,
     StopRequest,
     build_optimizer,
+    check_compile,
     clip_gradients,
     finetune_settings,
     linear_warmup_decay,
@@ -167,6 +168,8 @@ class SFTConfig:
     # not in the paper: the usual clip of the global gradient norm
     max_grad_norm: float = bounded(1.0, gt=0)
     gradient_checkpointing: bool = False  # recompute each layer in backward: less memory, more time
+    # torch.compile each layer for the forwards and backwards (Qwen.compile_layers)
+    compile: bool = False
     # None: bfloat16 on GPU, float32 on the CPU; LoRA factors and rows stay float32
     dtype: str | None = None
     device: str | None = None  # None: cuda:LOCAL_RANK when available, else the CPU
@@ -191,6 +194,8 @@ class SFTConfig:
         self.lora = finetune_settings(
             self.finetune, self.lora, self.save_merged, LoraSettings(dropout=0.05)
         )
+        if self.compile:
+            check_compile("compile", self.finetune, self.micro_batch_tokens)
 
 
 # ----------------------------------------------------------------------------- rows
@@ -624,7 +629,8 @@ def train(cfg: SFTConfig) -> Path:
         raise DataError(f"{cfg.data}: no training rows left")
     torch.manual_seed(cfg.seed)
     if cfg.lora is not None:
-        add_lora(model, cfg.lora.rank, cfg.lora.alpha, cfg.lora.dropout, cfg.lora.targets)
+        lora = cfg.lora
+        add_lora(model, lora.rank, lora.alpha, lora.dropout, lora.targets, lora.compute)
     if tag_ids:
         train_token_rows(model, tag_ids)
     if full:
@@ -636,6 +642,8 @@ def train(cfg: SFTConfig) -> Path:
             timeout_s=cfg.distributed.timeout_s,
         )
     model.gradient_checkpointing = cfg.gradient_checkpointing
+    if cfg.compile:
+        model.compile_layers()
     # the data position is the update count, at any world size (checkpoint.py)
     group = cfg.rows_per_update
     if ranks.world_size > group:
@@ -747,8 +755,8 @@ def _select(model, tok, heldout, cfg, ranks, step: int, state: dict, metrics) ->
     """Score the held-out targets at `step`, log them, and keep the adapter when it is the best so
     far."""
     # a full-parameter run samples from whole weights: no collective per token
-    with gathered(model) if is_sharded(model) else contextlib.nullcontext():
-        scores = heldout_macro_f1(model, tok, heldout, cfg, ranks.rank, ranks.world_size)
+    with gathered(model) if is_sharded(model) else contextlib.nullcontext(model) as decoder:
+        scores = heldout_macro_f1(decoder, tok, heldout, cfg, ranks.rank, ranks.world_size)
     mean = sum(scores.values()) / len(scores)
     state["selection"].append({"step": step, "macro_f1": scores, "mean_macro_f1": mean})
     metrics.write(

@@ -9,6 +9,7 @@ import math
 import signal
 import time
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.distributed as dist
@@ -154,6 +155,22 @@ class LoraSettings:  # not in the papers: the common r 16 / alpha 32 on every pr
     alpha: int = bounded(32, gt=0)
     dropout: float = bounded(0.0, ge=0, le=0.99)
     targets: tuple[str, ...] = LORA_TARGETS
+    # the side path's precision: float32 (PEFT's), or the model dtype in one fused product
+    # (model.Linear), the float32 factors staying what AdamW trains
+    compute: Literal["float32", "model"] = "float32"
+
+
+def check_compile(key: str, finetune: str, micro_batch_tokens: int | None) -> None:
+    """A trainer config's `compile` (model.Qwen.compile_layers) where it does what it says: a
+    ConfigError naming `key`, for config.py to place, in a full-parameter run (a sharded layer's
+    FSDP hooks would not run in its compiled forward) or with packed batches (each micro-batch's
+    lengths would compile anew)."""
+    for problem, present in (
+        ("a LoRA-only setting, but finetune is full", finetune == "full"),
+        ("not with packed batches (micro_batch_tokens)", micro_batch_tokens is not None),
+    ):
+        if present:
+            raise ConfigError(f"{key}: {problem} (remove it)")
 
 
 def finetune_settings(finetune: str, lora, save_merged: bool, defaults):

@@ -6,7 +6,9 @@ saying what it ran with. The default sections, in this order:
   decode    GRPO's decode path: K = 8 rows continuing one shared 1,024-token prompt (a
             SharedPrefix), the policy with its LoRA, sampled at temperature 1: ms/step and
             tokens/s of model.generate, eager and static (`decode="static"`: one CUDA graph per
-            step), then static over 1,024 new tokens, each against the HBM roofline: a step
+            step), each with the LoRA on its side path and merged (model.lora_merged, what
+            GRPO's rollouts decode with), then static merged over 1,024 new tokens, each
+            against the HBM roofline: a step
             reads every weight once, the prompt's K/V once and each row's own K/V (and, hybrid,
             each row's float32 DeltaNet state, read and written), so at most K x bandwidth / bytes
             per step tokens/s (nominal bandwidth, and a measured device copy's); --compiled adds
@@ -20,7 +22,8 @@ saying what it ran with. The default sections, in this order:
             a full-parameter vLLM sync runs before the server reloads (checkpoint.save_model of the
             sharded policy: every weight gathered and written as safetensors), GB/s;
   launches  launches per decoded token on the decode section's path from torch.profiler: the
-            host's CUDA launch calls and the GPU kernels recorded, eager and static (last:
+            host's CUDA launch calls and the GPU kernels recorded, eager and static, the LoRA
+            on its side path and merged (last:
             profiling CUDA graphs is what most likely breaks a CUDA context).
 
 Each section is written to OUT_DIR/gpu_results.md as it is measured, row by row (each row also
@@ -55,6 +58,7 @@ arithmetic stands in for it (capacity), and the launches are aten operator calls
 """
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import sys
@@ -682,8 +686,10 @@ def attention_path(device, dtype, packed: bool) -> str:
     """Which attention a training batch runs here (model.attention, model.packed_attention)."""
     half = device.type == "cuda" and dtype in (torch.float16, torch.bfloat16)
     if packed:
-        varlen = half and M.optional_kernel("flash_attn", "flash_attn_varlen_func")
-        return "flash-attn varlen" if varlen else "SDPA per sequence"
+        if not half or M.varlen_kernel() is None:
+            return "SDPA per sequence"
+        flash = M.optional_kernel("flash_attn", "flash_attn_varlen_func")
+        return "flash-attn varlen" if flash else "torch varlen_attn"
     return "SDPA causal"
 
 
@@ -697,6 +703,15 @@ def decode_path(decode: str, device) -> str:
     }[decode]
 
 
+# how a decode step computes the policy's LoRA: its side path in every adapted projection
+# (model.Linear), or merged into a copy of the weights, as GRPO's rollouts do (model.lora_merged)
+LORA_PATHS = ("side path", "merged")
+
+
+def lora_path(model, lora: str):
+    return M.lora_merged(model) if lora == "merged" else contextlib.nullcontext()
+
+
 def grpo_decode(model, args, device, bandwidths: dict, emit) -> None:
     """GRPO's decode path: args.k rows continuing one prompt of args.decode_prompt tokens (kept
     once, a SharedPrefix), sampled at temperature 1, eager, static and (--compiled) compiled; the
@@ -705,15 +720,17 @@ def grpo_decode(model, args, device, bandwidths: dict, emit) -> None:
     cancel. The roofline reads the weights, the prompt's K/V once and each row's own (mean over the
     steps timed)."""
     rows = prompts(model, 1, args.decode_prompt, seed=5) * args.k
-    modes = [("eager", args.decode_new), ("static", args.decode_new)]
-    modes += [("compiled", args.decode_new)] if args.compiled else []
-    modes += [("static", args.decode_long)]
-    for decode, new in modes:
+    modes = [(way, args.decode_new, lora) for way in ("eager", "static") for lora in LORA_PATHS]
+    modes += [("compiled", args.decode_new, "merged")] if args.compiled else []
+    modes += [("static", args.decode_long, "merged")]
+    for decode, new, lora in modes:
 
-        def run(n, decode=decode):
-            return timed(
-                lambda: M.generate(model, rows, n, temperature=1.0, seed=0, decode=decode), device
-            )[0]
+        def run(n, decode=decode, lora=lora):
+            with lora_path(model, lora):
+                return timed(
+                    lambda: M.generate(model, rows, n, temperature=1.0, seed=0, decode=decode),
+                    device,
+                )[0]
 
         warm = run(2)  # cuBLAS, the allocator, and for "compiled" the compilation
         half, full = run(new // 2), run(new)
@@ -726,6 +743,7 @@ def grpo_decode(model, args, device, bandwidths: dict, emit) -> None:
             emit(
                 [
                     decode,
+                    lora,
                     f"{args.k} x ({args.decode_prompt} shared + {new})",
                     f"{seconds * 1e3:.2f}",
                     f"{tokens_per_s:,.0f}",
@@ -751,21 +769,26 @@ LAUNCH_CALLS = (
 )
 
 
-def launches(model, args, device, emit) -> None:
+def launches(model, args, device, emit, ways=None) -> None:
     """Launches per decoded token on GRPO's path (grpo_decode's rows), from torch.profiler: the
-    difference of two profiled runs of n and 2n new tokens over n. On CUDA: the host's launch calls
-    (LAUNCH_CALLS) and the GPU kernels, copies and memsets recorded; on the CPU: the aten operators
-    called."""
+    difference of two profiled runs of n and 2n new tokens over n, for each (decode, LORA_PATHS
+    entry) of `ways` (default: eager and static on both paths, with --compiled compiled merged).
+    On CUDA: the host's launch calls (LAUNCH_CALLS) and the GPU kernels, copies and memsets
+    recorded; on the CPU: the aten operators called."""
     from torch.profiler import ProfilerActivity, profile
 
     rows = prompts(model, 1, args.decode_prompt, seed=5) * args.k
     cuda = device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    for decode in ("eager", "static") + (("compiled",) if args.compiled else ()):
-        M.generate(model, rows, 2, temperature=1.0, seed=0, decode=decode)  # warm-up
+    if ways is None:
+        ways = [(way, lora) for way in ("eager", "static") for lora in LORA_PATHS]
+        ways += [("compiled", "merged")] if args.compiled else []
+    for decode, lora in ways:
+        with lora_path(model, lora):
+            M.generate(model, rows, 2, temperature=1.0, seed=0, decode=decode)  # warm-up
         counts = []
         for n in (args.launch_steps, 2 * args.launch_steps):
-            with profile(activities=activities) as prof:
+            with lora_path(model, lora), profile(activities=activities) as prof:
                 M.generate(model, rows, n, temperature=1.0, seed=0, decode=decode)
                 sync(device)
             events = prof.events()
@@ -778,6 +801,7 @@ def launches(model, args, device, emit) -> None:
         emit(
             [
                 decode,
+                lora,
                 f"{args.k} x ({args.decode_prompt} shared + {2 * per})",
                 f"{(b - a) / per:,.1f}",
                 "-" if ga is None else f"{(gb - ga) / per:,.1f}",
@@ -991,6 +1015,7 @@ class Report:
 
 DECODE_HEADER = [
     "decode",
+    "LoRA",
     "rows x (prompt + new)",
     "ms/step",
     "tokens/s",
@@ -1001,7 +1026,8 @@ DECODE_HEADER = [
     "warm-up s",
     "ran with",
 ]
-LAUNCH_HEADER = ["decode", "rows x (prompt + new)", "per token", "GPU work per token", "counted"]
+LAUNCH_HEADER = ["decode", "LoRA", "rows x (prompt + new)", "per token", "GPU work per token"]
+LAUNCH_HEADER += ["counted"]
 LAUNCH_HEADER += ["ran with"]
 PACKING_HEADER = [
     "batches",

@@ -21,6 +21,8 @@ benchmarks=(
   "python bench/bench_grpo.py --threads $threads --profile"
   "python bench/bench_packing.py --threads $threads"
   "python bench/bench_decode.py --threads $threads"
+  "python bench/bench_decode.py --threads $threads --lora 16 --dtype bfloat16"
+  "python bench/bench_train_step.py --threads $threads"
   "python bench/bench_verifier.py --data $CLUE_DATA_DIR"
   "python bench/bench_verifier_bounds.py"
   "python bench/bench_judge.py"

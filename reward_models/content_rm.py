@@ -737,7 +737,8 @@ def train(cfg: RMConfig) -> dict:
     dtype = cfg.dtype or ("bfloat16" if ranks.device.type == "cuda" else "float32")
     qwen = Qwen.from_pretrained(cfg.model, dtype=dtype, device=ranks.device)
     torch.manual_seed(cfg.seed)
-    add_lora(qwen, cfg.lora.rank, cfg.lora.alpha, cfg.lora.dropout, cfg.lora.targets)
+    lora = cfg.lora
+    add_lora(qwen, lora.rank, lora.alpha, lora.dropout, lora.targets, lora.compute)
     qwen.gradient_checkpointing = cfg.gradient_checkpointing
     rm = RewardModel(qwen, cfg.seed)
     out = Path(cfg.output_dir)

@@ -30,6 +30,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -388,6 +389,22 @@ def random_model(family: str, seed=0) -> M.Qwen:
         for p in model.parameters():
             p.normal_(0, 0.3 if p.dim() > 1 else 0.05).add_(1.0 if p.dim() == 1 else 0.0)
     return model.eval()
+
+
+def prompt_sampler(model, group_size: int, max_new_tokens: int, temperature: float, decode: str):
+    """rollout.PromptSampler over `model` with only the settings its `complete` reads (no EOS)."""
+    from rollout import PromptSampler
+
+    rollout = SimpleNamespace(
+        group_size=group_size,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_p=1.0,
+        top_k=0,
+        repetition_penalty=1.0,
+        decode=decode,
+    )
+    return PromptSampler(model, SimpleNamespace(eos_token_ids=()), SimpleNamespace(rollout=rollout))
 
 
 def randomize(module, seed=0):

@@ -243,6 +243,35 @@ def test_bench_decode_tiny():
     )
 
 
+def test_bench_decode_tiny_with_a_lora_counts_fewer_operators_merged():
+    out = run(
+        "bench_decode.py",
+        *("--new", "8", "--layers", "1", "--repeats", "0"),
+        *("--lora", "4", "--dtype", "bfloat16"),
+    )
+    rows = {(r["decode"], r["LoRA"]): r for r in table(out, "decode")}
+    assert list(rows) == [
+        ("eager", "side path"),
+        ("eager", "merged"),
+        ("static", "side path"),
+        ("static", "merged"),
+        ("compiled", "merged"),
+    ]
+    for way in ("eager", "static"):  # per adapted projection: 2 products and 4 casts fewer
+        side, merged = (number(rows[way, p]["aten operators per token"]) for p in gpu.LORA_PATHS)
+        assert merged < side - 6 * 7
+
+
+def test_bench_train_step_tiny():
+    out = run("bench_train_step.py", "--layers", "1", "--length", "16", "--repeats", "0")
+    rows = table(out, "setting")
+    assert [r["setting"] for r in rows] == ["default", "lora.compute: model", "compile", "both"]
+    for r in rows:
+        positive(r["ms/step"]), positive(r["speed vs default"])
+        # the base's bfloat16 rounding, not another loss
+        assert number(r["loss gap"]) < 1e-2 and 0 < number(r["gradient gap"]) < 5e-2
+
+
 def test_bench_verifier_tiny(shared_data):
     if not (shared_data / "meld" / "train_sent_emo.csv").is_file():
         pytest.skip(f"MELD not found under {shared_data}")
@@ -472,7 +501,7 @@ def test_gpu_script_runs_tiny_on_the_cpu(tmp_path):
         env=env,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=900,
     )
     assert result.returncode == 0, result.stderr[-2000:]
     text = (tmp_path / "gpu_results.md").read_text()
@@ -492,8 +521,14 @@ def test_gpu_script_runs_tiny_on_the_cpu(tmp_path):
             "GRPO update, padded and packed",
         ]
         decode, packing = tables.values()
-        assert [r["decode"] for r in decode] == ["eager", "static", "static"]
-        assert [r["rows x (prompt + new)"] for r in decode] == ["2 x (16 shared + 8)"] * 2 + [
+        assert [(r["decode"], r["LoRA"]) for r in decode] == [
+            ("eager", "side path"),
+            ("eager", "merged"),
+            ("static", "side path"),
+            ("static", "merged"),
+            ("static", "merged"),
+        ]
+        assert [r["rows x (prompt + new)"] for r in decode] == ["2 x (16 shared + 8)"] * 4 + [
             "2 x (16 shared + 16)"
         ]
         for r in decode:
@@ -515,9 +550,30 @@ def test_gpu_script_runs_tiny_on_the_cpu(tmp_path):
     assert not (tmp_path / "sync-weights").exists()  # deleted once timed
     for section in sections[3:]:
         [launches] = gpu_tables(section).values()
-        assert [r["decode"] for r in launches] == ["eager", "static"]
+        assert [(r["decode"], r["LoRA"]) for r in launches] == [
+            ("eager", "side path"),
+            ("eager", "merged"),
+            ("static", "side path"),
+            ("static", "merged"),
+        ]
         for r in launches:
             assert positive(r["per token"]) > 100 and r["counted"] == "aten operator calls"
+        for side, merged in (launches[:2], launches[2:]):  # no LoRA side path: fewer operators
+            assert number(merged["per token"]) < number(side["per token"])
+    # bench/gpu_runs.py: each trainer, LoRA and full, then resumed, on both shapes; all passed
+    runs = table((tmp_path / "gpu_runs.md").read_text(), "run")
+    assert [r["run"] for r in runs] == [
+        f"{shape} {script} {mode}{resumed}"
+        for shape in ("demo", "qwen3-0.6b")
+        for script in ("sft", "grpo")
+        for mode in ("lora", "full")
+        for resumed in ("", " resumed")
+    ]
+    for r in runs:
+        assert r["exit"] == "0" and r["check"] == "ok", r
+        assert number(r["steps"]) == (2 if "resumed" in r["run"] else 1) * (
+            1 if "grpo" in r["run"] else number(runs[0]["steps"])
+        )
 
 
 def test_a_failed_section_keeps_the_rows_before_it_and_the_run_goes_on(tmp_path):

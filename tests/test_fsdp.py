@@ -28,6 +28,7 @@ from helpers import (
     config_file,
     gloo_rank,
     metrics,
+    prompt_sampler,
     sad_row,
     sft_adapter,
     tensors,
@@ -40,6 +41,7 @@ from helpers import (
     sft_checkpoint as write_checkpoint,
 )
 from instruments import end_rank, free_port
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 import checkpoint as CK
@@ -402,6 +404,64 @@ def test_a_rollout_under_gathered_runs_no_collective_and_decodes_like_the_unshar
     for rank in range(2):
         found = torch.load(tmp_path / f"rank{rank}.pt")
         assert found["during"] == 0 and found["after"] > 0 and found["same"], found
+
+
+def _static_rollout_worker(rank, port, out):
+    gloo_rank(rank, port)
+    ranks = D.setup_distributed("cpu")
+    torch.manual_seed(0)
+    cfg = M.QwenConfig.from_dict(dict(TIED, tie_word_embeddings=False))
+    policy, reference = M.Qwen(cfg), M.Qwen(cfg)
+    reference.load_state_dict(policy.state_dict())
+    M.train_token_rows(policy, [3, 5])  # SFT's <evidence> rows: trainable, whole on every rank
+    FS.shard_model(policy, ranks.device)
+    trainable = {name: p.requires_grad for name, p in policy.named_parameters()}
+    sampler = FS.GatheredSampler(prompt_sampler(policy, 2, 5 + 3 * rank, 0.0, "static"), policy)
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8][: 2 + rank]]
+    fired = []  # FSDP's hooks run in the forward of an FSDP unit: count those forwards
+
+    def count(module, args):
+        if isinstance(module, FSDPModule):
+            fired.append(type(module).__name__)
+
+    hook = torch.nn.modules.module.register_module_forward_pre_hook(count)
+    try:
+        with sampler.rollouts(0):
+            tokens, logps = sampler.complete(prompts, seed=0)
+    finally:
+        hook.remove()
+    expected, expected_logps = M.generate(
+        reference,
+        [p for p in prompts for _ in range(2)],
+        5 + 3 * rank,
+        temperature=0,
+        return_logprobs=True,
+    )
+    torch.save(
+        {
+            "fired": fired,
+            "same": tokens == expected,
+            "logp_gap": max(
+                abs(a - b) for x, y in zip(logps, expected_logps) for a, b in zip(x, y)
+            ),
+            "restored": sampler.sampler.policy is policy
+            and trainable == {name: p.requires_grad for name, p in policy.named_parameters()},
+        },
+        out / f"rank{rank}.pt",
+    )
+    dist.destroy_process_group()
+
+
+def test_a_static_rollout_of_a_sharded_policy_runs_no_fsdp_hook_and_decodes_like_eager(tmp_path):
+    """`finetune: full` with `rollout.decode: static`: a unit's FSDP hooks inside the decode step
+    would run inside the CUDA-graph capture, which they break; the rollout decodes through the
+    gathered weights' hook-free view instead. Greedy, float32: the eager decode of an unsharded copy
+    is the oracle."""
+    mp.spawn(_static_rollout_worker, args=(free_port(), tmp_path), nprocs=2)
+    for rank in range(2):
+        found = torch.load(tmp_path / f"rank{rank}.pt")
+        assert found["fired"] == [] and found["same"] and found["restored"], found
+        assert found["logp_gap"] < 1e-5, found
 
 
 # ----------------------------------------------------------------------------- prefetch

@@ -12,6 +12,7 @@ from helpers import (
     hf_checkpoint,
     hf_greedy,
     ids,
+    prompt_sampler,
     random_model,
     randomize,
 )
@@ -389,3 +390,70 @@ def test_compiled_decode_gives_the_eager_tokens(family):
         eager = M.generate(model, rows, 12, **settings)
         compiled = M.generate(model, rows, 12, decode="compiled", **settings)
         assert compiled[0] == eager[0] if settings.get("return_logprobs") else compiled == eager
+
+
+# ------------------------------------------------------------------ LoRA off the decode path
+
+
+def lora_policy(dtype: torch.dtype) -> M.Qwen:
+    """A Qwen3 of FAMILIES' shape in `dtype`, matrices N(0, 0.1), with a LoRA whose B is N(0, 0.05)
+    (its delta counts)."""
+    torch.manual_seed(0)
+    model = M.Qwen(M.QwenConfig.from_dict(dict(FAMILIES["qwen3"]))).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.1)
+    model.to(dtype)
+    M.add_lora(model, rank=4, alpha=8)
+    with torch.no_grad():
+        for m in M.lora_modules(model).values():
+            m.lora_B.normal_(0, 0.05)
+    return model
+
+
+def sampler_trainer_gap(model, rows, tokens, logps) -> float:
+    """GRPO's logp_mismatch/max: the largest gap between the sampler's log-probabilities and the
+    trainer's (token_logprobs, through the LoRA's side path) of the sampled tokens."""
+    gaps = []
+    with torch.no_grad():
+        for prompt, new, logp in zip(rows, tokens, logps):
+            trained = M.token_logprobs(model, torch.tensor([prompt + new]))[0, len(prompt) - 1 :]
+            gaps.append((trained - torch.tensor(logp)).abs().max().item())
+    return max(gaps)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_a_rollout_decodes_off_the_lora_side_path_with_its_tokens_and_weights_unchanged(dtype):
+    """rollout.PromptSampler decodes with the LoRA merged (model.lora_merged): no adapted
+    projection runs its side path, and every parameter is the same tensor with the same bits after
+    the rollout. float32: the tokens and log-probabilities of the unmerged decode (plain generate
+    on the LoRA model). bfloat16, where a sampled draw flips with the rounding: the gap between the
+    sampler's log-probabilities and the trainer's stays of the unmerged decode's order (measured:
+    0.018 against 0.013)."""
+    model = lora_policy(dtype)
+    before = {name: (p, p.detach().clone()) for name, p in model.named_parameters()}
+    sampler = prompt_sampler(model, 3, 10, temperature=1.0, decode="eager")
+    prompts = [[1, 2, 3, 4], [5, 6]]
+    rows = [p for p in prompts for _ in range(3)]
+    side_path = []
+    hooks = [
+        m.register_forward_pre_hook(lambda m, args: side_path.append(m.lora_enabled))
+        for m in M.lora_modules(model).values()
+    ]
+    tokens, logps = sampler.complete(prompts, seed=7)
+    for hook in hooks:
+        hook.remove()
+    assert side_path and not any(side_path)
+    for name, p in model.named_parameters():
+        assert p is before[name][0] and torch.equal(p, before[name][1]), name
+    expected, expected_logps = M.generate(
+        model, rows, 10, temperature=1.0, seed=7, return_logprobs=True
+    )
+    if dtype == torch.float32:
+        assert tokens == expected
+        for a, b in zip(logps, expected_logps):
+            assert a == pytest.approx(b, abs=1e-4)
+    else:
+        unmerged = sampler_trainer_gap(model, rows, expected, expected_logps)
+        assert 0 < sampler_trainer_gap(model, rows, tokens, logps) < min(2 * unmerged, 0.05)

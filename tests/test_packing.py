@@ -5,6 +5,7 @@ Qwen3.5's causal conv and delta-rule recurrence start from zeros at each sequenc
 
 import pytest
 import torch
+import torch.nn.functional as F
 from helpers import FAMILIES, random_model
 
 import model as M
@@ -37,8 +38,96 @@ def test_packed_logits_equal_each_sequence_alone(family):
     torch.testing.assert_close(packed, alone, rtol=1e-4, atol=1e-4)
 
 
+def cpu_varlen_attn(calls: list):
+    """torch.nn.attention.varlen.varlen_attn (torch 2.13's signature) with its documented meaning,
+    computed on the CPU, where torch's own runs nowhere: q [N, H, D] attends to the k, v [N, Hkv,
+    D] of its own sequence (cu_seq offsets), causally for window_size (-1, 0), all of it for (-1,
+    -1); GQA only with enable_gqa. SDPA with a block mask computes it. `calls` gets each call's
+    keywords and maxima."""
+
+    def varlen_attn(
+        query,
+        key,
+        value,
+        cu_seq_q,
+        cu_seq_k,
+        max_q,
+        max_k,
+        *,
+        return_aux=None,
+        scale=None,
+        window_size=(-1, -1),
+        enable_gqa=False,
+        seqused_k=None,
+        block_table=None,
+        num_splits=None,
+    ):
+        assert cu_seq_q.dtype == torch.int32 and torch.equal(cu_seq_q, cu_seq_k)
+        calls.append((window_size, enable_gqa, max_q, max_k))
+        lens = cu_seq_q.diff().long()
+        seq = torch.repeat_interleave(torch.arange(len(lens)), lens)
+        allowed = seq[:, None] == seq[None, :]
+        if window_size == (-1, 0):
+            allowed &= torch.arange(len(seq))[None, :] <= torch.arange(len(seq))[:, None]
+        q, k, v = (t.transpose(0, 1)[None] for t in (query, key, value))
+        out = F.scaled_dot_product_attention(q, k, v, allowed, scale=scale, enable_gqa=enable_gqa)
+        return out[0].transpose(0, 1)
+
+    return varlen_attn
+
+
+@pytest.fixture
+def torch_varlen(monkeypatch):
+    """model.varlen_kernel finding no flash-attn and torch's varlen_attn as `cpu_varlen_attn`;
+    yields the calls made."""
+    calls = []
+    monkeypatch.setattr(
+        M,
+        "KERNELS",
+        {
+            ("flash_attn", "flash_attn_varlen_func"): None,
+            ("torch.nn.attention.varlen", "varlen_attn"): cpu_varlen_attn(calls),
+        },
+    )
+    yield calls
+
+
+def test_torchs_varlen_attention_is_called_causal_with_gqa_and_gives_each_sequence_alone(
+    torch_varlen,
+):
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, sum(LENGTHS), 4, 8, generator=g)
+    k, v = (torch.randn(1, sum(LENGTHS), 2, 8, generator=g) for _ in "kv")
+    packing = M.Packing.of(LENGTHS, "cpu")
+    per_sequence = M.packed_attention(q, k, v, packing)  # the CPU's way, no kernel
+    assert torch_varlen == []
+    found = M.varlen_kernel()(q[0], k[0], v[0], packing.cu, max(LENGTHS))
+    assert torch_varlen == [((-1, 0), True, 70, 70)]
+    torch.testing.assert_close(found[None], per_sequence, rtol=1e-5, atol=1e-6)
+
+
+def test_packing_runs_a_varlen_kernel_only_on_cuda_in_half_precision_and_with_gqa(
+    torch_varlen, monkeypatch
+):
+    assert M.varlen_kernel() is not None
+    for dtype in (torch.float32, torch.bfloat16):
+        assert M.packed_kernel(torch.zeros(1, dtype=dtype)) is None  # no flash kernel on a CPU
+
+    def without_gqa(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, window_size=(-1, -1)):
+        raise AssertionError("a varlen_attn without enable_gqa is never called")
+
+    monkeypatch.setattr(M, "KERNELS", {("torch.nn.attention.varlen", "varlen_attn"): without_gqa})
+    assert M.varlen_kernel() is None  # this torch's packed batches take the per-sequence loop
+
+
+@pytest.mark.parametrize("kernel", ["per-sequence SDPA", "varlen"])
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_packed_loss_and_gradients_equal_the_padded_batch(family):
+def test_packed_loss_and_gradients_equal_the_padded_batch(family, kernel, request, monkeypatch):
+    """ "varlen": the packed batch through torch's varlen attention as model.py calls it on a GPU
+    (`cpu_varlen_attn` standing in for its CUDA kernel)."""
+    calls = request.getfixturevalue("torch_varlen") if kernel == "varlen" else []
+    if kernel == "varlen":
+        monkeypatch.setattr(M, "packed_kernel", lambda q: M.varlen_kernel())
     model = random_model(family).train()
     params = list(model.parameters())
     seqs, weights = sequences(model.config.vocab_size), loss_weights()
@@ -70,6 +159,7 @@ def test_packed_loss_and_gradients_equal_the_padded_batch(family):
         if a is not None:  # float32 sums in another order: tolerance relative to the largest
             scale = b.abs().max().item()
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6 * scale + 1e-8, msg=name)
+    assert bool(calls) == (kernel == "varlen")
 
 
 def test_the_default_mask_of_a_packed_row_leaves_out_each_sequences_last_token():
