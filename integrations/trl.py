@@ -169,6 +169,10 @@ def trl_arguments(cfg: grpo.GRPOConfig, n_processes: int = 1) -> dict[str, Any]:
         raise ConfigError("'loss.adv_std': TRL divides by the unbiased std only")
     if optim.lr == 0:
         raise ConfigError("'optim.lr': 0; TRL's scheduler scales the peak LR, which must be > 0")
+    if cfg.lora is not None and cfg.lora.compute != "float32":
+        raise ConfigError("'lora.compute': peft computes the LoRA in its own dtype; leave float32")
+    if cfg.model.compile:
+        raise ConfigError("'model.compile': TRL's model is transformers', not model.py's layers")
     completions = r.prompts_per_update * r.group_size
     if completions % n_processes:
         raise ConfigError(

@@ -388,6 +388,7 @@ def test_the_trl_route_stops_before_any_model_loads_on_a_judge_nobody_serves(
         ("output_dir", "{base}/run", "is, holds or sits inside model.path"),
         ("output_dir", "{base_parent}", "is, holds or sits inside model.path"),
         ("loss.adv_std", "population", "TRL divides by the unbiased std only"),
+        ("lora.compute", "model", "peft computes the LoRA in its own dtype"),
     ],
 )
 def test_the_trl_route_checks_its_inputs_before_any_model_loads(
@@ -825,3 +826,15 @@ def test_an_entry_point_without_its_package_says_so_in_one_line(tmp_path, packag
     assert run.returncode == 2, run.stderr[-2000:]
     assert len(lines) == 1 and f"pip install {package}" in lines[0], run.stderr[-2000:]
     assert not (tmp_path / "out.parquet").exists()
+
+
+def test_trl_refuses_model_py_s_own_speed_settings():
+    """lora.compute and model.compile act on model.py's layers, which TRL does not run."""
+
+    import grpo
+    from config import ConfigError
+    from integrations import trl as plug
+
+    cfg = grpo.GRPOConfig("run", ["x.jsonl"], grpo.ModelSettings(path="m", compile=True))
+    with pytest.raises(ConfigError, match="'model.compile': TRL's model is transformers'"):
+        plug.trl_arguments(cfg)
