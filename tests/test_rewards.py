@@ -592,10 +592,11 @@ def test_a_judge_backed_reward_written_as_the_guide_says_trains(
     with pytest.raises(SystemExit) as stop:
         grpo.main([str(config)])
     err = capsys.readouterr().err
+    line = next(n for n, t in enumerate(config.read_text().splitlines(), 1) if "name:" in t)
     assert stop.value.code == 2 and err.startswith(
-        f"error: {config}: 'reward.name': reward polite_misspelled declares the judge "
+        f"error: {config}:{line}: 'reward.name': reward polite_misspelled declares the judge "
         "'politness', which judge.JUDGES does not hold (known: iu, "
-    )
+    ), err
 
 
 # ------------------------------------------------------------------------ judging a batch over HTTP

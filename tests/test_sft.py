@@ -357,7 +357,7 @@ def test_a_tiny_model_overfits_a_few_examples(checkpoint, tmp_path):
 
 
 def test_report_to_tensorboard_holds_every_metric_of_the_run(checkpoint, tmp_path):
-    cfg = config(checkpoint, tmp_path, batch_size=2, report_to=["tensorboard"])
+    cfg = config(checkpoint, tmp_path, batch_size=2, rows_per_update=2, report_to=["tensorboard"])
     out = sft.train(cfg)
     assert_sinks_hold_metrics(out)
     card = (out / "best" / "README.md").read_text()  # the model card save_model writes

@@ -110,6 +110,7 @@ def test_a_two_row_cpu_run_logs_the_hand_computed_loss_first(
         target_weighting=weighting,
         data=data,
         batch_size=2,
+        rows_per_update=2,
         epochs=2,
         save_merged=True,
     )
