@@ -53,7 +53,16 @@ import torch
 import data
 import dataset
 import rewards
-from checkpoint import ModelCard, atomic_folder, resume, save_checkpoint, save_model, trim_log
+from checkpoint import (
+    ModelCard,
+    atomic_folder,
+    checkpoint_path,
+    checkpoint_problem,
+    resume,
+    save_checkpoint,
+    save_model,
+    trim_log,
+)
 from config import (
     ConfigError,
     MetricsWriter,
@@ -1090,9 +1099,11 @@ def train(cfg: GRPOConfig, examples: list, sampler_for=rollout_sampler) -> None:
             try:
                 with sampler.rollouts(update):
                     groups, counts = collect_groups(sampler, source, slots, cfg, update, ranks)
-            # nothing of this update is trained: the checkpoint holds the state before it
+            # nothing of this update is trained: the checkpoint holds the state before it (one
+            # saved at this update already does, with the RNG as the update began: kept)
             except RolloutError as e:
-                save(update, cursor, unscored_streak)
+                if checkpoint_problem(checkpoint_path(out_dir, update)):
+                    save(update, cursor, unscored_streak)
                 print0(
                     f"error: {e}\nstopped after update {update}: the rollouts failed; checkpoint "
                     f"saved, the same command resumes from {out_dir}",
