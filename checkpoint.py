@@ -161,12 +161,15 @@ def publish_folder(staging: Path, final) -> None:
 @contextlib.contextmanager
 def atomic_folder(final):
     """`with atomic_folder(out / "adapter") as tmp: save_adapter(model, tmp)`: the folder appears
-    whole or never."""
+    whole or never. A write that fails (a full disk) names the file as it would be in `final`."""
     staging = staging_folder(final)
     try:
         yield staging
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(staging, ignore_errors=True)
+        if isinstance(e, OSError) and e.filename and Path(e.filename).is_relative_to(staging):
+            named = Path(final) / Path(e.filename).relative_to(staging)
+            raise OSError(e.errno, e.strerror, str(named)) from None
         raise
     publish_folder(staging, final)
 

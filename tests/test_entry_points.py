@@ -1,0 +1,126 @@
+"""The entry points keep the project's rule (docs/configs.md#errors) under broken and hostile input
+and faults: every input and the output's name checked before anything is written, outputs staged and
+moved into place (a failure leaves nothing, the rerun works), nothing the user had replaced, one
+located line with exit 2 where a traceback was, and no exit 0 for input that should be refused.
+The tools (export_checkpoint, small_checkpoint), evaluate.py's run, `compare` and `plot`, the
+bounded settings (thread counts, server URLs, lineage records) and the dialogue judges' ratings."""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from helpers import config, sft_checkpoint, tensors
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def one_line_error(capsys, stop) -> str:
+    """The stderr of an entry point stopped by `stop` (pytest.raises(SystemExit)): exit 2, one
+    line."""
+    error = capsys.readouterr().err
+    assert stop.value.code == 2 and error.count("\n") == 1 and "Traceback" not in error, error
+    return error.strip()
+
+
+def weights(folder: Path) -> dict[str, torch.Tensor]:
+    found = {}
+    for shard in folder.glob("*.safetensors"):
+        found |= tensors(shard)
+    return found
+
+
+# ----------------------------------------------------------------------------- export_checkpoint
+
+
+@pytest.fixture(scope="module")
+def sft_full_run(tmp_path_factory):
+    """A full-parameter `sft.py` run (objective clue: the evidence rows trained) on the tiny SFT
+    checkpoint, a checkpoint after every update; its folder."""
+    import sft
+
+    root = tmp_path_factory.mktemp("sft_full")
+    cfg = config(sft_checkpoint(root / "base"), root, finetune="full", lora=None, save_every=1)
+    try:
+        sft.train(cfg)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    return root / "run"
+
+
+def test_an_sft_full_checkpoint_exports_to_the_model_the_run_wrote(sft_full_run, tmp_path):
+    """The docstring names sft.py runs: the last checkpoint's export equals, tensor for tensor, the
+    best/ the run exported itself (fsdp.export_full, another path), the `<evidence>` rows
+    included (was: refused as "a run of another base", its embed_rows unknown to the base)."""
+    from tools.export_checkpoint import main
+
+    last = max(sft_full_run.glob("ckpt-*"))
+    main([str(last), str(tmp_path / "out")])
+    exported, written = weights(tmp_path / "out"), weights(sft_full_run / "best")
+    assert exported.keys() == written.keys()
+    assert all(torch.equal(exported[k], written[k]) for k in written)
+
+
+@pytest.mark.parametrize("cut", ["shard", "state.json", "config.yaml"])
+def test_a_cut_checkpoint_exports_nothing_and_says_which_file(sft_full_run, tmp_path, capsys, cut):
+    """A checkpoint whose DCP shard, state.json or the run's config.yaml is cut short (a full
+    disk, a copy stopped short): one line naming the file, exit 2, nothing written (was: a
+    SafetensorError or JSONDecodeError traceback)."""
+    from tools.export_checkpoint import main
+
+    run = tmp_path / "run"
+    shutil.copytree(sft_full_run, run)
+    last = max(run.glob("ckpt-*"))
+    damaged = {
+        "shard": next((last / "dcp").glob("*.safetensors")),
+        "state.json": last / "state.json",
+        "config.yaml": run / "config.yaml",
+    }[cut]
+    text = damaged.read_bytes()
+    damaged.write_bytes(text[: text.index(b"output_dir")] if cut == "config.yaml" else text[:40])
+    if cut == "config.yaml":
+        damaged.write_bytes(damaged.read_bytes() + b"objective: [clue\n")
+    with pytest.raises(SystemExit) as stop:
+        main([str(last), str(tmp_path / "out")])
+    error = one_line_error(capsys, stop)
+    assert error.startswith("error: ") and str(damaged) in error, error
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
+FULL_DISK_EXPORT = """
+import resource, sys
+sys.path.insert(0, sys.argv[3])
+resource.setrlimit(resource.RLIMIT_FSIZE, (8192, 8192))
+from tools.export_checkpoint import main
+main(sys.argv[1:3])
+"""
+
+
+def test_an_export_onto_a_full_disk_names_the_file_leaves_nothing_and_reruns(
+    sft_full_run, tmp_path
+):
+    """The disk fills while the model is written (the file-size limit stands in for it: Python
+    ignores SIGXFSZ, so the write fails with EFBIG): one line naming the file being written, no
+    temporary left beside or inside `out`, and the rerun with room writes the model (was: a line
+    naming no file, a `.tmp` in `out`, the rerun refused as "not empty")."""
+    last = max(sft_full_run.glob("ckpt-*"))
+    out = tmp_path / "out"
+    full = subprocess.run(
+        [sys.executable, "-c", FULL_DISK_EXPORT, str(last), str(out), str(REPO)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert full.returncode == 2 and full.stderr == (
+        f"error: [Errno 27] File too large: '{out}/model-00001-of-00001.safetensors'\n"
+    ), full.stderr
+    assert list(tmp_path.iterdir()) == [], list(tmp_path.iterdir())
+    from tools.export_checkpoint import main
+
+    main([str(last), str(out)])
+    assert weights(out).keys() == weights(sft_full_run / "best").keys()
