@@ -5,6 +5,7 @@ located line with exit 2 where a traceback was, and no exit 0 for input that sho
 The tools (export_checkpoint, small_checkpoint), evaluate.py's run, `compare` and `plot`, the
 bounded settings (thread counts, server URLs, lineage records) and the dialogue judges' ratings."""
 
+import json
 import shutil
 import subprocess
 import sys
@@ -124,3 +125,57 @@ def test_an_export_onto_a_full_disk_names_the_file_leaves_nothing_and_reruns(
 
     main([str(last), str(out)])
     assert weights(out).keys() == weights(sft_full_run / "best").keys()
+
+
+# ----------------------------------------------------------------------------- small_checkpoint
+
+EXAMPLE = {
+    "id": "a",
+    "task": "meld_emotion",
+    "turns": [{"speaker": "A", "text": "I won the prize today"}],
+    "target": 0,
+    "labels": ["joy"],
+}
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (
+            ["ex.jsonl", "out", "--vocab", "0"],
+            "--vocab: a vocabulary size from 259 to 262,144, not 0",
+        ),
+        (["ex.jsonl", "out", "--vocab", "-5"], "a vocabulary size from 259 to 262,144, not -5"),
+        (["ex.jsonl", "out", "--vocab", str(10**12)], f"262,144, not {10**12}"),
+        (["absent.jsonl", "out"], "error: absent.jsonl: no such data file"),
+        (["bad.jsonl", "out"], "error: bad.jsonl:2: field 'turns': missing"),
+        (["ex.jsonl", "empty.jsonl", "out"], "error: empty.jsonl: no examples"),
+        (["ex.jsonl", "notes.txt"], "error: notes.txt: exists and is not an empty folder"),
+    ],
+)
+def test_small_checkpoint_refuses_bad_input_in_one_line_writing_nothing(
+    tmp_path, monkeypatch, capsys, argv, expected
+):
+    """A missing or bad examples file, an empty one, `out` a file of the user's, a vocabulary size
+    below the byte alphabet or past any real one: the last stderr line says what, exit 2, nothing
+    written (was: tracebacks, a Rust allocation abort for 10**12, and exit 0 with a checkpoint for
+    an empty file or --vocab 0)."""
+    from tools.small_checkpoint import main
+
+    monkeypatch.chdir(tmp_path)
+    line = json.dumps(EXAMPLE) + "\n"
+    Path("ex.jsonl").write_text(line)
+    Path("bad.jsonl").write_text(line + json.dumps({"id": "b", "task": "meld_emotion"}) + "\n")
+    Path("empty.jsonl").write_text("\n")
+    Path("notes.txt").write_text("mine")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert stop.value.code == 2 and expected in error and "Traceback" not in error, error
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    assert Path("notes.txt").read_text() == "mine"
+    main(["ex.jsonl", "out", "--vocab", "259"])  # the smallest size: a checkpoint that loads
+    import model as M
+
+    assert M.Qwen.from_pretrained("out").config.vocab_size >= 259
