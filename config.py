@@ -583,14 +583,15 @@ def check_output_file(path, key: str, inputs: dict | None = None) -> None:
         raise ConfigError(f"'{key}': {path} cannot be written (a file is in its path)")
 
 
-def atomic_write_text(path, text: str) -> None:
-    """Write to a temporary name beside `path`, then rename: readers never see a partial file, and
-    a failed write (a full disk, a folder in the way) leaves nothing behind."""
+def atomic_write_text(path, text: str | bytes) -> None:
+    """Write `text` (UTF-8; bytes as they are) to a temporary name beside `path`, then rename:
+    readers never see a partial file, and a failed write (a full disk, a folder in the way) leaves
+    nothing behind."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
-        tmp.write_text(text, encoding="utf-8")
+        tmp.write_bytes(text.encode("utf-8") if isinstance(text, str) else text)
         os.replace(tmp, path)
     except BaseException as e:
         tmp.unlink(missing_ok=True)

@@ -1153,6 +1153,19 @@ def _pyplot():
     return plt
 
 
+def save_png(fig, path, dpi: int) -> None:
+    """`fig` as a PNG at `path`, rendered in memory and written whole (atomic_write_text), so a
+    failure leaves nothing and never a part of a file; the figure is closed."""
+    import io
+
+    buffer = io.BytesIO()
+    try:
+        fig.savefig(buffer, format="png", dpi=dpi)
+    finally:
+        _pyplot().close(fig)
+    atomic_write_text(path, buffer.getvalue())
+
+
 def point_labels(marks: list[tuple[str, float, float]]) -> list[tuple[str, float, float]]:
     """One label per place in a figure: (name, x, y) marks that coincide (to the figure's
     resolution) share a label, their names joined, so no two labels print over each other."""
@@ -1207,8 +1220,7 @@ def plot_f1_vs_tokens(evals: list[dict], path) -> bool:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=150)
-    plt.close(fig)
+    save_png(fig, path, 150)
     return True
 
 
@@ -1344,8 +1356,7 @@ def plot_training_curves(run_dirs: list, path) -> list[str]:
     for ax in list(axes.flat)[len(panels) :]:
         ax.set_visible(False)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_png(fig, path, 120)
     return [panel.title for panel in panels]
 
 
@@ -1363,16 +1374,31 @@ def _compare(argv: list[str]) -> None:
         "--out",
         help="also write table.md (and, for F1 evaluations, f1_vs_tokens.png) into this folder",
     )
+    parser.add_argument(
+        "--overwrite", action="store_true", help="replace those files where --out holds them"
+    )
     args = parser.parse_args(argv[1:])
     evals = [load_eval(Path(p) / EVAL_JSON if Path(p).is_dir() else p) for p in args.evals]
     # benchmark evaluations (report: accuracy) side by side as the benchmark table
     accuracy = all(e.get("config", {}).get("report") == "accuracy" for e in evals)
+    out = Path(args.out) if args.out else None
+    if out is not None:
+        if out.exists() and not out.is_dir():
+            parser.error(f"--out {out} is a file; name the folder to write into")
+        taken = [
+            out / n for n in (TABLE, *(() if accuracy else (F1_FIGURE,))) if (out / n).exists()
+        ]
+        if taken and not args.overwrite:
+            parser.error(
+                f"{taken[0]} exists (an evaluation's own, or yours); pass --overwrite to replace "
+                "it, or choose another --out"
+            )
     tables = accuracy_table(evals) if accuracy else markdown_tables(evals)
     print(tables)
-    if args.out:
-        atomic_write_text(Path(args.out) / TABLE, tables)
+    if out is not None:
+        atomic_write_text(out / TABLE, tables)
         if not accuracy:
-            plot_f1_vs_tokens(evals, Path(args.out) / F1_FIGURE)
+            plot_f1_vs_tokens(evals, out / F1_FIGURE)
 
 
 def _plot(argv: list[str]) -> None:
@@ -1382,8 +1408,8 @@ def _plot(argv: list[str]) -> None:
     parser.add_argument("runs", nargs="+", help="run folders holding metrics.jsonl (or the files)")
     parser.add_argument(
         "--out",
-        help="PNG to write (default with one run: training_curves.png in its folder; several "
-        "runs need it)",
+        help="PNG to write, .png added to a name without a suffix (default with one run: "
+        "training_curves.png in its folder; several runs need it)",
     )
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     args = parser.parse_args(argv[1:])
@@ -1395,6 +1421,11 @@ def _plot(argv: list[str]) -> None:
         if args.out
         else (first if first.is_dir() else first.parent) / "training_curves.png"
     )
+    out = out if out.suffix else out.with_suffix(".png")  # the name matplotlib would give it
+    if out.suffix.lower() != ".png":
+        parser.error(f"--out {out}: the figure is a PNG; name a .png file")
+    if out.is_dir():
+        parser.error(f"--out {out} is a folder; name the .png file to write")
     if out.exists() and not args.overwrite:
         parser.error(f"{out} exists; pass --overwrite to replace it, or choose another --out")
     panels = plot_training_curves(args.runs, out)
