@@ -51,7 +51,7 @@ import torch.distributed.checkpoint as dcp
 from safetensors import safe_open
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
-from config import atomic_write_text, print0, read_metrics, resolved_config_text
+from config import atomic_write_text, excerpt, print0, read_metrics, resolved_config_text
 from distributed import Ranks, barrier, broadcast_parameters, is_distributed
 from fsdp import export_full, export_trained, is_sharded
 from model import Qwen, atomic_write, load_adapter, save_adapter
@@ -401,6 +401,12 @@ def read_lineage(folder) -> dict | None:
         record = None
     if not (isinstance(record, dict) and set(record) == {"base", "sft_adapter"}):
         raise CheckpointError(f"{path}: not a lineage record {{base, sft_adapter}}")
+    for key, value in record.items():
+        if not ((isinstance(value, str) and value) or (key == "sft_adapter" and value is None)):
+            expected = "a path" + (" or null" if key == "sft_adapter" else "")
+            raise CheckpointError(
+                f"{path}: field '{key}': expects {expected}, got {excerpt(value)}"
+            )
     return record
 
 

@@ -147,8 +147,10 @@ class EvalError(RuntimeError):
 @dataclass(frozen=True)
 class JudgedKind:
     """A kind of set scored not by its answers but by a judge, as an extension defines it
-    (dialogue/eqbench3.py): `check(cfg, set)` raises ConfigError for a set it cannot score;
-    `entries(cfg, sets, out)` plays and scores the sets, returning their eval.json entries, each
+    (dialogue/eqbench3.py): `check(cfg, set)`, before anything is written, raises ConfigError or
+    DataError for a set it cannot score (its file read); `entries(cfg, sets, out, loaded)` plays
+    and scores the sets with `loaded`, load_sampler's (model, tokenizer) (an endpoint's model:
+    None), returning their eval.json entries, each
     with its `kind`, `n_items`, `decoding`, `rubric_score` (0-1, mean ± SD over the runs) and
     `unscored` (per run), and writing its journals into `out`."""
 
@@ -525,8 +527,9 @@ def endpoint_unsent(endpoint: JudgeConfig | None, sampling: SamplingConfig) -> l
 
 
 def check_resume(cfg: EvalConfig, out: Path) -> None:
-    """Refuse to mix completions of another model or decoding into an output_dir."""
-    if not (out / COMPLETIONS).exists() or not (out / "config.yaml").exists():
+    """Refuse to mix completions of another model or decoding into an output_dir (one holding no
+    completion is not refused)."""
+    if not (out / "config.yaml").exists() or not read_completions(out / COMPLETIONS):
         return
     old, new = (
         _generation_identity(load_config(out / "config.yaml", [], EvalConfig)),
@@ -568,6 +571,29 @@ def adapter_chain(cfg: EvalConfig) -> list[str]:
     return [sft, cfg.adapter] if sft else [cfg.adapter]
 
 
+def unknown_lineage(cfg: EvalConfig) -> str | None:
+    """The line to print when nothing says what `adapter` was trained on: no lineage.json beside it
+    and no base_model_name_or_path in its adapter_config.json (grpo.py writes none over an SFT
+    adapter, which it merged into the base first); None otherwise."""
+    from checkpoint import LINEAGE, read_lineage
+
+    config = Path(cfg.adapter or "") / "adapter_config.json"
+    if not cfg.adapter or read_lineage(cfg.adapter) is not None or not config.is_file():
+        return None
+    try:
+        named = json.loads(config.read_text(encoding="utf-8")).get("base_model_name_or_path")
+    except (UnicodeDecodeError, ValueError, AttributeError):
+        return None  # load_adapter names the broken file
+    if named:
+        return None
+    return (
+        f"adapter {cfg.adapter}: no {LINEAGE} and no base_model_name_or_path in its "
+        f"adapter_config.json, so what it was trained on is unknown: evaluated on checkpoint "
+        f"{cfg.checkpoint} as given (a GRPO adapter trained over an SFT adapter needs that one "
+        f"merged first: keep the {LINEAGE} its run wrote beside it)"
+    )
+
+
 def tokenizer_path(cfg: EvalConfig) -> str | None:
     """`tokenizer`, else the last adapter of the chain that holds a tokenizer, else the
     checkpoint's."""
@@ -599,26 +625,38 @@ def load_model(cfg: EvalConfig):
     return net, tok
 
 
+def missing_samples(
+    cfg: EvalConfig, s: EvalSet, examples: list[Example], done: dict
+) -> list[tuple[Example, int]]:
+    """The (example, sample) pairs of set `s` that `done` (keyed (set, id, sample)) lacks."""
+    n = decoding_for(cfg, examples[0].task)[1]
+    return [(e, r) for e in examples for r in range(n) if (s.name, e.id, r) not in done]
+
+
+def load_sampler(cfg: EvalConfig) -> tuple:
+    """(model, tokenizer) that sampling needs, loaded before anything is written (a missing
+    checkpoint, adapter or tokenizer stops the run with nothing in output_dir): in-process the
+    merged chain (load_model); for an endpoint no model, and `tokenizer` when given."""
+    if cfg.endpoint is None:
+        return load_model(cfg)
+    try:
+        return None, load_tokenizer(cfg.tokenizer) if cfg.tokenizer else None
+    except CheckpointError as e:
+        raise EvalError(str(e)) from None
+
+
 def generate_missing(
-    cfg: EvalConfig, sets: dict[str, list[Example]], done: dict, path: Path
+    cfg: EvalConfig, sets: dict[str, list[Example]], done: dict, path: Path, model, tok
 ) -> None:
-    """Sample every completion not yet in `done` (keyed (set, id, sample)), appending each batch to
-    `path` as it finishes. The model (or the endpoint's tokenizer) is loaded only if something is
-    missing."""
-    model = tok = None
+    """Sample every completion not yet in `done` (keyed (set, id, sample)) with `model` and `tok`
+    (load_sampler's), appending each batch to `path` as it finishes."""
     with open_log(path) as f:
         for s in cfg.sets:
             examples = sets[s.name]
             sampling, n = decoding_for(cfg, examples[0].task)
-            missing = [(e, r) for e in examples for r in range(n) if (s.name, e.id, r) not in done]
+            missing = missing_samples(cfg, s, examples, done)
             if not missing:
                 continue
-            if cfg.endpoint is None and model is None:
-                model, tok = load_model(cfg)
-            elif cfg.endpoint is not None and tok is None and cfg.tokenizer:
-                from tokenizer import load_tokenizer
-
-                tok = load_tokenizer(cfg.tokenizer)
             progress = CompletionProgress(
                 s.name, len(examples) * n, len(examples) * n - len(missing)
             )
@@ -876,9 +914,15 @@ def evaluate(cfg: EvalConfig, judged: dict[str, JudgedKind] | None = None) -> di
     """Run the evaluation of `cfg` (resuming from its output_dir) and write every output; returns
     eval.json. `judged`: the kinds of judge-scored sets an extension scores (JudgedKind)."""
     judged = judged or {}
+    # inputs first: the config, the sets (a judged kind's files too), the baseline, the journal
+    # and the model are read and checked before output_dir gets its first file
     check_config(cfg, judged)
     adapter_chain(cfg)
+    if note := unknown_lineage(cfg):
+        print0(note)
     out = Path(cfg.output_dir)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"'output_dir': {out} is a file; name a folder")
     check_resume(cfg, out)
     # the sets scored by their answers; the judge-scored ones are run apart, by their kind
     answered = dataclasses.replace(cfg, sets=[s for s in cfg.sets if s.kind == "examples"])
@@ -886,7 +930,6 @@ def evaluate(cfg: EvalConfig, judged: dict[str, JudgedKind] | None = None) -> di
     for s in answered.sets:
         check_categories(s, sets[s.name])
     baseline = load_eval(cfg.baseline) if cfg.baseline else None
-    save_resolved_config(cfg, out)
     by_id = {(name, e.id): e for name, examples in sets.items() for e in examples}
     done = {
         (r["set"], r["id"], r["sample"]): r
@@ -894,15 +937,20 @@ def evaluate(cfg: EvalConfig, judged: dict[str, JudgedKind] | None = None) -> di
         for r in read_completions(out / COMPLETIONS)
         if (r["set"], r["id"]) in by_id
     }
+    sampling = len(answered.sets) < len(cfg.sets) or any(
+        missing_samples(answered, s, sets[s.name], done) for s in answered.sets
+    )
+    loaded = load_sampler(cfg) if sampling else (None, None)
+    save_resolved_config(cfg, out)
     if cfg.endpoint is not None and not cfg.tokenizer:
         print0("no 'tokenizer' for the endpoint: reasoning tokens are not counted")
-    generate_missing(answered, sets, done, out / COMPLETIONS)
+    generate_missing(answered, sets, done, out / COMPLETIONS, *loaded)
     verdicts = judge_causes(answered, sets, done, out / CAUSES)
     summary = summarize(answered, sets, done, verdicts, cfg.name or out.resolve().name)
     entries = dict(summary["sets"])
     for kind, scorer in judged.items():
         mine = [s for s in cfg.sets if s.kind == kind]
-        entries |= scorer.entries(cfg, mine, out) if mine else {}
+        entries |= scorer.entries(cfg, mine, out, loaded) if mine else {}
     summary["sets"] = {s.name: entries[s.name] for s in cfg.sets}
     if baseline is not None:
         summary["baseline"] = {"path": cfg.baseline} | relative_gains(summary, baseline)

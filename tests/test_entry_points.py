@@ -251,3 +251,135 @@ def test_compare_into_a_folder_holding_a_table_is_refused_without_overwrite(tmp_
     assert "is a file; name the folder" in capsys.readouterr().err
     ev.main(["compare", *evals, "--out", str(tmp_path / "a"), "--overwrite"])
     assert (tmp_path / "a" / "table.md").read_text().startswith("### Accuracy")
+
+
+# ----------------------------------------------------------------------------- evaluate.py's run
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """test_grpo's tiny checkpoint and four examples to evaluate: (base, examples)."""
+    from helpers import grpo_checkpoint, write_examples
+
+    root = tmp_path_factory.mktemp("eval")
+    return grpo_checkpoint(root / "base"), write_examples(root / "eval.jsonl")
+
+
+def eval_config(tmp_path, tiny, **overrides) -> Path:
+    import yaml
+
+    base, examples = tiny
+    raw = {
+        "output_dir": str(tmp_path / "eval"),
+        "sets": [{"name": "toy", "path": str(examples)}],
+        "checkpoint": str(base),
+        "n_samples": 1,
+        "device": "cpu",
+        "sampling": {"max_new_tokens": 4},
+    } | overrides
+    path = tmp_path / "eval.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def lineage_adapter(tmp_path, tiny, lineage) -> Path:
+    from helpers import sft_adapter
+
+    adapter = sft_adapter(tiny[0], tmp_path / "adapter")
+    (adapter / "lineage.json").write_text(json.dumps(lineage))
+    return adapter
+
+
+@pytest.mark.parametrize(
+    "case, expected",
+    [
+        ("missing checkpoint", "{tmp}/export-30"),
+        ("missing SFT adapter", "{tmp}/sft-gone"),
+        ("null base", "lineage.json: field 'base': expects a path, got None"),
+        ("number SFT adapter", "lineage.json: field 'sft_adapter': expects a path or null, got 7"),
+    ],
+)
+def test_evaluate_writes_nothing_until_its_model_has_loaded(tmp_path, tiny, capsys, case, expected):
+    """A missing checkpoint (the content-RM chain's export not made yet, the real-data page's
+    evaluation before SFT finished), a lineage.json naming a missing SFT adapter, one whose values
+    are null or a number: one line, exit 2, and no output_dir, so the corrected command runs (was:
+    config.yaml and an empty completions.jsonl written first, the corrected command refused as
+    "holds completions made with other checkpoint", content_rm pairs reading the empty file; and a
+    TypeError traceback for the null and the number)."""
+    import evaluate as ev
+
+    base = str(tiny[0].resolve())
+    overrides = {
+        "missing checkpoint": {"checkpoint": str(tmp_path / "export-30")},
+        "missing SFT adapter": {"base": base, "sft_adapter": str(tmp_path / "sft-gone")},
+        "null base": {"base": None, "sft_adapter": None},
+        "number SFT adapter": {"base": base, "sft_adapter": 7},
+    }[case]
+    if "checkpoint" in overrides:
+        config = eval_config(
+            tmp_path, tiny, **overrides, report="accuracy", n_samples=6, name="social_r1_rm_source"
+        )
+    else:
+        adapter = lineage_adapter(tmp_path, tiny, overrides)
+        config = eval_config(tmp_path, tiny, adapter=str(adapter))
+    with pytest.raises(SystemExit) as stop:
+        ev.main([str(config)])
+    error = one_line_error(capsys, stop)
+    assert expected.format(tmp=tmp_path) in error, error
+    assert not (tmp_path / "eval").exists()
+
+
+def test_a_bad_eqbench3_scenario_file_stops_before_any_set_is_sampled(tmp_path, tiny, capsys):
+    """An eqbench3 set whose scenario file has a bad line, beside a set of examples: the line is
+    reported before anything is sampled or written (was: after the other sets were sampled into
+    completions.jsonl)."""
+    from dialogue import eqbench3
+
+    scenarios = tmp_path / "scenarios.txt"
+    scenarios.write_text("intro\n######## 1 | A | B\n####### Prompt1\nhi\n")
+    config = eval_config(
+        tmp_path,
+        tiny,
+        report="accuracy",
+        sets=[
+            {"name": "toy", "path": str(tiny[1])},
+            {"name": "EQBench3", "path": str(scenarios), "kind": "eqbench3"},
+        ],
+    )
+    with pytest.raises(SystemExit) as stop:
+        eqbench3.main([str(config)])
+    error = one_line_error(capsys, stop)
+    assert f"{scenarios}:1: text before the first" in error, error
+    assert not (tmp_path / "eval").exists()
+
+
+def test_an_adapter_that_names_no_base_is_evaluated_with_a_line_saying_so(tmp_path, tiny, capsys):
+    """An adapter without lineage.json whose adapter_config.json names no base (a GRPO adapter
+    trained over an SFT adapter, copied without its lineage.json) is evaluated on the checkpoint
+    given, with one line saying its lineage is unknown (was: without a word); an sft.py adapter
+    names its base (base_model_name_or_path) and gets no such line."""
+    from helpers import sft_adapter
+
+    import evaluate as ev
+    import sft
+
+    adapter = sft_adapter(tiny[0], tmp_path / "grpo-adapter")  # base_model_name_or_path: null
+    ev.main([str(eval_config(tmp_path, tiny, adapter=str(adapter)))])
+    assert (
+        capsys.readouterr().out.count(
+            f"adapter {adapter}: no lineage.json and no base_model_name_or_path in its "
+            f"adapter_config.json, so what it was trained on is unknown: evaluated on checkpoint "
+            f"{tiny[0]} as given"
+        )
+        == 1
+    )
+    checkpoint = sft_checkpoint(tmp_path / "sft-base")
+    sft.train(config(checkpoint, tmp_path / "sft"))
+    best = tmp_path / "sft" / "run" / "best"
+    named = json.loads((best / "adapter_config.json").read_text())["base_model_name_or_path"]
+    assert named == str(checkpoint)
+    capsys.readouterr()
+    overrides = {"checkpoint": str(checkpoint), "adapter": str(best)}
+    overrides["output_dir"] = str(tmp_path / "eval-sft")
+    ev.main([str(eval_config(tmp_path, tiny, **overrides))])
+    assert "lineage" not in capsys.readouterr().out
