@@ -15,6 +15,7 @@ import reprlib
 import sys
 import types
 import typing
+import urllib.parse
 from pathlib import Path
 
 import yaml
@@ -335,6 +336,24 @@ def parse_cli(schema, argv=None):
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+def http_url(url: str) -> str:
+    """A server's base URL in one spelling, surrounding spaces and trailing slashes removed (so
+    `http://a/v1/` and `http://a/v1` are one server); a ConfigError, worded for a schema's
+    __post_init__, unless it is an http:// or https:// URL with a host."""
+    text = url.strip().rstrip("/")
+    try:
+        parts = urllib.parse.urlsplit(text)
+        parts.port  # noqa: B018 (raises ValueError for a port that is not a number or out of range)
+    except ValueError:
+        parts = None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(
+            f"base_url: expects an http:// or https:// URL such as http://127.0.0.1:8000/v1, got "
+            f"{excerpt(url)}"
+        )
+    return text
 
 
 def port_number(text: str) -> int:

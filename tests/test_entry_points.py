@@ -383,3 +383,93 @@ def test_an_adapter_that_names_no_base_is_evaluated_with_a_line_saying_so(tmp_pa
     overrides["output_dir"] = str(tmp_path / "eval-sft")
     ev.main([str(eval_config(tmp_path, tiny, **overrides))])
     assert "lineage" not in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------- bounded settings
+
+
+def no_model(monkeypatch):
+    import grpo
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(grpo.Qwen, "from_pretrained", no_load)
+
+
+@pytest.fixture(scope="module")
+def grpo_assets(tmp_path_factory):
+    from helpers import grpo_checkpoint, write_examples
+
+    root = tmp_path_factory.mktemp("grpo")
+    return grpo_checkpoint(root / "base"), write_examples(root / "train.jsonl")
+
+
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        ("distributed.cpu_threads=1099511627776", "must be >= 0 and <= 1024, got 1099511627776"),
+        ("rollout.decode=compiled", "torch.compile on the CPU needs a C++ compiler"),
+    ],
+)
+def test_a_setting_no_library_can_take_stops_before_any_model_loads(
+    tmp_path, grpo_assets, judge, monkeypatch, capsys, override, expected
+):
+    """distributed.cpu_threads=2**40 (was: torch's "Overflow when unpacking long" traceback) and
+    rollout.decode: compiled on a machine without a working C++ compiler (Inductor's search made
+    to find none; was: 109 lines from Inductor, after the model loaded): one line naming the key,
+    before any model loads."""
+    from helpers import run_config
+    from torch._inductor import config as inductor
+
+    import grpo
+
+    no_model(monkeypatch)
+    monkeypatch.setattr(inductor.cpp, "cxx", (None, str(tmp_path / "no-such-c++")))
+    config = run_config(tmp_path, grpo_assets, judge.url)
+    with pytest.raises(SystemExit) as stop:
+        grpo.main([str(config), override])
+    error = one_line_error(capsys, stop)
+    key = override.split("=")[0]
+    assert f"'{key}'" in error and expected in error, error
+    assert not (tmp_path / "run").exists()
+
+
+def test_omp_num_threads_past_any_machine_is_one_line(monkeypatch):
+    from config import ConfigError
+    from distributed import DistributedSettings, cpu_threads
+
+    monkeypatch.setenv("OMP_NUM_THREADS", str(2**40))
+    with pytest.raises(ConfigError, match=r"OMP_NUM_THREADS: at most 1024 threads, got '109"):
+        cpu_threads(DistributedSettings())
+
+
+@pytest.mark.parametrize(
+    "url, expected",
+    [
+        ("127.0.0.1:8000/v1", "expects an http:// or https:// URL"),
+        ("''", "expects an http:// or https:// URL such as http://127.0.0.1:8000/v1, got ''"),
+        ("http://a:99999/v1", "expects an http:// or https:// URL"),
+        ("[http://a:8000/v1, 'http://a:8000/v1/']", "a list of distinct URLs"),
+    ],
+)
+def test_a_rollout_server_url_is_checked_and_compared_in_one_spelling(tmp_path, url, expected):
+    """`rollout.vllm.base_url` with no scheme, empty, with a bad port, or one server spelled with
+    and without a trailing `/` (was: accepted, the last dealt to as two servers): a ConfigError
+    naming the override; a URL's trailing `/` and spaces are dropped (the judge's too)."""
+    import grpo
+    from config import ConfigError, load_config
+
+    path = tmp_path / "c.yaml"
+    path.write_text(f"output_dir: {tmp_path}\ntrain_data: [x]\nmodel: {{path: m}}\n")
+    with pytest.raises(ConfigError) as refused:
+        load_config(path, [f"rollout.vllm.base_url={url}"], grpo.GRPOConfig)
+    assert str(refused.value).startswith(
+        f"override 'rollout.vllm.base_url={url}': 'rollout.vllm.base_url': "
+    ) and expected in str(refused.value), refused.value
+    cfg = load_config(
+        path,
+        ["rollout.vllm.base_url=' http://a:8000/v1/ '", "judge.base_url=http://j/v1/"],
+        grpo.GRPOConfig,
+    )
+    assert cfg.rollout.vllm.urls == ["http://a:8000/v1"] and cfg.judge.base_url == "http://j/v1"
