@@ -1058,6 +1058,42 @@ def test_response_quality_rates_each_reply_on_figure_6s_six_dimensions(tmp_path)
     )
 
 
+def test_a_rating_off_the_scale_is_counted_in_unjudged_and_said(tmp_path, capsys):
+    """A judge that rates a reply's empathy 7 on the 1-5 scale of every other turn: those turns'
+    ratings are left out of Figure 6's means, counted in each run's unjudged.response_quality and
+    said in one line (was: exit 0, the means over the rest, the dropped ratings counted nowhere)."""
+    asked = []
+
+    def judge_backend(messages, params):
+        if messages[0]["content"] == RESPONSE_QUALITY_SYSTEM:
+            asked.append(1)
+            scores = dict.fromkeys(RESPONSE_QUALITY_DIMENSIONS, 3)
+            scores["empathy"] = 7 if len(asked) % 2 else 4
+            return "\n".join(f"{d}: scripted | {v}" for d, v in scores.items())
+        return rules_backend(messages, params)
+
+    with serving(judge_backend) as judge_cfg, serving(lambda m, p: "Noted. Sorry.") as policy:
+        config = {
+            "output_dir": str(tmp_path / "out"),
+            "scenarios": [str(REPO / "configs" / "dialogue_demo_scenarios.jsonl")],
+            "endpoint": {"base_url": policy.base_url, "retries": 0},
+            "runs": 1,
+            "care": False,
+            "response_quality": True,
+            "dialogue": {"max_turns": 2},
+            "sampling": {"max_new_tokens": 64},
+            "judge": {"base_url": judge_cfg.base_url, "retries": 0, "concurrency": 1},
+        }
+        summary = evaluate_dialogue.evaluate_dialogues(load_config_dict(tmp_path, config))
+    off_scale = (len(asked) + 1) // 2
+    assert len(asked) > 1 and summary["runs"][0]["unjudged"]["response_quality"] == off_scale
+    assert summary["response_quality"]["empathy"]["mean"] == 4.0
+    assert (
+        "response_quality: turns without a usable rating per run (no answer, or one off the 1-5 "
+        f"scale or out of format), left out of Figure 6's means: [{off_scale}]"
+    ) in capsys.readouterr().out
+
+
 def load_config_dict(tmp_path, raw: dict):
     path = tmp_path / "eval.yaml"
     path.write_text(yaml.safe_dump(raw))
