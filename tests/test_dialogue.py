@@ -1023,17 +1023,9 @@ def test_a_served_policys_output_tokens_are_counted_with_the_given_tokenizer(bas
     )
 
 
-def test_response_quality_rates_each_reply_on_figure_6s_six_dimensions(tmp_path):
-    """response_quality: true asks one more judge call per turn; a scripted judge rates a reply
-    of two words 2 on every dimension and fluency 4, so eval.json and the second table hold
-    exactly those (one run: no SD)."""
-
-    def judge_backend(messages, params):
-        if messages[0]["content"] == RESPONSE_QUALITY_SYSTEM:
-            scores = dict.fromkeys(RESPONSE_QUALITY_DIMENSIONS, 2) | {"fluency": 4}
-            return "\n".join(f"{d}: scripted | {v}" for d, v in scores.items())
-        return rules_backend(messages, params)
-
+def response_quality_run(tmp_path, judge_backend) -> dict:
+    """eval.json of one run of the demo scenarios, two turns each, `response_quality: true`, a
+    served policy answering "Noted. Sorry." and `judge_backend` as the judge."""
     with serving(judge_backend) as judge_cfg, serving(lambda m, p: "Noted. Sorry.") as policy:
         config = {
             "output_dir": str(tmp_path / "out"),
@@ -1047,7 +1039,21 @@ def test_response_quality_rates_each_reply_on_figure_6s_six_dimensions(tmp_path)
             "sampling": {"max_new_tokens": 64},
             "judge": {"base_url": judge_cfg.base_url, "retries": 0},
         }
-        summary = evaluate_dialogue.evaluate_dialogues(load_config_dict(tmp_path, config))
+        return evaluate_dialogue.evaluate_dialogues(load_config_dict(tmp_path, config))
+
+
+def test_response_quality_rates_each_reply_on_figure_6s_six_dimensions(tmp_path):
+    """response_quality: true asks one more judge call per turn; a scripted judge rates a reply
+    of two words 2 on every dimension and fluency 4, so eval.json and the second table hold
+    exactly those (one run: no SD)."""
+
+    def judge_backend(messages, params):
+        if messages[0]["content"] == RESPONSE_QUALITY_SYSTEM:
+            scores = dict.fromkeys(RESPONSE_QUALITY_DIMENSIONS, 2) | {"fluency": 4}
+            return "\n".join(f"{d}: scripted | {v}" for d, v in scores.items())
+        return rules_backend(messages, params)
+
+    summary = response_quality_run(tmp_path, judge_backend)
     found = {d: stat["mean"] for d, stat in summary["response_quality"].items()}
     assert found == dict.fromkeys(RESPONSE_QUALITY_DIMENSIONS, 2.0) | {"fluency": 4.0}
     table = (tmp_path / "out" / "table.md").read_text().splitlines()
@@ -1072,19 +1078,7 @@ def test_a_rating_off_the_scale_is_counted_in_unjudged_and_said(tmp_path, capsys
             return "\n".join(f"{d}: scripted | {v}" for d, v in scores.items())
         return rules_backend(messages, params)
 
-    with serving(judge_backend) as judge_cfg, serving(lambda m, p: "Noted. Sorry.") as policy:
-        config = {
-            "output_dir": str(tmp_path / "out"),
-            "scenarios": [str(REPO / "configs" / "dialogue_demo_scenarios.jsonl")],
-            "endpoint": {"base_url": policy.base_url, "retries": 0},
-            "runs": 1,
-            "care": False,
-            "response_quality": True,
-            "dialogue": {"max_turns": 2},
-            "sampling": {"max_new_tokens": 64},
-            "judge": {"base_url": judge_cfg.base_url, "retries": 0, "concurrency": 1},
-        }
-        summary = evaluate_dialogue.evaluate_dialogues(load_config_dict(tmp_path, config))
+    summary = response_quality_run(tmp_path, judge_backend)
     off_scale = (len(asked) + 1) // 2
     assert len(asked) > 1 and summary["runs"][0]["unjudged"]["response_quality"] == off_scale
     assert summary["response_quality"]["empathy"]["mean"] == 4.0
