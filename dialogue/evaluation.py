@@ -61,7 +61,7 @@ from judge import (
     turn_quality_request,
 )
 from sampling import SamplingConfig, endpoint_config
-from tokenizer import load_tokenizer
+from tokenizer import CheckpointError, load_tokenizer
 
 
 def endpoint_policy(endpoint: JudgeConfig, sampling: SamplingConfig) -> Respond:
@@ -468,14 +468,15 @@ def evaluate_dialogues(cfg: DialogueEvalConfig) -> dict:
                 f"{out}: holds episodes of another model, seed, decoding or role-play; "
                 "use a new output_dir"
             )
-    save_resolved_config(cfg, out)
     done: dict[int, list[dict]] = {}
     for record in read_episodes(out / EPISODES):
         done.setdefault(record["run"], []).append(record)
-    respond = None
+    missing = [r for r in range(cfg.runs) if r not in done]
+    # the policy (a checkpoint loaded, its adapters merged) before output_dir gets a file
+    respond = _policy(cfg) if missing else None
     tok = load_tokenizer(cfg.tokenizer) if cfg.endpoint is not None and cfg.tokenizer else None
-    for run in (r for r in range(cfg.runs) if r not in done):
-        respond = respond or _policy(cfg)
+    save_resolved_config(cfg, out)
+    for run in missing:
         seed = random.Random(f"{cfg.seed}/run{run}").getrandbits(63)
         episodes, _ = play(
             respond,
@@ -547,7 +548,7 @@ def main(argv: list[str]) -> None:
     except ConfigError as e:
         print(f"config error: {argv[0]}: {e}", file=sys.stderr)
         raise SystemExit(2) from None
-    except (DataError, evaluate.EvalError, JudgeError, OSError) as e:
+    except (CheckpointError, DataError, evaluate.EvalError, JudgeError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
 

@@ -1088,6 +1088,23 @@ def test_a_rating_off_the_scale_is_counted_in_unjudged_and_said(tmp_path, capsys
     ) in capsys.readouterr().out
 
 
+def test_a_dialogue_evaluation_of_a_missing_checkpoint_writes_nothing(tmp_path, capsys):
+    """The policy is loaded before output_dir gets a file: a missing checkpoint is one line, and no
+    config.yaml is left to refuse the corrected command (was: config.yaml written first)."""
+    config = {
+        "output_dir": str(tmp_path / "out"),
+        "scenarios": [str(REPO / "configs" / "dialogue_demo_scenarios.jsonl")],
+        "checkpoint": str(tmp_path / "not-trained-yet"),
+    }
+    path = tmp_path / "eval.yaml"
+    path.write_text(yaml.safe_dump(config))
+    with pytest.raises(SystemExit) as stop:
+        evaluate_dialogue.main([str(path)])
+    error = capsys.readouterr().err
+    assert stop.value.code == 2 and error.count("\n") == 1 and "not-trained-yet" in error, error
+    assert not (tmp_path / "out").exists()
+
+
 def load_config_dict(tmp_path, raw: dict):
     path = tmp_path / "eval.yaml"
     path.write_text(yaml.safe_dump(raw))
