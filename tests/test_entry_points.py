@@ -473,3 +473,32 @@ def test_a_rollout_server_url_is_checked_and_compared_in_one_spelling(tmp_path, 
         grpo.GRPOConfig,
     )
     assert cfg.rollout.vllm.urls == ["http://a:8000/v1"] and cfg.judge.base_url == "http://j/v1"
+
+
+# ----------------------------------------------------------------------------- the converters
+
+
+@pytest.mark.parametrize(
+    "dataset, source, target",
+    [
+        ("socialiqa", "dev.jsonl", "dev.jsonl"),
+        ("emobench", "data", "data/EA.jsonl"),  # a file the converter reads from its folder
+        ("emobench", "data", "data/new/out.jsonl"),
+    ],
+)
+def test_a_converter_never_writes_over_its_dataset(
+    tmp_path, monkeypatch, capsys, dataset, source, target
+):
+    """prepare.convert with the output named as its input file, or inside its input folder (a
+    file it reads there, or a new one): one line, the dataset unchanged (was: the user's
+    dev.jsonl or EA.jsonl replaced by its conversion, exit 0)."""
+    from prepare import convert
+
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(REPO / "tests" / "fixtures" / "benchmarks" / dataset, dataset)
+    before = {p: p.read_bytes() for p in Path(dataset).rglob("*") if p.is_file()}
+    with pytest.raises(SystemExit) as stop:
+        convert.main([dataset, f"{dataset}/{source}", f"{dataset}/{target}"])
+    error = one_line_error(capsys, stop)
+    assert error.startswith(f"error: 'output': {dataset}/{target} is "), error
+    assert {p: p.read_bytes() for p in Path(dataset).rglob("*") if p.is_file()} == before
