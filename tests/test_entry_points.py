@@ -92,6 +92,27 @@ def test_a_cut_checkpoint_exports_nothing_and_says_which_file(sft_full_run, tmp_
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
 
 
+@pytest.mark.parametrize("out", ["notes.txt", "kept", "CKPT/export"])
+def test_an_export_refuses_an_out_it_would_replace_or_write_into_the_checkpoint(
+    sft_full_run, tmp_path, capsys, out
+):
+    """`OUT` a file of the user's, a folder holding files, or a new folder inside the checkpoint:
+    one line naming it, nothing written (was: the model written into the checkpoint's own folder;
+    the file was "Not a directory", a line that did not say what to do)."""
+    from tools.export_checkpoint import main
+
+    last = max(sft_full_run.glob("ckpt-*"))
+    (tmp_path / "notes.txt").write_text("mine")
+    (tmp_path / "kept").mkdir()
+    (tmp_path / "kept" / "a.txt").write_text("mine")
+    target = str(last / "export") if out == "CKPT/export" else str(tmp_path / out)
+    before = sorted(str(p) for p in [*tmp_path.rglob("*"), *last.rglob("*")])
+    with pytest.raises(SystemExit) as stop:
+        main([str(last), target])
+    assert one_line_error(capsys, stop).startswith(f"error: {target}: ")
+    assert sorted(str(p) for p in [*tmp_path.rglob("*"), *last.rglob("*")]) == before
+
+
 FULL_DISK_EXPORT = """
 import resource, sys
 sys.path.insert(0, sys.argv[3])

@@ -95,6 +95,8 @@ def export_checkpoint(checkpoint, out) -> Path:
         )
     if out.exists() and not (out.is_dir() and not any(out.iterdir())):
         raise CheckpointError(f"{out}: exists and is not an empty folder; give a new folder")
+    if out.resolve().is_relative_to(checkpoint.resolve()):
+        raise CheckpointError(f"{out}: inside the checkpoint {checkpoint}; give a folder outside")
     base, dtype, sft_adapter = run_base(checkpoint.parent / "config.yaml")
     names = _trained_names(checkpoint / "dcp")
     tok = load_tokenizer(base)
