@@ -2,7 +2,10 @@
 model.
 
 A checkpoint is a folder `ckpt-<step>` inside the run's output_dir, written under a temporary name
-and renamed when complete (a folder named `ckpt-*` is always whole):
+and renamed when complete; a re-save of a step moves the old folder aside and deletes it only once
+the new one is in place (`publish_folder`). state.json lists every other file with its size, and a
+resume skips, with a line saying so, a `ckpt-*` whose files are not all there (`checkpoint_problem`:
+a folder cut by hand, a copy stopped short, an older version's kill mid-delete):
 
     adapter_config.json,      model.save_adapter (LoRA and token rows, PEFT format)      (LoRA)
       adapter_model.safetensors
@@ -11,7 +14,7 @@ and renamed when complete (a folder named `ckpt-*` is always whole):
     rng-rank<r>.safetensors   rank r's torch (and CUDA) generator state; its Python state as
                               metadata
     state.json                step, world size, global batch, finetune mode, optimizer
-                              hyperparameters, the trainer's own state
+                              hyperparameters, the trainer's own state, the folder's files
 
 Only safetensors and JSON are written or read: nothing is unpickled on resume.
 
@@ -48,11 +51,11 @@ import torch.distributed.checkpoint as dcp
 from safetensors import safe_open
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
-from config import atomic_write_text, read_metrics, resolved_config_text
+from config import atomic_write_text, excerpt, print0, read_metrics, resolved_config_text
 from distributed import Ranks, barrier, broadcast_parameters, is_distributed
 from fsdp import export_full, export_trained, is_sharded
 from model import Qwen, atomic_write, load_adapter, save_adapter
-from tokenizer import CheckpointError
+from tokenizer import CheckpointError, read_json
 from train import optimizer_parameters
 
 _CKPT = "ckpt-"
@@ -62,14 +65,36 @@ def checkpoint_path(output_dir, step: int) -> Path:
     return Path(output_dir) / f"{_CKPT}{step:06d}"
 
 
+def checkpoint_problem(folder) -> str | None:
+    """Why `folder` is not a whole checkpoint, or None: its state.json must be a JSON object and
+    every file it lists (`files`: {path: bytes}; checkpoints written before the list: none) there,
+    at its size."""
+    folder = Path(folder)
+    try:
+        files = read_json(folder / "state.json").get("files", {})
+    except (OSError, CheckpointError) as e:
+        return str(e)
+    for name, size in files.items() if isinstance(files, dict) else ():
+        found = folder / name
+        if not found.is_file() or found.stat().st_size != size:
+            return f"{found}: {'missing' if not found.is_file() else 'cut short'}"
+    return None
+
+
 def latest_checkpoint(output_dir) -> Path | None:
-    """The complete checkpoint with the highest step in `output_dir`, or None."""
+    """The whole checkpoint with the highest step in `output_dir`, or None; a newer one that is
+    not whole (`checkpoint_problem`) is skipped with a line saying so."""
     found = [
         p
         for p in Path(output_dir).glob(f"{_CKPT}*")
         if p.is_dir() and p.name[len(_CKPT) :].isdigit()
     ]
-    return max(found, key=lambda p: int(p.name[len(_CKPT) :]), default=None)
+    for path in sorted(found, key=lambda p: int(p.name[len(_CKPT) :]), reverse=True):
+        problem = checkpoint_problem(path)
+        if problem is None:
+            return path
+        print0(f"resume: {path} is not a whole checkpoint ({problem}); skipped")
+    return None
 
 
 def _rng_file(folder: Path, rank: int) -> Path:
@@ -121,19 +146,30 @@ def staging_folder(final, clear: bool = True) -> Path:
 
 
 def publish_folder(staging: Path, final) -> None:
-    shutil.rmtree(final, ignore_errors=True)
+    """`staging` renamed to `final`. An old `final` is first moved aside to `.<name>.old` and
+    deleted once the new one is in place: a kill at any moment leaves each folder whole (the old
+    one under one of its names), never a `final` half deleted."""
+    final = Path(final)
+    old = final.with_name(f".{final.name}.old")
+    shutil.rmtree(old, ignore_errors=True)
+    if final.exists():
+        os.replace(final, old)
     os.replace(staging, final)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 @contextlib.contextmanager
 def atomic_folder(final):
     """`with atomic_folder(out / "adapter") as tmp: save_adapter(model, tmp)`: the folder appears
-    whole or never."""
+    whole or never. A write that fails (a full disk) names the file as it would be in `final`."""
     staging = staging_folder(final)
     try:
         yield staging
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(staging, ignore_errors=True)
+        if isinstance(e, OSError) and e.filename and Path(e.filename).is_relative_to(staging):
+            named = Path(final) / Path(e.filename).relative_to(staging)
+            raise OSError(e.errno, e.strerror, str(named)) from None
         raise
     publish_folder(staging, final)
 
@@ -174,6 +210,11 @@ def save_checkpoint(
             atomic_write(tmp / "optimizer.safetensors", tensors)
         if write_extra is not None:
             write_extra(tmp)
+        files = {
+            p.relative_to(tmp).as_posix(): p.stat().st_size
+            for p in sorted(tmp.rglob("*"))
+            if p.is_file()
+        }
         meta = {
             "step": step,
             "world_size": dist.get_world_size() if is_distributed() else 1,
@@ -181,6 +222,7 @@ def save_checkpoint(
             "finetune": "full" if full else "lora",
             "param_groups": groups or state["param_groups"],
             "trainer": trainer_state,
+            "files": files,
         }
         atomic_write_text(tmp / "state.json", json.dumps(meta, indent=1) + "\n")
         publish_folder(tmp, final)
@@ -359,6 +401,12 @@ def read_lineage(folder) -> dict | None:
         record = None
     if not (isinstance(record, dict) and set(record) == {"base", "sft_adapter"}):
         raise CheckpointError(f"{path}: not a lineage record {{base, sft_adapter}}")
+    for key, value in record.items():
+        if not ((isinstance(value, str) and value) or (key == "sft_adapter" and value is None)):
+            expected = "a path" + (" or null" if key == "sft_adapter" else "")
+            raise CheckpointError(
+                f"{path}: field '{key}': expects {expected}, got {excerpt(value)}"
+            )
     return record
 
 

@@ -15,6 +15,7 @@ import reprlib
 import sys
 import types
 import typing
+import urllib.parse
 from pathlib import Path
 
 import yaml
@@ -378,6 +379,24 @@ def parse_cli(schema, argv=None):
         raise SystemExit(2) from None
 
 
+def http_url(url: str) -> str:
+    """A server's base URL in one spelling, surrounding spaces and trailing slashes removed (so
+    `http://a/v1/` and `http://a/v1` are one server); a ConfigError, worded for a schema's
+    __post_init__, unless it is an http:// or https:// URL with a host."""
+    text = url.strip().rstrip("/")
+    try:
+        parts = urllib.parse.urlsplit(text)
+        parts.port  # noqa: B018 (raises ValueError for a port that is not a number or out of range)
+    except ValueError:
+        parts = None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(
+            f"base_url: expects an http:// or https:// URL such as http://127.0.0.1:8000/v1, got "
+            f"{excerpt(url)}"
+        )
+    return text
+
+
 def port_number(text: str) -> int:
     """argparse's type for a --port option: a TCP port, 0 for any free one."""
     try:
@@ -624,14 +643,15 @@ def check_output_file(path, key: str, inputs: dict | None = None) -> None:
         raise ConfigError(f"'{key}': {path} cannot be written (a file is in its path)")
 
 
-def atomic_write_text(path, text: str) -> None:
-    """Write to a temporary name beside `path`, then rename: readers never see a partial file, and
-    a failed write (a full disk, a folder in the way) leaves nothing behind."""
+def atomic_write_text(path, text: str | bytes) -> None:
+    """Write `text` (UTF-8; bytes as they are) to a temporary name beside `path`, then rename:
+    readers never see a partial file, and a failed write (a full disk, a folder in the way) leaves
+    nothing behind."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
-        tmp.write_text(text, encoding="utf-8")
+        tmp.write_bytes(text.encode("utf-8") if isinstance(text, str) else text)
         os.replace(tmp, path)
     except BaseException as e:
         tmp.unlink(missing_ok=True)

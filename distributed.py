@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from config import ConfigError, bounded, print0
+from config import ConfigError, bounded, excerpt, print0
 
 # the oldest torch with every API the trainers use: HuggingFaceStorageWriter's save_distributed
 # (checkpoint.save_sharded) is the newest of them (docs/fsdp.md#the-torch-minimum)
@@ -48,6 +48,10 @@ require_torch()
 import torch.distributed as dist  # noqa: E402
 from torch.distributed.tensor import DTensor  # noqa: E402
 
+# a CPU rank's most threads: above any one machine's cores (torch takes up to 2**31 - 1, then
+# starts that many)
+MAX_CPU_THREADS = 1024
+
 
 @dataclass
 class DistributedSettings:
@@ -63,7 +67,7 @@ class DistributedSettings:
     # a CPU run's threads per rank (torch.set_num_threads); 0: OMP_NUM_THREADS when it is set,
     # else this machine's usable cores divided by the ranks on it (LOCAL_WORLD_SIZE), so that the
     # ranks do not oversubscribe the cores (on a machine other jobs share, 1 is often fastest)
-    cpu_threads: int = bounded(0, ge=0)
+    cpu_threads: int = bounded(0, ge=0, le=MAX_CPU_THREADS)
 
 
 @dataclass
@@ -89,7 +93,13 @@ def cpu_threads(settings: DistributedSettings) -> int:
     if settings.cpu_threads:
         return settings.cpu_threads
     if os.environ.get("OMP_NUM_THREADS", "").isdigit():
-        return max(1, int(os.environ["OMP_NUM_THREADS"]))
+        threads = int(os.environ["OMP_NUM_THREADS"])
+        if threads > MAX_CPU_THREADS:
+            raise ConfigError(
+                f"the environment variable OMP_NUM_THREADS: at most {MAX_CPU_THREADS} threads, "
+                f"got {excerpt(os.environ['OMP_NUM_THREADS'])}"
+            )
+        return max(1, threads)
     return max(1, usable_cores() // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
 
 

@@ -147,8 +147,10 @@ class EvalError(RuntimeError):
 @dataclass(frozen=True)
 class JudgedKind:
     """A kind of set scored not by its answers but by a judge, as an extension defines it
-    (dialogue/eqbench3.py): `check(cfg, set)` raises ConfigError for a set it cannot score;
-    `entries(cfg, sets, out)` plays and scores the sets, returning their eval.json entries, each
+    (dialogue/eqbench3.py): `check(cfg, set)`, before anything is written, raises ConfigError or
+    DataError for a set it cannot score (its file read); `entries(cfg, sets, out, loaded)` plays
+    and scores the sets with `loaded`, load_sampler's (model, tokenizer) (an endpoint's model:
+    None), returning their eval.json entries, each
     with its `kind`, `n_items`, `decoding`, `rubric_score` (0-1, mean ± SD over the runs) and
     `unscored` (per run), and writing its journals into `out`."""
 
@@ -565,8 +567,9 @@ def endpoint_unsent(endpoint: JudgeConfig | None, sampling: SamplingConfig) -> l
 
 
 def check_resume(cfg: EvalConfig, out: Path) -> None:
-    """Refuse to mix completions of another model or decoding into an output_dir."""
-    if not (out / COMPLETIONS).exists() or not (out / "config.yaml").exists():
+    """Refuse to mix completions of another model or decoding into an output_dir (one holding no
+    completion is not refused)."""
+    if not (out / "config.yaml").exists() or not read_completions(out / COMPLETIONS):
         return
     old, new = (
         _generation_identity(load_config(out / "config.yaml", [], EvalConfig)),
@@ -608,6 +611,29 @@ def adapter_chain(cfg: EvalConfig) -> list[str]:
     return [sft, cfg.adapter] if sft else [cfg.adapter]
 
 
+def unknown_lineage(cfg: EvalConfig) -> str | None:
+    """The line to print when nothing says what `adapter` was trained on: no lineage.json beside it
+    and no base_model_name_or_path in its adapter_config.json (grpo.py writes none over an SFT
+    adapter, which it merged into the base first); None otherwise."""
+    from checkpoint import LINEAGE, read_lineage
+
+    config = Path(cfg.adapter or "") / "adapter_config.json"
+    if not cfg.adapter or read_lineage(cfg.adapter) is not None or not config.is_file():
+        return None
+    try:
+        named = json.loads(config.read_text(encoding="utf-8")).get("base_model_name_or_path")
+    except (UnicodeDecodeError, ValueError, AttributeError):
+        return None  # load_adapter names the broken file
+    if named:
+        return None
+    return (
+        f"adapter {cfg.adapter}: no {LINEAGE} and no base_model_name_or_path in its "
+        f"adapter_config.json, so what it was trained on is unknown: evaluated on checkpoint "
+        f"{cfg.checkpoint} as given (a GRPO adapter trained over an SFT adapter needs that one "
+        f"merged first: keep the {LINEAGE} its run wrote beside it)"
+    )
+
+
 def tokenizer_path(cfg: EvalConfig) -> str | None:
     """`tokenizer`, else the last adapter of the chain that holds a tokenizer, else the
     checkpoint's."""
@@ -639,26 +665,38 @@ def load_model(cfg: EvalConfig):
     return net, tok
 
 
+def missing_samples(
+    cfg: EvalConfig, s: EvalSet, examples: list[Example], done: dict
+) -> list[tuple[Example, int]]:
+    """The (example, sample) pairs of set `s` that `done` (keyed (set, id, sample)) lacks."""
+    n = decoding_for(cfg, examples[0].task)[1]
+    return [(e, r) for e in examples for r in range(n) if (s.name, e.id, r) not in done]
+
+
+def load_sampler(cfg: EvalConfig) -> tuple:
+    """(model, tokenizer) that sampling needs, loaded before anything is written (a missing
+    checkpoint, adapter or tokenizer stops the run with nothing in output_dir): in-process the
+    merged chain (load_model); for an endpoint no model, and `tokenizer` when given."""
+    if cfg.endpoint is None:
+        return load_model(cfg)
+    try:
+        return None, load_tokenizer(cfg.tokenizer) if cfg.tokenizer else None
+    except CheckpointError as e:
+        raise EvalError(str(e)) from None
+
+
 def generate_missing(
-    cfg: EvalConfig, sets: dict[str, list[Example]], done: dict, path: Path
+    cfg: EvalConfig, sets: dict[str, list[Example]], done: dict, path: Path, model, tok
 ) -> None:
-    """Sample every completion not yet in `done` (keyed (set, id, sample)), appending each batch to
-    `path` as it finishes. The model (or the endpoint's tokenizer) is loaded only if something is
-    missing."""
-    model = tok = None
+    """Sample every completion not yet in `done` (keyed (set, id, sample)) with `model` and `tok`
+    (load_sampler's), appending each batch to `path` as it finishes."""
     with open_log(path) as f:
         for s in cfg.sets:
             examples = sets[s.name]
             sampling, n = decoding_for(cfg, examples[0].task)
-            missing = [(e, r) for e in examples for r in range(n) if (s.name, e.id, r) not in done]
+            missing = missing_samples(cfg, s, examples, done)
             if not missing:
                 continue
-            if cfg.endpoint is None and model is None:
-                model, tok = load_model(cfg)
-            elif cfg.endpoint is not None and tok is None and cfg.tokenizer:
-                from tokenizer import load_tokenizer
-
-                tok = load_tokenizer(cfg.tokenizer)
             progress = CompletionProgress(
                 s.name, len(examples) * n, len(examples) * n - len(missing)
             )
@@ -929,9 +967,15 @@ def evaluate(cfg: EvalConfig, judged: dict[str, JudgedKind] | None = None) -> di
     """Run the evaluation of `cfg` (resuming from its output_dir) and write every output; returns
     eval.json. `judged`: the kinds of judge-scored sets an extension scores (JudgedKind)."""
     judged = judged or {}
+    # inputs first: the config, the sets (a judged kind's files too), the baseline, the journal
+    # and the model are read and checked before output_dir gets its first file
     check_config(cfg, judged)
     adapter_chain(cfg)
+    if note := unknown_lineage(cfg):
+        print0(note)
     out = Path(cfg.output_dir)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"'output_dir': {out} is a file; name a folder")
     check_resume(cfg, out)
     # the sets scored by their answers; the judge-scored ones are run apart, by their kind
     answered = dataclasses.replace(cfg, sets=[s for s in cfg.sets if s.kind == "examples"])
@@ -939,7 +983,6 @@ def evaluate(cfg: EvalConfig, judged: dict[str, JudgedKind] | None = None) -> di
     for s in answered.sets:
         check_categories(s, sets[s.name])
     baseline = load_eval(cfg.baseline) if cfg.baseline else None
-    save_resolved_config(cfg, out)
     by_id = {(name, e.id): e for name, examples in sets.items() for e in examples}
     done = {
         (r["set"], r["id"], r["sample"]): r
@@ -947,15 +990,20 @@ def evaluate(cfg: EvalConfig, judged: dict[str, JudgedKind] | None = None) -> di
         for r in read_completions(out / COMPLETIONS)
         if (r["set"], r["id"]) in by_id
     }
+    sampling = len(answered.sets) < len(cfg.sets) or any(
+        missing_samples(answered, s, sets[s.name], done) for s in answered.sets
+    )
+    loaded = load_sampler(cfg) if sampling else (None, None)
+    save_resolved_config(cfg, out)
     if cfg.endpoint is not None and not cfg.tokenizer:
         print0("no 'tokenizer' for the endpoint: reasoning tokens are not counted")
-    generate_missing(answered, sets, done, out / COMPLETIONS)
+    generate_missing(answered, sets, done, out / COMPLETIONS, *loaded)
     verdicts = judge_causes(answered, sets, done, out / CAUSES)
     summary = summarize(answered, sets, done, verdicts, cfg.name or out.resolve().name)
     entries = dict(summary["sets"])
     for kind, scorer in judged.items():
         mine = [s for s in cfg.sets if s.kind == kind]
-        entries |= scorer.entries(cfg, mine, out) if mine else {}
+        entries |= scorer.entries(cfg, mine, out, loaded) if mine else {}
     summary["sets"] = {s.name: entries[s.name] for s in cfg.sets}
     if baseline is not None:
         summary["baseline"] = {"path": cfg.baseline} | relative_gains(summary, baseline)
@@ -1240,6 +1288,19 @@ def _pyplot():
     return plt
 
 
+def save_png(fig, path, dpi: int) -> None:
+    """`fig` as a PNG at `path`, rendered in memory and written whole (atomic_write_text), so a
+    failure leaves nothing and never a part of a file; the figure is closed."""
+    import io
+
+    buffer = io.BytesIO()
+    try:
+        fig.savefig(buffer, format="png", dpi=dpi)
+    finally:
+        _pyplot().close(fig)
+    atomic_write_text(path, buffer.getvalue())
+
+
 def point_labels(marks: list[tuple[str, float, float]]) -> list[tuple[str, float, float]]:
     """One label per place in a figure: (name, x, y) marks that coincide (to the figure's
     resolution) share a label, their names joined, so no two labels print over each other."""
@@ -1294,8 +1355,7 @@ def plot_f1_vs_tokens(evals: list[dict], path) -> bool:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=150)
-    plt.close(fig)
+    save_png(fig, path, 150)
     return True
 
 
@@ -1433,8 +1493,7 @@ def plot_training_curves(run_dirs: list, path) -> list[str]:
     for ax in list(axes.flat)[len(panels) :]:
         ax.set_visible(False)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_png(fig, path, 120)
     return [panel.title for panel in panels]
 
 
@@ -1477,6 +1536,9 @@ def _compare(argv: list[str]) -> None:
         action="store_true",
         help="evaluations of different tasks or held-out sets in one table, without differences",
     )
+    parser.add_argument(
+        "--overwrite", action="store_true", help="replace those files where --out holds them"
+    )
     args = parser.parse_args(argv[1:])
     paths = [Path(p) / EVAL_JSON if Path(p).is_dir() else Path(p) for p in args.evals]
     evals = [load_eval(p) for p in paths]
@@ -1484,16 +1546,28 @@ def _compare(argv: list[str]) -> None:
         raise EvalError(f"compare: {problem}; --side-by-side shows them without differences")
     # benchmark evaluations (report: accuracy) side by side as the benchmark table
     accuracy = all(e.get("config", {}).get("report") == "accuracy" for e in evals)
+    out = Path(args.out) if args.out else None
+    if out is not None:
+        if out.exists() and not out.is_dir():
+            parser.error(f"--out {out} is a file; name the folder to write into")
+        taken = [
+            out / n for n in (TABLE, *(() if accuracy else (F1_FIGURE,))) if (out / n).exists()
+        ]
+        if taken and not args.overwrite:
+            parser.error(
+                f"{taken[0]} exists (an evaluation's own, or yours); pass --overwrite to replace "
+                "it, or choose another --out"
+            )
     tables = (
         accuracy_table(evals)
         if accuracy
         else markdown_tables(evals, differences=not args.side_by_side)
     )
     print(tables)
-    if args.out:
-        atomic_write_text(Path(args.out) / TABLE, tables)
+    if out is not None:
+        atomic_write_text(out / TABLE, tables)
         if not accuracy:
-            plot_f1_vs_tokens(evals, Path(args.out) / F1_FIGURE)
+            plot_f1_vs_tokens(evals, out / F1_FIGURE)
 
 
 def _plot(argv: list[str]) -> None:
@@ -1503,8 +1577,8 @@ def _plot(argv: list[str]) -> None:
     parser.add_argument("runs", nargs="+", help="run folders holding metrics.jsonl (or the files)")
     parser.add_argument(
         "--out",
-        help="PNG to write (default with one run: training_curves.png in its folder; several "
-        "runs need it)",
+        help="PNG to write, .png added to a name without a suffix (default with one run: "
+        "training_curves.png in its folder; several runs need it)",
     )
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     args = parser.parse_args(argv[1:])
@@ -1516,6 +1590,11 @@ def _plot(argv: list[str]) -> None:
         if args.out
         else (first if first.is_dir() else first.parent) / "training_curves.png"
     )
+    out = out if out.suffix else out.with_suffix(".png")  # the name matplotlib would give it
+    if out.suffix.lower() != ".png":
+        parser.error(f"--out {out}: the figure is a PNG; name a .png file")
+    if out.is_dir():
+        parser.error(f"--out {out} is a folder; name the .png file to write")
     if out.exists() and not args.overwrite:
         parser.error(f"{out} exists; pass --overwrite to replace it, or choose another --out")
     panels = plot_training_curves(args.runs, out)

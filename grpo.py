@@ -53,7 +53,16 @@ import torch
 import data
 import dataset
 import rewards
-from checkpoint import ModelCard, atomic_folder, resume, save_checkpoint, save_model, trim_log
+from checkpoint import (
+    ModelCard,
+    atomic_folder,
+    checkpoint_path,
+    checkpoint_problem,
+    resume,
+    save_checkpoint,
+    save_model,
+    trim_log,
+)
 from config import (
     ConfigError,
     ConfigSource,
@@ -871,6 +880,45 @@ def check_settings(cfg: GRPOConfig, config_path: str | ConfigSource) -> None:
             raise config_error(config_path, key, f"{folder} has no {needed}")
     if rewards.judges_needed(spec):
         check_api_key(cfg.judge, "judge", config_path)
+    local = cfg.rollout.engine == "local"
+    if (
+        local
+        and cfg.rollout.decode == "compiled"
+        and (problem := compile_problem(cfg.model.device))
+    ):
+        raise config_error(
+            config_path, "rollout.decode", f"{problem}; install one, or use decode: eager"
+        )
+
+
+def compile_problem(device: str | None) -> str | None:
+    """Why torch.compile cannot build the decode step on `device` (default: CUDA when available),
+    or None: Inductor needs Triton on CUDA, and on the CPU a C++ compiler that builds a shared
+    library (its own search: $CXX, then g++), tried here on an empty program."""
+    import subprocess
+    import tempfile
+
+    if (device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda"):
+        from torch.utils._triton import has_triton
+
+        return None if has_triton() else "torch.compile on CUDA needs Triton, not installed"
+    from torch._inductor import cpp_builder, exc
+
+    try:
+        compiler = cpp_builder.get_cpp_compiler()
+        with tempfile.TemporaryDirectory() as folder:
+            subprocess.run(
+                [compiler, "-x", "c++", "-shared", "-fPIC", "-o", f"{folder}/probe.so", "-"],
+                input=b"int probe() { return 0; }\n",
+                capture_output=True,
+                check=True,
+                timeout=120,
+            )
+    except exc.InvalidCxxCompiler:
+        return "torch.compile on the CPU needs a C++ compiler ($CXX or g++): none found"
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"torch.compile on the CPU needs a C++ compiler that works: {compiler} failed ({e})"
+    return None
 
 
 def check_api_key(endpoint: JudgeConfig, key: str, config_path: str | ConfigSource) -> None:
@@ -1106,9 +1154,11 @@ def train(cfg: GRPOConfig, examples: list, sampler_for=rollout_sampler) -> None:
             try:
                 with sampler.rollouts(update):
                     groups, counts = collect_groups(sampler, source, slots, cfg, update, ranks)
-            # nothing of this update is trained: the checkpoint holds the state before it
+            # nothing of this update is trained: the checkpoint holds the state before it (one
+            # saved at this update already does, with the RNG as the update began: kept)
             except RolloutError as e:
-                save(update, cursor, unscored_streak)
+                if checkpoint_problem(checkpoint_path(out_dir, update)):
+                    save(update, cursor, unscored_streak)
                 print0(
                     f"error: {e}\nstopped after update {update}: the rollouts failed; checkpoint "
                     f"saved, the same command resumes from {out_dir}",

@@ -49,7 +49,7 @@ import requests
 import urllib3
 from requests.adapters import HTTPAdapter
 
-from config import bounded, print0
+from config import bounded, http_url, print0
 from data import (
     EVIDENCE_CLOSE,
     EVIDENCE_OPEN,
@@ -134,6 +134,9 @@ class JudgeConfig:
     # Extra or overriding request fields; a value of None drops a field, e.g. {top_k: null,
     # chat_template_kwargs: null} for a hosted API that rejects the fields vLLM accepts.
     sampling: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self):
+        self.base_url = http_url(self.base_url)
 
     def read_api_key(self) -> str | None:
         if self.api_key_env is None:

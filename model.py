@@ -1314,15 +1314,19 @@ def atomic_write(path, data: str | bytes | dict, meta: dict[str, str] | None = N
     """Text, bytes or tensors to `.<name>.tmp` beside `path`, renamed into place, with the umask's
     permissions (safetensors' save_file makes 0600 files and leaves `.tmpXXXXXX` behind when
     killed). A temporary left by a failed or killed write is overwritten by the next write of the
-    same file."""
+    same file. A write that fails (a full disk) removes the temporary and names `path`."""
     path, tmp = Path(path), Path(path).with_name(f".{Path(path).name}.tmp")
     if isinstance(data, dict):
         data = save_tensors(
             {k: v.detach().contiguous().cpu() for k, v in data.items()},
             dict(meta or {}, format="pt"),
         )
-    tmp.write_bytes(data.encode("utf-8") if isinstance(data, str) else data)
-    os.replace(tmp, path)
+    try:
+        tmp.write_bytes(data.encode("utf-8") if isinstance(data, str) else data)
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise OSError(e.errno, e.strerror, str(path)) from None
 
 
 def save_merged(model: Qwen, tok: QwenTokenizer, out_dir, shard_bytes: int = 4 << 30) -> None:

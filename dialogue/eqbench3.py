@@ -38,7 +38,7 @@ from config import ConfigError, excerpt, open_log, print0, read_log
 from data import DataError
 from dataset import check_new_id, read_data_text
 from dialogue.play import split_reply
-from evaluate import EvalConfig, EvalSet, JudgedKind, load_model, mean_sd
+from evaluate import EvalConfig, EvalSet, JudgedKind, mean_sd
 from judge import (
     DATA_NOTICE,
     JudgeCall,
@@ -316,18 +316,15 @@ def summarize_set(
 # ------------------------------------------------------------------- the benchmark table's sets
 
 
-def roleplay_completer(cfg: EvalConfig):
+def roleplay_completer(cfg: EvalConfig, loaded: tuple):
     """Complete for the evaluated model: a `chat_many` batch to the endpoint (None where
-    a request failed), or the checkpoint in-process (sample_completions, one completion per chat,
-    seeded by its key), loaded on the first call."""
-    loaded = []
+    a request failed), or in-process with `loaded` (evaluate.load_sampler's model and tokenizer:
+    sample_completions, one completion per chat, seeded by its key)."""
 
     def complete(chats, keys):
         if cfg.endpoint is not None:
             calls = [JudgeCall(chat, cfg.sampling.max_new_tokens) for chat in chats]
             return chat_many(calls, endpoint_config(cfg.endpoint, cfg.sampling))[0]
-        if not loaded:
-            loaded.extend(load_model(cfg))
         model, tok = loaded
         texts = sample_completions(
             model, tok, chats, keys, cfg.sampling, 1, cfg.seed, cfg.batch_size
@@ -337,13 +334,13 @@ def roleplay_completer(cfg: EvalConfig):
     return complete
 
 
-def judged_entries(cfg: EvalConfig, sets: list[EvalSet], out: Path) -> dict:
+def judged_entries(cfg: EvalConfig, sets: list[EvalSet], out: Path, loaded: tuple) -> dict:
     """The eqbench3 sets' eval.json entries: every scenario played n_samples times (resuming from
     roleplay.jsonl), each finished transcript scored by the judge (rubric.jsonl); `rubric_score` is
     the 0-1 mean transcript score, mean ± SD over the runs, beside each criterion's (0-100)."""
     roleplay = {s.name: load_roleplay(s.path) for s in sets}
     done = read_roleplay(out / ROLEPLAY)
-    stopped = play(roleplay, cfg.n_samples, done, out / ROLEPLAY, roleplay_completer(cfg))
+    stopped = play(roleplay, cfg.n_samples, done, out / ROLEPLAY, roleplay_completer(cfg, loaded))
     if stopped:
         raise JudgeError(
             f"{stopped} role-play transcripts stopped on failed requests to "
@@ -371,11 +368,14 @@ def judged_entries(cfg: EvalConfig, sets: list[EvalSet], out: Path) -> dict:
 
 
 def check_set(cfg: EvalConfig, s: EvalSet) -> None:
+    """A set's settings and its scenario file (a bad line is a DataError), before anything is
+    sampled."""
     if s.task or s.causes or s.domain or cfg.report != "accuracy":
         raise ConfigError(
             f"set '{s.name}': a kind eqbench3 set takes no 'task', 'causes' or 'domain' and "
             "needs report: accuracy"
         )
+    load_roleplay(s.path)
 
 
 EQBENCH3 = JudgedKind(check_set, judged_entries)

@@ -61,7 +61,7 @@ from judge import (
     turn_quality_request,
 )
 from sampling import SamplingConfig, endpoint_config
-from tokenizer import load_tokenizer
+from tokenizer import CheckpointError, load_tokenizer
 
 
 def endpoint_policy(endpoint: JudgeConfig, sampling: SamplingConfig) -> Respond:
@@ -121,7 +121,7 @@ class DialogueEvalConfig:
     judge: JudgeConfig = field(default_factory=JudgeConfig)
 
 
-def dialogue_metrics(episodes: list[dict]) -> dict:
+def dialogue_metrics(episodes: list[dict], response_quality: bool = False) -> dict:
     """EmoLLM's metrics (Appendix F) and CARE's rubric score over one run's episodes (records of
     `judge_episodes`):
     - SR, success rate (%): episodes with a success turn, the first turn the judge rates sr_proxy =
@@ -137,10 +137,11 @@ def dialogue_metrics(episodes: list[dict]) -> dict:
     - Tokens: the policy's output tokens per turn (EmoLLM's Table 7), over the turns counted;
     - Tokens/conv.: the policy's output tokens per episode, over the episodes whose every turn is
       counted (Table 7's per conversation);
-    - response_quality: each of Figure 6's six dimensions (1-5) over the turns rated.
-    A judgement that is missing leaves its episode or turn out of that metric (SR and AT: an episode
-    whose success turn cannot be told), and is counted in `unjudged`. Every metric is None when
-    nothing was judged."""
+    - response_quality: each of Figure 6's six dimensions (1-5) over the turns rated (asked for:
+      `response_quality`).
+    A judgement that is missing or malformed (a rating off its scale) leaves its episode or turn
+    out of that metric (SR and AT: an episode whose success turn cannot be told), and is counted in
+    `unjudged`. Every metric is None when nothing was judged."""
 
     def mean(values):
         return sum(values) / len(values) if values else None
@@ -191,7 +192,12 @@ def dialogue_metrics(episodes: list[dict]) -> dict:
             "e_T": len(episodes) - len(ends),
             "turns": sum(t["ea"] is None for t in turns),
             "care": sum(t["care"] is None for t in turns),
-        },
+        }
+        | (
+            {"response_quality": sum(t["dimensions"] is None for t in turns)}
+            if response_quality
+            else {}
+        ),
     }
 
 
@@ -462,14 +468,15 @@ def evaluate_dialogues(cfg: DialogueEvalConfig) -> dict:
                 f"{out}: holds episodes of another model, seed, decoding or role-play; "
                 "use a new output_dir"
             )
-    save_resolved_config(cfg, out)
     done: dict[int, list[dict]] = {}
     for record in read_episodes(out / EPISODES):
         done.setdefault(record["run"], []).append(record)
-    respond = None
+    missing = [r for r in range(cfg.runs) if r not in done]
+    # the policy (a checkpoint loaded, its adapters merged) before output_dir gets a file
+    respond = _policy(cfg) if missing else None
     tok = load_tokenizer(cfg.tokenizer) if cfg.endpoint is not None and cfg.tokenizer else None
-    for run in (r for r in range(cfg.runs) if r not in done):
-        respond = respond or _policy(cfg)
+    save_resolved_config(cfg, out)
+    for run in missing:
         seed = random.Random(f"{cfg.seed}/run{run}").getrandbits(63)
         episodes, _ = play(
             respond,
@@ -490,7 +497,13 @@ def evaluate_dialogues(cfg: DialogueEvalConfig) -> dict:
                 for why in ("user", "turn limit", "simulator")
             )
         )
-    runs = [dialogue_metrics(done[r]) for r in range(cfg.runs)]
+    runs = [dialogue_metrics(done[r], cfg.response_quality) for r in range(cfg.runs)]
+    unrated = [run["unjudged"].get("response_quality", 0) for run in runs]
+    if any(unrated):
+        print0(
+            "response_quality: turns without a usable rating per run (no answer, or one off the "
+            f"1-5 scale or out of format), left out of Figure 6's means: {unrated}"
+        )
     summary = {
         "name": cfg.name or out.resolve().name,
         "model": evaluate.model_identity(cfg),
@@ -535,7 +548,7 @@ def main(argv: list[str]) -> None:
     except ConfigError as e:
         print(f"config error: {argv[0]}: {e}", file=sys.stderr)
         raise SystemExit(2) from None
-    except (DataError, evaluate.EvalError, JudgeError, OSError) as e:
+    except (CheckpointError, DataError, evaluate.EvalError, JudgeError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
 

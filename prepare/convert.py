@@ -30,7 +30,7 @@ import re
 import sys
 from pathlib import Path
 
-from config import atomic_write_text, excerpt
+from config import ConfigError, atomic_write_text, check_output_file, excerpt
 from data import OPTION_LETTERS, TASKS, DataError, Example, Turn
 from dataset import (
     example_from_json,
@@ -1373,6 +1373,11 @@ def main(argv=None) -> None:
     )
     args = parser.parse_args(argv)
     try:
+        # the dataset is never written over: not the input, --text, or a file in the input folder
+        check_output_file(args.output, "output", {"input": args.input, "--text": args.text})
+        source = Path(args.input).resolve()
+        if source.is_dir() and Path(args.output).resolve().is_relative_to(source):
+            raise ConfigError(f"'output': {args.output} is inside the input folder {args.input}")
         if args.format in DIALOGUE_CONVERTERS:
             records = DIALOGUE_CONVERTERS[args.format](args.input)
             records = scenario_seeds(records) if args.seeds else records
@@ -1418,7 +1423,7 @@ def main(argv=None) -> None:
             examples = stratified_sample(examples, args.per_label, args.seed)
         save_jsonl(examples, args.output)
         print(f"wrote {len(examples)} examples to {args.output}")
-    except (DataError, OSError) as e:
+    except (ConfigError, DataError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
 

@@ -536,7 +536,13 @@ class PairsConfig:
 def load_segments(p: PairsConfig, examples: dict[str, Example]) -> list[RatedSegment]:
     segments = []
     for source in p.rollouts:
-        for number, raw in read_jsonl(source.path):
+        records = list(read_jsonl(source.path))
+        if not records:  # a checkpoint's rollouts missing, not a checkpoint with none
+            raise DataError(
+                f"{source.path}: no completion (step {source.step}'s evaluation not run, or "
+                "stopped before it sampled: run it, or drop the entry)"
+            )
+        for number, raw in records:
             where = f"{source.path}:{number}"
             if not isinstance(raw, dict) or not isinstance(raw.get("completion"), str):
                 raise DataError(f"{where}: field 'completion': missing or not a string")

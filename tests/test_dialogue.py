@@ -1023,17 +1023,9 @@ def test_a_served_policys_output_tokens_are_counted_with_the_given_tokenizer(bas
     )
 
 
-def test_response_quality_rates_each_reply_on_figure_6s_six_dimensions(tmp_path):
-    """response_quality: true asks one more judge call per turn; a scripted judge rates a reply
-    of two words 2 on every dimension and fluency 4, so eval.json and the second table hold
-    exactly those (one run: no SD)."""
-
-    def judge_backend(messages, params):
-        if messages[0]["content"] == RESPONSE_QUALITY_SYSTEM:
-            scores = dict.fromkeys(RESPONSE_QUALITY_DIMENSIONS, 2) | {"fluency": 4}
-            return "\n".join(f"{d}: scripted | {v}" for d, v in scores.items())
-        return rules_backend(messages, params)
-
+def response_quality_run(tmp_path, judge_backend) -> dict:
+    """eval.json of one run of the demo scenarios, two turns each, `response_quality: true`, a
+    served policy answering "Noted. Sorry." and `judge_backend` as the judge."""
     with serving(judge_backend) as judge_cfg, serving(lambda m, p: "Noted. Sorry.") as policy:
         config = {
             "output_dir": str(tmp_path / "out"),
@@ -1047,7 +1039,21 @@ def test_response_quality_rates_each_reply_on_figure_6s_six_dimensions(tmp_path)
             "sampling": {"max_new_tokens": 64},
             "judge": {"base_url": judge_cfg.base_url, "retries": 0},
         }
-        summary = evaluate_dialogue.evaluate_dialogues(load_config_dict(tmp_path, config))
+        return evaluate_dialogue.evaluate_dialogues(load_config_dict(tmp_path, config))
+
+
+def test_response_quality_rates_each_reply_on_figure_6s_six_dimensions(tmp_path):
+    """response_quality: true asks one more judge call per turn; a scripted judge rates a reply
+    of two words 2 on every dimension and fluency 4, so eval.json and the second table hold
+    exactly those (one run: no SD)."""
+
+    def judge_backend(messages, params):
+        if messages[0]["content"] == RESPONSE_QUALITY_SYSTEM:
+            scores = dict.fromkeys(RESPONSE_QUALITY_DIMENSIONS, 2) | {"fluency": 4}
+            return "\n".join(f"{d}: scripted | {v}" for d, v in scores.items())
+        return rules_backend(messages, params)
+
+    summary = response_quality_run(tmp_path, judge_backend)
     found = {d: stat["mean"] for d, stat in summary["response_quality"].items()}
     assert found == dict.fromkeys(RESPONSE_QUALITY_DIMENSIONS, 2.0) | {"fluency": 4.0}
     table = (tmp_path / "out" / "table.md").read_text().splitlines()
@@ -1056,6 +1062,47 @@ def test_response_quality_rates_each_reply_on_figure_6s_six_dimensions(tmp_path)
     assert table[0] == (
         "### Dialogue evaluation, mean ± SD over 1 runs: judge judge, user simulator judge"
     )
+
+
+def test_a_rating_off_the_scale_is_counted_in_unjudged_and_said(tmp_path, capsys):
+    """A judge that rates a reply's empathy 7 on the 1-5 scale of every other turn: those turns'
+    ratings are left out of Figure 6's means, counted in each run's unjudged.response_quality and
+    said in one line (was: exit 0, the means over the rest, the dropped ratings counted nowhere)."""
+    asked = []
+
+    def judge_backend(messages, params):
+        if messages[0]["content"] == RESPONSE_QUALITY_SYSTEM:
+            asked.append(1)
+            scores = dict.fromkeys(RESPONSE_QUALITY_DIMENSIONS, 3)
+            scores["empathy"] = 7 if len(asked) % 2 else 4
+            return "\n".join(f"{d}: scripted | {v}" for d, v in scores.items())
+        return rules_backend(messages, params)
+
+    summary = response_quality_run(tmp_path, judge_backend)
+    off_scale = (len(asked) + 1) // 2
+    assert len(asked) > 1 and summary["runs"][0]["unjudged"]["response_quality"] == off_scale
+    assert summary["response_quality"]["empathy"]["mean"] == 4.0
+    assert (
+        "response_quality: turns without a usable rating per run (no answer, or one off the 1-5 "
+        f"scale or out of format), left out of Figure 6's means: [{off_scale}]"
+    ) in capsys.readouterr().out
+
+
+def test_a_dialogue_evaluation_of_a_missing_checkpoint_writes_nothing(tmp_path, capsys):
+    """The policy is loaded before output_dir gets a file: a missing checkpoint is one line, and no
+    config.yaml is left to refuse the corrected command (was: config.yaml written first)."""
+    config = {
+        "output_dir": str(tmp_path / "out"),
+        "scenarios": [str(REPO / "configs" / "dialogue_demo_scenarios.jsonl")],
+        "checkpoint": str(tmp_path / "not-trained-yet"),
+    }
+    path = tmp_path / "eval.yaml"
+    path.write_text(yaml.safe_dump(config))
+    with pytest.raises(SystemExit) as stop:
+        evaluate_dialogue.main([str(path)])
+    error = capsys.readouterr().err
+    assert stop.value.code == 2 and error.count("\n") == 1 and "not-trained-yet" in error, error
+    assert not (tmp_path / "out").exists()
 
 
 def load_config_dict(tmp_path, raw: dict):

@@ -122,6 +122,38 @@ def test_a_short_run_of_a_paper_schedule_says_so_and_ends_non_zero_having_traine
     assert f"## What was trained\n\n- {summary}\n- {note}\n" in card
 
 
+def test_rollouts_that_fail_at_a_saved_update_keep_its_checkpoint(
+    tmp_path, assets, judge, monkeypatch, capsys
+):
+    """The rollouts of update 2 fail (a dead rollout server) after ckpt-1 was saved: the run stops
+    with exit 1 and keeps ckpt-1 as it was, not saved again (was: re-saved, the old folder deleted
+    first, so a kill mid-save left no run to resume); the same command resumes from it."""
+    from rollout import RolloutError
+
+    collect, saved = grpo.collect_groups, []
+
+    def dies_at_update_1(sampler, source, slots, cfg, update, ranks):
+        if update == 1:
+            raise RolloutError("the server at X failed")
+        return collect(sampler, source, slots, cfg, update, ranks)
+
+    def save_checkpoint(output_dir, step, *args, **kwargs):
+        saved.append(step)
+        return real_save(output_dir, step, *args, **kwargs)
+
+    real_save = grpo.save_checkpoint
+    monkeypatch.setattr(grpo, "collect_groups", dies_at_update_1)
+    monkeypatch.setattr(grpo, "save_checkpoint", save_checkpoint)
+    config = run_config(tmp_path, assets, judge.url, filtering={"resamples": 3, "replacements": 2})
+    with pytest.raises(SystemExit) as stop:
+        grpo.main([str(config)])
+    assert stop.value.code == 1 and saved == [1], saved
+    assert "stopped after update 1: the rollouts failed" in capsys.readouterr().err
+    monkeypatch.setattr(grpo, "collect_groups", collect)
+    grpo.main([str(config)])
+    assert "resuming from" in capsys.readouterr().out and saved == [1, 2, 3]
+
+
 def test_the_end_line_and_the_model_card_say_what_was_trained(tmp_path, assets, judge, capsys):
     config = run_config(tmp_path, assets, judge.url, filtering={"resamples": 3, "replacements": 2})
     grpo.main([str(config)])

@@ -459,6 +459,14 @@ DEAD = "http://127.0.0.1:9/v1"  # nothing listens there
             [],
             "'build.out': {tmp} is a folder; name the file to write",
         ),
+        (  # an evaluation stopped before it sampled: no rollouts, not a checkpoint without any
+            "reward_models.content_rm pairs",
+            "model: m\npairs: p\nbuild:\n  examples: {tmp}/ex.jsonl\n  out: {tmp}/pairs.jsonl\n"
+            "  rollouts: [{{step: 10, path: {tmp}/good.jsonl}},\n"
+            "             {{step: 30, path: {tmp}/empty.jsonl}}]\n",
+            [],
+            "empty.jsonl: no completion (step 30's evaluation not run, or stopped before it",
+        ),
         (
             "prepare.references",
             "out: {tmp}/train.jsonl\n",
@@ -493,6 +501,9 @@ def test_entry_points_stop_on_bad_input_in_one_line(
 
     (tmp_path / "ex.jsonl").write_text(json.dumps(EXAMPLE) + "\n")
     (tmp_path / "ids.jsonl").write_text(json.dumps({"id": ["a"], "completion": "x"}) + "\n")
+    (tmp_path / "empty.jsonl").write_text("")
+    good = {"id": "a", "completion": "Bo wants the car.\n</think>\nAnswer: B"}
+    (tmp_path / "good.jsonl").write_text(json.dumps(good) + "\n")
     path = tmp_path / "c.yaml"
     path.write_text(config.format(tmp=tmp_path))
     before = sorted(p.name for p in tmp_path.iterdir())

@@ -441,9 +441,13 @@ def test_pairs_are_built_through_the_teacher_and_a_rerun_asks_only_what_failed(t
     }
     written = (tmp_path / "pairs.jsonl").read_bytes()
     (tmp_path / "c0.jsonl").write_text("")
-    (tmp_path / "c30.jsonl").write_text("")
+    with pytest.raises(RM.DataError, match=r"c0.jsonl: no completion \(step 0's evaluation"):
+        RM.build_pairs(build)  # a checkpoint's rollouts missing: the pair file is kept
+    unreasoned = json.dumps({"id": "tom-0", "completion": ""}) + "\n"
+    for name in ("c0.jsonl", "c30.jsonl"):
+        (tmp_path / name).write_text(unreasoned)
     with pytest.raises(RM.DataError, match="^rollouts: no completion with a reasoning segment in"):
-        RM.build_pairs(build)  # empty rollouts: the pair file is kept
+        RM.build_pairs(build)
     assert (tmp_path / "pairs.jsonl").read_bytes() == written
     pairs = RM.load_pairs(tmp_path / "pairs.jsonl")
     got = {(p.id, p.tiers, p.chosen.split()[0], p.rejected.split()[0]) for p in pairs}

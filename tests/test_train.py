@@ -5,6 +5,7 @@ import math
 import os
 import random
 import signal
+from pathlib import Path
 
 import pytest
 import torch
@@ -180,6 +181,64 @@ def test_checkpoints_are_atomic_and_pruned(tmp_path):
         "state.json",
     } <= names
     assert not any(n.endswith((".pt", ".bin", ".pkl")) for n in names)
+
+
+class Killed(BaseException):
+    """SIGKILL's stand-in inside one process: raised where the kill lands, nothing after it runs
+    (no handler in the save catches a BaseException)."""
+
+
+def test_a_kill_while_a_step_is_saved_again_leaves_a_run_that_resumes(tmp_path, monkeypatch):
+    """A run whose rollout server died saves the step it stopped at, which may have a checkpoint
+    already: a kill while the old folder is being deleted (one file gone) must leave a whole
+    `ckpt-*` to resume from (was: the old folder half deleted under its name, the rerun a
+    FileNotFoundError traceback)."""
+    model, optimizer = fresh_run(tmp_path)
+    for step in (1, 2):
+        CK.save_checkpoint(tmp_path, step, model, optimizer, {"at": step}, 4)
+    rmtree = CK.shutil.rmtree
+
+    def killed_mid_delete(path, *args, **kwargs):
+        path = Path(path)
+        if path.is_dir() and "ckpt-000002" in path.name and not path.name.endswith(".tmp"):
+            next(p for p in sorted(path.iterdir()) if p.is_file()).unlink()
+            raise Killed
+        rmtree(path, *args, **kwargs)
+
+    monkeypatch.setattr(CK.shutil, "rmtree", killed_mid_delete)
+    with pytest.raises(Killed):
+        CK.save_checkpoint(tmp_path, 2, model, optimizer, {"at": 2}, 4)
+    monkeypatch.undo()
+    resumed, _ = fresh_run(tmp_path, seed=5)
+    optimizer2, meta, path = CK.resume(
+        tmp_path, resumed, lambda: T.build_optimizer(resumed, 1e-2, 0.01, (0.9, 0.99)), 4
+    )
+    assert path.name == "ckpt-000002" and meta["trainer"] == {"at": 2}
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, resumed.state_dict()[name]), name
+
+
+@pytest.mark.parametrize(
+    "cut", ["optimizer.safetensors", "adapter_model.safetensors", "state.json"]
+)
+def test_resume_skips_a_checkpoint_that_is_not_whole_with_a_line(tmp_path, capsys, cut):
+    """A `ckpt-*` with a file missing or cut short (by hand, a copy stopped short, an older
+    version's kill mid-delete) is skipped with a line naming the file; the one before it is used
+    (was: picked, and the resume a traceback)."""
+    model, optimizer = fresh_run(tmp_path)
+    for step in (1, 2):
+        CK.save_checkpoint(tmp_path, step, model, optimizer, {}, 4)
+    capsys.readouterr()
+    damaged = tmp_path / "ckpt-000002" / cut
+    damaged.write_bytes(damaged.read_bytes()[:20])
+    assert CK.latest_checkpoint(tmp_path).name == "ckpt-000001"
+    why = f"{damaged}: invalid JSON" if cut == "state.json" else f"{damaged}: cut short"
+    line = capsys.readouterr().out
+    assert line.startswith(f"resume: {damaged.parent} is not a whole checkpoint ({why}"), line
+    assert line.endswith("); skipped\n") and line.count("\n") == 1, line
+    damaged.unlink()
+    assert CK.latest_checkpoint(tmp_path).name == "ckpt-000001"
+    assert "missing" in capsys.readouterr().out or cut == "state.json"
 
 
 def written_by_two_ranks(tmp_path, global_batch=4):

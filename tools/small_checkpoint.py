@@ -5,16 +5,36 @@ demo.py (`train_tokenizer`, `init_model`). It learns what SFT and GRPO teach it 
 a model to watch the pipeline work on, not one to report.
 
     python -m tools.small_checkpoint data/meld_train.jsonl checkpoints/small-meld [--vocab 4096]
+
+The examples are all read first; the folder is built beside `out` and moved into place whole.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
-from data import get_task
+from checkpoint import atomic_folder
+from data import DataError, get_task
 from dataset import load_jsonl
-from demo import ModelSize, init_model, train_tokenizer
+from demo import CHATML, ModelSize, init_model, train_tokenizer
+
+# from the byte alphabet and the chat tokens, which every vocabulary holds, to above every Qwen and
+# Llama vocabulary (Qwen's 151,936), far below what the BPE trainer cannot allocate (10**12: abort)
+VOCAB_RANGE = (256 + len(CHATML), 1 << 18)
+
+
+def vocab_size(text: str) -> int:
+    """argparse's type for --vocab: a size in VOCAB_RANGE."""
+    low, high = VOCAB_RANGE
+    try:
+        size = int(text)
+    except ValueError:
+        size = -1
+    if not low <= size <= high:
+        raise argparse.ArgumentTypeError(f"a vocabulary size from {low} to {high:,}, not {text}")
+    return size
 
 
 def main(argv=None) -> None:
@@ -22,21 +42,26 @@ def main(argv=None) -> None:
         prog="python -m tools.small_checkpoint", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("examples", nargs="+", help="JSONL examples (data.py's schema)")
-    parser.add_argument("out", help="the checkpoint folder to write")
-    parser.add_argument("--vocab", type=int, default=4096, help="the BPE's target size")
+    parser.add_argument("out", help="the checkpoint folder to write (new, or an empty folder)")
+    parser.add_argument("--vocab", type=vocab_size, default=4096, help="the BPE's target size")
     parser.add_argument("--seed", type=int, default=0, help="the weights' seed")
     args = parser.parse_args(argv)
     out = Path(args.out)
-    if out.exists() and any(out.iterdir()):
-        parser.error(f"{out} exists and is not empty; give a new folder")
-    texts = [
-        m["content"]
-        for path in args.examples
-        for e in load_jsonl(path)
-        for m in get_task(e.task).messages(e)
-    ]
-    vocab = train_tokenizer(texts, out, args.vocab)
-    init_model(out, ModelSize(), vocab, args.seed)
+    try:
+        if out.exists() and not (out.is_dir() and not any(out.iterdir())):
+            raise DataError(f"{out}: exists and is not an empty folder; give a new folder")
+        texts = []
+        for path in args.examples:
+            examples = load_jsonl(path)
+            if not examples:
+                raise DataError(f"{path}: no examples")
+            texts += [m["content"] for e in examples for m in get_task(e.task).messages(e)]
+        with atomic_folder(out) as staging:
+            vocab = train_tokenizer(texts, staging, args.vocab)
+            init_model(staging, ModelSize(), vocab, args.seed)
+    except (DataError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     print(f"small checkpoint: {len(texts)} prompts, vocabulary {vocab} -> {out}")
 
 
