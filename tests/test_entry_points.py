@@ -253,7 +253,10 @@ def test_compare_into_a_folder_holding_a_table_is_refused_without_overwrite(tmp_
     for name in ("a", "b"):
         folder = tmp_path / name
         folder.mkdir()
-        summary = {"name": name, "sets": {}, "averages": {}, "config": {"report": "accuracy"}}
+        entry = {"task": "tom_mc", "n_items": 1, "decoding": {"n_samples": 1}, "invalid": None}
+        entry["group_accuracy"] = {"mean": 0.5, "sd": None}
+        summary = {"name": name, "sets": {"S": entry}, "averages": {}}
+        summary["config"] = {"report": "accuracy"}
         (folder / "eval.json").write_text(json.dumps(summary))
         (folder / "table.md").write_text(f"{name}'s own table\n")
         evals.append(str(folder))
