@@ -49,7 +49,7 @@ import requests
 import urllib3
 from requests.adapters import HTTPAdapter
 
-from config import bounded, http_url, print0
+from config import bounded, config_error, http_url, print0
 from data import (
     EVIDENCE_CLOSE,
     EVIDENCE_OPEN,
@@ -147,6 +147,14 @@ class JudgeConfig:
         if not key:  # the caller names its setting (judge.api_key_env, teacher.api_key_env, ...)
             raise JudgeError(f"the environment variable {self.api_key_env} is not set")
         return key
+
+    def check_key(self, key: str, config_path) -> None:
+        """The endpoint of config key `key` has its API key, if it names one: a ConfigError at
+        `key`.api_key_env (config.config_error) when the variable is unset or unusable."""
+        try:
+            self.read_api_key()
+        except JudgeError as e:
+            raise config_error(config_path, f"{key}.api_key_env", str(e)) from None
 
     def requested(self, max_tokens: int) -> dict[str, Any]:
         """The sampling this config asks for, before `kind` leaves out what the server refuses."""

@@ -1568,6 +1568,36 @@ def resolve_decode(decode: str, device) -> str:
     return "static" if torch.device(device).type == "cuda" else "eager"
 
 
+def compile_problem(device: str | None) -> str | None:
+    """Why torch.compile cannot build the decode step on `device` (default: CUDA when available),
+    or None: Inductor needs Triton on CUDA, and on the CPU a C++ compiler that builds a shared
+    library (its own search: $CXX, then g++), tried here on an empty program."""
+    import subprocess
+    import tempfile
+
+    if (device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda"):
+        from torch.utils._triton import has_triton
+
+        return None if has_triton() else "torch.compile on CUDA needs Triton, not installed"
+    from torch._inductor import cpp_builder, exc
+
+    try:
+        compiler = cpp_builder.get_cpp_compiler()
+        with tempfile.TemporaryDirectory() as folder:
+            subprocess.run(
+                [compiler, "-x", "c++", "-shared", "-fPIC", "-o", f"{folder}/probe.so", "-"],
+                input=b"int probe() { return 0; }\n",
+                capture_output=True,
+                check=True,
+                timeout=120,
+            )
+    except exc.InvalidCxxCompiler:
+        return "torch.compile on the CPU needs a C++ compiler ($CXX or g++): none found"
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"torch.compile on the CPU needs a C++ compiler that works: {compiler} failed ({e})"
+    return None
+
+
 def decode_step(model: Qwen, cache: Cache, decode: str):
     """The decode step `generate` runs, step(token, live) -> logits (`decode_logits`): "eager" as
     is; "static" on a static cache, captured as a CUDA graph on CUDA (`CapturedStep`), run as is on

@@ -43,6 +43,7 @@ from typing import Any, Callable
 import data
 import judge
 import verifier
+from config import config_error, excerpt
 
 
 @dataclass
@@ -620,6 +621,34 @@ def undeclared_judge(spec: RewardSpec) -> str | None:
 
 # The example fields a reward needs beyond the conversation and its labels: meta keys that must hold
 # a non-empty string, with what they are. A reward of your own that reads one adds its line here.
+def check_spec(spec: RewardSpec, config_path) -> None:
+    """A run's `reward` section, checked before any model loads: a registered reward whose judges
+    are declared, given only its own settings, each switch 0 or 1. A ConfigError located at the
+    key (config.config_error)."""
+    if spec.name not in REWARDS:
+        known = ", ".join(sorted(REWARDS))
+        raise config_error(
+            config_path, "reward.name", f"unknown reward {excerpt(spec.name)} (known: {known})"
+        )
+    if problem := undeclared_judge(spec):
+        raise config_error(config_path, "reward.name", problem)
+    defaults = REWARDS[spec.name].defaults
+    if unknown := sorted(set(spec.params) - set(defaults)):
+        raise config_error(
+            config_path,
+            f"reward.params.{unknown[0]}",
+            f"not a setting of reward {excerpt(spec.name)} (known: "
+            f"{', '.join(sorted(defaults)) or 'none'})",
+        )
+    for key in set(SWITCHES) & set(spec.params):
+        if spec.params[key] not in (0, 1):
+            raise config_error(
+                config_path,
+                f"reward.params.{key}",
+                f"a switch: 0 (off) or 1 (on), got {spec.params[key]}",
+            )
+
+
 REWARD_DATA = {
     "social_r1": {
         "reference": "the reference SIP analysis R_content is scored against; "

@@ -1,20 +1,12 @@
 """How GRPO's rollouts are made: what one update samples and learns from, and the one small
-interface every way of sampling implements. grpo.py picks the run's sampler once
-(`grpo.rollout_sampler`) and calls it:
+interface every way of sampling implements (`Sampler`). grpo.py picks the run's sampler once
+(`grpo.rollout_sampler`, or an extension's own) and calls it in each update:
 
-    sampler.segments(items)              the curriculum segments the run walks (examples, or
-                                         scenario seeds)
-    with sampler.rollouts(update):       the span of one update's rollouts (a sharded policy is
-                                         gathered whole in it, a served engine syncs the new weights
-                                         at its start and agrees on errors across ranks at its end:
-                                         a RolloutError on one rank is one on all)
-        sampler.open(slots, seed, counts)    the update's slots (a dialogue run may play them into
-                                             others)
+    with sampler.rollouts(update):       the span of one update's rollouts
         sampler.sample(examples, update, seed, counts)    K samplings of each example: a `Group`
                                                           each
         sampler.judge(groups)            the judge calls the reward needs; returns their statistics
-    sampler.deals_slots                  True: a slot is only its prompt, so grpo.collect_groups
-                                         deals each round's waiting slots across the ranks
+    sampler.token_weights(logp_old, logp_sampler)        the loss's weight of each sampled token
 
 `PromptSampler` is the single-turn implementation: K completions of each prompt in one batched
 `model.generate` call (`complete`), parsed into `rewards.Rollout`s. Beside it:
@@ -23,10 +15,9 @@ vllm_engine.VLLMSampler (the completions from a vLLM server) and dialogue.Dialog
 of them for a sharded (full-parameter) policy.
 
 A `Sample` is the token ids of one sampled completion and the prompt it answered, a `Group` K
-samplings from one starting point with their rewards, a `Slot` a group position of the update with
-what filtering has spent on it; an update's groups are reported by every rank's `rank_report`,
-merged into one metrics.jsonl line by `update_metrics`, and written to completions.jsonl by
-`completion_records`."""
+samplings from one starting point with their rewards; an update's groups are reported by every
+rank's `rank_report`, merged into one metrics.jsonl line by `update_metrics`, and written to
+completions.jsonl by `completion_records`; `run_summary` reads a run's lines back."""
 
 from __future__ import annotations
 
@@ -35,7 +26,6 @@ import math
 from dataclasses import dataclass, field
 
 import data
-import dataset
 import rewards
 from model import generate, lora_merged
 from verifier import extract_quotes
@@ -66,55 +56,47 @@ class Group:
     masked: bool = False
 
 
-@dataclass
-class Slot:
-    """One group position of an update: the prompt it holds now and what filtering has spent on
-    it."""
-
-    index: int  # position among the update's prompts
-    example: object  # a data.Example, a dialogue.Scenario or a dialogue.State
-    segment: int
-    resamples: int = 0
-    replacements: int = 0
-    group: Group | None = None
-
-
 class RolloutError(RuntimeError):
     """An update's rollouts could not be completed (a served engine failed for good): nothing of the
     update is trained; the trainer saves the state before it and stops."""
 
 
-# -------------------------------------------------------------------------- the single-turn sampler
+# -------------------------------------------------------------------------- the samplers
 
 
-class PromptSampler:
-    """Single-turn rollouts (`cfg`: grpo.GRPOConfig): the curriculum's segments, K completions per
-    prompt, and the judges the reward needs (`rewards.judge_rollouts`, with `content`, when given,
-    scoring R_content in the prompted judge's place: reward_models/social_r1.py's trained RM)."""
-
-    deals_slots = True  # any rank can sample any slot's prompt: resamples are shared
-
-    def __init__(self, policy, tok, cfg, content=None):
-        self.policy = policy
-        self.tok = tok
-        self.cfg = cfg
-        self.content = content
-
-    def segments(self, examples: list[data.Example]) -> list[dataset.Segment]:
-        return dataset.curriculum(examples, self.cfg.curriculum)
+class Sampler:
+    """The interface grpo.train calls (module docstring); a sampler implements `sample` and
+    `judge`. What only one engine needs it does in these two, which here do nothing: `rollouts`
+    (a sharded policy is gathered whole in it, a served engine syncs the new weights at its start
+    and agrees on errors across ranks at its end: a RolloutError on one rank is one on all) and
+    `token_weights` (a served engine's truncated importance weights, a [B, T] tensor that
+    multiplies each token's clipped surrogate in grpo_loss; None: weight 1)."""
 
     def rollouts(self, update: int):
         return contextlib.nullcontext()
 
-    def open(self, slots: list[Slot], seed: int, counts: dict) -> list[Slot]:
-        return slots  # every slot is a prompt to sample
+    def token_weights(self, logp_old, logp_sampler):
+        return None
+
+
+class PromptSampler(Sampler):
+    """Single-turn rollouts: K completions per prompt sampled as `rollout` (grpo.RolloutSettings)
+    says, and the judges the reward `reward` needs at the endpoint `judge`
+    (`rewards.judge_rollouts`, with `content`, when given, scoring R_content in the prompted judge's
+    place: reward_models/social_r1.py's trained RM); `updates`, the run's length, is the T_total
+    of a reward that weighs by training progress."""
+
+    def __init__(self, policy, tok, rollout, reward, judge, updates: int, content=None):
+        self.policy, self.tok = policy, tok
+        self.rollout, self.reward, self.endpoint = rollout, reward, judge
+        self.updates, self.content = updates, content
 
     def complete(
         self, prompts: list[list[int]], seed: int
     ) -> tuple[list[list[int]], list[list[float]]]:
         """K completions of each prompt, group after group: (token ids, the sampler's log-probs of
         them), decoded with the LoRA merged into the weights (`lora_merged`)."""
-        r = self.cfg.rollout
+        r = self.rollout
         self.policy.eval()
         with lora_merged(self.policy):
             return generate(
@@ -136,10 +118,10 @@ class PromptSampler:
     ) -> list[Group]:
         """Step 1: K completions of each example (`complete`), parsed into Rollouts; `update` counts
         from 0."""
-        k, tok, eos = self.cfg.rollout.group_size, self.tok, set(self.tok.eos_token_ids)
+        k, tok, eos = self.rollout.group_size, self.tok, set(self.tok.eos_token_ids)
         prompts = [
             tok.chat_ids(
-                data.get_task(e.task).messages(e), enable_thinking=self.cfg.rollout.enable_thinking
+                data.get_task(e.task).messages(e), enable_thinking=self.rollout.enable_thinking
             )
             for e in examples
         ]
@@ -158,7 +140,7 @@ class PromptSampler:
                         n_completion_tokens=len(new[i]),
                         step=update + 1,
                         # t counts from 1: w(t) reaches 1 + gamma at the last
-                        total_steps=self.cfg.updates,
+                        total_steps=self.updates,
                     )
                 )
             groups.append(
@@ -175,7 +157,7 @@ class PromptSampler:
 
     def judge(self, groups: list[Group]) -> dict:
         return rewards.judge_rollouts(
-            [r for g in groups for r in g.rollouts], self.cfg.reward, self.cfg.judge, self.content
+            [r for g in groups for r in g.rollouts], self.reward, self.endpoint, self.content
         )
 
 
@@ -271,6 +253,48 @@ def update_metrics(reports: list[dict], update: int, lr: float, beta: float) -> 
         "skipped_nonfinite": reports[0]["skipped_nonfinite"],
     }
     return metrics
+
+
+def unscored_cause(reports: list[dict]) -> str:
+    """Why an update's rewards were missing, from every rank's report: the judge's failed calls
+    (with the first reason), its malformed answers, or, with neither, a reward that reads a judge
+    output nobody asked for."""
+    calls, failures, malformed = (
+        sum(r[k] for r in reports) for k in ("calls", "failures", "malformed")
+    )
+    if failures:
+        first = next(r["judge_error"] for r in reports if r["judge_error"])
+        return f"{failures} of {calls} judge calls failed, the first: {first}"
+    if malformed:
+        return f"{malformed} of {calls} judge answers were out of format"
+    return (
+        "no judge call failed: the reward reads a judge output that no judge was asked for "
+        "(a judge-backed reward must declare its judges: docs/adding-a-reward.md)"
+    )
+
+
+def run_summary(records: list[dict]) -> tuple[int, str]:
+    """(trained completion tokens, one line) of what a run's metrics.jsonl says it trained: the
+    updates that trained, the tokens, the masked groups and why, the judge's failed calls."""
+    total = {
+        key: sum(r.get(key) or 0 for r in records)
+        for key in (
+            "tokens/trained",
+            "groups/total",
+            "groups/masked",
+            "groups/unscored",
+            "judge/calls",
+            "judge/failures",
+        )
+    }
+    total = {key: int(value) for key, value in total.items()}
+    trained_updates = sum(bool(r.get("tokens/trained")) for r in records)
+    return total["tokens/trained"], (
+        f"trained {total['tokens/trained']:,} completion tokens in {trained_updates} of "
+        f"{len(records)} updates; {total['groups/masked']} of {total['groups/total']} groups "
+        f"masked ({total['groups/unscored']} for missing rewards); judge: "
+        f"{total['judge/failures']} of {total['judge/calls']} calls failed"
+    )
 
 
 def completion_records(groups: list[Group], advantages: list, tok, update: int) -> list[dict]:

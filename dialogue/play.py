@@ -36,6 +36,7 @@ import rewards
 from config import bounded
 from data import THINK_END, THINK_START, DataError
 from fsdp import GatheredSampler, is_sharded
+from grpo import Segment, Slot
 from judge import (
     JudgeCall,
     JudgeConfig,
@@ -51,7 +52,7 @@ from judge import (
     user_turn_request,
 )
 from rewards import DIALOGUE_GROUPING
-from rollout import Group, PromptSampler, Sample, Slot
+from rollout import Group, Sample, Sampler
 
 # ----------------------------------------------------------------------------- config
 
@@ -714,18 +715,18 @@ def played_slots(policy, tok, slots: list[Slot], cfg, seed: int, counts: dict) -
     ]
 
 
-class DialogueSampler(PromptSampler):
-    """Dialogue rollouts (rollout.py's interface; the sampler of dialogue/rl.py's runs): the
-    scenario seeds as one segment, `open` plays a turn reward's episodes into one slot per state,
-    `sample` draws groups (sample_dialogue_groups), `judge` asks the dialogue judges
-    (judge_groups)."""
+class DialogueSampler(Sampler):
+    """Dialogue rollouts (rollout.py's interface; the sampler of dialogue/rl.py's runs, `cfg` its
+    DialogueConfig): `play` turns the update's slots into the ones sampled, `sample` draws groups
+    (sample_dialogue_groups), `judge` asks the dialogue judges (judge_groups)."""
 
-    deals_slots = False  # a slot may hold a state played on this rank: it stays here
+    def __init__(self, policy, tok, cfg):
+        self.policy, self.tok, self.cfg = policy, tok, cfg
 
-    def segments(self, scenarios: list[Scenario]) -> list[dataset.Segment]:
-        return [dataset.Segment("scenarios", scenarios)]
-
-    def open(self, slots: list[Slot], seed: int, counts: dict) -> list[Slot]:
+    def play(self, slots: list[Slot], seed: int, counts: dict) -> list[Slot]:
+        """A turn reward's slots played into one per state (played_slots); a trajectory reward's
+        as they are. Either way a slot stays on the rank that holds it: it may hold a state played
+        there."""
         if DIALOGUE_GROUPING[self.cfg.reward.name] != "turn":
             return slots
         return played_slots(self.policy, self.tok, slots, self.cfg, seed, counts)
@@ -740,6 +741,16 @@ class DialogueSampler(PromptSampler):
             self.cfg.dialogue,
             self.cfg.judge,
         )
+
+
+def scenario_segments(cfg, scenarios: list[Scenario]) -> list[Segment]:
+    """grpo.train's `segments_for` of a dialogue run: the scenario seeds as one segment."""
+    return [Segment("scenarios", scenarios)]
+
+
+def play_slots(sampler, slots: list[Slot], seed: int, counts: dict) -> list[Slot]:
+    """grpo.collect_groups' `play` of a dialogue run: the run's sampler's DialogueSampler.play."""
+    return sampler.play(slots, seed, counts)
 
 
 def dialogue_sampler(cfg, policy, tok, ranks, out_dir) -> DialogueSampler | GatheredSampler:

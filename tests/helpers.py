@@ -404,7 +404,7 @@ def prompt_sampler(model, group_size: int, max_new_tokens: int, temperature: flo
         repetition_penalty=1.0,
         decode=decode,
     )
-    return PromptSampler(model, SimpleNamespace(eos_token_ids=()), SimpleNamespace(rollout=rollout))
+    return PromptSampler(model, SimpleNamespace(eos_token_ids=()), rollout, None, None, 1)
 
 
 def randomize(module, seed=0):

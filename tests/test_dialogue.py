@@ -46,7 +46,6 @@ from judge import (
     JudgeConfig,
 )
 from judge_server import ACTION, SCRIPTED_USER, Faults, JudgeServer, rules_backend
-from rollout import Slot
 from tokenizer import load_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -521,8 +520,8 @@ def demo_cfg(base, url, *overrides):
 
 
 def slots_of(cfg, names):
-    source = grpo.PromptSource([grpo.dataset.Segment("scenarios", [scenario(n) for n in names])])
-    return source, [Slot(i, ex, seg) for i, (ex, seg) in enumerate(source.take(len(names)))]
+    source = grpo.PromptSource([grpo.Segment("scenarios", [scenario(n) for n in names])])
+    return source, [grpo.Slot(i, ex, seg) for i, (ex, seg) in enumerate(source.take(len(names)))]
 
 
 # the demo config's loss.adv_std: population, sigma over 1/G as EmoLLM B.2 writes it
@@ -538,7 +537,13 @@ def test_trajectory_groups_advantages_and_a_loss_mask_on_assistant_tokens_only(b
         policy, tok = grpo.build_policy(cfg, CPU)
         source, slots = slots_of(cfg, ["p", "q"])
         groups, counts = grpo.collect_groups(
-            dialogue.DialogueSampler(policy, tok, cfg), source, slots, cfg, 0, CPU
+            dialogue.DialogueSampler(policy, tok, cfg),
+            source,
+            slots,
+            cfg,
+            0,
+            CPU,
+            dialogue.play_slots,
         )
     assert [g.example.id for g in groups] == ["p", "q"] and counts["calls"] > 0
     advantages = grpo.advantages_by_group(groups, cfg.loss)
@@ -600,7 +605,13 @@ def test_turn_groups_share_one_rubric_per_state(base, monkeypatch):
         policy, tok = grpo.build_policy(cfg, CPU)
         source, slots = slots_of(cfg, ["p", "q"])
         groups, counts = grpo.collect_groups(
-            dialogue.DialogueSampler(policy, tok, cfg), source, slots, cfg, 0, CPU
+            dialogue.DialogueSampler(policy, tok, cfg),
+            source,
+            slots,
+            cfg,
+            0,
+            CPU,
+            dialogue.play_slots,
         )
     played = recorder.of(judge.USER_SIMULATOR_SYSTEM)
     # a group per state, a simulated reply per candidate
@@ -647,10 +658,11 @@ def test_turn_groups_share_one_rubric_per_state(base, monkeypatch):
         groups, counts = grpo.collect_groups(
             dialogue.DialogueSampler(None, None, cfg),
             source,
-            [Slot(0, scenario("p"), 0)],
+            [grpo.Slot(0, scenario("p"), 0)],
             cfg,
             0,
             CPU,
+            dialogue.play_slots,
         )
     assert (counts["resampled"], counts["replaced"], counts["masked"]) == (4, 2, 2) and len(
         groups
@@ -697,7 +709,7 @@ def test_trajectory_reward_against_a_hand_computation(monkeypatch):
             DialogueConfig,
         )
         groups = dialogue.sample_dialogue_groups(None, None, [scenario("p")], cfg, 0, {})
-        grpo.score_groups(groups, cfg, dialogue.DialogueSampler(None, None, cfg).judge)
+        grpo.score_groups(groups, cfg.reward, dialogue.DialogueSampler(None, None, cfg).judge)
     slow, kind = groups[0].rollouts
     # slow: thanked after the third reply; kind: after the first
     assert [len(slow.turns), len(kind.turns)] == [3, 1]
@@ -742,7 +754,13 @@ def test_a_judge_failing_mid_episode_makes_the_reward_none_not_a_crash(monkeypat
             )
             source, slots = slots_of(cfg, ["p"])
             groups, counts = grpo.collect_groups(
-                dialogue.DialogueSampler(None, None, cfg), source, slots, cfg, 0, CPU
+                dialogue.DialogueSampler(None, None, cfg),
+                source,
+                slots,
+                cfg,
+                0,
+                CPU,
+                dialogue.play_slots,
             )
         assert failed and counts["failures"] >= 1 and groups[0].masked is expect_masked
         if expect_masked:  # the broken-off episode ends on the assistant's reply, without a reward
@@ -759,7 +777,7 @@ def test_a_judge_failing_mid_episode_makes_the_reward_none_not_a_crash(monkeypat
             DialogueConfig,
         )
         groups = dialogue.sample_dialogue_groups(None, None, [scenario("p")], cfg, 0, {})
-        grpo.score_groups(groups, cfg, dialogue.DialogueSampler(None, None, cfg).judge)
+        grpo.score_groups(groups, cfg.reward, dialogue.DialogueSampler(None, None, cfg).judge)
     assert groups[0].rewards == [None, None]
 
 

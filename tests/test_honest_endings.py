@@ -132,10 +132,10 @@ def test_rollouts_that_fail_at_a_saved_update_keep_its_checkpoint(
 
     collect, saved = grpo.collect_groups, []
 
-    def dies_at_update_1(sampler, source, slots, cfg, update, ranks):
+    def dies_at_update_1(sampler, source, slots, cfg, update, ranks, play):
         if update == 1:
             raise RolloutError("the server at X failed")
-        return collect(sampler, source, slots, cfg, update, ranks)
+        return collect(sampler, source, slots, cfg, update, ranks, play)
 
     def save_checkpoint(output_dir, step, *args, **kwargs):
         saved.append(step)
