@@ -383,8 +383,8 @@ def evaluate_checkpoint(
     """Sample one completion per held-out example from the checkpoint at `path` and score it:
     accuracy, invalid answers (data.parse_answer), verified quotes (the share of completions that
     quote and whose every quotation the verifier finds in the conversation) and the reward `spec`
-    (rewards.RewardSpec), its judges asked over HTTP as `judge` (a judge.JudgeConfig) says. Returns
-    (the means, one record per completion)."""
+    (rewards.RewardSpec), its judges asked over HTTP as `judge` (a http_client.JudgeConfig) says.
+    Returns (the means, one record per completion)."""
     import rewards
     from data import count_tokens, get_task
     from evaluate import SamplingConfig, sample_completions

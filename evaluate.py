@@ -58,16 +58,8 @@ from data import (
     visible_turns,
 )
 from dataset import load_jsonl
-from judge import (
-    STAND_IN,
-    JudgeCall,
-    JudgeConfig,
-    JudgeError,
-    cause_request,
-    chat_many,
-    parse_cause_verdict,
-    request_fields,
-)
+from http_client import STAND_IN, JudgeCall, JudgeConfig, JudgeError, chat_many, request_fields
+from judge import cause_request, parse_cause_verdict
 from sampling import SamplingConfig, endpoint_config, sample_completions
 from tokenizer import CheckpointError, load_tokenizer
 from verifier import extract_quotes, locate_quote, verify_quote

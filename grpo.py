@@ -80,8 +80,8 @@ from config import (
 )
 from distributed import DistributedSettings, Ranks, all_reduce_sum, gather_json, setup_distributed
 from fsdp import GatheredSampler, pad_batches, sharded_model
-from judge import JudgeAuthError, JudgeConfig, JudgeError
-from judge import probe as judge_probe
+from http_client import JudgeAuthError, JudgeConfig, JudgeError
+from http_client import probe as judge_probe
 from model import (
     Packing,
     Qwen,
@@ -971,8 +971,8 @@ def check_inputs(cfg: GRPOConfig, config_path: str | ConfigSource) -> list:
 
 
 def judge_probes(cfg: GRPOConfig, examples: list) -> list:
-    """(config key, endpoint, call) for judge.probe: one request of each kind the run's judges will
-    get, about the first example (rewards.judge_probes)."""
+    """(config key, endpoint, call) for http_client.probe: one request of each kind the run's judges
+    will get, about the first example (rewards.judge_probes)."""
     return [
         ("judge", cfg.judge, call)
         for _, call in rewards.judge_probes(cfg.reward, examples[0], cfg.judge)
@@ -1038,7 +1038,7 @@ def schedule_notes(cfg: GRPOConfig) -> list[str]:
 
 def start_up(cfg, config_path, check=check_inputs, probes=judge_probes) -> list:
     """The examples of a run, once `check` has passed its inputs (before any model loads) and each
-    endpoint of `probes` has answered a real request (judge.probe): every trainer entry point
+    endpoint of `probes` has answered a real request (http_client.probe): every trainer entry point
     starts here (integrations/trl.py too). A failure ends the command with one line, exit 2."""
     try:
         examples = check(cfg, config_path)
@@ -1263,8 +1263,8 @@ def main(
     play=None,
 ) -> None:
     """`python grpo.py config.yaml [key=value ...]`: the config read and checked (`check`: the
-    examples), each endpoint asked once (`probes`: judge.probe), then `train`. An extension runs its
-    kind of GRPO through here with its own config class, checks, probes and sampler
+    examples), each endpoint asked once (`probes`: http_client.probe), then `train`. An extension
+    runs its kind of GRPO through here with its own config class, checks, probes and sampler
     (dialogue/rl.py, reward_models/social_r1.py), and its data order and slot hook (`train`)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     cfg = parse_cli(config_class, argv)

@@ -34,13 +34,7 @@ from typing import Any, Callable
 import verifier
 from config import excerpt, port_number
 from data import split_blocks
-from judge import (
-    ARG_SECTIONS,
-    CARE_DIMENSIONS,
-    JUDGES,
-    SECTION_TAGS,
-    user_ends_dialogue,
-)
+from judge import ARG_SECTIONS, CARE_DIMENSIONS, JUDGES, SECTION_TAGS, user_ends_dialogue
 from tokenizer import load_tokenizer
 
 log = logging.getLogger("judge_server")

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import data
+import http_client
 import judge
 import verifier
 from config import config_error, excerpt
@@ -716,10 +717,10 @@ _STAND_IN_RUBRIC = {
 
 
 def judge_probes(
-    spec: RewardSpec, example: data.Example, cfg: judge.JudgeConfig, content: bool = False
-) -> list[tuple[str, judge.JudgeCall]]:
+    spec: RewardSpec, example: data.Example, cfg: http_client.JudgeConfig, content: bool = False
+) -> list[tuple[str, http_client.JudgeCall]]:
     """(judge name, call): one request of each kind the single-turn judges of a run of `spec` will
-    get, about `example` and a stand-in completion, for judge.probe before the run. `content`:
+    get, about `example` and a stand-in completion, for http_client.probe before the run. `content`:
     R_content is scored in the prompted judge's place (judge_rollouts), asked without a
     reference."""
     completion = (
@@ -745,12 +746,12 @@ def _asked_as(name: str, content: bool) -> str:
 def judge_rollouts(
     rollouts: list[Rollout],
     spec: RewardSpec,
-    cfg: judge.JudgeConfig,
-    content: judge.JudgeConfig | Callable[[list[Rollout]], list[float | None]] | None = None,
+    cfg: http_client.JudgeConfig,
+    content: http_client.JudgeConfig | Callable[[list[Rollout]], list[float | None]] | None = None,
 ) -> dict[str, Any]:
     """Ask the judges that reward `spec` reads (judges_needed) about every rollout, all calls at
-    once through `judge.chat_many`, and store each parsed answer in `rollout.judged[name]`: None
-    where the judge failed after its retries or answered out of format, so the reward reports
+    once through `http_client.chat_many`, and store each parsed answer in `rollout.judged[name]`:
+    None where the judge failed after its retries or answered out of format, so the reward reports
     missing feedback. Returns chat_many's stats (calls, retries, failures, latency, errors) plus
     `malformed`, the count of answers the strict parsers rejected. Data the reward cannot use raises
     (check_reward_data).
@@ -778,11 +779,13 @@ def judge_rollouts(
         rollout.judged[CONTENT_JUDGE] = value
     stats = {"calls": 0, "retries": 0, "failures": 0, "malformed": 0}
     for endpoint in [cfg] + (
-        [content] if isinstance(content, judge.JudgeConfig) and content is not cfg else []
+        [content] if isinstance(content, http_client.JudgeConfig) and content is not cfg else []
     ):
         mine = [p for p in pending if p[-1] is endpoint]
         if mine:
-            values, asked = judge.ask([(call, parse) for _, _, call, parse, _ in mine], endpoint)
+            values, asked = http_client.ask(
+                [(call, parse) for _, _, call, parse, _ in mine], endpoint
+            )
             for (rollout, name, *_), value in zip(mine, values):
                 rollout.judged[name] = value
             stats = asked | {

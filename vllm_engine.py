@@ -3,7 +3,8 @@ vLLM serves the same base model and, after every optimizer step, what the step c
 adapter the trainer just wrote or, in a full-parameter run, the weights (whole the first time, then
 the trained ones alone). `base_url` names one server or a list of them: each rank deals its prompt
 groups across the servers in turn, and every server is probed, loads each adapter and reloads the
-weights. Everything crosses HTTP through judge.post_json (retries with backoff, one-line errors):
+weights. Everything crosses HTTP through http_client.post_json (retries with backoff, one-line
+errors):
 
     POST {base_url}/completions          a group's prompt token ids, n = K, the rollout's sampling
                                          settings and a seed; back: each choice's token ids
@@ -45,7 +46,7 @@ from checkpoint import save_model
 from config import ConfigError, bounded, excerpt, http_url, print0
 from distributed import Ranks, all_reduce_sum, gather_json
 from fsdp import is_sharded
-from judge import JudgeError, post_json
+from http_client import JudgeError, post_json
 from model import Qwen, lora_disabled, save_adapter, token_logprobs
 from rollout import PromptSampler, RolloutError
 

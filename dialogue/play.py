@@ -31,15 +31,15 @@ from typing import Any, Callable
 
 import data
 import dataset
+import http_client
 import judge
 import rewards
 from config import bounded
 from data import THINK_END, THINK_START, DataError
 from fsdp import GatheredSampler, is_sharded
 from grpo import Segment, Slot
+from http_client import JudgeCall, JudgeConfig
 from judge import (
-    JudgeCall,
-    JudgeConfig,
     dialogue_text,
     emotional_state_request,
     parse_emotional_state,
@@ -337,7 +337,7 @@ class Episode:
 
 
 def add_stats(total: dict, stats: dict) -> dict:
-    """Add the call counts of `stats` (judge.ask's) into `total`."""
+    """Add the call counts of `stats` (http_client.ask's) into `total`."""
     for key in ("calls", "retries", "failures", "malformed"):
         total[key] = total.get(key, 0) + stats.get(key, 0)
     return total
@@ -376,7 +376,7 @@ def play(
             for e, replies in zip(live, drawn)
             for r in replies
         ]
-        messages, asked = judge.ask([(call, parse_user_turn) for call in calls], simulator)
+        messages, asked = http_client.ask([(call, parse_user_turn) for call in calls], simulator)
         add_stats(stats, asked)
         answers = iter(messages)
         for replies in drawn:
@@ -584,8 +584,8 @@ def judge_probes(
     spec: rewards.RewardSpec, settings: DialogueSettings, cfg: JudgeConfig, scenario: Scenario
 ) -> list[tuple[str, JudgeConfig, JudgeCall]]:
     """(config key, endpoint, call): one request of each kind a dialogue run of `spec` sends each
-    of its endpoints, about `scenario`'s opening and a stand-in reply, for judge.probe before the
-    run."""
+    of its endpoints, about `scenario`'s opening and a stand-in reply, for http_client.probe before
+    the run."""
     opening = as_state(scenario)
     reply = "I am sorry to hear that. What happened?"
     history = list(opening.then("assistant", reply).history)
@@ -641,10 +641,10 @@ def with_criteria(rubric: dict | None, criteria: dict[str, list[str]] | None) ->
 
 
 def ask_into(asks: list[tuple[dict, str, JudgeCall, Callable]], cfg: JudgeConfig) -> dict:
-    """judge.ask the calls at once, storing each parsed answer as target[key]."""
+    """http_client.ask the calls at once, storing each parsed answer as target[key]."""
     if not asks:
         return {}
-    values, stats = judge.ask([(call, parse) for _, _, call, parse in asks], cfg)
+    values, stats = http_client.ask([(call, parse) for _, _, call, parse in asks], cfg)
     for (target, key, _, _), value in zip(asks, values):
         target[key] = value
     return add_stats({}, stats)

@@ -59,8 +59,8 @@ from config import (
 from data import Example, count_tokens, get_task, split_completion
 from dataset import example_from_json, example_to_json
 from distributed import Ranks
+from http_client import JudgeAuthError, JudgeConfig
 from integrations import exits_if_missing, require
-from judge import JudgeAuthError, JudgeConfig
 from rollout import run_summary, unscored_cause, update_metrics
 from tokenizer import CheckpointError, QwenTokenizer, load_tokenizer
 from verifier import extract_quotes

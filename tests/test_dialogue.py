@@ -30,6 +30,7 @@ from helpers import grpo_checkpoint as write_checkpoint
 import checkpoint as CK
 import distributed as D
 import grpo
+import http_client
 import judge
 import model as M
 from config import ConfigError, load_config
@@ -39,12 +40,8 @@ from dialogue import play as dialogue
 from dialogue import rl as dialogue_rl
 from dialogue.play import DialogueSettings, PolicyTurn, Scenario, State
 from dialogue.rl import DialogueConfig
-from judge import (
-    CARE_RUBRIC_SYSTEM,
-    RESPONSE_QUALITY_DIMENSIONS,
-    RESPONSE_QUALITY_SYSTEM,
-    JudgeConfig,
-)
+from http_client import JudgeConfig
+from judge import CARE_RUBRIC_SYSTEM, RESPONSE_QUALITY_DIMENSIONS, RESPONSE_QUALITY_SYSTEM
 from judge_server import ACTION, SCRIPTED_USER, Faults, JudgeServer, rules_backend
 from tokenizer import load_tokenizer
 
@@ -318,9 +315,11 @@ def test_episodes_end_by_the_user_or_the_turn_limit_and_reasoning_never_reaches_
     monkeypatch,
 ):
     batches = []
-    chat_many = judge.chat_many
+    chat_many = http_client.chat_many
     monkeypatch.setattr(
-        judge, "chat_many", lambda calls, cfg: batches.append(len(calls)) or chat_many(calls, cfg)
+        http_client,
+        "chat_many",
+        lambda calls, cfg: batches.append(len(calls)) or chat_many(calls, cfg),
     )
     respond = scripted(lambda row, chat: chat[0]["content"].split(":")[0])
     recorder = Recorder()

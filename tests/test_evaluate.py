@@ -20,7 +20,7 @@ from config import load_config, open_log, read_log
 from data import DataError, Example, Turn
 from dataset import save_jsonl
 from dialogue import eqbench3
-from judge import JudgeConfig
+from http_client import JudgeConfig
 from judge_server import Faults, JudgeServer, rules_backend
 
 REPO = Path(__file__).resolve().parents[1]

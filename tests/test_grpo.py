@@ -1292,7 +1292,7 @@ def test_convert_prepare_references_then_a_social_r1_run(tmp_path, assets):
         capture_output=True,
     )
     base, _ = assets
-    # the second teacher call fails (the first goes alone: judge.probe)
+    # the second teacher call fails (the first goes alone: http_client.probe)
     server = JudgeServer(social_r1_backend, faults=Faults(script=("ok", "503")))
     with server.start():
         overrides = [

@@ -26,8 +26,8 @@ from helpers import (
 
 import rewards
 from dataset import example_from_json, load_jsonl
+from http_client import JudgeConfig
 from integrations.trl import examples_dataset, reward_function
-from judge import JudgeConfig
 from judge_server import JudgeServer, rules_backend
 from tokenizer import load_tokenizer
 

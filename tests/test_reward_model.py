@@ -24,10 +24,12 @@ from helpers import REPO, assert_sinks_hold_metrics, metrics, tensors
 from helpers import sft_checkpoint as write_checkpoint
 from safetensors import safe_open
 
+import http_client
 import judge
 from data import Example, Turn
 from dataset import example_to_json
-from judge import SIP_REFERENCE_SYSTEM, JudgeConfig
+from http_client import JudgeConfig
+from judge import SIP_REFERENCE_SYSTEM
 from judge_server import JudgeServer
 from reward_models import content_rm as RM
 
@@ -578,9 +580,9 @@ def test_a_served_rm_answers_the_r_content_prompt_as_the_in_process_rm_scores_it
             for s in segments
             for ref in (None, "Encoding: a reference the RM does not read")
         ]
-        values, _ = judge.ask(calls, cfg)
-        with pytest.raises(judge.JudgeError, match="HTTP 400.*only the SIP content"):
-            judge.chat(
+        values, _ = http_client.ask(calls, cfg)
+        with pytest.raises(http_client.JudgeError, match="HTTP 400.*only the SIP content"):
+            http_client.chat(
                 judge.sip_structure_request(example, "r").messages,
                 base_url=server.url,
                 model="rm",

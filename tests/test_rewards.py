@@ -10,7 +10,7 @@ import pytest
 
 import judge
 from data import DataError, Example, Turn
-from judge import JudgeConfig
+from http_client import JudgeConfig
 from rewards import (
     REWARDS,
     RewardSpec,
@@ -611,7 +611,7 @@ JUDGED_BLOCKS = [
 
 
 def test_judge_rollouts_fills_verdicts_from_a_real_server_and_feeds_clue():
-    from judge import JudgeConfig
+    from http_client import JudgeConfig
     from judge_server import Faults, JudgeServer, rules_backend
     from rewards import judge_rollouts
 

@@ -15,7 +15,7 @@ import judge
 import rewards
 import sft
 from data import Example, Turn
-from judge import JudgeConfig
+from http_client import JudgeConfig
 from judge_server import JudgeServer, rules_backend
 from reward_models import rubric_generator as G
 
