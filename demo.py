@@ -24,7 +24,8 @@ What runs, in order:
      over HTTP by the local judge server's rules backend, started here on a free loopback port;
   4. the held-out evaluation of the random model, the SFT model and the GRPO model: accuracy,
      invalid answers, verified quotations and the mean CLUE reward, printed as one table and written
-     to `results.md` / `results.json`, with the training curves in `training_curves.png`.
+     to `results.md` / `results.json`, with the training curves in `training_curves.png`
+     (`python -m tools.plots curves`).
 Extra `key=value` settings reach the stages through --sft and --grpo (the test runs a few steps).
 """
 
@@ -502,7 +503,6 @@ def run(out: Path, spec: DemoData, settings: dict[str, list[str]], rl) -> dict[s
     and return the stages' means. `rl` is the resolved GRPO config, whose reward and judge settings
     the evaluation uses."""
     from dataset import load_jsonl
-    from evaluate import PlotUnavailable, plot_training_curves
     from judge_server import JudgeServer, rules_backend
 
     start = time.perf_counter()
@@ -542,11 +542,12 @@ def run(out: Path, spec: DemoData, settings: dict[str, list[str]], rl) -> dict[s
     table = results_table(results)
     atomic_write_text(out / "results.md", table + "\n")
     atomic_write_text(out / "results.json", json.dumps(results, indent=1) + "\n")
-    try:
-        plot_training_curves([out / "sft", out / "grpo"], out / "training_curves.png")
-        figure = f", {out / 'training_curves.png'}"
-    except PlotUnavailable as e:
-        figure = f" (no figure: {e})"
+    curves = out / "training_curves.png"
+    runs = [str(out / "sft"), str(out / "grpo")]
+    command = [sys.executable, "-m", "tools.plots", "curves", *runs, "--out", str(curves)]
+    drawn = subprocess.run([*command, "--overwrite"], cwd=REPO, capture_output=True, text=True)
+    why = drawn.stderr.strip().splitlines()[-1:] or ["tools.plots failed"]
+    figure = f", {curves}" if drawn.returncode == 0 else f" (no figure: {why[0]})"
     print(
         f"\nheld-out toy conversations ({len(heldout)}, none seen in training; chance accuracy "
         f"25%):\n{table}\n\nwritten: {out / 'results.md'}, {out / 'results.json'}{figure}\ndemo "
