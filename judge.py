@@ -24,6 +24,8 @@ a judge a reward reads about a single-turn rollout its request builder and stric
 | `response_quality` | `response_quality_request` | `parse_response_quality` | " |
 | `cause` | `cause_request` | `parse_cause_verdict` | evaluate.py |
 
+(tests/test_judge.py holds this table to JUDGES.)
+
 Every parser returns None on any answer that is not exactly in its format: a missing judgement is
 reported as missing, never guessed. Conversation text, candidate reasoning and model output are
 untrusted data: builders put them inside tagged sections, and any imitation of a section tag in that
@@ -1077,7 +1079,7 @@ JUDGES = {
         _pair_reply_request("rejected"),
         lambda text, r: parse_care_scores(text, generated_rubric(r.completion)),
     ),
-    # a whole dialogue: asked by the dialogue sampler (dialogue/sampler.py)
+    # a whole dialogue: asked by the dialogue sampler (dialogue/play.py) and evaluation
     "user_turn": Judge(USER_SIMULATOR_SYSTEM),
     "emotional_state": Judge(EMOTIONAL_STATE_SYSTEM),
     "prediction": Judge(PREDICTOR_SYSTEM),
@@ -1085,6 +1087,7 @@ JUDGES = {
     "care_rubric": Judge(CARE_RUBRIC_SYSTEM),
     "care_scores": Judge(CARE_SCORES_SYSTEM),
     "turn_quality": Judge(TURN_QUALITY_SYSTEM),
+    "response_quality": Judge(RESPONSE_QUALITY_SYSTEM),
     # per turn of an evaluated completion: asked by evaluate.py
     "cause": Judge(CAUSE_SYSTEM),
 }

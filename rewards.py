@@ -21,15 +21,17 @@ the parsed answer each leaves in `rollout.judged[name]`:
 | judge | parsed answer | declared by |
 |---|---|---|
 | `iu` | list[int]: J_j per reasoning block, 1 = GAIN, 0 = NO_GAIN | iu_g, clue |
-| `sip_structure` | float in [0, 1]: the SIP stages done in order | social_r1 (and _free) |
+| `sip_structure` | float in [0, 1]: SIP stages | social_r1, social_r1_reference_free |
 | `sip_content` | float in [0, 1]: SIP content against the reference analysis | social_r1 |
-| `sip_content_free` | float in [0, 1]: SIP content against the conversation | ..._reference_free |
+| `sip_content_free` | float in [0, 1]: SIP content, no reference | social_r1_reference_free |
 | `prediction` | str: the predictor's forecast s^(n) after the reply | emollm_turn, emollm |
-| `turn_scores` | {"cognitive", "trace", "lookahead": 1-5, "overthinking": 0-2} | emollm(_turn) |
+| `turn_scores` | {cognitive, trace, lookahead: 1-5; overthinking: 0-2} | emollm, emollm_turn |
 | `emotional_state` | int 1-5: the user's state (an episode's: at its opening) | emollm |
 | `care_rubric` | {cognitive / affective / proactive: {"weight", "criteria"}} | care |
 | `care_scores` | {cognitive / affective / proactive: [int 0-5 per criterion]} | care |
-| `care_chosen_scores`, `_rejected_scores` | care_scores of a pair's two replies | care_generator |
+| `care_chosen_scores`, `care_rejected_scores` | a pair's care_scores | care_generator |
+
+(tests/test_judge.py holds this table to the rewards' declarations.)
 """
 
 from __future__ import annotations

@@ -957,3 +957,35 @@ def test_design_s_judge_chat_is_the_http_client_s_one_call():
         assert judge.chat([{"role": "user", "content": "x"}], base_url=server.url, model="m") == (
             "echo: x"
         )
+
+
+def docstring_table(module) -> list[list[str]]:
+    """The rows of the first Markdown table in `module`'s docstring, as cells."""
+    lines = [line for line in module.__doc__.splitlines() if line.startswith("|")]
+    return [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[2:]]
+
+
+def test_the_docstring_tables_are_the_judge_table_and_the_rewards_declarations():
+    """judge.py's table of judges names exactly the judges of JUDGES, each with a builder and a
+    parser judge.py defines; rewards.py's table names exactly the judges a registered reward
+    declares, each with the rewards that declare it. A judge added to JUDGES or to a reward's
+    declaration without its row (or a row left after its judge goes) fails here."""
+    import rewards
+
+    rows = {}
+    for names, builder, parser, _ in docstring_table(judge):
+        for name in names.split(", "):
+            rows[name.strip("`")] = (builder.strip("`"), parser.strip("`"))
+    assert set(rows) == set(judge.JUDGES)
+    assert all(
+        callable(getattr(judge, b)) and callable(getattr(judge, p)) for b, p in rows.values()
+    )
+    declared = {}
+    for reward_name, fn in rewards.REWARDS.items():
+        for name in fn.judges:
+            declared.setdefault(name, set()).add(reward_name)
+    table = {}
+    for names, _, by in docstring_table(rewards):
+        for name in names.split(", "):
+            table[name.strip("`")] = set(by.split(", "))
+    assert table == declared
