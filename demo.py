@@ -210,9 +210,9 @@ CHATML = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")  # special tokens, as i
 def train_tokenizer(texts: list[str], out_dir: Path, vocab_size: int) -> int:
     """Train a byte-level BPE on `texts` (words split by GPT-2's pattern, as Qwen's tokenizer splits
     them), add the ChatML tokens (special) and `<think>` / `</think>` (added, not special, as in
-    Qwen3), and write tokenizer.json, tokenizer_config.json (with the chat template of the ChatML
-    model.py writes, so vLLM's chat endpoint serves the checkpoint) and generation_config.json,
-    which `model.load_tokenizer` reads as a Qwen3 tokenizer. The evidence tags are not in it: SFT
+    Qwen3), and write tokenizer.json, tokenizer_config.json (with tokenizer.py's ChatML chat
+    template, so vLLM's chat endpoint serves the checkpoint) and generation_config.json, which
+    `tokenizer.load_tokenizer` reads as a Qwen3 tokenizer. The evidence tags are not in it: SFT
     adds them as special tokens. Returns the vocabulary size."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 

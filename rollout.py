@@ -10,7 +10,7 @@ interface every way of sampling implements (`Sampler`). grpo.py picks the run's 
 
 `PromptSampler` is the single-turn implementation: K completions of each prompt in one batched
 `model.generate` call (`complete`), parsed into `rewards.Rollout`s. Beside it:
-vllm_engine.VLLMSampler (the completions from a vLLM server) and dialogue.DialogueSampler
+vllm_engine.VLLMSampler (the completions from a vLLM server) and dialogue/play.py's DialogueSampler
 (role-played dialogues), each loaded only by a run that asks for it; fsdp.GatheredSampler wraps any
 of them for a sharded (full-parameter) policy.
 
@@ -138,8 +138,8 @@ class PromptSampler(Sampler):
                         text,
                         count_tokens=lambda reasoning: data.count_tokens(reasoning, tok),
                         n_completion_tokens=len(new[i]),
-                        step=update + 1,
                         # t counts from 1: w(t) reaches 1 + gamma at the last
+                        step=update + 1,
                         total_steps=self.updates,
                     )
                 )
