@@ -2,7 +2,7 @@
 with a judge nobody serves or one that refuses the request, a judge-backed reward that declares no
 judge, a short run of a paper schedule that trains nothing, the end line and the model card, and an
 RL adapter evaluated on the model it was trained on. The preparations' and the benchmark table's
-cases are in test_sft.py, test_emollm_seeds.py and test_evaluate.py, beside their helpers."""
+cases are in test_sft.py, prepare/test_emollm_seeds.py and test_evaluate.py, by their helpers."""
 
 import json
 from pathlib import Path

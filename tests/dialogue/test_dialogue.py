@@ -45,7 +45,7 @@ from judge import CARE_RUBRIC_SYSTEM, RESPONSE_QUALITY_DIMENSIONS, RESPONSE_QUAL
 from judge_server import ACTION, SCRIPTED_USER, Faults, JudgeServer, rules_backend
 from tokenizer import load_tokenizer
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CPU = D.Ranks(0, 1, torch.device("cpu"))
 
 

@@ -11,7 +11,7 @@ from helpers import fake_eval
 
 from tools import plots
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def plots_cli(*args):

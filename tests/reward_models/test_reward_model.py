@@ -595,7 +595,7 @@ def test_a_served_rm_answers_the_r_content_prompt_as_the_in_process_rm_scores_it
 def test_the_paper_config_parses_with_the_papers_values():
     cfg = RM.parse_cli(
         RM.RMConfig,
-        [str(Path(__file__).resolve().parents[1] / "configs/social_r1_rm_qwen3_4b.yaml")],
+        [str(Path(__file__).resolve().parents[2] / "configs/social_r1_rm_qwen3_4b.yaml")],
     )
     assert cfg.epochs == 2 and cfg.model.endswith("Qwen3-4B-Instruct-2507")
     assert [r.step for r in cfg.build.rollouts] == [30, 90, 120, 180, 270, 360, 420, 510, 570, 600]
