@@ -31,7 +31,7 @@ replies); nothing else changes.
 
 Ranks own whole groups; the groups filtering sends back are dealt across the ranks each round
 (`deal_slots`); only LoRA gradients, metrics and those slots cross ranks; rank 0 writes. Outputs in
-`output_dir`: config.yaml, metrics.jsonl (one line per update, keys in `update_metrics`),
+`output_dir`: config.yaml, metrics.jsonl (one line per update, keys in `rollout.update_metrics`),
 completions.jsonl, `ckpt-<update>` checkpoints (exact resume with `resume: auto`), `adapter/` (the
 RL LoRA in PEFT format, on top of the SFT-merged base) and, with `save_merged: true`, `merged/`.
 With `finetune: full` every weight but embedding and lm_head trains, sharded (fsdp.py), against a
@@ -48,7 +48,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, NoReturn
+from typing import Literal
 
 import torch
 
@@ -97,11 +97,12 @@ from rollout import (
     Group,
     PromptSampler,
     RolloutError,
-    completion_records,
-    rank_report,
+    end_line,
+    log_update,
+    rollout_stop,
     run_summary,
     unscored_cause,
-    update_metrics,
+    unscored_stop,
 )
 from tokenizer import CheckpointError, load_tokenizer
 from train import (
@@ -482,6 +483,16 @@ class Slot:
     resamples: int = 0
     replacements: int = 0
     group: Group | None = None
+
+
+def update_slots(source: PromptSource, n: int, ranks: Ranks) -> list[Slot]:
+    """The update's next `n` prompts of the curriculum as slots, this rank's share of them."""
+    drawn = source.take(n)
+    return [
+        Slot(i, example, segment)
+        for i, (example, segment) in enumerate(drawn)
+        if i % ranks.world_size == ranks.rank
+    ]
 
 
 def collect_groups(
@@ -1053,34 +1064,6 @@ def start_up(cfg, config_path, check=check_inputs, probes=judge_probes) -> list:
 # ----------------------------------------------------------------------------- the run's records
 
 
-def log_update(
-    groups, counts, trained, advantages, tok, update, lr, cfg, ranks, progress, logs
-) -> tuple[dict, list[dict]]:
-    """Update `update`'s line in metrics.jsonl (rollout.update_metrics over every rank's report,
-    with the progress line's figures) and its completions in completions.jsonl (`logs`: the two
-    writers); returns the line and the reports."""
-    metrics_log, completions_log = logs
-    reports = gather_json(rank_report(groups, counts, trained), ranks)
-    metrics = update_metrics(reports, update + 1, lr, cfg.loss.beta)
-    records = gather_json(
-        completion_records(groups, advantages, tok, update + 1) if cfg.log_completions else [],
-        ranks,
-    )
-    n_tokens = sum(r["prompt_tokens"] + sum(r["lengths"]) for r in reports)
-    metrics |= progress.log(
-        update,
-        n_tokens,
-        reward=metrics["reward"] or 0.0,
-        loss=metrics["loss"],
-        masked=metrics["groups/masked"],
-    )
-    metrics.pop("elapsed_s", None)
-    metrics_log.write(metrics)
-    for record in (r for rank_records in records for r in rank_records):
-        completions_log.write(record)
-    return metrics, reports
-
-
 def save_state(cfg: GRPOConfig, update: int, policy, optimizer, cursor, unscored_streak: int):
     """The checkpoint of the state after `update` updates, exact resume's trainer state."""
     trainer = {"update": update, "cursor": list(cursor), "unscored_streak": unscored_streak}
@@ -1093,42 +1076,6 @@ def save_state(cfg: GRPOConfig, update: int, policy, optimizer, cursor, unscored
         cfg.rollout.prompts_per_update,
         keep=cfg.keep_checkpoints,
     )
-
-
-def rollout_stop(error: RolloutError, update: int, out_dir: Path) -> NoReturn:
-    """The stop when update `update`'s rollouts failed for good: one line, exit 1."""
-    print0(
-        f"error: {error}\nstopped after update {update}: the rollouts failed; checkpoint saved, "
-        f"the same command resumes from {out_dir}",
-        file=sys.stderr,
-    )
-    raise SystemExit(1) from None
-
-
-def unscored_stop(streak: int, metrics: dict, cause: str, out_dir) -> NoReturn:
-    """The stop after `streak` updates in a row that trained nothing for want of rewards (the last
-    one's metrics line `metrics`, `cause` from unscored_cause), its checkpoint saved: one line, exit
-    1."""
-    print0(
-        f"error: {streak} updates in a row trained nothing (filtering.max_unscored_updates), the "
-        f"last update {metrics['step']}: rewards were missing in {metrics['groups/unscored']} of "
-        f"{metrics['groups/total']} groups; {cause}. Checkpoint saved: the same command resumes "
-        f"from {out_dir}",
-        file=sys.stderr,
-    )
-    raise SystemExit(1)
-
-
-def end_line(final, trained_tokens: int, summary: str) -> None:
-    """A run's last line (`summary` from run_summary; `final` the saved model): done, or, when the
-    run trained no token at all, an error and exit 1."""
-    if not trained_tokens:
-        print0(
-            f"error: the run trained nothing: {summary}; {final} holds the starting model",
-            file=sys.stderr,
-        )
-        raise SystemExit(1)
-    print0(f"done: {final}: {summary}")
 
 
 def save_final_model(cfg: GRPOConfig, policy, tok, ranks: Ranks) -> None:
@@ -1198,17 +1145,12 @@ def train(
         MetricsWriter(out_dir / "completions.jsonl") as completions_log,
         StopRequest() as stop,
     ):
+        logs = (metrics_log, completions_log)
         for update in range(start, cfg.updates):
             lr = lr_at(update + 1, cfg.optim, cfg.updates)  # `update` counts from 0, A.2's from 1
             set_lr(optimizer, lr)
             cursor = source.cursor
-            drawn = source.take(cfg.rollout.prompts_per_update)
-            slots = [
-                Slot(i, example, segment)
-                for i, (example, segment) in enumerate(drawn)
-                # this rank's share of the update's prompts
-                if i % ranks.world_size == ranks.rank
-            ]
+            slots = update_slots(source, cfg.rollout.prompts_per_update, ranks)
             # 1-3. sample, score, filter (again for the slots filtering sends back)
             try:
                 with sampler.rollouts(update):
@@ -1234,7 +1176,6 @@ def train(
                 trained = policy_update(
                     policy, optimizer, batches, cfg, ranks, reference, sampler.token_weights
                 )
-            logs = (metrics_log, completions_log)
             metrics, reports = log_update(
                 groups, counts, trained, advantages, tok, update, lr, cfg, ranks, progress, logs
             )

@@ -17,16 +17,22 @@ of them for a sharded (full-parameter) policy.
 A `Sample` is the token ids of one sampled completion and the prompt it answered, a `Group` K
 samplings from one starting point with their rewards; an update's groups are reported by every
 rank's `rank_report`, merged into one metrics.jsonl line by `update_metrics`, and written to
-completions.jsonl by `completion_records`; `run_summary` reads a run's lines back."""
+completions.jsonl by `completion_records` (`log_update` does the three); `run_summary` reads a
+run's lines back for its last line (`end_line`), and `rollout_stop` and `unscored_stop` are the
+lines of a run that stops early."""
 
 from __future__ import annotations
 
 import contextlib
 import math
+import sys
 from dataclasses import dataclass, field
+from typing import NoReturn
 
 import data
 import rewards
+from config import print0
+from distributed import gather_json
 from model import generate, lora_merged
 from verifier import extract_quotes
 
@@ -295,6 +301,70 @@ def run_summary(records: list[dict]) -> tuple[int, str]:
         f"masked ({total['groups/unscored']} for missing rewards); judge: "
         f"{total['judge/failures']} of {total['judge/calls']} calls failed"
     )
+
+
+def log_update(
+    groups, counts, trained, advantages, tok, update, lr, cfg, ranks, progress, logs
+) -> tuple[dict, list[dict]]:
+    """Update `update`'s line in metrics.jsonl (rollout.update_metrics over every rank's report,
+    with the progress line's figures) and its completions in completions.jsonl (`logs`: the two
+    writers); returns the line and the reports."""
+    metrics_log, completions_log = logs
+    reports = gather_json(rank_report(groups, counts, trained), ranks)
+    metrics = update_metrics(reports, update + 1, lr, cfg.loss.beta)
+    records = gather_json(
+        completion_records(groups, advantages, tok, update + 1) if cfg.log_completions else [],
+        ranks,
+    )
+    n_tokens = sum(r["prompt_tokens"] + sum(r["lengths"]) for r in reports)
+    metrics |= progress.log(
+        update,
+        n_tokens,
+        reward=metrics["reward"] or 0.0,
+        loss=metrics["loss"],
+        masked=metrics["groups/masked"],
+    )
+    metrics.pop("elapsed_s", None)
+    metrics_log.write(metrics)
+    for record in (r for rank_records in records for r in rank_records):
+        completions_log.write(record)
+    return metrics, reports
+
+
+def rollout_stop(error: RolloutError, update: int, out_dir) -> NoReturn:
+    """The stop when update `update`'s rollouts failed for good: one line, exit 1."""
+    print0(
+        f"error: {error}\nstopped after update {update}: the rollouts failed; checkpoint saved, "
+        f"the same command resumes from {out_dir}",
+        file=sys.stderr,
+    )
+    raise SystemExit(1) from None
+
+
+def unscored_stop(streak: int, metrics: dict, cause: str, out_dir) -> NoReturn:
+    """The stop after `streak` updates in a row that trained nothing for want of rewards (the last
+    one's metrics line `metrics`, `cause` from unscored_cause), its checkpoint saved: one line, exit
+    1."""
+    print0(
+        f"error: {streak} updates in a row trained nothing (filtering.max_unscored_updates), the "
+        f"last update {metrics['step']}: rewards were missing in {metrics['groups/unscored']} of "
+        f"{metrics['groups/total']} groups; {cause}. Checkpoint saved: the same command resumes "
+        f"from {out_dir}",
+        file=sys.stderr,
+    )
+    raise SystemExit(1)
+
+
+def end_line(final, trained_tokens: int, summary: str) -> None:
+    """A run's last line (`summary` from run_summary; `final` the saved model): done, or, when the
+    run trained no token at all, an error and exit 1."""
+    if not trained_tokens:
+        print0(
+            f"error: the run trained nothing: {summary}; {final} holds the starting model",
+            file=sys.stderr,
+        )
+        raise SystemExit(1)
+    print0(f"done: {final}: {summary}")
 
 
 def completion_records(groups: list[Group], advantages: list, tok, update: int) -> list[dict]:

@@ -61,7 +61,7 @@ from dataset import example_from_json, example_to_json
 from distributed import Ranks
 from http_client import JudgeAuthError, JudgeConfig
 from integrations import exits_if_missing, require
-from rollout import run_summary, unscored_cause, update_metrics
+from rollout import end_line, run_summary, unscored_cause, unscored_stop, update_metrics
 from tokenizer import CheckpointError, QwenTokenizer, load_tokenizer
 from verifier import extract_quotes
 
@@ -324,7 +324,7 @@ class UpdateLog:
         self.local: dict | None = None
         self.packs: list[dict] = []
         self.streak = 0
-        self.stop: tuple[int, dict, str] | None = None  # grpo.unscored_stop's arguments
+        self.stop: tuple[int, dict, str] | None = None  # rollout.unscored_stop's arguments
 
     def record(self, lines: list[dict], stats: dict, seconds: float) -> None:
         self.local = {"lines": lines, "stats": stats, "judge_s": seconds}
@@ -467,9 +467,9 @@ def main(argv=None) -> None:
         print0(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     if update_log.stop is not None:
-        grpo.unscored_stop(*update_log.stop, out)
+        unscored_stop(*update_log.stop, out)
     final = save_final(trainer, cfg, tok, ranks.main)
-    grpo.end_line(final, *run_summary(read_metrics(out / "metrics.jsonl")))
+    end_line(final, *run_summary(read_metrics(out / "metrics.jsonl")))
 
 
 if __name__ == "__main__":

@@ -155,3 +155,40 @@ def test_f1_figure_labels_coinciding_points_once_and_keeps_f1_in_its_range():
     assert plots.f1_limits(-0.06, 0.06) == (0.0, 10.0)  # all F1 zero: a readable 0-10% axis
     assert plots.f1_limits(35.0, 62.0) == (35.0, 62.0)
     assert plots.f1_limits(-3.0, 104.0) == (0.0, 100.0)
+
+
+def metrics_run(folder: Path) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "metrics.jsonl").write_text('{"step": 1, "loss": 1.0}\n{"step": 2, "loss": 0.5}\n')
+    return folder
+
+
+@pytest.mark.parametrize(
+    "out, mine, expected",
+    [
+        ("fig", "fig.png", "fig.png exists; pass --overwrite to replace it"),
+        ("curves.txt", None, "--out {tmp}/curves.txt: the figure is a PNG; name a .png file"),
+        ("figs", "figs/", "--out {tmp}/figs.png is a folder"),
+    ],
+)
+def test_plot_checks_the_name_it_will_write_before_drawing(tmp_path, capsys, out, mine, expected):
+    """`--out fig` writes fig.png (matplotlib adds the suffix), so the user's fig.png is kept
+    without --overwrite (was: replaced, the tool naming `fig`); `--out curves.txt` is one line (was
+    matplotlib's ValueError traceback); a folder of that name is refused before drawing."""
+    pytest.importorskip("matplotlib")
+    run = metrics_run(tmp_path / "run")
+    if mine == "figs/":
+        (tmp_path / "figs.png").mkdir()
+    elif mine:
+        (tmp_path / mine).write_bytes(b"my figure")
+    before = sorted(str(p) for p in tmp_path.rglob("*"))
+    with pytest.raises(SystemExit) as stop:
+        plots.main(["curves", str(run), "--out", str(tmp_path / out)])
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert stop.value.code == 2 and expected.format(tmp=tmp_path) in error, error
+    assert sorted(str(p) for p in tmp_path.rglob("*")) == before
+    if mine == "fig.png":
+        assert (tmp_path / "fig.png").read_bytes() == b"my figure"
+        plots.main(["curves", str(run), "--out", str(tmp_path / "fig"), "--overwrite"])
+        assert (tmp_path / "fig.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert f"wrote {tmp_path / 'fig.png'} (" in capsys.readouterr().out
