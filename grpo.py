@@ -813,6 +813,14 @@ def packed_micro_batches(sequences: list[Sequence], max_tokens: int, device) -> 
     ]
 
 
+def loss_batches(sequences: list[Sequence], loss: LossSettings, pad_id: int, device):
+    """The update's micro-batches: `loss.micro_batch_size` right-padded rows each, or packed into
+    at most `loss.micro_batch_tokens` tokens when that is set."""
+    if loss.micro_batch_tokens is None:
+        return micro_batches(sequences, loss.micro_batch_size, pad_id, device)
+    return packed_micro_batches(sequences, loss.micro_batch_tokens, device)
+
+
 def batch_logprobs(model: Qwen, b: MicroBatch, temperature: float, entropy: bool = False):
     """token_logprobs of a micro-batch in the loss's layout [b, T-1] (a packed batch's computed on
     its row, then put in place); with entropy=True, (logp, entropy)."""
@@ -1064,6 +1072,31 @@ def start_up(cfg, config_path, check=check_inputs, probes=judge_probes) -> list:
 # ----------------------------------------------------------------------------- the run's records
 
 
+def resume_state(cfg: GRPOConfig, policy, source: PromptSource, ranks: Ranks):
+    """(optimizer, first update, unscored streak) of the run, save_state's counterpart: a fresh
+    AdamW (train.build_optimizer), or with `resume: auto` the newest checkpoint's state
+    (checkpoint.resume: weights, optimizer, RNG; `source`'s cursor set to its data position). The
+    schedule's notes are said, and the logs trimmed to the first update."""
+    out_dir = Path(cfg.output_dir)
+    optimizer, meta, path = resume(
+        out_dir,
+        policy,
+        lambda: build_optimizer(policy, cfg.optim.lr, cfg.optim.weight_decay, cfg.optim.betas),
+        cfg.rollout.prompts_per_update,
+        cfg.resume == "auto",
+    )
+    start, unscored_streak = 0, 0
+    if meta is not None:
+        start, source.cursor = meta["trainer"]["update"], tuple(meta["trainer"]["cursor"])
+        unscored_streak = meta["trainer"].get("unscored_streak", 0)
+        print0(f"resuming from {path} (update {start} of {cfg.updates})")
+    for note in schedule_notes(cfg):
+        print0(note)
+    for name in ("metrics.jsonl", "completions.jsonl"):
+        trim_log(out_dir / name, start, ranks)
+    return optimizer, start, unscored_streak
+
+
 def save_state(cfg: GRPOConfig, update: int, policy, optimizer, cursor, unscored_streak: int):
     """The checkpoint of the state after `update` updates, exact resume's trainer state."""
     trainer = {"update": update, "cursor": list(cursor), "unscored_streak": unscored_streak}
@@ -1122,22 +1155,7 @@ def train(
     reference = build_policy(cfg, ranks, like=policy)[0] if full_kl else None
     sampler = sampler_for(cfg, policy, tok, ranks, out_dir)
     source = PromptSource(segments_for(cfg, examples))
-    optimizer, meta, path = resume(
-        out_dir,
-        policy,
-        lambda: build_optimizer(policy, cfg.optim.lr, cfg.optim.weight_decay, cfg.optim.betas),
-        cfg.rollout.prompts_per_update,
-        cfg.resume == "auto",
-    )
-    start, unscored_streak = 0, 0
-    if meta is not None:
-        start, source.cursor = meta["trainer"]["update"], tuple(meta["trainer"]["cursor"])
-        unscored_streak = meta["trainer"].get("unscored_streak", 0)
-        print0(f"resuming from {path} (update {start} of {cfg.updates})")
-    for note in schedule_notes(cfg):
-        print0(note)
-    for name in ("metrics.jsonl", "completions.jsonl"):
-        trim_log(out_dir / name, start, ranks)
+    optimizer, start, unscored_streak = resume_state(cfg, policy, source, ranks)
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_ids[0]
     progress = Progress(cfg.updates, first_step=start)
     with (
@@ -1166,11 +1184,7 @@ def train(
             # 4. advantages
             advantages = advantages_by_group(groups, cfg.loss)
             sequences = training_sequences(groups, advantages)
-            batches = (
-                micro_batches(sequences, cfg.loss.micro_batch_size, pad_id, ranks.device)
-                if cfg.loss.micro_batch_tokens is None
-                else packed_micro_batches(sequences, cfg.loss.micro_batch_tokens, ranks.device)
-            )
+            batches = loss_batches(sequences, cfg.loss, pad_id, ranks.device)
             # 5-6. loss and step, `loss.passes` times
             with timer(counts, "train_s"):
                 trained = policy_update(
