@@ -308,14 +308,14 @@ class GatheredSampler:
 
     @contextlib.contextmanager
     def rollouts(self, update: int):
-        with gathered(self.policy) as view, self.sampler.rollouts(update):
+        with gathered(self.policy) as view, self.sampler.rollouts(update) as token_weights:
             self.sampler.policy = view
             try:
-                yield
+                yield token_weights
             finally:
                 self.sampler.policy = self.policy
 
-    def __getattr__(self, name):  # sample, judge, token_weights, play: the wrapped sampler's
+    def __getattr__(self, name):  # sample, judge, play: the wrapped sampler's
         return getattr(self.sampler, name)
 
 

@@ -308,8 +308,8 @@ def grpo_loss(
     completion: its token mean is scaled by it and the count is their sum. A completion split over
     several rows gives each row its share of the completion's tokens, so the completion counts once,
     as the mean over all its tokens. `token_weight` [B, T] multiplies each token's clipped surrogate
-    (not its KL): the sampler's weight of its tokens (rollout.Sampler.token_weights; a served
-    engine's truncated importance weights).
+    (not its KL): the sampler's weight of its tokens (what rollout.Sampler.rollouts hands the
+    loss; a served engine's truncated importance weights).
 
     stats (detached sums over the masked tokens, to be added over pieces): tokens, kl, clip_low
     (tokens with rho < 1 - clip_low and A < 0), clip_high (rho > 1 + clip_high and A > 0)."""
@@ -857,7 +857,8 @@ def accumulate_loss(
     """Step 5: the loss of every micro-batch, backward into the gradients; returns this rank's loss
     sum. The first pass's log-probs are the sampling policy's (logp_old, cached into `old`
     for later passes) and give the entropy and the sampler mismatch; `token_weights(logp_old,
-    logp_sampler)` (the sampler's, rollout.Sampler) weighs each token's surrogate; the loss
+    logp_sampler)` (the sampler's, from its rollouts span: rollout.Sampler) weighs each token's
+    surrogate; the loss
     statistics are added into `stats`."""
     loss_cfg = cfg.loss
     temperature = cfg.rollout.temperature
@@ -1171,7 +1172,7 @@ def train(
             slots = update_slots(source, cfg.rollout.prompts_per_update, ranks)
             # 1-3. sample, score, filter (again for the slots filtering sends back)
             try:
-                with sampler.rollouts(update):
+                with sampler.rollouts(update) as token_weights:  # None: every token weight 1
                     groups, counts = collect_groups(
                         sampler, source, slots, cfg, update, ranks, play
                     )
@@ -1188,7 +1189,7 @@ def train(
             # 5-6. loss and step, `loss.passes` times
             with timer(counts, "train_s"):
                 trained = policy_update(
-                    policy, optimizer, batches, cfg, ranks, reference, sampler.token_weights
+                    policy, optimizer, batches, cfg, ranks, reference, token_weights
                 )
             metrics, reports = log_update(
                 groups, counts, trained, advantages, tok, update, lr, cfg, ranks, progress, logs

@@ -2,11 +2,11 @@
 interface every way of sampling implements (`Sampler`). grpo.py picks the run's sampler once
 (`grpo.rollout_sampler`, or an extension's own) and calls it in each update:
 
-    with sampler.rollouts(update):       the span of one update's rollouts
+    with sampler.rollouts(update) as token_weights:     the span of one update's rollouts
         sampler.sample(examples, update, seed, counts)    K samplings of each example: a `Group`
                                                           each
         sampler.judge(groups)            the judge calls the reward needs; returns their statistics
-    sampler.token_weights(logp_old, logp_sampler)        the loss's weight of each sampled token
+    token_weights(logp_old, logp_sampler)    the loss's weight of each sampled token (None: 1)
 
 `PromptSampler` is the single-turn implementation: K completions of each prompt in one batched
 `model.generate` call (`complete`), parsed into `rewards.Rollout`s. Beside it:
@@ -72,17 +72,15 @@ class RolloutError(RuntimeError):
 
 class Sampler:
     """The interface grpo.train calls (module docstring); a sampler implements `sample` and
-    `judge`. What only one engine needs it does in these two, which here do nothing: `rollouts`
-    (a sharded policy is gathered whole in it, a served engine syncs the new weights at its start
-    and agrees on errors across ranks at its end: a RolloutError on one rank is one on all) and
-    `token_weights` (a served engine's truncated importance weights, a [B, T] tensor that
-    multiplies each token's clipped surrogate in grpo_loss; None: weight 1)."""
+    `judge`. What only one engine needs it does in `rollouts`, which here does nothing: a sharded
+    policy is gathered whole in it, a served engine syncs the new weights at its start and agrees
+    on errors across ranks at its end (a RolloutError on one rank is one on all), and it hands the
+    loss the weight of the update's sampled tokens: None here (every token weight 1), a served
+    engine's truncated importance weights, `token_weights(logp_old, logp_sampler)` -> a [B, T]
+    tensor that multiplies each token's clipped surrogate in grpo_loss (vllm_engine.tis_weights)."""
 
     def rollouts(self, update: int):
-        return contextlib.nullcontext()
-
-    def token_weights(self, logp_old, logp_sampler):
-        return None
+        return contextlib.nullcontext(None)
 
 
 class PromptSampler(Sampler):

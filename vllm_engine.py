@@ -334,7 +334,8 @@ class VLLMSampler(PromptSampler):
     (`VLLMEngine.sync`, named after the update: zero before the first step, a checkpoint's on
     resume) or a sharded policy's whole weights (`VLLMEngine.sync_weights`), and end with the ranks
     agreeing on errors, so that an EngineError on one rank is one on all and no rank trains on an
-    update whose rollouts are incomplete somewhere. What the server reads is named after the output
+    update whose rollouts are incomplete somewhere; the span hands the loss `token_weights`, the
+    truncated importance weights (`tis_weights`). What the server reads is named after the output
     folder and written to rollout.vllm.adapter_dir (default <output_dir>/vllm)."""
 
     def __init__(
@@ -374,7 +375,7 @@ class VLLMSampler(PromptSampler):
             self.synced = update
         error = None
         try:
-            yield
+            yield self.token_weights
         except EngineError as e:
             error = str(e)
         agree(error, self.ranks)

@@ -5,6 +5,7 @@ HTTP: every output written, exact resume after SIGKILL, SIGTERM, judge failures,
 reward that a tiny model learns to raise."""
 
 import collections
+import contextlib
 import hashlib
 import json
 import math
@@ -302,6 +303,41 @@ def test_rl_schedule_at_the_papers_landmarks():
     # no warm-up: the first update at the peak
     no_warmup = grpo.OptimSettings(lr=2e-6, lr_floor=5e-7, warmup_updates=0, hold_until=50)
     assert grpo.lr_at(1, no_warmup, 50) == 2e-6
+
+
+def test_the_token_weights_a_samplers_rollouts_span_hands_over_weigh_the_loss(
+    tmp_path, assets, judge
+):
+    """The weight the sampler's `rollouts` span yields (a served engine's truncated importance
+    weights) multiplies each token's surrogate in the run's loss: with no KL term, a span that
+    weighs every token 2 doubles the gradient norm of the first update that trains (the same
+    rollouts from the same policy: nothing stepped before it), its trained tokens unchanged. (Its
+    loss is 0 either way: on the sampling policy the surrogate is the mean advantage, 0.)"""
+
+    class Weighed(rollout.PromptSampler):
+        @contextlib.contextmanager
+        def rollouts(self, update):
+            yield lambda logp_old, logp_sampler: torch.full_like(logp_old, 2.0)
+
+    def weighed(cfg, policy, tok, ranks, out_dir):
+        return Weighed(policy, tok, cfg.rollout, cfg.reward, cfg.judge, cfg.updates)
+
+    first = {}
+    for name, sampler_for in (("plain", grpo.rollout_sampler), ("weighed", weighed)):
+        config = run_config(
+            tmp_path / name,
+            assets,
+            judge.url,
+            filtering={"resamples": 3, "replacements": 2},
+            **{"loss.beta": 0},
+        )
+        grpo.main([str(config)], sampler_for=sampler_for)
+        lines = read_jsonl(tmp_path / name / "run" / "metrics.jsonl")
+        first[name] = next(m for m in lines if m["tokens/trained"] > 0)
+    plain, twice = first["plain"], first["weighed"]
+    assert plain["grad_norm"] > 0
+    assert (twice["step"], twice["tokens/trained"]) == (plain["step"], plain["tokens/trained"])
+    assert twice["grad_norm"] == pytest.approx(2 * plain["grad_norm"], rel=1e-5)
 
 
 def test_truncated_importance_weights_by_hand():
