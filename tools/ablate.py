@@ -489,17 +489,17 @@ class Progress:
         self.left = set(range(len(jobs)))
 
     def estimate(self, kind: str, now: float) -> float | None:
+        """A run's time: the mean of the runs of its kind done, else the projection of one under
+        way (its time so far over its share of steps done); None before either exists."""
         if self.durations[kind]:
             return sum(self.durations[kind]) / len(self.durations[kind])
         running = [j for j in self.jobs if j.kind == kind and j.started and j.fraction > 0]
-        return (now - running[0].started) / running[0].fraction if running else None
+        return max((now - j.started) / j.fraction for j in running) if running else None
 
     def eta(self) -> str:
         now, left = time.perf_counter(), 0.0
         for job in (self.jobs[i] for i in self.left):
             whole = self.estimate(job.kind, now)
-            if job.started and job.fraction > 0:
-                whole = (now - job.started) / job.fraction
             if whole is None:
                 return "?"
             left += max(0.0, whole - (now - job.started if job.started else 0.0))
