@@ -137,6 +137,7 @@ METRICS = (
     ("reward", "reward", 1, 3, ""),
 )
 PART_FORMAT = (1, 3, "")
+SFT_ROW = "SFT (every arm's start)"  # the seed's SFT model, evaluated as the arms are
 # the seeds a paired test is reported from: with n seeds the exact two-sided Wilcoxon test cannot
 # fall below p = 2 / 2^n (0.25 at 3 seeds, 0.031 at 6): the table says so
 MIN_TEST_SEEDS = 3
@@ -157,9 +158,9 @@ def paired(values: list[float | None], first: list[float | None]) -> dict:
 
 
 def summarize(evals: dict[str, dict[int, dict]], arms: list[str], seeds: list[int]) -> dict:
-    """results.json's numbers from the arms' eval.json files (evals[arm][seed]): per arm the mean ±
-    SD over seeds of every metric and yardstick part, and per later arm its paired differences to
-    the first."""
+    """results.json's numbers from the eval.json files (evals[row][seed], a row an arm's label or
+    another model scored alike, SFT_ROW): per row the mean ± SD over the seeds of every metric and
+    yardstick part, and per arm after the first its paired differences to the first."""
     from evaluate import mean_sd
 
     parts = list(evals[arms[0]][seeds[0]]["parts"])
@@ -174,7 +175,7 @@ def summarize(evals: dict[str, dict[int, dict]], arms: list[str], seeds: list[in
         "parts": parts,
         "yardstick": evals[arms[0]][seeds[0]]["yardstick"],
         "n_heldout": evals[arms[0]][seeds[0]]["n"],
-        "means": {a: {k: mean_sd(series(a, k)) for k in keys} for a in arms},
+        "means": {row: {k: mean_sd(series(row, k)) for k in keys} for row in evals},
         "differences": {
             a: {k: paired(series(a, k), series(arms[0], k)) for k in keys} for a in arms[1:]
         },
@@ -219,7 +220,7 @@ def results_markdown(results: dict) -> str:
         f"| {a} | "
         + " | ".join(_mean_cell(results["means"][a][k], s, d, u) for k, _, s, d, u in formats)
         + " |"
-        for a in arms
+        for a in results["means"]
     ]
     if len(arms) > 1:
         shown = formats[: len(METRICS)]
@@ -370,11 +371,17 @@ class Plan:
     def arm_dir(self, seed: int, arm: Arm) -> Path:
         return self.seed_dir(seed) / arm.folder
 
-    def sft_done(self, seed: int) -> bool:
+    def sft_trained(self, seed: int) -> bool:
         return read_json(self.seed_dir(seed) / "sft.json") is not None
 
-    def arm_done(self, seed: int, arm: Arm) -> bool:
-        return read_json(self.arm_dir(seed, arm) / "eval.json") is not None
+    def eval_path(self, seed: int, arm: Arm | None) -> Path:
+        """The eval.json of an arm's run, or (None) of the seed's SFT model."""
+        if arm is None:
+            return self.seed_dir(seed) / "sft_eval.json"
+        return self.arm_dir(seed, arm) / "eval.json"
+
+    def done(self, seed: int, arm: Arm | None) -> bool:
+        return self.eval_path(seed, arm).is_file()
 
     def refusals(self) -> list[str]:
         """Every finished run whose recorded settings differ from this plan's."""
@@ -391,15 +398,17 @@ class Plan:
                 lines += [
                     f"{record}: {c}" for c in changes(read_json(record), self.sft_configs[seed])
                 ]
-            for arm in self.arms:
-                done = read_json(self.arm_dir(seed, arm) / "eval.json")
+            for arm in [None, *self.arms]:
+                path = self.eval_path(seed, arm)
+                done = read_json(path)
                 if done is not None:
-                    now = {
-                        "config": self.grpo_configs[seed, arm.label],
-                        "yardstick": dataclasses.asdict(self.yardstick),
-                    }
+                    config = (
+                        self.sft_configs[seed]
+                        if arm is None
+                        else self.grpo_configs[seed, arm.label]
+                    )
+                    now = {"config": config, "yardstick": dataclasses.asdict(self.yardstick)}
                     was = {key: done.get(key) for key in now}
-                    path = self.arm_dir(seed, arm) / "eval.json"
                     lines += [f"{path}: {c}" for c in changes(was, now)]
         return lines
 
@@ -543,21 +552,25 @@ def run_stage(command: list[str], cwd: Path, log: Path, job: Job, progress: Prog
         raise RunFailed(f"{Path(command[1]).name} exited with status {code}: see {log}")
 
 
-def evaluate_arm(plan: Plan, seed: int, arm: Arm, judge, seconds: float) -> dict:
-    """The arm's held-out scores (demo.evaluate_checkpoint with the yardstick), written to its
-    completions.jsonl and, last, its eval.json, which is returned."""
+def evaluate_run(
+    plan: Plan, seed: int, arm: Arm | None, config: dict, judge, seconds: dict
+) -> dict:
+    """The held-out scores of an arm's GRPO model or (arm None) the seed's SFT model, from their
+    merged/ folders (demo.evaluate_checkpoint with the yardstick), written to the completions file
+    beside the eval.json (Plan.eval_path) and, last, to the eval.json, which is returned: the
+    arm's label (SFT_ROW), the means, the yardstick, the run's resolved `config` and the `seconds`
+    it took."""
     import demo
     from config import atomic_write_text
     from dataset import load_jsonl
 
-    folder = plan.arm_dir(seed, arm)
     heldout = load_jsonl(plan.seed_dir(seed) / "data" / "heldout.jsonl")
     start = time.perf_counter()
-    means, records = demo.evaluate_checkpoint(
-        folder / "grpo" / "merged", heldout, plan.yardstick, judge, seed
-    )
+    path = plan.eval_path(seed, arm)
+    run = plan.seed_dir(seed) / "sft" if arm is None else path.parent / "grpo"
+    means, records = demo.evaluate_checkpoint(run / "merged", heldout, plan.yardstick, judge, seed)
     atomic_write_text(
-        folder / "completions.jsonl",
+        path.with_name(path.name.replace("eval.json", "completions.jsonl")),
         "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records),
     )
     parts = {}
@@ -565,7 +578,7 @@ def evaluate_arm(plan: Plan, seed: int, arm: Arm, judge, seconds: float) -> dict
         values = [r["parts"][name] for r in records]
         parts[name] = None if None in values else sum(values) / len(values)
     summary = {
-        "arm": arm.label,
+        "arm": SFT_ROW if arm is None else arm.label,
         "seed": seed,
         "task": plan.task,
         "n": len(records),
@@ -573,10 +586,10 @@ def evaluate_arm(plan: Plan, seed: int, arm: Arm, judge, seconds: float) -> dict
         "reasoning_tokens": sum(r["reasoning_tokens"] for r in records) / len(records),
         "parts": parts,
         "yardstick": dataclasses.asdict(plan.yardstick),
-        "config": plan.grpo_configs[seed, arm.label],
-        "seconds": {"grpo": round(seconds, 1), "eval": round(time.perf_counter() - start, 1)},
+        "config": config,
+        "seconds": seconds | {"eval": round(time.perf_counter() - start, 1)},
     }
-    atomic_write_text(folder / "eval.json", json.dumps(summary, indent=1) + "\n")
+    atomic_write_text(path, json.dumps(summary, indent=1) + "\n")
     return summary
 
 
@@ -589,13 +602,12 @@ def run_plan(plan: Plan, workers: int) -> None:
 
     for seed in plan.seeds:
         demo.prepare(plan.seed_dir(seed), plan.specs[seed], plan.toy.make)
-    jobs = [Job(s, None, 0) for s in plan.seeds if not plan.sft_done(s)]
-    jobs += [Job(s, a, 0) for s in plan.seeds for a in plan.arms if not plan.arm_done(s, a)]
+    jobs = [Job(s, a, 0) for a in [None, *plan.arms] for s in plan.seeds if not plan.done(s, a)]
     for number, job in enumerate(jobs, 1):
         job.number = number
     done = len(plan.seeds) * (len(plan.arms) + 1) - len(jobs)
     if done:
-        print(f"{done} runs done earlier are kept (their sft.json / eval.json in {plan.out})")
+        print(f"{done} runs done earlier are kept (their eval.json files in {plan.out})")
     if not jobs:
         return
     progress, failed, sft_runs = Progress(jobs, workers), [], {}
@@ -614,18 +626,20 @@ def run_plan(plan: Plan, workers: int) -> None:
             seed_dir = plan.seed_dir(job.seed)
             try:
                 if job.arm is None:
-                    shutil.rmtree(seed_dir / "sft", ignore_errors=True)
-                    run_stage(
-                        [sys.executable, str(REPO / "sft.py"), str(REPO / plan.toy.sft_config)]
-                        + plan.sft[job.seed],
-                        plan.out,
-                        seed_dir / "sft.log",
-                        job,
-                        progress,
-                    )
-                    atomic_write_text(
-                        seed_dir / "sft.json", json.dumps(plan.sft_configs[job.seed], indent=1)
-                    )
+                    if not plan.sft_trained(job.seed):
+                        shutil.rmtree(seed_dir / "sft", ignore_errors=True)
+                        run_stage(
+                            [sys.executable, str(REPO / "sft.py"), str(REPO / plan.toy.sft_config)]
+                            + plan.sft[job.seed],
+                            plan.out,
+                            seed_dir / "sft.log",
+                            job,
+                            progress,
+                        )
+                        atomic_write_text(
+                            seed_dir / "sft.json", json.dumps(plan.sft_configs[job.seed], indent=1)
+                        )
+                    config = plan.sft_configs[job.seed]
                 else:
                     folder = plan.arm_dir(job.seed, job.arm)
                     shutil.rmtree(folder, ignore_errors=True)
@@ -639,16 +653,17 @@ def run_plan(plan: Plan, workers: int) -> None:
                         job,
                         progress,
                     )
-                    trained = time.perf_counter() - job.started
-                    summary = evaluate_arm(plan, job.seed, job.arm, judge, trained)
-                    progress.print(
-                        job,
-                        "held out: "
-                        + ", ".join(
-                            f"{title} {_fmt(summary[key], s, d, u)}"
-                            for key, title, s, d, u in METRICS
-                        ),
-                    )
+                    config = plan.grpo_configs[job.seed, job.arm.label]
+                stage = "sft" if job.arm is None else "grpo"
+                trained = {stage: round(time.perf_counter() - job.started, 1)}
+                summary = evaluate_run(plan, job.seed, job.arm, config, judge, trained)
+                progress.print(
+                    job,
+                    "held out: "
+                    + ", ".join(
+                        f"{title} {_fmt(summary[key], s, d, u)}" for key, title, s, d, u in METRICS
+                    ),
+                )
             except Exception as e:
                 failed.append(f"seed {job.seed}, {job.arm.label if job.arm else 'SFT'}: {e}")
                 raise
@@ -731,6 +746,11 @@ def plot(plan: Plan, results: dict, path: Path) -> None:
             xytext=(4, 4),
             textcoords="offset points",
         )
+    start = results["means"][SFT_ROW]
+    axes[1, 1].plot(
+        100 * start["verified"]["mean"], 100 * start["accuracy"]["mean"], "kx", label=SFT_ROW
+    )
+    axes[1, 1].legend(fontsize=7)
     axes[1, 1].set(
         title=f"held out ({len(plan.seeds)} seeds, mean ± SD)",
         xlabel="verified quotes (%)",
@@ -766,15 +786,13 @@ def write_results(plan: Plan, seconds: float) -> dict:
     from evaluate import PlotUnavailable
 
     evals = {
-        a.label: {s: read_json(plan.arm_dir(s, a) / "eval.json") for s in plan.seeds}
-        for a in plan.arms
+        SFT_ROW if a is None else a.label: {s: read_json(plan.eval_path(s, a)) for s in plan.seeds}
+        for a in [None, *plan.arms]
     }
     results = {"task": plan.task} | summarize(evals, [a.label for a in plan.arms], plan.seeds)
     results |= {
         "settings": plan.settings,
-        "run_seconds": {
-            a: {s: evals[a][s]["seconds"] for s in plan.seeds} for a in results["arms"]
-        },
+        "run_seconds": {row: {s: evals[row][s]["seconds"] for s in plan.seeds} for row in evals},
         "seconds": round(seconds, 1),
         "machine": {
             "cpu": cpu_name(),
