@@ -73,7 +73,7 @@ class Arm:
 
     @property
     def folder(self) -> str:
-        return re.sub(r"[^\w.=-]", "_", self.label.replace(":", "+").replace(",", "+"))
+        return re.sub(r"[^\w.=-]", "_", self.label)
 
 
 _NAME = re.compile(r"[A-Za-z_]\w*")
@@ -890,7 +890,8 @@ def main(argv: list[str] | None = None) -> None:
         )
         raise SystemExit(2)
     out.mkdir(parents=True, exist_ok=True)
-    (out / MARKER).write_text("written by tools/ablate.py\n", encoding="utf-8")
+    if not (out / MARKER).is_file():
+        (out / MARKER).write_text("written by tools/ablate.py\n", encoding="utf-8")
     start = time.perf_counter()
     try:
         run_plan(plan, args.jobs)

@@ -3,13 +3,19 @@ and Chinese like the demo's: a false-belief (unexpected transfer) story and a le
 multiple-choice question.
 
     Anna puts the ball in the basket. / Anna goes out to the garden. / Ben moves the ball to the
-    box. / Anna comes back.   Where will Anna look for the ball first?  A. the drawer  B. the
-    basket  C. the box  D. the bag
+    box. / Anna comes back.   Where will Anna look for the ball first?  A. the basket  B. the
+    box  C. the drawer  D. the bag
 
 The person who put the thing away either leaves (and so believes it is still where they put it) or
 stays and watches the move (and knows where it is); the question asks where they will look first,
 or where the thing is now. The line that settles it, "goes out" or "stays and watches", is the one
 to quote. Chance is 25%.
+
+The options keep one order: the place the thing was put first (A), the place it was moved to (B),
+then two others. With the options shuffled, the demo's 0.7M-parameter model, trained for minutes,
+did not learn to find an option by its text (measured on seed 0: 26.0% held-out accuracy after
+SFT, 27.6% after GRPO, chance 25%), so the toy asks for the reasoning (who saw the move, which
+question) and not for the lookup of a letter.
 
 Each story carries its reference analysis in the four stages of Social Information Processing
 (`meta.reference`: Encoding, Interpretation, Goal, Response, then the answer; the yardstick of
@@ -132,8 +138,7 @@ def tom_example(rng: random.Random, language: str, example_id: str) -> Example:
     if rng.random() < 0.5:
         lines.insert(rng.randint(1, len(lines)), rng.choice(words.fillers).format(who=bystander))
     belief = rng.random() < 0.7
-    places = [first, moved, *others]
-    rng.shuffle(places)
+    places = [first, moved, *others]  # the option order: see the module's docstring
     answer = first if belief and left else moved
     letter = LETTERS[places.index(answer)]
     meta = {
