@@ -12,21 +12,26 @@ docs/adding-a-reward.md); a KEY without a dot is a setting of that reward (`clue
 a dotted KEY a setting of grpo.py's config (`clue:filtering.enabled=false`). An arm naming the
 config's own reward starts from the config's settings of it, another reward from its defaults.
 
-The toy tasks (TOYS): `toy_emotion`, the demo's (demo.py: the emotion shows only in an earlier
-line), and `toy_tom`, a false-belief story with lettered options (tools/toy_tom.py). Judges are
-the local rules server's (judge_server.py), a lexical stand-in: what it rewards is what the arms
-learn.
+The toy tasks (TASKS): `toy_emotion`, the demo's (demo.py: the emotion shows only in an earlier
+line), and `toy_tom`, a false-belief story with lettered options (tools/toy_tom.py). Judges are the
+local rules server's (judge_server.py), a lexical stand-in: what it rewards is what the arms learn.
 
 Every arm is scored on the seed's held-out examples with the FIRST arm's reward (the yardstick,
 so that the rewards of arms that train on others are comparable) and its logged parts, beside
 accuracy, invalid answers, verified quotes (completions that quote, every quotation found in the
 input) and reasoning tokens T. The output folder (--out):
 
-    seed<N>/data, base, sft/    the seed's toy data and model (demo.prepare) and its SFT run
+    seed<N>/data, base/         the seed's toy data and model (demo.prepare, demo.json)
+    seed<N>/sft/, sft.log       its SFT run and output; sft.json, its config (written when done)
+    seed<N>/sft_eval.json       the SFT model's held-out means (a row of the table), and
+    seed<N>/sft_completions.jsonl   its completions
     seed<N>/<arm>/grpo/         the arm's GRPO run; log.txt, its output
     seed<N>/<arm>/eval.json     the arm's held-out means, with the config it ran (written last)
     seed<N>/<arm>/completions.jsonl
-    results.md, results.json, ablation.png
+    results.md, results.json, ablation.png (needs matplotlib, requirements-plot.txt)
+
+`--jobs N` runs N of the runs at a time, each a process with one thread: on two idle cores two
+take about half the time.
 
 A rerun continues: a seed's SFT and an arm whose eval.json is there are not run again, and more
 arms or seeds may be added; a setting that differs from the one a finished run used (the data
