@@ -878,11 +878,20 @@ def documented_config_commands():
     from tools.config_reference import SCRIPTS
 
     for page in DOC_PAGES:
-        for match in WITH_CONFIG.finditer(page.read_text(encoding="utf-8")):
+        text = page.read_text(encoding="utf-8")
+        # a shell variable the page sets (PORT=8000) stands for its value in the commands
+        shell = {
+            name: re.sub(r"^\$\{\w+:-(.*)\}$", r"\1", value)  # ${PORT:-8000}: its default
+            for name, value in re.findall(r"^(?:export )?([A-Z_]+)=(\S+)", text, re.MULTILINE)
+        }
+        for match in WITH_CONFIG.finditer(text):
             script = match.group("script") or match.group("module").replace(".", "/") + ".py"
             script = SCHEMA_OF.get(script, script)
             if script in SCRIPTS:
-                overrides = re.findall(r"[a-z_][\w.]*=[^\s`|]+", match.group("overrides"))
+                overrides = [
+                    re.sub(r"\$\{?([A-Z_]+)\}?", lambda m: shell.get(m[1], m[0]), o)
+                    for o in re.findall(r"[a-z_][\w.]*=[^\s`|]+", match.group("overrides"))
+                ]
                 yield page, script, match.group("config"), overrides
 
 
