@@ -473,6 +473,20 @@ TASKS: dict[str, Task] = {
             ),
             grounded="the emotion and its cause",
         ),
+        Task(
+            "toy_tom",
+            OPTION_LETTERS,
+            {},
+            turn_level=False,
+            choices=True,
+            noun="option",
+            compact=True,
+            question=(
+                "Answer the question about the story. Reason in four blocks: Encoding, "
+                "Interpretation, Goal, Response."
+            ),
+            grounded="what each person did and saw",
+        ),
     ]
 }
 
@@ -685,18 +699,29 @@ def build_prompt(example: Example) -> str:
 
 
 def compact_prompt(task: Task, example: Example) -> str:
-    """The user message of a compact task (turn-level, no options): the question, the labels with
-    their definitions, the evidence rule and the answer format in a sentence each, then the
-    conversation and the turn to analyze again. A few dozen tokens of instructions instead of
-    several hundred."""
+    """The user message of a compact task (the toy tasks of demo.py and tools/toy_tom.py): the
+    question, the labels with their definitions, the evidence rule and the answer format in a
+    sentence each, then the conversation and the turn to analyze again; a multiple-choice task's
+    story, then its question and options. A few dozen tokens of instructions instead of several
+    hundred."""
+    source = "story" if task.choices else "conversation"
     rule = (
         f"Quote the text that shows {task.grounded} between {EVIDENCE_OPEN} and {EVIDENCE_CLOSE}, "
-        f"copied exactly from the conversation."
+        f"copied exactly from the {source}."
     )
     answer = (
         f'On the last line write "Answer: <{task.noun}>", where <{task.noun}> is exactly one of: '
-        f"{', '.join(task.labels)}."
+        f"{', '.join(task.answer_labels(example))}."
     )
+    if task.choices:
+        return "\n\n".join(
+            [
+                task.question,
+                f"{rule} {answer}",
+                f"Story:\n{render_conversation(example)}",
+                _label_list(task, example),
+            ]
+        )
     return "\n\n".join(
         [
             task.question,

@@ -329,9 +329,20 @@ class DemoData:
     model: ModelSize = dataclasses.field(default_factory=ModelSize)
 
 
-def prepare(out: Path, spec: DemoData) -> None:
+def toy_data(spec: DemoData) -> tuple[list[Example], list[Example], list[str]]:
+    """The demo's (training examples, held-out examples, the training examples' SFT traces)."""
+    train = toy_examples(spec.train, spec.seed, "train")
+    heldout = toy_examples(
+        spec.heldout, spec.seed, "heldout", exclude={conversation_key(e) for e in train}
+    )
+    rng = random.Random(f"{spec.seed}/traces")
+    return train, heldout, [toy_trace(e, tagged=rng.random() < spec.tagged) for e in train]
+
+
+def prepare(out: Path, spec, make=toy_data) -> None:
     """Build the data, tokenizer and model into `out` unless demo.json says they are there for
-    `spec`."""
+    `spec` (a dataclass with the fields `seed`, `vocab_size` and `model` that DemoData has; another
+    toy task passes its own, and `make(spec)`, its (train, held-out, traces) as toy_data's)."""
     manifest = out / "demo.json"
     if manifest.is_file() and json.loads(
         manifest.read_text(encoding="utf-8")
@@ -339,12 +350,7 @@ def prepare(out: Path, spec: DemoData) -> None:
         print(f"using the toy data and model in {out} (built earlier)")
         return
     start = time.perf_counter()
-    train = toy_examples(spec.train, spec.seed, "train")
-    heldout = toy_examples(
-        spec.heldout, spec.seed, "heldout", exclude={conversation_key(e) for e in train}
-    )
-    rng = random.Random(f"{spec.seed}/traces")
-    traces = [toy_trace(e, tagged=rng.random() < spec.tagged) for e in train]
+    train, heldout, traces = make(spec)
     (out / "data").mkdir(parents=True, exist_ok=True)
     save_jsonl(train, out / "data" / "train.jsonl")
     save_jsonl(heldout, out / "data" / "heldout.jsonl")
@@ -385,7 +391,8 @@ def evaluate_checkpoint(
     accuracy, invalid answers (data.parse_answer), verified quotes (the share of completions that
     quote and whose every quotation the verifier finds in the conversation) and the reward `spec`
     (rewards.RewardSpec), its judges asked over HTTP as `judge` (a http_client.JudgeConfig) says.
-    Returns (the means, one record per completion)."""
+    Returns (the means, one record per completion: also the reward's logged parts and the reasoning
+    tokens T, which tools/ablate.py averages)."""
     import rewards
     from data import count_tokens, get_task
     from evaluate import SamplingConfig, sample_completions
@@ -424,6 +431,11 @@ def evaluate_checkpoint(
                 "verified": bool(quotes)
                 and all(verify_quote(q, rewards.conversation_texts(r.example)) for q in quotes),
                 "reward": rewards.score(r, spec),
+                "parts": {
+                    name: part(r, spec.params)
+                    for name, part in rewards.REWARDS[spec.name].parts.items()
+                },
+                "reasoning_tokens": r.n_reasoning_tokens,
                 "completion": r.completion,
             }
         )
@@ -628,14 +640,15 @@ def run_seeds(
 MARKER = ".demo-output"  # what the demo writes first into its --out, to know the folder again
 
 
-def out_folder_problem(out: Path) -> str | None:
-    """Why the demo must not write into `out` (None: absent, empty, or the demo's own)."""
+def out_folder_problem(out: Path, marker: str = MARKER, writer: str = "the demo") -> str | None:
+    """Why `writer` must not write into `out` (None: absent, empty, or holding the `marker` file
+    that writer writes first)."""
     if out.exists() and not out.is_dir():
         return "is a file, not a folder"
-    if not out.is_dir() or (out / MARKER).is_file():
+    if not out.is_dir() or (out / marker).is_file():
         return None
     foreign = next(out.iterdir(), None)
-    return None if foreign is None else f"holds {foreign.name!r}, which the demo did not write"
+    return None if foreign is None else f"holds {foreign.name!r}, which {writer} did not write"
 
 
 def main(argv: list[str] | None = None) -> None:

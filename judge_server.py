@@ -6,7 +6,8 @@ library's HTTP server, loopback by default, for offline runs, tests and benchmar
 
 Backend `rules` is a CRUDE LEXICAL STAND-IN, not a judge: it answers from judge.JUDGES, by each
 judge's system prompt, the IU_G and cause prompts deterministically from word overlap and quotation
-matching, plays a SCRIPTED user and gives SCRIPTED scores for the dialogue judges and CARE's rubric
+matching, Social-R1's SIP structure and content judges from stage headers and word overlap with the
+reference, plays a SCRIPTED user and gives SCRIPTED scores for the dialogue judges and CARE's rubric
 and scores from word lists, and refuses the judges it has no rule for, and anything else. Backend
 `model` answers every prompt with model.py's `generate` from a checkpoint (a self-hosted judge
 without vLLM); an extension adds its own (`python -m reward_models.content_rm serve`: a trained
@@ -34,7 +35,14 @@ from typing import Any, Callable
 import verifier
 from config import excerpt, port_number
 from data import split_blocks
-from judge import ARG_SECTIONS, CARE_DIMENSIONS, JUDGES, SECTION_TAGS, user_ends_dialogue
+from judge import (
+    ARG_SECTIONS,
+    CARE_DIMENSIONS,
+    JUDGES,
+    SECTION_TAGS,
+    SIP_STAGES,
+    user_ends_dialogue,
+)
 from tokenizer import load_tokenizer
 
 log = logging.getLogger("judge_server")
@@ -114,6 +122,74 @@ def _rules_cause(sections: list[tuple[str, str]], _: str) -> str:
         if quotes_turn and any(a in _norm(block) for a in answers):
             return f"Quotes turn [{k}] in a passage naming the concluded emotion | YES"
     return f"No passage both quotes turn [{k}] and names the concluded emotion | NO"
+
+
+# ---------------------------------------------------- the rules backend: Social-R1's SIP judges
+
+# the share of a reference stage's content words that the candidate's block of that stage must
+# hold for the stage to pass the content rule, and the score a failure at each stage caps the
+# answer at (the prompt's tiers: Encoding 0.2, Interpretation 0.5, Goal and Response 0.7)
+RULES_CONTENT_SHARE = 0.5
+_CONTENT_CAPS = dict(zip(SIP_STAGES, (0.2, 0.5, 0.7, 0.7)))
+
+
+def _stage_blocks(reasoning: str) -> list[tuple[str, str]]:
+    """(stage, text) for each reasoning block that opens with a SIP stage's name and a colon
+    (`Interpretation: ...`, any case), in order; the text without the evidence tags."""
+    found = []
+    for block in split_blocks(reasoning):
+        head, colon, text = block.partition(":")
+        stage = next((s for s in SIP_STAGES if head.strip().lower() == s.lower()), None)
+        if colon and stage:
+            text = text.replace(verifier.EVIDENCE_OPEN, " ").replace(verifier.EVIDENCE_CLOSE, " ")
+            found.append((stage, text))
+    return found
+
+
+def _in_order(reasoning: str) -> dict[str, str | None]:
+    """Each SIP stage's text as the structure rule reads it: the first block of that stage, with
+    content words, after the block credited to the stage before it (None: no such block)."""
+    blocks, credited, after = _stage_blocks(reasoning), {}, -1
+    for stage in SIP_STAGES:
+        at = next(
+            (
+                i
+                for i, (s, text) in enumerate(blocks)
+                if i > after and s == stage and _content_words(text)
+            ),
+            None,
+        )
+        credited[stage] = None if at is None else blocks[at][1]
+        after = after if at is None else at
+    return credited
+
+
+def _rules_sip_structure(sections: list[tuple[str, str]], _: str) -> str:
+    stages = _in_order(dict(sections)["reasoning"])
+    return "\n".join(
+        f"{stage}: "
+        + ("a block opens with it, in order" if text else "no block opens with it in order")
+        + f" | {'YES' if text else 'NO'}"
+        for stage, text in stages.items()
+    )
+
+
+def _rules_sip_content(sections: list[tuple[str, str]], _: str) -> str:
+    parts = dict(sections)
+    stages = _in_order(parts["reasoning"])
+    reference = {}
+    for line in parts["reference"].splitlines():
+        head, _, text = line.partition(":")
+        reference[head.strip()] = text
+    shares = []
+    for stage in SIP_STAGES:
+        wanted = _content_words(reference.get(stage, ""))
+        share = len(wanted & _content_words(stages[stage] or "")) / len(wanted) if wanted else 1.0
+        if share < RULES_CONTENT_SHARE:
+            return f"{stage} holds {share:.0%} of the reference's words | {_CONTENT_CAPS[stage]}"
+        shares.append(share)
+    mean = sum(shares) / len(shares)
+    return f"every stage holds most of the reference's words ({mean:.0%}) | {0.8 + 0.2 * mean:.2f}"
 
 
 # --------------------------------------------------------------------- the rules backend: dialogues
@@ -291,6 +367,8 @@ _RULES = {
     "care_scores": _rules_care_scores,
     "turn_quality": _rules_turn_quality,
     "cause": _rules_cause,
+    "sip_structure": _rules_sip_structure,
+    "sip_content": _rules_sip_content,
 }
 
 
@@ -318,7 +396,16 @@ def rules_backend(messages: list[dict[str, str]], params: dict[str, Any]) -> str
       fa 1 for a non-empty reply;
     - CARE: a fixed rubric (affective first after a DISTRESS word, else cognitive and proactive),
       and each criterion scored by the reply's cue words for its dimension (content words shared
-      with the user's message, COMFORT, ACTION; at most 5).
+      with the user's message, COMFORT, ACTION; at most 5);
+    - Social-R1's SIP structure (R_struct): a stage is YES when a reasoning block opens with its
+      name and a colon (`Encoding:`, English in any language, as tools/toy_tom.py's traces write
+      them) and has content words, after the block credited to the stage before it;
+    - Social-R1's SIP content against the reference (R_content): each stage's block (as the
+      structure rule credits it) must hold RULES_CONTENT_SHARE of the content words of the
+      reference's line for that stage; the first stage that does not caps the score as the prompt's
+      tiers do (Encoding 0.2, Interpretation 0.5, Goal and Response 0.7), and one that passes them
+      all scores 0.8 + 0.2 x the mean share. Word overlap, not understanding: a wrong belief in the
+      right words passes. (sip_content_free, without a reference, has no rule.)
     It understands nothing: it is not a judge, only a deterministic answer in the right format."""
     system = messages[0]["content"] if messages and messages[0]["role"] == "system" else ""
     message = messages[-1]["content"] if messages else ""

@@ -324,6 +324,14 @@ def all_task_examples():
             meta={"question": "2 + 2 = ?", "options": ["1", "2", "3", "4"]},
         ),
         "toy_emotion": Example("toy", "toy_emotion", turns, 1, ["fear"]),
+        "toy_tom": Example(
+            "tt",
+            "toy_tom",
+            [Turn("", "Anna puts the ball in the basket."), Turn("", "Anna goes out.")],
+            None,
+            ["A"],
+            meta={"question": "Where will Anna look first?", "options": ["basket", "box"]},
+        ),
         "care_rubric": Example(
             "r",
             "care_rubric",

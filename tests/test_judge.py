@@ -448,12 +448,12 @@ def test_rules_backend_cause_verdicts_and_unsupported_prompts():
     with serving() as server:
         cfg = config(server)
         calls = [judge.cause_request(example, reasoning, "sadness", k) for k in (1, 0)]
-        calls.append(judge.sip_structure_request(example, reasoning))
+        calls.append(judge.sip_content_request(example, reasoning, None))
         texts, stats = http_client.chat_many(calls, cfg)
     assert judge.parse_cause_verdict(texts[0]) is True  # quotes turn [2] where it names the emotion
     assert judge.parse_cause_verdict(texts[1]) is False  # turn [1] is quoted, but not as a reason
     # a judge of judge.JUDGES the stand-in has no rule for: refused, naming it
-    assert texts[2] is None and "has no rule for the judge 'sip_structure'" in stats["errors"][2]
+    assert texts[2] is None and "has no rule for the judge 'sip_content_free'" in stats["errors"][2]
     with serving() as server:
         texts, stats = http_client.chat_many(
             [http_client.JudgeCall([{"role": "user", "content": "Grade this essay."}], 8)],

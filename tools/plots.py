@@ -26,7 +26,8 @@ class PlotUnavailable(RuntimeError):
     pass
 
 
-def _pyplot():
+def pyplot():
+    """matplotlib's pyplot on the file-only Agg backend; PlotUnavailable without matplotlib."""
     try:
         import matplotlib
 
@@ -48,7 +49,7 @@ def save_png(fig, path, dpi: int) -> None:
     try:
         fig.savefig(buffer, format="png", dpi=dpi)
     finally:
-        _pyplot().close(fig)
+        pyplot().close(fig)
     atomic_write_text(path, buffer.getvalue())
 
 
@@ -88,7 +89,7 @@ def plot_f1_vs_tokens(evals: list[dict], path) -> bool:
     points = {d: p for d, p in points.items() if p}
     if not points:
         return False
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(points), figsize=(6 * len(points), 4.5), squeeze=False)
     for ax, (domain, marks) in zip(axes[0], points.items()):
         for i, name, x, f1 in marks:
@@ -208,7 +209,7 @@ def plot_training_curves(run_dirs: list, path) -> list[str]:
     """Figure 5: the training curves of runs (their metrics.jsonl) as one PNG, the panels of
     `curve_panels` (mean reward with its band, each reward component, completion length, KL,
     masked groups, LR, loss, evaluation macro F1). Returns the panels' titles."""
-    plt = _pyplot()
+    plt = pyplot()
     from matplotlib.ticker import MaxNLocator
 
     runs = []

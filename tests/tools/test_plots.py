@@ -87,7 +87,7 @@ def test_figures_are_written_with_labelled_axes(tmp_path):
 def test_missing_matplotlib_is_one_line(monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     with pytest.raises(plots.PlotUnavailable, match="requirements-plot.txt"):
-        plots._pyplot()
+        plots.pyplot()
 
 
 def test_no_figure_says_why_a_set_without_a_domain_has_none(tmp_path):
