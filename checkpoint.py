@@ -54,9 +54,8 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 from config import atomic_write_text, excerpt, print0, read_metrics, resolved_config_text
 from distributed import Ranks, barrier, broadcast_parameters, is_distributed
 from fsdp import export_full, export_trained, is_sharded
-from model import Qwen, atomic_write, load_adapter, save_adapter
+from model import Qwen, atomic_write, load_adapter, save_adapter, save_merged
 from tokenizer import CheckpointError, read_json
-from train import optimizer_parameters
 
 _CKPT = "ckpt-"
 
@@ -292,7 +291,7 @@ def resume(output_dir, model: Qwen, make_optimizer, global_batch: int, enabled: 
     path = latest_checkpoint(output_dir) if enabled else None
     if path is None:
         optimizer = make_optimizer()
-        broadcast_parameters(optimizer_parameters(optimizer))
+        broadcast_parameters([p for group in optimizer.param_groups for p in group["params"]])
         return optimizer, None, None
     meta = load_checkpoint(path, model, global_batch)
     optimizer = make_optimizer()
@@ -449,6 +448,43 @@ def save_model(
         if card is not None:
             (tmp / "README.md").write_text(card.text(), encoding="utf-8")
         publish_folder(tmp, folder)
+
+
+def save_final(
+    model: Qwen,
+    tok,
+    folder,
+    ranks: Ranks,
+    card: ModelCard,
+    merged=None,
+    lineage: bool = False,
+    with_tokenizer: bool = False,
+    saved: bool = False,
+) -> None:
+    """A run's finished model (every rank calls it): `folder` replaced whole by save_model, with
+    `card` as its README.md and, for a LoRA adapter, the base PEFT loads it on (the card's, unless
+    an SFT adapter was merged into it first: that base is not on disk); `lineage`: the base and the
+    SFT adapter beside it (LINEAGE); `with_tokenizer`: the tokenizer too; `saved`: `folder` holds
+    the run's model already (an SFT run's best checkpoint). With `merged` a folder, rank 0 then
+    writes there the full checkpoint with `folder`'s adapter folded in (model.save_merged)."""
+    if not saved:
+        record = {
+            "base": str(Path(card.base_model).resolve()),
+            "sft_adapter": card.sft_adapter and str(Path(card.sft_adapter).resolve()),
+        }
+        save_model(
+            model,
+            tok,
+            folder,
+            ranks,
+            base_model_name_or_path=None if card.sft_adapter else card.base_model,
+            with_tokenizer=with_tokenizer,
+            card=card,
+            lineage=record if lineage else None,
+        )
+    if merged is not None and ranks.main:
+        with atomic_folder(merged) as tmp:
+            save_merged(load_adapter(model, folder), tok, tmp)
 
 
 def trim_log(path, last_step: int, ranks: Ranks) -> None:

@@ -351,6 +351,13 @@ class ConfigSource:
         return f"{self.path}:{line}" if line else self.path
 
 
+def config_error(config_path, key: str, problem: str) -> ConfigError:
+    """A problem with `key`, located where it was set: its override, or the config file's line
+    (`config_path` a ConfigSource; a plain path names the file)."""
+    where = config_path.where(key) if isinstance(config_path, ConfigSource) else config_path
+    return ConfigError(f"{where}: '{key}': {problem}")
+
+
 def parse_cli(schema, argv=None):
     """`script.py config.yaml [key=value ...]` -> the config; a bad config exits with one error
     line. `--help` lists the schema's top-level keys and points to docs/config-reference.md, to

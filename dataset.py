@@ -14,11 +14,10 @@ import dataclasses
 import datetime
 import json
 import math
-import random
 import sys
 from pathlib import Path
 
-from config import atomic_write_text, excerpt, read_text
+from config import atomic_write_text, config_error, excerpt, read_text
 from data import (
     DataError,
     Example,
@@ -218,6 +217,30 @@ def load_jsonl(path, sft_rows: bool = False) -> list[Example]:
     return examples
 
 
+def load_files(paths: list[str], config_path, check=None) -> list[Example]:
+    """The examples of the data files `paths` (the config key `train_data`), each file there and not
+    empty, and each file's examples passed to `check` (a DataError then names the file). Raises
+    ConfigError located at the key (config.config_error) or DataError, with one line."""
+    if not paths:
+        raise config_error(config_path, "train_data", "no data files given")
+    examples = []
+    for path in paths:
+        if not Path(path).is_file():
+            raise config_error(config_path, "train_data", f"{path}: file not found")
+        loaded = load_jsonl(path)
+        if not loaded:
+            raise config_error(
+                config_path, "train_data", f"{path}: no examples (the file is empty)"
+            )
+        try:
+            if check is not None:
+                check(loaded)
+        except DataError as e:
+            raise DataError(f"{path}: {e}") from None
+        examples += loaded
+    return examples
+
+
 def _finite_float(text: str) -> float:
     value = float(text)
     if not math.isfinite(value):
@@ -284,67 +307,6 @@ def save_jsonl(examples, path) -> None:
         except ValueError as e:  # a DataError, or a number JSON cannot hold (NaN in meta)
             raise DataError(f"example {excerpt(example.id)}: {e}") from None
     atomic_write_text(path, "".join(line + "\n" for line in lines))
-
-
-# ----------------------------------------------------------------------------- curriculum
-
-
-@dataclasses.dataclass
-class CurriculumConfig:
-    context_turns: tuple[int, ...] = (5, 10, 20)  # preceding turns kept in the shortened contexts
-    seed: int = 0
-
-
-@dataclasses.dataclass
-class Segment:
-    """One stage of the curriculum; replacement prompts are drawn from the same segment."""
-
-    name: str
-    examples: list[Example]
-
-
-def truncate_context(example: Example, n: int) -> Example:
-    """The example with only the target and its preceding `n` turns (unchanged when it has no target
-    or no more turns than that). Reply links and cause indices are shifted; links to dropped turns
-    go."""
-    if example.target is None or example.target <= n:
-        return example
-    start = example.target - n
-
-    def shift(index):
-        return index - start if index is not None and index >= start else None
-
-    turns = [
-        dataclasses.replace(t, reply_to=shift(t.reply_to))
-        for t in example.turns[start : example.target + 1]
-    ]
-    meta = dict(example.meta)
-    if "causes" in meta:
-        meta["causes"] = [
-            c | {"turn": shift(c["turn"])} for c in meta["causes"] if shift(c["turn"]) is not None
-        ]
-    return dataclasses.replace(example, id=f"{example.id}/ctx{n}", turns=turns, target=n, meta=meta)
-
-
-def curriculum(examples: list[Example], cfg: CurriculumConfig) -> list[Segment]:
-    """Two segments (paper A.2). "full": full conversations, each task ordered by increasing
-    difficulty (unrated examples last, file order within ties) and the tasks interleaved in
-    proportion to their size. "mixed": every example once more, its context drawn uniformly from the
-    full conversation and the `context_turns` truncations, shuffled. Deterministic for
-    `cfg.seed`."""
-    by_task: dict[str, list[Example]] = {}
-    for example in examples:
-        by_task.setdefault(example.task, []).append(example)
-    ranked = []
-    for group in by_task.values():
-        ordered = sorted(group, key=lambda e: (e.difficulty is None, e.difficulty or 0.0))
-        ranked += [((rank + 0.5) / len(ordered), e) for rank, e in enumerate(ordered)]
-    full = [e for _, e in sorted(ranked, key=lambda pair: pair[0])]
-    rng = random.Random(cfg.seed)
-    choices = (None, *cfg.context_turns)
-    mixed = [e if (n := rng.choice(choices)) is None else truncate_context(e, n) for e in examples]
-    rng.shuffle(mixed)
-    return [Segment("full", full), Segment("mixed", mixed)]
 
 
 def write_label_rows(examples: list[Example], path) -> None:

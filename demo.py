@@ -24,7 +24,8 @@ What runs, in order:
      over HTTP by the local judge server's rules backend, started here on a free loopback port;
   4. the held-out evaluation of the random model, the SFT model and the GRPO model: accuracy,
      invalid answers, verified quotations and the mean CLUE reward, printed as one table and written
-     to `results.md` / `results.json`, with the training curves in `training_curves.png`.
+     to `results.md` / `results.json`, with the training curves in `training_curves.png`
+     (`python -m tools.plots curves`).
 Extra `key=value` settings reach the stages through --sft and --grpo (the test runs a few steps).
 """
 
@@ -209,9 +210,9 @@ CHATML = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")  # special tokens, as i
 def train_tokenizer(texts: list[str], out_dir: Path, vocab_size: int) -> int:
     """Train a byte-level BPE on `texts` (words split by GPT-2's pattern, as Qwen's tokenizer splits
     them), add the ChatML tokens (special) and `<think>` / `</think>` (added, not special, as in
-    Qwen3), and write tokenizer.json, tokenizer_config.json (with the chat template of the ChatML
-    model.py writes, so vLLM's chat endpoint serves the checkpoint) and generation_config.json,
-    which `model.load_tokenizer` reads as a Qwen3 tokenizer. The evidence tags are not in it: SFT
+    Qwen3), and write tokenizer.json, tokenizer_config.json (with tokenizer.py's ChatML chat
+    template, so vLLM's chat endpoint serves the checkpoint) and generation_config.json, which
+    `tokenizer.load_tokenizer` reads as a Qwen3 tokenizer. The evidence tags are not in it: SFT
     adds them as special tokens. Returns the vocabulary size."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -389,8 +390,8 @@ def evaluate_checkpoint(
     """Sample one completion per held-out example from the checkpoint at `path` and score it:
     accuracy, invalid answers (data.parse_answer), verified quotes (the share of completions that
     quote and whose every quotation the verifier finds in the conversation) and the reward `spec`
-    (rewards.RewardSpec), its judges asked over HTTP as `judge` (a judge.JudgeConfig) says. Returns
-    (the means, one record per completion: also the reward's logged parts and the reasoning
+    (rewards.RewardSpec), its judges asked over HTTP as `judge` (a http_client.JudgeConfig) says.
+    Returns (the means, one record per completion: also the reward's logged parts and the reasoning
     tokens T, which tools/ablate.py averages)."""
     import rewards
     from data import count_tokens, get_task
@@ -514,7 +515,6 @@ def run(out: Path, spec: DemoData, settings: dict[str, list[str]], rl) -> dict[s
     and return the stages' means. `rl` is the resolved GRPO config, whose reward and judge settings
     the evaluation uses."""
     from dataset import load_jsonl
-    from evaluate import PlotUnavailable, plot_training_curves
     from judge_server import JudgeServer, rules_backend
 
     start = time.perf_counter()
@@ -554,11 +554,12 @@ def run(out: Path, spec: DemoData, settings: dict[str, list[str]], rl) -> dict[s
     table = results_table(results)
     atomic_write_text(out / "results.md", table + "\n")
     atomic_write_text(out / "results.json", json.dumps(results, indent=1) + "\n")
-    try:
-        plot_training_curves([out / "sft", out / "grpo"], out / "training_curves.png")
-        figure = f", {out / 'training_curves.png'}"
-    except PlotUnavailable as e:
-        figure = f" (no figure: {e})"
+    curves = out / "training_curves.png"
+    runs = [str(out / "sft"), str(out / "grpo")]
+    command = [sys.executable, "-m", "tools.plots", "curves", *runs, "--out", str(curves)]
+    drawn = subprocess.run([*command, "--overwrite"], cwd=REPO, capture_output=True, text=True)
+    why = drawn.stderr.strip().splitlines()[-1:] or ["tools.plots failed"]
+    figure = f", {curves}" if drawn.returncode == 0 else f" (no figure: {why[0]})"
     print(
         f"\nheld-out toy conversations ({len(heldout)}, none seen in training; chance accuracy "
         f"25%):\n{table}\n\nwritten: {out / 'results.md'}, {out / 'results.json'}{figure}\ndemo "

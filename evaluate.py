@@ -1,20 +1,18 @@
 """Evaluation as the CLUE paper reports it (sections 4-5, Appendix B): weighted and macro F1 over
 sampled completions (mean and sample SD), in-domain and out-of-domain averages, relative gains,
 invalid answers, reasoning tokens, cause identification, evidence alignment F1 with a Wilcoxon test,
-the Table-1 Markdown, Figures 4-5, the human evaluation.
+the Table-1 Markdown, the human evaluation (tools/annotate.py); its figures (4-5) are drawn by
+tools/plots.py.
 
     python evaluate.py config.yaml [key=value ...]      # a checkpoint in-process, or an endpoint
     python evaluate.py compare A/eval.json B/eval.json ... [--out DIR]
-    python evaluate.py plot RUN_DIR ... [--out FILE] [--overwrite]  # training curves (Figure 5)
 
 An evaluation writes into `output_dir`: config.yaml (resolved), completions.jsonl (one line per
 completion, appended as they come: rerunning the same command resumes), causes.jsonl (cause-judge
-verdicts), eval.json (every number), table.md and f1_vs_tokens.png; with `report: accuracy`
+verdicts), eval.json (every number) and table.md; with `report: accuracy`
 (configs/eval_benchmarks.yaml: the multiple-choice social-reasoning benchmarks) table.md is one
 accuracy row per set instead (a `kind: eqbench3` set: the judge's rubric score, played and judged by
-dialogue/eqbench3.py into roleplay.jsonl and rubric.jsonl), and no figure is drawn. Figures need
-matplotlib (requirements-plot.txt); nothing else here does, and no training code imports this
-module's plots.
+dialogue/eqbench3.py into roleplay.jsonl and rubric.jsonl).
 """
 
 from __future__ import annotations
@@ -22,7 +20,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
-import fnmatch
 import hashlib
 import itertools
 import json
@@ -43,7 +40,6 @@ from config import (
     parse_cli,
     print0,
     read_log,
-    read_metrics,
     redact_secrets,
     save_resolved_config,
 )
@@ -58,26 +54,17 @@ from data import (
     visible_turns,
 )
 from dataset import load_jsonl
-from judge import (
-    STAND_IN,
-    JudgeCall,
-    JudgeConfig,
-    JudgeError,
-    cause_request,
-    chat_many,
-    parse_cause_verdict,
-    request_fields,
-)
+from http_client import STAND_IN, JudgeCall, JudgeConfig, JudgeError, chat_many, request_fields
+from judge import cause_request, parse_cause_verdict
 from sampling import SamplingConfig, endpoint_config, sample_completions
 from tokenizer import CheckpointError, load_tokenizer
 from verifier import extract_quotes, locate_quote, verify_quote
 
-COMPLETIONS, CAUSES, EVAL_JSON, TABLE, F1_FIGURE = (
+COMPLETIONS, CAUSES, EVAL_JSON, TABLE = (
     "completions.jsonl",
     "causes.jsonl",
     "eval.json",
     "table.md",
-    "f1_vs_tokens.png",
 )
 
 # ----------------------------------------------------------------------------- config
@@ -1015,17 +1002,6 @@ def evaluate(cfg: EvalConfig, judged: dict[str, JudgedKind] | None = None) -> di
     tables = accuracy_table(evals) if cfg.report == "accuracy" else markdown_tables(evals)
     atomic_write_text(out / TABLE, tables)
     print0(tables)
-    if cfg.report == "f1":
-        try:
-            if not plot_f1_vs_tokens(evals, out / F1_FIGURE):
-                why = (
-                    "no reasoning-token counts (an endpoint needs 'tokenizer')"
-                    if any(e["averages"] for e in evals)
-                    else "no set has a domain (in or out), whose averages it plots"
-                )
-                print0(f"no {F1_FIGURE}: {why}")
-        except PlotUnavailable as e:
-            print0(f"{e}; no {F1_FIGURE}")
     return summary
 
 
@@ -1268,235 +1244,6 @@ def _breakdown_table(name: str, evals: list[dict]) -> list[str]:
     return lines
 
 
-# ----------------------------------------------------------------------------- figures
-
-
-class PlotUnavailable(RuntimeError):
-    pass
-
-
-def _pyplot():
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise PlotUnavailable(
-            "matplotlib is needed for figures: pip install -r requirements-plot.txt"
-        ) from None
-    return plt
-
-
-def save_png(fig, path, dpi: int) -> None:
-    """`fig` as a PNG at `path`, rendered in memory and written whole (atomic_write_text), so a
-    failure leaves nothing and never a part of a file; the figure is closed."""
-    import io
-
-    buffer = io.BytesIO()
-    try:
-        fig.savefig(buffer, format="png", dpi=dpi)
-    finally:
-        _pyplot().close(fig)
-    atomic_write_text(path, buffer.getvalue())
-
-
-def point_labels(marks: list[tuple[str, float, float]]) -> list[tuple[str, float, float]]:
-    """One label per place in a figure: (name, x, y) marks that coincide (to the figure's
-    resolution) share a label, their names joined, so no two labels print over each other."""
-    places: dict[tuple[float, float], list] = {}
-    for name, x, y in marks:
-        places.setdefault((round(x, 1), round(y, 2)), [[], x, y])[0].append(name)
-    return [(", ".join(names), x, y) for names, x, y in places.values()]
-
-
-def f1_limits(lo: float, hi: float, least: float = 10.0) -> tuple[float, float]:
-    """The F1 axis (in %): at least `least` points wide around the data and inside 0-100."""
-    if hi - lo < least:
-        mid = (lo + hi) / 2
-        lo, hi = mid - least / 2, mid + least / 2
-    if hi - lo <= 100:
-        shift = max(0.0, -lo) - max(0.0, hi - 100)
-        lo, hi = lo + shift, hi + shift
-    return max(lo, 0.0), min(hi, 100.0)
-
-
-def plot_f1_vs_tokens(evals: list[dict], path) -> bool:
-    """Figure 4: average weighted F1 against mean reasoning tokens per completion, a point per model
-    (error bar: SD over runs), a panel per domain. False (nothing drawn) without both numbers."""
-    points = {
-        d: [
-            (i, e["name"], a["reasoning_tokens"]["mean"], a["weighted_f1"])
-            for i, e in enumerate(evals)
-            if (a := e["averages"].get(d))
-            and a["reasoning_tokens"]["mean"] is not None
-            and a["weighted_f1"]["mean"] is not None
-        ]
-        for d in ("in", "out")
-    }
-    points = {d: p for d, p in points.items() if p}
-    if not points:
-        return False
-    plt = _pyplot()
-    fig, axes = plt.subplots(1, len(points), figsize=(6 * len(points), 4.5), squeeze=False)
-    for ax, (domain, marks) in zip(axes[0], points.items()):
-        for i, name, x, f1 in marks:
-            y, sd = 100 * f1["mean"], None if f1["sd"] is None else 100 * f1["sd"]
-            ax.errorbar(x, y, yerr=sd, fmt="o", ms=8, capsize=4, color=f"C{i}", label=name)
-        for label, x, y in point_labels([(n, x, 100 * f1["mean"]) for _, n, x, f1 in marks]):
-            ax.annotate(label, (x, y), textcoords="offset points", xytext=(7, 7), fontsize=9)
-        ax.set(
-            title=DOMAINS[domain],
-            xlabel="Mean reasoning tokens per completion",
-            ylabel="Average weighted F1 (%)",
-        )
-        ax.margins(0.25)
-        ax.set_ylim(*f1_limits(*ax.get_ylim()))
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=9)
-    fig.tight_layout()
-    save_png(fig, path, 150)
-    return True
-
-
-CURVES = (
-    ("Mean reward", "reward", "reward"),
-    ("Reward components", "reward", "rewards/*/mean"),
-    # f is 1 without any tag: beside it, the share of completions that quote at all
-    ("Grounding", "share", "completions/quoting"),
-    ("Completion length", "tokens", "completions/mean_length"),
-    ("KL to reference", "KL", "kl"),
-    ("Masked groups", "groups", "groups/masked"),
-    ("Learning rate", "LR", "lr"),
-    ("Loss", "loss", "loss"),
-    ("Eval macro F1", "macro F1", "eval/*/macro_f1"),
-)
-# a run that logs a reward counts GRPO updates, any other (SFT, a reward model) optimizer steps
-UNITS = {True: ("GRPO update", "GRPO"), False: ("SFT step", "SFT")}
-FEW_POINTS = 30  # a series with at most this many points is drawn with a dot on each
-
-
-@dataclass
-class Series:
-    """One line of a panel; `band` (the mean reward's): (low, high) per step."""
-
-    label: str
-    color: str
-    style: str
-    steps: tuple
-    values: tuple
-    band: tuple | None = None
-
-    @property
-    def marker(self) -> str:
-        return "o" if len(self.steps) <= FEW_POINTS else ""
-
-
-@dataclass
-class Panel:
-    title: str
-    xlabel: str
-    ylabel: str
-    series: list[Series]
-
-
-def reward_band(record: dict) -> tuple[float, float] | None:
-    """The mean reward ± its SD across a group's members, never past the update's lowest or
-    highest reward (older metrics.jsonl files without them: unclipped)."""
-    mean, sd = record["reward"], record.get("reward_std")
-    if mean is None or sd is None:
-        return None
-    low, high = record.get("reward_min"), record.get("reward_max")
-    return (
-        mean - sd if low is None else max(mean - sd, low),
-        mean + sd if high is None else min(mean + sd, high),
-    )
-
-
-def curve_panels(runs: list[tuple[str, list[dict]]]) -> list[Panel]:
-    """The panels of the training-curve figure for (run name, metrics records) pairs: a panel per
-    quantity in CURVES that some run logged, and per x unit (SFT steps and GRPO updates are
-    different things, so a quantity both kinds of run log gets a panel for each, its title
-    suffixed); a colour per run (per component or task with one run)."""
-    panels = []
-    for title, ylabel, pattern in CURVES:
-        keys = sorted(
-            {k for _, recs in runs for r in recs for k in r if fnmatch.fnmatch(k, pattern)}
-        )
-        by_unit: dict[bool, list[Series]] = {}
-        for i, (run, recs) in enumerate(runs):
-            grpo = any("reward" in r for r in recs)
-            for k, key in enumerate(keys):
-                points = [r for r in recs if key in r and r[key] is not None]
-                if not points:
-                    continue
-                part = key.split("/")[1] if "*" in pattern else ""  # the reward component or task
-                label = f"{run}: {part}" if len(runs) > 1 and part else part or run
-                color, style = (
-                    (f"C{k}", "-") if len(runs) == 1 else (f"C{i}", ("-", "--", ":", "-.")[k % 4])
-                )
-                bands = [reward_band(r) for r in points] if key == "reward" else [None]
-                by_unit.setdefault(grpo, []).append(
-                    Series(
-                        label,
-                        color,
-                        style,
-                        tuple(r["step"] for r in points),
-                        tuple(r[key] for r in points),
-                        None if None in bands else tuple(bands),
-                    )
-                )
-        for grpo, series in by_unit.items():
-            xlabel, kind = UNITS[grpo]
-            named = f"{title} ({kind})" if len(by_unit) > 1 else title
-            panels.append(Panel(named, xlabel, ylabel, series))
-    return panels
-
-
-def plot_training_curves(run_dirs: list, path) -> list[str]:
-    """Figure 5: the training curves of runs (their metrics.jsonl) as one PNG, the panels of
-    `curve_panels` (mean reward with its band, each reward component, completion length, KL,
-    masked groups, LR, loss, evaluation macro F1). Returns the panels' titles."""
-    plt = _pyplot()
-    from matplotlib.ticker import MaxNLocator
-
-    runs = []
-    for d in map(Path, run_dirs):
-        file = d / "metrics.jsonl" if d.is_dir() else d
-        if not file.is_file():
-            raise EvalError(f"{file}: no metrics.jsonl")
-        runs.append((d.name if d.is_dir() else d.parent.name, read_metrics(file)))
-    panels = curve_panels(runs)
-    if not panels:
-        raise EvalError("none of the runs logged a quantity to plot")
-    cols, rows = min(3, len(panels)), math.ceil(len(panels) / 3)
-    fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 3.6 * rows), squeeze=False)
-    for ax, panel in zip(axes.flat, panels):
-        for line in panel.series:
-            ax.plot(
-                line.steps,
-                line.values,
-                line.style,
-                color=line.color,
-                label=line.label,
-                lw=1.2,
-                marker=line.marker,
-                ms=3,
-            )
-            if line.band is not None:
-                low, high = zip(*line.band)
-                ax.fill_between(line.steps, low, high, color=line.color, alpha=0.15)
-        ax.set(title=panel.title, xlabel=panel.xlabel, ylabel=panel.ylabel)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    for ax in list(axes.flat)[len(panels) :]:
-        ax.set_visible(False)
-    fig.tight_layout()
-    save_png(fig, path, 120)
-    return [panel.title for panel in panels]
-
-
 # ----------------------------------------------------------------------------- command line
 
 
@@ -1527,10 +1274,7 @@ def _compare(argv: list[str]) -> None:
         "with each model's difference to the first.",
     )
     parser.add_argument("evals", nargs="+", help="eval.json files (or the folders holding them)")
-    parser.add_argument(
-        "--out",
-        help="also write table.md (and, for F1 evaluations, f1_vs_tokens.png) into this folder",
-    )
+    parser.add_argument("--out", help="also write table.md into this folder")
     parser.add_argument(
         "--side-by-side",
         action="store_true",
@@ -1550,13 +1294,10 @@ def _compare(argv: list[str]) -> None:
     if out is not None:
         if out.exists() and not out.is_dir():
             parser.error(f"--out {out} is a file; name the folder to write into")
-        taken = [
-            out / n for n in (TABLE, *(() if accuracy else (F1_FIGURE,))) if (out / n).exists()
-        ]
-        if taken and not args.overwrite:
+        if (out / TABLE).exists() and not args.overwrite:
             parser.error(
-                f"{taken[0]} exists (an evaluation's own, or yours); pass --overwrite to replace "
-                "it, or choose another --out"
+                f"{out / TABLE} exists (an evaluation's own, or yours); pass --overwrite to "
+                "replace it, or choose another --out"
             )
     tables = (
         accuracy_table(evals)
@@ -1566,48 +1307,14 @@ def _compare(argv: list[str]) -> None:
     print(tables)
     if out is not None:
         atomic_write_text(out / TABLE, tables)
-        if not accuracy:
-            plot_f1_vs_tokens(evals, out / F1_FIGURE)
 
 
-def _plot(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(
-        prog="evaluate.py plot", description="Training curves from metrics.jsonl."
-    )
-    parser.add_argument("runs", nargs="+", help="run folders holding metrics.jsonl (or the files)")
-    parser.add_argument(
-        "--out",
-        help="PNG to write, .png added to a name without a suffix (default with one run: "
-        "training_curves.png in its folder; several runs need it)",
-    )
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing --out")
-    args = parser.parse_args(argv[1:])
-    if args.out is None and len(args.runs) > 1:
-        parser.error("several runs: say where their figure goes with --out FILE.png")
-    first = Path(args.runs[0])
-    out = (
-        Path(args.out)
-        if args.out
-        else (first if first.is_dir() else first.parent) / "training_curves.png"
-    )
-    out = out if out.suffix else out.with_suffix(".png")  # the name matplotlib would give it
-    if out.suffix.lower() != ".png":
-        parser.error(f"--out {out}: the figure is a PNG; name a .png file")
-    if out.is_dir():
-        parser.error(f"--out {out} is a folder; name the .png file to write")
-    if out.exists() and not args.overwrite:
-        parser.error(f"{out} exists; pass --overwrite to replace it, or choose another --out")
-    panels = plot_training_curves(args.runs, out)
-    print(f"wrote {out} ({', '.join(panels)})")
-
-
-# Subcommands by name, each given the whole argv; annotate,
-# dialogue, rubric_generator add theirs (importing this).
-COMMANDS: dict[str, Callable[[list[str]], None]] = {"compare": _compare, "plot": _plot}
+# Subcommands by name, each given the whole argv
+COMMANDS: dict[str, Callable[[list[str]], None]] = {"compare": _compare}
 
 
 def main(argv: list[str] | None = None, judged: dict[str, JudgedKind] | None = None) -> None:
-    """`python evaluate.py config.yaml [key=value ...]`, or `compare` / `plot`; an extension with
+    """`python evaluate.py config.yaml [key=value ...]`, or `compare`; an extension with
     judged sets of its own kind runs its evaluations through here (`judged`)."""
     argv = sys.argv[1:] if argv is None else argv
     try:
@@ -1617,7 +1324,7 @@ def main(argv: list[str] | None = None, judged: dict[str, JudgedKind] | None = N
     except ConfigError as e:
         print(f"config error: {argv[0]}: {e}", file=sys.stderr)
         raise SystemExit(2) from None
-    except (DataError, EvalError, JudgeError, PlotUnavailable, OSError) as e:
+    except (DataError, EvalError, JudgeError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
 

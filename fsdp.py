@@ -62,7 +62,6 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from data import EVIDENCE_CLOSE, EVIDENCE_OPEN
 from model import (
     Qwen,
     add_special_tokens,
@@ -179,31 +178,38 @@ def shard_model(
     return model
 
 
-def sharded_policy(cfg, tok, device: torch.device, like: Qwen | None = None) -> Qwen:
-    """GRPO's policy of a full-parameter run (`cfg`: grpo.GRPOConfig): every rank reads only its
-    shards of the base (the reference, `like`'s frozen copy, not even the embedding and lm_head: it
-    shares the policy's), the <evidence> rows added with the ids the SFT run gave them, sharded
-    (`shard_model`), then the SFT adapter's delta merged into the shards (`merge_adapter`)."""
+def sharded_model(
+    path,
+    dtype: str,
+    device: torch.device,
+    tok,
+    tokens: list[str] = (),
+    adapter=None,
+    train_rows: bool = False,
+    like: Qwen | None = None,
+    seed: int = 0,
+    replicas: int = 1,
+    timeout_s: float | None = None,
+) -> Qwen:
+    """The model of a full-parameter run, either trainer's: every rank reads only its shards of the
+    checkpoint `path` in `dtype` (a reference, `like`'s frozen copy, not even the embedding and
+    lm_head: it shares `like`'s), the special `tokens` added (`train_rows`: their embedding and
+    lm_head rows trained, SFT's <evidence> rows), sharded after torch.manual_seed(`seed`)
+    (`shard_model`, with `replicas` and `timeout_s`), then the LoRA adapter folder `adapter` (GRPO's
+    SFT adapter) merged into the shards (`merge_adapter`)."""
     model = Qwen.from_pretrained(
-        cfg.model.path,
-        dtype=cfg.model.dtype,
+        path,
+        dtype=dtype,
         device=device,
         on_meta=(lambda name: True) if like is not None else sharded_weight,
     )
-    if cfg.model.sft_adapter:
-        add_special_tokens(model, tok, [EVIDENCE_OPEN, EVIDENCE_CLOSE])
-    torch.manual_seed(cfg.seed)
-    shard_model(
-        model,
-        device,
-        like,
-        cfg.model.path,
-        replicas=cfg.distributed.replicas,
-        timeout_s=cfg.distributed.timeout_s,
-    )
-    if cfg.model.sft_adapter:
-        merge_adapter(model, cfg.model.sft_adapter)
-    model.gradient_checkpointing = cfg.model.gradient_checkpointing
+    ids = add_special_tokens(model, tok, list(tokens)) if tokens else []
+    torch.manual_seed(seed)
+    if train_rows and ids:
+        train_token_rows(model, ids)
+    shard_model(model, device, like, path, replicas=replicas, timeout_s=timeout_s)
+    if adapter:
+        merge_adapter(model, adapter)
     return model
 
 
@@ -302,14 +308,14 @@ class GatheredSampler:
 
     @contextlib.contextmanager
     def rollouts(self, update: int):
-        with gathered(self.policy) as view, self.sampler.rollouts(update):
+        with gathered(self.policy) as view, self.sampler.rollouts(update) as token_weights:
             self.sampler.policy = view
             try:
-                yield
+                yield token_weights
             finally:
                 self.sampler.policy = self.policy
 
-    def __getattr__(self, name):  # segments, open, sample, judge: the wrapped sampler's
+    def __getattr__(self, name):  # sample, judge, play: the wrapped sampler's
         return getattr(self.sampler, name)
 
 

@@ -24,13 +24,14 @@ One update (`train`, in this order):
   6. step     gradients summed over ranks, clipped, AdamW; `loss.passes` steps reuse one rollout
               batch (log-probs of the sampling policy cached from the first pass).
 
-`train` picks the sampler once (`rollout_sampler`): rollout.PromptSampler, or with a `dialogue:`
-section dialogue/play.py's, which samples and judges episodes or per-state candidate replies;
-nothing else changes.
+The prompts come in curriculum order (paper A.2: `curriculum`, walked by `PromptSource`). `train`
+picks the sampler once (`rollout_sampler`: rollout.PromptSampler); an extension hands in its own
+sampler, data order and slot hook (dialogue/rl.py: role-played episodes or per-state candidate
+replies); nothing else changes.
 
 Ranks own whole groups; the groups filtering sends back are dealt across the ranks each round
 (`deal_slots`); only LoRA gradients, metrics and those slots cross ranks; rank 0 writes. Outputs in
-`output_dir`: config.yaml, metrics.jsonl (one line per update, keys in `update_metrics`),
+`output_dir`: config.yaml, metrics.jsonl (one line per update, keys in `rollout.update_metrics`),
 completions.jsonl, `ckpt-<update>` checkpoints (exact resume with `resume: auto`), `adapter/` (the
 RL LoRA in PEFT format, on top of the SFT-merged base) and, with `save_merged: true`, `merged/`.
 With `finetune: full` every weight but embedding and lm_head trains, sharded (fsdp.py), against a
@@ -40,13 +41,14 @@ frozen sharded reference; out: `model/`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import random
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, NoReturn
+from typing import Literal
 
 import torch
 
@@ -55,12 +57,11 @@ import dataset
 import rewards
 from checkpoint import (
     ModelCard,
-    atomic_folder,
     checkpoint_path,
     checkpoint_problem,
     resume,
     save_checkpoint,
-    save_model,
+    save_final,
     trim_log,
 )
 from config import (
@@ -70,6 +71,7 @@ from config import (
     ReportTo,
     bounded,
     check_report_to,
+    config_error,
     excerpt,
     parse_cli,
     print0,
@@ -77,28 +79,30 @@ from config import (
     save_resolved_config,
 )
 from distributed import DistributedSettings, Ranks, all_reduce_sum, gather_json, setup_distributed
-from fsdp import GatheredSampler, pad_batches, sharded_policy
-from judge import JudgeAuthError, JudgeConfig, JudgeError
-from judge import probe as judge_probe
+from fsdp import GatheredSampler, pad_batches, sharded_model
+from http_client import JudgeAuthError, JudgeConfig, JudgeError
+from http_client import probe as judge_probe
 from model import (
     Packing,
     Qwen,
     add_lora,
     add_special_tokens,
+    compile_problem,
     load_adapter,
     lora_disabled,
     merge_lora,
-    save_merged,
     token_logprobs,
 )
 from rollout import (
     Group,
     PromptSampler,
     RolloutError,
-    Slot,
-    completion_records,
-    rank_report,
-    update_metrics,
+    end_line,
+    log_update,
+    rollout_stop,
+    run_summary,
+    unscored_cause,
+    unscored_stop,
 )
 from tokenizer import CheckpointError, load_tokenizer
 from train import (
@@ -113,7 +117,6 @@ from train import (
     set_lr,
     sync_gradients,
     token_budget_parts,
-    warmup_hold_cosine,
 )
 from vllm_engine import VLLMSampler, VLLMSettings
 
@@ -132,6 +135,15 @@ class ModelSettings:
     gradient_checkpointing: bool = False
     # torch.compile each layer for training's forwards and backwards (Qwen.compile_layers)
     compile: bool = False
+
+    def check(self, config_path) -> None:
+        """The checkpoint folders are there (a ConfigError at the key, config.config_error)."""
+        for key, folder, needed in (
+            ("model.path", self.path, "config.json"),
+            ("model.sft_adapter", self.sft_adapter, "adapter_config.json"),
+        ):
+            if folder is not None and not (Path(folder) / needed).is_file():
+                raise config_error(config_path, key, f"{folder} has no {needed}")
 
 
 @dataclass
@@ -152,6 +164,16 @@ class RolloutSettings:  # paper A.2: temperature 1, top-p 1, no top-k, repetitio
     # vllm: sampled by the server in `vllm` (vllm_engine.py), the LoRA or whole weights synced
     engine: Literal["local", "vllm"] = "local"
     vllm: VLLMSettings = field(default_factory=VLLMSettings)
+
+    def check(self, config_path, device: str | None) -> None:
+        """The engine can run on `device` (model.device): the vLLM server's key is set, a compiled
+        decode step can be built (a ConfigError at the key, config.config_error)."""
+        if self.engine == "vllm":
+            self.vllm.check_key(config_path)
+        if self.engine == "local" and self.decode == "compiled" and (p := compile_problem(device)):
+            raise config_error(
+                config_path, "rollout.decode", f"{p}; install one, or use decode: eager"
+            )
 
 
 # paper A.2: up to three resampling attempts, then up to two replacement prompts
@@ -181,8 +203,6 @@ class LossSettings:
     # (`packed_micro_batches`), instead of micro_batch_size right-padded rows
     micro_batch_tokens: int | None = bounded(None, ge=2)
     adv_eps: float = 1e-6
-    # C of the truncated importance-sampling correction (tis_weights); None: off
-    tis_cap: float | None = bounded(None, ge=1)
     # the std A_i divides by: unbiased (1 / (G - 1),
     # TRL's and verl's) or population (1 / G, EmoLLM B.2)
     adv_std: Literal["unbiased", "population"] = "unbiased"
@@ -201,6 +221,13 @@ class OptimSettings:
     grad_clip: float = 1.0  # not in the paper: the usual GRPO value
 
 
+# paper A.2: full conversations by increasing difficulty, then contexts cut to 5, 10 or 20 turns
+@dataclass
+class CurriculumConfig:
+    context_turns: tuple[int, ...] = (5, 10, 20)  # preceding turns kept in the shortened contexts
+    seed: int = 0
+
+
 @dataclass
 class GRPOConfig:
     output_dir: str
@@ -209,7 +236,7 @@ class GRPOConfig:
     updates: int = bounded(723, ge=1)
     reward: rewards.RewardSpec = field(default_factory=rewards.RewardSpec)
     judge: JudgeConfig = field(default_factory=JudgeConfig)
-    curriculum: dataset.CurriculumConfig = field(default_factory=dataset.CurriculumConfig)
+    curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
     # full: every weight but embedding and lm_head, sharded (fsdp.py)
     finetune: Literal["lora", "full"] = "lora"
     lora: LoraSettings | None = None  # LoRA runs only; left out: LoraSettings()
@@ -263,7 +290,7 @@ def grpo_loss(
     *,
     normalizer=None,
     row_weight=None,
-    is_weight=None,
+    token_weight=None,
 ):
     """The clipped GRPO objective with a k3 KL penalty, as a loss to minimize.
 
@@ -280,9 +307,9 @@ def grpo_loss(
     whole. With `row_weight` [B] (seq-mean-token-mean only), row b counts as row_weight[b] of a
     completion: its token mean is scaled by it and the count is their sum. A completion split over
     several rows gives each row its share of the completion's tokens, so the completion counts once,
-    as the mean over all its tokens. `is_weight` [B, T] multiplies each token's clipped surrogate
-    (not its KL): the truncated importance-sampling correction w = min(pi_old / pi_sampler, C) for
-    rollouts from another engine (`tis_weights`).
+    as the mean over all its tokens. `token_weight` [B, T] multiplies each token's clipped surrogate
+    (not its KL): the sampler's weight of its tokens (what rollout.Sampler.rollouts hands the
+    loss; a served engine's truncated importance weights).
 
     stats (detached sums over the masked tokens, to be added over pieces): tokens, kl, clip_low
     (tokens with rho < 1 - clip_low and A < 0), clip_high (rho > 1 + clip_high and A > 0)."""
@@ -290,7 +317,7 @@ def grpo_loss(
     ratio = torch.exp(logp - logp_old)
     adv = advantages.to(logp.dtype)[:, None]
     per_token = -torch.minimum(ratio * adv, ratio.clamp(1 - clip_low, 1 + clip_high) * adv)
-    per_token = per_token * (1 if is_weight is None else is_weight)
+    per_token = per_token * (1 if token_weight is None else token_weight)
     kl = torch.zeros_like(logp)
     if beta != 0:
         d = (logp_ref - logp).clamp(-20, 20)
@@ -320,42 +347,86 @@ def grpo_loss(
     return loss, stats
 
 
-def tis_weights(
-    logp_old: torch.Tensor, logp_sampler: torch.Tensor, cap: float | None
-) -> torch.Tensor | None:
-    """Per-token truncated importance-sampling weights for tokens drawn by a sampler that is not
-    quite the trainer's policy (another engine's kernels and precision, `rollout.engine: vllm`):
-        w_t = min(pi_old(y_t) / pi_sampler(y_t), C) = exp(min(logp_old_t - logp_sampler_t, log C)),
-    pi_old being the trainer's policy before the update (the log-probs it computed itself) and C =
-    `cap`. The clipped surrogate of each token is multiplied by w_t (the KL term is not); w_t
-    carries no gradient. Tokens the sampler over-weights get w < 1; under-weighted ones up to C,
-    which bounds the variance. No cap: None (off)."""
-    if cap is None:
-        return None
-    return torch.exp(torch.clamp(logp_old - logp_sampler, max=math.log(cap))).detach()
-
-
 def lr_at(update: int, optim: OptimSettings, updates: int) -> float:
-    """The learning rate of update `update`, counted from 1 (1..updates): paper A.2's warm-up, hold
-    and cosine."""
-    return warmup_hold_cosine(
-        update, optim.lr, optim.lr_floor, optim.warmup_updates, optim.hold_until, updates
-    )
+    """The RL schedule (CLUE A.2) at `update`, counted from 1 as the paper counts (1..updates):
+    update 1 runs at `optim.lr_floor`, and the rate rises linearly over `optim.warmup_updates` to
+    the peak `optim.lr` at update warmup + 1 (no warm-up: update 1 runs at the peak); it holds
+    through update `optim.hold_until`, then a cosine takes it back to the floor at update
+    `updates`, the last one that runs (507 is the first below the peak)."""
+    peak, floor, warmup, hold = optim.lr, optim.lr_floor, optim.warmup_updates, optim.hold_until
+    if update <= warmup:
+        return floor + (peak - floor) * (update - 1) / warmup
+    if update <= hold:
+        return peak
+    progress = min(1.0, (update - hold) / max(1, updates - hold))
+    return floor + (peak - floor) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-# ----------------------------------------------------------------- steps 1-3: sample, score, filter
+# ----------------------------------------------------------------------------- the data order
 
 
-def derived_seed(*parts) -> int:
-    """A reproducible 63-bit seed from the run's seed and counters."""
-    return random.Random("/".join(map(str, parts))).getrandbits(63)
+@dataclass
+class Segment:
+    """One stage of the curriculum; replacement prompts are drawn from the same segment."""
+
+    name: str
+    examples: list[data.Example]
+
+
+def truncate_context(example: data.Example, n: int) -> data.Example:
+    """The example with only the target and its preceding `n` turns (unchanged when it has no target
+    or no more turns than that). Reply links and cause indices are shifted; links to dropped turns
+    go."""
+    if example.target is None or example.target <= n:
+        return example
+    start = example.target - n
+
+    def shift(index):
+        return index - start if index is not None and index >= start else None
+
+    turns = [
+        dataclasses.replace(t, reply_to=shift(t.reply_to))
+        for t in example.turns[start : example.target + 1]
+    ]
+    meta = dict(example.meta)
+    if "causes" in meta:
+        meta["causes"] = [
+            c | {"turn": shift(c["turn"])} for c in meta["causes"] if shift(c["turn"]) is not None
+        ]
+    return dataclasses.replace(example, id=f"{example.id}/ctx{n}", turns=turns, target=n, meta=meta)
+
+
+def curriculum(examples: list[data.Example], cfg: CurriculumConfig) -> list[Segment]:
+    """Two segments (paper A.2). "full": full conversations, each task ordered by increasing
+    difficulty (unrated examples last, file order within ties) and the tasks interleaved in
+    proportion to their size. "mixed": every example once more, its context drawn uniformly from the
+    full conversation and the `context_turns` truncations, shuffled. Deterministic for
+    `cfg.seed`."""
+    by_task: dict[str, list[data.Example]] = {}
+    for example in examples:
+        by_task.setdefault(example.task, []).append(example)
+    ranked = []
+    for group in by_task.values():
+        ordered = sorted(group, key=lambda e: (e.difficulty is None, e.difficulty or 0.0))
+        ranked += [((rank + 0.5) / len(ordered), e) for rank, e in enumerate(ordered)]
+    full = [e for _, e in sorted(ranked, key=lambda pair: pair[0])]
+    rng = random.Random(cfg.seed)
+    choices = (None, *cfg.context_turns)
+    mixed = [e if (n := rng.choice(choices)) is None else truncate_context(e, n) for e in examples]
+    rng.shuffle(mixed)
+    return [Segment("full", full), Segment("mixed", mixed)]
+
+
+def curriculum_segments(cfg: GRPOConfig, examples: list[data.Example]) -> list[Segment]:
+    """A single-turn run's data order: `curriculum` (an extension hands grpo.train its own)."""
+    return curriculum(examples, cfg.curriculum)
 
 
 class PromptSource:
-    """The curriculum walked in order: segment after segment (dataset.curriculum), the last one
+    """The curriculum walked in order: segment after segment (`curriculum`), the last one
     repeated. `cursor` (segment, position) is the data position saved in checkpoints."""
 
-    def __init__(self, segments: list[dataset.Segment], cursor=(0, 0)):
+    def __init__(self, segments: list[Segment], cursor=(0, 0)):
         self.segments = segments
         self.cursor = tuple(cursor)
         # each example's position in its segment: how a slot names its prompt to another rank
@@ -382,25 +453,129 @@ class PromptSource:
         return pool[choice]
 
 
+# ----------------------------------------------------------------- steps 1-3: sample, score, filter
+
+
 def rollout_sampler(cfg: GRPOConfig, policy: Qwen, tok, ranks: Ranks, out_dir: Path, content=None):
     """The run's sampler (rollout.py's interface): a vLLM server with `rollout.engine: vllm`, else
     rollout.PromptSampler; a sharded policy sampled here is gathered whole. `content`: a scorer of
     R_content in the prompted judge's place (reward_models/social_r1.py's trained RM)."""
+    settings = (cfg.rollout, cfg.reward, cfg.judge, cfg.updates)
     if cfg.rollout.engine == "vllm":
-        return VLLMSampler(policy, tok, cfg, ranks, out_dir, content)
-    sampler = PromptSampler(policy, tok, cfg, content)
+        return VLLMSampler(policy, tok, *settings, ranks, out_dir, content)
+    sampler = PromptSampler(policy, tok, *settings, content)
     return GatheredSampler(sampler, policy) if cfg.finetune == "full" else sampler
 
 
-def score_groups(groups: list[Group], cfg: GRPOConfig, judge) -> dict:
+def derived_seed(*parts) -> int:
+    """A reproducible 63-bit seed from the run's seed and counters."""
+    return random.Random("/".join(map(str, parts))).getrandbits(63)
+
+
+@dataclass
+class Slot:
+    """One group position of an update: the prompt it holds now and what filtering has spent on
+    it."""
+
+    index: int  # position among the update's prompts
+    example: object  # a data.Example, or an extension's (dialogue/play.py: a Scenario, a State)
+    segment: int
+    resamples: int = 0
+    replacements: int = 0
+    group: Group | None = None
+
+
+def update_slots(source: PromptSource, n: int, ranks: Ranks) -> list[Slot]:
+    """The update's next `n` prompts of the curriculum as slots, this rank's share of them."""
+    drawn = source.take(n)
+    return [
+        Slot(i, example, segment)
+        for i, (example, segment) in enumerate(drawn)
+        if i % ranks.world_size == ranks.rank
+    ]
+
+
+def collect_groups(
+    sampler,
+    source: PromptSource,
+    slots: list[Slot],
+    cfg: GRPOConfig,
+    update: int,
+    ranks: Ranks,
+    play=None,
+) -> tuple[list[Group], dict]:
+    """Steps 1-3 for this rank's slots: sample, score, filter, again for the slots filtering sends
+    back, until every slot holds a usable group or is out of attempts. Each round's waiting slots
+    are dealt across the ranks (`dealt_rounds`), unless an extension's `play(sampler, slots, seed,
+    counts)` first turns them into slots of its own, which stay on this rank (dialogue/play.py's
+    `play_slots`: a turn reward's states played). Returns the groups and the update's counters."""
+    counts = {
+        "resampled": 0,
+        "replaced": 0,
+        "masked": 0,
+        "generate_s": 0.0,
+        "judge_s": 0.0,
+        "train_s": 0.0,
+        "calls": 0,
+        "retries": 0,
+        "failures": 0,
+        "malformed": 0,
+        "judge_error": None,  # the first failed call's reason, for unscored_stop's line
+    }
+
+    def attempt(pending: list[Slot], round_: int) -> tuple[list[Slot], list[Slot]]:
+        seed = derived_seed(cfg.seed, "sample", update, ranks.rank, round_)
+        return sample_score_filter(sampler, source, pending, cfg, update, seed, counts)
+
+    if play is None:
+        done = dealt_rounds(slots, attempt, source, ranks)
+    else:
+        with timer(counts, "generate_s"):
+            slots = play(sampler, slots, derived_seed(cfg.seed, "play", update, ranks.rank), counts)
+        done = local_rounds(slots, attempt)
+    groups = [s.group for s in sorted(done, key=lambda s: s.index)]
+    counts["unscored"] = sum(g.masked and None in g.rewards for g in groups)
+    return groups, counts
+
+
+def sample_score_filter(
+    sampler,
+    source: PromptSource,
+    slots: list[Slot],
+    cfg: GRPOConfig,
+    update: int,
+    seed: int,
+    counts: dict,
+) -> tuple[list[Slot], list[Slot]]:
+    """Steps 1-3 once for these slots: sample the ones without a group, score, filter. Returns the
+    slots done with (kept or masked) and the ones filtering sends back."""
+    if not slots:
+        return [], []
+    fresh = [s for s in slots if s.group is None]  # a played state's first group is there
+    if fresh:  # 1. sample
+        with timer(counts, "generate_s"):
+            sampled = sampler.sample([s.example for s in fresh], update, seed, counts)
+        for slot, group in zip(fresh, sampled):
+            slot.group = group
+            slot.example = group.example  # a seed's state: its resamples share its rubric
+    with timer(counts, "judge_s"):  # 2. score
+        judge_stats = score_groups([s.group for s in slots], cfg.reward, sampler.judge)
+    count_calls(counts, judge_stats)
+    decisions = filter_slots(slots, source, cfg, update)  # 3. filter
+    count_decisions(counts, decisions)
+    again = [d in ("resample", "replace") for d in decisions]
+    return [s for s, a in zip(slots, again) if not a], [s for s, a in zip(slots, again) if a]
+
+
+def score_groups(groups: list[Group], reward: rewards.RewardSpec, judge) -> dict:
     """Step 2: ask the judges about every rollout at once (`judge`, the sampler's), then compute
     each reward and the parts its registration declares. Returns the judges' call statistics."""
     judge_stats = judge(groups)
-    parts = rewards.REWARDS[cfg.reward.name].parts
+    parts = rewards.REWARDS[reward.name].parts
     for g in groups:
-        g.rewards = [rewards.score(r, cfg.reward) for r in g.rollouts]
+        g.rewards = [rewards.score(r, reward) for r in g.rollouts]
         g.parts = {
-            name: [part(r, cfg.reward.params) for r in g.rollouts] for name, part in parts.items()
+            name: [part(r, reward.params) for r in g.rollouts] for name, part in parts.items()
         }
     return judge_stats
 
@@ -471,6 +646,24 @@ def count_decisions(counts: dict, decisions: list[str]) -> None:
         counts[key] += decisions.count(decision)
 
 
+def dealt_rounds(slots: list[Slot], attempt, source: PromptSource, ranks: Ranks) -> list[Slot]:
+    """`attempt(pending, round)` (steps 1-3 once) in rounds, each round's waiting slots of every
+    rank dealt across the ranks first (`deal_slots`), until none waits anywhere. A RolloutError here
+    ends this rank's work and is raised on every rank at the next deal. Returns the slots this rank
+    is done with."""
+    pending, done, error, round_ = list(slots), [], None, 0
+    while True:
+        pending, waiting = deal_slots(pending, source, ranks, error)
+        if not waiting:
+            return done
+        try:
+            finished, pending = attempt(pending, round_)
+        except RolloutError as e:
+            finished, pending, error = [], [], str(e)  # the next deal raises it on every rank
+        done += finished
+        round_ += 1
+
+
 def deal_slots(
     pending: list[Slot], source: PromptSource, ranks: Ranks, error: str | None
 ) -> tuple[list[Slot], int]:
@@ -501,81 +694,14 @@ def deal_slots(
     return share, len(waiting)
 
 
-def collect_groups(
-    sampler, source: PromptSource, slots: list[Slot], cfg: GRPOConfig, update: int, ranks: Ranks
-) -> tuple[list[Group], dict]:
-    """Steps 1-3 for this rank's slots: sample, score, filter, again for the slots filtering sends
-    back, until every slot holds a usable group or is out of attempts. With a sampler that
-    `deals_slots`, each round's waiting slots are dealt across the ranks (`deal_slots`), and a
-    group is trained by the rank that sampled it. `sampler.open` may first turn the slots into
-    others (a dialogue run with a turn reward: one per state played). Returns the groups and the
-    update's counters."""
-    counts = {
-        "resampled": 0,
-        "replaced": 0,
-        "masked": 0,
-        "generate_s": 0.0,
-        "judge_s": 0.0,
-        "train_s": 0.0,
-        "calls": 0,
-        "retries": 0,
-        "failures": 0,
-        "malformed": 0,
-        "judge_error": None,  # the first failed call's reason, for unscored_stop's line
-    }
-    with timer(counts, "generate_s"):
-        slots = sampler.open(slots, derived_seed(cfg.seed, "play", update, ranks.rank), counts)
-    pending, done, error, rounds = list(slots), [], None, 0
-    while True:
-        if sampler.deals_slots:
-            pending, waiting = deal_slots(pending, source, ranks, error)
-        else:
-            waiting = len(pending)
-        if not waiting:
-            break
-        seed = derived_seed(cfg.seed, "sample", update, ranks.rank, rounds)
-        try:
-            finished, pending = sample_score_filter(
-                sampler, source, pending, cfg, update, seed, counts
-            )
-        except RolloutError as e:
-            if not sampler.deals_slots:
-                raise
-            finished, pending, error = [], [], str(e)  # the next deal raises it on every rank
+def local_rounds(slots: list[Slot], attempt) -> list[Slot]:
+    """`attempt(pending, round)` in rounds over this rank's own slots until none waits."""
+    pending, done, round_ = list(slots), [], 0
+    while pending:
+        finished, pending = attempt(pending, round_)
         done += finished
-        rounds += 1
-    groups = [s.group for s in sorted(done, key=lambda s: s.index)]
-    counts["unscored"] = sum(g.masked and None in g.rewards for g in groups)
-    return groups, counts
-
-
-def sample_score_filter(
-    sampler,
-    source: PromptSource,
-    slots: list[Slot],
-    cfg: GRPOConfig,
-    update: int,
-    seed: int,
-    counts: dict,
-) -> tuple[list[Slot], list[Slot]]:
-    """Steps 1-3 once for these slots: sample the ones without a group, score, filter. Returns the
-    slots done with (kept or masked) and the ones filtering sends back."""
-    if not slots:
-        return [], []
-    fresh = [s for s in slots if s.group is None]  # a played state's first group is there
-    if fresh:  # 1. sample
-        with timer(counts, "generate_s"):
-            sampled = sampler.sample([s.example for s in fresh], update, seed, counts)
-        for slot, group in zip(fresh, sampled):
-            slot.group = group
-            slot.example = group.example  # a seed's state: its resamples share its rubric
-    with timer(counts, "judge_s"):  # 2. score
-        judge_stats = score_groups([s.group for s in slots], cfg, sampler.judge)
-    count_calls(counts, judge_stats)
-    decisions = filter_slots(slots, source, cfg, update)  # 3. filter
-    count_decisions(counts, decisions)
-    again = [d in ("resample", "replace") for d in decisions]
-    return [s for s, a in zip(slots, again) if not a], [s for s, a in zip(slots, again) if a]
+        round_ += 1
+    return done
 
 
 # ---------------------------------------------------------------- steps 4-6: advantages, loss, step
@@ -687,6 +813,14 @@ def packed_micro_batches(sequences: list[Sequence], max_tokens: int, device) -> 
     ]
 
 
+def loss_batches(sequences: list[Sequence], loss: LossSettings, pad_id: int, device):
+    """The update's micro-batches: `loss.micro_batch_size` right-padded rows each, or packed into
+    at most `loss.micro_batch_tokens` tokens when that is set."""
+    if loss.micro_batch_tokens is None:
+        return micro_batches(sequences, loss.micro_batch_size, pad_id, device)
+    return packed_micro_batches(sequences, loss.micro_batch_tokens, device)
+
+
 def batch_logprobs(model: Qwen, b: MicroBatch, temperature: float, entropy: bool = False):
     """token_logprobs of a micro-batch in the loss's layout [b, T-1] (a packed batch's computed on
     its row, then put in place); with entropy=True, (logp, entropy)."""
@@ -709,18 +843,6 @@ def idle_batch(device) -> MicroBatch:
     )
 
 
-def reference_logprobs(
-    policy: Qwen, batches: list[MicroBatch], cfg: GRPOConfig, reference: Qwen | None = None
-) -> list[torch.Tensor | None]:
-    """Log-probs under the reference (the policy without its RL LoRA, or full mode's frozen copy);
-    None at beta 0."""
-    if cfg.loss.beta == 0:
-        return [None] * len(batches)
-    policy.eval()
-    with torch.no_grad(), lora_disabled(reference or policy):
-        return [batch_logprobs(reference or policy, b, cfg.rollout.temperature) for b in batches]
-
-
 def accumulate_loss(
     policy: Qwen,
     batches: list[MicroBatch],
@@ -730,11 +852,14 @@ def accumulate_loss(
     cfg: GRPOConfig,
     ranks: Ranks,
     stats: dict,
+    token_weights=None,
 ) -> torch.Tensor:
     """Step 5: the loss of every micro-batch, backward into the gradients; returns this rank's loss
     sum. The first pass's log-probs are the sampling policy's (logp_old, cached into `old`
-    for later passes) and give the entropy and the sampler mismatch; the loss statistics are added
-    into `stats`."""
+    for later passes) and give the entropy and the sampler mismatch; `token_weights(logp_old,
+    logp_sampler)` (the sampler's, from its rollouts span: rollout.Sampler) weighs each token's
+    surrogate; the loss
+    statistics are added into `stats`."""
     loss_cfg = cfg.loss
     temperature = cfg.rollout.temperature
     loss_sum = torch.zeros((), device=ranks.device)
@@ -763,27 +888,13 @@ def accumulate_loss(
             loss_cfg.agg,
             normalizer=normalizer,
             row_weight=b.row_weight,
-            is_weight=tis_weights(old[i], b.sampler_logp, loss_cfg.tis_cap),
+            token_weight=None if token_weights is None else token_weights(old[i], b.sampler_logp),
         )
         loss.backward()
         loss_sum += loss.detach()
         for key, value in sums.items():
             stats[key] += value.item() / loss_cfg.passes
     return loss_sum
-
-
-def optimizer_step(optimizer, loss_total: torch.Tensor, cfg: GRPOConfig, stats: dict) -> None:
-    """Step 6: gradients summed over ranks, clipped, one AdamW step (skipped, and counted, when not
-    finite)."""
-    params = optimizer_parameters(optimizer)
-    sync_gradients(params)
-    grad_norm = clip_gradients(params, cfg.optim.grad_clip)
-    if torch.isfinite(loss_total) and math.isfinite(grad_norm):
-        optimizer.step()
-    else:  # never apply a non-finite step: the weights stay as they were
-        stats["skipped_nonfinite"] += 1
-    stats["loss"] += loss_total.item() / cfg.loss.passes
-    stats["grad_norm"] += grad_norm / cfg.loss.passes
 
 
 def policy_update(
@@ -793,10 +904,11 @@ def policy_update(
     cfg: GRPOConfig,
     ranks: Ranks,
     reference: Qwen | None = None,
+    token_weights=None,
 ) -> dict:
-    """Steps 5-6, `loss.passes` times over one rollout batch, after the reference pass (beta > 0).
-    The loss is normalized by the completion or token count of the whole update over all ranks.
-    Returns the training stats."""
+    """Steps 5-6, `loss.passes` times over one rollout batch, after the reference pass (beta > 0):
+    the loss (`accumulate_loss`), then the step. The loss is normalized by the completion or token
+    count of the whole update over all ranks. Returns the training stats."""
     # every rank of a sharded policy runs the same forwards and backwards: pad with batches that
     # weigh nothing
     if cfg.finetune == "full":
@@ -818,144 +930,54 @@ def policy_update(
     }
     if normalizer == 0:  # every group of the update masked: nothing to learn from, no step
         return stats
-    refs = reference_logprobs(policy, batches, cfg, reference)
+    # the reference's log-probs: the policy without its RL LoRA (full mode: the frozen copy)
+    refs = [None] * len(batches)
+    if cfg.loss.beta != 0:
+        policy.eval()
+        with torch.no_grad(), lora_disabled(reference or policy):
+            refs = [
+                batch_logprobs(reference or policy, b, cfg.rollout.temperature) for b in batches
+            ]
     old: list[torch.Tensor | None] = [None] * len(batches)
+    params = optimizer_parameters(optimizer)
     policy.train()
     for _ in range(cfg.loss.passes):
         optimizer.zero_grad(set_to_none=True)
         # 5. loss (summed over ranks for the log and the finiteness check)
-        loss = accumulate_loss(policy, batches, old, refs, normalizer, cfg, ranks, stats)
+        loss = accumulate_loss(
+            policy, batches, old, refs, normalizer, cfg, ranks, stats, token_weights
+        )
         loss_total = all_reduce_sum(loss)
-        optimizer_step(optimizer, loss_total, cfg, stats)  # 6. step
+        # 6. step: gradients summed over ranks, clipped, one AdamW step
+        sync_gradients(params)
+        grad_norm = clip_gradients(params, cfg.optim.grad_clip)
+        if torch.isfinite(loss_total) and math.isfinite(grad_norm):
+            optimizer.step()
+        else:  # never apply a non-finite step: the weights stay as they were (counted)
+            stats["skipped_nonfinite"] += 1
+        stats["loss"] += loss_total.item() / cfg.loss.passes
+        stats["grad_norm"] += grad_norm / cfg.loss.passes
     return stats
 
 
-# ----------------------------------------------------------------------------- setup
-
-
-def config_error(config_path, key: str, problem: str) -> ConfigError:
-    """A problem with `key`, located where it was set: its override, or the config file's line
-    (`config_path` a ConfigSource; a plain path names the file)."""
-    where = config_path.where(key) if isinstance(config_path, ConfigSource) else config_path
-    return ConfigError(f"{where}: '{key}': {problem}")
+# ----------------------------------------------------------------------------- set-up
 
 
 def check_settings(cfg: GRPOConfig, config_path: str | ConfigSource) -> None:
-    """The settings a user can get wrong, checked before any model loads: the reward, its settings
-    and judges, the vLLM server's key, the checkpoint folders, the judge's key when the reward asks
-    one. Raises ConfigError with one line."""
-    spec = cfg.reward
-    if spec.name not in rewards.REWARDS:
-        known = ", ".join(sorted(rewards.REWARDS))
-        raise config_error(
-            config_path, "reward.name", f"unknown reward {excerpt(spec.name)} (known: {known})"
-        )
-    if problem := rewards.undeclared_judge(spec):
-        raise config_error(config_path, "reward.name", problem)
-    defaults = rewards.REWARDS[spec.name].defaults
-    if unknown := sorted(set(spec.params) - set(defaults)):
-        raise config_error(
-            config_path,
-            f"reward.params.{unknown[0]}",
-            f"not a setting of reward {excerpt(spec.name)} (known: "
-            f"{', '.join(sorted(defaults)) or 'none'})",
-        )
-    for key in set(rewards.SWITCHES) & set(spec.params):
-        if spec.params[key] not in (0, 1):
-            raise config_error(
-                config_path,
-                f"reward.params.{key}",
-                f"a switch: 0 (off) or 1 (on), got {spec.params[key]}",
-            )
-    if cfg.rollout.engine == "vllm":
-        try:
-            cfg.rollout.vllm.read_api_key()
-        except RolloutError as e:
-            raise ConfigError(f"{config_path}: {e}") from None
-    for key, folder, needed in (
-        ("model.path", cfg.model.path, "config.json"),
-        ("model.sft_adapter", cfg.model.sft_adapter, "adapter_config.json"),
-    ):
-        if folder is not None and not (Path(folder) / needed).is_file():
-            raise config_error(config_path, key, f"{folder} has no {needed}")
-    if rewards.judges_needed(spec):
-        check_api_key(cfg.judge, "judge", config_path)
-    local = cfg.rollout.engine == "local"
-    if (
-        local
-        and cfg.rollout.decode == "compiled"
-        and (problem := compile_problem(cfg.model.device))
-    ):
-        raise config_error(
-            config_path, "rollout.decode", f"{problem}; install one, or use decode: eager"
-        )
-
-
-def compile_problem(device: str | None) -> str | None:
-    """Why torch.compile cannot build the decode step on `device` (default: CUDA when available),
-    or None: Inductor needs Triton on CUDA, and on the CPU a C++ compiler that builds a shared
-    library (its own search: $CXX, then g++), tried here on an empty program."""
-    import subprocess
-    import tempfile
-
-    if (device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda"):
-        from torch.utils._triton import has_triton
-
-        return None if has_triton() else "torch.compile on CUDA needs Triton, not installed"
-    from torch._inductor import cpp_builder, exc
-
-    try:
-        compiler = cpp_builder.get_cpp_compiler()
-        with tempfile.TemporaryDirectory() as folder:
-            subprocess.run(
-                [compiler, "-x", "c++", "-shared", "-fPIC", "-o", f"{folder}/probe.so", "-"],
-                input=b"int probe() { return 0; }\n",
-                capture_output=True,
-                check=True,
-                timeout=120,
-            )
-    except exc.InvalidCxxCompiler:
-        return "torch.compile on the CPU needs a C++ compiler ($CXX or g++): none found"
-    except (OSError, subprocess.SubprocessError) as e:
-        return f"torch.compile on the CPU needs a C++ compiler that works: {compiler} failed ({e})"
-    return None
-
-
-def check_api_key(endpoint: JudgeConfig, key: str, config_path: str | ConfigSource) -> None:
-    try:
-        endpoint.read_api_key()
-    except JudgeError as e:
-        raise config_error(config_path, f"{key}.api_key_env", str(e)) from None
-
-
-def load_examples(
-    cfg: GRPOConfig, config_path: str | ConfigSource, content_scorer: bool = False
-) -> list:
-    """The examples of `train_data`, each file checked against what the reward reads
-    (rewards.check_reward_data; `content_scorer`: R_content comes from a scorer that needs no
-    reference). Raises ConfigError / DataError with one line."""
-    if not cfg.train_data:
-        raise config_error(config_path, "train_data", "no data files given")
-    examples = []
-    for path in cfg.train_data:
-        if not Path(path).is_file():
-            raise config_error(config_path, "train_data", f"{path}: file not found")
-        loaded = dataset.load_jsonl(path)
-        if not loaded:
-            raise config_error(
-                config_path, "train_data", f"{path}: no examples (the file is empty)"
-            )
-        try:
-            rewards.check_reward_data(cfg.reward, loaded, content_model=content_scorer)
-        except data.DataError as e:
-            raise data.DataError(f"{path}: {e}") from None
-        examples += loaded
-    return examples
+    """The settings a user can get wrong, checked before any model loads, each by its owner: the
+    reward (rewards.check_spec), the checkpoint folders, the engine, the judge's key when the
+    reward asks one. Raises ConfigError with one line."""
+    rewards.check_spec(cfg.reward, config_path)
+    cfg.model.check(config_path)
+    cfg.rollout.check(config_path, cfg.model.device)
+    if rewards.judges_needed(cfg.reward):
+        cfg.judge.check_key("judge", config_path)
 
 
 def check_inputs(cfg: GRPOConfig, config_path: str | ConfigSource) -> list:
     """Everything a user can get wrong in a single-turn run, checked before any model loads
-    (check_settings, load_examples); returns the examples."""
+    (check_settings, then the examples of `train_data`, each file checked against what the reward
+    reads: rewards.check_reward_data); returns the examples."""
     check_settings(cfg, config_path)
     if cfg.reward.name in rewards.DIALOGUE_GROUPING:
         raise config_error(
@@ -963,12 +985,14 @@ def check_inputs(cfg: GRPOConfig, config_path: str | ConfigSource) -> list:
             "reward.name",
             f"{cfg.reward.name} trains on role-played dialogues: run `python -m dialogue.rl`",
         )
-    return load_examples(cfg, config_path)
+    return dataset.load_files(
+        cfg.train_data, config_path, lambda loaded: rewards.check_reward_data(cfg.reward, loaded)
+    )
 
 
 def judge_probes(cfg: GRPOConfig, examples: list) -> list:
-    """(config key, endpoint, call) for judge.probe: one request of each kind the run's judges will
-    get, about the first example (rewards.judge_probes)."""
+    """(config key, endpoint, call) for http_client.probe: one request of each kind the run's judges
+    will get, about the first example (rewards.judge_probes)."""
     return [
         ("judge", cfg.judge, call)
         for _, call in rewards.judge_probes(cfg.reward, examples[0], cfg.judge)
@@ -978,27 +1002,40 @@ def judge_probes(cfg: GRPOConfig, examples: list) -> list:
 def build_policy(cfg: GRPOConfig, ranks: Ranks, like: Qwen | None = None):
     """(policy, tokenizer): the base model with the SFT adapter (and its <evidence> rows) merged
     in, plus a fresh LoRA: the only trainable parameters (embedding and lm_head stay frozen);
-    disabling it gives the reference. `finetune: full`: fsdp.sharded_policy (`like`: the frozen
-    reference of such a policy)."""
-    tok = load_tokenizer(cfg.model.path)
+    disabling it gives the reference. `finetune: full`: fsdp.sharded_model, every weight but
+    embedding and lm_head trained (`like`: the frozen reference of such a policy)."""
+    m = cfg.model
+    tok = load_tokenizer(m.path)
+    # the ids the SFT run gave them
+    tags = [data.EVIDENCE_OPEN, data.EVIDENCE_CLOSE] if m.sft_adapter else []
     if cfg.finetune == "full":
-        return sharded_policy(cfg, tok, ranks.device, like), tok
-    policy = Qwen.from_pretrained(cfg.model.path, dtype=cfg.model.dtype, device=ranks.device)
-    if cfg.model.sft_adapter:
-        # the ids the SFT run gave them
-        add_special_tokens(policy, tok, [data.EVIDENCE_OPEN, data.EVIDENCE_CLOSE])
-        merge_lora(load_adapter(policy, cfg.model.sft_adapter))
+        d = cfg.distributed
+        policy = sharded_model(
+            m.path,
+            m.dtype,
+            ranks.device,
+            tok,
+            tags,
+            m.sft_adapter,
+            like=like,
+            seed=cfg.seed,
+            replicas=d.replicas,
+            timeout_s=d.timeout_s,
+        )
+        policy.gradient_checkpointing = m.gradient_checkpointing
+        return policy, tok
+    policy = Qwen.from_pretrained(m.path, dtype=m.dtype, device=ranks.device)
+    if m.sft_adapter:
+        add_special_tokens(policy, tok, tags)
+        merge_lora(load_adapter(policy, m.sft_adapter))
     torch.manual_seed(cfg.seed)
     add_lora(
         policy, cfg.lora.rank, cfg.lora.alpha, cfg.lora.dropout, cfg.lora.targets, cfg.lora.compute
     )
-    policy.gradient_checkpointing = cfg.model.gradient_checkpointing
-    if cfg.model.compile:
+    policy.gradient_checkpointing = m.gradient_checkpointing
+    if m.compile:
         policy.compile_layers()
     return policy, tok
-
-
-# ----------------------------------------------------------------------------- the training loop
 
 
 def schedule_notes(cfg: GRPOConfig) -> list[str]:
@@ -1019,87 +1056,29 @@ def schedule_notes(cfg: GRPOConfig) -> list[str]:
     return []
 
 
-def unscored_cause(reports: list[dict]) -> str:
-    """Why an update's rewards were missing, from every rank's report: the judge's failed calls
-    (with the first reason), its malformed answers, or, with neither, a reward that reads a judge
-    output nobody asked for."""
-    calls, failures, malformed = (
-        sum(r[k] for r in reports) for k in ("calls", "failures", "malformed")
-    )
-    if failures:
-        first = next(r["judge_error"] for r in reports if r["judge_error"])
-        return f"{failures} of {calls} judge calls failed, the first: {first}"
-    if malformed:
-        return f"{malformed} of {calls} judge answers were out of format"
-    return (
-        "no judge call failed: the reward reads a judge output that no judge was asked for "
-        "(a judge-backed reward must declare its judges: docs/adding-a-reward.md)"
-    )
+def start_up(cfg, config_path, check=check_inputs, probes=judge_probes) -> list:
+    """The examples of a run, once `check` has passed its inputs (before any model loads) and each
+    endpoint of `probes` has answered a real request (http_client.probe): every trainer entry point
+    starts here (integrations/trl.py too). A failure ends the command with one line, exit 2."""
+    try:
+        examples = check(cfg, config_path)
+        for key, endpoint, call in probes(cfg, examples):
+            judge_probe(call, endpoint, key)
+    except (ConfigError, data.DataError, JudgeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    return examples
 
 
-def run_summary(records: list[dict]) -> tuple[int, str]:
-    """(trained completion tokens, one line) of what a run's metrics.jsonl says it trained: the
-    updates that trained, the tokens, the masked groups and why, the judge's failed calls."""
-    total = {
-        key: sum(r.get(key) or 0 for r in records)
-        for key in (
-            "tokens/trained",
-            "groups/total",
-            "groups/masked",
-            "groups/unscored",
-            "judge/calls",
-            "judge/failures",
-        )
-    }
-    total = {key: int(value) for key, value in total.items()}
-    trained_updates = sum(bool(r.get("tokens/trained")) for r in records)
-    return total["tokens/trained"], (
-        f"trained {total['tokens/trained']:,} completion tokens in {trained_updates} of "
-        f"{len(records)} updates; {total['groups/masked']} of {total['groups/total']} groups "
-        f"masked ({total['groups/unscored']} for missing rewards); judge: "
-        f"{total['judge/failures']} of {total['judge/calls']} calls failed"
-    )
+# ----------------------------------------------------------------------------- the run's records
 
 
-def unscored_stop(streak: int, metrics: dict, cause: str, out_dir) -> NoReturn:
-    """The stop after `streak` updates in a row that trained nothing for want of rewards (the last
-    one's metrics line `metrics`, `cause` from unscored_cause), its checkpoint saved: one line, exit
-    1."""
-    print0(
-        f"error: {streak} updates in a row trained nothing (filtering.max_unscored_updates), the "
-        f"last update {metrics['step']}: rewards were missing in {metrics['groups/unscored']} of "
-        f"{metrics['groups/total']} groups; {cause}. Checkpoint saved: the same command resumes "
-        f"from {out_dir}",
-        file=sys.stderr,
-    )
-    raise SystemExit(1)
-
-
-def end_line(final, trained_tokens: int, summary: str) -> None:
-    """A run's last line (`summary` from run_summary; `final` the saved model): done, or, when the
-    run trained no token at all, an error and exit 1."""
-    if not trained_tokens:
-        print0(
-            f"error: the run trained nothing: {summary}; {final} holds the starting model",
-            file=sys.stderr,
-        )
-        raise SystemExit(1)
-    print0(f"done: {final}: {summary}")
-
-
-def train(cfg: GRPOConfig, examples: list, sampler_for=rollout_sampler) -> None:
-    """The run: `updates` updates of the six steps (module docstring), checkpoints, the final model.
-    `sampler_for(cfg, policy, tok, ranks, out_dir)` builds the run's sampler (an extension's own:
-    dialogue/rl.py)."""
-    ranks = setup_distributed(cfg.model.device, cfg.distributed, cfg.output_dir)
+def resume_state(cfg: GRPOConfig, policy, source: PromptSource, ranks: Ranks):
+    """(optimizer, first update, unscored streak) of the run, save_state's counterpart: a fresh
+    AdamW (train.build_optimizer), or with `resume: auto` the newest checkpoint's state
+    (checkpoint.resume: weights, optimizer, RNG; `source`'s cursor set to its data position). The
+    schedule's notes are said, and the logs trimmed to the first update."""
     out_dir = Path(cfg.output_dir)
-    save_resolved_config(cfg, out_dir)
-    policy, tok = build_policy(cfg, ranks)
-    # a full-parameter run's KL needs a frozen, sharded reference
-    full_kl = cfg.lora is None and cfg.loss.beta != 0
-    reference = build_policy(cfg, ranks, like=policy)[0] if full_kl else None
-    sampler = sampler_for(cfg, policy, tok, ranks, out_dir)
-    source = PromptSource(sampler.segments(examples))
     optimizer, meta, path = resume(
         out_dir,
         policy,
@@ -1116,100 +1095,27 @@ def train(cfg: GRPOConfig, examples: list, sampler_for=rollout_sampler) -> None:
         print0(note)
     for name in ("metrics.jsonl", "completions.jsonl"):
         trim_log(out_dir / name, start, ranks)
-    pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_ids[0]
-    progress = Progress(cfg.updates, first_step=start)
+    return optimizer, start, unscored_streak
 
-    def save(update: int, cursor, unscored_streak: int) -> None:
-        """The checkpoint of the state after `update` updates, exact resume's trainer state."""
-        trainer = {"update": update, "cursor": list(cursor), "unscored_streak": unscored_streak}
-        save_checkpoint(
-            out_dir,
-            update,
-            policy,
-            optimizer,
-            trainer,
-            cfg.rollout.prompts_per_update,
-            keep=cfg.keep_checkpoints,
-        )
 
-    with (
-        MetricsWriter(out_dir / "metrics.jsonl", cfg.report_to, cfg) as metrics_log,
-        MetricsWriter(out_dir / "completions.jsonl") as completions_log,
-        StopRequest() as stop,
-    ):
-        for update in range(start, cfg.updates):
-            # `update` counts from 0, the paper's updates from 1
-            lr = lr_at(update + 1, cfg.optim, cfg.updates)
-            set_lr(optimizer, lr)
-            cursor = source.cursor
-            drawn = source.take(cfg.rollout.prompts_per_update)
-            slots = [
-                Slot(i, example, segment)
-                for i, (example, segment) in enumerate(drawn)
-                # this rank's share of the update's prompts
-                if i % ranks.world_size == ranks.rank
-            ]
-            # 1-3. sample, score, filter (collect_groups: the three
-            # steps, again for the slots filtering sends back)
-            try:
-                with sampler.rollouts(update):
-                    groups, counts = collect_groups(sampler, source, slots, cfg, update, ranks)
-            # nothing of this update is trained: the checkpoint holds the state before it (one
-            # saved at this update already does, with the RNG as the update began: kept)
-            except RolloutError as e:
-                if checkpoint_problem(checkpoint_path(out_dir, update)):
-                    save(update, cursor, unscored_streak)
-                print0(
-                    f"error: {e}\nstopped after update {update}: the rollouts failed; checkpoint "
-                    f"saved, the same command resumes from {out_dir}",
-                    file=sys.stderr,
-                )
-                raise SystemExit(1) from None
-            # 4. advantages
-            advantages = advantages_by_group(groups, cfg.loss)
-            sequences = training_sequences(groups, advantages)
-            batches = (
-                micro_batches(sequences, cfg.loss.micro_batch_size, pad_id, ranks.device)
-                if cfg.loss.micro_batch_tokens is None
-                else packed_micro_batches(sequences, cfg.loss.micro_batch_tokens, ranks.device)
-            )
-            # 5-6. loss and step, `loss.passes` times
-            # (policy_update: accumulate_loss, then optimizer_step)
-            with timer(counts, "train_s"):
-                trained = policy_update(policy, optimizer, batches, cfg, ranks, reference)
-            reports = gather_json(rank_report(groups, counts, trained), ranks)
-            metrics = update_metrics(reports, update + 1, lr, cfg.loss.beta)
-            records = gather_json(
-                completion_records(groups, advantages, tok, update + 1)
-                if cfg.log_completions
-                else [],
-                ranks,
-            )
-            n_tokens = sum(r["prompt_tokens"] + sum(r["lengths"]) for r in reports)
-            metrics |= progress.log(
-                update,
-                n_tokens,
-                reward=metrics["reward"] or 0.0,
-                loss=metrics["loss"],
-                masked=metrics["groups/masked"],
-            )
-            metrics.pop("elapsed_s", None)
-            metrics_log.write(metrics)
-            for record in (r for rank_records in records for r in rank_records):
-                completions_log.write(record)
-            done = update + 1
-            unscored = metrics["tokens/trained"] == 0 and metrics["groups/unscored"] > 0
-            unscored_streak = unscored_streak + 1 if unscored else 0
-            give_up = unscored_streak >= cfg.filtering.max_unscored_updates
-            stopping = stop.requested(ranks.device)
-            if done % cfg.save_every == 0 or done == cfg.updates or stopping or give_up:
-                save(done, source.cursor, unscored_streak)
-            if give_up:
-                unscored_stop(unscored_streak, metrics, unscored_cause(reports), out_dir)
-            if stopping:
-                print0(f"stopped after update {done}; `resume: auto` continues from {out_dir}")
-                return
-    # a full-parameter run: a whole checkpoint
+def save_state(cfg: GRPOConfig, update: int, policy, optimizer, cursor, unscored_streak: int):
+    """The checkpoint of the state after `update` updates, exact resume's trainer state."""
+    trainer = {"update": update, "cursor": list(cursor), "unscored_streak": unscored_streak}
+    save_checkpoint(
+        Path(cfg.output_dir),
+        update,
+        policy,
+        optimizer,
+        trainer,
+        cfg.rollout.prompts_per_update,
+        keep=cfg.keep_checkpoints,
+    )
+
+
+def save_final_model(cfg: GRPOConfig, policy, tok, ranks: Ranks) -> None:
+    """The run's model (checkpoint.save_final: `adapter/`, or a full run's `model/`, with its card
+    and lineage; `merged/` with save_merged) and its last line (`end_line`)."""
+    out_dir = Path(cfg.output_dir)
     final = out_dir / ("model" if cfg.finetune == "full" else "adapter")
     trained_tokens, summary = run_summary(read_metrics(out_dir / "metrics.jsonl"))
     card = ModelCard(
@@ -1222,38 +1128,85 @@ def train(cfg: GRPOConfig, examples: list, sampler_for=rollout_sampler) -> None:
         sft_adapter=cfg.model.sft_adapter,
         trained=[summary, *schedule_notes(cfg)],
     )
-    lineage = {
-        "base": str(Path(cfg.model.path).resolve()),
-        "sft_adapter": cfg.model.sft_adapter and str(Path(cfg.model.sft_adapter).resolve()),
-    }
-    save_model(
-        policy,
-        tok,
-        final,
-        ranks,
-        # PEFT would load the adapter on this base; with an SFT adapter the base is not on disk
-        base_model_name_or_path=None if cfg.model.sft_adapter else cfg.model.path,
-        card=card,
-        lineage=None if cfg.finetune == "full" else lineage,
-    )
-    if ranks.main and cfg.save_merged:
-        with atomic_folder(out_dir / "merged") as tmp:
-            save_merged(policy, tok, tmp)
+    merged = out_dir / "merged" if cfg.save_merged else None
+    save_final(policy, tok, final, ranks, card, merged, lineage=cfg.finetune == "lora")
     end_line(final, trained_tokens, summary)
 
 
-def start_up(cfg, config_path, check=check_inputs, probes=judge_probes) -> list:
-    """The examples of a run, once `check` has passed its inputs (before any model loads) and each
-    endpoint of `probes` has answered a real request (judge.probe): every trainer entry point
-    starts here (integrations/trl.py too). A failure ends the command with one line, exit 2."""
-    try:
-        examples = check(cfg, config_path)
-        for key, endpoint, call in probes(cfg, examples):
-            judge_probe(call, endpoint, key)
-    except (ConfigError, data.DataError, JudgeError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
-    return examples
+# ----------------------------------------------------------------------------- the run
+
+
+def train(
+    cfg: GRPOConfig,
+    examples: list,
+    sampler_for=rollout_sampler,
+    segments_for=curriculum_segments,
+    play=None,
+) -> None:
+    """The run: `updates` updates of the six steps (module docstring), checkpoints, the final model.
+    An extension hands in its own `sampler_for(cfg, policy, tok, ranks, out_dir)` (the run's
+    sampler), `segments_for(cfg, examples)` (its data order) and `play` (collect_groups' slot hook):
+    dialogue/rl.py."""
+    ranks = setup_distributed(cfg.model.device, cfg.distributed, cfg.output_dir)
+    out_dir = Path(cfg.output_dir)
+    save_resolved_config(cfg, out_dir)
+    policy, tok = build_policy(cfg, ranks)
+    # a full-parameter run's KL needs a frozen, sharded reference
+    full_kl = cfg.lora is None and cfg.loss.beta != 0
+    reference = build_policy(cfg, ranks, like=policy)[0] if full_kl else None
+    sampler = sampler_for(cfg, policy, tok, ranks, out_dir)
+    source = PromptSource(segments_for(cfg, examples))
+    optimizer, start, unscored_streak = resume_state(cfg, policy, source, ranks)
+    pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_ids[0]
+    progress = Progress(cfg.updates, first_step=start)
+    with (
+        MetricsWriter(out_dir / "metrics.jsonl", cfg.report_to, cfg) as metrics_log,
+        MetricsWriter(out_dir / "completions.jsonl") as completions_log,
+        StopRequest() as stop,
+    ):
+        logs = (metrics_log, completions_log)
+        for update in range(start, cfg.updates):
+            lr = lr_at(update + 1, cfg.optim, cfg.updates)  # `update` counts from 0, A.2's from 1
+            set_lr(optimizer, lr)
+            cursor = source.cursor
+            slots = update_slots(source, cfg.rollout.prompts_per_update, ranks)
+            # 1-3. sample, score, filter (again for the slots filtering sends back)
+            try:
+                with sampler.rollouts(update) as token_weights:  # None: every token weight 1
+                    groups, counts = collect_groups(
+                        sampler, source, slots, cfg, update, ranks, play
+                    )
+            # nothing of this update is trained: the checkpoint holds the state before it (one
+            # saved at this update already does, with the RNG as the update began: kept)
+            except RolloutError as e:
+                if checkpoint_problem(checkpoint_path(out_dir, update)):
+                    save_state(cfg, update, policy, optimizer, cursor, unscored_streak)
+                rollout_stop(e, update, out_dir)
+            # 4. advantages
+            advantages = advantages_by_group(groups, cfg.loss)
+            sequences = training_sequences(groups, advantages)
+            batches = loss_batches(sequences, cfg.loss, pad_id, ranks.device)
+            # 5-6. loss and step, `loss.passes` times
+            with timer(counts, "train_s"):
+                trained = policy_update(
+                    policy, optimizer, batches, cfg, ranks, reference, token_weights
+                )
+            metrics, reports = log_update(
+                groups, counts, trained, advantages, tok, update, lr, cfg, ranks, progress, logs
+            )
+            done = update + 1
+            unscored = metrics["tokens/trained"] == 0 and metrics["groups/unscored"] > 0
+            unscored_streak = unscored_streak + 1 if unscored else 0
+            give_up = unscored_streak >= cfg.filtering.max_unscored_updates
+            stopping = stop.requested(ranks.device)
+            if done % cfg.save_every == 0 or done == cfg.updates or stopping or give_up:
+                save_state(cfg, done, policy, optimizer, source.cursor, unscored_streak)
+            if give_up:
+                unscored_stop(unscored_streak, metrics, unscored_cause(reports), out_dir)
+            if stopping:
+                print0(f"stopped after update {done}; `resume: auto` continues from {out_dir}")
+                return
+    save_final_model(cfg, policy, tok, ranks)
 
 
 def main(
@@ -1262,16 +1215,18 @@ def main(
     check=check_inputs,
     probes=judge_probes,
     sampler_for=rollout_sampler,
+    segments_for=curriculum_segments,
+    play=None,
 ) -> None:
     """`python grpo.py config.yaml [key=value ...]`: the config read and checked (`check`: the
-    examples), each endpoint asked once (`probes`: judge.probe), then `train`. An extension runs its
-    kind of GRPO through here with its own config class, checks, probes and sampler
-    (dialogue/rl.py, reward_models/social_r1.py)."""
+    examples), each endpoint asked once (`probes`: http_client.probe), then `train`. An extension
+    runs its kind of GRPO through here with its own config class, checks, probes and sampler
+    (dialogue/rl.py, reward_models/social_r1.py), and its data order and slot hook (`train`)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     cfg = parse_cli(config_class, argv)
     examples = start_up(cfg, ConfigSource(argv[0], tuple(argv[1:])), check, probes)
     try:
-        train(cfg, examples, sampler_for)
+        train(cfg, examples, sampler_for, segments_for, play)
     # a refused key; vLLM at start-up (down, other weights, no adapter); a checkpoint of
     # another mode or world size; an output_dir the ranks do not share
     except (JudgeAuthError, RolloutError, CheckpointError, ConfigError) as e:

@@ -2,10 +2,10 @@
 with its RoPE frequency scaling) in plain PyTorch:
 config, forward, safetensors loading, LoRA (inject, disable, merge, PEFT-format save/load),
 trainable special-token rows, a preallocated generation cache, batched sampling and chunked token
-log-probabilities. The tokenizer and ChatML live in tokenizer.py (re-exported here: `from model
-import load_tokenizer`); config's `excerpt` is the only other project import; flash-attn,
-flash-linear-attention and torch's own varlen attention are optional CUDA-only speed-ups, the plain
-PyTorch path is the reference.
+log-probabilities. The tokenizer and the chat formats live in tokenizer.py (this file takes its
+checkpoint helpers from there: CheckpointError, read_json); config's `excerpt` is the only other
+project import; flash-attn, flash-linear-attention and torch's own varlen attention are optional
+CUDA-only speed-ups, the plain PyTorch path is the reference.
 
 Batches of different-length sequences: pad on the RIGHT. Every layer is causal (attention, the
 causal conv and the delta-rule recurrence), so a real token never sees the padding after it and its
@@ -1414,9 +1414,9 @@ def token_logprobs(
     for i in range(0, max(len(t), 1), chunk_size):  # one empty chunk when nothing is selected
         chunk = h[i : i + chunk_size], t[i : i + chunk_size]
         parts.append(
+            # a trainable head: recomputed in backward
             checkpoint(plain_logprobs, model, *chunk, temperature, use_reentrant=False)
             if model.head_weight().requires_grad
-            # a trainable head: recomputed in backward
             else HeadLogprobs.apply(
                 *chunk, rows, model, temperature, entropy, torch.is_grad_enabled()
             )
@@ -1568,6 +1568,36 @@ def resolve_decode(decode: str, device) -> str:
     return "static" if torch.device(device).type == "cuda" else "eager"
 
 
+def compile_problem(device: str | None) -> str | None:
+    """Why torch.compile cannot build the decode step on `device` (default: CUDA when available),
+    or None: Inductor needs Triton on CUDA, and on the CPU a C++ compiler that builds a shared
+    library (its own search: $CXX, then g++), tried here on an empty program."""
+    import subprocess
+    import tempfile
+
+    if (device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda"):
+        from torch.utils._triton import has_triton
+
+        return None if has_triton() else "torch.compile on CUDA needs Triton, not installed"
+    from torch._inductor import cpp_builder, exc
+
+    try:
+        compiler = cpp_builder.get_cpp_compiler()
+        with tempfile.TemporaryDirectory() as folder:
+            subprocess.run(
+                [compiler, "-x", "c++", "-shared", "-fPIC", "-o", f"{folder}/probe.so", "-"],
+                input=b"int probe() { return 0; }\n",
+                capture_output=True,
+                check=True,
+                timeout=120,
+            )
+    except exc.InvalidCxxCompiler:
+        return "torch.compile on the CPU needs a C++ compiler ($CXX or g++): none found"
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"torch.compile on the CPU needs a C++ compiler that works: {compiler} failed ({e})"
+    return None
+
+
 def decode_step(model: Qwen, cache: Cache, decode: str):
     """The decode step `generate` runs, step(token, live) -> logits (`decode_logits`): "eager" as
     is; "static" on a static cache, captured as a CUDA graph on CUDA (`CapturedStep`), run as is on
@@ -1641,20 +1671,11 @@ def generate(
     )  # greedy leaves the global RNG alone
     eos = torch.tensor(list(eos_token_ids), dtype=torch.long, device=model.device)
     n = max_rows or len(prompts)
+    params = SamplingParams(
+        temperature, top_p, top_k, repetition_penalty, eos, return_logprobs, compact_below, decode
+    )
     chunks = [
-        generate_rows(
-            model,
-            prompts[i : i + n],
-            uniform[i : i + n].to(model.device),
-            temperature,
-            top_p,
-            top_k,
-            repetition_penalty,
-            eos,
-            return_logprobs,
-            compact_below,
-            decode,
-        )
+        generate_rows(model, prompts[i : i + n], uniform[i : i + n].to(model.device), params)
         for i in range(0, len(prompts), n)
     ]
     tokens = [t for c in chunks for t in c[0]]
@@ -1662,22 +1683,28 @@ def generate(
     return (tokens, logps) if return_logprobs else tokens
 
 
-def generate_rows(
-    model,
-    prompts,
-    uniform,
-    temperature,
-    top_p,
-    top_k,
-    repetition_penalty,
-    eos,
-    return_logprobs,
-    compact_below,
-    decode,
-):
+@dataclass(frozen=True)
+class SamplingParams:
+    """How `generate` samples, checked there (`eos`: a tensor of the EOS ids on the model's
+    device; `decode` resolved)."""
+
+    temperature: float
+    top_p: float
+    top_k: int
+    repetition_penalty: float
+    eos: torch.Tensor
+    return_logprobs: bool
+    compact_below: float
+    decode: str
+
+
+def generate_rows(model, prompts, uniform, params: SamplingParams):
     """`generate` for rows that share one cache; uniform [rows, max_new_tokens] on the model's
     device. `rows`: the prompt of each cache row (uniform, live, token and seen follow the cache
     rows)."""
+    temperature, top_p, top_k = params.temperature, params.top_p, params.top_k
+    repetition_penalty, eos, decode = params.repetition_penalty, params.eos, params.decode
+    return_logprobs, compact_below = params.return_logprobs, params.compact_below
     device = model.device
     max_new_tokens = uniform.shape[1]
     unique = {}

@@ -21,15 +21,17 @@ the parsed answer each leaves in `rollout.judged[name]`:
 | judge | parsed answer | declared by |
 |---|---|---|
 | `iu` | list[int]: J_j per reasoning block, 1 = GAIN, 0 = NO_GAIN | iu_g, clue |
-| `sip_structure` | float in [0, 1]: the SIP stages done in order | social_r1 (and _free) |
+| `sip_structure` | float in [0, 1]: SIP stages | social_r1, social_r1_reference_free |
 | `sip_content` | float in [0, 1]: SIP content against the reference analysis | social_r1 |
-| `sip_content_free` | float in [0, 1]: SIP content against the conversation | ..._reference_free |
+| `sip_content_free` | float in [0, 1]: SIP content, no reference | social_r1_reference_free |
 | `prediction` | str: the predictor's forecast s^(n) after the reply | emollm_turn, emollm |
-| `turn_scores` | {"cognitive", "trace", "lookahead": 1-5, "overthinking": 0-2} | emollm(_turn) |
+| `turn_scores` | {cognitive, trace, lookahead: 1-5; overthinking: 0-2} | emollm, emollm_turn |
 | `emotional_state` | int 1-5: the user's state (an episode's: at its opening) | emollm |
 | `care_rubric` | {cognitive / affective / proactive: {"weight", "criteria"}} | care |
 | `care_scores` | {cognitive / affective / proactive: [int 0-5 per criterion]} | care |
-| `care_chosen_scores`, `_rejected_scores` | care_scores of a pair's two replies | care_generator |
+| `care_chosen_scores`, `care_rejected_scores` | a pair's care_scores | care_generator |
+
+(tests/test_judge.py holds this table to the rewards' declarations.)
 """
 
 from __future__ import annotations
@@ -41,8 +43,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import data
+import http_client
 import judge
 import verifier
+from config import config_error, excerpt
 
 
 @dataclass
@@ -620,6 +624,34 @@ def undeclared_judge(spec: RewardSpec) -> str | None:
 
 # The example fields a reward needs beyond the conversation and its labels: meta keys that must hold
 # a non-empty string, with what they are. A reward of your own that reads one adds its line here.
+def check_spec(spec: RewardSpec, config_path) -> None:
+    """A run's `reward` section, checked before any model loads: a registered reward whose judges
+    are declared, given only its own settings, each switch 0 or 1. A ConfigError located at the
+    key (config.config_error)."""
+    if spec.name not in REWARDS:
+        known = ", ".join(sorted(REWARDS))
+        raise config_error(
+            config_path, "reward.name", f"unknown reward {excerpt(spec.name)} (known: {known})"
+        )
+    if problem := undeclared_judge(spec):
+        raise config_error(config_path, "reward.name", problem)
+    defaults = REWARDS[spec.name].defaults
+    if unknown := sorted(set(spec.params) - set(defaults)):
+        raise config_error(
+            config_path,
+            f"reward.params.{unknown[0]}",
+            f"not a setting of reward {excerpt(spec.name)} (known: "
+            f"{', '.join(sorted(defaults)) or 'none'})",
+        )
+    for key in set(SWITCHES) & set(spec.params):
+        if spec.params[key] not in (0, 1):
+            raise config_error(
+                config_path,
+                f"reward.params.{key}",
+                f"a switch: 0 (off) or 1 (on), got {spec.params[key]}",
+            )
+
+
 REWARD_DATA = {
     "social_r1": {
         "reference": "the reference SIP analysis R_content is scored against; "
@@ -687,10 +719,10 @@ _STAND_IN_RUBRIC = {
 
 
 def judge_probes(
-    spec: RewardSpec, example: data.Example, cfg: judge.JudgeConfig, content: bool = False
-) -> list[tuple[str, judge.JudgeCall]]:
+    spec: RewardSpec, example: data.Example, cfg: http_client.JudgeConfig, content: bool = False
+) -> list[tuple[str, http_client.JudgeCall]]:
     """(judge name, call): one request of each kind the single-turn judges of a run of `spec` will
-    get, about `example` and a stand-in completion, for judge.probe before the run. `content`:
+    get, about `example` and a stand-in completion, for http_client.probe before the run. `content`:
     R_content is scored in the prompted judge's place (judge_rollouts), asked without a
     reference."""
     completion = (
@@ -716,12 +748,12 @@ def _asked_as(name: str, content: bool) -> str:
 def judge_rollouts(
     rollouts: list[Rollout],
     spec: RewardSpec,
-    cfg: judge.JudgeConfig,
-    content: judge.JudgeConfig | Callable[[list[Rollout]], list[float | None]] | None = None,
+    cfg: http_client.JudgeConfig,
+    content: http_client.JudgeConfig | Callable[[list[Rollout]], list[float | None]] | None = None,
 ) -> dict[str, Any]:
     """Ask the judges that reward `spec` reads (judges_needed) about every rollout, all calls at
-    once through `judge.chat_many`, and store each parsed answer in `rollout.judged[name]`: None
-    where the judge failed after its retries or answered out of format, so the reward reports
+    once through `http_client.chat_many`, and store each parsed answer in `rollout.judged[name]`:
+    None where the judge failed after its retries or answered out of format, so the reward reports
     missing feedback. Returns chat_many's stats (calls, retries, failures, latency, errors) plus
     `malformed`, the count of answers the strict parsers rejected. Data the reward cannot use raises
     (check_reward_data).
@@ -749,11 +781,13 @@ def judge_rollouts(
         rollout.judged[CONTENT_JUDGE] = value
     stats = {"calls": 0, "retries": 0, "failures": 0, "malformed": 0}
     for endpoint in [cfg] + (
-        [content] if isinstance(content, judge.JudgeConfig) and content is not cfg else []
+        [content] if isinstance(content, http_client.JudgeConfig) and content is not cfg else []
     ):
         mine = [p for p in pending if p[-1] is endpoint]
         if mine:
-            values, asked = judge.ask([(call, parse) for _, _, call, parse, _ in mine], endpoint)
+            values, asked = http_client.ask(
+                [(call, parse) for _, _, call, parse, _ in mine], endpoint
+            )
             for (rollout, name, *_), value in zip(mine, values):
                 rollout.judged[name] = value
             stats = asked | {

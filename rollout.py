@@ -1,42 +1,38 @@
 """How GRPO's rollouts are made: what one update samples and learns from, and the one small
-interface every way of sampling implements. grpo.py picks the run's sampler once
-(`grpo.rollout_sampler`) and calls it:
+interface every way of sampling implements (`Sampler`). grpo.py picks the run's sampler once
+(`grpo.rollout_sampler`, or an extension's own) and calls it in each update:
 
-    sampler.segments(items)              the curriculum segments the run walks (examples, or
-                                         scenario seeds)
-    with sampler.rollouts(update):       the span of one update's rollouts (a sharded policy is
-                                         gathered whole in it, a served engine syncs the new weights
-                                         at its start and agrees on errors across ranks at its end:
-                                         a RolloutError on one rank is one on all)
-        sampler.open(slots, seed, counts)    the update's slots (a dialogue run may play them into
-                                             others)
+    with sampler.rollouts(update) as token_weights:     the span of one update's rollouts
         sampler.sample(examples, update, seed, counts)    K samplings of each example: a `Group`
                                                           each
         sampler.judge(groups)            the judge calls the reward needs; returns their statistics
-    sampler.deals_slots                  True: a slot is only its prompt, so grpo.collect_groups
-                                         deals each round's waiting slots across the ranks
+    token_weights(logp_old, logp_sampler)    the loss's weight of each sampled token (None: 1)
 
 `PromptSampler` is the single-turn implementation: K completions of each prompt in one batched
 `model.generate` call (`complete`), parsed into `rewards.Rollout`s. Beside it:
-vllm_engine.VLLMSampler (the completions from a vLLM server) and dialogue.DialogueSampler
+vllm_engine.VLLMSampler (the completions from a vLLM server) and dialogue/play.py's DialogueSampler
 (role-played dialogues), each loaded only by a run that asks for it; fsdp.GatheredSampler wraps any
 of them for a sharded (full-parameter) policy.
 
 A `Sample` is the token ids of one sampled completion and the prompt it answered, a `Group` K
-samplings from one starting point with their rewards, a `Slot` a group position of the update with
-what filtering has spent on it; an update's groups are reported by every rank's `rank_report`,
-merged into one metrics.jsonl line by `update_metrics`, and written to completions.jsonl by
-`completion_records`."""
+samplings from one starting point with their rewards; an update's groups are reported by every
+rank's `rank_report`, merged into one metrics.jsonl line by `update_metrics`, and written to
+completions.jsonl by `completion_records` (`log_update` does the three); `run_summary` reads a
+run's lines back for its last line (`end_line`), and `rollout_stop` and `unscored_stop` are the
+lines of a run that stops early."""
 
 from __future__ import annotations
 
 import contextlib
 import math
+import sys
 from dataclasses import dataclass, field
+from typing import NoReturn
 
 import data
-import dataset
 import rewards
+from config import print0
+from distributed import gather_json
 from model import generate, lora_merged
 from verifier import extract_quotes
 
@@ -66,55 +62,45 @@ class Group:
     masked: bool = False
 
 
-@dataclass
-class Slot:
-    """One group position of an update: the prompt it holds now and what filtering has spent on
-    it."""
-
-    index: int  # position among the update's prompts
-    example: object  # a data.Example, a dialogue.Scenario or a dialogue.State
-    segment: int
-    resamples: int = 0
-    replacements: int = 0
-    group: Group | None = None
-
-
 class RolloutError(RuntimeError):
     """An update's rollouts could not be completed (a served engine failed for good): nothing of the
     update is trained; the trainer saves the state before it and stops."""
 
 
-# -------------------------------------------------------------------------- the single-turn sampler
+# -------------------------------------------------------------------------- the samplers
 
 
-class PromptSampler:
-    """Single-turn rollouts (`cfg`: grpo.GRPOConfig): the curriculum's segments, K completions per
-    prompt, and the judges the reward needs (`rewards.judge_rollouts`, with `content`, when given,
-    scoring R_content in the prompted judge's place: reward_models/social_r1.py's trained RM)."""
-
-    deals_slots = True  # any rank can sample any slot's prompt: resamples are shared
-
-    def __init__(self, policy, tok, cfg, content=None):
-        self.policy = policy
-        self.tok = tok
-        self.cfg = cfg
-        self.content = content
-
-    def segments(self, examples: list[data.Example]) -> list[dataset.Segment]:
-        return dataset.curriculum(examples, self.cfg.curriculum)
+class Sampler:
+    """The interface grpo.train calls (module docstring); a sampler implements `sample` and
+    `judge`. What only one engine needs it does in `rollouts`, which here does nothing: a sharded
+    policy is gathered whole in it, a served engine syncs the new weights at its start and agrees
+    on errors across ranks at its end (a RolloutError on one rank is one on all), and it hands the
+    loss the weight of the update's sampled tokens: None here (every token weight 1), a served
+    engine's truncated importance weights, `token_weights(logp_old, logp_sampler)` -> a [B, T]
+    tensor that multiplies each token's clipped surrogate in grpo_loss (vllm_engine.tis_weights)."""
 
     def rollouts(self, update: int):
-        return contextlib.nullcontext()
+        return contextlib.nullcontext(None)
 
-    def open(self, slots: list[Slot], seed: int, counts: dict) -> list[Slot]:
-        return slots  # every slot is a prompt to sample
+
+class PromptSampler(Sampler):
+    """Single-turn rollouts: K completions per prompt sampled as `rollout` (grpo.RolloutSettings)
+    says, and the judges the reward `reward` needs at the endpoint `judge`
+    (`rewards.judge_rollouts`, with `content`, when given, scoring R_content in the prompted judge's
+    place: reward_models/social_r1.py's trained RM); `updates`, the run's length, is the T_total
+    of a reward that weighs by training progress."""
+
+    def __init__(self, policy, tok, rollout, reward, judge, updates: int, content=None):
+        self.policy, self.tok = policy, tok
+        self.rollout, self.reward, self.endpoint = rollout, reward, judge
+        self.updates, self.content = updates, content
 
     def complete(
         self, prompts: list[list[int]], seed: int
     ) -> tuple[list[list[int]], list[list[float]]]:
         """K completions of each prompt, group after group: (token ids, the sampler's log-probs of
         them), decoded with the LoRA merged into the weights (`lora_merged`)."""
-        r = self.cfg.rollout
+        r = self.rollout
         self.policy.eval()
         with lora_merged(self.policy):
             return generate(
@@ -136,10 +122,10 @@ class PromptSampler:
     ) -> list[Group]:
         """Step 1: K completions of each example (`complete`), parsed into Rollouts; `update` counts
         from 0."""
-        k, tok, eos = self.cfg.rollout.group_size, self.tok, set(self.tok.eos_token_ids)
+        k, tok, eos = self.rollout.group_size, self.tok, set(self.tok.eos_token_ids)
         prompts = [
             tok.chat_ids(
-                data.get_task(e.task).messages(e), enable_thinking=self.cfg.rollout.enable_thinking
+                data.get_task(e.task).messages(e), enable_thinking=self.rollout.enable_thinking
             )
             for e in examples
         ]
@@ -156,9 +142,9 @@ class PromptSampler:
                         text,
                         count_tokens=lambda reasoning: data.count_tokens(reasoning, tok),
                         n_completion_tokens=len(new[i]),
-                        step=update + 1,
                         # t counts from 1: w(t) reaches 1 + gamma at the last
-                        total_steps=self.cfg.updates,
+                        step=update + 1,
+                        total_steps=self.updates,
                     )
                 )
             groups.append(
@@ -175,7 +161,7 @@ class PromptSampler:
 
     def judge(self, groups: list[Group]) -> dict:
         return rewards.judge_rollouts(
-            [r for g in groups for r in g.rollouts], self.cfg.reward, self.cfg.judge, self.content
+            [r for g in groups for r in g.rollouts], self.reward, self.endpoint, self.content
         )
 
 
@@ -271,6 +257,112 @@ def update_metrics(reports: list[dict], update: int, lr: float, beta: float) -> 
         "skipped_nonfinite": reports[0]["skipped_nonfinite"],
     }
     return metrics
+
+
+def unscored_cause(reports: list[dict]) -> str:
+    """Why an update's rewards were missing, from every rank's report: the judge's failed calls
+    (with the first reason), its malformed answers, or, with neither, a reward that reads a judge
+    output nobody asked for."""
+    calls, failures, malformed = (
+        sum(r[k] for r in reports) for k in ("calls", "failures", "malformed")
+    )
+    if failures:
+        first = next(r["judge_error"] for r in reports if r["judge_error"])
+        return f"{failures} of {calls} judge calls failed, the first: {first}"
+    if malformed:
+        return f"{malformed} of {calls} judge answers were out of format"
+    return (
+        "no judge call failed: the reward reads a judge output that no judge was asked for "
+        "(a judge-backed reward must declare its judges: docs/adding-a-reward.md)"
+    )
+
+
+def run_summary(records: list[dict]) -> tuple[int, str]:
+    """(trained completion tokens, one line) of what a run's metrics.jsonl says it trained: the
+    updates that trained, the tokens, the masked groups and why, the judge's failed calls."""
+    total = {
+        key: sum(r.get(key) or 0 for r in records)
+        for key in (
+            "tokens/trained",
+            "groups/total",
+            "groups/masked",
+            "groups/unscored",
+            "judge/calls",
+            "judge/failures",
+        )
+    }
+    total = {key: int(value) for key, value in total.items()}
+    trained_updates = sum(bool(r.get("tokens/trained")) for r in records)
+    return total["tokens/trained"], (
+        f"trained {total['tokens/trained']:,} completion tokens in {trained_updates} of "
+        f"{len(records)} updates; {total['groups/masked']} of {total['groups/total']} groups "
+        f"masked ({total['groups/unscored']} for missing rewards); judge: "
+        f"{total['judge/failures']} of {total['judge/calls']} calls failed"
+    )
+
+
+def log_update(
+    groups, counts, trained, advantages, tok, update, lr, cfg, ranks, progress, logs
+) -> tuple[dict, list[dict]]:
+    """Update `update`'s line in metrics.jsonl (rollout.update_metrics over every rank's report,
+    with the progress line's figures) and its completions in completions.jsonl (`logs`: the two
+    writers); returns the line and the reports."""
+    metrics_log, completions_log = logs
+    reports = gather_json(rank_report(groups, counts, trained), ranks)
+    metrics = update_metrics(reports, update + 1, lr, cfg.loss.beta)
+    records = gather_json(
+        completion_records(groups, advantages, tok, update + 1) if cfg.log_completions else [],
+        ranks,
+    )
+    n_tokens = sum(r["prompt_tokens"] + sum(r["lengths"]) for r in reports)
+    metrics |= progress.log(
+        update,
+        n_tokens,
+        reward=metrics["reward"] or 0.0,
+        loss=metrics["loss"],
+        masked=metrics["groups/masked"],
+    )
+    metrics.pop("elapsed_s", None)
+    metrics_log.write(metrics)
+    for record in (r for rank_records in records for r in rank_records):
+        completions_log.write(record)
+    return metrics, reports
+
+
+def rollout_stop(error: RolloutError, update: int, out_dir) -> NoReturn:
+    """The stop when update `update`'s rollouts failed for good: one line, exit 1."""
+    print0(
+        f"error: {error}\nstopped after update {update}: the rollouts failed; checkpoint saved, "
+        f"the same command resumes from {out_dir}",
+        file=sys.stderr,
+    )
+    raise SystemExit(1) from None
+
+
+def unscored_stop(streak: int, metrics: dict, cause: str, out_dir) -> NoReturn:
+    """The stop after `streak` updates in a row that trained nothing for want of rewards (the last
+    one's metrics line `metrics`, `cause` from unscored_cause), its checkpoint saved: one line, exit
+    1."""
+    print0(
+        f"error: {streak} updates in a row trained nothing (filtering.max_unscored_updates), the "
+        f"last update {metrics['step']}: rewards were missing in {metrics['groups/unscored']} of "
+        f"{metrics['groups/total']} groups; {cause}. Checkpoint saved: the same command resumes "
+        f"from {out_dir}",
+        file=sys.stderr,
+    )
+    raise SystemExit(1)
+
+
+def end_line(final, trained_tokens: int, summary: str) -> None:
+    """A run's last line (`summary` from run_summary; `final` the saved model): done, or, when the
+    run trained no token at all, an error and exit 1."""
+    if not trained_tokens:
+        print0(
+            f"error: the run trained nothing: {summary}; {final} holds the starting model",
+            file=sys.stderr,
+        )
+        raise SystemExit(1)
+    print0(f"done: {final}: {summary}")
 
 
 def completion_records(groups: list[Group], advantages: list, tok, update: int) -> list[dict]:

@@ -9,7 +9,7 @@ import dataclasses
 import zlib
 from dataclasses import dataclass
 
-from judge import JudgeConfig
+from http_client import JudgeConfig
 
 
 @dataclass

@@ -57,7 +57,7 @@ from typing import Literal
 
 import torch
 
-from checkpoint import ModelCard, atomic_folder, resume, save_checkpoint, save_model, trim_log
+from checkpoint import ModelCard, resume, save_checkpoint, save_final, save_model, trim_log
 from config import (
     ConfigError,
     MetricsWriter,
@@ -84,14 +84,12 @@ from data import (
 )
 from dataset import example_from_json, load_jsonl, read_jsonl, typed_field
 from distributed import DistributedSettings, all_reduce_sum, setup_distributed
-from fsdp import gathered, is_sharded, pad_batches, shard_model, sharded_weight
+from fsdp import gathered, is_sharded, pad_batches, sharded_model
 from model import (
     Packing,
     Qwen,
     add_lora,
     add_special_tokens,
-    load_adapter,
-    save_merged,
     token_logprobs,
     train_token_rows,
 )
@@ -604,22 +602,47 @@ def split_rows(cfg: SFTConfig) -> tuple[list[Row], list[Row]]:
     return kept, heldout
 
 
+def build_model(cfg: SFTConfig, tok: QwenTokenizer, ranks) -> Qwen:
+    """The model SFT trains: the base with a fresh LoRA (after torch.manual_seed(seed)), or with
+    `finetune: full` every weight but embedding and lm_head, sharded (fsdp.sharded_model); the clue
+    objective adds the <evidence> tokens to `tok` and trains their embedding and lm_head rows."""
+    tags = [EVIDENCE_OPEN, EVIDENCE_CLOSE] if cfg.objective == "clue" else []
+    dtype = _dtype(cfg, ranks.device)
+    if cfg.finetune == "full":
+        d = cfg.distributed
+        model = sharded_model(
+            cfg.model,
+            dtype,
+            ranks.device,
+            tok,
+            tags,
+            train_rows=True,
+            seed=cfg.seed,
+            replicas=d.replicas,
+            timeout_s=d.timeout_s,
+        )
+    else:
+        model = Qwen.from_pretrained(cfg.model, dtype=dtype, device=ranks.device)
+        tag_ids = add_special_tokens(model, tok, tags) if tags else []
+        torch.manual_seed(cfg.seed)
+        lora = cfg.lora
+        add_lora(model, lora.rank, lora.alpha, lora.dropout, lora.targets, lora.compute)
+        if tag_ids:
+            train_token_rows(model, tag_ids)
+    model.gradient_checkpointing = cfg.gradient_checkpointing
+    if cfg.compile:
+        model.compile_layers()
+    return model
+
+
 def train(cfg: SFTConfig) -> Path:
     """Run SFT as configured; returns the output folder. Data are checked before the model loads."""
     ranks = setup_distributed(cfg.device, cfg.distributed, cfg.output_dir)
     out = Path(cfg.output_dir)
     kept, heldout = split_rows(cfg)
     tok = load_tokenizer(cfg.model)
-    full = cfg.finetune == "full"  # each rank reads only its shards of the layers
-    model = Qwen.from_pretrained(
-        cfg.model,
-        dtype=_dtype(cfg, ranks.device),
-        device=ranks.device,
-        on_meta=sharded_weight if full else None,
-    )
-    clue = cfg.objective == "clue"
-    tag_ids = add_special_tokens(model, tok, [EVIDENCE_OPEN, EVIDENCE_CLOSE]) if clue else []
-    encode = encode_row if clue else encode_text_row
+    model = build_model(cfg, tok, ranks)
+    encode = encode_row if cfg.objective == "clue" else encode_text_row
     samples = [s for s in (encode(tok, r, cfg) for r in kept) if len(s[0]) <= cfg.max_length]
     print0(
         f"{len(samples)} training rows ({len(kept) - len(samples)} longer than "
@@ -627,23 +650,6 @@ def train(cfg: SFTConfig) -> Path:
     )
     if not samples:
         raise DataError(f"{cfg.data}: no training rows left")
-    torch.manual_seed(cfg.seed)
-    if cfg.lora is not None:
-        lora = cfg.lora
-        add_lora(model, lora.rank, lora.alpha, lora.dropout, lora.targets, lora.compute)
-    if tag_ids:
-        train_token_rows(model, tag_ids)
-    if full:
-        shard_model(
-            model,
-            ranks.device,
-            checkpoint=cfg.model,
-            replicas=cfg.distributed.replicas,
-            timeout_s=cfg.distributed.timeout_s,
-        )
-    model.gradient_checkpointing = cfg.gradient_checkpointing
-    if cfg.compile:
-        model.compile_layers()
     # the data position is the update count, at any world size (checkpoint.py)
     group = cfg.rows_per_update
     if ranks.world_size > group:
@@ -727,20 +733,18 @@ def train(cfg: SFTConfig) -> Path:
             if stopping:
                 print0(f"stopped after step {done}; run again with resume=auto to continue")
                 return out
-    if not heldout:
-        save_model(
-            model,
-            tok,
-            out / "best",
-            ranks,
-            base_model_name_or_path=cfg.model,
-            with_tokenizer=True,
-            card=model_card(cfg),
-        )
+    merged = out / "merged" if cfg.save_merged else None
+    save_final(
+        model,
+        tok,
+        out / "best",
+        ranks,
+        model_card(cfg),
+        merged,
+        with_tokenizer=True,
+        saved=bool(heldout),
+    )
     if ranks.main:
-        if cfg.save_merged:
-            with atomic_folder(out / "merged") as tmp:
-                save_merged(load_adapter(model, out / "best"), tok, tmp)
         best = (
             f" (step {state['best']['step']}, mean macro F1 {state['best']['mean_macro_f1']:.4f})"
             if state["best"]

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from config import atomic_write_text, open_log, print0, read_log
-from judge import JudgeCall, JudgeConfig, JudgeError, ask, probe
+from http_client import JudgeCall, JudgeConfig, JudgeError, ask, probe
 
 
 def journal_key(*parts: str) -> str:
@@ -46,12 +46,12 @@ def ask_journaled(
     endpoint: str = "teacher",
 ) -> dict[str, Any]:
     """Ask each (key, call, parser) not yet in `done`, appending every answer (parsed; None when
-    malformed) to `journal` as it arrives. The first call goes alone (judge.probe): a server that
-    never answers or refuses this kind of request stops the preparation there (JudgeError naming the
-    config key `endpoint` and the server's reason) before the rest is sent; the others go in
-    concurrent chunks. Failed calls are not journaled: a rerun asks them again. Returns the counts
-    (asked, failures, malformed) and `errors`, the failed calls' reasons; the first is printed in
-    full as it happens."""
+    malformed) to `journal` as it arrives. The first call goes alone (http_client.probe): a server
+    that never answers or refuses this kind of request stops the preparation there (JudgeError
+    naming the config key `endpoint` and the server's reason) before the rest is sent; the others go
+    in concurrent chunks. Failed calls are not journaled: a rerun asks them again. Returns the
+    counts (asked, failures, malformed) and `errors`, the failed calls' reasons; the first is
+    printed in full as it happens."""
     journal = Path(journal)
     todo = [r for r in requests if r[0] not in done]
     counts = {"asked": len(todo), "failures": 0, "malformed": 0, "errors": []}

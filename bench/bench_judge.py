@@ -1,4 +1,4 @@
-"""Benchmark: IU_G judge calls through `judge.chat_many` against the local server
+"""Benchmark: IU_G judge calls through `http_client.chat_many` against the local server
 (`python judge_server.py --backend rules`, started here as a subprocess on 127.0.0.1) with injected
 latency. Baselines measured in the same run: the same requests sent one at a time; the ideal is
 ceil(n / concurrency) rounds of the injected latency. A second server also fails a share of the
@@ -19,6 +19,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+import http_client  # noqa: E402
 import judge  # noqa: E402
 from data import Example, Turn  # noqa: E402
 
@@ -32,7 +33,7 @@ LINES = [
 ]
 
 
-def iu_calls(n: int, cfg: judge.JudgeConfig) -> tuple[list[judge.JudgeCall], list[int]]:
+def iu_calls(n: int, cfg: http_client.JudgeConfig) -> tuple[list[http_client.JudgeCall], list[int]]:
     """n IU_G requests over growing prefixes of one exchange, with 2 to 5 reasoning blocks each."""
     calls, sizes = [], []
     for i in range(n):
@@ -76,10 +77,10 @@ def start_server(*flags: str) -> tuple[subprocess.Popen, str]:
 
 
 def run(url: str, n: int, concurrency: int, **settings):
-    cfg = judge.JudgeConfig(base_url=url, concurrency=concurrency, **settings)
+    cfg = http_client.JudgeConfig(base_url=url, concurrency=concurrency, **settings)
     calls, sizes = iu_calls(n, cfg)
     start = time.perf_counter()
-    texts, stats = judge.chat_many(calls, cfg)
+    texts, stats = http_client.chat_many(calls, cfg)
     wall = time.perf_counter() - start
     parsed = sum(
         t is not None and judge.parse_iu_verdicts(t, k) is not None for t, k in zip(texts, sizes)

@@ -171,9 +171,12 @@ def main():
                 engine="vllm",
                 vllm=settings,
             )
+            settings = (cfg.rollout, cfg.reward, cfg.judge, cfg.updates)
             samplers = {
-                "local": PromptSampler(policy, tok, cfg),
-                "vllm": VLLMSampler(policy, tok, cfg, Ranks(0, 1, torch.device("cpu")), folder),
+                "local": PromptSampler(policy, tok, *settings),
+                "vllm": VLLMSampler(
+                    policy, tok, *settings, Ranks(0, 1, torch.device("cpu")), folder
+                ),
             }
             examples = dataset.load_jsonl(folder / "data" / "train.jsonl")[: args.prompts]
             timing, gaps = compare(policy, examples, samplers, cfg, args.repeats)

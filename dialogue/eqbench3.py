@@ -39,17 +39,8 @@ from data import DataError
 from dataset import check_new_id, read_data_text
 from dialogue.play import split_reply
 from evaluate import EvalConfig, EvalSet, JudgedKind, mean_sd
-from judge import (
-    DATA_NOTICE,
-    JudgeCall,
-    JudgeConfig,
-    JudgeError,
-    chat_many,
-    chat_messages,
-    dialogue_text,
-    section,
-    verdict_lines,
-)
+from http_client import JudgeCall, JudgeConfig, JudgeError, chat_many
+from judge import DATA_NOTICE, chat_messages, dialogue_text, section, verdict_lines
 from sampling import endpoint_config, sample_completions
 from teacher import ask_journaled, failed_calls, load_journal, request_key
 

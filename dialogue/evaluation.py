@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Callable
 
 import evaluate
+import http_client
 import judge
 import rewards
 from config import (
@@ -45,13 +46,10 @@ from dialogue.play import (
     play,
     split_reply,
 )
+from http_client import STAND_IN, JudgeCall, JudgeConfig, JudgeError
 from judge import (
     RESPONSE_QUALITY_DIMENSIONS,
-    STAND_IN,
     TURN_QUALITY_KEYS,
-    JudgeCall,
-    JudgeConfig,
-    JudgeError,
     dialogue_text,
     emotional_state_request,
     parse_emotional_state,
@@ -74,7 +72,7 @@ def endpoint_policy(endpoint: JudgeConfig, sampling: SamplingConfig) -> Respond:
 
     def respond(chats, n, seed):
         calls = [JudgeCall(chat, sampling.max_new_tokens) for chat in chats for _ in range(n)]
-        texts, stats = judge.chat_many(calls, cfg)
+        texts, stats = http_client.chat_many(calls, cfg)
         if stats["failures"]:
             raise JudgeError(
                 f"{stats['failures']} requests to the policy at {endpoint.base_url} failed "
@@ -226,7 +224,7 @@ def best_of_n(cfg: DialogueEvalConfig) -> Callable[[list[Episode], list[list]], 
             for r in replies
             if r.follow_up is not None
         ]
-        ratings = iter(judge.ask(asks, cfg.judge)[0])
+        ratings = iter(http_client.ask(asks, cfg.judge)[0])
         picks = []
         for replies in drawn:
             ea = []

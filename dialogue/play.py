@@ -31,14 +31,15 @@ from typing import Any, Callable
 
 import data
 import dataset
+import http_client
 import judge
 import rewards
 from config import bounded
 from data import THINK_END, THINK_START, DataError
 from fsdp import GatheredSampler, is_sharded
+from grpo import Segment, Slot
+from http_client import JudgeCall, JudgeConfig
 from judge import (
-    JudgeCall,
-    JudgeConfig,
     dialogue_text,
     emotional_state_request,
     parse_emotional_state,
@@ -51,7 +52,7 @@ from judge import (
     user_turn_request,
 )
 from rewards import DIALOGUE_GROUPING
-from rollout import Group, PromptSampler, Sample, Slot
+from rollout import Group, Sample, Sampler
 
 # ----------------------------------------------------------------------------- config
 
@@ -336,7 +337,7 @@ class Episode:
 
 
 def add_stats(total: dict, stats: dict) -> dict:
-    """Add the call counts of `stats` (judge.ask's) into `total`."""
+    """Add the call counts of `stats` (http_client.ask's) into `total`."""
     for key in ("calls", "retries", "failures", "malformed"):
         total[key] = total.get(key, 0) + stats.get(key, 0)
     return total
@@ -375,7 +376,7 @@ def play(
             for e, replies in zip(live, drawn)
             for r in replies
         ]
-        messages, asked = judge.ask([(call, parse_user_turn) for call in calls], simulator)
+        messages, asked = http_client.ask([(call, parse_user_turn) for call in calls], simulator)
         add_stats(stats, asked)
         answers = iter(messages)
         for replies in drawn:
@@ -583,8 +584,8 @@ def judge_probes(
     spec: rewards.RewardSpec, settings: DialogueSettings, cfg: JudgeConfig, scenario: Scenario
 ) -> list[tuple[str, JudgeConfig, JudgeCall]]:
     """(config key, endpoint, call): one request of each kind a dialogue run of `spec` sends each
-    of its endpoints, about `scenario`'s opening and a stand-in reply, for judge.probe before the
-    run."""
+    of its endpoints, about `scenario`'s opening and a stand-in reply, for http_client.probe before
+    the run."""
     opening = as_state(scenario)
     reply = "I am sorry to hear that. What happened?"
     history = list(opening.then("assistant", reply).history)
@@ -640,10 +641,10 @@ def with_criteria(rubric: dict | None, criteria: dict[str, list[str]] | None) ->
 
 
 def ask_into(asks: list[tuple[dict, str, JudgeCall, Callable]], cfg: JudgeConfig) -> dict:
-    """judge.ask the calls at once, storing each parsed answer as target[key]."""
+    """http_client.ask the calls at once, storing each parsed answer as target[key]."""
     if not asks:
         return {}
-    values, stats = judge.ask([(call, parse) for _, _, call, parse in asks], cfg)
+    values, stats = http_client.ask([(call, parse) for _, _, call, parse in asks], cfg)
     for (target, key, _, _), value in zip(asks, values):
         target[key] = value
     return add_stats({}, stats)
@@ -714,18 +715,18 @@ def played_slots(policy, tok, slots: list[Slot], cfg, seed: int, counts: dict) -
     ]
 
 
-class DialogueSampler(PromptSampler):
-    """Dialogue rollouts (rollout.py's interface; the sampler of dialogue/rl.py's runs): the
-    scenario seeds as one segment, `open` plays a turn reward's episodes into one slot per state,
-    `sample` draws groups (sample_dialogue_groups), `judge` asks the dialogue judges
-    (judge_groups)."""
+class DialogueSampler(Sampler):
+    """Dialogue rollouts (rollout.py's interface; the sampler of dialogue/rl.py's runs, `cfg` its
+    DialogueConfig): `play` turns the update's slots into the ones sampled, `sample` draws groups
+    (sample_dialogue_groups), `judge` asks the dialogue judges (judge_groups)."""
 
-    deals_slots = False  # a slot may hold a state played on this rank: it stays here
+    def __init__(self, policy, tok, cfg):
+        self.policy, self.tok, self.cfg = policy, tok, cfg
 
-    def segments(self, scenarios: list[Scenario]) -> list[dataset.Segment]:
-        return [dataset.Segment("scenarios", scenarios)]
-
-    def open(self, slots: list[Slot], seed: int, counts: dict) -> list[Slot]:
+    def play(self, slots: list[Slot], seed: int, counts: dict) -> list[Slot]:
+        """A turn reward's slots played into one per state (played_slots); a trajectory reward's
+        as they are. Either way a slot stays on the rank that holds it: it may hold a state played
+        there."""
         if DIALOGUE_GROUPING[self.cfg.reward.name] != "turn":
             return slots
         return played_slots(self.policy, self.tok, slots, self.cfg, seed, counts)
@@ -740,6 +741,16 @@ class DialogueSampler(PromptSampler):
             self.cfg.dialogue,
             self.cfg.judge,
         )
+
+
+def scenario_segments(cfg, scenarios: list[Scenario]) -> list[Segment]:
+    """grpo.train's `segments_for` of a dialogue run: the scenario seeds as one segment."""
+    return [Segment("scenarios", scenarios)]
+
+
+def play_slots(sampler, slots: list[Slot], seed: int, counts: dict) -> list[Slot]:
+    """grpo.collect_groups' `play` of a dialogue run: the run's sampler's DialogueSampler.play."""
+    return sampler.play(slots, seed, counts)
 
 
 def dialogue_sampler(cfg, policy, tok, ranks, out_dir) -> DialogueSampler | GatheredSampler:

@@ -5,7 +5,8 @@ seeds as its data and the dialogue sampler (play.py) as its sampler. Run from th
     python -m dialogue.rl configs/dialogue_demo.yaml model.path=PATH      # one process
 
 The config is grpo.py's plus a `dialogue:` section (play.DialogueSettings); `train_data` holds
-scenario seeds (prepare/emollm_seeds.py); the reward is one of rewards.DIALOGUE_GROUPING."""
+scenario seeds (prepare/emollm_seeds.py), walked as one segment (play.scenario_segments); the slots
+are played first (play.play_slots); the reward is one of rewards.DIALOGUE_GROUPING."""
 
 from __future__ import annotations
 
@@ -14,8 +15,15 @@ from pathlib import Path
 
 import grpo
 import rewards
-from config import ConfigSource
-from dialogue.play import DialogueSettings, dialogue_sampler, judge_probes, load_scenarios
+from config import ConfigSource, config_error
+from dialogue.play import (
+    DialogueSettings,
+    dialogue_sampler,
+    judge_probes,
+    load_scenarios,
+    play_slots,
+    scenario_segments,
+)
 from judge import CARE_DIMENSIONS, care_rubric
 
 
@@ -30,7 +38,7 @@ def check_inputs(cfg: DialogueConfig, config_path: str | ConfigSource) -> list:
     grpo.check_settings(cfg, config_path)
     spec, settings = cfg.reward, cfg.dialogue
     if spec.name not in rewards.DIALOGUE_GROUPING:
-        raise grpo.config_error(
+        raise config_error(
             config_path,
             "reward.name",
             f"a dialogue run trains {', '.join(rewards.DIALOGUE_GROUPING)}, not {spec.name} "
@@ -41,14 +49,14 @@ def check_inputs(cfg: DialogueConfig, config_path: str | ConfigSource) -> list:
         spec.name != "care"
         or care_rubric({d: {"weight": 1 / 3, "criteria": fixed.get(d)} for d in fixed}) is None
     ):
-        raise grpo.config_error(
+        raise config_error(
             config_path,
             "dialogue.fixed_criteria",
             f"reward care only, with 2-4 distinct criteria for each of "
             f"{', '.join(CARE_DIMENSIONS)}",
         )
     if cfg.rollout.engine == "vllm":
-        raise grpo.config_error(
+        raise config_error(
             config_path,
             "rollout.engine",
             "vllm samples single-turn prompts; dialogue runs sample with 'local'",
@@ -59,13 +67,13 @@ def check_inputs(cfg: DialogueConfig, config_path: str | ConfigSource) -> list:
         if getattr(settings, key) is not None
     }
     for key, endpoint in endpoints.items():
-        grpo.check_api_key(endpoint, key, config_path)
+        endpoint.check_key(key, config_path)
     if not cfg.train_data:
-        raise grpo.config_error(config_path, "train_data", "no scenario files given")
+        raise config_error(config_path, "train_data", "no scenario files given")
     scenarios = []
     for path in cfg.train_data:
         if not Path(path).is_file():
-            raise grpo.config_error(config_path, "train_data", f"{path}: file not found")
+            raise config_error(config_path, "train_data", f"{path}: file not found")
         scenarios += load_scenarios(path)
     return scenarios
 
@@ -75,7 +83,9 @@ def probes(cfg: DialogueConfig, scenarios: list) -> list:
 
 
 def main(argv=None) -> None:
-    grpo.main(argv, DialogueConfig, check_inputs, probes, dialogue_sampler)
+    grpo.main(
+        argv, DialogueConfig, check_inputs, probes, dialogue_sampler, scenario_segments, play_slots
+    )
 
 
 if __name__ == "__main__":

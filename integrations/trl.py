@@ -14,7 +14,7 @@ or, in your own script:
 
 `python -m integrations.trl` runs grpo.py's update through TRL: one generation of
 prompts_per_update x group_size completions per update, `loss.passes` optimizer steps over it, the
-LR of `train.warmup_hold_cosine` at every step (`lr_factor`, TRL's scheduler), and grpo.py's
+LR of `grpo.lr_at` at every step (`lr_factor`, TRL's scheduler), and grpo.py's
 outputs: metrics.jsonl (one line per update, grpo.py's keys), completions.jsonl (the text the
 reward scored), `adapter/` (or `model/`), `merged/` with `save_merged`, and its end line and exit
 status. It starts as grpo.py does (grpo.start_up: the inputs checked before any model loads, every
@@ -50,6 +50,7 @@ from config import (
     ConfigError,
     ConfigSource,
     MetricsWriter,
+    config_error,
     parse_cli,
     print0,
     read_metrics,
@@ -58,9 +59,9 @@ from config import (
 from data import Example, count_tokens, get_task, split_completion
 from dataset import example_from_json, example_to_json
 from distributed import Ranks
+from http_client import JudgeAuthError, JudgeConfig
 from integrations import exits_if_missing, require
-from judge import JudgeAuthError, JudgeConfig
-from rollout import update_metrics
+from rollout import end_line, run_summary, unscored_cause, unscored_stop, update_metrics
 from tokenizer import CheckpointError, QwenTokenizer, load_tokenizer
 from verifier import extract_quotes
 
@@ -217,7 +218,7 @@ def trl_arguments(cfg: grpo.GRPOConfig, n_processes: int = 1) -> dict[str, Any]:
 
 def lr_factor(cfg: grpo.GRPOConfig) -> Callable[[int], float]:
     """TRL's LR schedule (a LambdaLR factor of optim.lr) at optimizer step s, counted from 0: the
-    LR grpo.py's update s // loss.passes + 1 runs at (grpo.lr_at, train.warmup_hold_cosine)."""
+    LR grpo.py's update s // loss.passes + 1 runs at (grpo.lr_at)."""
     optim, passes = cfg.optim, cfg.loss.passes
     return lambda step: grpo.lr_at(step // passes + 1, optim, cfg.updates) / optim.lr
 
@@ -238,7 +239,7 @@ def check_inputs(cfg: grpo.GRPOConfig, config_path: str | ConfigSource) -> list[
     adapter (TRL loads one folder), an output_dir that is, holds or sits inside model.path (TRL
     writes its tokenizer and checkpoints there), and what trl_arguments cannot map."""
     if cfg.model.sft_adapter:
-        raise grpo.config_error(
+        raise config_error(
             config_path,
             "model.sft_adapter",
             "TRL loads one model folder; give the SFT run's merged/ as model.path and "
@@ -246,7 +247,7 @@ def check_inputs(cfg: grpo.GRPOConfig, config_path: str | ConfigSource) -> list[
         )
     out, model = Path(cfg.output_dir).resolve(), Path(cfg.model.path).resolve()
     if out.is_relative_to(model) or model.is_relative_to(out):
-        raise grpo.config_error(
+        raise config_error(
             config_path,
             "output_dir",
             f"{cfg.output_dir} is, holds or sits inside model.path {cfg.model.path}, where TRL "
@@ -323,7 +324,7 @@ class UpdateLog:
         self.local: dict | None = None
         self.packs: list[dict] = []
         self.streak = 0
-        self.stop: tuple[int, dict, str] | None = None  # grpo.unscored_stop's arguments
+        self.stop: tuple[int, dict, str] | None = None  # rollout.unscored_stop's arguments
 
     def record(self, lines: list[dict], stats: dict, seconds: float) -> None:
         self.local = {"lines": lines, "stats": stats, "judge_s": seconds}
@@ -347,7 +348,7 @@ class UpdateLog:
         unscored = metrics["tokens/trained"] == 0 and metrics["groups/unscored"] > 0
         self.streak = self.streak + 1 if unscored else 0
         if self.streak >= self.cfg.filtering.max_unscored_updates:
-            self.stop = (self.streak, metrics, grpo.unscored_cause([report]))
+            self.stop = (self.streak, metrics, unscored_cause([report]))
         return self.stop is not None
 
 
@@ -466,9 +467,9 @@ def main(argv=None) -> None:
         print0(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     if update_log.stop is not None:
-        grpo.unscored_stop(*update_log.stop, out)
+        unscored_stop(*update_log.stop, out)
     final = save_final(trainer, cfg, tok, ranks.main)
-    grpo.end_line(final, *grpo.run_summary(read_metrics(out / "metrics.jsonl")))
+    end_line(final, *run_summary(read_metrics(out / "metrics.jsonl")))
 
 
 if __name__ == "__main__":

@@ -39,8 +39,8 @@ import rewards
 from config import ConfigError, check_output_file, parse_cli
 from data import DataError, count_tokens, get_task
 from dataset import example_from_json, example_to_json, load_jsonl
+from http_client import JudgeConfig
 from integrations import exits_if_missing, require
-from judge import JudgeConfig
 from tokenizer import load_tokenizer
 
 _tokenizer = functools.cache(load_tokenizer)  # once per reward worker

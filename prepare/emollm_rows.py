@@ -45,7 +45,7 @@ skipped and counted.
 
 ARG SFT: `share` of each source's contexts (a source is one file of `dialogues`; EmoLLM C.2 samples
 10% of each dataset) are drawn at random (seed; `sample_contexts`), and the teacher
-(judge.chat, concurrent, resumable: teacher.ask_journaled journals every answer in
+(http_client.chat, concurrent, resumable: teacher.ask_journaled journals every answer in
 `<out>.teacher.jsonl`) writes the ARG state in Appendix H's order (Facts, Needs, Appraisal, Emotion,
 Strategy, then optionally up to `lookahead` reverse-perspective steps and the strategy chosen after
 them, as the Stage II scaffold of dialogue/play.py names them), the gating label r_t and the reply.
@@ -86,15 +86,8 @@ from config import (
 )
 from data import THINK_END, THINK_START, DataError
 from dataset import check_new_id, parse_json, read_data_text, reject_json_constant, typed_field
-from judge import (
-    ARG_SECTIONS,
-    DATA_NOTICE,
-    JudgeCall,
-    JudgeConfig,
-    JudgeError,
-    chat_messages,
-    section,
-)
+from http_client import JudgeCall, JudgeConfig, JudgeError
+from judge import ARG_SECTIONS, DATA_NOTICE, chat_messages, section
 from teacher import ask_journaled, load_journal, raw_text, request_key, write_rows
 from tokenizer import CheckpointError, load_tokenizer
 

@@ -6,7 +6,7 @@ episode of dialogue/rl.py or dialogue/evaluation.py starts from.
 The dialogues are files in ESConv's layout (prepare/emollm_rows.py reads them; prepare/convert.py
 writes them for EmpatheticDialogues, MSDialog, MedDialog and ICLR's review threads). From each
 source (one file), `per_source` dialogues are drawn at random (seed; all when None; C.3: 100 per
-dataset's test split), each with at least one user turn. The teacher (judge.chat, concurrent;
+dataset's test split), each with at least one user turn. The teacher (http_client.chat, concurrent;
 teacher.ask_journaled keeps every answer in `<out>.teacher.jsonl`, so a rerun asks only for what
 failed or was never asked) sees the whole dialogue and answers with one JSON object {"scenario",
 "initial_prompt"}: who the assistant is and what the user faces, and the user's opening message,
@@ -27,7 +27,8 @@ from pathlib import Path
 
 from config import ConfigError, bounded, check_output_file, parse_cli, print0
 from data import DataError
-from judge import DATA_NOTICE, JudgeCall, JudgeConfig, JudgeError, chat_messages, section
+from http_client import JudgeCall, JudgeConfig, JudgeError
+from judge import DATA_NOTICE, chat_messages, section
 from prepare.emollm_rows import Dialogue, contexts, load_dialogues, render_context
 from teacher import ask_journaled, load_journal, request_key, write_rows
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import data
 import dataset
+import http_client
 import judge
 from config import ConfigError, check_output_file, parse_cli, print0
 from teacher import ask_journaled, load_journal, raw_text, request_key, write_rows
@@ -34,11 +35,11 @@ class ReferenceSettings:
     examples: str  # gold examples without references (e.g. prepare/convert.py tombench)
     out: str  # the examples with references (grpo.py's train_data[0])
     # its own endpoint and sampling
-    teacher: judge.JudgeConfig = field(default_factory=judge.JudgeConfig)
+    teacher: http_client.JudgeConfig = field(default_factory=http_client.JudgeConfig)
 
 
 def add_references(
-    examples: list[data.Example], teacher: judge.JudgeConfig, journal
+    examples: list[data.Example], teacher: http_client.JudgeConfig, journal
 ) -> tuple[list[data.Example], dict[str, int]]:
     """Ask `teacher` for every example's reference analysis (teacher.ask_journaled: concurrent, each
     answer kept in the journal as it arrives, so a rerun asks only for what failed or was never
@@ -89,7 +90,7 @@ def main(argv=None) -> None:
     cfg = parse_cli(ReferenceSettings, argv)
     try:
         prepare(cfg)
-    except (ConfigError, data.DataError, judge.JudgeError) as e:
+    except (ConfigError, data.DataError, http_client.JudgeError) as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
 

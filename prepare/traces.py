@@ -36,16 +36,8 @@ from data import (
 )
 from dataset import example_to_json, load_jsonl
 from distributed import setup_distributed
-from judge import (
-    DATA_NOTICE,
-    JudgeCall,
-    JudgeConfig,
-    JudgeError,
-    chat_messages,
-    probe,
-    section,
-    strict_json_object,
-)
+from http_client import JudgeCall, JudgeConfig, JudgeError, probe
+from judge import DATA_NOTICE, chat_messages, section, strict_json_object
 from model import Qwen
 from sampling import sample_completions, sampling_from
 from teacher import ask_journaled, load_journal, raw_text, request_key, write_rows
@@ -326,8 +318,8 @@ def sample_traces(
 ) -> list[str | None]:
     """(`cfg.samples` traces per example (`prompts` holds each example's prompt that many times), in
     that order, None where the endpoint failed; the failed calls' reasons). model.py samples with
-    `cfg.seed`, after the teacher has answered one stand-in refinement (judge.probe); an endpoint's
-    answers are journaled."""
+    `cfg.seed`, after the teacher has answered one stand-in refinement (http_client.probe); an
+    endpoint's answers are journaled."""
     if cfg.sampler is None:
         stand_in = f"{_STAND_IN_TRACE}\n{THINK_END}\nAnswer: {', '.join(examples[0].labels)}"
         stand_in_call = refinement_request(examples[0], prompts[0], stand_in, cfg.refine_max_tokens)

@@ -73,10 +73,9 @@ from config import (
 from data import DataError, Example, parse_answer, render_conversation, split_completion, task_brief
 from dataset import load_jsonl, read_jsonl
 from distributed import DistributedSettings, all_reduce_sum, setup_distributed
+from http_client import JudgeConfig, JudgeError
 from judge import (
     JUDGES,
-    JudgeConfig,
-    JudgeError,
     parse_sip_content,
     parse_sip_reference,
     sip_content_request,
@@ -312,9 +311,9 @@ class RewardModelBackend:
     """A judge_server.py backend answering the R_content judge prompts (judge.sip_content_request,
     with a reference or without) with a trained content RM instead of a prompted judge: `<r> |
     <sigmoid(r), two decimals>`, the prompted judge's own format, so a trainer reaches a served RM
-    through judge.chat and reads it with parse_sip_content, the one HTTP client and the one parser.
-    The RM's context is rebuilt from the request's <task> and <conversation> sections (rm_context's
-    layout; the reference, when sent, is not read). Refuses every other prompt."""
+    through http_client.chat and reads it with parse_sip_content, the one HTTP client and the one
+    parser. The RM's context is rebuilt from the request's <task> and <conversation> sections
+    (rm_context's layout; the reference, when sent, is not read). Refuses every other prompt."""
 
     def __init__(self, path: str, base: str | None = None, device: str | None = None):
         self.rm = load_reward_model(path, base, device)

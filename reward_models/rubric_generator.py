@@ -43,12 +43,10 @@ from typing import Any
 from config import ConfigError, atomic_write_text, check_output_file, parse_cli, print0
 from data import DataError, Example, Turn
 from dataset import read_jsonl, save_jsonl
+from http_client import JudgeCall, JudgeConfig, JudgeError
 from judge import (
     CARE_DIMENSIONS,
     DATA_NOTICE,
-    JudgeCall,
-    JudgeConfig,
-    JudgeError,
     care_rubric,
     care_rubric_request,
     care_scores_request,

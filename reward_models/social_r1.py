@@ -13,9 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import dataset
 import grpo
 import rewards
-from config import ConfigSource
+from config import ConfigSource, config_error
 from reward_models.content_rm import RM_INFO, ContentModelSettings, content_scorer
 
 
@@ -29,25 +30,29 @@ def check_inputs(cfg: SocialR1Config, config_path: str | ConfigSource) -> list:
     endpoint, with its key), then grpo.check_settings; the examples need no reference."""
     rm = cfg.content_model
     if cfg.reward.name != "social_r1" or (rm.path is None) == (rm.endpoint is None):
-        raise grpo.config_error(
+        raise config_error(
             config_path,
             "content_model",
             "reward social_r1 only, with either a path (in-process) or an endpoint (served)",
         )
     if rm.path is not None and not (Path(rm.path) / RM_INFO).is_file():
-        raise grpo.config_error(
+        raise config_error(
             config_path,
             "content_model.path",
             f"{rm.path} has no {RM_INFO} (train one: python -m reward_models.content_rm)",
         )
     if rewards.CONTENT_JUDGE not in rewards.judges_needed(cfg.reward):
-        raise grpo.config_error(
+        raise config_error(
             config_path, "content_model", "R_content is switched off (reward.params.use_content: 0)"
         )
     if rm.endpoint is not None:
-        grpo.check_api_key(rm.endpoint, "content_model.endpoint", config_path)
+        rm.endpoint.check_key("content_model.endpoint", config_path)
     grpo.check_settings(cfg, config_path)
-    return grpo.load_examples(cfg, config_path, content_scorer=True)
+    return dataset.load_files(
+        cfg.train_data,
+        config_path,
+        lambda loaded: rewards.check_reward_data(cfg.reward, loaded, content_model=True),
+    )
 
 
 def probes(cfg: SocialR1Config, examples: list) -> list:

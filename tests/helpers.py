@@ -404,7 +404,7 @@ def prompt_sampler(model, group_size: int, max_new_tokens: int, temperature: flo
         repetition_penalty=1.0,
         decode=decode,
     )
-    return PromptSampler(model, SimpleNamespace(eos_token_ids=()), SimpleNamespace(rollout=rollout))
+    return PromptSampler(model, SimpleNamespace(eos_token_ids=()), rollout, None, None, 1)
 
 
 def randomize(module, seed=0):
@@ -941,3 +941,33 @@ def openai_stub_backend(messages, request: dict) -> str:
                     "model. Only the default (1) value is supported."
                 )
     return "ok"
+
+
+def fake_eval(name, f1_in, f1_out, tokens_in, tokens_out, sd=0.01):
+    """An eval.json summary of two sets, one per domain, with the given weighted F1 and tokens."""
+    import evaluate as ev
+
+    def stat(mean, runs=3):
+        return {"mean": mean, "sd": sd if runs > 1 else None, "runs": [mean] * runs}
+
+    def entry(domain, f1, tokens):
+        return {
+            "domain": domain,
+            "decoding": {"n_samples": 3},
+            "weighted_f1": stat(f1),
+            "macro_f1": stat(f1 - 0.05),
+            "invalid": stat(0.02),
+            "reasoning_tokens": stat(tokens),
+            "quoting": stat(0.5),
+            "verified": stat(0.75),
+        }
+
+    sets = {
+        "ccu_zh_emotion": entry("in", f1_in, tokens_in),
+        "meld": entry("out", f1_out, tokens_out),
+    }
+    averages = {
+        d: {k: s[k] for k in ev.AVERAGED}
+        for d, s in (("in", sets["ccu_zh_emotion"]), ("out", sets["meld"]))
+    }
+    return {"name": name, "sets": sets, "averages": averages}

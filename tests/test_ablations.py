@@ -194,7 +194,7 @@ def test_a_table_2_row_runs_asking_only_its_judges(tmp_path, assets, name, asked
         )
     records = read_jsonl(tmp_path / "run" / "metrics.jsonl")
     assert [r["step"] for r in records] == [1, 2]
-    # each judge once before the run (judge.probe), then 2 updates x 2 rollouts
+    # each judge once before the run (http_client.probe), then 2 updates x 2 rollouts
     assert set(seen) == asked and len(seen) == (1 + 2 * 2) * len(asked)
 
 
@@ -272,7 +272,7 @@ def test_a_table_3_row_runs(tmp_path, assets, name):
     cfg = yaml.safe_load((CONFIGS / name).read_text())["dialogue"]
     writers = {m for system, _, m in recorder.requests if system == CARE_RUBRIC_SYSTEM}
     assert writers == {cfg["rubric_judge"]["model"]}
-    # the first: the judge asked once before the run (judge.probe), about a stand-in rubric
+    # the first: the judge asked once before the run (http_client.probe), about a stand-in rubric
     _, *scored = [user for system, user, _ in recorder.requests if system == CARE_SCORES_SYSTEM]
     assert len(scored) == 2  # both replies, under their state's rubric
     # the fixed row's criteria are in every scoring prompt of that row, and in no other row's

@@ -3,7 +3,6 @@ rendering, answer parsing, the curriculum and the stats command."""
 
 import dataclasses
 import json
-from collections import Counter
 
 import pytest
 
@@ -25,14 +24,11 @@ from data import (
     well_formed,
 )
 from dataset import (
-    CurriculumConfig,
     check_example,
-    curriculum,
     load_jsonl,
     main,
     save_jsonl,
     stats,
-    truncate_context,
 )
 
 
@@ -562,93 +558,6 @@ def test_split_completion_and_blocks():
     )
     assert split_blocks("one\nline\n\n\n\ntwo\r\n\r\nthree") == ["one\nline", "two", "three"]
     assert split_blocks("  \n\n") == []
-
-
-# ----------------------------------------------------------------------------- curriculum
-
-
-def long_example(n_turns=25, target=22, **kw):
-    turns = [
-        Turn(
-            "A" if i % 2 else "B", f"turn {i}", reply_to=(i - 3 if i % 5 == 0 and i >= 3 else None)
-        )
-        for i in range(n_turns)
-    ]
-    fields = dict(
-        id="long",
-        task="meld_emotion",
-        turns=turns,
-        target=target,
-        labels=["joy"],
-        meta={"causes": [{"turn": 5, "span": "turn 5"}, {"turn": 20, "span": "turn 20"}]},
-    )
-    return Example(**(fields | kw))
-
-
-def test_truncate_context_keeps_target_and_preceding_turns():
-    example = long_example()
-    short = truncate_context(example, 10)
-    assert [t.text for t in short.turns] == [f"turn {i}" for i in range(12, 23)]
-    assert short.target == 10 and short.id == "long/ctx10" and short.labels == ["joy"]
-    # turn 15 answered turn 12 (now 0); turn 20 answered
-    # 17 (now 5); turn 12's own parent (9) was dropped
-    assert [t.reply_to for t in short.turns] == [
-        None,
-        None,
-        None,
-        0,
-        None,
-        None,
-        None,
-        None,
-        5,
-        None,
-        None,
-    ]
-    assert short.meta["causes"] == [{"turn": 8, "span": "turn 20"}]
-    # the input is untouched
-    assert example.turns[12].reply_to is None and example.meta["causes"][0]["turn"] == 5
-    check_example(short)
-    assert truncate_context(example, 22) is example and truncate_context(example, 30) is example
-    power = Example("w", "wiki_power", example.turns, None, ["A"])
-    assert truncate_context(power, 5) is power
-    assert render_target(truncate_context(example, 5)) == render_target(example)
-
-
-def test_curriculum_orders_full_segment_by_difficulty_within_task():
-    xs = [
-        Example(f"x{d}", "wiki_power", [Turn("A", "hi")], None, ["A"], difficulty=d)
-        for d in (0.9, 0.1)
-    ]
-    ys = [long_example(id=f"y{i}", difficulty=d) for i, d in enumerate((0.5, None, 0.2, 0.7))]
-    full, mixed = curriculum(xs + ys, CurriculumConfig(seed=1))
-    assert (full.name, mixed.name) == ("full", "mixed")
-    # Within a task: increasing difficulty, unrated last. Across tasks, by relative position:
-    # x: 1/4, 3/4; y: 1/8, 3/8, 5/8, 7/8 (hand-computed).
-    assert [e.id for e in full.examples] == ["y2", "x0.1", "y0", "y3", "x0.9", "y1"]
-    # full contexts
-    assert all(e.turns is o.turns for e in full.examples for o in xs + ys if o.id == e.id)
-
-
-def test_curriculum_mixed_segment_is_deterministic_and_covers_every_example():
-    examples = [long_example(id=f"e{i}") for i in range(60)]
-    examples.append(Example("w", "wiki_power", [Turn("A", "x")], None, ["A"]))
-    cfg = CurriculumConfig(context_turns=(5, 10, 20), seed=7)
-    mixed = curriculum(examples, cfg)[1].examples
-    assert sorted(e.id.split("/")[0] for e in mixed) == sorted(e.id for e in examples)
-    lengths = Counter(e.id.partition("/ctx")[2] or "full" for e in mixed)
-    # the power example is never cut
-    assert set(lengths) == {"full", "5", "10", "20"} and lengths["full"] >= 2
-    for e in mixed:
-        n = e.id.partition("/ctx")[2]
-        if n:
-            assert (
-                len(e.turns) == int(n) + 1 and e.target == int(n) and e.turns[-1].text == "turn 22"
-            )
-    assert [e.id for e in curriculum(examples, cfg)[1].examples] == [e.id for e in mixed]
-    assert [e.id for e in curriculum(examples, CurriculumConfig(seed=8))[1].examples] != [
-        e.id for e in mixed
-    ]
 
 
 # ----------------------------------------------------------------------------- stats

@@ -14,7 +14,7 @@ import data
 import dataset
 import demo
 import rewards
-from judge import JudgeConfig
+from http_client import JudgeConfig
 from model import Qwen
 from tokenizer import load_tokenizer
 from verifier import EVIDENCE_OPEN, extract_quotes, verify_quote

@@ -202,46 +202,7 @@ def test_small_checkpoint_refuses_bad_input_in_one_line_writing_nothing(
     assert M.Qwen.from_pretrained("out").config.vocab_size >= 259
 
 
-# ----------------------------------------------------------------------------- compare and plot
-
-
-def metrics_run(folder: Path) -> Path:
-    folder.mkdir(parents=True)
-    (folder / "metrics.jsonl").write_text('{"step": 1, "loss": 1.0}\n{"step": 2, "loss": 0.5}\n')
-    return folder
-
-
-@pytest.mark.parametrize(
-    "out, mine, expected",
-    [
-        ("fig", "fig.png", "fig.png exists; pass --overwrite to replace it"),
-        ("curves.txt", None, "--out {tmp}/curves.txt: the figure is a PNG; name a .png file"),
-        ("figs", "figs/", "--out {tmp}/figs.png is a folder"),
-    ],
-)
-def test_plot_checks_the_name_it_will_write_before_drawing(tmp_path, capsys, out, mine, expected):
-    """`--out fig` writes fig.png (matplotlib adds the suffix), so the user's fig.png is kept
-    without --overwrite (was: replaced, the tool naming `fig`); `--out curves.txt` is one line (was
-    matplotlib's ValueError traceback); a folder of that name is refused before drawing."""
-    pytest.importorskip("matplotlib")
-    import evaluate as ev
-
-    run = metrics_run(tmp_path / "run")
-    if mine == "figs/":
-        (tmp_path / "figs.png").mkdir()
-    elif mine:
-        (tmp_path / mine).write_bytes(b"my figure")
-    before = sorted(str(p) for p in tmp_path.rglob("*"))
-    with pytest.raises(SystemExit) as stop:
-        ev.main(["plot", str(run), "--out", str(tmp_path / out)])
-    error = capsys.readouterr().err.strip().splitlines()[-1]
-    assert stop.value.code == 2 and expected.format(tmp=tmp_path) in error, error
-    assert sorted(str(p) for p in tmp_path.rglob("*")) == before
-    if mine == "fig.png":
-        assert (tmp_path / "fig.png").read_bytes() == b"my figure"
-        ev.main(["plot", str(run), "--out", str(tmp_path / "fig"), "--overwrite"])
-        assert (tmp_path / "fig.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-        assert f"wrote {tmp_path / 'fig.png'} (" in capsys.readouterr().out
+# ----------------------------------------------------------------------------- compare
 
 
 def test_compare_into_a_folder_holding_a_table_is_refused_without_overwrite(tmp_path, capsys):

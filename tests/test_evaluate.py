@@ -13,14 +13,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import TINY, write_tiny_checkpoint
+from helpers import TINY, fake_eval, write_tiny_checkpoint
 
 import evaluate as ev
 from config import load_config, open_log, read_log
 from data import DataError, Example, Turn
 from dataset import save_jsonl
 from dialogue import eqbench3
-from judge import JudgeConfig
+from http_client import JudgeConfig
 from judge_server import Faults, JudgeServer, rules_backend
 
 REPO = Path(__file__).resolve().parents[1]
@@ -553,33 +553,6 @@ def test_read_log_splits_records_at_newline_only(tmp_path):
 # -------------------------------------------------------------------- tables, figures, command line
 
 
-def fake_eval(name, f1_in, f1_out, tokens_in, tokens_out, sd=0.01):
-    def stat(mean, runs=3):
-        return {"mean": mean, "sd": sd if runs > 1 else None, "runs": [mean] * runs}
-
-    def entry(domain, f1, tokens):
-        return {
-            "domain": domain,
-            "decoding": {"n_samples": 3},
-            "weighted_f1": stat(f1),
-            "macro_f1": stat(f1 - 0.05),
-            "invalid": stat(0.02),
-            "reasoning_tokens": stat(tokens),
-            "quoting": stat(0.5),
-            "verified": stat(0.75),
-        }
-
-    sets = {
-        "ccu_zh_emotion": entry("in", f1_in, tokens_in),
-        "meld": entry("out", f1_out, tokens_out),
-    }
-    averages = {
-        d: {k: s[k] for k in ev.AVERAGED}
-        for d, s in (("in", sets["ccu_zh_emotion"]), ("out", sets["meld"]))
-    }
-    return {"name": name, "sets": sets, "averages": averages}
-
-
 def test_compare_prints_table_one_layout_with_differences(tmp_path):
     base, clue = fake_eval("Base", 0.40, 0.50, 900, 800), fake_eval("CLUE", 0.47, 0.55, 400, 350)
     for name, e in (("base", base), ("clue", clue)):
@@ -607,75 +580,10 @@ def test_compare_prints_table_one_layout_with_differences(tmp_path):
     assert "| Δ vs Base | +7.00 | +7.00 | +5.00 | +5.00 |" in lines
     assert "| CLUE | 400 ± 0 | 400 ± 0 | 350 ± 0 | 350 ± 0 |" in lines
     assert (tmp_path / "cmp" / "table.md").read_text() == ev.markdown_tables([base, clue])
-    assert (tmp_path / "cmp" / "f1_vs_tokens.png").stat().st_size > 10_000
     assert (
         "Gain of CLUE over Base in average weighted F1: In-domain +7.00 points (+17.5%), "
         "Out-of-domain +5.00 points (+10.0%)"
     ) in lines
-
-
-@pytest.mark.slow
-def test_figures_are_written_with_labelled_axes(tmp_path):
-    pytest.importorskip("matplotlib")
-    evals = [
-        fake_eval("Base Qwen", 0.40, 0.50, 900, 800),
-        fake_eval("Reasoning SFT", 0.43, 0.48, 500, 450),
-        fake_eval("CLUE", 0.47, 0.55, 400, 350),
-    ]
-    ev.plot_f1_vs_tokens(evals, tmp_path / "f1.png")
-    run = tmp_path / "grpo-run"
-    run.mkdir()
-    with open(run / "metrics.jsonl", "w") as f:
-        for step in range(40):
-            record = {
-                "step": step,
-                "reward": 0.5 + step / 100,
-                "reward_std": 0.2,
-                "rewards/accuracy/mean": step / 50,
-                "rewards/iu/mean": 0.3,
-                "completions/mean_length": 900 - 10 * step,
-                "kl": 0.001 * step,
-                "groups/masked": step % 3,
-                "lr": 1e-6 * min(1, step / 5),
-                "loss": "nan" if step == 7 else 0.1,
-                "eval/ccu_emotion/macro_f1": 0.3 + step / 200,
-                "eval/ccu_norm/macro_f1": 0.5,
-            }
-            f.write(json.dumps(record) + "\n")
-        f.write('{"step": 40, "rew')  # a torn last line
-    other = tmp_path / "acc-only"
-    other.mkdir()
-    (other / "metrics.jsonl").write_text(
-        "".join(json.dumps({"step": s, "reward": 0.4, "lr": 1e-6}) + "\n" for s in range(30))
-    )
-    panels = ev.plot_training_curves([run, other], tmp_path / "curves.png")
-    cli = subprocess.run(
-        [sys.executable, str(REPO / "evaluate.py"), "plot", str(run)],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=120,
-    )
-    assert cli.returncode == 0 and (run / "training_curves.png").is_file(), cli.stderr
-    assert panels == [
-        "Mean reward",
-        "Reward components",
-        "Completion length",
-        "KL to reference",
-        "Masked groups",
-        "Learning rate",
-        "Loss",
-        "Eval macro F1",
-    ]
-    assert (tmp_path / "f1.png").stat().st_size > 10_000 and (
-        tmp_path / "curves.png"
-    ).stat().st_size > 10_000
-
-
-def test_missing_matplotlib_is_one_line(monkeypatch):
-    monkeypatch.setitem(sys.modules, "matplotlib", None)
-    with pytest.raises(ev.PlotUnavailable, match="requirements-plot.txt"):
-        ev._pyplot()
 
 
 @pytest.mark.slow
@@ -1379,82 +1287,6 @@ def test_a_served_policy_plays_the_scripted_turns_and_resumes_after_a_failed_req
         {"role": "assistant", "content": "reply 0"},
         {"role": "user", "content": frame(prompt=scenario.prompts[1])},
     ]
-
-
-def test_no_figure_says_why_a_set_without_a_domain_has_none(tmp_path, capsys):
-    """An ECF-style evaluation whose one set has no domain (in or out): the F1 figure plots the
-    domains' averages, so none is drawn, and the line says that, not that reasoning tokens were not
-    counted (they were: the table shows them)."""
-    paths = write_sets(tmp_path)
-    with JudgeServer(scripted_model, port=0).start() as server:
-        endpoint = JudgeConfig(base_url=server.url, model="scripted", timeout=10, retries=0)
-        cfg = ev.EvalConfig(
-            output_dir=str(tmp_path / "out"),
-            sets=[ev.EvalSet("meld", str(paths["meld"]))],
-            endpoint=endpoint,
-            tokenizer=None,
-        )
-        ev.evaluate(cfg)
-    out = capsys.readouterr().out
-    assert "no f1_vs_tokens.png: no set has a domain (in or out), whose averages it plots" in out
-    assert "no reasoning-token counts" not in out
-
-
-def test_curve_panels_keep_steps_and_updates_apart_and_bands_inside_the_rewards_seen():
-    sft = [{"step": s, "loss": 2.0 / s, "lr": 1e-4} for s in range(1, 41)]
-    grpo = [
-        {"step": 1, "loss": 0.0, "lr": 1e-6, "reward": 0.1, "reward_std": 0.3,
-         "reward_min": 0.0, "reward_max": 0.6},
-        {"step": 2, "loss": 0.0, "lr": 1e-6, "reward": 0.9, "reward_std": 0.3,
-         "reward_min": 0.5, "reward_max": 1.0},
-    ]  # fmt: skip
-    panels = ev.curve_panels([("sft", sft), ("grpo", grpo)])
-    assert [(p.title, p.xlabel) for p in panels] == [
-        ("Mean reward", "GRPO update"),
-        ("Learning rate (SFT)", "SFT step"),
-        ("Learning rate (GRPO)", "GRPO update"),
-        ("Loss (SFT)", "SFT step"),
-        ("Loss (GRPO)", "GRPO update"),
-    ]
-    (reward,) = panels[0].series
-    assert reward.steps == (1, 2)
-    # mean ± SD, never past the update's lowest or highest reward: 0.1 - 0.3 stops at 0.0, 0.9 + 0.3
-    # at 1.0
-    assert [v for band in reward.band for v in band] == pytest.approx([0.0, 0.4, 0.6, 1.0])
-    sft_loss = panels[3].series[0]
-    assert not sft_loss.marker and panels[4].series[0].marker  # 40 points: a line; 2: dots
-    # one GRPO run alone: no suffix, as before
-    assert [p.title for p in ev.curve_panels([("grpo", grpo)])][-1] == "Loss"
-
-
-def test_plot_refuses_to_replace_a_figure_and_asks_where_several_runs_go(tmp_path):
-    runs = []
-    for name in ("a", "b"):
-        (tmp_path / name).mkdir()
-        (tmp_path / name / "metrics.jsonl").write_text('{"step": 1, "loss": 1.0}\n')
-        runs.append(str(tmp_path / name))
-    (tmp_path / "a" / "training_curves.png").write_bytes(b"earlier figure")
-
-    def plot(*args):
-        return subprocess.run(
-            [sys.executable, str(REPO / "evaluate.py"), "plot", *args],
-            capture_output=True, text=True, cwd=REPO, timeout=120,
-        )  # fmt: skip
-
-    replace = plot(runs[0])
-    assert replace.returncode == 2 and "--overwrite" in replace.stderr, replace.stderr
-    assert (tmp_path / "a" / "training_curves.png").read_bytes() == b"earlier figure"
-    several = plot(*runs)
-    assert several.returncode == 2 and "--out" in several.stderr, several.stderr
-    assert not (tmp_path / "b" / "training_curves.png").exists()
-
-
-def test_f1_figure_labels_coinciding_points_once_and_keeps_f1_in_its_range():
-    marks = [("Base", 400.0, 0.0), ("SFT", 400.0, 0.0), ("CLUE", 350.0, 0.0)]
-    assert ev.point_labels(marks) == [("Base, SFT", 400.0, 0.0), ("CLUE", 350.0, 0.0)]
-    assert ev.f1_limits(-0.06, 0.06) == (0.0, 10.0)  # all F1 zero: a readable 0-10% axis
-    assert ev.f1_limits(35.0, 62.0) == (35.0, 62.0)
-    assert ev.f1_limits(-3.0, 104.0) == (0.0, 100.0)
 
 
 def test_a_rubric_judged_by_the_rules_stand_in_says_so_in_the_tables_title():

@@ -4,6 +4,8 @@ paper's LR landmarks, and whole runs on a tiny random model against the local ru
 HTTP: every output written, exact resume after SIGKILL, SIGTERM, judge failures, bad inputs, and a
 reward that a tiny model learns to raise."""
 
+import collections
+import contextlib
 import hashlib
 import json
 import math
@@ -50,6 +52,7 @@ from judge import SIP_REFERENCE_SYSTEM, SIP_STAGES, parse_sip_reference
 from judge_server import Faults, JudgeServer, rules_backend
 from prepare import references
 from reward_models import social_r1 as social_r1_rl
+from vllm_engine import tis_weights
 
 REPO = Path(__file__).resolve().parents[1]
 METRIC_KEYS = [
@@ -189,16 +192,164 @@ def test_grpo_loss_by_hand():
     )
 
 
+# ----------------------------------------------------------------------------- the data order
+
+
+def long_example(n_turns=25, target=22, **kw):
+    turns = [
+        data.Turn(
+            "A" if i % 2 else "B", f"turn {i}", reply_to=(i - 3 if i % 5 == 0 and i >= 3 else None)
+        )
+        for i in range(n_turns)
+    ]
+    fields = dict(
+        id="long",
+        task="meld_emotion",
+        turns=turns,
+        target=target,
+        labels=["joy"],
+        meta={"causes": [{"turn": 5, "span": "turn 5"}, {"turn": 20, "span": "turn 20"}]},
+    )
+    return data.Example(**(fields | kw))
+
+
+def test_truncate_context_keeps_target_and_preceding_turns():
+    example = long_example()
+    short = grpo.truncate_context(example, 10)
+    assert [t.text for t in short.turns] == [f"turn {i}" for i in range(12, 23)]
+    assert short.target == 10 and short.id == "long/ctx10" and short.labels == ["joy"]
+    # turn 15 answered turn 12 (now 0); turn 20 answered
+    # 17 (now 5); turn 12's own parent (9) was dropped
+    assert [t.reply_to for t in short.turns] == [
+        None,
+        None,
+        None,
+        0,
+        None,
+        None,
+        None,
+        None,
+        5,
+        None,
+        None,
+    ]
+    assert short.meta["causes"] == [{"turn": 8, "span": "turn 20"}]
+    # the input is untouched
+    assert example.turns[12].reply_to is None and example.meta["causes"][0]["turn"] == 5
+    dataset.check_example(short)
+    assert (
+        grpo.truncate_context(example, 22) is example
+        and grpo.truncate_context(example, 30) is example
+    )
+    power = data.Example("w", "wiki_power", example.turns, None, ["A"])
+    assert grpo.truncate_context(power, 5) is power
+    assert data.render_target(grpo.truncate_context(example, 5)) == data.render_target(example)
+
+
+def test_curriculum_orders_full_segment_by_difficulty_within_task():
+    xs = [
+        data.Example(f"x{d}", "wiki_power", [data.Turn("A", "hi")], None, ["A"], difficulty=d)
+        for d in (0.9, 0.1)
+    ]
+    ys = [long_example(id=f"y{i}", difficulty=d) for i, d in enumerate((0.5, None, 0.2, 0.7))]
+    full, mixed = grpo.curriculum(xs + ys, grpo.CurriculumConfig(seed=1))
+    assert (full.name, mixed.name) == ("full", "mixed")
+    # Within a task: increasing difficulty, unrated last. Across tasks, by relative position:
+    # x: 1/4, 3/4; y: 1/8, 3/8, 5/8, 7/8 (hand-computed).
+    assert [e.id for e in full.examples] == ["y2", "x0.1", "y0", "y3", "x0.9", "y1"]
+    # full contexts
+    assert all(e.turns is o.turns for e in full.examples for o in xs + ys if o.id == e.id)
+
+
+def test_curriculum_mixed_segment_is_deterministic_and_covers_every_example():
+    examples = [long_example(id=f"e{i}") for i in range(60)]
+    examples.append(data.Example("w", "wiki_power", [data.Turn("A", "x")], None, ["A"]))
+    cfg = grpo.CurriculumConfig(context_turns=(5, 10, 20), seed=7)
+    mixed = grpo.curriculum(examples, cfg)[1].examples
+    assert sorted(e.id.split("/")[0] for e in mixed) == sorted(e.id for e in examples)
+    lengths = collections.Counter(e.id.partition("/ctx")[2] or "full" for e in mixed)
+    # the power example is never cut
+    assert set(lengths) == {"full", "5", "10", "20"} and lengths["full"] >= 2
+    for e in mixed:
+        n = e.id.partition("/ctx")[2]
+        if n:
+            assert (
+                len(e.turns) == int(n) + 1 and e.target == int(n) and e.turns[-1].text == "turn 22"
+            )
+    assert [e.id for e in grpo.curriculum(examples, cfg)[1].examples] == [e.id for e in mixed]
+    assert [e.id for e in grpo.curriculum(examples, grpo.CurriculumConfig(seed=8))[1].examples] != [
+        e.id for e in mixed
+    ]
+
+
+def test_rl_schedule_at_the_papers_landmarks():
+    paper = grpo.OptimSettings(lr=2e-6, lr_floor=5e-7, warmup_updates=19, hold_until=506)
+
+    def lr(update):  # updates counted from 1, as in the paper
+        return grpo.lr_at(update, paper, 723)
+
+    assert lr(1) == pytest.approx(5e-7)
+    assert lr(10) == pytest.approx(5e-7 + 1.5e-6 * 9 / 19)
+    assert lr(19) == pytest.approx(5e-7 + 1.5e-6 * 18 / 19)
+    assert lr(20) == lr(300) == lr(506) == 2e-6
+    assert (
+        lr(507) == pytest.approx(2e-6 - 1.5e-6 * (1 - math.cos(math.pi / 217)) / 2)
+        and lr(507) < 2e-6
+    )
+    mid = 506 + (723 - 506) / 2
+    assert lr(mid) == pytest.approx(5e-7 + 1.5e-6 / 2)
+    assert lr(600) == pytest.approx(5e-7 + 1.5e-6 * 0.5 * (1 + math.cos(math.pi * 94 / 217)))
+    assert lr(723) == pytest.approx(5e-7, rel=1e-12)
+    # no warm-up: the first update at the peak
+    no_warmup = grpo.OptimSettings(lr=2e-6, lr_floor=5e-7, warmup_updates=0, hold_until=50)
+    assert grpo.lr_at(1, no_warmup, 50) == 2e-6
+
+
+def test_the_token_weights_a_samplers_rollouts_span_hands_over_weigh_the_loss(
+    tmp_path, assets, judge
+):
+    """The weight the sampler's `rollouts` span yields (a served engine's truncated importance
+    weights) multiplies each token's surrogate in the run's loss: with no KL term, a span that
+    weighs every token 2 doubles the gradient norm of the first update that trains (the same
+    rollouts from the same policy: nothing stepped before it), its trained tokens unchanged. (Its
+    loss is 0 either way: on the sampling policy the surrogate is the mean advantage, 0.)"""
+
+    class Weighed(rollout.PromptSampler):
+        @contextlib.contextmanager
+        def rollouts(self, update):
+            yield lambda logp_old, logp_sampler: torch.full_like(logp_old, 2.0)
+
+    def weighed(cfg, policy, tok, ranks, out_dir):
+        return Weighed(policy, tok, cfg.rollout, cfg.reward, cfg.judge, cfg.updates)
+
+    first = {}
+    for name, sampler_for in (("plain", grpo.rollout_sampler), ("weighed", weighed)):
+        config = run_config(
+            tmp_path / name,
+            assets,
+            judge.url,
+            filtering={"resamples": 3, "replacements": 2},
+            **{"loss.beta": 0},
+        )
+        grpo.main([str(config)], sampler_for=sampler_for)
+        lines = read_jsonl(tmp_path / name / "run" / "metrics.jsonl")
+        first[name] = next(m for m in lines if m["tokens/trained"] > 0)
+    plain, twice = first["plain"], first["weighed"]
+    assert plain["grad_norm"] > 0
+    assert (twice["step"], twice["tokens/trained"]) == (plain["step"], plain["tokens/trained"])
+    assert twice["grad_norm"] == pytest.approx(2 * plain["grad_norm"], rel=1e-5)
+
+
 def test_truncated_importance_weights_by_hand():
     """w = min(pi_old / pi_sampler, C) per token, and grpo_loss multiplying each token's clipped
     surrogate by it (the KL term unweighted), against the formula evaluated by hand."""
     old = torch.tensor([[-1.0, -2.0, -0.5], [-0.2, -3.0, -1.0]])
     sampler = torch.tensor([[-1.5, -1.7, -3.0], [-0.2, -2.0, -1.1]])
-    w = grpo.tis_weights(old, sampler, 2.0)
+    w = tis_weights(old, sampler, 2.0)
     # e^2.5 capped at 2
     expected = [[math.exp(0.5), math.exp(-0.3), 2.0], [1.0, math.exp(-1.0), math.exp(0.1)]]
     torch.testing.assert_close(w, torch.tensor(expected))
-    assert grpo.tis_weights(old, sampler, None) is None
+    assert tis_weights(old, sampler, None) is None
     logp = torch.tensor([[-0.8, -2.1, -0.4], [-0.3, -2.9, -1.2]])
     ref = torch.tensor([[-1.1, -2.0, -0.9], [-0.1, -3.2, -1.0]])
     adv, mask = [0.7, -1.2], [[True, True, True], [True, True, False]]
@@ -212,7 +363,7 @@ def test_truncated_importance_weights_by_hand():
         0.2,
         0.1,
         "token-mean",
-        is_weight=w,
+        token_weight=w,
     )
     total, n = 0.0, 0
     for b in range(2):
@@ -291,7 +442,7 @@ def test_social_r1_weight_reaches_one_plus_gamma_at_the_last_update(assets):
     )
     gamma = cfg.reward.params.get("gamma", rewards.REWARDS[cfg.reward.name].defaults["gamma"])
     for update, weight in ((cfg.updates - 1, 1 + gamma), (0, 1 + gamma / cfg.updates)):
-        (group,) = grpo.PromptSampler(policy, tok, cfg).sample([story], update, 0, {})
+        (group,) = grpo.rollout_sampler(cfg, policy, tok, None, None).sample([story], update, 0, {})
         assert {(r.step, r.total_steps) for r in group.rollouts} == {(update + 1, cfg.updates)}
         assert rewards.process_weight(group.rollouts[0].step, cfg.updates, gamma) == pytest.approx(
             weight
@@ -314,7 +465,7 @@ def scripted_filtering(
         data.Example(f"p{i}", "meld_emotion", [data.Turn("A", "hi")], 0, ["joy"]) for i in range(6)
     ]
     source = grpo.PromptSource(
-        [dataset.Segment("full", examples[:3]), dataset.Segment("mixed", examples[3:])]
+        [grpo.Segment("full", examples[:3]), grpo.Segment("mixed", examples[3:])]
     )
     seen: dict[str, int] = {}
 
@@ -331,10 +482,10 @@ def scripted_filtering(
     monkeypatch.setattr(
         grpo, "score_groups", lambda groups, cfg, judge: {"calls": 0, "retries": 0, "failures": 0}
     )
-    slots = [rollout.Slot(i, ex, seg) for i, (ex, seg) in enumerate(source.take(3))]
+    slots = [grpo.Slot(i, ex, seg) for i, (ex, seg) in enumerate(source.take(3))]
     ranks = D.Ranks(0, 1, torch.device("cpu"))
     groups, counts = grpo.collect_groups(
-        grpo.PromptSampler(None, None, cfg), source, slots, cfg, 0, ranks
+        grpo.rollout_sampler(cfg, None, None, None, None), source, slots, cfg, 0, ranks
     )
     return groups, counts, seen
 
@@ -487,10 +638,10 @@ def _dealing_worker(rank, port, out):
 
     grpo.PromptSampler.sample = scripted_sample
     grpo.score_groups = lambda groups, cfg, judge: {"calls": 0, "retries": 0, "failures": 0}
-    source = grpo.PromptSource([dataset.Segment("full", examples)])
+    source = grpo.PromptSource([grpo.Segment("full", examples)])
     drawn = source.take(4)
-    slots = [rollout.Slot(i, e, seg) for i, (e, seg) in enumerate(drawn) if i % 2 == rank]
-    sampler = grpo.PromptSampler(None, None, cfg)
+    slots = [grpo.Slot(i, e, seg) for i, (e, seg) in enumerate(drawn) if i % 2 == rank]
+    sampler = grpo.rollout_sampler(cfg, None, None, None, None)
     groups, counts = grpo.collect_groups(sampler, source, slots, cfg, 0, ranks)
     out[f"calls{rank}"] = calls
     out[f"groups{rank}"] = [(g.example.id, g.rewards, g.masked) for g in groups]
@@ -502,7 +653,7 @@ def _dealing_worker(rank, port, out):
         return scripted_sample(sampler, batch, update, seed, counts)
 
     grpo.PromptSampler.sample = failing_sample
-    slots = [rollout.Slot(i, e, seg) for i, (e, seg) in enumerate(drawn) if i % 2 == rank]
+    slots = [grpo.Slot(i, e, seg) for i, (e, seg) in enumerate(drawn) if i % 2 == rank]
     try:
         grpo.collect_groups(sampler, source, slots, cfg, 1, ranks)
     except rollout.RolloutError as e:
@@ -1179,7 +1330,7 @@ def test_convert_prepare_references_then_a_social_r1_run(tmp_path, assets):
         capture_output=True,
     )
     base, _ = assets
-    # the second teacher call fails (the first goes alone: judge.probe)
+    # the second teacher call fails (the first goes alone: http_client.probe)
     server = JudgeServer(social_r1_backend, faults=Faults(script=("ok", "503")))
     with server.start():
         overrides = [

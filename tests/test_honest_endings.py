@@ -2,7 +2,7 @@
 with a judge nobody serves or one that refuses the request, a judge-backed reward that declares no
 judge, a short run of a paper schedule that trains nothing, the end line and the model card, and an
 RL adapter evaluated on the model it was trained on. The preparations' and the benchmark table's
-cases are in test_sft.py, test_emollm_seeds.py and test_evaluate.py, beside their helpers."""
+cases are in test_sft.py, prepare/test_emollm_seeds.py and test_evaluate.py, by their helpers."""
 
 import json
 from pathlib import Path
@@ -132,10 +132,10 @@ def test_rollouts_that_fail_at_a_saved_update_keep_its_checkpoint(
 
     collect, saved = grpo.collect_groups, []
 
-    def dies_at_update_1(sampler, source, slots, cfg, update, ranks):
+    def dies_at_update_1(sampler, source, slots, cfg, update, ranks, play):
         if update == 1:
             raise RolloutError("the server at X failed")
-        return collect(sampler, source, slots, cfg, update, ranks)
+        return collect(sampler, source, slots, cfg, update, ranks, play)
 
     def save_checkpoint(output_dir, step, *args, **kwargs):
         saved.append(step)

@@ -21,9 +21,9 @@ import pytest
 import requests
 from instruments import free_port
 
-import judge
+import http_client
 import verifier
-from judge import JudgeCall, JudgeConfig, JudgeError
+from http_client import JudgeCall, JudgeConfig, JudgeError
 from judge_server import Faults, JudgeServer, ModelBackend, UnsupportedRequest, sampling_settings
 from tokenizer import CheckpointError
 
@@ -93,12 +93,12 @@ def completion_body(text: str) -> bytes:
 def test_key_whitespace_is_stripped_and_control_characters_are_refused_unshown(monkeypatch):
     with serving(api_key=SECRET) as server:
         monkeypatch.setenv("JUDGE_KEY", SECRET + "\r\n")  # as read from a file written on Windows
-        texts, stats = judge.chat_many(
+        texts, stats = http_client.chat_many(
             [JudgeCall(MESSAGES, 8)], config(server.url, api_key_env="JUDGE_KEY")
         )
         assert texts == ["echo: x"] and stats["failures"] == 0
         assert (
-            judge.chat(MESSAGES, base_url=server.url, model="m", api_key=f" {SECRET}\n")
+            http_client.chat(MESSAGES, base_url=server.url, model="m", api_key=f" {SECRET}\n")
             == "echo: x"
         )
     for bad in (
@@ -114,7 +114,7 @@ def test_key_whitespace_is_stripped_and_control_characters_are_refused_unshown(m
         ):
             config("http://127.0.0.1:9/v1", api_key_env="JUDGE_KEY").read_api_key()
         with pytest.raises(JudgeError) as e:
-            judge.chat(MESSAGES, base_url="http://127.0.0.1:9/v1", model="m", api_key=bad)
+            http_client.chat(MESSAGES, base_url="http://127.0.0.1:9/v1", model="m", api_key=bad)
         assert not shows_secret(str(e.value)) and "api_key" in str(e.value)
 
 
@@ -123,10 +123,10 @@ def test_chat_many_turns_any_exception_into_a_failed_call_with_a_scrubbed_reason
         # what requests says of a bad key
         raise ValueError(f"Invalid header value b'Bearer {SECRET}\\n'")
 
-    monkeypatch.setattr(judge._SESSION, "post", broken_post)
+    monkeypatch.setattr(http_client._SESSION, "post", broken_post)
     monkeypatch.setenv("JUDGE_KEY", SECRET)
     cfg = config("http://127.0.0.1:9/v1", api_key_env="JUDGE_KEY")
-    texts, stats = judge.chat_many([JudgeCall(MESSAGES, 8)] * 3, cfg)
+    texts, stats = http_client.chat_many([JudgeCall(MESSAGES, 8)] * 3, cfg)
     assert texts == [None] * 3 and stats["failures"] == 3
     assert stats["errors"][0].startswith("ValueError: Invalid header value") and not shows_secret(
         json.dumps(stats)
@@ -136,7 +136,7 @@ def test_chat_many_turns_any_exception_into_a_failed_call_with_a_scrubbed_reason
 def test_retry_after_of_zero_or_a_past_date_waits_the_backoff():
     with serving(faults=Faults(script=("429", "503", "ok"), retry_after=0)) as server:
         start = time.perf_counter()
-        texts, _ = judge.chat_many(
+        texts, _ = http_client.chat_many(
             [JudgeCall(MESSAGES, 8)], config(server.url, retries=2, backoff=0.2)
         )
         elapsed = time.perf_counter() - start
@@ -145,7 +145,7 @@ def test_retry_after_of_zero_or_a_past_date_waits_the_backoff():
     assert texts == ["echo: x"] and elapsed >= 0.3
     response = requests.Response()
     response.headers["Retry-After"] = "Wed, 21 Oct 2015 07:28:00 GMT"
-    assert judge._retry_after(response) == 0.0  # a past date: then the backoff decides
+    assert http_client._retry_after(response) == 0.0  # a past date: then the backoff decides
 
 
 def test_a_server_trickling_bytes_cannot_hold_a_call():
@@ -160,18 +160,22 @@ def test_a_server_trickling_bytes_cannot_hold_a_call():
     with raw_server(trickle) as url:
         start = time.perf_counter()
         with pytest.raises(JudgeError, match="Timeout.*still failing after 2 attempts"):
-            judge.chat(MESSAGES, base_url=url, model="m", timeout=0.5, retries=1, backoff=0.01)
+            http_client.chat(
+                MESSAGES, base_url=url, model="m", timeout=0.5, retries=1, backoff=0.01
+            )
         elapsed = time.perf_counter() - start
     # two attempts of about 0.5 s each; without a deadline, 100,000 bytes take 5,000 s
     assert elapsed < 4.0
 
 
 def test_answers_are_size_capped_and_gzip_is_decoded(monkeypatch):
-    monkeypatch.setattr(judge, "MAX_ANSWER_BYTES", 4096)
+    monkeypatch.setattr(http_client, "MAX_ANSWER_BYTES", 4096)
     with serving() as server:
-        assert judge.chat(MESSAGES, base_url=server.url, model="m") == "echo: x"
+        assert http_client.chat(MESSAGES, base_url=server.url, model="m") == "echo: x"
         with pytest.raises(JudgeError, match="an answer over 4096 bytes") as e:
-            judge.chat([{"role": "user", "content": "y" * 10_000}], base_url=server.url, model="m")
+            http_client.chat(
+                [{"role": "user", "content": "y" * 10_000}], base_url=server.url, model="m"
+            )
         assert e.value.retries == 0
 
     def gzipped(connection, stop):
@@ -182,7 +186,7 @@ def test_answers_are_size_capped_and_gzip_is_decoded(monkeypatch):
         )
 
     with raw_server(gzipped) as url:
-        assert judge.chat(MESSAGES, base_url=url, model="m") == "unzipped"
+        assert http_client.chat(MESSAGES, base_url=url, model="m") == "unzipped"
 
 
 def test_a_key_inside_the_url_is_never_shown(caplog):
@@ -192,7 +196,7 @@ def test_a_key_inside_the_url_is_never_shown(caplog):
     closed.close()  # nothing listens there now: connection refused
     outputs = []
     with pytest.raises(JudgeError) as e:
-        judge.chat(
+        http_client.chat(
             MESSAGES,
             base_url=f"http://alice:{SECRET}@127.0.0.1:{port}/v1",
             model="m",
@@ -204,10 +208,10 @@ def test_a_key_inside_the_url_is_never_shown(caplog):
     with serving(api_key="the-server-expects-another-key") as server:
         url = server.url.replace("http://", f"http://alice:{SECRET}@")
         with pytest.raises(JudgeError, match="HTTP 401") as e:
-            judge.chat(MESSAGES, base_url=url, model="m")
+            http_client.chat(MESSAGES, base_url=url, model="m")
         outputs.append(str(e.value))
-        with pytest.raises(judge.JudgeAuthError) as e:  # a refused key stops a batch
-            judge.chat_many([JudgeCall(MESSAGES, 8)], config(url))
+        with pytest.raises(http_client.JudgeAuthError) as e:  # a refused key stops a batch
+            http_client.chat_many([JudgeCall(MESSAGES, 8)], config(url))
         outputs.append(str(e.value))
     assert f"127.0.0.1:{port}" in outputs[0] and "Connection" in outputs[0]
     basic = base64.b64encode(f"alice:{SECRET}".encode()).decode()
@@ -246,7 +250,7 @@ def test_server_answers_malformed_requests_with_400_and_keeps_serving():
         assert (
             requests.post(server.url + "/chat/completions", data=deep, timeout=5).status_code == 400
         )
-        assert judge.chat(MESSAGES, base_url=server.url, model="m") == "echo: x"
+        assert http_client.chat(MESSAGES, base_url=server.url, model="m") == "echo: x"
 
 
 BAD_SAMPLING = [
@@ -297,7 +301,7 @@ def test_half_sent_requests_are_dropped_after_the_idle_timeout(capfd):
                 while connection.recv(1024):
                     pass
                 assert time.perf_counter() - start < 3
-        assert judge.chat(MESSAGES, base_url=server.url, model="m") == "echo: x"
+        assert http_client.chat(MESSAGES, base_url=server.url, model="m") == "echo: x"
     assert "Traceback" not in capfd.readouterr().err
 
 

@@ -4,13 +4,15 @@ import dataclasses
 import json
 import math
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 import judge
 from data import DataError, Example, Turn
-from judge import JudgeConfig
+from http_client import JudgeConfig
 from rewards import (
     REWARDS,
     RewardSpec,
@@ -562,9 +564,10 @@ def test_a_judge_backed_reward_written_as_the_guide_says_trains(
 
     import grpo
     import rewards
+    from http_client import ask
     from judge_server import JudgeServer
 
-    judge_code, entry, reward_code = guide_code("Rewards that need a judge")
+    judge_code, entry, reward_code, offline_code = guide_code("Rewards that need a judge")
     namespace = dict(vars(judge))
     exec(judge_code, namespace)
     monkeypatch.setattr(judge, "JUDGES", judge.JUDGES | eval("{" + entry + "}", namespace))
@@ -586,6 +589,16 @@ def test_a_judge_backed_reward_written_as_the_guide_says_trains(
     assert all(m["judge/failures"] == m["judge/malformed"] == 0 for m in metrics)
     assert sum(m["tokens/trained"] for m in metrics) > 0  # groups trained, not masked
 
+    # the guide's offline judge: a JudgeServer of a function, asked over HTTP in the judge's format
+    offline = {}
+    exec(offline_code, offline)
+    with JudgeServer(offline["politeness_judge"]).start() as server:
+        cfg = JudgeConfig(base_url=server.url, retries=0, timeout=5)
+        values, _ = ask(
+            [(namespace["politeness_request"]("Thank you!"), namespace["parse_politeness"])], cfg
+        )
+    assert values == [4]
+
     misspelled = reward_code.replace('judges=("politeness",)', 'judges=("politness",)')
     exec(misspelled.replace("polite_and_right", "polite_misspelled"), dict(vars(rewards)))
     config = run_config(tmp_path / "b", assets, server.url, **{"reward.name": "polite_misspelled"})
@@ -597,6 +610,37 @@ def test_a_judge_backed_reward_written_as_the_guide_says_trains(
         f"error: {config}:{line}: 'reward.name': reward polite_misspelled declares the judge "
         "'politness', which judge.JUDGES does not hold (known: iu, "
     ), err
+
+
+def test_a_reward_outside_rewards_py_runs_from_its_own_entry_point(tmp_path, assets):
+    """docs/adding-a-reward.md's fork file as written, beside nothing of the repository's: its
+    entry point registers the reward and runs grpo.py's trainer, one update, exit 0, the reward
+    logged; grpo.py itself does not know the name (exit 2 at start-up, before any model loads)."""
+    import os
+
+    from helpers import read_jsonl, run_config
+
+    (code,) = guide_code("A reward outside rewards.py")
+    script = tmp_path / "my_rewards.py"
+    script.write_text(code)
+    # a short budget splits the group: some completions end early (EOS), some run to 6 tokens
+    overrides = {"updates": 2, "reward.params": {"max_tokens": 5}}
+    config = run_config(tmp_path, assets, "http://127.0.0.1:9/v1", **overrides)
+    env = os.environ | {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+
+    def run(*command):
+        return subprocess.run(
+            [sys.executable, *command, str(config), "reward.name=correct_and_brief"],
+            capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300,
+        )  # fmt: skip
+
+    done = run(str(script))
+    assert done.returncode == 0, done.stderr
+    metrics = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [1, 2] and all(m["reward"] is not None for m in metrics)
+    assert sum(m["tokens/trained"] for m in metrics) > 0, metrics
+    refused = run(str(REPO / "grpo.py"))
+    assert refused.returncode == 2 and "unknown reward 'correct_and_brief'" in refused.stderr
 
 
 # ------------------------------------------------------------------------ judging a batch over HTTP
@@ -611,7 +655,7 @@ JUDGED_BLOCKS = [
 
 
 def test_judge_rollouts_fills_verdicts_from_a_real_server_and_feeds_clue():
-    from judge import JudgeConfig
+    from http_client import JudgeConfig
     from judge_server import Faults, JudgeServer, rules_backend
     from rewards import judge_rollouts
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import teacher
-from judge import JudgeCall, JudgeConfig, JudgeError
+from http_client import JudgeCall, JudgeConfig, JudgeError
 from judge_server import Faults, JudgeServer
 
 

@@ -1,7 +1,6 @@
 """train.py: the LR schedules against hand-computed values, the optimizer groups, checkpoints that
 resume bitwise, the gradient all-reduce across two gloo processes, and the stop signal."""
 
-import math
 import os
 import random
 import signal
@@ -92,28 +91,6 @@ def test_sft_schedule_with_a_warmup_of_fixed_steps():
     )
     # fewer steps than the warm-up: the LR is still rising when the run ends
     assert T.linear_warmup_decay(49, 50, 1e-4, warmup_steps=100) == pytest.approx(0.5e-4)
-
-
-def test_rl_schedule_at_the_papers_landmarks():
-    def lr(update):  # updates counted from 1, as in the paper
-        return T.warmup_hold_cosine(
-            update, peak=2e-6, floor=5e-7, warmup=19, hold_until=506, total=723
-        )
-
-    assert lr(1) == pytest.approx(5e-7)
-    assert lr(10) == pytest.approx(5e-7 + 1.5e-6 * 9 / 19)
-    assert lr(19) == pytest.approx(5e-7 + 1.5e-6 * 18 / 19)
-    assert lr(20) == lr(300) == lr(506) == 2e-6
-    assert (
-        lr(507) == pytest.approx(2e-6 - 1.5e-6 * (1 - math.cos(math.pi / 217)) / 2)
-        and lr(507) < 2e-6
-    )
-    mid = 506 + (723 - 506) / 2
-    assert T.warmup_hold_cosine(mid, 2e-6, 5e-7, 19, 506, 723) == pytest.approx(5e-7 + 1.5e-6 / 2)
-    assert lr(600) == pytest.approx(5e-7 + 1.5e-6 * 0.5 * (1 + math.cos(math.pi * 94 / 217)))
-    assert lr(723) == pytest.approx(5e-7, rel=1e-12)
-    # no warm-up: the first update at the peak
-    assert T.warmup_hold_cosine(1, 2e-6, 5e-7, 0, 50, 50) == 2e-6
 
 
 # ----------------------------------------------------------------------------- optimizer

@@ -30,7 +30,8 @@ import fsdp as FS
 import model as M
 from checkpoint import checkpoint_path
 from distributed import Ranks
-from judge import JudgeConfig, chat_many, iu_request, post_json
+from http_client import JudgeConfig, chat_many, post_json
+from judge import iu_request
 from tokenizer import load_tokenizer
 from verifier import EVIDENCE_CLOSE, EVIDENCE_OPEN
 from vllm_engine import EngineError, VLLMEngine, VLLMSettings

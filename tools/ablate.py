@@ -367,7 +367,7 @@ class Plan:
     sft_configs: dict[int, dict]  # resolved, as sft.json records them
     grpo_configs: dict[tuple[int, str], dict]  # resolved, as eval.json records them
     yardstick: object  # the first arm's rewards.RewardSpec
-    judge: object  # the first arm's judge.JudgeConfig (its base_url: the ablation's server)
+    judge: object  # the first arm's http_client.JudgeConfig (its base_url: the ablation's server)
     settings: dict  # what results.json records of the command
 
     def seed_dir(self, seed: int) -> Path:
@@ -718,11 +718,11 @@ CURVES = (
 def plot(plan: Plan, results: dict, path: Path) -> None:
     """ablation.png: per arm, the mean over seeds of its GRPO runs' reward, quoting share and
     length per update (the band: the seeds' lowest to highest), and its held-out end point,
-    accuracy against verified quotes (mean ± SD bars). Needs matplotlib (evaluate.PlotUnavailable
-    without it)."""
-    from evaluate import _pyplot, save_png
+    accuracy against verified quotes (mean ± SD bars). Needs matplotlib
+    (tools.plots.PlotUnavailable without it)."""
+    from tools.plots import pyplot, save_png
 
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(2, 2, figsize=(11, 7.6))
     for i, arm in enumerate(plan.arms):
         color, label = f"C{i % 10}", f"{i + 1}. {arm.label}"
@@ -788,7 +788,7 @@ def write_results(plan: Plan, seconds: float) -> dict:
     import torch
 
     from config import atomic_write_text
-    from evaluate import PlotUnavailable
+    from tools.plots import PlotUnavailable
 
     evals = {
         SFT_ROW if a is None else a.label: {s: read_json(plan.eval_path(s, a)) for s in plan.seeds}

@@ -21,7 +21,7 @@ Each story carries its reference analysis in the four stages of Social Informati
 (`meta.reference`: Encoding, Interpretation, Goal, Response, then the answer; the yardstick of
 R_content), and its SFT trace is one of three kinds, drawn per story (TomData's shares), so that
 each of Social-R1's reward terms has something to change (the rules judges' scores, which
-tests/test_ablate.py checks):
+tests/tools/test_ablate.py checks):
 
 | kind | blocks | R_struct | R_content | R_len |
 |---|---|---|---|---|

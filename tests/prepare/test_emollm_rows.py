@@ -23,9 +23,9 @@ from judge_server import JudgeServer, rules_backend
 from prepare import emollm_rows as E
 from tokenizer import load_tokenizer
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CONFIGS = REPO / "configs"
-FIXTURES = Path(__file__).parent / "fixtures" / "emollm"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "emollm"
 ESCONV, ECOK = FIXTURES / "esconv.json", FIXTURES / "ecok.jsonl"
 WORDS = (
     "user assistant User: Assistant: I my job lost the rent Thank you Facts: Needs: Emotion: yes"

@@ -30,6 +30,7 @@ from helpers import grpo_checkpoint as write_checkpoint
 import checkpoint as CK
 import distributed as D
 import grpo
+import http_client
 import judge
 import model as M
 from config import ConfigError, load_config
@@ -39,17 +40,12 @@ from dialogue import play as dialogue
 from dialogue import rl as dialogue_rl
 from dialogue.play import DialogueSettings, PolicyTurn, Scenario, State
 from dialogue.rl import DialogueConfig
-from judge import (
-    CARE_RUBRIC_SYSTEM,
-    RESPONSE_QUALITY_DIMENSIONS,
-    RESPONSE_QUALITY_SYSTEM,
-    JudgeConfig,
-)
+from http_client import JudgeConfig
+from judge import CARE_RUBRIC_SYSTEM, RESPONSE_QUALITY_DIMENSIONS, RESPONSE_QUALITY_SYSTEM
 from judge_server import ACTION, SCRIPTED_USER, Faults, JudgeServer, rules_backend
-from rollout import Slot
 from tokenizer import load_tokenizer
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CPU = D.Ranks(0, 1, torch.device("cpu"))
 
 
@@ -319,9 +315,11 @@ def test_episodes_end_by_the_user_or_the_turn_limit_and_reasoning_never_reaches_
     monkeypatch,
 ):
     batches = []
-    chat_many = judge.chat_many
+    chat_many = http_client.chat_many
     monkeypatch.setattr(
-        judge, "chat_many", lambda calls, cfg: batches.append(len(calls)) or chat_many(calls, cfg)
+        http_client,
+        "chat_many",
+        lambda calls, cfg: batches.append(len(calls)) or chat_many(calls, cfg),
     )
     respond = scripted(lambda row, chat: chat[0]["content"].split(":")[0])
     recorder = Recorder()
@@ -521,8 +519,8 @@ def demo_cfg(base, url, *overrides):
 
 
 def slots_of(cfg, names):
-    source = grpo.PromptSource([grpo.dataset.Segment("scenarios", [scenario(n) for n in names])])
-    return source, [Slot(i, ex, seg) for i, (ex, seg) in enumerate(source.take(len(names)))]
+    source = grpo.PromptSource([grpo.Segment("scenarios", [scenario(n) for n in names])])
+    return source, [grpo.Slot(i, ex, seg) for i, (ex, seg) in enumerate(source.take(len(names)))]
 
 
 # the demo config's loss.adv_std: population, sigma over 1/G as EmoLLM B.2 writes it
@@ -538,7 +536,13 @@ def test_trajectory_groups_advantages_and_a_loss_mask_on_assistant_tokens_only(b
         policy, tok = grpo.build_policy(cfg, CPU)
         source, slots = slots_of(cfg, ["p", "q"])
         groups, counts = grpo.collect_groups(
-            dialogue.DialogueSampler(policy, tok, cfg), source, slots, cfg, 0, CPU
+            dialogue.DialogueSampler(policy, tok, cfg),
+            source,
+            slots,
+            cfg,
+            0,
+            CPU,
+            dialogue.play_slots,
         )
     assert [g.example.id for g in groups] == ["p", "q"] and counts["calls"] > 0
     advantages = grpo.advantages_by_group(groups, cfg.loss)
@@ -600,7 +604,13 @@ def test_turn_groups_share_one_rubric_per_state(base, monkeypatch):
         policy, tok = grpo.build_policy(cfg, CPU)
         source, slots = slots_of(cfg, ["p", "q"])
         groups, counts = grpo.collect_groups(
-            dialogue.DialogueSampler(policy, tok, cfg), source, slots, cfg, 0, CPU
+            dialogue.DialogueSampler(policy, tok, cfg),
+            source,
+            slots,
+            cfg,
+            0,
+            CPU,
+            dialogue.play_slots,
         )
     played = recorder.of(judge.USER_SIMULATOR_SYSTEM)
     # a group per state, a simulated reply per candidate
@@ -647,10 +657,11 @@ def test_turn_groups_share_one_rubric_per_state(base, monkeypatch):
         groups, counts = grpo.collect_groups(
             dialogue.DialogueSampler(None, None, cfg),
             source,
-            [Slot(0, scenario("p"), 0)],
+            [grpo.Slot(0, scenario("p"), 0)],
             cfg,
             0,
             CPU,
+            dialogue.play_slots,
         )
     assert (counts["resampled"], counts["replaced"], counts["masked"]) == (4, 2, 2) and len(
         groups
@@ -697,7 +708,7 @@ def test_trajectory_reward_against_a_hand_computation(monkeypatch):
             DialogueConfig,
         )
         groups = dialogue.sample_dialogue_groups(None, None, [scenario("p")], cfg, 0, {})
-        grpo.score_groups(groups, cfg, dialogue.DialogueSampler(None, None, cfg).judge)
+        grpo.score_groups(groups, cfg.reward, dialogue.DialogueSampler(None, None, cfg).judge)
     slow, kind = groups[0].rollouts
     # slow: thanked after the third reply; kind: after the first
     assert [len(slow.turns), len(kind.turns)] == [3, 1]
@@ -742,7 +753,13 @@ def test_a_judge_failing_mid_episode_makes_the_reward_none_not_a_crash(monkeypat
             )
             source, slots = slots_of(cfg, ["p"])
             groups, counts = grpo.collect_groups(
-                dialogue.DialogueSampler(None, None, cfg), source, slots, cfg, 0, CPU
+                dialogue.DialogueSampler(None, None, cfg),
+                source,
+                slots,
+                cfg,
+                0,
+                CPU,
+                dialogue.play_slots,
             )
         assert failed and counts["failures"] >= 1 and groups[0].masked is expect_masked
         if expect_masked:  # the broken-off episode ends on the assistant's reply, without a reward
@@ -759,7 +776,7 @@ def test_a_judge_failing_mid_episode_makes_the_reward_none_not_a_crash(monkeypat
             DialogueConfig,
         )
         groups = dialogue.sample_dialogue_groups(None, None, [scenario("p")], cfg, 0, {})
-        grpo.score_groups(groups, cfg, dialogue.DialogueSampler(None, None, cfg).judge)
+        grpo.score_groups(groups, cfg.reward, dialogue.DialogueSampler(None, None, cfg).judge)
     assert groups[0].rewards == [None, None]
 
 

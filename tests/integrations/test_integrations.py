@@ -26,8 +26,8 @@ from helpers import (
 
 import rewards
 from dataset import example_from_json, load_jsonl
+from http_client import JudgeConfig
 from integrations.trl import examples_dataset, reward_function
-from judge import JudgeConfig
 from judge_server import JudgeServer, rules_backend
 from tokenizer import load_tokenizer
 
@@ -218,20 +218,20 @@ def test_a_trl_run_resumes_from_its_newest_checkpoint_with_its_logs_trimmed(tmp_
     assert again[:16] == first[:16]  # update 1 kept as it was
 
 
-def test_trls_schedule_is_warmup_hold_cosine_at_every_optimizer_step():
+def test_trls_schedule_is_grpos_at_every_optimizer_step():
     """lr_factor, TRL's LambdaLR factor of optim.lr, on the paper config with loss.passes=2: both
-    optimizer steps of update u run at train.warmup_hold_cosine(u) (the floor at update 1, never
+    optimizer steps of update u run at grpo.lr_at(u) (the floor at update 1, never
     0), over all 723 updates."""
     import grpo
     from config import load_config
     from integrations.trl import lr_factor
-    from train import warmup_hold_cosine
 
     config = REPO / "configs" / "clue_qwen3_5_9b.yaml"
     cfg = load_config(config, ["loss.passes=2"], grpo.GRPOConfig)
     factor = lr_factor(cfg)
     found = [factor(step) * cfg.optim.lr for step in range(2 * 723)]
-    expected = [warmup_hold_cosine(u, 1e-5, 5e-7, 19, 506, 723) for u in range(1, 724)]
+    paper = grpo.OptimSettings(lr=1e-5, lr_floor=5e-7, warmup_updates=19, hold_until=506)
+    expected = [grpo.lr_at(u, paper, 723) for u in range(1, 724)]
     assert found == pytest.approx([lr for lr in expected for _ in (0, 1)], rel=1e-12)
     assert found[0] == pytest.approx(5e-7) and found[2 * 19] == pytest.approx(1e-5)
 
@@ -276,12 +276,12 @@ def test_an_update_through_trl_is_an_update_of_grpo_py(tmp_path):
     prompts x 8 completions, loss.passes 2), each checked from its own logs: 2 optimizer steps per
     update (grpo.py's AdamW step count in its checkpoint; TRL's trainer_state.json), a fresh
     generation per update (its completions not the last update's; TRL's own token count grows at
-    each), the LR of every update warmup_hold_cosine's, the CLUE reward's parts in metrics.jsonl,
+    each), the LR of every update grpo.lr_at's, the CLUE reward's parts in metrics.jsonl,
     and each logged completion's reward and parts what rewards.score gives its logged text, the
     judge asked again, with <evidence> tags in the text (TRL's own completion text drops them)."""
     pytest.importorskip("trl")
     pytest.importorskip("peft")
-    from train import warmup_hold_cosine
+    import grpo
 
     # a vocabulary this small makes answers and evidence tags frequent in random completions
     base = grpo_checkpoint(tmp_path / "base", words=GRPO_WORDS[:3], seed=2)
@@ -301,7 +301,8 @@ def test_an_update_through_trl_is_an_update_of_grpo_py(tmp_path):
                 read_jsonl(run / "completions.jsonl"),
             )
             assert [m["step"] for m in metrics] == [1, 2], name
-            expected_lr = [warmup_hold_cosine(u, 1e-2, 5e-7, 1, 100, 2) for u in (1, 2)]
+            short = grpo.OptimSettings(lr=1e-2, lr_floor=5e-7, warmup_updates=1, hold_until=100)
+            expected_lr = [grpo.lr_at(u, short, 2) for u in (1, 2)]
             assert [m["lr"] for m in metrics] == pytest.approx(expected_lr, rel=1e-12), name
             for m in metrics:
                 assert all(isinstance(m[f"rewards/{p}/mean"], float) for p in parts), name
@@ -749,7 +750,7 @@ def test_verls_composed_config_takes_the_configs_steps_and_schedule(tmp_path):
     (723 updates: verl's cosine), with updates=100 (inside the hold: verl's constant) and with
     loss.passes=2. Steps per generation by verl's rule (RayPPOTrainer._update_actor: mini-batches
     of ppo_mini_batch_size x n, ppo_epochs times): loss.passes, over one generation of P x K. The
-    LR verl's FSDP engine schedules at every update against warmup_hold_cosine: within lr_floor
+    LR verl's FSDP engine schedules at every update against grpo.lr_at: within lr_floor
     in the warm-up (verl starts it from 0: update 1 at LR 0), equal from the peak through the hold
     in a run that ends inside it, and in the long run the docs' number at update 506, where verl's
     cosine has left the hold behind, and lr_floor at the end."""

@@ -17,8 +17,8 @@ from judge_server import JudgeServer
 from prepare import emollm_seeds as S
 from prepare.convert import convert_meddialog
 
-REPO = Path(__file__).resolve().parents[1]
-FIXTURES = Path(__file__).parent / "fixtures" / "emollm"
+REPO = Path(__file__).resolve().parents[2]
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "emollm"
 
 
 class SeedTeacher:

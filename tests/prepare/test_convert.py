@@ -47,7 +47,7 @@ from prepare.convert import (
     stratified_sample,
 )
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parents[1] / "fixtures"
 
 
 def dialogues(examples):
@@ -529,7 +529,7 @@ def test_cli_errors_exit_with_one_line(tmp_path, capsys):
 
 # ------------------------------------------------------------------- hostile inputs through the CLI
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 MELD_HEADER = "Sr No.,Utterance,Speaker,Emotion,Sentiment,Dialogue_ID,Utterance_ID\n"
 GOOD_LINE = (
     '{"id": "x", "task": "wiki_power", "turns": [{"speaker": "A", "text": "hi"}], "target": null, '

@@ -16,11 +16,11 @@ import pytest
 import data
 import judge
 import rewards
-from judge import JudgeConfig
+from http_client import JudgeConfig
 from tools import ablate, toy_tom
 from verifier import extract_quotes, verify_quote
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 # ----------------------------------------------------------------------------- arms
 

@@ -15,7 +15,7 @@ import judge
 import rewards
 import sft
 from data import Example, Turn
-from judge import JudgeConfig
+from http_client import JudgeConfig
 from judge_server import JudgeServer, rules_backend
 from reward_models import rubric_generator as G
 
@@ -263,7 +263,7 @@ def test_a_bad_pair_file_stops_with_one_line(tmp_path, capsys, case, field):
 
 
 def test_the_generator_configs_parse_with_the_papers_values():
-    root = Path(__file__).resolve().parents[1] / "configs"
+    root = Path(__file__).resolve().parents[2] / "configs"
     data = G.parse_cli(G.GeneratorDataConfig, [str(root / "care_generator_data.yaml")])
     assert data.targets.agreement == 0.2 and len(data.targets.screeners) == 2
     assert data.winrate.evaluator.model == "deepseek-v4-flash"
@@ -430,7 +430,7 @@ def test_the_generator_rl_config_and_the_care_run_point_at_each_other():
     import grpo
     from config import load_config
 
-    root = Path(__file__).resolve().parents[1] / "configs"
+    root = Path(__file__).resolve().parents[2] / "configs"
     rl = load_config(root / "care_generator_qwen3_8b.yaml", [], grpo.GRPOConfig)
     assert (rl.reward.name, rl.reward.params) == (
         "care_generator",

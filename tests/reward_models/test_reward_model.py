@@ -24,10 +24,12 @@ from helpers import REPO, assert_sinks_hold_metrics, metrics, tensors
 from helpers import sft_checkpoint as write_checkpoint
 from safetensors import safe_open
 
+import http_client
 import judge
 from data import Example, Turn
 from dataset import example_to_json
-from judge import SIP_REFERENCE_SYSTEM, JudgeConfig
+from http_client import JudgeConfig
+from judge import SIP_REFERENCE_SYSTEM
 from judge_server import JudgeServer
 from reward_models import content_rm as RM
 
@@ -578,9 +580,9 @@ def test_a_served_rm_answers_the_r_content_prompt_as_the_in_process_rm_scores_it
             for s in segments
             for ref in (None, "Encoding: a reference the RM does not read")
         ]
-        values, _ = judge.ask(calls, cfg)
-        with pytest.raises(judge.JudgeError, match="HTTP 400.*only the SIP content"):
-            judge.chat(
+        values, _ = http_client.ask(calls, cfg)
+        with pytest.raises(http_client.JudgeError, match="HTTP 400.*only the SIP content"):
+            http_client.chat(
                 judge.sip_structure_request(example, "r").messages,
                 base_url=server.url,
                 model="rm",
@@ -593,7 +595,7 @@ def test_a_served_rm_answers_the_r_content_prompt_as_the_in_process_rm_scores_it
 def test_the_paper_config_parses_with_the_papers_values():
     cfg = RM.parse_cli(
         RM.RMConfig,
-        [str(Path(__file__).resolve().parents[1] / "configs/social_r1_rm_qwen3_4b.yaml")],
+        [str(Path(__file__).resolve().parents[2] / "configs/social_r1_rm_qwen3_4b.yaml")],
     )
     assert cfg.epochs == 2 and cfg.model.endswith("Qwen3-4B-Instruct-2507")
     assert [r.step for r in cfg.build.rollouts] == [30, 90, 120, 180, 270, 360, 420, 510, 570, 600]
