@@ -169,17 +169,24 @@ def conversation_key(example: Example) -> tuple:
     return tuple((t.speaker, t.text) for t in example.turns)
 
 
-def toy_examples(n: int, seed: int, split: str, exclude: set[tuple] = frozenset()) -> list[Example]:
-    """`n` toy examples, alternating English and Chinese, deterministic for (seed, split); a
-    conversation in `exclude` (conversation_key) is drawn again, so held-out conversations never
-    occur in training."""
-    rng, examples = random.Random(f"{seed}/{split}"), []
+def draw_examples(n: int, rng: random.Random, make, prefix: str, key, exclude) -> list[Example]:
+    """`n` examples `make(rng, language, id)`, alternating English and Chinese, their ids
+    `<prefix>-<language>-<index>`; one whose `key(example)` is in `exclude` is drawn again."""
+    examples = []
     while len(examples) < n:
         language = ("en", "zh")[len(examples) % 2]
-        example = toy_example(rng, language, f"toy-{split}-{language}-{len(examples):05d}")
-        if conversation_key(example) not in exclude:
+        example = make(rng, language, f"{prefix}-{language}-{len(examples):05d}")
+        if key(example) not in exclude:
             examples.append(example)
     return examples
+
+
+def toy_examples(n: int, seed: int, split: str, exclude: set[tuple] = frozenset()) -> list[Example]:
+    """`n` toy examples, deterministic for (seed, split) (draw_examples); a conversation in
+    `exclude` (conversation_key) is drawn again, so held-out conversations never occur in
+    training."""
+    rng = random.Random(f"{seed}/{split}")
+    return draw_examples(n, rng, toy_example, f"toy-{split}", conversation_key, exclude)
 
 
 def toy_trace(example: Example, tagged: bool = True) -> str:

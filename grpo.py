@@ -858,8 +858,7 @@ def accumulate_loss(
     sum. The first pass's log-probs are the sampling policy's (logp_old, cached into `old`
     for later passes) and give the entropy and the sampler mismatch; `token_weights(logp_old,
     logp_sampler)` (the sampler's, from its rollouts span: rollout.Sampler) weighs each token's
-    surrogate; the loss
-    statistics are added into `stats`."""
+    surrogate; the loss statistics are added into `stats`."""
     loss_cfg = cfg.loss
     temperature = cfg.rollout.temperature
     loss_sum = torch.zeros((), device=ranks.device)

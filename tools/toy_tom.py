@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 
 from data import THINK_END, THINK_START, Example, Turn
 from dataset import check_example
-from demo import LANGUAGES, ModelSize
+from demo import LANGUAGES, ModelSize, draw_examples
 from verifier import EVIDENCE_CLOSE, EVIDENCE_OPEN
 
 TASK = "toy_tom"
@@ -226,15 +226,10 @@ class TomData:
 
 
 def tom_stories(n: int, seed: int, split: str, exclude: frozenset = frozenset()) -> list[Example]:
-    """`n` stories, alternating English and Chinese, deterministic for (seed, split); a story in
-    `exclude` (story_key) is drawn again."""
-    rng, examples = random.Random(f"tom/{seed}/{split}"), []
-    while len(examples) < n:
-        language = ("en", "zh")[len(examples) % 2]
-        example = tom_example(rng, language, f"tom-{split}-{language}-{len(examples):05d}")
-        if story_key(example) not in exclude:
-            examples.append(example)
-    return examples
+    """`n` stories, deterministic for (seed, split) (demo.draw_examples); a story in `exclude`
+    (story_key) is drawn again."""
+    rng = random.Random(f"tom/{seed}/{split}")
+    return draw_examples(n, rng, tom_example, f"tom-{split}", story_key, exclude)
 
 
 def tom_data(spec: TomData) -> tuple[list[Example], list[Example], list[str]]:
